@@ -1,0 +1,64 @@
+"""Backend choice and argument checks shared by every op."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+BACKENDS = ("reference", "triton", "auto")
+
+
+def triton_interpreting() -> bool:
+    """True when Triton kernels run through the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Can a Triton kernel run on tensors of this device?"""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and triton_interpreting()
+
+
+def resolve_backend(backend: str, ref: torch.Tensor, has_triton: bool = True) -> str:
+    """Map `backend` to "reference" or "triton" for tensors living where `ref` lives.
+
+    "auto" picks Triton only on CUDA (the interpreter is for tests, not for speed); an explicit
+    "triton" on a device it cannot use is an error rather than a silent fallback.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "reference":
+        return "reference"
+    if backend == "auto":
+        return "triton" if has_triton and ref.device.type == "cuda" else "reference"
+    if not has_triton:
+        raise ValueError("this op has no Triton kernel yet; use backend='reference' or 'auto'")
+    if not triton_usable(ref.device):
+        raise ValueError(
+            f"backend='triton' needs a CUDA tensor (or TRITON_INTERPRET=1 on CPU), got {ref.device}"
+        )
+    return "triton"
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Sequence[int | None], what: str) -> None:
+    """Raise ValueError unless `t` has `len(expected)` dims matching `expected` (None = any).
+
+    `what` spells the expected shape for the user, e.g. "[B, T, H, K]".
+    """
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"`{name}` must be a tensor of shape {what}, got {type(t).__name__}")
+    ok = t.dim() == len(expected) and all(e is None or s == e for s, e in zip(t.shape, expected))
+    if not ok:
+        raise ValueError(f"`{name}` must have shape {what} = {_fmt(expected)}, got {list(t.shape)}")
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise ValueError(f"`{name}` must be a floating-point tensor, got {t.dtype}")
+
+
+def _fmt(expected: Sequence[int | None]) -> str:
+    return "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"

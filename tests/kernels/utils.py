@@ -1,0 +1,27 @@
+"""Comparison helpers for kernel tests: relative RMS error against a float64 reference."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ computed in float64; NaN/Inf anywhere gives inf (never passes)."""
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    den = ref.norm().item()
+    num = (out - ref).norm().item()
+    return num / den if den > 0 else num
+
+
+def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    err = rel_rms(out, ref)
+    max_abs = (out.detach().double().cpu() - ref.detach().double().cpu()).abs().max().item()
+    assert err <= tol, f"{name}: relative RMS error {err:.3e} > {tol:.1e} (max abs {max_abs:.3e})"
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN so an element a kernel forgets to write fails the comparison."""
+    return t.fill_(float("nan"))
