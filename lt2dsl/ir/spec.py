@@ -1,0 +1,163 @@
+"""`LayerSpec`: everything lt2dsl knows about one layer kind, as data.
+
+A spec holds the option schema (types, defaults, ranges, docs) that validation checks and the
+docs are generated from, the parameter tensors the lowered module creates (`weights`), the cache
+tensors it allocates at decode (`cache`), and the closed-form FLOP formulas of the estimate. The
+registry never imports torch: `module` is an import path resolved only by lowering.
+
+Symbols used in every formula docstring: D = model dim, H = (query/key) heads, HV = value heads,
+HKV = kv heads, K = key head dim, V = value head dim, d = attention head dim, L = context length,
+t = position, C = chunk size (64), W = short-conv width, B = batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Literal
+
+from lt2dsl.ir.nodes import ModelConfig
+
+OptType = Literal["int", "float", "bool", "enum", "str", "size", "number", "mlp", "norm"]
+Opts = Mapping[str, Any]
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a layer kind (or a model setting, or a loop option).
+
+    `default` is a value, or a callable `(cfg, opts) -> value` for defaults that depend on the
+    model or on other options (e.g. `kv_heads` defaults to `heads`). Ranges are inclusive unless
+    `min_open` / `max_open`.
+    """
+
+    name: str
+    type: OptType
+    doc: str
+    default: Any = None
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False
+    max_open: bool = False
+    choices: tuple[str, ...] = ()
+    positional: bool = False  # the one value a call may pass without a name
+    required: bool = False
+
+    def default_for(self, cfg: ModelConfig | None, opts: Opts) -> Any:
+        return self.default(cfg, opts) if callable(self.default) else self.default
+
+    def range_text(self) -> str:
+        """Human form of the valid range, e.g. `an integer >= 1` or one of `a`, `b`."""
+        if self.type == "enum":
+            return "one of " + ", ".join(f"`{c}`" for c in self.choices)
+        kind = {"int": "an integer", "size": "an integer", "bool": "`true` or `false`",
+                "str": "a string"}.get(self.type, "a number")
+        lo = None if self.min is None else f"{'>' if self.min_open else '>='} {_num(self.min)}"
+        hi = None if self.max is None else f"{'<' if self.max_open else '<='} {_num(self.max)}"
+        parts = [p for p in (lo, hi) if p]
+        return kind + (" " + " and ".join(parts) if parts else "")
+
+    def in_range(self, x: float) -> bool:
+        if self.min is not None and (x < self.min or (self.min_open and x == self.min)):
+            return False
+        return not (self.max is not None and (x > self.max or (self.max_open and x == self.max)))
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+@dataclass(frozen=True)
+class CacheTensor:
+    """One decode-cache tensor of a mixer, per (iteration, block).
+
+    `role` is "state" (fixed size: recurrent state, conv buffers) or "kv" (grows with L: KV
+    caches, ring buffers capped at the window, index keys, cached inputs). `dtype` names which
+    dtype setting it follows: "state" (state_dtype), "kv" (kv dtype) or "act" (activations).
+    """
+
+    shape: tuple[int, ...]
+    role: Literal["state", "kv"]
+    dtype: Literal["state", "kv", "act"]
+
+    def nbytes(self, dt: Dtypes) -> int:
+        return math.prod(self.shape) * BYTES[getattr(dt, self.dtype)]
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    act: str = "bf16"  # weights and activations
+    state: str = "fp32"
+    kv: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Flops:
+    """Forward FLOPs per token of one mixer (2 per multiply-add), split for the report."""
+
+    proj: float  # projections, convs, gate MLPs: position-wise work
+    core: float  # the token-mixing part (attention scores, recurrences, FFTs)
+
+    @property
+    def total(self) -> float:
+        return self.proj + self.core
+
+
+Mode = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """A layer kind. Subclasses (one file per kind in `lt2dsl/ir/specs/`) fill in the formulas."""
+
+    kind: str
+    summary: str
+    options: tuple[Option, ...]
+    module: str  # "lt2dsl.lowering.layers.gdn:GatedDeltaNet", imported lazily by lowering
+    aliases: tuple[str, ...] = ()
+    source: str = ""  # where the math and parameterization come from (mixers.md section)
+    # Whether this kind's token mixing is bounded (a window) for the receptive-field figure.
+    doc_extra: str = ""
+    kernel_note: Callable[[Opts, ModelConfig], str | None] | None = field(default=None, compare=False)
+
+    def option(self, name: str) -> Option | None:
+        return next((o for o in self.options if o.name == name), None)
+
+    # ---- formulas (overridden per kind) ----------------------------------------------------
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Parameter tensors of the mixer (name -> shape), block norms and MLP excluded."""
+        raise NotImplementedError
+
+    def params(self, o: Opts, cfg: ModelConfig) -> int:
+        return sum(math.prod(s) for s in self.weights(o, cfg).values())
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """Decode cache tensors after L tokens for `batch` sequences."""
+        raise NotImplementedError
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Forward FLOPs per token: mean over a prefill of L tokens, or one decode step at context L."""
+        raise NotImplementedError
+
+    def backward_factor(self, o: Opts) -> float:
+        """Training = forward × (1 + backward_factor); 2 unless the kind's spec says otherwise."""
+        return 2.0
+
+    def window(self, o: Opts) -> int | None:
+        """Look-back added per application (w − 1 for a window of w keys), None when unbounded."""
+        return None
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """Activation elements per token kept for backward (without recomputation)."""
+        return 4 * cfg.dim
+
+    def is_delta_rule(self) -> bool:
+        return False
+
+
+def frac_to_number(x: Any) -> Any:
+    return float(x) if isinstance(x, Fraction) else x

@@ -1,0 +1,51 @@
+"""Channel mixers (values of `mlp`) and norms (values of `norm`)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from lt2dsl.ir.nodes import MlpSpec, NormSpec
+from lt2dsl.ir.spec import Option
+from lt2dsl.ir.specs.common import lin
+
+
+def swiglu_hidden(dim: int) -> int:
+    """8/3 · dim rounded up to a multiple of 256 (LLaMA's rule): 2048 → 5632."""
+    return 256 * math.ceil(Fraction(8, 3) * dim / 256)
+
+
+MLP_KINDS = {
+    "swiglu": (Option("hidden", "size", "hidden width [8/3·dim, rounded up to a multiple of 256]",
+                      min=1, positional=True),),
+    "gelu": (Option("hidden", "size", "hidden width [4·dim]", min=1, positional=True),),
+}
+NORM_KINDS = {
+    "rmsnorm": (Option("eps", "float", "epsilon", default=1e-6, min=0, min_open=True, positional=True),),
+    "layernorm": (Option("eps", "float", "epsilon", default=1e-5, min=0, min_open=True, positional=True),),
+    "sandwich": (),
+}
+
+
+def mlp_weights(m: MlpSpec, dim: int) -> dict[str, tuple[int, ...]]:
+    """swiglu: gate/up (hidden, D), down (D, hidden); gelu: up, down; none: nothing. No biases."""
+    if m.type == "swiglu":
+        return {"gate_proj.weight": lin(m.hidden, dim), "up_proj.weight": lin(m.hidden, dim),
+                "down_proj.weight": lin(dim, m.hidden)}
+    if m.type == "gelu":
+        return {"up_proj.weight": lin(m.hidden, dim), "down_proj.weight": lin(dim, m.hidden)}
+    return {}
+
+
+def mlp_flops(m: MlpSpec, dim: int) -> float:
+    return float(2 * sum(math.prod(s) for s in mlp_weights(m, dim).values()))
+
+
+def norm_weights(n: NormSpec, dim: int) -> dict[str, tuple[int, ...]]:
+    return {"weight": (dim,), "bias": (dim,)} if n.type == "layernorm" else {"weight": (dim,)}
+
+
+def block_norm_count(n: NormSpec, has_mlp: bool) -> int:
+    """Pre-norm: one norm before the mixer and one before the MLP; sandwich doubles both."""
+    per_half = 2 if n.sandwich else 1
+    return per_half * (2 if has_mlp else 1)

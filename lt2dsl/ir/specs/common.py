@@ -1,0 +1,71 @@
+"""Option groups and formula helpers shared by the layer specs."""
+
+from __future__ import annotations
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import Option, Opts
+
+
+def _heads(cfg: ModelConfig | None, o: Opts) -> int:
+    return cfg.heads if cfg else 1
+
+
+def _head_dim(cfg: ModelConfig | None, o: Opts) -> int:
+    return cfg.head_dim if cfg else 64
+
+
+def _kv_heads(cfg: ModelConfig | None, o: Opts) -> int:
+    # An MHA model keeps MHA when a block overrides `heads`; a GQA model keeps its kv heads.
+    if cfg is None or cfg.kv_heads == cfg.heads:
+        return o.get("heads", cfg.heads if cfg else 1)
+    return cfg.kv_heads
+
+
+HEADS = Option("heads", "int", "number of (query/key) heads", default=_heads, min=1)
+HEAD_DIM = Option("head_dim", "int", "dimension of one head", default=_head_dim, min=1)
+COMMON = (
+    HEADS,
+    HEAD_DIM,
+    Option("mlp", "mlp", "channel mixer of this block (`swiglu(...)`, `gelu(...)`, `none`)"),
+    Option("norm", "norm", "block norm (`rmsnorm(eps)`, `layernorm(eps)`, `sandwich`)"),
+    Option("name", "str", "a label for reports"),
+)
+
+ATTENTION = (
+    Option("kv_heads", "int", "key/value heads (GQA); must divide `heads`", default=_kv_heads, min=1),
+    Option("gate", "enum", "output gate on SDPA (Qiu et al. 2025): elementwise `sdpa`, per-head `headwise`",
+           default="none", choices=("none", "sdpa", "headwise")),
+    Option("qk_norm", "bool", "per-head RMSNorm on q and k (Qwen3)", default=False),
+    Option("rope_theta", "float", "RoPE base", default=10000.0, min=0, min_open=True),
+    Option("bias", "bool", "biases on the q, k, v and o projections (LLaMA's attention_bias)",
+           default=False),
+)
+
+CONV = Option("conv", "int", "short causal depthwise conv width on q, k, v (0: none)", default=4, min=0)
+
+
+def lin(n_out: int, n_in: int) -> tuple[int, int]:
+    """Shape of an `nn.Linear(n_in, n_out)` weight."""
+    return (n_out, n_in)
+
+
+def proj_flops(weights: dict[str, tuple[int, ...]], names: list[str]) -> float:
+    """2 FLOPs per weight of each named matrix, once per token (a projection of one token)."""
+    total = 0
+    for n in names:
+        if n in weights:
+            s = weights[n]
+            total += 2 * s[0] * s[1]
+    return float(total)
+
+
+def conv_flops(channels: int, width: int) -> float:
+    """Depthwise causal conv: 2·W FLOPs per channel per token."""
+    return float(2 * channels * width)
+
+
+def causal_mean(L: int, cap: int | None = None) -> float:
+    """Mean over positions t = 1..L of min(t, cap): keys a causal query sees, exact triangle."""
+    if cap is None or cap >= L:
+        return (L + 1) / 2
+    return (cap * (cap + 1) / 2 + (L - cap) * cap) / L

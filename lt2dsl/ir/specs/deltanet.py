@@ -1,0 +1,64 @@
+"""`deltanet`: the delta rule without decay (mixers.md §4), as fla's `DeltaNet` layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, CONV, conv_flops, lin, proj_flops
+from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
+
+PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_proj.weight",
+        "o_proj.weight"]
+
+
+@dataclass(frozen=True)
+class DeltaNetSpec(LayerSpec):
+    def conv_channels(self, o: Opts) -> dict[str, int]:
+        n = o["heads"] * o["head_dim"]
+        return {"q": n, "k": n, "v": n}
+
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """q, k, v (H·K, D) with K = V; b (H, D); g (H·V, D) when `gate`; o (D, H·V); convs;
+        o_norm (V) (a gated RMSNorm when `gate`)."""
+        H, K, D = o["heads"], o["head_dim"], cfg.dim
+        w = {
+            "q_proj.weight": lin(H * K, D),
+            "k_proj.weight": lin(H * K, D),
+            "v_proj.weight": lin(H * K, D),
+            "b_proj.weight": lin(H, D),
+        }
+        if o["gate"]:
+            w["g_proj.weight"] = lin(H * K, D)
+        w["o_proj.weight"] = lin(D, H * K)
+        w |= conv_weights(self.conv_channels(o), o["conv"])
+        return w | {"o_norm.weight": (K,)}
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        H, K = o["heads"], o["head_dim"]
+        return state(batch, H, K, K) | conv_cache(self.conv_channels(o), o["conv"], batch)
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Core per head: chunked 6CK + 4CV + C²/3 + 6KV, decode 6KV (mixers.md §4(d))."""
+        H, K = o["heads"], o["head_dim"]
+        proj = proj_flops(self.weights(o, cfg), PROJ)
+        proj += conv_flops(sum(self.conv_channels(o).values()), o["conv"])
+        core = 6 * K * K if mode == "decode" else delta_core(K, K, chunk_of(L))
+        return Flops(proj=proj, core=float(H * core))
+
+    def is_delta_rule(self) -> bool:
+        return True
+
+
+SPEC = DeltaNetSpec(
+    kind="deltanet",
+    summary="DeltaNet: the delta rule (generalized Householder transitions), no decay",
+    options=(
+        *COMMON,
+        CONV,
+        Option("gate", "bool", "SiLU output gate through the gated RMSNorm", default=False),
+    ),
+    module="lt2dsl.lowering.layers.deltanet:DeltaNet",
+    source="mixers.md §4 (arXiv 2406.06484); fla `fla/layers/delta_net.py`",
+)

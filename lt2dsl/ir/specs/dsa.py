@@ -1,0 +1,67 @@
+"""`dsa`: DeepSeek sparse attention, a lightning indexer choosing top-k keys (mixers.md §11).
+
+lt2dsl's DSA sits on GQA attention (not MLA): the indexer projects the block input x to H_I
+index queries of d_I dims and one shared index key (LayerNorm'd) per token, with per-head weights
+w = x W_w; scores I[t,s] = Σ_j w[t,j] · ReLU(q_I[t,j] · k_I[s]) (scaled), causal top-k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, Mode, Option, Opts
+from lt2dsl.ir.specs.common import ATTENTION, COMMON, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.full import PROJ, FullSpec, attention_core, attention_weights
+
+IDX = ["idx_q.weight", "idx_k.weight", "idx_w.weight"]
+
+
+@dataclass(frozen=True)
+class DsaSpec(FullSpec):
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Attention weights plus the indexer: idx_q (H_I·d_I, D), idx_k (d_I, D),
+        idx_k_norm (LayerNorm, weight and bias d_I), idx_w (H_I, D)."""
+        HI, dI, D = o["index_heads"], o["index_dim"], cfg.dim
+        return attention_weights(o, D) | {
+            "idx_q.weight": lin(HI * dI, D),
+            "idx_k.weight": lin(dI, D),
+            "idx_k_norm.weight": (dI,),
+            "idx_k_norm.bias": (dI,),
+            "idx_w.weight": lin(HI, D),
+        }
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """KV cache plus one index key per token, (B, L, d_I), kept in the kv dtype."""
+        return super().cache(o, cfg, batch, L) | {
+            "k_idx": CacheTensor((batch, L, o["index_dim"]), "kv", "kv")
+        }
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Indexer 2·H_I·d_I per visible key; main attention over min(t, topk) keys per head."""
+        proj = proj_flops(self.weights(o, cfg), PROJ + IDX)
+        k = o["topk"]
+        if mode == "decode":
+            index_keys, main_keys = float(L), float(min(L, k))
+        elif causal == "full":
+            index_keys = main_keys = float(L)
+        else:
+            index_keys, main_keys = causal_mean(L), causal_mean(L, k)
+        index = 2.0 * o["index_heads"] * o["index_dim"] * index_keys
+        return Flops(proj=proj, core=index + attention_core(o["heads"], o["head_dim"], main_keys))
+
+
+SPEC = DsaSpec(
+    kind="dsa",
+    summary="DeepSeek sparse attention: lightning indexer + causal top-k over GQA attention",
+    options=(
+        *COMMON,
+        Option("topk", "size", "keys each query attends to (all heads share the choice)", default=2048,
+               min=1, positional=True),
+        Option("index_heads", "int", "lightning-indexer heads H_I", default=4, min=1),
+        Option("index_dim", "int", "lightning-indexer head dim d_I", default=64, min=1),
+        *ATTENTION,
+    ),
+    module="lt2dsl.lowering.layers.dsa:SparseAttention",
+    source="mixers.md §11 (DeepSeek-V3.2-Exp report, Eqs. 1-4); GQA main attention per §11(c)",
+)

@@ -1,0 +1,87 @@
+"""`full`: softmax attention with RoPE, GQA and the optional SDPA output gate (mixers.md §12)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import ATTENTION, COMMON, causal_mean, lin, proj_flops
+
+
+def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
+    """q, k, v, o projections (+ biases), the output gate and qk-norm weights.
+
+    q_proj (H·d, D), k_proj / v_proj (HKV·d, D), o_proj (D, H·d); `gate=sdpa`: g_proj (H·d, D),
+    `gate=headwise`: g_proj (H, D); `qk_norm`: q_norm, k_norm (d). `bias=true` adds biases to
+    q, k, v, o (and the gate), as LLaMA's `attention_bias` does.
+    """
+    H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
+    w = {
+        "q_proj.weight": lin(H * d, D),
+        "k_proj.weight": lin(HKV * d, D),
+        "v_proj.weight": lin(HKV * d, D),
+        "o_proj.weight": lin(D, H * d),
+    }
+    if o["bias"]:
+        w |= {"q_proj.bias": (H * d,), "k_proj.bias": (HKV * d,), "v_proj.bias": (HKV * d,),
+              "o_proj.bias": (D,)}
+    g_out = {"sdpa": H * d, "headwise": H}.get(o["gate"])
+    if g_out:
+        w["g_proj.weight"] = lin(g_out, D)
+        if o["bias"]:
+            w["g_proj.bias"] = (g_out,)
+    if o["qk_norm"]:
+        w |= {"q_norm.weight": (d,), "k_norm.weight": (d,)}
+    return w
+
+
+PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "g_proj.weight"]
+
+
+def attention_core(H: int, d: int, keys: float) -> float:
+    """QKᵀ and PV: 2·d each per visible key, per query head (mixers.md §9(d), §12(d))."""
+    return 4.0 * d * keys * H
+
+
+@dataclass(frozen=True)
+class FullSpec(LayerSpec):
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        return attention_weights(o, cfg.dim)
+
+    def kv_len(self, o: Opts, L: int) -> int:
+        return L
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """KV cache: k and v, (B, HKV, L, d) each, in the kv dtype (mixers.md §12(c))."""
+        shape = (batch, o["kv_heads"], self.kv_len(o, L), o["head_dim"])
+        return {"k": CacheTensor(shape, "kv", "kv"), "v": CacheTensor(shape, "kv", "kv")}
+
+    def visible(self, o: Opts, L: int, mode: Mode, causal: str) -> float:
+        """Mean number of keys a query sees: (L+1)/2 causal-exact, L with `--causal full`."""
+        if mode == "decode" or causal == "full":
+            return float(L)
+        return causal_mean(L)
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        proj = proj_flops(self.weights(o, cfg), PROJ)
+        core = attention_core(o["heads"], o["head_dim"], self.visible(o, L, mode, causal))
+        return Flops(proj=proj, core=core)
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
+        return cfg.dim + 2 * H * d + 2 * HKV * d  # input, q, k, v, attention output
+
+
+SPEC = FullSpec(
+    kind="full",
+    summary="softmax attention with RoPE, GQA and an optional SDPA output gate",
+    options=(*COMMON, *ATTENTION),
+    module="lt2dsl.lowering.layers.attention:Attention",
+    source="mixers.md §12 (Qiu et al. 2025, arXiv 2505.06708); HF LLaMA for the GQA layout",
+)
+
+SWA_OPTIONS = (
+    Option("window", "size", "keys each query sees, itself included (mixers.md §9)", default=512,
+           min=1, positional=True),
+)

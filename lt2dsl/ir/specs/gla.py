@@ -1,0 +1,64 @@
+"""`gla`: gated linear attention with a low-rank per-channel decay (mixers.md §3), as fla's GLA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
+
+PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "gk_proj.0.weight",
+        "gk_proj.1.weight", "o_proj.weight"]
+SUB = 16
+
+
+def dims(o: Opts) -> tuple[int, int, int]:
+    """(H, K, V): V = head_dim, K = head_dim · expand_k (fla: key_dim = D·expand_k)."""
+    return o["heads"], int(o["head_dim"] * o["expand_k"]), o["head_dim"]
+
+
+@dataclass(frozen=True)
+class GlaSpec(LayerSpec):
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """q, k (H·K, D); v, g (H·V, D); decay gate D → rank → H·K (+ bias); o (D, H·V);
+        g_norm (V) of the gated RMSNorm."""
+        H, K, V = dims(o)
+        D, r = cfg.dim, o["gate_rank"]
+        return {
+            "q_proj.weight": lin(H * K, D),
+            "k_proj.weight": lin(H * K, D),
+            "v_proj.weight": lin(H * V, D),
+            "g_proj.weight": lin(H * V, D),
+            "gk_proj.0.weight": lin(r, D),
+            "gk_proj.1.weight": lin(H * K, r),
+            "gk_proj.1.bias": (H * K,),
+            "o_proj.weight": lin(D, H * V),
+            "g_norm.weight": (V,),
+        }
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        H, K, V = dims(o)
+        return state(batch, H, K, V)
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Core per head: 2C(K+V) + 4KV + 3·16·K (fp32 diagonal sub-blocks); decode 5KV."""
+        H, K, V = dims(o)
+        core = 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L)) + 3 * SUB * K
+        return Flops(proj=proj_flops(self.weights(o, cfg), PROJ), core=float(H * core))
+
+
+SPEC = GlaSpec(
+    kind="gla",
+    summary="gated linear attention: per-channel data-dependent decay, SiLU output gate",
+    options=(
+        *COMMON,
+        Option("expand_k", "number", "key head dim = head_dim · expand_k", default=0.5, min=0, min_open=True),
+        Option("gate_rank", "int", "rank of the low-rank decay gate", default=16, min=1),
+        Option("gate_norm", "number", "gate logit normalizer τ: log α = logσ(·)/τ", default=16, min=0,
+               min_open=True),
+    ),
+    module="lt2dsl.lowering.layers.gla:GatedLinearAttention",
+    source="mixers.md §3 (arXiv 2312.06635); fla `fla/layers/gla.py`",
+)

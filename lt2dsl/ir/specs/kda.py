@@ -1,0 +1,75 @@
+"""`kda`: Kimi delta attention, channel-wise decay (mixers.md §6), as fla's `KimiDeltaAttention`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, CONV, _heads, conv_flops, lin, proj_flops
+from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
+
+PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "f_proj.0.weight", "f_proj.1.weight",
+        "b_proj.weight", "g_proj.0.weight", "g_proj.1.weight", "o_proj.weight"]
+SUB = 16  # sub-chunk of the gated diagonal blocks
+
+
+@dataclass(frozen=True)
+class KdaSpec(LayerSpec):
+    def conv_channels(self, o: Opts) -> dict[str, int]:
+        H, HV, K = o["heads"], o["v_heads"], o["head_dim"]
+        return {"q": H * K, "k": H * K, "v": HV * K}
+
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """q, k (H·K, D); v (HV·V, D) with V = K; low-rank forget gate f: D → V → HV·K;
+        b (HV, D); low-rank output gate g: D → V → HV·V (+ bias); o (D, HV·V); convs;
+        A_log (HV); dt_bias (HV·K); o_norm (V)."""
+        H, HV, K, D = o["heads"], o["v_heads"], o["head_dim"], cfg.dim
+        V = K
+        w = {
+            "q_proj.weight": lin(H * K, D),
+            "k_proj.weight": lin(H * K, D),
+            "v_proj.weight": lin(HV * V, D),
+            "f_proj.0.weight": lin(V, D),
+            "f_proj.1.weight": lin(HV * K, V),
+            "b_proj.weight": lin(HV, D),
+            "g_proj.0.weight": lin(V, D),
+            "g_proj.1.weight": lin(HV * V, V),
+            "g_proj.1.bias": (HV * V,),
+            "o_proj.weight": lin(D, HV * V),
+        }
+        w |= conv_weights(self.conv_channels(o), o["conv"])
+        return w | {"A_log": (HV,), "dt_bias": (HV * K,), "o_norm.weight": (V,)}
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        K = o["head_dim"]
+        return state(batch, o["v_heads"], K, K) | conv_cache(self.conv_channels(o), o["conv"], batch)
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Core per value head: GDN's chunked count + 3·16·K for the gated 16-token diagonal
+        sub-blocks (mixers.md §6(d)); decode 7KV."""
+        K = o["head_dim"]
+        proj = proj_flops(self.weights(o, cfg), PROJ)
+        proj += conv_flops(sum(self.conv_channels(o).values()), o["conv"])
+        core = 7 * K * K if mode == "decode" else delta_core(K, K, chunk_of(L)) + 3 * SUB * K
+        return Flops(proj=proj, core=float(o["v_heads"] * core))
+
+    def is_delta_rule(self) -> bool:
+        return True
+
+
+SPEC = KdaSpec(
+    kind="kda",
+    summary="Kimi delta attention: delta rule with channel-wise (per key dim) decay",
+    options=(
+        *COMMON,
+        Option("v_heads", "int", "value heads HV (grouped value heads when > heads)",
+               default=lambda c, o: o.get("heads", _heads(c, o)), min=1),
+        CONV,
+        Option("safe_gate", "bool", "bounded gate g = lower_bound · σ(·) ∈ (lower_bound, 0)", default=False),
+        Option("lower_bound", "float", "lower bound of the per-step log decay with `safe_gate`",
+               default=-5.0, max=0, max_open=True),
+    ),
+    module="lt2dsl.lowering.layers.kda:KimiDeltaAttention",
+    source="mixers.md §6 (arXiv 2510.26692); fla `fla/layers/kda.py`",
+)

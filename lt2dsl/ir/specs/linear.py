@@ -1,0 +1,68 @@
+"""`linear`: vanilla linear attention with a feature map (mixers.md §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
+
+
+def feature_dim(o: Opts) -> int:
+    """K' = 2K for hedgehog (softmax over [z, −z]), K otherwise."""
+    return 2 * o["head_dim"] if o["feature_map"] == "hedgehog" else o["head_dim"]
+
+
+def value_dim(o: Opts) -> int:
+    """The normalizer rides along as an extra ones column of v, so the state is K'×(V+1)."""
+    return o["head_dim"] + (1 if o["normalize"] else 0)
+
+
+@dataclass(frozen=True)
+class LinearSpec(LayerSpec):
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """q, k, v (H·K, D); o (D, H·V); hedgehog: per head K×K maps with bias for q and k;
+        without the normalizer a per-head RMSNorm (V) on the output (fla's default)."""
+        H, K, D = o["heads"], o["head_dim"], cfg.dim
+        w = {
+            "q_proj.weight": lin(H * K, D),
+            "k_proj.weight": lin(H * K, D),
+            "v_proj.weight": lin(H * K, D),
+            "o_proj.weight": lin(D, H * K),
+        }
+        if o["feature_map"] == "hedgehog":
+            w |= {"q_fm.weight": (H, K, K), "q_fm.bias": (H, K), "k_fm.weight": (H, K, K),
+                  "k_fm.bias": (H, K)}
+        if not o["normalize"]:
+            w["o_norm.weight"] = (K,)
+        return w
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        return state(batch, o["heads"], feature_dim(o), value_dim(o))
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Core per head: 2C(K'+V') + 4K'V' chunked, 4K'V' decode, V' = V (+1 normalizer)."""
+        H, K = o["heads"], o["head_dim"]
+        Kf, Vf = feature_dim(o), value_dim(o)
+        proj = proj_flops(self.weights(o, cfg), ["q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                                 "o_proj.weight"])
+        if o["feature_map"] == "hedgehog":
+            proj += 2 * (2 * H * K * K)
+        core = 4 * Kf * Vf if mode == "decode" else decay_core(Kf, Vf, chunk_of(L))
+        return Flops(proj=proj, core=float(H * core))
+
+
+SPEC = LinearSpec(
+    kind="linear",
+    summary="vanilla linear attention: feature map φ, no decay, optional normalizer",
+    options=(
+        *COMMON,
+        Option("feature_map", "enum", "φ applied to q and k", default="elu1",
+               choices=("elu1", "relu", "identity", "hedgehog"), positional=True),
+        Option("normalize", "bool", "divide by q̂ᵀz (else a per-head RMSNorm on the output)", default=True),
+    ),
+    module="lt2dsl.lowering.layers.linear:LinearAttention",
+    source="mixers.md §1 (arXiv 2006.16236); fast-transformers causal_linear_attention",
+)

@@ -1,0 +1,70 @@
+"""`mlstm`: xLSTM matrix memory (mixers.md §8), parameterized as the xLSTM-7B layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.recurrent import chunk_of, decay_core
+
+PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "ogate.weight", "igate.weight",
+        "fgate.weight", "out_proj.weight"]
+
+
+def dims(o: Opts) -> tuple[int, int, int]:
+    """(H, K, V): V = head_dim, K = head_dim · qk_dim_factor."""
+    return o["heads"], int(o["head_dim"] * o["qk_dim_factor"]), o["head_dim"]
+
+
+@dataclass(frozen=True)
+class MlstmSpec(LayerSpec):
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """q, k (H·K, D); v and the sigmoid output gate (H·V, D); input and forget gates (H, D)
+        with biases; per-head LayerNorm weight (H·V); out_proj (D, H·V)."""
+        H, K, V = dims(o)
+        D = cfg.dim
+        return {
+            "q_proj.weight": lin(H * K, D),
+            "k_proj.weight": lin(H * K, D),
+            "v_proj.weight": lin(H * V, D),
+            "ogate.weight": lin(H * V, D),
+            "igate.weight": lin(H, D),
+            "igate.bias": (H,),
+            "fgate.weight": lin(H, D),
+            "fgate.bias": (H,),
+            "norm.weight": (H * V,),
+            "out_proj.weight": lin(D, H * V),
+        }
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """(C, n, m): (B, H, K, V), (B, H, K), (B, H), all in the state dtype."""
+        H, K, V = dims(o)
+        return {
+            "C": CacheTensor((batch, H, K, V), "state", "state"),
+            "n": CacheTensor((batch, H, K), "state", "state"),
+            "m": CacheTensor((batch, H), "state", "state"),
+        }
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Core per head: chunked 2C(K+V) + 4KV + 4K + C, decode 5KV + 5K (mixers.md §8(d))."""
+        H, K, V = dims(o)
+        C = chunk_of(L)
+        core = 5 * K * V + 5 * K if mode == "decode" else decay_core(K, V, C) + 4 * K + C
+        return Flops(proj=proj_flops(self.weights(o, cfg), PROJ), core=float(H * core))
+
+
+SPEC = MlstmSpec(
+    kind="mlstm",
+    summary="xLSTM mLSTM: matrix memory with exponential input gate, stabilizer and normalizer",
+    options=(
+        *COMMON,
+        Option("qk_dim_factor", "number", "key head dim = head_dim · qk_dim_factor", default=0.5, min=0,
+               min_open=True),
+        Option("gate_cap", "number", "soft cap of the gate pre-activations: cap·tanh(x/cap)", default=15,
+               min=0, min_open=True),
+    ),
+    module="lt2dsl.lowering.layers.mlstm:MLSTM",
+    source="mixers.md §8 (arXiv 2503.13427, xLSTM-7B); NX-AI/xlstm `xlstm_large/model.py`",
+)

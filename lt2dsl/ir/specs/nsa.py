@@ -1,0 +1,101 @@
+"""`nsa`: native sparse attention — compressed, selected and sliding branches (mixers.md §10)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.full import attention_core
+
+
+def n_cmp(t: int, l: int, s: int) -> int:
+    """Compressed blocks entirely in the past of position t: blocks [i·s+1, i·s+l], i·s + l ≤ t."""
+    return max(0, (t - l) // s + 1)
+
+
+def mean_n_cmp(L: int, l: int, s: int) -> float:
+    """Mean of n_cmp(t) over t = 1..L, in closed form (Σ_{j<m} (⌊j/s⌋ + 1), m = L − l + 1)."""
+    m = L - l + 1
+    if m <= 0:
+        return 0.0
+    q, r = divmod(m, s)
+    return (m + s * q * (q - 1) // 2 + q * r) / L
+
+
+@dataclass(frozen=True)
+class NsaSpec(LayerSpec):
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """q (H·d, D), k / v (HKV·d, D), branch gates g_proj (3H, D), o (D, H·d); with
+        `compress=mlp`, per k and v: an intra-block position embedding (l, d) and a linear
+        map (d, l·d) with bias (the paper's learned φ)."""
+        H, HKV, d, D = o["heads"], o["kv_heads"], o["head_dim"], cfg.dim
+        w = {
+            "q_proj.weight": lin(H * d, D),
+            "k_proj.weight": lin(HKV * d, D),
+            "v_proj.weight": lin(HKV * d, D),
+            "g_proj.weight": lin(3 * H, D),
+            "o_proj.weight": lin(D, H * d),
+        }
+        if o["compress"] == "mlp":
+            lb = o["cmp_block"]
+            for t in ("k", "v"):
+                w |= {f"cmp_{t}.pos": (lb, d), f"cmp_{t}.proj.weight": lin(d, lb * d),
+                      f"cmp_{t}.proj.bias": (d,)}
+        return w
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """Full KV (selection can address any past block) plus the compressed K/V so far."""
+        HKV, d = o["kv_heads"], o["head_dim"]
+        full = (batch, HKV, L, d)
+        cmp = (batch, HKV, n_cmp(L, o["cmp_block"], o["stride"]), d)
+        return {
+            "k": CacheTensor(full, "kv", "kv"),
+            "v": CacheTensor(full, "kv", "kv"),
+            "k_cmp": CacheTensor(cmp, "kv", "kv"),
+            "v_cmp": CacheTensor(cmp, "kv", "kv"),
+        }
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Per query head: 4d·(n_cmp(t) + min(t, n·l') + min(t, w)) (mixers.md §10(d))."""
+        w = self.weights(o, cfg)
+        proj = proj_flops(w, ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight",
+                              "o_proj.weight"])
+        lb, s, d = o["cmp_block"], o["stride"], o["head_dim"]
+        if o["compress"] == "mlp":  # one φ application per stride tokens, for k and v
+            proj += 2 * (2.0 * lb * d * d) * o["kv_heads"] / s
+        sel = o["select"] * o["block"]
+        if mode == "decode":
+            keys = n_cmp(L, lb, s) + min(L, sel) + min(L, o["window"])
+        elif causal == "full":
+            keys = n_cmp(L, lb, s) + 2 * L
+        else:
+            keys = mean_n_cmp(L, lb, s) + causal_mean(L, sel) + causal_mean(L, o["window"])
+        return Flops(proj=proj, core=attention_core(o["heads"], d, keys))
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
+        return cfg.dim + 4 * H * d + 2 * HKV * d + 3 * H
+
+
+SPEC = NsaSpec(
+    kind="nsa",
+    summary="native sparse attention: compressed, selected and sliding-window branches, gated",
+    options=(
+        *COMMON,
+        Option("block", "size", "selection block size l'", default=64, min=1),
+        Option("select", "int", "selected blocks per query n (forced first and local ones included)",
+               default=16, min=1),
+        Option("window", "size", "sliding-window branch size w (keys including self)", default=512, min=1),
+        Option("cmp_block", "size", "compression block size l", default=32, min=1),
+        Option("stride", "size", "compression stride d (must divide `cmp_block` and `block`)",
+               default=16, min=1),
+        Option("kv_heads", "int", "key/value heads; must divide `heads`", default=1, min=1),
+        Option("compress", "enum", "compression φ: mean pooling (fla) or the paper's learned MLP",
+               default="mean", choices=("mean", "mlp")),
+        Option("rope_theta", "float", "RoPE base", default=10000.0, min=0, min_open=True),
+    ),
+    module="lt2dsl.lowering.layers.nsa:NativeSparseAttention",
+    source="mixers.md §10 (arXiv 2502.11089); fla `fla/ops/nsa/naive.py`, `fla/layers/nsa.py`",
+)

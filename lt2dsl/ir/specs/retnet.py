@@ -1,0 +1,52 @@
+"""`retnet`: multi-scale retention with fixed per-head decays (mixers.md §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
+
+PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_proj.weight"]
+
+
+def dims(o: Opts) -> tuple[int, int, int]:
+    return o["heads"], o["head_dim"], int(o["head_dim"] * o["expand_v"])
+
+
+@dataclass(frozen=True)
+class RetNetSpec(LayerSpec):
+    def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """q, k (H·K, D); v, g (H·V, D) with V = K · expand_v; o (D, H·V); g_norm (V)."""
+        H, K, V = dims(o)
+        D = cfg.dim
+        return {
+            "q_proj.weight": lin(H * K, D),
+            "k_proj.weight": lin(H * K, D),
+            "v_proj.weight": lin(H * V, D),
+            "g_proj.weight": lin(H * V, D),
+            "o_proj.weight": lin(D, H * V),
+            "g_norm.weight": (V,),
+        }
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        H, K, V = dims(o)
+        return state(batch, H, K, V)
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        """Core per head: 2C(K+V) + 4KV chunked, 5KV decode (mixers.md §2(d))."""
+        H, K, V = dims(o)
+        core = 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L))
+        return Flops(proj=proj_flops(self.weights(o, cfg), PROJ), core=float(H * core))
+
+
+SPEC = RetNetSpec(
+    kind="retnet",
+    summary="multi-scale retention: fixed per-head decay γ_h = 1 − 2^(−5−h), xPos rotation",
+    options=(*COMMON, Option("expand_v", "number", "value head dim = head_dim · expand_v", default=2,
+                             min=0, min_open=True)),
+    module="lt2dsl.lowering.layers.retnet:MultiScaleRetention",
+    source="mixers.md §2 (arXiv 2307.08621); torchscale `multiscale_retention.py`",
+)
