@@ -32,8 +32,8 @@ def split_cu_seqlens(cu_seqlens, Tq: int, Tk: int):
         raise ValueError(
             f"cu_seqlens must start at 0 and end at T (Tq={Tq}, Tk={Tk}), got {cu_q} / {cu_k}"
         )
-    for (q0, q1), (k0, k1) in zip(zip(cu_q, cu_q[1:]), zip(cu_k, cu_k[1:])):
-        if q1 < q0 or k1 - k0 < q1 - q0:
+    for n in range(len(cu_q) - 1):
+        if cu_q[n + 1] < cu_q[n] or cu_k[n + 1] - cu_k[n] < cu_q[n + 1] - cu_q[n]:
             raise ValueError("each sequence needs 0 <= Tq_n <= Tk_n in cu_seqlens")
     return cu_q, cu_k
 

@@ -11,7 +11,10 @@ from ..common.attn_utils import compute_dtype, repeat_kv, topk_select
 
 
 def indexer_scores(q_idx, k_idx, w_idx, idx_scale: float, dt) -> torch.Tensor:
-    """I[t, s] for a chunk: q_idx `[B, c, HI, DI]`, k_idx `[B, Tk, DI]`, w_idx `[B, c, HI]` -> `[B, c, Tk]`."""
+    """I[t, s] of a query chunk: q_idx `[B, c, HI, DI]`, k_idx `[B, Tk, DI]`, w_idx `[B, c, HI]`.
+
+    Returns `[B, c, Tk]` in dtype `dt`.
+    """
     dots = torch.relu(idx_scale * torch.einsum("bihd,bjd->bihj", q_idx.to(dt), k_idx.to(dt)))
     if w_idx is None:
         return dots.sum(2)

@@ -1,0 +1,126 @@
+"""`attention`: reference vs per-query truth, window edges, gates, GQA, Tq < Tk, varlen, decode.
+
+The Triton backend runs the same checks under TRITON_INTERPRET=1 on CPU (small shapes) and at full
+size on the GPU (`@pytest.mark.gpu`).
+"""
+
+import pytest
+import torch
+
+from lt2dsl.kernels.attention import attention, attention_decode, attention_naive
+from tests.kernels.utils import assert_close
+
+F64 = torch.float64
+
+
+def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, gate=None, device="cpu", seed=0):
+    """Random q, k, v (and gate logits: None, 'elem' or 'head')."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=F64).to(device=device, dtype=dtype)
+
+    q, k, v = r(B, Tq, HQ, D), r(B, Tk, HKV, D), r(B, Tk, HKV, D)
+    gt = None if gate is None else (r(B, Tq, HQ, D) if gate == "elem" else r(B, Tq, HQ))
+    return q, k, v, gt
+
+
+@pytest.mark.parametrize("T", [1, 63, 100])
+@pytest.mark.parametrize("window", [None, 1, 7, "T", "T+5"])
+def test_reference_equals_naive(T, window):
+    w = {"T": T, "T+5": T + 5}.get(window, window)
+    q, k, v, g = make(2, T, T, 4, 2, 16, gate="elem")
+    out = attention(q, k, v, window=w, gate=g)
+    assert_close("o", out, attention_naive(q, k, v, window=w, gate=g), 1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads", [(3, 3), (6, 2), (4, 1)])
+@pytest.mark.parametrize("gate", [None, "elem", "head"])
+def test_reference_gqa_gate_prefill(causal, heads, gate):
+    """Tq < Tk: the queries are the last positions (prefill onto a cache)."""
+    q, k, v, g = make(2, 9, 40, heads[0], heads[1], 16, gate=gate)
+    out = attention(q, k, v, causal=causal, gate=g)
+    assert_close("o", out, attention_naive(q, k, v, causal=causal, gate=g), 1e-10)
+
+
+@pytest.mark.parametrize("w", [1, 2, 5, 30, 31, 50])
+def test_window_convention_edges(w):
+    """mixers.md §9: key j visible to query i iff i − w + 1 ≤ j ≤ i (w keys including itself).
+
+    With v = identity rows, o[i] is the softmax row itself: its support must be exactly that band.
+    """
+    T = 30
+    q, k, _, _ = make(1, T, T, 1, 1, 8)
+    v = torch.eye(T, dtype=F64)[None, :, None, :]
+    p = attention(q, k, v, window=w)[0, :, 0]
+    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    assert torch.equal(p > 0, (j <= i) & (j >= i - w + 1))
+    assert torch.allclose(p.sum(-1), torch.ones(T, dtype=F64))
+
+
+def test_gate_is_sigmoid_times_output():
+    q, k, v, g = make(1, 20, 20, 2, 2, 8, gate="elem")
+    assert_close("elem", attention(q, k, v, gate=g), torch.sigmoid(g) * attention(q, k, v), 1e-12)
+    gh = g[..., 0]
+    want = torch.sigmoid(gh)[..., None] * attention(q, k, v)
+    assert_close("head", attention(q, k, v, gate=gh), want, 1e-12)
+
+
+def test_reference_gradcheck():
+    q, k, v, g = make(1, 6, 6, 2, 1, 4, gate="elem")
+    args = [t.requires_grad_() for t in (q, k, v, g)]
+    assert torch.autograd.gradcheck(lambda q, k, v, g: attention(q, k, v, window=3, gate=g), args)
+
+
+def test_reference_varlen_equals_per_sequence():
+    cu = torch.tensor([0, 13, 14, 50])
+    q, k, v, g = make(1, 50, 50, 4, 2, 8, gate="head")
+    out = attention(q, k, v, window=5, gate=g, cu_seqlens=cu)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        ref = attention_naive(q[:, a:b], k[:, a:b], v[:, a:b], window=5, gate=g[:, a:b])
+        assert_close(f"seq {a}:{b}", out[:, a:b], ref, 1e-10)
+
+
+def test_bad_shapes_raise():
+    q, k, v, _ = make(1, 8, 8, 4, 2, 8)
+    with pytest.raises(ValueError, match=r"\[B, Tk, HKV, K\]"):
+        attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="multiple"):
+        attention(q, k[:, :, :1].expand(1, 8, 3, 8), v[:, :, :1].expand(1, 8, 3, 8))
+    with pytest.raises(ValueError, match="Tq"):
+        attention(torch.randn(1, 9, 4, 8), k, v)
+    with pytest.raises(ValueError, match="gate"):
+        attention(q, k, v, gate=torch.randn(1, 8, 4, 3))
+    with pytest.raises(ValueError, match="window"):
+        attention(q, k, v, window=0)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("Tq", [1, 3])
+def test_decode_reference_linear_and_ring(window, Tq):
+    """A linear cache and a ring buffer give the same result as attention over the whole sequence."""
+    B, HQ, HKV, D, L = 3, 4, 2, 8, 12
+    lens = torch.tensor([5, 12, 30])
+    T = int(lens.max())
+    q_all, k_all, v_all, g_all = make(B, T, T, HQ, HKV, D, gate="head")
+    q = torch.stack([q_all[b, n - Tq : n] for b, n in enumerate(lens.tolist())])
+    g = torch.stack([g_all[b, n - Tq : n] for b, n in enumerate(lens.tolist())])
+    want = torch.stack([attention_naive(q_all[b : b + 1, :n], k_all[b : b + 1, :n], v_all[b : b + 1, :n],
+                                        window=window, gate=g_all[b : b + 1, :n])[0, n - Tq :]
+                        for b, n in enumerate(lens.tolist())])
+    lin_k = torch.zeros(B, T, HKV, D, dtype=F64)
+    lin_v = torch.zeros_like(lin_k)
+    ring_k = torch.full((B, L, HKV, D), float("nan"), dtype=F64)  # stale slots must never be read
+    ring_v = ring_k.clone()
+    for b, n in enumerate(lens.tolist()):
+        lin_k[b, :n], lin_v[b, :n] = k_all[b, :n], v_all[b, :n]
+        for p in range(n):
+            ring_k[b, p % L], ring_v[b, p % L] = k_all[b, p], v_all[b, p]
+    got = attention_decode(q, lin_k, lin_v, lens, window=window, gate=g)
+    assert_close("linear", got, want, 1e-10)
+    if window is not None:  # a ring of L slots serves windows with L >= w + Tq - 1
+        ring_k = torch.nan_to_num(ring_k)  # unwritten slots of short rows: zeros, masked anyway
+        ring_v = torch.nan_to_num(ring_v)
+        got = attention_decode(q, ring_k, ring_v, lens, window=window, ring=True, gate=g)
+        assert_close("ring", got, want, 1e-10)

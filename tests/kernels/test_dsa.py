@@ -1,0 +1,139 @@
+"""`dsa`: reference vs per-query truth, fewer-than-k keys, k ≥ T = dense causal, KL loss, varlen."""
+
+import pytest
+import torch
+
+from lt2dsl.kernels.attention import attention_naive
+from lt2dsl.kernels.dsa import dsa, dsa_indexer, dsa_indexer_kl, dsa_naive
+from tests.kernels.utils import assert_close
+
+F64 = torch.float64
+
+
+def make(B, Tq, Tk, HQ, HKV, D, HI=3, DI=8, dtype=F64, device="cpu", seed=0, positive=False):
+    """Random DSA inputs; `positive` makes every index dot product > 0 (no ReLU ties at 0)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*s):
+        x = torch.randn(*s, generator=g, dtype=F64)
+        return x.to(device=device, dtype=dtype)
+
+    q, k, v = r(B, Tq, HQ, D), r(B, Tk, HKV, D), r(B, Tk, HKV, D)
+    qi, ki, wi = r(B, Tq, HI, DI), r(B, Tk, DI), r(B, Tq, HI)
+    if positive:
+        qi, ki, wi = qi.abs(), ki.abs(), wi.abs()
+    return q, k, v, qi, ki, wi
+
+
+@pytest.mark.parametrize("T", [1, 63, 100])
+@pytest.mark.parametrize("topk", [1, 8, "T", "T+3"])
+def test_reference_equals_naive(T, topk):
+    kk = {"T": T, "T+3": T + 3}.get(topk, topk)
+    args = make(2, T, T, 4, 2, 16)
+    o, idx = dsa(*args, topk=kk, return_indices=True)
+    o2, idx2 = dsa_naive(*args, topk=kk)
+    assert torch.equal(idx, idx2)
+    assert_close("o", o, o2, 1e-10)
+
+
+def test_fewer_than_k_valid_keys_are_padded():
+    T, kk = 20, 8
+    q, k, v, qi, ki, wi = make(1, T, T, 2, 1, 8)
+    idx = dsa_indexer(qi, ki, wi, topk=kk)
+    for t in range(T):
+        row = idx[0, t]
+        n = min(kk, t + 1)
+        assert (row[:n] >= 0).all() and (row[:n] <= t).all() and (row[n:] == -1).all()
+        assert len(set(row[:n].tolist())) == n
+
+
+@pytest.mark.parametrize("Tq", [100, 7])
+def test_k_at_least_T_is_dense_causal(Tq):
+    q, k, v, qi, ki, wi = make(2, Tq, 100, 6, 3, 16)
+    o = dsa(q, k, v, qi, ki, wi, topk=100)
+    assert_close("o", o, attention_naive(q, k, v), 1e-10)
+
+
+def test_selection_follows_the_index_score():
+    """The selection is the k highest I[t, s] = Σ_j w·ReLU(s·q·k) among s ≤ t (peer's formula)."""
+    T, kk = 30, 5
+    _, _, _, qi, ki, wi = make(1, T, T, 1, 1, 4)
+    idx = dsa_indexer(qi, ki, wi, topk=kk)
+    score = (wi[0, :, :, None] * torch.relu(torch.einsum("thd,sd->ths", qi[0], ki[0]) * 8**-0.5)).sum(1)
+    score = score.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    for t in range(kk, T):
+        assert torch.equal(score[t, idx[0, t]], torch.topk(score[t], kk).values)
+
+
+def test_ties_go_to_the_lower_index():
+    T = 12
+    _, _, _, qi, ki, wi = make(1, T, T, 1, 1, 4, positive=True)
+    ki = ki[:, :1].expand(1, T, ki.shape[-1]).contiguous()  # every key scores the same
+    idx = dsa_indexer(qi, ki, wi, topk=3)
+    for t in range(T):
+        assert idx[0, t, : min(3, t + 1)].tolist() == list(range(min(3, t + 1)))
+
+
+def test_precomputed_indices_and_prefill():
+    q, k, v, qi, ki, wi = make(2, 10, 50, 4, 1, 8)
+    o, idx = dsa(q, k, v, qi, ki, wi, topk=6, return_indices=True)
+    assert_close("given indices", dsa(q, k, v, None, None, None, topk=6, indices=idx), o, 1e-12)
+    o2, idx2 = dsa_naive(q, k, v, qi, ki, wi, topk=6)
+    assert torch.equal(idx, idx2)
+    assert_close("Tq < Tk", o, o2, 1e-10)
+
+
+def test_reference_gradcheck():
+    q, k, v, qi, ki, wi = make(1, 6, 6, 2, 1, 4)
+    idx = dsa_indexer(qi, ki, wi, topk=3)
+    args = [t.requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda q, k, v: dsa(q, k, v, None, None, topk=3, indices=idx), args)
+
+
+def test_varlen_equals_per_sequence():
+    cu = torch.tensor([0, 9, 10, 40])
+    q, k, v, qi, ki, wi = make(1, 40, 40, 4, 2, 8)
+    o, idx = dsa(q, k, v, qi, ki, wi, topk=5, cu_seqlens=cu, return_indices=True)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        o2, idx2 = dsa_naive(q[:, a:b], k[:, a:b], v[:, a:b], qi[:, a:b], ki[:, a:b], wi[:, a:b], topk=5)
+        assert torch.equal(idx[:, a:b], idx2)
+        assert_close(f"seq {a}:{b}", o[:, a:b], o2, 1e-10)
+
+
+def _kl_by_loop(q, k, qi, ki, wi, idx_scale, indices=None):
+    """Σ_t KL(p_t ‖ softmax I_t) written out one query at a time."""
+    B, T, HQ, D = q.shape
+    G = HQ // k.shape[2]
+    total = 0.0
+    for b in range(B):
+        for t in range(T):
+            keys = torch.arange(t + 1) if indices is None else indices[b, t][indices[b, t] >= 0]
+            s = torch.einsum("hd,nhd->hn", q[b, t] * D**-0.5, k[b, keys].repeat_interleave(G, 1))
+            p = torch.softmax(s, -1).sum(0)
+            p = p / p.sum()
+            logit = (wi[b, t][:, None] * torch.relu(idx_scale * qi[b, t] @ ki[b, keys].T)).sum(0)
+            total = total + (p * (p.log() - torch.log_softmax(logit, -1))).sum()
+    return total
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_kl_loss_matches_loop_and_trains_only_the_indexer(sparse):
+    q, k, v, qi, ki, wi = make(2, 12, 12, 4, 2, 8, HI=2, DI=4)
+    idx = dsa_indexer(qi, ki, wi, topk=4) if sparse else None
+    for t in (q, k, qi, ki, wi):
+        t.requires_grad_()
+    loss = dsa_indexer_kl(q, k, qi, ki, wi, indices=idx)
+    want = _kl_by_loop(q.detach(), k.detach(), qi, ki, wi, (2 * 4) ** -0.5, idx)
+    assert_close("kl", loss, want, 1e-10)
+    assert loss.item() >= 0
+    loss.backward()
+    assert q.grad is None and k.grad is None
+    assert qi.grad.abs().sum() > 0 and wi.grad.abs().sum() > 0
+
+
+def test_bad_shapes_raise():
+    q, k, v, qi, ki, wi = make(1, 8, 8, 2, 1, 8)
+    with pytest.raises(ValueError, match=r"\[B, Tk, DI\]"):
+        dsa(q, k, v, qi, ki[..., :3], wi, topk=2)
+    with pytest.raises(ValueError, match=r"\[B, Tq, HI\]"):
+        dsa(q, k, v, qi, ki, wi[..., :1], topk=2)
