@@ -1,0 +1,20 @@
+"""KDA: reference forms (CPU, float64) and the Triton kernels (interpreter on CPU, full size on GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.kernels.test_delta_family import OPS, chunk_ref, make_inputs
+from tests.kernels.utils import assert_close
+
+INFO = OPS["kda"]
+
+
+@pytest.mark.parametrize("T", [63, 100])
+def test_reference_strong_per_channel_decay(T):
+    """Log decays down to ≈ −60 per step: a 64-chunk spans e^{−3000}; no exponent may be positive."""
+    x = make_inputs("channel", B=1, T=T, H=1, HV=2, K=16, V=8, decay=30.0, seed=7)
+    o, S = INFO.call_naive(x, initial_state=x["initial_state"], output_final_state=True)
+    o2, S2 = chunk_ref(INFO, x, initial_state=x["initial_state"], output_final_state=True)
+    assert_close("o", o2, o, 1e-10)
+    assert_close("S", S2, S, 1e-10)
