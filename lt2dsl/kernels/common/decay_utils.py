@@ -86,7 +86,9 @@ def check_inplace(inplace: bool, initial_state, names: str = "initial_state") ->
         return
     states = initial_state if isinstance(initial_state, tuple) else (initial_state,)
     if initial_state is None or any(s is None for s in states):
-        raise ValueError(f"inplace_final_state=True needs `{names}` (the tensor the final state is written to)")
+        raise ValueError(
+            f"inplace_final_state=True needs `{names}` (the tensor the final state is written to)"
+        )
     for s in states:
         if s.dtype not in (torch.float32, torch.float64):
             raise ValueError(f"inplace_final_state=True needs fp32 or float64 `{names}`, got {s.dtype}")
@@ -126,3 +128,33 @@ def chunk_offsets(cu_seqlens: torch.Tensor, chunk: int) -> torch.Tensor:
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     nt = (lens + chunk - 1) // chunk
     return torch.cat([nt.new_zeros(1), nt.cumsum(0)]).to(torch.int32)
+
+
+def _state_slice(state, n: int):
+    """Row n of a state (tensor, tuple of tensors, or None), keeping the leading dim."""
+    if state is None:
+        return None
+    if isinstance(state, tuple):
+        return tuple(s[n : n + 1] for s in state)
+    return state[n : n + 1]
+
+
+def _state_cat(states: list):
+    if isinstance(states[0], tuple):
+        return tuple(torch.cat(parts, dim=0) for parts in zip(*states))
+    return torch.cat(states, dim=0)
+
+
+def run_by_sequence(fn, cu_seqlens: torch.Tensor, seq_tensors: list, state):
+    """Run `fn(*slices, state_n) -> (o, final_n)` on every packed sequence and reassemble.
+
+    `seq_tensors` are `[1, T, ...]` tensors (or None) sliced along T; `state` is None, an `[N, ...]`
+    tensor or a tuple of them. Returns o concatenated along T and the final states stacked `[N, ...]`.
+    """
+    outs, finals = [], []
+    for n, (_, s, e) in enumerate(seq_bounds(cu_seqlens, 1, int(cu_seqlens[-1]))):
+        parts = [None if x is None else x[:, s:e] for x in seq_tensors]
+        o, fin = fn(*parts, _state_slice(state, n))
+        outs.append(o)
+        finals.append(fin)
+    return torch.cat(outs, dim=1), _state_cat(finals)

@@ -1,0 +1,80 @@
+"""`gla`: gated linear attention with a per-channel log decay (mixers.md §3).
+
+S_t = Diag(exp(g_t)) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ (s q_t), g `[B, T, HV, K]` (≤ 0, fp32).
+Files: `naive.py` (recurrent truth), `chunk_ref.py` (chunked PyTorch with 16-token sub-chunks),
+`chunk.py` (Triton chunked forward/backward), `fused_recurrent.py` (Triton decode), `ops.py`
+(torch.library registration).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.backend import check_shape, resolve_backend
+from ..common.decay_utils import (
+    check_inplace,
+    check_qkv,
+    check_state,
+    run_by_sequence,
+    write_final_state,
+)
+from .chunk_ref import chunk_gla_ref
+from .naive import naive_recurrent_gla
+
+__all__ = ["chunk_gla_ref", "gla", "naive_recurrent_gla"]
+
+
+def gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    inplace_final_state: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    backend: str = "reference",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated linear attention with grouped value heads.
+
+    Args:
+        q (torch.Tensor): queries `[B, T, H, K]`.
+        k (torch.Tensor): keys `[B, T, H, K]`.
+        v (torch.Tensor): values `[B, T, HV, V]`; value head j reads q/k head j // (HV // H).
+        g (torch.Tensor): per-channel log decay `[B, T, HV, K]` (≤ 0, used in fp32).
+        scale (float, Optional): multiplied into q. Default: `K ** -0.5`.
+        initial_state (torch.Tensor, Optional): `[N, HV, K, V]`. Default: zeros.
+        output_final_state (bool, Optional): return the final state `[N, HV, K, V]` (fp32). Default: `False`.
+        inplace_final_state (bool, Optional): write the final state into `initial_state` and return
+            that tensor. Default: `False`.
+        cu_seqlens (torch.LongTensor, Optional): `[N + 1]` packed sequence starts (B == 1). Default: `None`.
+        backend (str, Optional): "reference", "triton" or "auto". Default: "reference".
+
+    Returns:
+        o (torch.Tensor): `[B, T, HV, V]` in the dtype of `v`.
+        final_state (torch.Tensor or None): `[N, HV, K, V]`, or None when not asked for.
+    """
+    d = check_qkv(q, k, v, cu_seqlens)
+    check_shape("g", g, [d.B, d.T, d.HV, d.K], "[B, T, HV, K]")
+    check_state("initial_state", initial_state, [d.N, d.HV, d.K, d.V], "[N, HV, K, V]")
+    check_inplace(inplace_final_state, initial_state)
+    scale = d.K**-0.5 if scale is None else float(scale)
+    want_final = output_final_state or inplace_final_state
+    if resolve_backend(backend, q, has_triton=False) == "triton":
+        raise AssertionError("unreachable: no Triton kernel registered")
+    o, final = _reference(q, k, v, g, scale, initial_state, cu_seqlens)
+    final = write_final_state(final, initial_state, inplace_final_state) if want_final else None
+    return o.to(v.dtype), final
+
+
+def _reference(q, k, v, g, scale, initial_state, cu_seqlens):
+    """Chunked PyTorch form, one call per packed sequence when `cu_seqlens` is given."""
+
+    def run(q_, k_, v_, g_, h0):
+        return chunk_gla_ref(q_, k_, v_, g_, scale, h0)
+
+    if cu_seqlens is None:
+        return run(q, k, v, g, initial_state)
+    return run_by_sequence(run, cu_seqlens, [q, k, v, g], initial_state)

@@ -1,0 +1,198 @@
+"""`simple_gla` against its float64 recurrence: chunked form, gradients, states, GVA, varlen, regimes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lt2dsl.kernels.simple_gla import chunk_simple_gla_ref, naive_recurrent_simple_gla, simple_gla
+from tests.kernels.utils import assert_close
+
+F64 = torch.float64
+
+
+def make_inputs(B, T, H, HV, K, V, dtype=F64, decay="mixed", seed=0, device="cpu"):
+    """q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV]` (None for decay="none")."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=gen, dtype=F64)
+
+    q, k, v = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, HV, V)
+    if decay == "none":
+        g = None
+    elif decay == "retnet":  # γ_h = 1 − 2^{−5−h}, close to 1
+        gam = 1 - 2.0 ** (-5 - torch.arange(HV, dtype=F64))
+        g = gam.log().expand(B, T, HV).clone()
+    elif decay == "strong":  # Mamba2-like dt·A: far from 1
+        g = -F.softplus(rnd(B, T, HV)) * 4
+    else:
+        g = F.logsigmoid(rnd(B, T, HV) + 2)
+    cast = [x.to(dtype).to(device) for x in (q, k, v)]
+    return (*cast, None if g is None else g.float().to(device) if dtype != F64 else g.to(device))
+
+
+@pytest.mark.parametrize("T", [1, 63, 100])
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+@pytest.mark.parametrize("decay", ["mixed", "retnet", "strong", "none"])
+def test_chunk_equals_recurrence(T, chunk, decay):
+    q, k, v, g = make_inputs(2, T, 2, 4, 16, 8, decay=decay, seed=T)
+    h0 = torch.randn(2, 4, 16, 8, dtype=F64)
+    o_ref, s_ref = naive_recurrent_simple_gla(q, k, v, g, 0.25, h0)
+    o, s = chunk_simple_gla_ref(q, k, v, g, 0.25, h0, chunk_size=chunk)
+    assert_close("o", o, o_ref, 1e-10)
+    assert_close("final_state", s, s_ref, 1e-10)
+
+
+def test_padding_tail_leaves_state_unchanged():
+    """Zero-padded tail tokens (k = 0, v = 0, log decay 0) change neither outputs nor the final state."""
+    q, k, v, g = make_inputs(1, 50, 2, 2, 8, 8)
+    o, s = chunk_simple_gla_ref(q, k, v, g, 0.5, None, chunk_size=16)
+    pad = (0, 0, 0, 0, 0, 14)
+    o2, s2 = chunk_simple_gla_ref(
+        F.pad(q, pad), F.pad(k, pad), F.pad(v, pad), F.pad(g, (0, 0, 0, 14)), 0.5, None, chunk_size=16
+    )
+    assert_close("o", o2[:, :50], o, 1e-12)
+    assert_close("state", s2, s, 1e-12)
+
+
+def test_gradcheck_reference():
+    q, k, v, g = make_inputs(1, 7, 1, 2, 3, 2, seed=3)
+    h0 = torch.randn(1, 2, 3, 2, dtype=F64)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, h0)]
+
+    def f(q, k, v, g, h0):
+        o, s = simple_gla(q, k, v, g, initial_state=h0, output_final_state=True, backend="reference")
+        return o, s
+
+    assert torch.autograd.gradcheck(f, leaves, fast_mode=True)
+
+
+def test_gradcheck_chunked_across_chunks():
+    q, k, v, g = make_inputs(1, 11, 1, 1, 3, 2, seed=4)
+    leaves = [x.requires_grad_() for x in (q, k, v, g)]
+    assert torch.autograd.gradcheck(
+        lambda *a: chunk_simple_gla_ref(*a, 0.7, None, chunk_size=4), leaves, fast_mode=True
+    )
+
+
+def test_final_state_and_initial_state_semantics():
+    """Prefill of L tokens then decode of the rest equals one-shot prefill (state carry)."""
+    q, k, v, g = make_inputs(2, 40, 2, 2, 8, 4)
+    o_all, s_all = simple_gla(q, k, v, g, output_final_state=True)
+    o1, s1 = simple_gla(q[:, :33], k[:, :33], v[:, :33], g[:, :33], output_final_state=True)
+    assert simple_gla(q, k, v, g)[1] is None
+    state = s1.clone()
+    outs = []
+    for t in range(33, 40):
+        sl = slice(t, t + 1)
+        o_t, ret = simple_gla(
+            q[:, sl], k[:, sl], v[:, sl], g[:, sl], initial_state=state, inplace_final_state=True
+        )
+        assert ret is state  # written in place, the same tensor returned
+        outs.append(o_t)
+    assert_close("o", torch.cat([o1, *outs], 1), o_all, 1e-12)
+    assert_close("state", state, s_all, 1e-12)
+
+
+def test_gva_equals_repeated_heads():
+    q, k, v, g = make_inputs(1, 30, 2, 6, 8, 4)
+    o, s = simple_gla(q, k, v, g, output_final_state=True)
+    o2, s2 = simple_gla(q.repeat_interleave(3, 2), k.repeat_interleave(3, 2), v, g, output_final_state=True)
+    assert_close("o", o, o2, 1e-12)
+    assert_close("state", s, s2, 1e-12)
+
+
+def test_cu_seqlens_equals_separate_runs():
+    lens = [5, 37, 1, 64]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    q, k, v, g = make_inputs(1, sum(lens), 2, 4, 8, 4)
+    h0 = torch.randn(len(lens), 4, 8, 4, dtype=F64)
+    o, s = simple_gla(q, k, v, g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    for n in range(len(lens)):
+        a, b = cu[n].item(), cu[n + 1].item()
+        o_n, s_n = naive_recurrent_simple_gla(
+            q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], 8**-0.5, h0[n : n + 1]
+        )
+        assert_close(f"o[{n}]", o[:, a:b], o_n, 1e-10)
+        assert_close(f"state[{n}]", s[n : n + 1], s_n, 1e-10)
+
+
+def test_linear_attention_normaliser():
+    """g = None with a ones column appended to v gives mixers.md §1(b)'s normalised output."""
+    q, k, v, _ = make_inputs(2, 50, 2, 2, 8, 4, decay="none")
+    qf, kf = F.elu(q) + 1, F.elu(k) + 1
+    o, _ = simple_gla(qf, kf, torch.cat([v, torch.ones_like(v[..., :1])], -1), None, scale=1.0)
+    eps = 1e-6
+    normed = o[..., :-1] / (o[..., -1:] + eps)
+    scores = torch.einsum("bthk,bshk->bhts", qf, kf).tril()
+    ref = torch.einsum("bhts,bshv->bthv", scores, v) / (scores.sum(-1).transpose(1, 2)[..., None] + eps)
+    assert_close("normalised o", normed, ref, 1e-10)
+
+
+def test_mamba2_ssd_mapping():
+    """q = C, k = B, v = dt·x, g = dt·A with G groups and H heads equals the SSD recurrence."""
+    Bsz, T, G, H, N, P = 2, 45, 1, 4, 8, 6
+    gen = torch.Generator().manual_seed(7)
+    Cm, Bm = (
+        torch.randn(Bsz, T, G, N, generator=gen, dtype=F64),
+        torch.randn(Bsz, T, G, N, generator=gen, dtype=F64),
+    )
+    x = torch.randn(Bsz, T, H, P, generator=gen, dtype=F64)
+    dt = F.softplus(torch.randn(Bsz, T, H, generator=gen, dtype=F64))
+    A = -torch.empty(H, dtype=F64).uniform_(1, 16, generator=gen)
+    y, _ = simple_gla(Cm, Bm, dt[..., None] * x, dt * A, scale=1.0)
+    h = torch.zeros(Bsz, H, P, N, dtype=F64)
+    ref = torch.empty(Bsz, T, H, P, dtype=F64)
+    for t in range(T):
+        Bt, Ct = Bm[:, t].repeat_interleave(H // G, 1), Cm[:, t].repeat_interleave(H // G, 1)
+        h = (dt[:, t] * A).exp()[..., None, None] * h + (dt[:, t, :, None] * x[:, t])[..., None] * Bt[
+            :, :, None
+        ]
+        ref[:, t] = torch.einsum("bhpn,bhn->bhp", h, Ct)
+    assert_close("ssd y", y, ref, 1e-10)
+
+
+def test_retnet_regime_parallel_form():
+    """RetNet: O = ((QKᵀ) ⊙ D_γ) V with D_γ[n, m] = γ^{n−m} (mixers.md §2(b))."""
+    q, k, v, g = make_inputs(1, 70, 3, 3, 8, 4, decay="retnet")
+    o, _ = simple_gla(q, k, v, g, scale=1.0)
+    n = torch.arange(70, dtype=F64)
+    gam = g[0, 0].exp()  # [H]
+    D = torch.where(n[:, None] >= n[None, :], gam[:, None, None] ** (n[:, None] - n[None, :]), 0.0)
+    ref = torch.einsum("bthk,bshk,hts,bshv->bthv", q, k, D, v)
+    assert_close("retention", o, ref, 1e-10)
+
+
+def test_shape_errors():
+    q, k, v, g = make_inputs(1, 8, 2, 4, 8, 4)
+    with pytest.raises(ValueError, match=r"\[B, T, HV\]"):
+        simple_gla(q, k, v, g[..., :2])
+    with pytest.raises(ValueError, match=r"\[B, T, H, K\]"):
+        simple_gla(q, k[..., :4], v, g)
+    with pytest.raises(ValueError, match="multiple"):
+        simple_gla(q, k, v[:, :, :3], g[..., :3])
+    with pytest.raises(ValueError, match=r"\[N, HV, K, V\]"):
+        simple_gla(q, k, v, g, initial_state=torch.zeros(1, 4, 8, 5))
+    with pytest.raises(ValueError, match="inplace_final_state"):
+        simple_gla(q, k, v, g, inplace_final_state=True)
+    with pytest.raises(ValueError, match="B == 1"):
+        simple_gla(
+            torch.cat([q, q]),
+            torch.cat([k, k]),
+            torch.cat([v, v]),
+            torch.cat([g, g]),
+            cu_seqlens=torch.tensor([0, 8]),
+        )
+    with pytest.raises(ValueError, match="backend"):
+        simple_gla(q, k, v, g, backend="cuda")
+
+
+def test_output_dtype_follows_v():
+    q, k, v, g = make_inputs(1, 9, 1, 1, 8, 4, dtype=torch.bfloat16)
+    o, s = simple_gla(q, k, v, g, output_final_state=True)
+    assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
+    assert math.isfinite(o.float().sum().item())

@@ -1,0 +1,113 @@
+"""`toeplitz_mix` against the dense masked product and the per-token step form (mixers.md §13)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.kernels.toeplitz import (
+    fft_size,
+    naive_toeplitz_mix,
+    normalize_weights,
+    toeplitz_mix,
+    toeplitz_mix_step,
+)
+from tests.kernels.utils import assert_close
+
+F64 = torch.float64
+VARIANTS = {  # name: (w shape, bias shape) for C = 12 channels, n = 128
+    "single": ((128,), (128,)),
+    "heads": ((4, 128), (4, 128)),
+    "kernel": ((3, 4, 128), (4, 128)),
+    "kernel_shared_bias": ((2, 6, 128), (128,)),
+}
+
+
+def make(variant, B=2, T=63, C=12, dtype=F64, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    ws, bs = VARIANTS[variant]
+    x = torch.randn(B, T, C, generator=gen, dtype=F64)
+    w = torch.randn(*ws, generator=gen, dtype=F64) / 4
+    b = torch.randn(*bs, generator=gen, dtype=F64)
+    return x.to(dtype).to(device), w.to(device), b.to(device)
+
+
+def dense(x, w, b):
+    w3, b2 = normalize_weights(w, b, x.shape[-1], x.shape[1])
+    return naive_toeplitz_mix(x, w3, b2)
+
+
+def test_fft_size_has_no_wraparound():
+    for T in (1, 2, 63, 64, 65, 100, 32768):
+        N = fft_size(T)
+        assert N >= 2 * T and N & (N - 1) == 0
+
+
+@pytest.mark.parametrize("T", [1, 63, 100])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_fft_equals_dense(T, variant):
+    x, w, b = make(variant, T=T)
+    assert_close("y", toeplitz_mix(x, w, b), dense(x, w, b), 1e-10)
+    assert_close("y no bias", toeplitz_mix(x, w), dense(x, w, None), 1e-10)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_step_equals_dense(variant):
+    x, w, b = make(variant, T=40)
+    y = dense(x, w, b)
+    for t in (1, 2, 17, 40):
+        assert_close(f"y_{t}", toeplitz_mix_step(x[:, :t], w, b), y[:, t - 1], 1e-10)
+
+
+def test_causal_and_position_bias():
+    """Changing x at s moves only y_t for t ≥ s; the bias is added per position."""
+    x, w, b = make("heads", T=30)
+    y = toeplitz_mix(x, w, b)
+    x2 = x.clone()
+    x2[:, 20] += 1.0
+    y2 = toeplitz_mix(x2, w, b)
+    assert torch.equal(y[:, :20], y2[:, :20]) or (y[:, :20] - y2[:, :20]).abs().max() < 1e-12
+    assert (y[:, 20:] - y2[:, 20:]).abs().max() > 1e-3
+    assert_close("bias only", toeplitz_mix(torch.zeros_like(x), w, b)[0, :, 0], b[0, :30], 1e-12)
+
+
+def test_kernel_variant_channel_window():
+    """Output channel c depends on input channels c − k + 1 … c only."""
+    x, w, b = make("kernel", T=20)
+    x = x.requires_grad_()
+    y = toeplitz_mix(x, w, b)
+    y[..., 7].sum().backward()
+    touched = (x.grad.abs().sum((0, 1)) > 0).nonzero().flatten().tolist()
+    assert touched == [5, 6, 7]
+
+
+@pytest.mark.parametrize("variant", ["heads", "kernel"])
+def test_gradcheck(variant):
+    x, w, b = make(variant, B=1, T=9, C=8)
+    w = torch.randn(*w.shape[:-1], 16, dtype=F64)
+    b = torch.randn(*b.shape[:-1], 16, dtype=F64)
+    leaves = [t.requires_grad_() for t in (x, w, b)]
+    assert torch.autograd.gradcheck(lambda x, w, b: toeplitz_mix(x, w, b), leaves, fast_mode=True)
+
+
+def test_fp32_transforms_for_low_precision_inputs():
+    x, w, b = make("heads", T=100, dtype=torch.bfloat16)
+    y = toeplitz_mix(x, w.float(), b.float())
+    assert y.dtype == torch.bfloat16
+    assert_close("bf16 y", y, dense(x.double(), w, b), 1e-2)
+
+
+def test_errors():
+    x, w, b = make("heads", T=10)
+    with pytest.raises(ValueError, match="max_len"):
+        toeplitz_mix(torch.randn(1, 129, 12, dtype=F64), w)
+    with pytest.raises(ValueError, match="divisible"):
+        toeplitz_mix(x[..., :10], w)
+    with pytest.raises(ValueError, match=r"\[heads, n\]"):
+        toeplitz_mix(x, w, b[:2])
+    with pytest.raises(ValueError, match=r"\[B, T, C\]"):
+        toeplitz_mix(x[0], w)
+    with pytest.raises(ValueError, match=r"\[n\], \[heads, n\]"):
+        toeplitz_mix(x, w[None, None])
+    with pytest.raises(ValueError, match="max_len"):
+        toeplitz_mix_step(torch.randn(1, 129, 12, dtype=F64), w)
