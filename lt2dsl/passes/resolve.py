@@ -133,28 +133,30 @@ def norm_spec(v: n.Node | None, base: n.NormSpec | None = None) -> n.NormSpec:
 # ---- the body ---------------------------------------------------------------------------------
 
 
-def _stages(items: tuple, cfg: n.ModelConfig, lets: dict, path: str) -> list:
+def _stages(items: tuple, cfg: n.ModelConfig, lets: dict, prefix: str) -> list:
+    """Resolve a stack. Ids are paths: `loop0/2:gdn` is item 2 of the loop at top-level index 0;
+    copies of `repeat` / `*` add `<index>.<copy>/`, e.g. `loop0/0.3/1:dsa`."""
     out: list = []
     for i, item in enumerate(items):
-        out += _item(item, cfg, lets, f"{path}{i}")
+        out += _item(item, cfg, lets, prefix, i)
     return out
 
 
-def _item(item: n.Node, cfg: n.ModelConfig, lets: dict, path: str) -> list:
+def _item(item: n.Node, cfg: n.ModelConfig, lets: dict, prefix: str, i: int) -> list:
     match item:
         case n.Call() if item.name in lets:
-            return _item(_expand_let(item, lets[item.name]), cfg, lets, path)
+            return _item(_expand_let(item, lets[item.name]), cfg, lets, prefix, i)
         case n.Call():
-            return [_block([item], cfg, path)]
+            return [_block([item], cfg, f"{prefix}{i}")]
         case n.Par():
             calls = [_expand_let(c, lets[c.name]) if c.name in lets else c for c in item.calls]
-            return [_block(calls, cfg, path, span=item.span)]
+            return [_block(calls, cfg, f"{prefix}{i}", span=item.span)]
         case n.Loop():
-            return [_loop(item, cfg, lets, path)]
+            return [_loop(item, cfg, lets, f"{prefix}loop{i}")]
         case n.Repeat():
-            return _copies(item.body, item.n, cfg, lets, path)
+            return _copies(item.body, item.n, cfg, lets, f"{prefix}{i}")
         case n.Times():
-            return _copies((item.item,), item.n, cfg, lets, path)
+            return _copies((item.item,), item.n, cfg, lets, f"{prefix}{i}")
     raise AssertionError(f"internal error in pass `{NAME}`: unexpected node {item!r}")
 
 
@@ -174,7 +176,7 @@ def _copies(body: tuple, count: int, cfg: n.ModelConfig, lets: dict, path: str) 
     return out
 
 
-def _loop(loop: n.Loop, cfg: n.ModelConfig, lets: dict, path: str) -> n.LoopBlock:
+def _loop(loop: n.Loop, cfg: n.ModelConfig, lets: dict, loop_id: str) -> n.LoopBlock:
     opts = {a.name: a.value for a in loop.options if a.name}
     exit_v = opts.get("exit")
     exit_gate = None
@@ -188,9 +190,9 @@ def _loop(loop: n.Loop, cfg: n.ModelConfig, lets: dict, path: str) -> n.LoopBloc
     inner_cfg = cfg
     if "norm" in opts:
         inner_cfg = cfg.model_copy(update={"norm": norm_spec(opts["norm"], cfg.norm)})
-    body = _stages(loop.body, inner_cfg, lets, f"loop{path}/")
+    body = _stages(loop.body, inner_cfg, lets, f"{loop_id}/")
     return n.LoopBlock(
-        id=f"loop{path}",
+        id=loop_id,
         T=loop.T,
         final_norm=bool(py(opts["final_norm"])) if "final_norm" in opts else False,
         inject="none" if inject is None else inject,

@@ -1,0 +1,406 @@
+"""The static cost model: a resolved `Model` → `Report`. Never runs (or imports) torch.
+
+Every figure comes from the layer specs' closed-form formulas (`lt2dsl/ir/specs/*`); this module
+only folds them over blocks and loops and applies the roofline. The conventions it uses are
+listed in `conventions()` and printed under every report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from lt2dsl.cost.hardware import Hardware, load_hardware
+from lt2dsl.cost.report import (
+    BlockRow,
+    Capacity,
+    FlopsPerToken,
+    Inputs,
+    Memory,
+    Params,
+    Report,
+    Roofline,
+    Theory,
+)
+from lt2dsl.ir import nodes as n
+from lt2dsl.ir.registry import lookup
+from lt2dsl.ir.spec import BYTES, Dtypes
+from lt2dsl.ir.specs.channel import block_norm_count, mlp_flops, mlp_weights, norm_weights
+from lt2dsl.passes.resolve import blocks as iter_blocks
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    seq: int | None = None  # None: the model's max_len
+    batch: int = 1
+    gen: int = 0
+    mode: str = "all"
+    dtypes: Dtypes = field(default_factory=Dtypes)
+    hw: Hardware = field(default_factory=lambda: load_hardware("h200"))
+    causal: str = "exact"  # "exact" triangle | "full" square
+    expand: bool = False
+    exit_profile: tuple[float, ...] | None = None
+
+
+# ---- per block ---------------------------------------------------------------------------------
+
+
+def mixer_weights(m: n.Mixer, cfg: n.ModelConfig) -> dict[str, tuple[int, ...]]:
+    return lookup(m.type).weights(m.opts, cfg)
+
+
+def block_weights(b: n.Block, cfg: n.ModelConfig) -> dict[str, tuple[int, ...]]:
+    """All parameter tensors of a block: mixers (prefixed `mixers.i.`), MLP, norms."""
+    w: dict[str, tuple[int, ...]] = {}
+    for i, m in enumerate(b.mixers):
+        w |= {f"mixers.{i}.{k}": s for k, s in mixer_weights(m, cfg).items()}
+    w |= {f"mlp.{k}": s for k, s in mlp_weights(b.mlp, cfg.dim).items()}
+    for j in range(block_norm_count(b.norm, b.mlp.type != "none")):
+        w |= {f"norms.{j}.{k}": s for k, s in norm_weights(b.norm, cfg.dim).items()}
+    return w
+
+
+def block_params(b: n.Block, cfg: n.ModelConfig) -> int:
+    return sum(math.prod(s) for s in block_weights(b, cfg).values())
+
+
+def block_cache(b: n.Block, cfg: n.ModelConfig, batch: int, L: int, dt: Dtypes) -> tuple[int, int]:
+    """(state bytes, kv bytes) of one application of the block after L tokens."""
+    state = kv = 0
+    for m in b.mixers:
+        for t in lookup(m.type).cache(m.opts, cfg, batch, L).values():
+            if t.role == "state":
+                state += t.nbytes(dt)
+            else:
+                kv += t.nbytes(dt)
+    return state, kv
+
+
+def block_flops(b: n.Block, cfg: n.ModelConfig, L: int, mode: str, causal: str) -> tuple[float, float]:
+    """(total, mixer core) forward FLOPs per token of one application."""
+    total = core = 0.0
+    for m in b.mixers:
+        f = lookup(m.type).flops(m.opts, cfg, L, mode, causal)
+        total += f.total
+        core += f.core
+    return total + mlp_flops(b.mlp, cfg.dim), core
+
+
+def block_activations(b: n.Block, cfg: n.ModelConfig) -> int:
+    """Elements per token kept for backward by one application (no recomputation)."""
+    acts = sum(lookup(m.type).activations(m.opts, cfg) for m in b.mixers)
+    hidden = {"swiglu": 3, "gelu": 2}.get(b.mlp.type, 0) * b.mlp.hidden
+    return acts + hidden + 3 * cfg.dim  # + two norm outputs and the residual
+
+
+def options_text(m: n.Mixer, cfg: n.ModelConfig) -> str:
+    """The options that differ from their defaults, as .lt2 would spell them."""
+    spec = lookup(m.type)
+    parts = []
+    for o in spec.options:
+        if o.name not in m.opts:
+            continue
+        v = m.opts[o.name]
+        if v != o.default_for(cfg, m.opts):
+            parts.append(f"{o.name}={_lt2(v)}")
+    return ", ".join(parts)
+
+
+def _lt2(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int) and v >= 1024 and v % 1024 == 0:
+        return f"{v // 1024}k"
+    return str(v)
+
+
+# ---- model-level extras -------------------------------------------------------------------------
+
+
+def extra_weights(model: n.Model) -> dict[str, tuple[int, ...]]:
+    """Embedding, final norm, untied head, and each loop's adapter / exit gate."""
+    cfg = model.config
+    w = {"embed.weight": (cfg.vocab, cfg.dim)}
+    w |= {f"final_norm.{k}": s for k, s in norm_weights(cfg.norm, cfg.dim).items()}
+    if cfg.head and not cfg.tie_embeddings:
+        w["lm_head.weight"] = (cfg.vocab, cfg.dim)
+    for k, lp in enumerate(_loops(model.body)):
+        if lp.inject == "concat":
+            w[f"loops.{k}.adapter.weight"] = (cfg.dim, 2 * cfg.dim)
+        if lp.exit is not None:
+            w |= {f"loops.{k}.exit.weight": (1, cfg.dim), f"loops.{k}.exit.bias": (1,)}
+    return w
+
+
+def _loops(stages) -> list[n.LoopBlock]:
+    """Loops in pre-order (outer before inner): index k names `loops.<k>` in the module."""
+    out = []
+    for s in stages:
+        if isinstance(s, n.LoopBlock):
+            out += [s, *_loops(s.body)]
+    return out
+
+
+def _loop_iterations(stages, mult: int = 1) -> dict[str, int]:
+    """Applications of each loop's per-iteration extras: its T times enclosing loops' T."""
+    out = {}
+    for s in stages:
+        if isinstance(s, n.LoopBlock):
+            out[s.id] = mult * s.T
+            out |= _loop_iterations(s.body, mult * s.T)
+    return out
+
+
+def model_weights(model: n.Model) -> dict[str, tuple[int, ...]]:
+    """Every stored parameter tensor of the model: `blocks.<i>.` prefixes in block order."""
+    w = extra_weights(model)
+    for i, (b, _) in enumerate(iter_blocks(model.body)):
+        w |= {f"blocks.{i}.{k}": s for k, s in block_weights(b, model.config).items()}
+    return w
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+
+def estimate(model: n.Model, opt: EstimateOptions | None = None) -> Report:
+    opt = opt or EstimateOptions()
+    cfg = model.config
+    L = opt.seq or cfg.max_len
+    dt = replace(opt.dtypes, act=opt.dtypes.act or cfg.dtype)
+    rows = [_row(b, it, cfg, L, opt, dt) for b, it in iter_blocks(model.body)]
+    extras = _extra_rows(model, L, opt, dt)
+    every = rows + extras
+    stored = sum(r.params_stored for r in every)
+    executed = sum(r.params_executed for r in every)
+    embed = cfg.vocab * cfg.dim
+    prefill = sum(r.flops_prefill * r.iterations for r in every)
+    decode = sum(r.flops_decode * r.iterations for r in every)
+    train = sum(r.flops_prefill * r.iterations * (1 + _bwd(model, r.id)) for r in every)
+    state = sum(r.state_bytes * r.iterations for r in rows) * opt.batch
+    kv = sum(r.kv_bytes * r.iterations for r in rows) * opt.batch
+    weights_bytes = stored * BYTES[dt.act]
+    memory = Memory(
+        weights_bytes=weights_bytes,
+        state_bytes=state,
+        kv_bytes=kv,
+        cache_bytes=state + kv,
+        **_train_activations(model, L, opt.batch, dt),
+    )
+    roof = _roofline(model, rows, extras, L, opt, dt, prefill, decode, state + kv)
+    return Report(
+        inputs=Inputs(model=cfg.name, seq=L, batch=opt.batch, gen=opt.gen, mode=opt.mode, dtype=dt.act,
+                      state_dtype=dt.state, kv_dtype=dt.kv, hw=opt.hw.name, causal=opt.causal),
+        params=Params(stored=stored, executed=executed, embedding=embed,
+                      embedding_share=embed / stored if stored else 0.0),
+        flops_per_token=FlopsPerToken(prefill=prefill, decode=decode, train=train,
+                                      decode_expected=_expected_decode(model, rows, extras, opt)),
+        memory=memory,
+        roofline=roof,
+        capacity=_capacity(model, L, opt, dt, weights_bytes),
+        theory=_theory(model),
+        blocks=_expand(rows, model) if opt.expand else rows,
+        extras=extras,
+        conventions=conventions(opt),
+    )
+
+
+def _bwd(model: n.Model, block_id: str) -> float:
+    for b, _ in iter_blocks(model.body):
+        if b.id == block_id:
+            return max(lookup(m.type).backward_factor(m.opts) for m in b.mixers)
+    return 2.0
+
+
+def _row(b: n.Block, it: int, cfg: n.ModelConfig, L: int, opt: EstimateOptions, dt: Dtypes) -> BlockRow:
+    params = block_params(b, cfg)
+    fp, cp = block_flops(b, cfg, L, "prefill", opt.causal)
+    fd, cd = block_flops(b, cfg, L, "decode", opt.causal)
+    state, kv = block_cache(b, cfg, 1, L, dt)
+    _, kv_prev = block_cache(b, cfg, 1, max(L - 1, 0), dt)
+    # Per decoded token: weights amortized over the batch, state read + written, KV read + the
+    # new entry written, the block's input read and output written.
+    nbytes = params * BYTES[dt.act] / opt.batch + 2 * state + kv + (kv - kv_prev) + 2 * cfg.dim * BYTES[dt.act]
+    inten = fd / nbytes if nbytes else 0.0
+    return BlockRow(
+        id=b.id,
+        kind="+".join(m.type for m in b.mixers),
+        label=next((m.label for m in b.mixers if m.label), None),
+        options="; ".join(filter(None, (options_text(m, cfg) for m in b.mixers))),
+        iterations=it,
+        params_stored=params,
+        params_executed=params * it,
+        flops_prefill=fp,
+        flops_decode=fd,
+        flops_mixer_prefill=cp,
+        flops_mixer_decode=cd,
+        decode_bytes=nbytes,
+        intensity=inten,
+        bound="compute" if inten >= opt.hw.ridge(dt.act) else "memory",
+        state_bytes=state,
+        kv_bytes=kv,
+    )
+
+
+def _extra_rows(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> list[BlockRow]:
+    cfg = model.config
+    D, V = cfg.dim, cfg.vocab
+    rows = [_simple_row("embed", "embedding", V * D, 1, 0.0, D * BYTES[dt.act], opt, dt)]
+    head_params = V * D if (cfg.head and not cfg.tie_embeddings) else 0
+    norm = sum(math.prod(s) for s in norm_weights(cfg.norm, D).values())
+    head_flops = 2.0 * D * V if cfg.head else 0.0
+    head_bytes = (V * D * BYTES[dt.act] / opt.batch if cfg.head else 0.0) + V * 4
+    rows.append(_simple_row("head", "norm+lm_head" if cfg.head else "norm", head_params + norm, 1,
+                            head_flops, head_bytes, opt, dt))
+    its = _loop_iterations(model.body)
+    for lp in _loops(model.body):
+        if lp.inject == "concat":
+            rows.append(_simple_row(f"{lp.id}.adapter", "inject=concat", 2 * D * D, its[lp.id],
+                                    4.0 * D * D, 2 * D * D * BYTES[dt.act] / opt.batch, opt, dt))
+        if lp.exit is not None:
+            rows.append(_simple_row(f"{lp.id}.exit", "exit=gate", D + 1, its[lp.id], 2.0 * D,
+                                    D * BYTES[dt.act] / opt.batch, opt, dt))
+    return rows
+
+
+def _simple_row(id_, kind, params, it, flops, nbytes, opt, dt) -> BlockRow:
+    inten = flops / nbytes if nbytes else 0.0
+    return BlockRow(id=id_, kind=kind, options="", iterations=it, params_stored=params,
+                    params_executed=params * it, flops_prefill=flops, flops_decode=flops,
+                    flops_mixer_prefill=0.0, flops_mixer_decode=0.0, decode_bytes=nbytes,
+                    intensity=inten, bound="compute" if inten >= opt.hw.ridge(dt.act) else "memory",
+                    state_bytes=0, kv_bytes=0)
+
+
+def _expand(rows: list[BlockRow], model: n.Model) -> list[BlockRow]:
+    """One row per (iteration, block): ids prefixed with the iteration index `it<k>/`."""
+    out = []
+    for r in rows:
+        if r.iterations == 1:
+            out.append(r)
+            continue
+        for k in range(r.iterations):
+            out.append(r.model_copy(update={"id": f"it{k}/{r.id}", "iterations": 1,
+                                            "params_stored": r.params_stored if k == 0 else 0,
+                                            "params_executed": r.params_stored}))
+    return out
+
+
+def _train_activations(model: n.Model, L: int, batch: int, dt: Dtypes) -> dict[str, int]:
+    cfg = model.config
+    b = BYTES[dt.act]
+    per_app = [block_activations(blk, cfg) * it for blk, it in iter_blocks(model.body)]
+    apps = sum(it for _, it in iter_blocks(model.body))
+    largest = max((block_activations(blk, cfg) for blk, _ in iter_blocks(model.body)), default=0)
+    logits = batch * L * cfg.vocab * 4 if cfg.head else 0  # fp32 logits for the loss
+    full = batch * L * sum(per_app) * b + logits
+    recompute = batch * L * (apps * cfg.dim + largest) * b + logits
+    return {"train_activations_bytes": full, "train_activations_recompute_bytes": recompute}
+
+
+def _roofline(model, rows, extras, L, opt, dt, prefill, decode, cache) -> Roofline:
+    hw, B = opt.hw, opt.batch
+    peak, bw = hw.peak(dt.act), hw.hbm_bytes_per_s
+    executed_w = sum(r.params_executed for r in rows + extras) * BYTES[dt.act]
+    acts = B * L * sum(4 * model.config.dim * r.iterations for r in rows) * BYTES[dt.act]
+    p_time = max(B * L * prefill / peak, (executed_w + acts + cache) / bw)
+    step_bytes = sum(r.decode_bytes * r.iterations for r in rows + extras) * B
+    d_time = max(B * decode / peak, step_bytes / bw)
+    return Roofline(
+        prefill_tokens_per_s=B * L / p_time,
+        decode_tokens_per_s=B / d_time,
+        ttft_s=p_time,
+        prefill_bound="compute" if B * L * prefill / peak >= (executed_w + acts + cache) / bw else "memory",
+        decode_bound="compute" if B * decode / peak >= step_bytes / bw else "memory",
+        decode_step_s=d_time,
+        decode_bytes_per_step=step_bytes,
+    )
+
+
+def _capacity(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes, weights: int) -> Capacity:
+    free = opt.hw.memory_bytes - weights
+    per_seq = _cache_bytes(model, 1, L, dt)
+    max_batch = int(free // per_seq) if per_seq else 0
+    if free <= 0:
+        return Capacity(max_batch=0, max_len=0, max_len_note="the weights alone do not fit")
+    grows = _cache_bytes(model, 1, 2 * L, dt) > per_seq
+    if not grows:
+        return Capacity(max_batch=max_batch, max_len=None, max_len_note="no cache grows with L")
+    lo, hi = 0, 1
+    while _cache_bytes(model, opt.batch, hi, dt) <= free and hi < 2**40:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _cache_bytes(model, opt.batch, mid, dt) <= free else (lo, mid)
+    cap = _tmm_cap(model)
+    note = f"tmm caps the context at max_len={cap}" if cap is not None and cap < lo else ""
+    return Capacity(max_batch=max_batch, max_len=min(lo, cap) if cap else lo, max_len_note=note)
+
+
+def _cache_bytes(model: n.Model, batch: int, L: int, dt: Dtypes) -> int:
+    total = 0
+    for b, it in iter_blocks(model.body):
+        s, k = block_cache(b, model.config, batch, L, dt)
+        total += (s + k) * it
+    return total
+
+
+def _tmm_cap(model: n.Model) -> int | None:
+    caps = [m.opts["max_len"] for b, _ in iter_blocks(model.body) for m in b.mixers if m.type == "tmm"]
+    return min(caps) if caps else None
+
+
+def _theory(model: n.Model) -> Theory:
+    depth = sum(it for _, it in iter_blocks(model.body))
+    look: int | None = 0
+    rank = None
+    for b, it in iter_blocks(model.body):
+        for m in b.mixers:
+            spec = lookup(m.type)
+            w = spec.window(m.opts)
+            look = None if (look is None or w is None) else look + w * it
+            if spec.is_delta_rule():
+                rank = max(rank or 0, it)
+    return Theory(effective_depth=depth, receptive_field=None if look is None else look + 1,
+                  update_rank=rank)
+
+
+def _expected_decode(model, rows, extras, opt: EstimateOptions) -> float | None:
+    """Decode FLOPs per token when gated loops stop early, from `--exit-profile`
+    (probabilities of exiting after iteration 1, 2, …; normalized)."""
+    if not opt.exit_profile or not any(lp.exit for lp in _loops(model.body)):
+        return None
+    p = [max(x, 0.0) for x in opt.exit_profile]
+    s = sum(p) or 1.0
+    expected = sum((i + 1) * x / s for i, x in enumerate(p))
+    gated = {lp.id: lp for lp in _loops(model.body) if lp.exit}
+    total = 0.0
+    for r in rows + extras:
+        scale = expected / gated[g].T if (g := _enclosing(r.id, gated)) else 1.0
+        total += r.flops_decode * r.iterations * scale
+    return total
+
+
+def _enclosing(row_id: str, gated: dict) -> str | None:
+    return next((g for g in gated if row_id.startswith(g + "/") or row_id.startswith(g + ".")), None)
+
+
+def conventions(opt: EstimateOptions) -> list[str]:
+    causal = ("causal attention counts only unmasked keys (exact triangle: a prefill of L averages "
+              "(L+1)/2 keys per query)" if opt.causal == "exact" else
+              "causal attention counts the whole L×L square (--causal full, as nanoGPT and "
+              "torch's FlopCounterMode do)")
+    hw = opt.hw
+    return [
+        "a multiply-add counts as 2 FLOPs; elementwise work (norms, activations, gates) is not counted",
+        causal,
+        "training = forward + backward; backward = 2 × forward unless a mixer's spec says otherwise",
+        "looped blocks count executed FLOPs (T × per iteration); parameters count once",
+        "chunked mixers are counted at chunk C = 64 (C = L for a prefill shorter than one chunk)",
+        "decode step at context L: the new token sees L keys; caches are measured after L tokens",
+        "decode bytes per token: executed weights / batch + state read and write + KV read and the "
+        "new KV entry + block input and output",
+        "caches are per (iteration, block): states in state_dtype, KV in kv_dtype, conv buffers and "
+        "tmm inputs in dtype",
+        f"roofline on {hw.name}: time = max(FLOPs / {hw.peak_flops['bf16'] / 1e12:.0f} TFLOP/s, "
+        f"bytes / {hw.hbm_bytes_per_s / 1e12:.2f} TB/s) ({hw.source})",
+    ]

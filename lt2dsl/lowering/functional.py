@@ -1,0 +1,76 @@
+"""Leaf functions of the lowered graph that touch caches or positions.
+
+Each is wrapped with `torch.fx.wrap`, so tracing a layer's forward records one call node for it
+(with the cache entry as an argument) instead of tracing into data-dependent code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+
+@torch.fx.wrap
+def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, entry, key: str,
+               activation: str = "silu") -> torch.Tensor:
+    """Depthwise causal conv over time (mixers.md §0 ShortConv), with its decode cache.
+
+    Args:
+        x: `[B, T, C]` inputs.
+        weight: `[C, 1, W]` taps (tap W−1 hits x_t); bias `[C]` or None.
+        entry: cache entry or None. With an entry, `entry[key]` holds the last W−1 inputs
+            `[B, C, W−1]` (zeros before the first token) and is updated in place.
+        activation: "silu" or "none".
+    Returns:
+        `[B, T, C]`.
+    """
+    W = weight.shape[-1]
+    xt = x.transpose(1, 2)  # [B, C, T]
+    if entry is not None and key in entry:
+        hist = entry[key].to(xt.dtype)
+    else:
+        hist = xt.new_zeros(xt.shape[0], xt.shape[1], W - 1)
+    full = torch.cat([hist, xt], dim=-1)  # [B, C, W-1+T]
+    if entry is not None and W > 1:
+        entry[key] = full[..., full.shape[-1] - (W - 1):].detach().clone()
+    y = F.conv1d(full, weight, bias, groups=weight.shape[0])  # [B, C, T]
+    y = y.transpose(1, 2)
+    return F.silu(y) if activation == "silu" else y
+
+
+def rope_freqs(dim: int, theta: float, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin `[T, dim/2]` of half-split RoPE (LLaMA / HF `rotate_half` convention), fp32."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+    ang = positions.to(torch.float32)[:, None] * inv[None, :]
+    return ang.cos(), ang.sin()
+
+
+@torch.fx.wrap
+def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
+    """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32)."""
+    T, d = x.shape[1], x.shape[-1]
+    positions = torch.arange(pos, pos + T, device=x.device)
+    cos, sin = rope_freqs(d, theta, positions)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    xf = x.float()
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+@torch.fx.wrap
+def append_cache(entry, key: str, new: torch.Tensor, dim: int = 2, keep: int | None = None) -> torch.Tensor:
+    """Append `new` to `entry[key]` along `dim` (creating it) and return the whole cached tensor.
+
+    With `keep`, only the last `keep` positions stay cached (sliding-window ring), but the
+    returned tensor still holds the previous window plus all of `new`, which is what a query
+    block of length T needs to see its window. Without an entry, returns `new` unchanged.
+    """
+    if entry is None:
+        return new
+    full = torch.cat([entry[key], new.to(entry[key].dtype)], dim=dim) if key in entry else new
+    stored = full if keep is None else full.narrow(dim, max(0, full.shape[dim] - keep),
+                                                   min(keep, full.shape[dim]))
+    entry[key] = stored.detach().clone() if keep is not None else stored.detach()
+    return full

@@ -1,0 +1,55 @@
+"""The contract every mixer layer of the lowering follows.
+
+A mixer layer is an `nn.Module` built from `(opts, cfg, backend)` — the resolved options of one
+`Mixer` node, the `ModelConfig` and the kernel backend ("reference" | "triton" | "auto") — whose
+
+* parameters are exactly the spec's `weights(opts, cfg)`: same names, same shapes (a test compares
+  `named_parameters()` with the spec, so the estimate's parameter count is exact);
+* `forward(x, entry, pos)` maps the normed block input `x [B, T, D]` to the mixer output
+  `[B, T, D]` (before the residual add). `entry` is None (training / a forward without cache) or the
+  layer's cache `Entry` (or `SubEntry` in a `par` block), which the layer reads and updates in
+  place; `pos` is the absolute position of `x[:, 0]` (0 without cache);
+* cache tensors it stores are exactly the spec's `cache(opts, cfg, B, L)` layout after L tokens:
+  same names, shapes and dtypes (state dtype for recurrent states, the activation dtype for conv
+  buffers and tmm inputs, the kv dtype — the activation dtype unless configured — for KV caches);
+* forward code is `torch.fx`-traceable: control flow only on Python configuration, never on
+  tensor values or on whether `entry` is None. Everything that touches the cache, and every mixer
+  core, is a call of a function wrapped with `torch.fx.wrap` (a leaf in the traced graph), so the
+  lowered graph shows projections, activations and norms as separate nodes the fusion pass can
+  rewrite, and one node per core op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.registry import lookup
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+
+
+class MixerLayer(nn.Module):
+    kind: ClassVar[str]
+
+    def __init__(self, opts: dict[str, Any], cfg: ModelConfig, backend: str = "reference"):
+        super().__init__()
+        self.opts, self.cfg, self.backend = dict(opts), cfg, backend
+        self.spec = lookup(self.kind)
+
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+        raise NotImplementedError
+
+    def state_dtype(self) -> torch.dtype:
+        """Recurrent states: fp32 by default; float64 when the module runs in float64 (tests)."""
+        p = next(self.parameters(), None)
+        if p is not None and p.dtype == torch.float64:
+            return torch.float64
+        return DTYPES[self.cfg.state_dtype]
+
+
+def linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=bias)
