@@ -82,7 +82,8 @@ def options_from(args, model) -> list[EstimateOptions]:
         try:
             profile = tuple(float(x) for x in args.exit_profile.split(","))
         except ValueError:
-            raise UsageError(f"--exit-profile expects numbers like 0.1,0.3,0.6, got {args.exit_profile!r}") from None
+            raise UsageError(
+                f"--exit-profile expects numbers like 0.1,0.3,0.6, got {args.exit_profile!r}") from None
     dt = Dtypes(act=args.dtype or cfg.dtype, state=args.state_dtype or cfg.state_dtype, kv=args.kv_dtype)
     lengths = parse_lengths(args.seq) if args.seq else [cfg.max_len]
     return [EstimateOptions(seq=L, batch=args.batch, gen=args.gen, mode=args.mode, dtypes=dt, hw=hw,

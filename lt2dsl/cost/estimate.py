@@ -219,7 +219,8 @@ def _row(b: n.Block, it: int, cfg: n.ModelConfig, L: int, opt: EstimateOptions, 
     _, kv_prev = block_cache(b, cfg, 1, max(L - 1, 0), dt)
     # Per decoded token: weights amortized over the batch, state read + written, KV read + the
     # new entry written, the block's input read and output written.
-    nbytes = params * BYTES[dt.act] / opt.batch + 2 * state + kv + (kv - kv_prev) + 2 * cfg.dim * BYTES[dt.act]
+    io = 2 * cfg.dim * BYTES[dt.act]
+    nbytes = params * BYTES[dt.act] / opt.batch + 2 * state + kv + (kv - kv_prev) + io
     inten = fd / nbytes if nbytes else 0.0
     return BlockRow(
         id=b.id,

@@ -155,7 +155,8 @@ def sweep_table(entries: list[Entry]) -> Table:
               + (f" vs {first.vs_name}" if first.vs else ""), box=box.SIMPLE_HEAD, title_justify="left",
               pad_edge=False)
     cols = [("L", None), ("decode FLOP/tok", "flops_per_token.decode"), ("cache", "memory.cache_bytes"),
-            ("decode tok/s", "roofline.decode_tokens_per_s"), ("prefill tok/s", "roofline.prefill_tokens_per_s"),
+            ("decode tok/s", "roofline.decode_tokens_per_s"),
+            ("prefill tok/s", "roofline.prefill_tokens_per_s"),
             ("max batch", "capacity.max_batch")]
     for name, _ in cols:
         t.add_column(name, justify="right")

@@ -67,4 +67,5 @@ class Cache:
         self.seen = 0
 
     def __repr__(self) -> str:
-        return f"Cache(entries={len(self.entries)}, batch={self.batch_size}, seen={self.seen}, nbytes={self.nbytes()})"
+        return (f"Cache(entries={len(self.entries)}, batch={self.batch_size}, seen={self.seen}, "
+                f"nbytes={self.nbytes()})")

@@ -1,0 +1,31 @@
+"""Build small programs from IR nodes (independent of the parser) for cost tests."""
+
+from __future__ import annotations
+
+from lt2dsl.ir import nodes as n
+from lt2dsl.passes.resolve import resolve
+
+
+def val(v):
+    if isinstance(v, bool):
+        return n.Bool(value=v)
+    if isinstance(v, int):
+        return n.Int(value=v)
+    if isinstance(v, float):
+        return n.Float(value=v)
+    if isinstance(v, n.Node):
+        return v
+    return n.Name(value=v)
+
+
+def call(name: str, **opts) -> n.Call:
+    return n.Call(name=name, args=tuple(n.Arg(name=k, value=val(v)) for k, v in opts.items()))
+
+
+def model(body, **settings) -> n.Model:
+    sets = tuple(n.Setting(name=k, value=val(v)) for k, v in settings.items())
+    return resolve(n.Program(settings=sets, body=tuple(body)))
+
+
+def loop(T: int, *items, **opts) -> n.Loop:
+    return n.Loop(T=T, body=tuple(items), options=tuple(n.Arg(name=k, value=val(v)) for k, v in opts.items()))
