@@ -124,3 +124,99 @@ def test_decode_reference_linear_and_ring(window, Tq):
         ring_v = torch.nan_to_num(ring_v)
         got = attention_decode(q, ring_k, ring_v, lens, window=window, ring=True, gate=g)
         assert_close("ring", got, want, 1e-10)
+
+
+# ---- Triton backend (CPU interpreter here; the gpu-marked tests repeat it at full size) ----------
+
+TRITON_CASES = {
+    # name: (B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype)
+    "gqa": (2, 63, 63, 4, 2, 32, True, None, None, torch.float32),
+    "window7-elem": (1, 100, 100, 2, 1, 16, True, 7, "elem", torch.float32),
+    "T1-head": (2, 1, 1, 2, 2, 16, True, None, "head", torch.float32),
+    "noncausal-prefill": (1, 9, 40, 3, 1, 16, False, None, None, torch.float32),
+    "w>T-D24": (1, 37, 50, 2, 1, 24, True, 100, "elem", torch.float32),
+    "bf16-w16-head": (1, 63, 63, 2, 1, 32, True, 16, "head", torch.bfloat16),
+}
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Kernel outputs start as NaN so an unwritten element fails."""
+    from lt2dsl.kernels.common import attn_utils
+
+    monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
+
+
+def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device="cpu", cu=None):
+    """Triton forward and all gradients against the float64 reference."""
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    q, k, v, g = make(B, Tq, Tk, HQ, HKV, D, dtype=dtype, gate=gate, device=device)
+    leaves = [t.requires_grad_() for t in (q, k, v, g) if t is not None]
+    kw = dict(causal=causal, window=window, cu_seqlens=cu)
+    out = attention(q, k, v, gate=g, backend="triton", **kw)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, do)
+    ref_in = [t.detach().double().requires_grad_() for t in leaves]
+    ref = attention(*ref_in[:3], gate=ref_in[3] if g is not None else None, **kw)
+    ref_grads = torch.autograd.grad(ref, ref_in, do.double())
+    assert_close("o", out, ref, tol)
+    for name, a, b in zip("qkvg", grads, ref_grads):
+        assert_close(f"d{name}", a, b, tol)
+
+
+@pytest.mark.parametrize("case", list(TRITON_CASES))
+def test_triton_matches_reference(case, poison):
+    check_triton_case(*TRITON_CASES[case])
+
+
+def test_triton_window_one_is_identity(poison):
+    q, k, v, _ = make(1, 40, 40, 2, 1, 16, dtype=torch.float32)
+    assert_close("o", attention(q, k, v, window=1, backend="triton"), v.repeat_interleave(2, 2), 1e-6)
+
+
+def test_triton_varlen(poison):
+    cu = torch.tensor([0, 13, 14, 50])
+    check_triton_case(1, 50, 50, 4, 2, 16, True, 5, "head", torch.float32, cu=cu)
+
+
+def test_triton_compiles_fullgraph_and_counts_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v, g = make(1, 20, 20, 2, 1, 16, dtype=torch.float32, gate="head")
+
+    def f(q, k, v, g):
+        return attention(q, k, v, window=5, gate=g, backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert_close("compiled", compiled(q, k, v, g), f(q, k, v, g), 1e-6)
+    with FlopCounterMode(display=False) as fc:
+        f(q, k, v, g)
+    pairs = sum(min(i + 1, 5) for i in range(20))
+    assert fc.get_total_flops() == 2 * 2 * (16 + 16) * pairs
+
+
+def test_triton_rejects_float64():
+    q, k, v, _ = make(1, 8, 8, 2, 1, 16)
+    with pytest.raises(ValueError, match="float64"):
+        attention(q, k, v, backend="triton")
+
+
+GPU_SHAPES = [(2, 1000, 16, 16, 64), (2, 1000, 16, 4, 128), (1, 8192, 16, 16, 128), (2, 8192, 16, 2, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "B{}-T{}-H{}/{}-D{}".format(*s))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("mode", ["full", "w512-elem", "head"])
+def test_gpu_full_size(shape, dtype, mode, poison):
+    B, T, HQ, HKV, D = shape
+    window, gate = {"full": (None, None), "w512-elem": (512, "elem"), "head": (None, "head")}[mode]
+    check_triton_case(B, T, T, HQ, HKV, D, True, window, gate, dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_gpu_prefill_and_varlen(dtype, poison):
+    check_triton_case(2, 300, 1500, 16, 4, 128, True, None, "elem", dtype, device="cuda")
+    cu = torch.tensor([0, 1, 700, 701, 3000], device="cuda")
+    check_triton_case(1, 3000, 3000, 8, 2, 64, True, 256, "head", dtype, device="cuda", cu=cu)

@@ -12,6 +12,18 @@ from .backend import check_float, check_shape
 
 _INT64_MIN = -(2**63)
 
+# Tests set this to True: kernel outputs are then allocated NaN-filled, so an element a kernel forgets
+# to write fails the comparison instead of passing with leftover memory.
+POISON_OUTPUTS = False
+
+
+def new_empty(*shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`torch.empty` for kernel outputs (NaN-filled when POISON_OUTPUTS is set)."""
+    t = torch.empty(*shape, device=like.device, dtype=like.dtype if dtype is None else dtype)
+    if POISON_OUTPUTS and t.is_floating_point():
+        t.fill_(float("nan"))
+    return t
+
 
 def compute_dtype(*ts: torch.Tensor) -> torch.dtype:
     """float64 when any input is float64 (the reference truth), else float32."""

@@ -1,0 +1,108 @@
+"""torch.library registration of the Triton attention kernels, and the `backend="triton"` entry.
+
+`lt2dsl::attn_fwd` -> (o, lse) and `lt2dsl::attn_bwd` -> (dq, dk, dv, dgate) are opaque custom ops
+with fake (meta) implementations, autograd wiring and FLOP formulas, so `torch.compile(fullgraph=True)`
+traces through and `FlopCounterMode` counts them. Integer encodings: `window = 0` means no window,
+`kstride` / `koff` place key c at position c·kstride + koff, `qoff` is the position of query row 0;
+`cu_q` / `cu_k` are int32 offsets of a packed batch (or None).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+from .triton_bwd import attn_bwd
+from .triton_fwd import attn_fwd
+
+Tensor = torch.Tensor
+_SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _cu(cu_q: Tensor | None, cu_k: Tensor | None):
+    return None if cu_q is None else (cu_q.tolist(), cu_k.tolist())
+
+
+@torch.library.custom_op("lt2dsl::attn_fwd", mutates_args=())
+def attn_fwd_op(q: Tensor, k: Tensor, v: Tensor, gate: Tensor | None, scale: float, causal: bool, window: int,
+                cu_q: Tensor | None, cu_k: Tensor | None, kstride: int, koff: int, qoff: int
+                ) -> tuple[Tensor, Tensor]:
+    """Tiled attention forward; returns (o `[B, Tq, HQ, DV]`, lse `[HQ, B·Tq]` fp32 log2 units)."""
+    return attn_fwd(q, k, v, gate, scale, causal, window or None, _cu(cu_q, cu_k), kstride, koff, qoff)
+
+
+@attn_fwd_op.register_fake
+def _(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff):
+    B, Tq, HQ, _ = q.shape
+    return q.new_empty(B, Tq, HQ, v.shape[-1], dtype=v.dtype), q.new_empty(HQ, B * Tq, dtype=torch.float32)
+
+
+@torch.library.custom_op("lt2dsl::attn_bwd", mutates_args=())
+def attn_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, gate: Tensor | None,
+                scale: float, causal: bool, window: int, cu_q: Tensor | None, cu_k: Tensor | None,
+                kstride: int, koff: int, qoff: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of `attn_fwd_op`'s o; dgate is an empty tensor when there is no gate."""
+    dq, dk, dv, dg = attn_bwd(do.contiguous(), q, k, v, o, lse, gate, scale, causal, window or None,
+                              _cu(cu_q, cu_k), kstride, koff, qoff)
+    return dq, dk, dv, (q.new_empty(0) if dg is None else dg)
+
+
+@attn_bwd_op.register_fake
+def _(do, q, k, v, o, lse, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff):
+    dg = q.new_empty(0) if gate is None else torch.empty_like(gate)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dg
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, gate, *rest = inputs
+    ctx.rest = rest
+    ctx.save_for_backward(q, k, v, gate, *output)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, gate, o, lse = ctx.saved_tensors
+    dq, dk, dv, dg = attn_bwd_op(do, q, k, v, o, lse, gate, *ctx.rest)
+    return dq, dk, dv, (None if gate is None else dg), *([None] * len(ctx.rest))
+
+
+attn_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+def visible_pairs(Tq: int, Tk: int, causal: bool, window: int, kstride: int, koff: int, qoff: int) -> int:
+    """Number of (query, key) pairs the masks let through (one sequence, one head)."""
+    pos = torch.arange(Tq, dtype=torch.int64) + qoff
+    if not causal:
+        return Tq * Tk
+    hi = torch.where(pos >= koff, torch.div(pos - koff, kstride, rounding_mode="floor") + 1, 0).clamp(max=Tk)
+    lo = (pos - window + 1).clamp(min=0) if window else torch.zeros_like(pos)
+    return int((hi - lo).clamp(min=0).sum())
+
+
+@register_flop_formula(torch.ops.lt2dsl.attn_fwd)
+def _fwd_flops(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff, *args, **kwargs) -> int:
+    """2·(K + V) FLOPs per visible pair and query head (QKᵀ and PV); varlen counted as one sequence."""
+    B, Tq, HQ, K = q
+    return 2 * B * HQ * (K + v[-1]) * visible_pairs(Tq, k[1], causal, window, kstride, koff, qoff)
+
+
+@register_flop_formula(torch.ops.lt2dsl.attn_bwd)
+def _bwd_flops(do, q, k, v, o, lse, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff, *args,
+               **kwargs) -> int:
+    """Recompute QKᵀ plus dV, dP, dQ, dK: 2.5× the forward's matmul FLOPs."""
+    B, Tq, HQ, K = q
+    return 5 * B * HQ * (K + v[-1]) * visible_pairs(Tq, k[1], causal, window, kstride, koff, qoff)
+
+
+def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_seqlens=None) -> Tensor:
+    """`attention(backend="triton")`: inputs already validated by the public op."""
+    if q.dtype not in _SUPPORTED or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"the Triton attention takes fp16/bf16/fp32 q, k, v of one dtype, got "
+                         f"{q.dtype}/{k.dtype}/{v.dtype}; use backend='reference' for float64")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    gate = None if gate is None else gate.contiguous()
+    cu_q = cu_k = None
+    if cu_seqlens is not None:
+        pair = cu_seqlens if isinstance(cu_seqlens, tuple | list) else (cu_seqlens, cu_seqlens)
+        cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in pair)
+    Tq, Tk = q.shape[1], k.shape[1]
+    return attn_fwd_op(q, k, v, gate, scale, causal, window or 0, cu_q, cu_k, 1, 0, Tk - Tq)[0]

@@ -1,0 +1,284 @@
+"""Triton backward of `attention` (FlashAttention-2 style: preprocess, dK/dV kernel, dQ kernel).
+
+Gate algebra (no ungated output is stored): with o = σ(g) ⊙ u and upstream gradient dO,
+  dU = dO ⊙ σ(g),   D_i = Σ dU ⊙ u = Σ dO ⊙ o,   dg = dO ⊙ o ⊙ (1 − σ(g))  (headwise: D_i (1 − σ(g))),
+so the preprocess reads dO, o and g once and writes dU, D and dg. dK/dV: one program per key block and
+kv head loops over the G query heads of its group (no atomics); dQ: one program per query block.
+Both recompute p = exp2(s·scale·log2e − lse). Hopper notes: pᵀ and dsᵀ are computed directly as
+k qᵀ and v dOᵀ from transposed loads, so no dot result is transposed before feeding another dot.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_utils import new_empty
+from ..common.backend import triton_interpreting
+from .triton_fwd import LOG2E, _band, _seq_bounds, varlen_blocks
+
+
+@triton.jit
+def _bwd_pre_kernel(O, DO, GATE, DU, DG, DELTA, NROWS, HQ: tl.constexpr, DV: tl.constexpr,
+                    BDV: tl.constexpr, BM: tl.constexpr, GATE_MODE: tl.constexpr):
+    """D = Σ_v dO ⊙ o per row; with a gate also dU = dO ⊙ σ(g) and dg. Rows are (token, head)."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    h = tl.program_id(1)
+    in_r = rows < NROWS
+    offs = tl.arange(0, BDV)
+    m2 = in_r[:, None] & (offs[None, :] < DV)
+    ptr = (rows.to(tl.int64) * HQ + h)[:, None] * DV + offs[None, :]
+    o = tl.load(O + ptr, mask=m2, other=0.0).to(tl.float32)
+    do = tl.load(DO + ptr, mask=m2, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    tl.store(DELTA + h.to(tl.int64) * NROWS + rows, delta, mask=in_r)
+    if GATE_MODE == 1:
+        sg = tl.sigmoid(tl.load(GATE + ptr, mask=m2, other=0.0).to(tl.float32))
+        tl.store(DG + ptr, (do * o * (1.0 - sg)).to(DG.dtype.element_ty), mask=m2)
+        tl.store(DU + ptr, (do * sg).to(DU.dtype.element_ty), mask=m2)
+    if GATE_MODE == 2:
+        gptr = rows.to(tl.int64) * HQ + h
+        sg = tl.sigmoid(tl.load(GATE + gptr, mask=in_r, other=0.0).to(tl.float32))
+        tl.store(DG + gptr, (delta * (1.0 - sg)).to(DG.dtype.element_ty), mask=in_r)
+        tl.store(DU + ptr, (do * sg[:, None]).to(DU.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_kt, stride_vt, start, end, qpos, Tk_n, W, KOFF,
+              qk_scale, offs_d, offs_dv, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr,
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr,
+              DOT_PREC: tl.constexpr):
+    """dq += ds k over key blocks [start, end), ds = p (dp − D)."""
+    for n in range(start, end, BN):
+        offs_n = n + tl.arange(0, BN)
+        in_k = offs_n < Tk_n
+        kt = tl.load(k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
+                     mask=in_k[None, :] & (offs_d[:, None] < D), other=0.0)
+        vt = tl.load(v_ptr + offs_n[None, :] * stride_vt + offs_dv[:, None],
+                     mask=in_k[None, :] & (offs_dv[:, None] < DV), other=0.0)
+        p = tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None])
+        if MASK:
+            kpos = offs_n * KSTRIDE + KOFF
+            ok = in_k[None, :] & (qpos[:, None] >= 0)
+            if CAUSAL:
+                ok = ok & (kpos[None, :] <= qpos[:, None])
+            if HAS_W:
+                ok = ok & (kpos[None, :] > qpos[:, None] - W)
+            p = tl.where(ok, p, 0.0)
+        dp = mm(do, vt, DOT_PREC)
+        ds = p * (dp - delta[:, None])
+        dq += mm(ds.to(kt.dtype), tl.trans(kt), DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DU, LSE, DELTA, DQ, CU_Q, CU_K, BLK_MAP,
+    Tq, Tk, qoff, W, KOFF, qk_scale, scale, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """dQ of BM query rows of one head; same program layout and key band as the forward."""
+    b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
+        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN)
+    hk = h // GRP
+    HKV: tl.constexpr = HQ // GRP
+    rows = i_m * BM + tl.arange(0, BM)
+    in_q = rows < Tq_n
+    qpos = tl.where(in_q, rows + qo, -1)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
+    q = tl.load(Q + row_off[:, None] * D + offs_d[None, :], mask=in_q[:, None] & (offs_d[None, :] < D),
+                other=0.0)
+    do = tl.load(DU + row_off[:, None] * DV + offs_dv[None, :],
+                 mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    lse = tl.load(LSE + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=float("inf"))
+    delta = tl.load(DELTA + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=0.0)
+    k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
+    v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
+    p0 = i_m * BM + qo
+    p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
+    lo, full_lo, full_hi, hi = _band(p0, p1, Tk_n, W, KOFF, BN, CAUSAL, HAS_W, KSTRIDE)
+    dq = tl.zeros([BM, BD], dtype=tl.float32)
+    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, HKV * D, HKV * DV, lo, tl.minimum(full_lo, hi), qpos,
+                   Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, True, CAUSAL, HAS_W, KSTRIDE,
+                   DOT_PREC)
+    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, HKV * D, HKV * DV, full_lo, full_hi, qpos,
+                   Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, False, CAUSAL, HAS_W, KSTRIDE,
+                   DOT_PREC)
+    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, HKV * D, HKV * DV, tl.maximum(full_lo, full_hi), hi,
+                   qpos, Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, True, CAUSAL, HAS_W, KSTRIDE,
+                   DOT_PREC)
+    tl.store(DQ + row_off[:, None] * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=in_q[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _row_band(k0, k1, Tq_n, qo, W, KOFF, BM: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
+              KSTRIDE: tl.constexpr):
+    """Query-row ranges that see keys [k0, k1): (lo, full_lo, full_hi, hi), as `_band` for rows."""
+    kmin = k0 * KSTRIDE + KOFF
+    kmax = (k1 - 1) * KSTRIDE + KOFF
+    lo = 0
+    full_lo = 0
+    hi = Tq_n
+    full_hi = (Tq_n // BM) * BM
+    if CAUSAL:
+        lo = (tl.maximum(kmin - qo, 0) // BM) * BM
+        full_lo = tl.cdiv(tl.maximum(kmax - qo, 0), BM) * BM
+        if KSTRIDE != 1:
+            full_lo = lo
+            full_hi = lo
+    if HAS_W:
+        hi = tl.minimum(Tq_n, tl.maximum(kmax + W - qo, 0))
+        full_hi = tl.minimum(full_hi, (tl.maximum(kmin + W - qo, 0) // BM) * BM)
+    full_lo = tl.maximum(full_lo, lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, start, end, kpos, in_k, Tq_n, qo, W,
+                qk_scale, offs_d, offs_dv, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                BM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head."""
+    for m in range(start, end, BM):
+        rows = m + tl.arange(0, BM)
+        in_q = rows < Tq_n
+        roff = rows.to(tl.int64) * HQ
+        qt = tl.load(q_ptr + roff[None, :] * D + offs_d[:, None], mask=in_q[None, :] & (offs_d[:, None] < D),
+                     other=0.0)
+        do = tl.load(do_ptr + roff[:, None] * DV + offs_dv[None, :],
+                     mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        lse = tl.load(lse_ptr + rows, mask=in_q, other=float("inf"))
+        delta = tl.load(delta_ptr + rows, mask=in_q, other=0.0)
+        pt = tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :])
+        if MASK:
+            qpos = rows + qo
+            ok = in_k[:, None] & in_q[None, :]
+            if CAUSAL:
+                ok = ok & (kpos[:, None] <= qpos[None, :])
+            if HAS_W:
+                ok = ok & (kpos[:, None] > qpos[None, :] - W)
+            pt = tl.where(ok, pt, 0.0)
+        dv += mm(pt.to(do.dtype), do, DOT_PREC)
+        dpt = mm(v, tl.trans(do), DOT_PREC)
+        dst = pt * (dpt - delta[None, :])
+        dk += mm(dst.to(qt.dtype), tl.trans(qt), DOT_PREC)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DU, LSE, DELTA, DK, DV_OUT, CU_Q, CU_K, BLK_MAP,
+    Tq, Tk, qoff, W, KOFF, qk_scale, scale, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it."""
+    HKV: tl.constexpr = HQ // GRP
+    b, hk, i_n, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
+        tl.program_id(0), tl.program_id(1), CU_K, CU_Q, BLK_MAP, Tk, Tq, qoff, HKV, VARLEN)
+    if VARLEN:  # _seq_bounds was called with q/k swapped to map key blocks; swap back
+        bos_q, bos_k, Tq_n, Tk_n = bos_k, bos_q, Tk_n, Tq_n
+        qo = Tk_n - Tq_n
+    else:
+        bos_q, bos_k = b * Tq, b * Tk
+        Tq_n, Tk_n, qo = Tq, Tk, qoff
+    keys = i_n * BN + tl.arange(0, BN)
+    in_k = keys < Tk_n
+    kpos = keys * KSTRIDE + KOFF
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    k_off = ((bos_k + keys) * HKV + hk).to(tl.int64)
+    k = tl.load(K + k_off[:, None] * D + offs_d[None, :], mask=in_k[:, None] & (offs_d[None, :] < D),
+                other=0.0)
+    v = tl.load(V + k_off[:, None] * DV + offs_dv[None, :], mask=in_k[:, None] & (offs_dv[None, :] < DV),
+                other=0.0)
+    dk = tl.zeros([BN, BD], dtype=tl.float32)
+    dv = tl.zeros([BN, BDV], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _row_band(i_n * BN, tl.minimum(i_n * BN + BN, Tk_n), Tq_n, qo, W, KOFF, BM,
+                                         CAUSAL, HAS_W, KSTRIDE)
+    for g in range(GRP):
+        h = hk * GRP + g
+        q_ptr = Q + (bos_q.to(tl.int64) * HQ + h) * D
+        do_ptr = DU + (bos_q.to(tl.int64) * HQ + h) * DV
+        lse_ptr = LSE + h.to(tl.int64) * NROWS + bos_q
+        delta_ptr = DELTA + h.to(tl.int64) * NROWS + bos_q
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, lo, tl.minimum(full_lo, hi),
+                             kpos, in_k, Tq_n, qo, W, qk_scale, offs_d, offs_dv, HQ, D, DV, BM, True, CAUSAL,
+                             HAS_W, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, full_lo, full_hi,
+                             kpos, in_k, Tq_n, qo, W, qk_scale, offs_d, offs_dv, HQ, D, DV, BM, False, CAUSAL,
+                             HAS_W, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, tl.maximum(full_lo, full_hi),
+                             hi, kpos, in_k, Tq_n, qo, W, qk_scale, offs_d, offs_dv, HQ, D, DV, BM, True,
+                             CAUSAL, HAS_W, DOT_PREC)
+    tl.store(DK + k_off[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
+             mask=in_k[:, None] & (offs_d[None, :] < D))
+    tl.store(DV_OUT + k_off[:, None] * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
+             mask=in_k[:, None] & (offs_dv[None, :] < DV))
+
+
+def bwd_config(D: int, dtype: torch.dtype) -> dict:
+    """Tiles of the two backward kernels (no autotune; each config is compiled on the H200).
+
+    16-bit: dK/dV BN=64 keys × BM=64 rows, 8 warps; dQ BM=64 × BN=64, 4 warps; 2 stages each.
+    fp32 or D > 128: 32 × 32 tiles, 4 warps. No transposed dot accumulator feeds a dot (the Hopper
+    miscompile needs exactly that pattern); 64-wide tiles are where the peer saw it, so these are the
+    configs the GPU tests must cover (tests/kernels/test_attention.py, gpu marker).
+    """
+    if triton_interpreting():
+        return dict(kv=dict(BN=16, BM=16, num_warps=1, num_stages=1), q=dict(BM=16, BN=16, num_warps=1,
+                                                                              num_stages=1))
+    if dtype == torch.float32 or D > 128:
+        small = dict(BN=32, BM=32, num_warps=4, num_stages=1)
+        return dict(kv=small, q=small)
+    return dict(kv=dict(BN=64, BM=64, num_warps=8, num_stages=2),
+                q=dict(BM=64, BN=64, num_warps=4, num_stages=2))
+
+
+def attn_bwd(do, q, k, v, o, lse, gate, scale: float, causal: bool, window, cu=None, kstride: int = 1,
+             koff: int = 0, qoff: int | None = None):
+    """Gradients (dq, dk, dv, dgate) of `attn_fwd`'s output `o` (the gated one) for upstream `do`."""
+    B, Tq, HQ, D = q.shape
+    Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    nrows = B * Tq
+    gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
+    delta = new_empty(HQ, nrows, like=q, dtype=torch.float32)
+    du = do if gate is None else new_empty(*do.shape, like=do)
+    dg = None if gate is None else new_empty(*gate.shape, like=gate)
+    pre_bm = 16 if triton_interpreting() else 64
+    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
+        o, do, q if gate is None else gate, du, do if dg is None else dg, delta, nrows,
+        HQ=HQ, DV=DV, BDV=pow2(DV), BM=pre_bm, GATE_MODE=gate_mode)
+    cfg = bwd_config(max(D, DV), q.dtype)
+    dq, dk, dv = (new_empty(*t.shape, like=t) for t in (q, k, v))
+    dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
+    common = dict(HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), CAUSAL=causal,
+                  HAS_W=window is not None, KSTRIDE=kstride, VARLEN=cu is not None,
+                  DOT_PREC=dot_precision(q.dtype))
+    scalars = (Tq, Tk, Tk - Tq if qoff is None else qoff, window or 0, koff, scale * LOG2E, scale, nrows)
+    cq, ckv = cfg["q"], cfg["kv"]
+    if cu is None:
+        cu_q = cu_k = blk_q = blk_k = dummy
+        grid_q, grid_k = (triton.cdiv(Tq, cq["BM"]), B * HQ), (triton.cdiv(Tk, ckv["BN"]), B * HKV)
+    else:
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
+        blk_q, nq = varlen_blocks(cu[0], cq["BM"], q.device)
+        blk_k, nk = varlen_blocks(cu[1], ckv["BN"], q.device)
+        grid_q, grid_k = (max(nq, 1), HQ), (max(nk, 1), HKV)
+    _bwd_dkdv_kernel[grid_k](q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars,
+                             BM=ckv["BM"], BN=ckv["BN"], num_warps=ckv["num_warps"],
+                             num_stages=ckv["num_stages"], **common)
+    _bwd_dq_kernel[grid_q](q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars,
+                           BM=cq["BM"], BN=cq["BN"], num_warps=cq["num_warps"], num_stages=cq["num_stages"],
+                           **common)
+    return dq, dk, dv, dg

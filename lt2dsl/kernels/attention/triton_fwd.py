@@ -1,0 +1,209 @@
+"""Triton forward of `attention`: tiled online softmax (FlashAttention-2 layout) with a gate epilogue.
+
+One program owns BM query rows of one query head and walks the key blocks its band can see: block
+skipping for the causal diagonal and the sliding window, the mask only on the edge blocks, exp2 with
+log2(e) folded into the score scale, fp32 accumulators, GQA by reading kv head h // G.
+The key positions are `c · KSTRIDE + KOFF` for key index c: 1 / 0 for ordinary attention; NSA's
+compressed branch reuses the kernel with key c standing for the block that ends at c·d + l − 1.
+Hopper notes: no `tl.trans` of a `tl.dot` result feeds another dot here (the Triton 3.4–3.7 wgmma
+miscompile of the peer's tracker); k is read through a transposed pointer instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_utils import new_empty
+from ..common.backend import triton_interpreting
+
+LOG2E = 1.4426950408889634
+NEG_BIG = -1.0e30  # running-max start: finite, so a fully masked first block gives p = 0, not NaN
+
+
+@triton.jit
+def _seq_bounds(pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ: tl.constexpr, VARLEN: tl.constexpr):
+    """(batch, head, block index, q start, k start, Tq_n, Tk_n, query position offset) of a program."""
+    if VARLEN:
+        i_n = tl.load(BLK_MAP + 2 * pid_m).to(tl.int32)
+        i_m = tl.load(BLK_MAP + 2 * pid_m + 1).to(tl.int32)
+        bos_q = tl.load(CU_Q + i_n).to(tl.int32)
+        bos_k = tl.load(CU_K + i_n).to(tl.int32)
+        tq = tl.load(CU_Q + i_n + 1).to(tl.int32) - bos_q
+        tk = tl.load(CU_K + i_n + 1).to(tl.int32) - bos_k
+        return 0, pid_bh, i_m, bos_q, bos_k, tq, tk, tk - tq
+    b = pid_bh // HQ
+    return b, pid_bh % HQ, pid_m, b * Tq, b * Tk, Tq, Tk, qoff
+
+
+@triton.jit
+def _band(p0, p1, Tk_n, W, KOFF, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
+          KSTRIDE: tl.constexpr):
+    """Key-block ranges for query positions p0..p1: (lo, full_lo, full_hi, hi).
+
+    Blocks in [full_lo, full_hi) are visible to every row (no mask); [lo, full_lo) and
+    [max(full_lo, full_hi), hi) are edge blocks that need the mask.
+    """
+    hi = Tk_n
+    lo = 0
+    full_lo = 0
+    full_hi = (Tk_n // BN) * BN
+    if CAUSAL:
+        hi = tl.minimum(Tk_n, tl.where(p1 >= KOFF, (p1 - KOFF) // KSTRIDE + 1, 0))
+        full_hi = tl.minimum(full_hi, ((p0 + 1) // BN) * BN)
+        if KSTRIDE != 1:
+            full_hi = 0
+    if HAS_W:
+        lo = (tl.maximum(p0 - W + 1, 0) // BN) * BN
+        full_lo = tl.cdiv(tl.maximum(p1 - W + 1, 0), BN) * BN
+    full_lo = tl.maximum(full_lo, lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kt, stride_vt, start, end, qpos, Tk_n, W, KOFF,
+               qk_scale, offs_d, offs_dv,
+               D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr,
+               CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Online-softmax update over key blocks [start, end); scores in log2 units."""
+    for n in range(start, end, BN):
+        offs_n = n + tl.arange(0, BN)
+        in_k = offs_n < Tk_n
+        kt = tl.load(k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
+                     mask=in_k[None, :] & (offs_d[:, None] < D), other=0.0)
+        s = mm(q, kt, DOT_PREC) * qk_scale
+        if MASK:
+            kpos = offs_n * KSTRIDE + KOFF
+            ok = in_k[None, :] & (qpos[:, None] >= 0)
+            if CAUSAL:
+                ok = ok & (kpos[None, :] <= qpos[:, None])
+            if HAS_W:
+                ok = ok & (kpos[None, :] > qpos[:, None] - W)
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :],
+                    mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, GATE, O, LSE, CU_Q, CU_K, BLK_MAP,
+    Tq, Tk, qoff, W, KOFF, qk_scale, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, GATE_MODE: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """o[b, rows, h] = softmax(q kᵀ · scale + mask) v, times σ(gate); lse in log2 units.
+
+    Q `[B, Tq, HQ, D]`, K `[B, Tk, HKV, D]`, V `[B, Tk, HKV, DV]`, GATE `[B, Tq, HQ, DV]` or `[B, Tq, HQ]`,
+    O like Q with DV, LSE `[HQ, NROWS = B·Tq]` fp32 (+inf for a row that sees no key).
+    """
+    b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
+        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN)
+    hk = h // GRP
+    HKV: tl.constexpr = HQ // GRP
+    rows = i_m * BM + tl.arange(0, BM)
+    in_q = rows < Tq_n
+    qpos = tl.where(in_q, rows + qo, -1)
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    q_ptr = Q + ((bos_q + rows) * HQ + h).to(tl.int64)[:, None] * D + offs_d[None, :]
+    q = tl.load(q_ptr, mask=in_q[:, None] & (offs_d[None, :] < D), other=0.0)
+    k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
+    v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
+
+    p0 = i_m * BM + qo
+    p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
+    lo, full_lo, full_hi, hi = _band(p0, p1, Tk_n, W, KOFF, BN, CAUSAL, HAS_W, KSTRIDE)
+    acc = tl.zeros([BM, BDV], dtype=tl.float32)
+    m_i = tl.full([BM], NEG_BIG, dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, HKV * D, HKV * DV, lo, tl.minimum(full_lo, hi),
+                               qpos, Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, True,
+                               CAUSAL, HAS_W, KSTRIDE, DOT_PREC)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, HKV * D, HKV * DV, full_lo, full_hi,
+                               qpos, Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, False,
+                               CAUSAL, HAS_W, KSTRIDE, DOT_PREC)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, HKV * D, HKV * DV,
+                               tl.maximum(full_lo, full_hi), hi, qpos, Tk_n, W, KOFF, qk_scale,
+                               offs_d, offs_dv, D, DV, BN, True, CAUSAL, HAS_W, KSTRIDE, DOT_PREC)
+
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
+    if GATE_MODE == 1:
+        g = tl.load(GATE + row_off[:, None] * DV + offs_dv[None, :],
+                    mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0).to(tl.float32)
+        o = o * tl.sigmoid(g)
+    if GATE_MODE == 2:
+        g = tl.load(GATE + row_off, mask=in_q, other=0.0).to(tl.float32)
+        o = o * tl.sigmoid(g)[:, None]
+    tl.store(O + row_off[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty),
+             mask=in_q[:, None] & (offs_dv[None, :] < DV))
+    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    tl.store(LSE + h.to(tl.int64) * NROWS + bos_q + rows, lse, mask=in_q)
+
+
+def fwd_config(D: int, dtype: torch.dtype) -> dict:
+    """Tile sizes and launch settings of the forward.
+
+    GPU configs (one per case, no autotune: each config costs compile minutes on the H200):
+    16-bit D ≤ 64: BM=128, BN=64, 4 warps, 3 stages; 16-bit D ≤ 128: BM=128, BN=64, 8 warps, 3 stages
+    (the Triton fused-attention tutorial's Hopper choice); fp32 or D > 128: BM=64, BN=32, 4 warps,
+    2 stages (shared memory). None of them transposes a dot accumulator (the Hopper miscompile).
+    """
+    if triton_interpreting():
+        return dict(BM=16, BN=16, num_warps=1, num_stages=1)
+    if dtype == torch.float32 or D > 128:
+        return dict(BM=64, BN=32, num_warps=4, num_stages=2)
+    return dict(BM=128, BN=64, num_warps=4 if D <= 64 else 8, num_stages=3)
+
+
+def varlen_blocks(cu: list[int], bm: int, device) -> torch.Tensor:
+    """`[n_blocks, 2]` int32 (sequence, block) pairs covering every sequence of a packed batch."""
+    pairs = [(n, m) for n in range(len(cu) - 1) for m in range(triton.cdiv(cu[n + 1] - cu[n], bm))]
+    return torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).reshape(-1, 2), len(pairs)
+
+
+def attn_fwd(q, k, v, gate, scale: float, causal: bool, window, cu=None, kstride: int = 1, koff: int = 0,
+             qoff: int | None = None):
+    """Launch the forward. q `[B, Tq, HQ, D]`, k `[B, Tk, HKV, D]`, v `[B, Tk, HKV, DV]`.
+
+    `cu` = (cu_q, cu_k) int lists for a packed batch (B == 1) or None. `qoff`: absolute position of
+    query row 0 (default Tk − Tq). Returns (o `[B, Tq, HQ, DV]` in v's dtype, lse `[HQ, B·Tq]` fp32,
+    log2 units, +inf for rows without keys).
+    """
+    B, Tq, HQ, D = q.shape
+    Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    o = new_empty(B, Tq, HQ, DV, like=v)
+    lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
+    cfg = fwd_config(max(D, DV), q.dtype)
+    dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
+    if cu is None:
+        grid, cu_q, cu_k, blk = (triton.cdiv(Tq, cfg["BM"]), B * HQ), dummy, dummy, dummy
+    else:
+        blk, n = varlen_blocks(cu[0], cfg["BM"], q.device)
+        grid = (max(n, 1), HQ)
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
+    gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
+    _attn_fwd_kernel[grid](
+        q, k, v, q if gate is None else gate, o, lse, cu_q, cu_k, blk,
+        Tq, Tk, Tk - Tq if qoff is None else qoff, window or 0, koff, scale * LOG2E, B * Tq,
+        HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BM=cfg["BM"], BN=cfg["BN"],
+        CAUSAL=causal, HAS_W=window is not None, KSTRIDE=kstride, GATE_MODE=gate_mode,
+        VARLEN=cu is not None, DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return o, lse
+
+
+__all__ = ["LOG2E", "attn_fwd", "dot_precision", "fwd_config", "varlen_blocks"]

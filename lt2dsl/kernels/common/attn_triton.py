@@ -1,0 +1,35 @@
+"""Triton helpers shared by the attention-family kernels."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .backend import triton_interpreting
+
+
+@triton.jit
+def mm(a, b, DOT_PREC: tl.constexpr):
+    """tl.dot with the precision policy of `dot_precision` ("upcast": fp32 operands, interpreter only)."""
+    if DOT_PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=DOT_PREC)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """Dot policy for an input dtype.
+
+    fp32 inputs must not be rounded to tf32 (the 1e-4 accuracy target): "ieee". 16-bit inputs use the
+    tensor cores as they are ("tf32" is ignored for them). Under TRITON_INTERPRET the bf16 `tl.dot`
+    of Triton 3.9's interpreter returns garbage, so its operands are upcast there ("upcast"); the
+    loads, stores and casts still run in bf16.
+    """
+    if dtype == torch.float32:
+        return "ieee"
+    return "upcast" if triton_interpreting() else "tf32"
+
+
+def pow2(n: int) -> int:
+    """Tile width for a head dim: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(n))
