@@ -1,0 +1,157 @@
+"""Leaf functions of the sparse-attention and Toeplitz layers (`dsa`, `nsa`, `tmm`).
+
+Each leaf is wrapped with `torch.fx.wrap`, so a traced layer shows one call node per core op (and
+per cache update) instead of the data-dependent code inside. The layers call them as attributes of
+this module (`fs.dsa_attend(...)`): `torch.fx.wrap` patches the name in *this* module's globals
+while tracing, so a `from ... import dsa_attend` copy would be traced into instead of kept as a leaf.
+Ops are imported from their subpackages: `lt2dsl.kernels.dsa` is the *subpackage* once it has been
+imported, so `lt2dsl.kernels.dsa(...)` is not reliably the op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+from lt2dsl.kernels.dsa import dsa as dsa_op
+from lt2dsl.kernels.nsa import nsa as nsa_op
+from lt2dsl.kernels.toeplitz import toeplitz_mix, toeplitz_mix_step
+from lt2dsl.lowering import functional as lf
+
+
+def check_input(x: torch.Tensor, layer: torch.nn.Module, kind: str) -> None:
+    """Raise ValueError unless `x` is a `[B, T, D]` tensor (T ≥ 1) of the layer's dtype and device.
+
+    Skipped while tracing (x is an fx Proxy): the lowered model checks its own inputs, and the
+    traced graph keeps no check nodes (nor dead weight reads) between the norm and the projections.
+    """
+    if isinstance(x, torch.fx.Proxy):
+        return
+    dim, p = layer.cfg.dim, next(layer.parameters())
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != dim:
+        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{kind}: expected the normed block input x of shape [B, T, D={dim}], got {got}")
+    if x.shape[1] < 1:
+        raise ValueError(f"{kind}: expected at least one token, got x of shape {list(x.shape)}")
+    if x.dtype != p.dtype:
+        raise ValueError(f"{kind}: expected x of dtype {p.dtype} (the layer's weights), got {x.dtype}")
+    if x.device != p.device:
+        raise ValueError(f"{kind}: expected x on {p.device} (the layer's weights), got {x.device}")
+
+
+@torch.fx.wrap
+def sigmoid_gate(o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """σ(g) ⊙ o in fp32 (mixers.md §12(e)); g `[B, T, H, d]` (elementwise) or `[B, T, H, 1]` (headwise)."""
+    dt = torch.float64 if o.dtype == torch.float64 else torch.float32
+    return (o.to(dt) * torch.sigmoid(g.to(dt))).to(o.dtype)
+
+
+def rope_prefix(x: torch.Tensor, pos, theta: float, dims: int) -> torch.Tensor:
+    """Half-split RoPE on the first `dims` channels of `x [B, T, H, d]` only, the rest unrotated.
+
+    `dims` is even (0: `x` unchanged). Calls the lead's `apply_rope` leaf on the rotated part.
+    """
+    if dims == 0:
+        return x
+    return torch.cat([lf.apply_rope(x[..., :dims], pos, theta), x[..., dims:]], dim=-1)
+
+
+@torch.fx.wrap
+def dsa_attend(q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
+    """DSA core: causal top-k selection by the lightning indexer, attention over the selection.
+
+    Args:
+        q: `[B, Tq, H, d]` (the last Tq positions of the keys); k, v: `[B, Tk, HKV, d]`.
+        q_idx: `[B, Tq, HI, dI]`; k_idx: `[B, Tk, dI]`; w_idx: `[B, Tq, HI]` (HI^{-1/2} folded in).
+        topk: keys per query; idx_scale: factor inside the ReLU (dI^{-1/2}).
+    Returns:
+        `[B, Tq, H, d]` in the dtype of v.
+    """
+    return dsa_op(q, k, v, q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, backend=backend)
+
+
+@torch.fx.wrap
+def nsa_compress(x: torch.Tensor, entry, key: str, cmp_block: int, stride: int,
+                 pos_emb: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Compressed keys (or values) of every complete block, updating the cache as blocks complete.
+
+    Block i covers tokens [i·stride, i·stride + cmp_block) (0-based) and exists once all of them
+    are seen: n_cmp(L) = max(0, ⌊(L − l)/d⌋ + 1) blocks after L tokens (`lt2dsl/ir/specs/nsa.py`).
+    φ is mean pooling, or with `pos_emb [l, d]`, `weight [d, l·d]`, `bias [d]` the learned map
+    φ(X) = weight · flatten(X + pos_emb) + bias of the block X `[l, d]` (the paper's MLP, sized by
+    the spec). With an entry, only blocks completed by the new tokens are computed; `entry[key]`
+    holds `[B, HKV, n_cmp, d]` (kv dtype).
+
+    Args:
+        x: `[B, L, HKV, d]` all keys (or values) so far, the cached ones and the new ones.
+    Returns:
+        `[B, n_cmp(L), HKV, d]`.
+    """
+    B, L, HKV, d = x.shape
+    old = entry[key] if entry is not None and key in entry else None
+    n_old = 0 if old is None else old.shape[2]
+    n_new = max(0, (L - cmp_block) // stride + 1) - n_old
+    if n_new > 0:
+        # [B, n_new, HKV, d, l] -> [B, n_new, HKV, l, d]
+        blocks = x[:, n_old * stride:].unfold(1, cmp_block, stride)[:, :n_new].transpose(-1, -2)
+        if weight is None:
+            new = blocks.mean(-2)
+        else:
+            new = F.linear((blocks + pos_emb.to(blocks.dtype)).flatten(-2), weight, bias)
+    else:
+        new = x.new_zeros(B, 0, HKV, d)
+    if entry is None:
+        return new
+    full = new if old is None else torch.cat([old.transpose(1, 2), new.to(old.dtype)], dim=1)
+    entry[key] = full.transpose(1, 2).detach().contiguous()
+    return full
+
+
+@torch.fx.wrap
+def nsa_attend(q, k, v, g, k_cmp, v_cmp, *, select: int, block: int, window: int, cmp_block: int,
+               stride: int, backend: str) -> torch.Tensor:
+    """NSA core: compressed, selected and sliding-window branches mixed by their gates.
+
+    Args:
+        q: `[B, Tq, H, d]`; k, v: `[B, Tk, HKV, d]`; g: `[B, Tq, H, 3]` gates after the sigmoid,
+            ordered (cmp, slc, swa); k_cmp, v_cmp: `[B, NC, HKV, d]` from `nsa_compress`.
+    Returns:
+        `[B, Tq, H, d]` in the dtype of v.
+    """
+    g_cmp, g_slc, g_swa = g.unbind(-1)
+    return nsa_op(q, k, v, g_cmp, g_slc, g_swa, block_counts=select, block_size=block,
+                 window_size=window, cmp_block=cmp_block, cmp_stride=stride, k_cmp=k_cmp, v_cmp=v_cmp,
+                 backend=backend)
+
+
+@torch.fx.wrap
+def toeplitz_cached(u: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, entry, max_len: int,
+                    backend: str) -> torch.Tensor:
+    """Causal Toeplitz mixing of `u [B, T, D]`, continuing the cached inputs when there is a cache.
+
+    With an entry, `entry["x"]` holds the mixer inputs so far `[B, t, D]` (activation dtype): a
+    fresh prefill mixes by FFT, one new token takes `toeplitz_mix_step` over the cache (O(t)), a
+    chunk onto a cache mixes the whole sequence and keeps its last T outputs. A sequence past
+    `max_len` raises ValueError before the cache is touched.
+
+    Returns:
+        `[B, T, D]` in the dtype of u.
+    """
+    T = u.shape[1]
+    seen = entry["x"].shape[1] if entry is not None and "x" in entry else 0
+    if seen + T > max_len:
+        raise ValueError(
+            f"tmm: the sequence reaches {seen + T} tokens (positions {seen}..{seen + T - 1}) but the "
+            f"layer's max_len is {max_len}: its Toeplitz kernel has no weights past max_len"
+        )
+    if entry is None or seen == 0:
+        if entry is not None:
+            entry["x"] = u.detach().clone()
+        return toeplitz_mix(u, w, bias, backend=backend)
+    full = torch.cat([entry["x"], u.to(entry["x"].dtype)], dim=1)
+    entry["x"] = full.detach()
+    if T == 1:
+        return toeplitz_mix_step(full, w, bias, backend=backend)[:, None].to(u.dtype)
+    return toeplitz_mix(full, w, bias, backend=backend)[:, seen:].to(u.dtype)
