@@ -39,21 +39,24 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return F.silu(y) if activation == "silu" else y
 
 
-def rope_freqs(dim: int, theta: float, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin `[T, dim/2]` of half-split RoPE (LLaMA / HF `rotate_half` convention), fp32."""
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
-    ang = positions.to(torch.float32)[:, None] * inv[None, :]
+def rope_freqs(dim: int, theta: float, positions: torch.Tensor,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin `[T, dim/2]` of half-split RoPE (LLaMA / HF `rotate_half` convention), fp32 (or `dtype`)."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype, device=positions.device) / dim))
+    ang = positions.to(dtype)[:, None] * inv[None, :]
     return ang.cos(), ang.sin()
 
 
 @torch.fx.wrap
 def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
-    """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32)."""
+    """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
+    float64, so float64 tests and gradchecks see no fp32 rounding)."""
     T, d = x.shape[1], x.shape[-1]
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     positions = torch.arange(pos, pos + T, device=x.device)
-    cos, sin = rope_freqs(d, theta, positions)
+    cos, sin = rope_freqs(d, theta, positions, dt)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    xf = x.float()
+    xf = x.to(dt)
     x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return out.to(x.dtype)
