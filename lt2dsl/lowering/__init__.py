@@ -1,0 +1,111 @@
+"""Lowering: a resolved `Model` → `LT2Model` (an `nn.Module` running a traced `torch.fx` graph).
+
+`compile_model` is what `lt2dsl.compile` calls; it accepts `.lt2` text or a path (through the
+front end), a surface `Program`, or an already resolved `Model`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from lt2dsl.ir import nodes as n
+from lt2dsl.lowering.cache import Cache, Entry
+from lt2dsl.lowering.model import LT2Model
+
+__all__ = ["Cache", "Entry", "LT2Model", "compile_model", "resolve_source"]
+
+TORCH_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64, "float64": torch.float64,
+}
+LOOP_T_KEYS = ("loop_T", "loop.T")
+
+
+def compile_model(source: str | os.PathLike | n.Program | n.Model, *, backend: str = "auto",
+                  device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> LT2Model:
+    """Build the `LT2Model` of `source`.
+
+    Args:
+        source: a path or `.lt2` text, a surface `Program`, or a resolved `Model`.
+        backend (str, Optional): "reference", "triton" or "auto". Default: "auto".
+        device (Optional): where parameters are created (`"meta"` allocates nothing). Default: the
+            current default device.
+        dtype (Optional): parameter / activation dtype; default the model's `dtype` setting.
+        overrides (Optional): `--set` style settings, e.g. `{"loop_T": 8, "dim": 256}`.
+    """
+    model = resolve_source(source, dict(overrides or {}))
+    dt = _torch_dtype(dtype if dtype is not None else model.config.dtype)
+    with torch.device(device) if device is not None else nullcontext():
+        lowered = LT2Model(model, backend=backend)
+    return lowered.to(dtype=dt)
+
+
+def resolve_source(source, overrides: dict[str, Any]) -> n.Model:
+    """The resolved `Model` of any accepted source, with the overrides applied."""
+    if isinstance(source, n.Model):
+        return _override_model(source, overrides)
+    if isinstance(source, n.Program):
+        from lt2dsl.passes.resolve import resolve
+
+        return resolve(source, {k: _node(v, parse=True) for k, v in overrides.items()})
+    if not isinstance(source, str | os.PathLike):
+        raise ValueError("source must be .lt2 text, a path, a Program or a Model, "
+                         f"got {type(source).__name__}")
+    from lt2dsl.frontend import load_or_raise
+
+    return load_or_raise(source, {k: _node(v) for k, v in overrides.items()}).model
+
+
+def _override_model(model: n.Model, overrides: dict[str, Any]) -> n.Model:
+    """A resolved model only takes `loop_T` (every loop's T); other settings need the source."""
+    T = next((overrides.pop(k) for k in LOOP_T_KEYS if k in overrides), None)
+    if overrides:
+        raise ValueError(f"a resolved Model accepts only the loop_T override, got {sorted(overrides)}; "
+                         "pass the .lt2 source to override settings")
+    if T is None:
+        return model
+    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
+        raise ValueError(f"loop_T must be a positive integer, got {T!r}")
+    return model.model_copy(update={"body": tuple(_set_T(s, T) for s in model.body)})
+
+
+def _set_T(stage, T: int):
+    if not isinstance(stage, n.LoopBlock):
+        return stage
+    return stage.model_copy(update={"T": T, "body": tuple(_set_T(s, T) for s in stage.body)})
+
+
+def _node(v: Any, parse: bool = False) -> Any:
+    """A Python override value as an IR value node (strings are parsed by the front end)."""
+    if isinstance(v, n.Node):
+        return v
+    if isinstance(v, bool):
+        return n.Bool(value=v)
+    if isinstance(v, int):
+        return n.Int(value=v)
+    if isinstance(v, float):
+        return n.Float(value=v)
+    if isinstance(v, str):
+        if not parse:
+            return v
+        from lt2dsl.grammar.parse import parse_value
+
+        return parse_value(v)
+    raise ValueError(f"override values must be numbers, booleans or strings, got {type(v).__name__}")
+
+
+def _torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        return dtype
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(TORCH_DTYPES)} or a torch.dtype, got {dtype!r}")
+    return TORCH_DTYPES[dtype]
+

@@ -1,0 +1,201 @@
+"""`LT2Model`: the lowered model a researcher imports, trains and decodes with.
+
+The module owns the parameters (`embed`, `blocks.<i>`, `loops.<k>`, `final_norm`, `lm_head`:
+exactly `lt2dsl.cost.estimate.model_weights`) and runs `graph_module`, the traced
+`torch.fx.GraphModule` that shares them. Inputs are checked here, outside the graph, since the
+checks depend on tensor values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lt2dsl.ir import nodes as n
+from lt2dsl.lowering.blocks import ExitMix, LoopExtras, ResidualBlock, make_norm
+from lt2dsl.lowering.cache import Cache
+from lt2dsl.lowering.to_fx import Unrolled, loops_preorder, to_fx
+from lt2dsl.passes.resolve import blocks as iter_blocks
+
+# Residual-branch output projections, scaled by 1/sqrt(2 · applications) at init (GPT-2).
+OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "down_proj", "proj_down")
+BACKENDS = ("reference", "triton", "auto")
+
+
+class LT2Model(nn.Module):
+    """A lowered `.lt2` model.
+
+    Args:
+        model (n.Model): the resolved program.
+        backend (str, Optional): kernel backend of every mixer: "reference", "triton" or "auto".
+            Default: "auto".
+
+    `forward(input_ids [B, T], cache=None) -> logits [B, T, vocab]` (hidden states `[B, T, D]`
+    for `head = none`). With a cache (`new_cache(B)`) the call continues the cached sequences:
+    a prefill of any length, then decode steps; the cache is updated in place.
+    """
+
+    def __init__(self, model: n.Model, backend: str = "auto"):
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        cfg = model.config
+        self.ir, self.config, self.backend = model, cfg, backend
+        placed = iter_blocks(model.body)
+        self.applications = sum(it for _, it in placed)
+        self.embed = nn.Embedding(cfg.vocab, cfg.dim)
+        self.blocks = nn.ModuleList(ResidualBlock(b, cfg, backend) for b, _ in placed)
+        self.loops = nn.ModuleList(LoopExtras(lp, cfg.dim) for lp in loops_preorder(model.body))
+        self.final_norm = make_norm(cfg.norm, cfg.dim)
+        if cfg.head and not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        caps = [m.opts["max_len"] for b, _ in placed for m in b.mixers if m.type == "tmm"]
+        self.max_len: int | None = min(caps) if caps else None
+        self.reset_parameters()
+        self._build_graph()
+
+    # ---- graph ----------------------------------------------------------------------------------
+
+    @property
+    def graph_module(self) -> torch.fx.GraphModule:
+        """The traced `torch.fx.GraphModule` that `forward` runs (shares this module's parameters)."""
+        return self.__dict__["_graph_module"]
+
+    def _build_graph(self) -> None:
+        root = Unrolled(self.ir, self.embed, self.blocks, self.loops, self.final_norm,
+                        getattr(self, "lm_head", None))
+        # Kept out of `_modules` so parameters are registered (and counted) once, under their
+        # estimate names.
+        self.__dict__["_graph_module"] = to_fx(root)
+
+    def _apply(self, fn, recurse=True):
+        # `.to()` / `.cuda()` may replace buffers; the graph keeps references, so rebuild it.
+        out = super()._apply(fn, recurse)
+        if "_graph_module" in self.__dict__:
+            self._build_graph()
+        return out
+
+    # ---- init -----------------------------------------------------------------------------------
+
+    def reset_parameters(self) -> None:
+        """Projections and embeddings normal(0, 0.02), biases 0, norms 1; then each mixer's own
+        `reset_parameters` (A_log, dt_bias, decays, conv taps, ... per mixers.md); then output
+        projections of residual branches scaled by 1/sqrt(2 · block applications) (GPT-2)."""
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.Linear | nn.Embedding):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+                    if getattr(m, "bias", None) is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, nn.RMSNorm | nn.LayerNorm):
+                    m.reset_parameters()
+            for block in self.blocks:
+                for mixer in block.mixers:
+                    if hasattr(mixer, "reset_parameters"):
+                        mixer.reset_parameters()
+            scale = 1.0 / math.sqrt(2 * max(1, self.applications))
+            for name, p in self.blocks.named_parameters():
+                if name.endswith(".weight") and name.split(".")[-2] in OUTPUT_PROJECTIONS:
+                    p.mul_(scale)
+
+    # ---- running --------------------------------------------------------------------------------
+
+    def new_cache(self, batch_size: int) -> Cache:
+        """An empty decode cache for `batch_size` sequences: one entry per (iteration, block)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        return Cache(self.applications, batch_size)
+
+    def forward(self, input_ids: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+        """input_ids `[B, T]` (integer token ids) → logits `[B, T, vocab]`."""
+        self.check_input(input_ids, cache)
+        return self.graph_module(input_ids, cache)
+
+    def check_input(self, input_ids, cache: Cache | None) -> None:
+        """Raise ValueError naming what was expected for a bad `input_ids` or `cache`."""
+        cfg = self.config
+        if not isinstance(input_ids, torch.Tensor):
+            raise ValueError("input_ids must be a torch.Tensor of token ids [B, T], "
+                             f"got {type(input_ids).__name__}")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must have an integer dtype (torch.long), got {input_ids.dtype}")
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must have shape [B, T] with T >= 1, got {list(input_ids.shape)}")
+        device = self.embed.weight.device
+        if input_ids.device != device:
+            raise ValueError(f"input_ids must be on the model's device {device}, got {input_ids.device}")
+        if input_ids.device.type != "meta":
+            bad = (input_ids < 0) | (input_ids >= cfg.vocab)
+            if bool(bad.any()):
+                lo, hi = int(input_ids.min()), int(input_ids.max())
+                raise ValueError(f"token ids must be in [0, {cfg.vocab}) (vocab = {cfg.vocab}), got values "
+                                 f"in [{lo}, {hi}]")
+        self._check_cache(input_ids, cache)
+
+    def _check_cache(self, input_ids: torch.Tensor, cache: Cache | None) -> None:
+        B, T = input_ids.shape
+        seen = 0
+        if cache is not None:
+            if not isinstance(cache, Cache) or len(cache.entries) != self.applications:
+                raise ValueError(f"cache must come from this model's new_cache() ({self.applications} "
+                                 f"entries), got {cache!r}")
+            if cache.batch_size != B:
+                raise ValueError(f"input_ids has batch size {B} but the cache was made for "
+                                 f"batch_size={cache.batch_size}")
+            seen = cache.seen
+        if self.max_len is not None and seen + T > self.max_len:
+            raise ValueError(f"the sequence would reach {seen + T} tokens but tmm's max_len={self.max_len} "
+                             f"(the Toeplitz kernel length) is the longest it can mix")
+
+    @property
+    def exit_probs(self) -> torch.Tensor | list[torch.Tensor] | None:
+        """p `[B, L, T]` of the last call for a model with one `exit=gate` loop (a list with
+        several, in loop order; None without gated loops or before the first call)."""
+        ps = [m.last_p for m in self.modules() if isinstance(m, ExitMix)]
+        if not ps:
+            return None
+        return ps[0] if len(ps) == 1 else ps
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue `input_ids [B, T]` by `max_new_tokens` tokens → `[B, T + max_new_tokens]`.
+
+        One prefill, then one decode step per token through a fresh cache, in eval mode.
+        `temperature=0` is greedy (argmax); otherwise sampling from softmax(logits / temperature)
+        restricted to the `top_k` most likely tokens when given.
+        """
+        if not self.config.head:
+            raise ValueError("generate needs an LM head; this model has `head = none`")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if temperature < 0 or (top_k is not None and top_k < 1):
+            raise ValueError(f"temperature must be >= 0 and top_k >= 1, got {temperature}, {top_k}")
+        was_training = self.training
+        self.eval()
+        try:
+            cache = self.new_cache(input_ids.shape[0] if isinstance(input_ids, torch.Tensor) else 0)
+            out = [input_ids]
+            logits = self(input_ids, cache)
+            for i in range(max_new_tokens):
+                nxt = sample(logits[:, -1], temperature, top_k, generator)  # [B, 1]
+                out.append(nxt)
+                if i + 1 < max_new_tokens:
+                    logits = self(nxt, cache)
+            return torch.cat(out, dim=1)
+        finally:
+            self.train(was_training)
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next tokens `[B, 1]` from last-position logits `[B, vocab]`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)

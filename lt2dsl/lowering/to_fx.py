@@ -1,0 +1,149 @@
+"""Resolved IR + instantiated modules → `torch.fx.GraphModule` (the graph `LT2Model` runs).
+
+The forward below is written over the resolved structure (blocks, loops, their options) with
+Python loops that unroll at trace time; a custom tracer records it. The graph then shows, per
+(iteration, block): norm → projections → activations / convs → one core-op node → output norm /
+gate → o_proj → residual add → norm → MLP → residual add, which is what the fusion pass of a
+later issue rewrites. A loop calls the same submodules T times (same `call_module` targets), so
+its weights are shared by construction.
+
+Cache plumbing: placeholders `input_ids` and `cache` (default None); `cache_pos(cache)` once at
+the start, `cache_entry(cache, k)` for application k ((iteration, block) pairs in execution
+order), `cache_advance(cache, T)` at the end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from lt2dsl.ir import nodes as n
+from lt2dsl.lowering import functional_core as fc
+
+
+def loops_preorder(stages) -> list[n.LoopBlock]:
+    """Loops outer before inner, in order: index k names `loops.<k>` (as the estimate counts them)."""
+    out: list[n.LoopBlock] = []
+    for s in stages:
+        if isinstance(s, n.LoopBlock):
+            out += [s, *loops_preorder(s.body)]
+    return out
+
+
+def ends_with_normed_loop(stages) -> bool:
+    """A body whose last stage is a `final_norm=true` loop already ends with the final norm."""
+    return bool(stages) and isinstance(stages[-1], n.LoopBlock) and stages[-1].final_norm
+
+
+def wide_dtype(t: torch.Tensor) -> torch.dtype:
+    """Gate probabilities in fp32, or float64 when the model runs in float64."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+class Unrolled(nn.Module):
+    """The module the tracer records: the model's submodules under their parameter names and a
+    forward over the resolved structure. Only used to build the graph."""
+
+    def __init__(self, model: n.Model, embed: nn.Module, blocks: nn.ModuleList, loops: nn.ModuleList,
+                 final_norm: nn.Module, lm_head: nn.Module | None):
+        super().__init__()
+        self.ir = model
+        self.embed, self.blocks, self.loops, self.final_norm = embed, blocks, loops, final_norm
+        if lm_head is not None:
+            self.lm_head = lm_head
+        self.block_index = {b.block_id: i for i, b in enumerate(blocks)}
+        self.loop_index = {lp.id: k for k, lp in enumerate(loops_preorder(model.body))}
+
+    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        """input_ids `[B, T]` → logits `[B, T, vocab]` (hidden states `[B, T, D]` with `head = none`)."""
+        pos = fc.cache_pos(cache)
+        e = self.embed(input_ids)
+        apps = itertools.count()
+        h = self.stages(self.ir.body, e, e, cache, pos, apps)
+        if not ends_with_normed_loop(self.ir.body):
+            h = self.final_norm(h)
+        out = self.head(h)
+        fc.cache_advance(cache, input_ids.shape[1])
+        return out
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        cfg = self.ir.config
+        if not cfg.head:
+            return h
+        if cfg.tie_embeddings:
+            return F.linear(h, self.embed.weight)
+        return self.lm_head(h)
+
+    def stages(self, stages, h, e, cache, pos, apps: Iterator[int]) -> torch.Tensor:
+        for s in stages:
+            if isinstance(s, n.LoopBlock):
+                h = self.loop(s, h, e, cache, pos, apps)
+            else:
+                h = self.blocks[self.block_index[s.id]](h, fc.cache_entry(cache, next(apps)), pos)
+        return h
+
+    def loop(self, lp: n.LoopBlock, h, e, cache, pos, apps: Iterator[int]) -> torch.Tensor:
+        """T iterations of the body with shared weights (language.md §4, mixers.md §14)."""
+        extras = self.loops[self.loop_index[lp.id]]
+        hs, lams = [], []
+        for t in range(lp.T):
+            if t > 0 and lp.inject == "add":
+                h = h + e
+            elif t > 0 and lp.inject == "concat":
+                h = extras.adapter(torch.cat([h, e], dim=-1))
+            h = self.stages(lp.body, h, e, cache, pos, apps)
+            if lp.final_norm:
+                h = self.final_norm(h)
+            if lp.exit is not None:
+                lams.append(torch.sigmoid(extras.exit(h).to(wide_dtype(h))).squeeze(-1))  # [B, T]
+                hs.append(h)
+        if lp.exit is not None:
+            h = extras.mix(hs, lams)
+        return h
+
+
+def leaf_functions() -> tuple:
+    """Every function registered with `torch.fx.wrap` so far (kernels, layers, this package).
+
+    Passed to the tracer as `autowrap_functions`, so a leaf stays a leaf however a layer calls
+    it (`from m import f` as well as `m.f`).
+    """
+    table = torch.fx._symbolic_trace._wrapped_fns_to_patch
+    fns = []
+    for (_, name), frame in table.items():
+        fn = frame.get(name)
+        if callable(fn):
+            fns.append(fn)
+    return tuple(fns)
+
+
+class LoweringTracer(torch.fx.Tracer):
+    """Traces into blocks, MLPs and mixer layers; keeps torch.nn modules (Linear, Embedding,
+    norms, convs), any module class named `*Norm` and `ExitMix` as leaves, and every
+    `torch.fx.wrap`ped function as a leaf wherever the lowering's modules call it."""
+
+    def __init__(self):
+        super().__init__(autowrap_functions=leaf_functions())
+        # Patch the leaf names in every lowering module's globals, so helper functions there
+        # (not only forwards) call the leaf wrappers while tracing.
+        self._autowrap_search += [m for name, m in list(sys.modules.items())
+                                  if name.startswith("lt2dsl.lowering") and m is not None]
+
+    def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
+        from lt2dsl.lowering.blocks import ExitMix
+
+        if isinstance(m, ExitMix) or type(m).__name__.endswith("Norm"):
+            return True
+        return super().is_leaf_module(m, qualified_name)
+
+
+def to_fx(root: Unrolled) -> torch.fx.GraphModule:
+    """Trace `root` into a GraphModule that shares its submodules and parameters."""
+    graph = LoweringTracer().trace(root)
+    return torch.fx.GraphModule(root, graph, class_name="LT2Graph")
