@@ -63,10 +63,10 @@ def attention_decode(
         raise ValueError(f"`gate` must have shape [B, Tq, HQ] or [B, Tq, HQ, V], got {list(gate.shape)}")
     scale = K**-0.5 if scale is None else float(scale)
     if resolve_backend(backend, q) == "triton":
-        from .triton_decode import attention_decode_triton
+        from .ops import attn_decode_op
 
-        return attention_decode_triton(q, k_cache, v_cache, cache_seqlens, window=window, ring=ring,
-                                       gate=gate, scale=scale)
+        return attn_decode_op(q, k_cache, v_cache, cache_seqlens, None if gate is None else gate.contiguous(),
+                              scale, window or 0, ring)
     return attention_decode_reference(q, k_cache, v_cache, cache_seqlens, window=window, ring=ring,
                                       gate=gate, scale=scale)
 

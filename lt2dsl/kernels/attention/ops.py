@@ -13,6 +13,7 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from .triton_bwd import attn_bwd
+from .triton_decode import attention_decode_triton
 from .triton_fwd import attn_fwd
 
 Tensor = torch.Tensor
@@ -93,6 +94,36 @@ def _bwd_flops(do, q, k, v, o, lse, gate, scale, causal, window, cu_q, cu_k, kst
     return 5 * B * HQ * (K + v[-1]) * visible_pairs(Tq, k[1], causal, window, kstride, koff, qoff)
 
 
+@torch.library.custom_op("lt2dsl::attn_decode", mutates_args=())
+def attn_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, gate: Tensor | None,
+                   scale: float, window: int, ring: bool) -> Tensor:
+    """Flash-decoding forward (no autograd): see `decode.attention_decode`."""
+    return attention_decode_triton(q, k_cache, v_cache, cache_seqlens, window=window or None, ring=ring,
+                                   gate=gate, scale=scale)
+
+
+@attn_decode_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, gate, scale, window, ring):
+    return q.new_empty(*q.shape[:3], v_cache.shape[-1], dtype=v_cache.dtype)
+
+
+@register_flop_formula(torch.ops.lt2dsl.attn_decode)
+def _decode_flops(q, k_cache, v_cache, cache_seqlens, gate, scale, window, ring, *args, **kwargs) -> int:
+    """Upper bound 2·(K + V) per query head, new query and cached slot (lengths are data)."""
+    B, Tq, HQ, K = q
+    n = k_cache[1] if not window else min(k_cache[1], window)
+    return 2 * B * Tq * HQ * (K + v_cache[-1]) * n
+
+
+def _decode_eligible(q, k, v, causal: bool, cu_seqlens) -> bool:
+    """Route small-Tq, gradient-free causal calls to the flash-decoding kernel (lowering's decode)."""
+    if not causal or cu_seqlens is not None:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return False
+    return q.shape[1] * (q.shape[2] // k.shape[2]) <= 64 and k.shape[1] >= 4 * q.shape[1]
+
+
 def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_seqlens=None) -> Tensor:
     """`attention(backend="triton")`: inputs already validated by the public op."""
     if q.dtype not in _SUPPORTED or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -105,4 +136,7 @@ def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_se
         pair = cu_seqlens if isinstance(cu_seqlens, tuple | list) else (cu_seqlens, cu_seqlens)
         cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in pair)
     Tq, Tk = q.shape[1], k.shape[1]
+    if _decode_eligible(q, k, v, causal, cu_seqlens) and (gate is None or not gate.requires_grad):
+        seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
+        return attn_decode_op(q, k, v, seqlens, gate, scale, window or 0, False)
     return attn_fwd_op(q, k, v, gate, scale, causal, window or 0, cu_q, cu_k, 1, 0, Tk - Tq)[0]
