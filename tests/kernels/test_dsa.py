@@ -137,3 +137,87 @@ def test_bad_shapes_raise():
         dsa(q, k, v, qi, ki[..., :3], wi, topk=2)
     with pytest.raises(ValueError, match=r"\[B, Tq, HI\]"):
         dsa(q, k, v, qi, ki, wi[..., :1], topk=2)
+
+
+# ---- Triton backend ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    from lt2dsl.kernels.common import attn_utils
+
+    monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
+
+
+def check_triton(B, Tq, HQ, HKV, D, topk, dtype, device="cpu", HI=3, DI=16, cu=None):
+    """Triton indexer selects a valid top-k; Triton attention over it matches the float64 reference.
+
+    The selection is compared through the reference scores (a near-tie may legitimately swap one
+    key between fp32 and float64); the attention and all its gradients are compared on that selection.
+    """
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    q, k, v, qi, ki, wi = make(B, Tq, Tq, HQ, HKV, D, HI=HI, DI=DI, dtype=dtype, device=device)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    o, idx = dsa(q, k, v, qi, ki, wi, topk=topk, cu_seqlens=cu, return_indices=True, backend="triton")
+    ref_idx = dsa_indexer(qi.double(), ki.double(), wi.double(), topk=topk) if cu is None else None
+    if ref_idx is not None:
+        from lt2dsl.kernels.dsa.reference import indexer_scores
+
+        s = indexer_scores(qi.double(), ki.double(), wi.double(), DI**-0.5, F64)
+        got = torch.where(idx >= 0, s.gather(-1, idx.clamp(min=0)), 0).sum(-1)
+        want = torch.where(ref_idx >= 0, s.gather(-1, ref_idx.clamp(min=0)), 0).sum(-1)
+        assert_close("selected score mass", got, want, 1e-3 if dtype == torch.float32 else 2e-2)
+        assert torch.equal(idx < 0, ref_idx < 0)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, leaves, do)
+    ref_in = [t.detach().double().requires_grad_() for t in leaves]
+    ref = dsa(*ref_in, None, None, topk=topk, indices=idx, cu_seqlens=cu)
+    ref_grads = torch.autograd.grad(ref, ref_in, do.double())
+    assert_close("o", o, ref, tol)
+    for name, a, b in zip("qkv", grads, ref_grads):
+        assert_close(f"d{name}", a, b, tol)
+
+
+@pytest.mark.parametrize("case", [(1, 24, 4, 2, 16, 6), (1, 20, 2, 1, 32, 30), (2, 1, 4, 1, 16, 4)])
+def test_triton_matches_reference(case, poison):
+    check_triton(*case, dtype=torch.float32)
+
+
+def test_triton_bf16_and_varlen(poison):
+    check_triton(1, 18, 2, 1, 16, 5, dtype=torch.bfloat16)
+    check_triton(1, 20, 2, 2, 16, 4, dtype=torch.float32, cu=torch.tensor([0, 7, 8, 20]))
+
+
+def test_triton_indexer_equals_reference_in_fp32():
+    _, _, _, qi, ki, wi = make(2, 40, 40, 1, 1, 8, HI=3, DI=16, dtype=torch.float32)
+    for kk in (1, 8, 50):
+        assert torch.equal(dsa_indexer(qi, ki, wi, topk=kk, backend="triton"), dsa_indexer(qi, ki, wi, topk=kk))
+
+
+def test_triton_decode_over_index_cache(poison):
+    """Tq < Tk (queries are the last positions): the lowering's decode path."""
+    q, k, v, qi, ki, wi = make(2, 2, 40, 4, 1, 16, dtype=torch.float32)
+    o, idx = dsa(q, k, v, qi, ki, wi, topk=8, return_indices=True, backend="triton")
+    assert torch.equal(idx, dsa_indexer(qi, ki, wi, topk=8))
+    ref = dsa(q.double(), k.double(), v.double(), None, None, topk=8, indices=idx)
+    assert_close("o", o, ref, 1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape", [(2, 1000, 16, 1, 64, 256), (1, 4096, 16, 2, 128, 2048),
+                                   (2, 1000, 16, 16, 128, 64)], ids=lambda s: "B{}-T{}-H{}/{}-D{}-k{}".format(*s))
+def test_gpu_full_size(shape, dtype, poison):
+    check_triton(*shape, dtype=dtype, device="cuda", HI=4, DI=64)
+
+
+@pytest.mark.gpu
+def test_gpu_peer_reference_same_function():
+    """Same function as the peer's `naive_dsa` (fla) on the same inputs (no score ties: positive inputs)."""
+    naive = pytest.importorskip("fla.ops.dsa.naive")
+    q, k, v, qi, ki, wi = make(2, 300, 300, 8, 2, 64, HI=4, DI=32, dtype=torch.float32, device="cuda",
+                               positive=True)
+    peer, peer_idx = naive.naive_dsa(q, k, v, qi, ki, wi, topk=64, return_indices=True)
+    ours, idx = dsa(q, k, v, qi, ki, wi, topk=64, return_indices=True, backend="triton")
+    assert torch.equal(idx.sort(-1).values, peer_idx.sort(-1).values)
+    assert_close("o", ours, peer, 1e-4)

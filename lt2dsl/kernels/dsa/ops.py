@@ -1,0 +1,102 @@
+"""torch.library registration of DSA's sparse attention and the `backend="triton"` entry of `dsa`.
+
+`lt2dsl::dsa_attn_fwd` -> (o, lse) and `lt2dsl::dsa_attn_bwd` -> (dq, dk, dv) with fake impls, autograd
+and FLOP formulas. The selection (an integer tensor) enters as an input without gradient.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+from .triton_attn import sparse_attn_bwd, sparse_attn_fwd
+from .triton_indexer import dsa_indexer_triton
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("lt2dsl::dsa_attn_fwd", mutates_args=())
+def dsa_attn_fwd_op(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Sparse attention forward: (o `[B, Tq, HQ, V]`, lse `[HQ, B·Tq]`)."""
+    return sparse_attn_fwd(q, k, v, indices, scale)
+
+
+@dsa_attn_fwd_op.register_fake
+def _(q, k, v, indices, scale):
+    B, Tq, HQ, _ = q.shape
+    return q.new_empty(B, Tq, HQ, v.shape[-1], dtype=v.dtype), q.new_empty(HQ, B * Tq, dtype=torch.float32)
+
+
+@torch.library.custom_op("lt2dsl::dsa_attn_bwd", mutates_args=())
+def dsa_attn_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, indices: Tensor,
+                    scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Sparse attention backward: (dq, dk, dv)."""
+    return sparse_attn_bwd(do.contiguous(), q, k, v, o, lse, indices, scale)
+
+
+@dsa_attn_bwd_op.register_fake
+def _(do, q, k, v, o, lse, indices, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, indices, scale = inputs
+    ctx.scale = scale
+    ctx.save_for_backward(q, k, v, indices, *output)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, indices, o, lse = ctx.saved_tensors
+    dq, dk, dv = dsa_attn_bwd_op(do, q, k, v, o, lse, indices, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+dsa_attn_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+@register_flop_formula(torch.ops.lt2dsl.dsa_attn_fwd)
+def _fwd_flops(q, k, v, indices, scale, *args, **kwargs) -> int:
+    """2·(K + V) per selected key and query head (upper bound: every slot filled)."""
+    B, Tq, HQ, K = q
+    return 2 * B * Tq * HQ * (K + v[-1]) * indices[-1]
+
+
+@register_flop_formula(torch.ops.lt2dsl.dsa_attn_bwd)
+def _bwd_flops(do, q, k, v, o, lse, indices, scale, *args, **kwargs) -> int:
+    B, Tq, HQ, K = q
+    return 5 * B * Tq * HQ * (K + v[-1]) * indices[-1]
+
+
+def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, indices, cu_seqlens):
+    """`dsa(backend="triton")`: Triton indexer + top-k, then the sparse attention custom op."""
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or {k.dtype, v.dtype} != {q.dtype}:
+        raise ValueError(f"the Triton DSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
+                         "use backend='reference' for float64")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if cu_seqlens is not None and isinstance(cu_seqlens, tuple | list):
+        raise ValueError("the Triton DSA takes one cu_seqlens (Tq == Tk per sequence)")
+    local = indices
+    if local is None:
+        local = _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens)
+    glob = local if cu_seqlens is None else _to_global(local, cu_seqlens)
+    o = dsa_attn_fwd_op(q.contiguous(), k.contiguous(), v.contiguous(), glob.contiguous(), scale)[0]
+    return o, local
+
+
+def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens):
+    """Indexer per packed sequence (indices local to each sequence, as the peer)."""
+    if cu_seqlens is None:
+        return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
+    cu = cu_seqlens.tolist()
+    parts = [dsa_indexer_triton(q_idx[:, a:b], k_idx[:, a:b], None if w_idx is None else w_idx[:, a:b],
+                                topk=topk, idx_scale=idx_scale) for a, b in itertools.pairwise(cu)]
+    return torch.cat(parts, dim=1)
+
+
+def _to_global(local: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Local per-sequence indices `[1, T, k]` -> positions in the packed batch (−1 stays −1)."""
+    cu = cu_seqlens.to(local.device)
+    seq = torch.searchsorted(cu[1:], torch.arange(local.shape[1], device=local.device), right=True)
+    return torch.where(local >= 0, local + cu[seq][None, :, None], local)

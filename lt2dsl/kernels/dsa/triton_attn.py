@@ -1,0 +1,155 @@
+"""Triton sparse attention over a per-query key selection (DSA's main attention), forward and backward.
+
+One program per (query t, batch · kv head) stacks the G query heads of the group as the rows of a
+tile (padded to ≥ 16) and gathers the selected keys in chunks of BK indices; an index is used iff
+0 ≤ s ≤ pos(t) (so −1 padding and out-of-range entries drop). Indices must not repeat (the indexer's
+never do). Backward: everything is computed in the transposed orientation (sᵀ = k qᵀ, dpᵀ = v dOᵀ,
+dqᵀ = kᵀ dsᵀ) so no dot result is ever transposed into another dot (the Hopper miscompile); dK/dV
+are scattered with fp32 atomics, since the keys a query selected belong to nobody else's tile.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..attention.triton_bwd import _bwd_pre_kernel
+from ..attention.triton_fwd import LOG2E, NEG_BIG
+from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_utils import new_empty
+from ..common.backend import triton_interpreting
+
+
+@triton.jit
+def _gather_rows(base, idx, offs, WIDTH: tl.constexpr, HKV: tl.constexpr, ok):
+    """`[BK, B?]` rows of a `[T, HKV, WIDTH]` slab (already offset to batch and head) at positions idx."""
+    return tl.load(base + (idx.to(tl.int64) * HKV)[:, None] * WIDTH + offs[None, :],
+                   mask=ok[:, None] & (offs[None, :] < WIDTH), other=0.0)
+
+
+@triton.jit
+def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
+                       HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                       BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                       DOT_PREC: tl.constexpr):
+    """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
+    HKV: tl.constexpr = HQ // GRP
+    t, pid = tl.program_id(0), tl.program_id(1)
+    b, hk = pid // HKV, pid % HKV
+    pos = t + Tk - Tq
+    r = tl.arange(0, BR)
+    in_r = r < GRP
+    offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
+    row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
+    q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    k_base = K + (b.to(tl.int64) * Tk * HKV + hk) * D
+    v_base = V + (b.to(tl.int64) * Tk * HKV + hk) * DV
+    idx_base = IDX + (b * Tq + t).to(tl.int64) * NIDX
+    acc = tl.zeros([BR, BDV], dtype=tl.float32)
+    m_i = tl.full([BR], NEG_BIG, dtype=tl.float32)
+    l_i = tl.zeros([BR], dtype=tl.float32)
+    for i0 in range(0, NIDX, BK):
+        j = i0 + tl.arange(0, BK)
+        idx = tl.load(idx_base + j, mask=j < NIDX, other=-1)
+        ok = (idx >= 0) & (idx <= pos) & (idx < Tk)
+        kt = tl.trans(_gather_rows(k_base, idx, offs_d, D, HKV, ok))
+        s = tl.where(ok[None, :], mm(q, kt, DOT_PREC) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _gather_rows(v_base, idx, offs_dv, DV, HKV, ok)
+        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
+        m_i = m_new
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    tl.store(O + row[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty),
+             mask=in_r[:, None] & (offs_dv[None, :] < DV))
+    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
+
+
+@triton.jit
+def _sparse_bwd_kernel(Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NIDX, qk_scale, scale, NROWS,
+                       HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                       BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                       DOT_PREC: tl.constexpr):
+    """dq of one query's G heads; dk, dv of its selected keys added atomically into fp32 buffers."""
+    HKV: tl.constexpr = HQ // GRP
+    t, pid = tl.program_id(0), tl.program_id(1)
+    b, hk = pid // HKV, pid % HKV
+    pos = t + Tk - Tq
+    r = tl.arange(0, BR)
+    in_r = r < GRP
+    offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
+    row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
+    q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    do = tl.load(DO + row[:, None] * DV + offs_dv[None, :], mask=in_r[:, None] & (offs_dv[None, :] < DV),
+                 other=0.0)
+    qt, dot_ = tl.trans(q), tl.trans(do)
+    lse = tl.load(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=float("inf"))
+    delta = tl.load(DELTA + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=0.0)
+    kv_off = b.to(tl.int64) * Tk * HKV + hk
+    idx_base = IDX + (b * Tq + t).to(tl.int64) * NIDX
+    dqt = tl.zeros([BD, BR], dtype=tl.float32)
+    for i0 in range(0, NIDX, BK):
+        j = i0 + tl.arange(0, BK)
+        idx = tl.load(idx_base + j, mask=j < NIDX, other=-1)
+        ok = (idx >= 0) & (idx <= pos) & (idx < Tk)
+        k = _gather_rows(K + kv_off * D, idx, offs_d, D, HKV, ok)
+        v = _gather_rows(V + kv_off * DV, idx, offs_dv, DV, HKV, ok)
+        pt = tl.where(ok[:, None], tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :]), 0.0)
+        dpt = mm(v, dot_, DOT_PREC)
+        dst = pt * (dpt - delta[None, :])
+        dqt += mm(tl.trans(k), dst.to(k.dtype), DOT_PREC)
+        dv_blk = mm(pt.to(do.dtype), do, DOT_PREC)
+        dk_blk = mm(dst.to(q.dtype), q, DOT_PREC) * scale
+        kv_rows = (kv_off + idx.to(tl.int64) * HKV)
+        tl.atomic_add(DK + kv_rows[:, None] * D + offs_d[None, :], dk_blk,
+                      mask=ok[:, None] & (offs_d[None, :] < D), sem="relaxed")
+        tl.atomic_add(DV_ACC + kv_rows[:, None] * DV + offs_dv[None, :], dv_blk,
+                      mask=ok[:, None] & (offs_dv[None, :] < DV), sem="relaxed")
+    tl.store(DQ + row[None, :] * D + offs_d[:, None], (dqt * scale).to(DQ.dtype.element_ty),
+             mask=in_r[None, :] & (offs_d[:, None] < D))
+
+
+def _cfg(dtype: torch.dtype) -> dict:
+    """Index chunk BK and launch settings: BK=64, 4 warps, 2 stages on the GPU (no autotune)."""
+    if triton_interpreting():
+        return dict(BK=16, num_warps=1, num_stages=1)
+    return dict(BK=32 if dtype == torch.float32 else 64, num_warps=4, num_stages=2)
+
+
+def sparse_attn_fwd(q, k, v, indices, scale: float):
+    """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]`, indices `[B, Tq, NIDX]` -> (o, lse `[HQ, B·Tq]`)."""
+    B, Tq, HQ, D = q.shape
+    Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    o = new_empty(B, Tq, HQ, DV, like=v)
+    lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
+    cfg = _cfg(q.dtype)
+    _sparse_fwd_kernel[(Tq, B * HKV)](
+        q, k, v, indices, o, lse, Tq, Tk, indices.shape[-1], scale * LOG2E, B * Tq,
+        HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BR=pow2(HQ // HKV), BK=cfg["BK"],
+        DOT_PREC=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return o, lse
+
+
+def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float):
+    """(dq, dk, dv) of `sparse_attn_fwd`."""
+    B, Tq, HQ, D = q.shape
+    Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    nrows = B * Tq
+    delta = new_empty(HQ, nrows, like=q, dtype=torch.float32)
+    pre_bm = 16 if triton_interpreting() else 64
+    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](o, do, o, do, do, delta, nrows, HQ=HQ, DV=DV,
+                                                      BDV=pow2(DV), BM=pre_bm, GATE_MODE=0)
+    dq = new_empty(*q.shape, like=q)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    cfg = _cfg(q.dtype)
+    _sparse_bwd_kernel[(Tq, B * HKV)](
+        q, k, v, do, indices, lse, delta, dq, dk, dv, Tq, Tk, indices.shape[-1], scale * LOG2E, scale, nrows,
+        HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BR=pow2(HQ // HKV), BK=cfg["BK"],
+        DOT_PREC=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return dq, dk.to(k.dtype), dv.to(v.dtype)

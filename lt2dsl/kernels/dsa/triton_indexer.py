@@ -1,0 +1,83 @@
+"""Triton lightning indexer: index scores as sortable int64 keys, then `torch.topk` per query chunk.
+
+Kernel: one program per (query block, key block, batch) computes
+I[t, s] = Σ_j w[t, j] · ReLU(idx_scale · q_idx[t, j] · k_idx[s]) with one `tl.dot` per indexer head
+and writes the key `ordered(I) · 2^31 + (2^31 − 1 − s)` (−2^63 for s > t): the largest key is the
+highest score with the lower index on ties, the rule of `common.attn_utils.rank_keys`. Key blocks
+entirely after the query block are skipped and left at −2^63. Queries go in chunks so the
+`[B, chunk, Tk]` int64 key buffer stays near 1 GiB.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.backend import triton_interpreting
+
+_INT64_MIN = -(2**63)
+
+
+@triton.jit
+def _indexer_kernel(QI, KI, WI, KEYS, t0, Tq, Tk, C, idx_scale, HI: tl.constexpr, DI: tl.constexpr,
+                    BDI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_W: tl.constexpr,
+                    DOT_PREC: tl.constexpr):
+    """KEYS[b, r, s] for chunk rows r (query t0 + r), key block s; QI `[B, Tq, HI, DI]`, KI `[B, Tk, DI]`."""
+    i_m, i_n, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = i_m * BM + tl.arange(0, BM)
+    t = t0 + rows
+    in_q = (rows < C) & (t < Tq)
+    pos = t + (Tk - Tq)
+    keys = i_n * BN + tl.arange(0, BN)
+    out = KEYS + (b.to(tl.int64) * C + rows)[:, None] * Tk + keys[None, :]
+    store_mask = (rows < C)[:, None] & (keys < Tk)[None, :]
+    if i_n * BN > t0 + i_m * BM + BM - 1 + (Tk - Tq):  # the whole block is in every row's future
+        tl.store(out, tl.full([BM, BN], -(2**63), tl.int64), mask=store_mask)
+        return
+    offs = tl.arange(0, BDI)
+    kt = tl.load(KI + (b.to(tl.int64) * Tk + keys)[None, :] * DI + offs[:, None],
+                 mask=(keys < Tk)[None, :] & (offs[:, None] < DI), other=0.0)
+    score = tl.zeros([BM, BN], dtype=tl.float32)
+    for j in range(HI):
+        qrow = ((b * Tq + t).to(tl.int64) * HI + j)
+        q = tl.load(QI + qrow[:, None] * DI + offs[None, :], mask=in_q[:, None] & (offs[None, :] < DI),
+                    other=0.0)
+        dots = tl.maximum(mm(q, kt, DOT_PREC) * idx_scale, 0.0)
+        if HAS_W:
+            dots = dots * tl.load(WI + qrow, mask=in_q, other=0.0).to(tl.float32)[:, None]
+        score += dots
+    bits = score.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+    key = ordered * 2147483648 + (2147483647 - keys[None, :].to(tl.int64))
+    ok = in_q[:, None] & (keys[None, :] <= pos[:, None]) & (keys < Tk)[None, :]
+    tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
+
+
+def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, chunk: int | None = None):
+    """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference)."""
+    B, Tq, HI, DI = q_idx.shape
+    Tk = k_idx.shape[1]
+    if q_idx.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"the Triton indexer takes fp16/bf16/fp32 inputs, got {q_idx.dtype}")
+    idx_scale = DI**-0.5 if idx_scale is None else float(idx_scale)
+    q_idx, k_idx = q_idx.contiguous(), k_idx.to(q_idx.dtype).contiguous()
+    w = None if w_idx is None else w_idx.contiguous()
+    BM, BN = (16, 16) if triton_interpreting() else (64, 128)
+    if chunk is None:
+        chunk = max(BM, min(Tq, (2**27 // max(B * Tk, 1)) // BM * BM))
+    out = torch.empty(B, Tq, topk, dtype=torch.long, device=q_idx.device)
+    kk = min(topk, Tk)
+    for t0 in range(0, Tq, chunk):
+        c = min(chunk, Tq - t0)
+        keys = torch.empty(B, c, Tk, dtype=torch.int64, device=q_idx.device)
+        _indexer_kernel[(triton.cdiv(c, BM), triton.cdiv(Tk, BN), B)](
+            q_idx, k_idx, q_idx if w is None else w, keys, t0, Tq, Tk, c, idx_scale,
+            HI=HI, DI=DI, BDI=pow2(DI), BM=BM, BN=BN, HAS_W=w is not None,
+            DOT_PREC=dot_precision(q_idx.dtype),
+            num_warps=1 if triton_interpreting() else 8, num_stages=1 if triton_interpreting() else 2)
+        top, idx = torch.topk(keys, kk, dim=-1, sorted=True)
+        out[:, t0 : t0 + c, :kk] = idx.masked_fill(top == _INT64_MIN, -1)
+    out[..., kk:] = -1
+    return out
