@@ -119,3 +119,67 @@ def test_bad_args_raise():
         nsa(q, k, v, gs[0][..., :1], None, None)
     with pytest.raises(ValueError, match="cmp_stride"):
         nsa(q, k, v, *gs, block_size=8, cmp_block=8, cmp_stride=3)
+
+
+# ---- Triton backend ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    from lt2dsl.kernels.common import attn_utils
+
+    monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
+
+
+def check_triton(B, Tq, Tk, HQ, HKV, D, dtype, device="cpu", grads=True, **kw):
+    """Triton NSA vs the float64 reference: same blocks (fp32), outputs and every gradient."""
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    q, k, v, gs = make(B, Tq, Tk, HQ, HKV, D, dtype=dtype, device=device)
+    leaves = [t.requires_grad_() for t in (q, k, v, *gs)]
+    o, idx = nsa(q, k, v, *gs, return_block_indices=True, backend="triton", **kw)
+    if dtype == torch.float32:
+        ref_idx = nsa(*(t.detach().double() for t in (q, k, v, *gs)), return_block_indices=True, **kw)[1]
+        assert (idx != ref_idx).float().mean() < 0.01  # a near-tie may swap a block between fp32 and fp64
+    ref_in = [t.detach().double().requires_grad_() for t in leaves]
+    ref = nsa(*ref_in, block_indices=idx, **kw)
+    assert_close("o", o, ref, tol)
+    if not grads:
+        return
+    do = torch.randn_like(o)
+    used = [i for i, t in enumerate(leaves) if i != 5 or kw.get("window_size", 0) > 0]
+    got = torch.autograd.grad(o, [leaves[i] for i in used], do)
+    want = torch.autograd.grad(ref, [ref_in[i] for i in used], do.double())
+    for i, a, b in zip(used, got, want):
+        assert_close(["dq", "dk", "dv", "dg_cmp", "dg_slc", "dg_swa"][i], a, b, tol)
+
+
+def test_triton_matches_reference(poison):
+    check_triton(1, 30, 30, 2, 1, 16, torch.float32, block_counts=2, block_size=8, window_size=6)
+
+
+def test_triton_decode_and_general_compression(poison):
+    check_triton(1, 2, 40, 4, 2, 16, torch.float32, grads=False, block_counts=3, block_size=8, window_size=5)
+    check_triton(1, 26, 26, 2, 1, 16, torch.float32, grads=False, block_counts=2, block_size=8, cmp_block=8,
+                 cmp_stride=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape", [(2, 1000, 16, 1, 64), (1, 4096, 16, 4, 128), (2, 1000, 8, 8, 64)],
+                         ids=lambda s: "B{}-T{}-H{}/{}-D{}".format(*s))
+def test_gpu_full_size(shape, dtype, poison):
+    B, T, HQ, HKV, D = shape
+    check_triton(B, T, T, HQ, HKV, D, dtype, device="cuda", block_counts=16, block_size=64, window_size=512)
+
+
+@pytest.mark.gpu
+def test_gpu_peer_reference_same_function():
+    """Same function as the peer's `naive_nsa` (fla) with its defaults (needs G ≥ 16 and flash-attn there)."""
+    naive = pytest.importorskip("fla.ops.nsa.naive")
+    pytest.importorskip("flash_attn")
+    q, k, v, gs = make(1, 512, 512, 16, 1, 64, dtype=torch.bfloat16, device="cuda")
+    kw = dict(block_counts=4, block_size=64, window_size=128)
+    peer, peer_idx = naive.naive_nsa(q, k, v, *gs, return_block_indices=True, **kw)
+    ours, idx = nsa(q, k, v, *gs, return_block_indices=True, backend="triton", **kw)
+    assert (idx.sort(-1).values != peer_idx.sort(-1).values).float().mean() < 0.01
+    assert_close("o", ours, peer, 2e-2)

@@ -1,11 +1,13 @@
 """Triton sparse attention over a per-query key selection (DSA's main attention), forward and backward.
 
-One program per (query t, batch · kv head) stacks the G query heads of the group as the rows of a
-tile (padded to ≥ 16) and gathers the selected keys in chunks of BK indices; an index is used iff
-0 ≤ s ≤ pos(t) (so −1 padding and out-of-range entries drop). Indices must not repeat (the indexer's
-never do). Backward: everything is computed in the transposed orientation (sᵀ = k qᵀ, dpᵀ = v dOᵀ,
-dqᵀ = kᵀ dsᵀ) so no dot result is ever transposed into another dot (the Hopper miscompile); dK/dV
-are scattered with fp32 atomics, since the keys a query selected belong to nobody else's tile.
+Indices are `[B, Tq, NIDX]` (one selection shared by every head: DSA) or `[B, Tq, HKV, NIDX]` (one
+per kv head: NSA's selected branch, blocks expanded to tokens). One program per (query t,
+batch · kv head) stacks the G query heads of the group as the rows of a tile (padded to ≥ 16) and
+gathers the selected keys in chunks of BK indices; an index is used iff 0 ≤ s ≤ pos(t) (so −1 padding
+and out-of-range entries drop). Indices must not repeat (the indexer's never do). Backward: everything
+is computed in the transposed orientation (sᵀ = k qᵀ, dpᵀ = v dOᵀ, dqᵀ = kᵀ dsᵀ) so no dot result is
+ever transposed into another dot (the Hopper miscompile); dK/dV are scattered with fp32 atomics,
+since the keys a query selected belong to nobody else's tile.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _gather_rows(base, idx, offs, WIDTH: tl.constexpr, HKV: tl.constexpr, ok):
 def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
                        HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                        BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                       DOT_PREC: tl.constexpr):
+                       IDX_H: tl.constexpr, DOT_PREC: tl.constexpr):
     """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
     HKV: tl.constexpr = HQ // GRP
     t, pid = tl.program_id(0), tl.program_id(1)
@@ -45,7 +47,7 @@ def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
     q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
     k_base = K + (b.to(tl.int64) * Tk * HKV + hk) * D
     v_base = V + (b.to(tl.int64) * Tk * HKV + hk) * DV
-    idx_base = IDX + (b * Tq + t).to(tl.int64) * NIDX
+    idx_base = IDX + ((b * Tq + t) * IDX_H + (hk if IDX_H > 1 else 0)).to(tl.int64) * NIDX
     acc = tl.zeros([BR, BDV], dtype=tl.float32)
     m_i = tl.full([BR], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BR], dtype=tl.float32)
@@ -74,7 +76,7 @@ def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
 def _sparse_bwd_kernel(Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NIDX, qk_scale, scale, NROWS,
                        HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                        BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                       DOT_PREC: tl.constexpr):
+                       IDX_H: tl.constexpr, DOT_PREC: tl.constexpr):
     """dq of one query's G heads; dk, dv of its selected keys added atomically into fp32 buffers."""
     HKV: tl.constexpr = HQ // GRP
     t, pid = tl.program_id(0), tl.program_id(1)
@@ -91,7 +93,7 @@ def _sparse_bwd_kernel(Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NID
     lse = tl.load(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=float("inf"))
     delta = tl.load(DELTA + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=0.0)
     kv_off = b.to(tl.int64) * Tk * HKV + hk
-    idx_base = IDX + (b * Tq + t).to(tl.int64) * NIDX
+    idx_base = IDX + ((b * Tq + t) * IDX_H + (hk if IDX_H > 1 else 0)).to(tl.int64) * NIDX
     dqt = tl.zeros([BD, BR], dtype=tl.float32)
     for i0 in range(0, NIDX, BK):
         j = i0 + tl.arange(0, BK)
@@ -122,7 +124,10 @@ def _cfg(dtype: torch.dtype) -> dict:
 
 
 def sparse_attn_fwd(q, k, v, indices, scale: float):
-    """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]`, indices `[B, Tq, NIDX]` -> (o, lse `[HQ, B·Tq]`)."""
+    """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]`, indices `[B, Tq, (HKV,) NIDX]`.
+
+    Returns (o `[B, Tq, HQ, V]`, lse `[HQ, B·Tq]`).
+    """
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     o = new_empty(B, Tq, HQ, DV, like=v)
@@ -131,7 +136,8 @@ def sparse_attn_fwd(q, k, v, indices, scale: float):
     _sparse_fwd_kernel[(Tq, B * HKV)](
         q, k, v, indices, o, lse, Tq, Tk, indices.shape[-1], scale * LOG2E, B * Tq,
         HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BR=pow2(HQ // HKV), BK=cfg["BK"],
-        DOT_PREC=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        IDX_H=indices.shape[2] if indices.dim() == 4 else 1, DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o, lse
 
 
@@ -151,5 +157,6 @@ def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float):
     _sparse_bwd_kernel[(Tq, B * HKV)](
         q, k, v, do, indices, lse, delta, dq, dk, dv, Tq, Tk, indices.shape[-1], scale * LOG2E, scale, nrows,
         HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BR=pow2(HQ // HKV), BK=cfg["BK"],
-        DOT_PREC=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        IDX_H=indices.shape[2] if indices.dim() == 4 else 1, DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dq, dk.to(k.dtype), dv.to(v.dtype)
