@@ -196,3 +196,169 @@ def test_output_dtype_follows_v():
     o, s = simple_gla(q, k, v, g, output_final_state=True)
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
     assert math.isfinite(o.float().sum().item())
+
+
+# ---------------------------------------------------------------------------------------------
+# backend="triton" (CPU: Triton interpreter at small shapes; GPU: the same checks at full size)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Every buffer the Triton launchers allocate starts as NaN."""
+    from lt2dsl.kernels.common import decay_triton
+
+    monkeypatch.setattr(decay_triton, "POISON", True)
+
+
+def run_fwd_bwd(fn, leaves, do, dht):
+    """o, final state and the gradients of Σ o·do + Σ S·dht w.r.t. `leaves` (None stays None)."""
+    leaves = [None if x is None else x.detach().clone().requires_grad_() for x in leaves]
+    o, s = fn(*leaves)
+    ((o.double() * do).sum() + (s.double() * dht).sum()).backward()
+    return o, s, [None if x is None else x.grad for x in leaves]
+
+
+def check_against_float64(q, k, v, g, h0, cu_seqlens=None, tol=1e-4, scale=None):
+    """Triton forward + backward versus float64 (recurrence on CPU, chunked float64 form on GPU)."""
+    gen = torch.Generator().manual_seed(11)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    do = torch.randn(*v.shape, generator=gen, dtype=F64).to(v.device)
+    dht = torch.randn(N, v.shape[2], q.shape[3], v.shape[3], generator=gen, dtype=F64).to(v.device)
+
+    def tri(q, k, v, g, h0):
+        return simple_gla(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True,
+                          cu_seqlens=cu_seqlens, backend="triton")  # fmt: skip
+
+    def ref(q, k, v, g, h0):
+        if v.is_cuda:
+            return simple_gla(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True,
+                              cu_seqlens=cu_seqlens, backend="reference")  # fmt: skip
+        if cu_seqlens is not None:
+            return simple_gla(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True,
+                              cu_seqlens=cu_seqlens)  # fmt: skip
+        return naive_recurrent_simple_gla(q, k, v, g, scale, h0)
+
+    o, s, grads = run_fwd_bwd(tri, [q, k, v, g, h0], do, dht)
+    o64, s64, grads64 = run_fwd_bwd(
+        ref, [None if x is None else x.double() for x in (q, k, v, g, h0)], do, dht
+    )
+    assert o.dtype == v.dtype and s.dtype == torch.float32
+    assert_close("o", o, o64, tol)
+    assert_close("final_state", s, s64, tol)
+    for name, a, b in zip(["dq", "dk", "dv", "dg", "dh0"], grads, grads64):
+        if a is not None:
+            assert_close(name, a, b, tol)
+
+
+def _inputs(B, T, H, HV, K, V, dtype, decay, device=DEVICE, seed=0):
+    q, k, v, g = make_inputs(B, T, H, HV, K, V, decay=decay, seed=seed)
+    h0 = torch.randn(B, HV, K, V, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
+    g = None if g is None else g.float().to(device)
+    return q.to(dtype).to(device), k.to(dtype).to(device), v.to(dtype).to(device), g, h0.float().to(device)
+
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize(
+    ("T", "dtype", "decay"),
+    [(63, torch.float32, "mixed"), (1, torch.float32, "strong"), (100, torch.bfloat16, "retnet"),
+     (100, torch.bfloat16, "none")],
+)  # fmt: skip
+def test_triton_matches_float64(poison, T, dtype, decay):
+    q, k, v, g, h0 = _inputs(2, T, 2, 4, 32, 16, dtype, decay)
+    check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
+
+
+def test_triton_varlen(poison):
+    lens = [5, 64, 1, 30]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    q, k, v, g, _ = _inputs(1, sum(lens), 2, 4, 32, 16, torch.float32, "strong")
+    h0 = torch.randn(len(lens), 4, 32, 16, device=DEVICE)
+    check_against_float64(q, k, v, g, h0, cu_seqlens=cu, tol=1e-4, scale=0.3)
+
+
+def test_triton_decode_in_place(poison):
+    """Decode through the fused recurrent kernel writes the state in place (no new state tensor)."""
+    q, k, v, g, h0 = _inputs(3, 40, 2, 4, 32, 16, torch.float32, "mixed")
+    o_ref, s_ref = naive_recurrent_simple_gla(*(x.double() for x in (q, k, v, g)), None, h0.double())
+    _, state = simple_gla(q[:, :37], k[:, :37], v[:, :37], g[:, :37], initial_state=h0,
+                          output_final_state=True, backend="triton")  # fmt: skip
+    ptr, outs = state.data_ptr(), []
+    with torch.no_grad():
+        for t in range(37, 40):
+            sl = slice(t, t + 1)
+            o_t, ret = simple_gla(q[:, sl], k[:, sl], v[:, sl], g[:, sl], initial_state=state,
+                                  inplace_final_state=True, backend="triton")  # fmt: skip
+            assert ret is state and ret.data_ptr() == ptr
+            outs.append(o_t)
+        # a few tokens at once, packed sequences, no gradient: also the fused recurrent kernel
+        cu = torch.tensor([0, 2, 3, 6], device=DEVICE)
+        o_v, s_v = simple_gla(q[:1, 30:36], k[:1, 30:36], v[:1, 30:36], g[:1, 30:36], output_final_state=True,
+                              cu_seqlens=cu, backend="triton")  # fmt: skip
+        o_r, s_r = simple_gla(q[:1, 30:36], k[:1, 30:36], v[:1, 30:36], g[:1, 30:36], output_final_state=True,
+                              cu_seqlens=cu)  # fmt: skip
+    assert_close("decoded o", torch.cat(outs, 1), o_ref[:, 37:], 1e-4)
+    assert_close("state", state, s_ref, 1e-4)
+    assert_close("varlen recurrent o", o_v, o_r, 1e-4)
+    assert_close("varlen recurrent state", s_v, s_r, 1e-4)
+
+
+def test_triton_compiles_fullgraph_and_counts_flops(poison):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v, g, h0 = _inputs(1, 20, 2, 2, 16, 16, torch.float32, "mixed")
+    leaves = [x.requires_grad_() for x in (q, k, v, g, h0)]
+
+    def f(q, k, v, g, h0):
+        return simple_gla(q, k, v, g, initial_state=h0, output_final_state=True, backend="triton")
+
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    o, s = torch.compile(f, fullgraph=True, backend=backend)(*leaves)
+    (o.sum() + s.sum()).backward()
+    q6, k6, v6, g6, h6 = (x.detach().double() for x in (q, k, v, g, h0))
+    o_ref, _ = simple_gla(q6, k6, v6, g6, initial_state=h6)
+    assert_close("compiled o", o, o_ref, 1e-4)
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
+    with FlopCounterMode(display=False) as counter:
+        f(*leaves)[0].sum().backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    fwd = 1 * 20 * 2 * (2 * 20 * (16 + 16) + 4 * 16 * 16)
+    assert counts["lt2dsl.simple_gla_chunk_fwd"] == fwd
+    assert counts["lt2dsl.simple_gla_chunk_bwd"] == 2 * fwd
+
+
+def test_triton_rejects_float64():
+    q, k, v, g = make_inputs(1, 4, 1, 1, 16, 16)
+    if DEVICE == "cuda":
+        q, k, v, g = (x.cuda() for x in (q, k, v, g))
+    with pytest.raises(ValueError, match="float64"):
+        simple_gla(q, k, v, g, backend="triton")
+    assert simple_gla(q, k, v, g, backend="auto")[0].dtype == F64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1000, 8192])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("decay", ["mixed", "retnet", "strong", "none"])
+def test_gpu_full_size(poison, T, D, dtype, decay):
+    q, k, v, g, h0 = _inputs(2, T, 16, 16, D, D, dtype, decay)
+    check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(3))
+def test_gpu_every_autotune_config(poison, config):
+    """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
+    from lt2dsl.kernels.common.decay_triton import force_config
+
+    try:
+        force_config(config)
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v, g, h0 = _inputs(2, 1000, 4, 8, 128, 128, dtype, "mixed")
+            check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
+    finally:
+        force_config(None)

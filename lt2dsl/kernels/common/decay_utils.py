@@ -59,6 +59,8 @@ def num_sequences(cu_seqlens: torch.Tensor | None, B: int, T: int) -> int:
         raise ValueError(f"`cu_seqlens` must be an integer tensor [N + 1], got {cu_seqlens.dtype}")
     if B != 1:
         raise ValueError(f"with `cu_seqlens` the batch must be packed along T with B == 1, got B={B}")
+    if torch.compiler.is_compiling():  # value checks would be data-dependent guards in a traced graph
+        return cu_seqlens.numel() - 1
     first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
     if first != 0 or last != T:
         raise ValueError(f"`cu_seqlens` must start at 0 and end at T={T}, got [{first}, ..., {last}]")
@@ -106,11 +108,12 @@ def write_final_state(final, initial_state, inplace: bool):
     """Copy `final` into `initial_state` when `inplace` (tensor or tuple) and return what the op returns."""
     if not inplace:
         return final
-    if isinstance(final, tuple):
-        for dst, src in zip(initial_state, final):
-            dst.copy_(src)
-        return initial_state
-    initial_state.copy_(final)
+    with torch.no_grad():
+        if isinstance(final, tuple):
+            for dst, src in zip(initial_state, final):
+                dst.copy_(src)
+        else:
+            initial_state.copy_(final)
     return initial_state
 
 
@@ -158,3 +161,17 @@ def run_by_sequence(fn, cu_seqlens: torch.Tensor, seq_tensors: list, state):
         outs.append(o)
         finals.append(fin)
     return torch.cat(outs, dim=1), _state_cat(finals)
+
+
+def pick_backend(backend: str, x: torch.Tensor) -> str:
+    """ "reference" or "triton"; float64 has no Triton kernel ("auto" falls back, "triton" refuses)."""
+    from .backend import resolve_backend
+
+    which = resolve_backend(backend, x)
+    if which == "triton" and x.dtype == torch.float64:
+        if backend == "auto":
+            return "reference"
+        raise ValueError(
+            "backend='triton' supports float32, bfloat16 and float16; use 'reference' for float64"
+        )
+    return which

@@ -1,0 +1,231 @@
+"""Chunk-boundary states of decayed linear attention (phase 2 of mixers.md §0's chunked kernels).
+
+Forward: h[c] = state *entering* chunk c, S ← Diag(e^{b_C}) S + (K ⊙ e^{b_C − b})ᵀ V per chunk.
+Backward: dh[c] = gradient w.r.t. the state *leaving* chunk c (dh of the last chunk is dht),
+dS ← Diag(e^{b_C}) dS + (s Q ⊙ e^{b})ᵀ dO. b is the chunk-local cumulative log decay: none
+(G_MODE 0), one scalar per token and head (1, `[B, T, HV]`), or per channel (2, `[B, T, HV, K]`).
+Every exponent is ≤ 0. One program owns a `[BK, BV]` tile of one (sequence, value head) and walks
+its chunks in order; the state stays in fp32 registers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .decay_triton import (
+    Varlen,
+    block,
+    cast,
+    dot_precision,
+    load_tile,
+    load_vec,
+    mma,
+    new_empty,
+    seq_span,
+    store_tile,
+    tuned,
+)
+
+# Hopper notes: no tl.trans anywhere (operands are loaded transposed), so the accumulator-transpose
+# miscompile of Triton 3.4–3.7.0 cannot hit; 2 and 4 warps both sit in the range the peer runs
+# for its state kernels on sm_90.
+_STATE_CONFIGS = [
+    triton.Config({}, num_warps=4, num_stages=2),
+    triton.Config({}, num_warps=2, num_stages=3),
+    triton.Config({}, num_warps=4, num_stages=3),
+]
+
+
+@tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
+@triton.jit(do_not_specialize=["T"])
+def chunk_fwd_h_kernel(
+    k,
+    v,
+    g,
+    h,
+    h0,
+    ht,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    G_MODE: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    k += (bos * H + i_h) * K
+    v += (bos * HV + i_hv) * V
+    o_k = i_k * BK + tl.arange(0, BK)
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        b_h += load_tile(h0 + i_nh.to(tl.int64) * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(
+            tl.float32
+        )
+    for i_t in range(tl.cdiv(T, BT)):
+        p_h = h + ((boc + i_t) * HV + i_hv) * K * V
+        store_tile(p_h, b_h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        # [BK, BT]: kᵀ loaded transposed
+        b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+        b_v = load_tile(v, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        last = tl.minimum((i_t + 1) * BT, T) - 1
+        if G_MODE == 1:
+            p_g = g + bos * HV + i_hv
+            b_glast = tl.load(p_g + last * HV)
+            b_g = load_vec(p_g, i_t * BT, T, HV, BT)
+            b_h *= tl.exp(b_glast)
+            b_v = cast(b_v * tl.exp(b_glast - b_g)[:, None], b_v.dtype)
+        if G_MODE == 2:
+            p_g = g + (bos * HV + i_hv) * K
+            b_glast = tl.load(p_g + last * HV * K + o_k, mask=o_k < K, other=0.0)
+            b_gT = load_tile(p_g, i_k * BK, i_t * BT, K, T, 1, HV * K, BK, BT)
+            b_h *= tl.exp(b_glast)[:, None]
+            b_kT = cast(b_kT * tl.exp(b_glast[:, None] - b_gT), b_kT.dtype)
+        b_h += mma(b_kT, b_v, PREC)
+    if STORE_HT:
+        store_tile(ht + i_nh.to(tl.int64) * K * V, b_h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+
+
+@tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
+@triton.jit(do_not_specialize=["T"])
+def chunk_bwd_dh_kernel(
+    q,
+    g,
+    do,
+    dh,
+    dht,
+    dh0,
+    cu_seqlens,
+    chunk_offsets,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    G_MODE: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    q += (bos * H + i_h) * K
+    do += (bos * HV + i_hv) * V
+    o_k = i_k * BK + tl.arange(0, BK)
+
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        b_dh += load_tile(dht + i_nh.to(tl.int64) * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(
+            tl.float32
+        )
+    for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
+        p_dh = dh + ((boc + i_t) * HV + i_hv) * K * V
+        store_tile(p_dh, b_dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+        b_do = load_tile(do, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        last = tl.minimum((i_t + 1) * BT, T) - 1
+        if G_MODE == 0:
+            # fp32 before scaling: a 16-bit tile times a scalar stays 16-bit (and the interpreter
+            # gets bf16 arithmetic wrong)
+            b_qT = cast(b_qT.to(tl.float32) * scale, b_qT.dtype)
+        if G_MODE == 1:
+            p_g = g + bos * HV + i_hv
+            b_glast = tl.load(p_g + last * HV)
+            b_g = load_vec(p_g, i_t * BT, T, HV, BT)
+            b_qT = cast(b_qT * (tl.exp(b_g) * scale)[None, :], b_qT.dtype)
+            b_dh *= tl.exp(b_glast)
+        if G_MODE == 2:
+            p_g = g + (bos * HV + i_hv) * K
+            b_glast = tl.load(p_g + last * HV * K + o_k, mask=o_k < K, other=0.0)
+            b_gT = load_tile(p_g, i_k * BK, i_t * BT, K, T, 1, HV * K, BK, BT)
+            b_qT = cast(b_qT * tl.exp(b_gT) * scale, b_qT.dtype)
+            b_dh *= tl.exp(b_glast)[:, None]
+        b_dh += mma(b_qT, cast(b_do, b_qT.dtype), PREC)
+    if STORE_DH0:
+        store_tile(dh0 + i_nh.to(tl.int64) * K * V, b_dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+
+
+def _g_mode(g: torch.Tensor | None) -> int:
+    return 0 if g is None else (1 if g.dim() == 3 else 2)
+
+
+def chunk_fwd_h(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g_cum: torch.Tensor | None,
+    h0: torch.Tensor | None,
+    vl: Varlen,
+    store_final: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """States entering every chunk.
+
+    Args:
+        k (torch.Tensor): `[B, T, H, K]`.
+        v (torch.Tensor): `[B, T, HV, V]`.
+        g_cum (torch.Tensor, Optional): chunk-local cumulative log decay, fp32 `[B, T, HV]`
+            or `[B, T, HV, K]`.
+        h0 (torch.Tensor, Optional): `[N, HV, K, V]`.
+        vl (Varlen): chunk bookkeeping.
+        store_final (bool): also return the final state.
+
+    Returns:
+        h (torch.Tensor): `[n_chunks, HV, K, V]` in k's dtype (fp32 for fp32 inputs).
+        ht (torch.Tensor or None): `[N, HV, K, V]` fp32.
+    """
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    h = new_empty(k, vl.n_chunks, HV, K, V)
+    ht = new_empty(k, vl.N, HV, K, V, dtype=torch.float32) if store_final else None
+    BK, BV = block(K), block(V)
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), vl.N * HV)
+    chunk_fwd_h_kernel[grid](
+        k, v, g_cum, h, h0, ht, vl.cu, vl.offsets, T,
+        H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV, G_MODE=_g_mode(g_cum),
+        HAS_H0=h0 is not None, STORE_HT=store_final, IS_VARLEN=vl.is_varlen, PREC=dot_precision(k.dtype),
+    )  # fmt: skip
+    return h, ht
+
+
+def chunk_bwd_dh(
+    q: torch.Tensor,
+    do: torch.Tensor,
+    g_cum: torch.Tensor | None,
+    dht: torch.Tensor | None,
+    vl: Varlen,
+    scale: float,
+    want_dh0: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients w.r.t. the state leaving every chunk (`[n_chunks, HV, K, V]`) and w.r.t. h0 (fp32)."""
+    B, T, H, K = q.shape
+    HV, V = do.shape[2], do.shape[3]
+    dh = new_empty(q, vl.n_chunks, HV, K, V)
+    dh0 = new_empty(q, vl.N, HV, K, V, dtype=torch.float32) if want_dh0 else None
+    BK, BV = block(K), block(V)
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), vl.N * HV)
+    chunk_bwd_dh_kernel[grid](
+        q, g_cum, do, dh, dht, dh0, vl.cu, vl.offsets, scale, T,
+        H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV, G_MODE=_g_mode(g_cum),
+        HAS_DHT=dht is not None, STORE_DH0=want_dh0, IS_VARLEN=vl.is_varlen, PREC=dot_precision(q.dtype),
+    )  # fmt: skip
+    return dh, dh0

@@ -1,0 +1,234 @@
+"""Triton building blocks shared by the decay-family kernels (`gla`, `simple_gla`, `mlstm`).
+
+Tiles are loaded with plain pointer arithmetic and masks (no block pointers: Triton 3.9 removed
+them, and the H200 runs 3.6, so this is the one form both accept). A transposed operand is always
+*loaded* transposed from global memory; no kernel calls `tl.trans` on a value that came out of a
+`tl.dot` (that pattern miscompiles on Hopper with Triton 3.4–3.7.0, /work/shared/bench/README.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .backend import triton_interpreting
+from .decay_utils import chunk_indices, chunk_offsets
+
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CHUNK = 64
+# Triton 3.9's CPU interpreter gets bf16 wrong in two ways the GPU does not: tl.dot multiplies bf16
+# tiles as raw integers (off by ~1e10), and fp32 → bf16 casts truncate instead of rounding to
+# nearest even (twice the GPU's error, biased). Under the interpreter `mma` runs on fp32 copies
+# (what the GPU's bf16 MMA with fp32 accumulation computes) and `cast` rounds like the GPU.
+INTERPRET = tl.constexpr(triton_interpreting())
+
+
+# tests set this: every buffer a launcher allocates starts as NaN, so an element a kernel forgets
+# to write makes the comparison fail instead of passing on leftover memory
+POISON = False
+# every autotuned decay kernel, so GPU tests can run each candidate config (`force_config`)
+AUTOTUNED: list = []
+
+
+def device_fn(fn):
+    """`triton.jit` for a helper called from kernels; a plain function under the interpreter.
+
+    The interpreter re-patches `triton.language` on every call of a jitted helper (milliseconds each),
+    while a plain Python function runs the same tl calls inside the kernel's already-patched scope.
+    """
+    return fn if triton_interpreting() else triton.jit(fn)
+
+
+def autotune_configs(configs: list[triton.Config]) -> list[triton.Config]:
+    """The candidates on a GPU; the first one only under the CPU interpreter (nothing to time)."""
+    return configs[:1] if triton_interpreting() else configs
+
+
+def tuned(configs: list[triton.Config], key: list[str]):
+    """`triton.autotune` over `configs` (one under the interpreter), recorded in AUTOTUNED."""
+
+    def wrap(fn):
+        at = triton.autotune(configs=autotune_configs(configs), key=key)(fn)
+        at.all_configs = list(at.configs)
+        AUTOTUNED.append(at)
+        return at
+
+    return wrap
+
+
+def force_config(index: int | None) -> None:
+    """Pin every autotuned decay kernel to its `index`-th candidate (modulo its count); None restores."""
+    for at in AUTOTUNED:
+        at.configs = list(at.all_configs) if index is None else [at.all_configs[index % len(at.all_configs)]]
+        at.cache.clear()
+
+
+def max_configs() -> int:
+    return max((len(at.all_configs) for at in AUTOTUNED), default=1)
+
+
+def new_empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An output/scratch buffer on like's device (NaN-filled when POISON is set)."""
+    t = like.new_empty(*shape, dtype=like.dtype if dtype is None else dtype)
+    return t.fill_(float("nan")) if POISON else t
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs need IEEE dots (TF32 would miss the 1e-4 tolerance); 16-bit inputs ignore it."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def block(n: int, cap: int = 64) -> int:
+    """Tile width for a head dim: a power of two in [16, cap] (tl.dot needs ≥ 16)."""
+    return min(cap, max(16, triton.next_power_of_2(n)))
+
+
+class Varlen:
+    """Chunk bookkeeping for one call: fixed-length batch or packed sequences (`cu_seqlens`).
+
+    Attributes: `cu` (int32 `[N + 1]` or None), `idx` (`[NT_total, 2]` (sequence, chunk) pairs),
+    `offsets` (`[N + 1]` first chunk of each sequence), `N`, `NT` (chunks per row of the grid),
+    `n_chunks` (all chunks: the leading dim of per-chunk states).
+    """
+
+    def __init__(self, cu_seqlens: torch.Tensor | None, B: int, T: int, chunk: int = CHUNK):
+        self.chunk = chunk
+        if cu_seqlens is None:
+            self.cu = self.idx = self.offsets = None
+            self.N, self.NT = B, triton.cdiv(T, chunk)
+            self.n_chunks = B * self.NT
+        else:
+            self.cu = cu_seqlens.to(torch.int32)
+            self.idx = chunk_indices(cu_seqlens, chunk)
+            self.offsets = chunk_offsets(cu_seqlens, chunk)
+            self.N, self.NT = cu_seqlens.numel() - 1, self.idx.shape[0]
+            self.n_chunks = self.NT
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.cu is not None
+
+    def grid_rows(self, B: int) -> int:
+        """Grid extent along batch: B rows of NT chunks, or 1 packed row of all chunks."""
+        return 1 if self.is_varlen else B
+
+
+@device_fn
+def mma(a, b, PREC: tl.constexpr):
+    """tl.dot(a, b) with fp32 accumulation; `PREC` is "ieee" for fp32 inputs."""
+    if INTERPRET:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision=PREC)
+    return out
+
+
+@device_fn
+def cast(x, dtype: tl.constexpr):
+    """x.to(dtype) with round-to-nearest-even, also under the interpreter."""
+    if INTERPRET and dtype == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        out = x.to(dtype)
+    return out
+
+
+@device_fn
+def load_tile(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr):
+    """`[BR, BC]` tile at (r0, c0) of an R × C matrix with strides (sr, sc), zeros outside."""
+    rows = r0 + tl.arange(0, BR)
+    cols = c0 + tl.arange(0, BC)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    return tl.load(ptr + rows[:, None] * sr + cols[None, :] * sc, mask=mask, other=0.0)
+
+
+@device_fn
+def store_tile(ptr, val, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr):
+    """Store a `[BR, BC]` tile at (r0, c0) of an R × C matrix, dropping what falls outside."""
+    rows = r0 + tl.arange(0, BR)
+    cols = c0 + tl.arange(0, BC)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    tl.store(ptr + rows[:, None] * sr + cols[None, :] * sc, cast(val, ptr.dtype.element_ty), mask=mask)
+
+
+@device_fn
+def load_vec(ptr, r0, R, sr, BR: tl.constexpr):
+    """`[BR]` strided vector starting at r0, zeros past R."""
+    rows = r0 + tl.arange(0, BR)
+    return tl.load(ptr + rows * sr, mask=rows < R, other=0.0)
+
+
+@device_fn
+def store_vec(ptr, val, r0, R, sr, BR: tl.constexpr):
+    rows = r0 + tl.arange(0, BR)
+    tl.store(ptr + rows * sr, cast(val, ptr.dtype.element_ty), mask=rows < R)
+
+
+@device_fn
+def seq_span(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(first token, length, first chunk) of sequence i_n."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        boc = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    return bos, T, boc
+
+
+@device_fn
+def chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Grid chunk i_t of batch row i_b → (sequence, chunk in it, global chunk, first token, length)."""
+    if IS_VARLEN:
+        i_tg = i_t.to(tl.int64)
+        i_n = tl.load(chunk_idx + 2 * i_t)
+        i_c = tl.load(chunk_idx + 2 * i_t + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        i_n = i_b
+        i_c = i_t
+        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
+        bos = i_b.to(tl.int64) * T
+    return i_n, i_c, i_tg, bos, T
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_cumsum_kernel(
+    g,
+    out,
+    cu_seqlens,
+    chunk_idx,
+    T,
+    HV: tl.constexpr,
+    S: tl.constexpr,
+    BT: tl.constexpr,
+    BS: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """Chunk-local cumulative sum of g `[B, T, HV, S]` along T (restarting every BT tokens), fp32."""
+    i_s, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // HV, i_bh % HV
+    _, i_c, _, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    base = (bos * HV + i_h) * S
+    b_g = load_tile(g + base, i_c * BT, i_s * BS, T, S, HV * S, 1, BT, BS).to(tl.float32)
+    b_g = tl.cumsum(b_g, axis=0)
+    store_tile(out + base, b_g, i_c * BT, i_s * BS, T, S, HV * S, 1, BT, BS)
+
+
+def chunk_local_cumsum(g: torch.Tensor, vl: Varlen) -> torch.Tensor:
+    """Cumulative sum of g (`[B, T, HV]` or `[B, T, HV, K]`) inside every chunk, in fp32."""
+    B, T, HV = g.shape[:3]
+    S = g.shape[3] if g.dim() == 4 else 1
+    g = g.contiguous()
+    out = new_empty(g, *g.shape, dtype=torch.float32)
+    BS = min(64, triton.next_power_of_2(S))
+    grid = (triton.cdiv(S, BS), vl.NT, vl.grid_rows(B) * HV)
+    chunk_cumsum_kernel[grid](
+        g, out, vl.cu, vl.idx, T, HV=HV, S=S, BT=vl.chunk, BS=BS, IS_VARLEN=vl.is_varlen
+    )
+    return out

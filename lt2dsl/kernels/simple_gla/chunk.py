@@ -1,0 +1,262 @@
+"""Triton chunked forward and backward of scalar-decay linear attention (`simple_gla`).
+
+Chunk size BT = 64; b is the chunk-local cumulative log decay `[B, T, HV]` (fp32).
+Forward: o = s (Q ⊙ e^{b}) h[c] + s ((Q Kᵀ) ⊙ Γ) V with Γ_{ri} = e^{b_r − b_i} (i ≤ r).
+Backward (g the per-token log decay, F its global cumulative sum; mixers.md §2):
+* dv_i = Σ_{r≥i} s Γ_{ri} (q_r·k_i) do_r + e^{b_C − b_i} dh[c]ᵀ k_i
+* dq_r = s e^{b_r} h[c] do_r + s Σ_{i≤r} Γ_{ri} (do_r·v_i) k_i
+* dk_i = e^{b_C − b_i} dh[c] v_i + s Σ_{r≥i} Γ_{ri} (do_r·v_i) q_r
+* ∂L/∂F_t = q_t·dq_t − k_t·dk_t, and d g_l = Σ_{t≥l} ∂L/∂F_t. The part from later chunks equals
+  ⟨S_{c+1}, dh[c]⟩ = e^{b_C} ⟨h[c], dh[c]⟩ + Σ_i k_i·dk_i^{inter} (scaling the state leaving chunk c
+  is the same as shifting every later F), so dg needs no sequence-long reverse scan.
+Transposed products (Aᵀ, dSᵀ) are computed directly with swapped, transposed-loaded operands.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.decay_chunk_h import chunk_bwd_dh, chunk_fwd_h
+from ..common.decay_triton import (
+    Varlen,
+    block,
+    cast,
+    chunk_local_cumsum,
+    chunk_span,
+    device_fn,
+    dot_precision,
+    load_tile,
+    load_vec,
+    mma,
+    new_empty,
+    store_tile,
+    store_vec,
+    tuned,
+)
+
+# Hopper notes for every config below: no tl.trans of a dot result is ever formed (the Triton
+# 3.4–3.7.0 sm_90 miscompile), all tiles are powers of two ≥ 16, and odd head dims are masked
+# loads (never a partially out-of-bounds block pointer).
+_CONFIGS = [
+    triton.Config({}, num_warps=4, num_stages=2),
+    triton.Config({}, num_warps=4, num_stages=3),
+    triton.Config({}, num_warps=8, num_stages=2),
+]
+_KEY = ["H", "HV", "K", "V", "BK", "BV", "HAS_G"]
+
+
+@device_fn
+def _decay_mask(b_g, i_c, T, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Γ `[BT, BT]`: e^{b_r − b_i} for i ≤ r < T (rows r, cols i), or its transpose; 0 elsewhere."""
+    o_t = i_c * BT + tl.arange(0, BT)
+    valid = o_t < T
+    if TRANSPOSED:
+        m = (o_t[:, None] <= o_t[None, :]) & valid[:, None] & valid[None, :]
+        expo = tl.where(m, b_g[None, :] - b_g[:, None], float("-inf"))
+    else:
+        m = (o_t[:, None] >= o_t[None, :]) & valid[:, None] & valid[None, :]
+        expo = tl.where(m, b_g[:, None] - b_g[None, :], float("-inf"))
+    return tl.exp(expo)
+
+
+@device_fn
+def _causal_mask(i_c, T, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
+    o_t = i_c * BT + tl.arange(0, BT)
+    valid = o_t < T
+    if TRANSPOSED:
+        m = (o_t[:, None] <= o_t[None, :]) & valid[:, None] & valid[None, :]
+    else:
+        m = (o_t[:, None] >= o_t[None, :]) & valid[:, None] & valid[None, :]
+    return tl.where(m, 1.0, 0.0)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def fwd_o_kernel(
+    q, k, v, g, h, o, cu_seqlens, chunk_idx, scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    h += (i_tg * HV + i_hv) * K * V
+
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+        b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+        b_h = load_tile(h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        b_o += mma(b_q, cast(b_h, b_q.dtype), PREC)
+        b_A += mma(b_q, b_kT, PREC)
+    if HAS_G:
+        b_g = load_vec(g + bos * HV + i_hv, i_c * BT, T, HV, BT)
+        b_o *= tl.exp(b_g)[:, None]
+        b_A *= _decay_mask(b_g, i_c, T, BT, False)
+    else:
+        b_A *= _causal_mask(i_c, T, BT, False)
+    b_v = load_tile(v + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+    b_o += mma(cast(b_A, b_v.dtype), b_v, PREC)
+    store_tile(o + (bos * HV + i_hv) * V, b_o * scale, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def bwd_dv_kernel(
+    q, k, g, do, dh, dv, cu_seqlens, chunk_idx, scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    dh += (i_tg * HV + i_hv) * K * V
+
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    # Aᵀ[i, r] = k_i·q_r, formed directly (k rows times transposed-loaded q)
+    b_AT = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+        b_qT = load_tile(q, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+        b_dh = load_tile(dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        b_AT += mma(b_k, b_qT, PREC)
+        b_dv += mma(b_k, cast(b_dh, b_k.dtype), PREC)
+    if HAS_G:
+        b_g = load_vec(g + bos * HV + i_hv, i_c * BT, T, HV, BT)
+        b_glast = tl.load(g + (bos + tl.minimum(i_c * BT + BT, T) - 1) * HV + i_hv)
+        o_t = i_c * BT + tl.arange(0, BT)
+        b_dv *= tl.where(o_t < T, tl.exp(b_glast - b_g), 0.0)[:, None]
+        b_AT *= _decay_mask(b_g, i_c, T, BT, True)
+    else:
+        b_AT *= _causal_mask(i_c, T, BT, True)
+    b_do = load_tile(do + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+    b_dv += mma(cast(b_AT * scale, b_do.dtype), b_do, PREC)
+    store_tile(dv + (bos * HV + i_hv) * V, b_dv, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def bwd_dqkg_kernel(
+    q, k, v, g, h, do, dh, dq, dk, dg, cu_seqlens, chunk_idx, scale, T, BTOT,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    v += (bos * HV + i_hv) * V
+    do += (bos * HV + i_hv) * V
+    h += (i_tg * HV + i_hv) * K * V
+    dh += (i_tg * HV + i_hv) * K * V
+
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    # dS[r, i] = do_r·v_i and its transpose, each formed directly
+    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_v = load_tile(v, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        b_do = load_tile(do, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        b_vT = load_tile(v, i_v * BV, i_c * BT, V, T, 1, HV * V, BV, BT)
+        b_doT = load_tile(do, i_v * BV, i_c * BT, V, T, 1, HV * V, BV, BT)
+        # hᵀ, dhᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
+        b_hT = load_tile(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_dhT = load_tile(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_ds += mma(b_do, b_vT, PREC)
+        b_dsT += mma(b_v, b_doT, PREC)
+        b_dq += mma(b_do, cast(b_hT, b_do.dtype), PREC)
+        b_dk += mma(b_v, cast(b_dhT, b_v.dtype), PREC)
+        b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    o_t = i_c * BT + tl.arange(0, BT)
+    if HAS_G:
+        p_g = g + bos * HV + i_hv
+        b_g = load_vec(p_g, i_c * BT, T, HV, BT)
+        b_glast = tl.load(p_g + (tl.minimum(i_c * BT + BT, T) - 1) * HV)
+        b_dq *= (tl.exp(b_g) * scale)[:, None]
+        b_dk *= tl.where(o_t < T, tl.exp(b_glast - b_g), 0.0)[:, None]
+        b_ds *= _decay_mask(b_g, i_c, T, BT, False) * scale
+        b_dsT *= _decay_mask(b_g, i_c, T, BT, True) * scale
+    else:
+        b_dq *= scale
+        b_ds *= _causal_mask(i_c, T, BT, False) * scale
+        b_dsT *= _causal_mask(i_c, T, BT, True) * scale
+    b_dk_inter = b_dk
+    b_dq = b_dq + mma(cast(b_ds, b_k.dtype), b_k, PREC)
+    b_dk = b_dk_inter + mma(cast(b_dsT, b_q.dtype), b_q, PREC)
+    dq += (bos * HV + i_hv) * K
+    dk += (bos * HV + i_hv) * K
+    store_tile(dq, b_dq, i_c * BT, i_k * BK, T, K, HV * K, 1, BT, BK)
+    store_tile(dk, b_dk, i_c * BT, i_k * BK, T, K, HV * K, 1, BT, BK)
+    if HAS_G:
+        b_dF = tl.sum(b_q.to(tl.float32) * b_dq, axis=1) - tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
+        # everything after this chunk: ⟨S_{c+1}, dh[c]⟩ restricted to this K block
+        b_z = tl.exp(b_glast) * tl.sum(b_hdh) + tl.sum(b_k.to(tl.float32) * b_dk_inter)
+        # reverse cumulative sum inside the chunk: Σ_{t ≥ r} dF_t
+        b_dg = tl.sum(b_dF) - tl.cumsum(b_dF, axis=0) + b_dF + b_z
+        store_vec(dg + i_k.to(tl.int64) * BTOT * HV + bos * HV + i_hv, b_dg, i_c * BT, T, HV, BT)
+
+
+def chunk_simple_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final):
+    """Forward: o `[B, T, HV, V]` (dtype of v) and the final state `[N, HV, K, V]` fp32 (or None)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    vl = Varlen(cu_seqlens, B, T)
+    g_cum = None if g is None else chunk_local_cumsum(g, vl)
+    h, ht = chunk_fwd_h(k, v, g_cum, h0, vl, store_final)
+    o = new_empty(v, *v.shape)
+    BK, BV = block(K), block(V)
+    grid = (triton.cdiv(V, BV), vl.NT, vl.grid_rows(B) * HV)
+    fwd_o_kernel[grid](
+        q, k, v, g_cum, h, o, vl.cu, vl.idx, scale, T,
+        H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV,
+        HAS_G=g is not None, IS_VARLEN=vl.is_varlen, PREC=dot_precision(q.dtype),
+    )  # fmt: skip
+    return o, ht
+
+
+def chunk_simple_gla_bwd(q, k, v, g, scale, h0, do, dht, cu_seqlens):
+    """Backward: (dq, dk, dv, dg, dh0); dg is None when g is None, dh0 None without h0."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    vl = Varlen(cu_seqlens, B, T)
+    g_cum = None if g is None else chunk_local_cumsum(g, vl)
+    h, _ = chunk_fwd_h(k, v, g_cum, h0, vl, store_final=False)
+    dh, dh0 = chunk_bwd_dh(q, do, g_cum, dht, vl, scale, want_dh0=h0 is not None)
+    BK, BV = block(K), block(V)
+    common = dict(H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV, HAS_G=g is not None,
+                  IS_VARLEN=vl.is_varlen, PREC=dot_precision(q.dtype))  # fmt: skip
+    dv = new_empty(v, *v.shape)
+    grid = (triton.cdiv(V, BV), vl.NT, vl.grid_rows(B) * HV)
+    bwd_dv_kernel[grid](q, k, g_cum, do, dh, dv, vl.cu, vl.idx, scale, T, **common)
+    NK = triton.cdiv(K, BK)
+    # per value head; summed over each GVA group below
+    dq = new_empty(q, B, T, HV, K, dtype=q.dtype if HV == H else torch.float32)
+    dk = new_empty(q, B, T, HV, K, dtype=q.dtype if HV == H else torch.float32)
+    dg = new_empty(q, NK, B, T, HV, dtype=torch.float32) if g is not None else None
+    grid = (NK, vl.NT, vl.grid_rows(B) * HV)
+    bwd_dqkg_kernel[grid](q, k, v, g_cum, h, do, dh, dq, dk, dg, vl.cu, vl.idx, scale, T, B * T, **common)
+    if HV != H:
+        dq = dq.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
+        dk = dk.view(B, T, H, HV // H, K).sum(3).to(k.dtype)
+    if dg is not None:
+        dg = dg.sum(0) if NK > 1 else dg[0]
+    return dq, dk, dv, dg, dh0
