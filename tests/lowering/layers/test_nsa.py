@@ -51,7 +51,10 @@ def make_layer(dtype=F64, seed=0, cfg=None, randomize=True, **given) -> NativeSp
     if randomize:
         with torch.no_grad():
             for name, p in layer.named_parameters():
-                p.add_(0.1 * torch.randn_like(p)) if name.startswith("cmp_") else p.normal_(0, 0.2)
+                if name.startswith("cmp_"):
+                    p.add_(0.1 * torch.randn_like(p))
+                else:
+                    p.normal_(0, 0.2)
     return layer
 
 
