@@ -14,6 +14,11 @@ def _cuda_available() -> bool:
 # Must be set before any @triton.jit function is created: the decorator reads it.
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # CI runs pytest-xdist with one worker per core: intra-op threads on top of that only fight
+    # over the cores (tiny-tensor tests slowed down 20x with two threads per worker).
+    import torch
+
+    torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 

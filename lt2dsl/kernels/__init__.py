@@ -1,28 +1,31 @@
 """Op-level functions, one per mixer core, with the peer's tensor conventions (see README.md).
 
 Each op lives in its own folder (`naive.py` recurrent truth, a chunked PyTorch form, Triton
-kernels) and is imported lazily so that `import lt2dsl.kernels` stays cheap.
+kernels). The functions are bound here eagerly: a lazy module `__getattr__` would be shadowed by
+the op's subpackage of the same name as soon as anything imported that subpackage.
 """
 
-from importlib import import_module
+from lt2dsl.kernels.attention import attention
+from lt2dsl.kernels.delta_rule import delta_rule
+from lt2dsl.kernels.dsa import dsa
+from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
+from lt2dsl.kernels.gla import gla
+from lt2dsl.kernels.kda import kda
+from lt2dsl.kernels.mlstm import mlstm
+from lt2dsl.kernels.nsa import nsa
+from lt2dsl.kernels.simple_gla import simple_gla
+from lt2dsl.kernels.toeplitz import toeplitz_mix, toeplitz_mix_step
 
-_OPS = {
-    "gated_delta_rule": "lt2dsl.kernels.gated_delta_rule",
-    "delta_rule": "lt2dsl.kernels.delta_rule",
-    "kda": "lt2dsl.kernels.kda",
-    "gla": "lt2dsl.kernels.gla",
-    "simple_gla": "lt2dsl.kernels.simple_gla",
-    "mlstm": "lt2dsl.kernels.mlstm",
-    "toeplitz_mix": "lt2dsl.kernels.toeplitz",
-    "attention": "lt2dsl.kernels.attention",
-    "dsa": "lt2dsl.kernels.dsa",
-    "nsa": "lt2dsl.kernels.nsa",
-}
-
-__all__ = sorted(_OPS)
-
-
-def __getattr__(name: str):
-    if name not in _OPS:
-        raise AttributeError(f"module 'lt2dsl.kernels' has no attribute {name!r}")
-    return getattr(import_module(_OPS[name]), name)
+__all__ = [
+    "attention",
+    "delta_rule",
+    "dsa",
+    "gated_delta_rule",
+    "gla",
+    "kda",
+    "mlstm",
+    "nsa",
+    "simple_gla",
+    "toeplitz_mix",
+    "toeplitz_mix_step",
+]
