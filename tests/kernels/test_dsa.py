@@ -191,7 +191,8 @@ def test_triton_bf16_and_varlen(poison):
 def test_triton_indexer_equals_reference_in_fp32():
     _, _, _, qi, ki, wi = make(2, 40, 40, 1, 1, 8, HI=3, DI=16, dtype=torch.float32)
     for kk in (1, 8, 50):
-        assert torch.equal(dsa_indexer(qi, ki, wi, topk=kk, backend="triton"), dsa_indexer(qi, ki, wi, topk=kk))
+        got = dsa_indexer(qi, ki, wi, topk=kk, backend="triton")
+        assert torch.equal(got, dsa_indexer(qi, ki, wi, topk=kk))
 
 
 def test_triton_decode_over_index_cache(poison):
@@ -206,7 +207,8 @@ def test_triton_decode_over_index_cache(poison):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("shape", [(2, 1000, 16, 1, 64, 256), (1, 4096, 16, 2, 128, 2048),
-                                   (2, 1000, 16, 16, 128, 64)], ids=lambda s: "B{}-T{}-H{}/{}-D{}-k{}".format(*s))
+                                   (2, 1000, 16, 16, 128, 64)],
+                         ids=lambda s: "B{}-T{}-H{}/{}-D{}-k{}".format(*s))
 def test_gpu_full_size(shape, dtype, poison):
     check_triton(*shape, dtype=dtype, device="cuda", HI=4, DI=64)
 
@@ -221,3 +223,13 @@ def test_gpu_peer_reference_same_function():
     ours, idx = dsa(q, k, v, qi, ki, wi, topk=64, return_indices=True, backend="triton")
     assert torch.equal(idx.sort(-1).values, peer_idx.sort(-1).values)
     assert_close("o", ours, peer, 1e-4)
+
+
+def test_triton_compiles_fullgraph(poison):
+    q, k, v, qi, ki, wi = make(1, 12, 12, 2, 1, 16, dtype=torch.float32)
+
+    def f(q, k, v, qi, ki, wi):
+        return dsa(q, k, v, qi, ki, wi, topk=4, backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert_close("compiled", compiled(q, k, v, qi, ki, wi), f(q, k, v, qi, ki, wi), 1e-6)

@@ -183,3 +183,13 @@ def test_gpu_peer_reference_same_function():
     ours, idx = nsa(q, k, v, *gs, return_block_indices=True, backend="triton", **kw)
     assert (idx.sort(-1).values != peer_idx.sort(-1).values).float().mean() < 0.01
     assert_close("o", ours, peer, 2e-2)
+
+
+def test_triton_compiles_fullgraph(poison):
+    q, k, v, gs = make(1, 20, 20, 2, 1, 16, dtype=torch.float32)
+
+    def f(q, k, v, a, b, c):
+        return nsa(q, k, v, a, b, c, block_counts=2, block_size=8, window_size=4, backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert_close("compiled", compiled(q, k, v, *gs), f(q, k, v, *gs), 1e-6)

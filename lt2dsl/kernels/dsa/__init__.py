@@ -87,9 +87,9 @@ def dsa_indexer(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, backend:
     """The lightning indexer alone: `[B, Tq, topk]` causal top-k key indices (rank order, −1 pads)."""
     _check_indexer(q_idx, k_idx, w_idx, q_idx.shape[0], q_idx.shape[1], k_idx.shape[1])
     if resolve_backend(backend, q_idx) == "triton":
-        from .triton_indexer import dsa_indexer_triton
+        from .ops import _indexer
 
-        return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
+        return _indexer(q_idx, k_idx, w_idx, topk, idx_scale, None)
     return dsa_indexer_reference(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
 
 

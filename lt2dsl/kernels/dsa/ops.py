@@ -69,6 +69,24 @@ def _bwd_flops(do, q, k, v, o, lse, indices, scale, *args, **kwargs) -> int:
     return 5 * B * Tq * HQ * (K + v[-1]) * indices[-1]
 
 
+@torch.library.custom_op("lt2dsl::dsa_indexer", mutates_args=())
+def dsa_indexer_op(q_idx: Tensor, k_idx: Tensor, w_idx: Tensor | None, topk: int, idx_scale: float) -> Tensor:
+    """Lightning indexer + top-k: `[B, Tq, topk]` indices (no gradient: the choice is discrete)."""
+    return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
+
+
+@dsa_indexer_op.register_fake
+def _(q_idx, k_idx, w_idx, topk, idx_scale):
+    return q_idx.new_empty(*q_idx.shape[:2], topk, dtype=torch.long)
+
+
+@register_flop_formula(torch.ops.lt2dsl.dsa_indexer)
+def _indexer_flops(q_idx, k_idx, w_idx, topk, idx_scale, *args, **kwargs) -> int:
+    """2·HI·DI per (query, key) pair of the full score matrix (the kernel skips future key blocks)."""
+    B, Tq, HI, DI = q_idx
+    return 2 * B * Tq * k_idx[1] * HI * DI
+
+
 def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, indices, cu_seqlens):
     """`dsa(backend="triton")`: Triton indexer + top-k, then the sparse attention custom op."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or {k.dtype, v.dtype} != {q.dtype}:
@@ -87,11 +105,15 @@ def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, ind
 
 def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens):
     """Indexer per packed sequence (indices local to each sequence, as the peer)."""
+    idx_scale = q_idx.shape[-1] ** -0.5 if idx_scale is None else float(idx_scale)
+    q_idx, k_idx = q_idx.contiguous(), k_idx.contiguous()
+    w_idx = None if w_idx is None else w_idx.contiguous()
     if cu_seqlens is None:
-        return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
+        return dsa_indexer_op(q_idx, k_idx, w_idx, topk, idx_scale)
     cu = cu_seqlens.tolist()
-    parts = [dsa_indexer_triton(q_idx[:, a:b], k_idx[:, a:b], None if w_idx is None else w_idx[:, a:b],
-                                topk=topk, idx_scale=idx_scale) for a, b in itertools.pairwise(cu)]
+    parts = [dsa_indexer_op(q_idx[:, a:b].contiguous(), k_idx[:, a:b].contiguous(),
+                            None if w_idx is None else w_idx[:, a:b].contiguous(), topk, idx_scale)
+             for a, b in itertools.pairwise(cu)]
     return torch.cat(parts, dim=1)
 
 

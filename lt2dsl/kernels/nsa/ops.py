@@ -71,8 +71,8 @@ def nsa_triton(q, k, v, g_cmp, g_slc, g_swa, *, block_counts, block_size, window
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     Tq, Tk = q.shape[1], k.shape[1]
     qoff = Tk - Tq
-    kc = (mean_pool(k, geo) if k_cmp is None else k_cmp).contiguous()
-    vc = (mean_pool(v, geo) if v_cmp is None else v_cmp).contiguous()
+    kc = (mean_pool(k, geo) if k_cmp is None else k_cmp).to(q.dtype).contiguous()
+    vc = (mean_pool(v, geo) if v_cmp is None else v_cmp).to(q.dtype).contiguous()
     if kc.shape[1]:
         o_cmp, lse = attn_fwd_op(q, kc, vc, None, scale, True, 0, None, None, geo.stride, geo.cmp - 1, qoff)
     else:
