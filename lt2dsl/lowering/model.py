@@ -54,27 +54,27 @@ class LT2Model(nn.Module):
         caps = [m.opts["max_len"] for b, _ in placed for m in b.mixers if m.type == "tmm"]
         self.max_len: int | None = min(caps) if caps else None
         self.reset_parameters()
-        self._build_graph()
 
     # ---- graph ----------------------------------------------------------------------------------
 
     @property
     def graph_module(self) -> torch.fx.GraphModule:
-        """The traced `torch.fx.GraphModule` that `forward` runs (shares this module's parameters)."""
-        return self.__dict__["_graph_module"]
+        """The traced `torch.fx.GraphModule` that `forward` runs (shares this module's parameters).
 
-    def _build_graph(self) -> None:
-        root = Unrolled(self.ir, self.embed, self.blocks, self.loops, self.final_norm,
-                        getattr(self, "lm_head", None))
-        # Kept out of `_modules` so parameters are registered (and counted) once, under their
-        # estimate names.
-        self.__dict__["_graph_module"] = to_fx(root)
+        Traced on first use and again after `.to()` / `.cuda()` (which may replace buffers the
+        graph refers to). Kept out of `_modules`, so parameters are registered (and counted)
+        once, under their estimate names.
+        """
+        gm = self.__dict__.get("_graph_module")
+        if gm is None:
+            root = Unrolled(self.ir, self.embed, self.blocks, self.loops, self.final_norm,
+                            getattr(self, "lm_head", None))
+            gm = self.__dict__["_graph_module"] = to_fx(root)
+        return gm
 
     def _apply(self, fn, recurse=True):
-        # `.to()` / `.cuda()` may replace buffers; the graph keeps references, so rebuild it.
         out = super()._apply(fn, recurse)
-        if "_graph_module" in self.__dict__:
-            self._build_graph()
+        self.__dict__["_graph_module"] = None
         return out
 
     # ---- init -----------------------------------------------------------------------------------
@@ -83,6 +83,8 @@ class LT2Model(nn.Module):
         """Projections and embeddings normal(0, 0.02), biases 0, norms 1; then each mixer's own
         `reset_parameters` (A_log, dt_bias, decays, conv taps, ... per mixers.md); then output
         projections of residual branches scaled by 1/sqrt(2 · block applications) (GPT-2)."""
+        if self.embed.weight.device.type == "meta":
+            return  # nothing to initialise (and meta random fills are slow to set up)
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, nn.Linear | nn.Embedding):
