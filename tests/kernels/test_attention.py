@@ -259,3 +259,12 @@ def test_gpu_decode(L, dtype, poison):
     got = attention_decode(q, ring_k, ring_v, lens, window=512, ring=True, backend="triton")
     want = attention_decode(q.double(), ring_k.double(), ring_v.double(), lens, window=512, ring=True)
     assert_close("ring", got, want, tol)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_reference_chunk_sizes_agree(chunk):
+    from lt2dsl.kernels.attention import attention_reference
+
+    q, k, v, g = make(2, 50, 60, 4, 2, 8, gate="elem")
+    want = attention_naive(q, k, v, window=9, gate=g)
+    assert_close("o", attention_reference(q, k, v, window=9, gate=g, chunk=chunk), want, 1e-10)

@@ -233,3 +233,14 @@ def test_triton_compiles_fullgraph(poison):
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     assert_close("compiled", compiled(q, k, v, qi, ki, wi), f(q, k, v, qi, ki, wi), 1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_reference_chunk_sizes_agree(chunk):
+    from lt2dsl.kernels.dsa.reference import dsa_indexer_reference, sparse_attention_reference
+
+    q, k, v, qi, ki, wi = make(1, 30, 30, 2, 1, 8)
+    idx = dsa_indexer_reference(qi, ki, wi, topk=5, chunk=chunk)
+    o2, idx2 = dsa_naive(q, k, v, qi, ki, wi, topk=5)
+    assert torch.equal(idx, idx2)
+    assert_close("o", sparse_attention_reference(q, k, v, idx, 8**-0.5, chunk=chunk), o2, 1e-10)

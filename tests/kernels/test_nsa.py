@@ -193,3 +193,15 @@ def test_triton_compiles_fullgraph(poison):
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     assert_close("compiled", compiled(q, k, v, *gs), f(q, k, v, *gs), 1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_reference_chunk_sizes_agree(chunk):
+    from lt2dsl.kernels.nsa.reference import nsa_reference
+
+    q, k, v, gs = make(1, 40, 40, 4, 2, 8)
+    kw = dict(block_counts=2, block_size=8, window_size=5)
+    o, idx = nsa_reference(q, k, v, *gs, chunk=chunk, **kw)
+    o2, idx2 = nsa_naive(q, k, v, *gs, **kw)
+    assert torch.equal(idx, idx2)
+    assert_close("o", o, o2, 1e-10)

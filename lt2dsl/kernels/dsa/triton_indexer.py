@@ -35,25 +35,24 @@ def _indexer_kernel(QI, KI, WI, KEYS, t0, Tq, Tk, C, idx_scale, HI: tl.constexpr
     store_mask = (rows < C)[:, None] & (keys < Tk)[None, :]
     if i_n * BN > t0 + i_m * BM + BM - 1 + (Tk - Tq):  # the whole block is in every row's future
         tl.store(out, tl.full([BM, BN], -(2**63), tl.int64), mask=store_mask)
-        return
-    offs = tl.arange(0, BDI)
-    kt = tl.load(KI + (b.to(tl.int64) * Tk + keys)[None, :] * DI + offs[:, None],
-                 mask=(keys < Tk)[None, :] & (offs[:, None] < DI), other=0.0)
-    score = tl.zeros([BM, BN], dtype=tl.float32)
-    for j in range(HI):
-        qrow = ((b * Tq + t).to(tl.int64) * HI + j)
-        q = tl.load(QI + qrow[:, None] * DI + offs[None, :], mask=in_q[:, None] & (offs[None, :] < DI),
-                    other=0.0)
-        dots = tl.maximum(mm(q, kt, DOT_PREC) * idx_scale, 0.0)
-        if HAS_W:
-            dots = dots * tl.load(WI + qrow, mask=in_q, other=0.0).to(tl.float32)[:, None]
-        score += dots
-    bits = score.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-    key = ordered * 2147483648 + (2147483647 - keys[None, :].to(tl.int64))
-    ok = in_q[:, None] & (keys[None, :] <= pos[:, None]) & (keys < Tk)[None, :]
-    tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
-
+    else:
+        offs = tl.arange(0, BDI)
+        kt = tl.load(KI + (b.to(tl.int64) * Tk + keys)[None, :] * DI + offs[:, None],
+                     mask=(keys < Tk)[None, :] & (offs[:, None] < DI), other=0.0)
+        score = tl.zeros([BM, BN], dtype=tl.float32)
+        for j in range(HI):
+            qrow = (b * Tq + t).to(tl.int64) * HI + j
+            q = tl.load(QI + qrow[:, None] * DI + offs[None, :], mask=in_q[:, None] & (offs[None, :] < DI),
+                        other=0.0)
+            dots = tl.maximum(mm(q, kt, DOT_PREC) * idx_scale, 0.0)
+            if HAS_W:
+                dots = dots * tl.load(WI + qrow, mask=in_q, other=0.0).to(tl.float32)[:, None]
+            score += dots
+        bits = score.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        key = ordered * 2147483648 + (2147483647 - keys[None, :].to(tl.int64))
+        ok = in_q[:, None] & (keys[None, :] <= pos[:, None]) & (keys < Tk)[None, :]
+        tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
 
 def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, chunk: int | None = None):
     """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference)."""
