@@ -86,7 +86,7 @@ def _bwd_dq_kernel(
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
         tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN)
     hk = h // GRP
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     rows = i_m * BM + tl.arange(0, BM)
     in_q = rows < Tq_n
     qpos = tl.where(in_q, rows + qo, -1)
@@ -183,7 +183,7 @@ def _bwd_dkdv_kernel(
     DOT_PREC: tl.constexpr,
 ):
     """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it."""
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     b, hk, i_n, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
         tl.program_id(0), tl.program_id(1), CU_K, CU_Q, BLK_MAP, Tk, Tq, qoff, HKV, VARLEN)
     if VARLEN:  # _seq_bounds was called with q/k swapped to map key blocks; swap back

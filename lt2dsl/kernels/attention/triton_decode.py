@@ -26,7 +26,7 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
                          BN: tl.constexpr, NSPLIT: tl.constexpr, HAS_W: tl.constexpr, RING: tl.constexpr,
                          DOT_PREC: tl.constexpr):
     """Partial attention of rows (t, g) of kv head `hk` over slots [split·CHUNK, (split+1)·CHUNK)."""
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     pid, split = tl.program_id(0), tl.program_id(1)
     b, hk = pid // HKV, pid % HKV
     n = tl.load(SEQLENS + b).to(tl.int32)
@@ -77,7 +77,7 @@ def _decode_combine_kernel(O_PART, LSE_PART, GATE, O, Tq: tl.constexpr, HQ: tl.c
                            DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, NSPLIT: tl.constexpr,
                            BS: tl.constexpr, GATE_MODE: tl.constexpr):
     """Merge the NSPLIT partials of one (b, kv head, row) by their lse; apply σ(gate)."""
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     pid, r = tl.program_id(0), tl.program_id(1)
     b, hk = pid // HKV, pid % HKV
     t, g = r // GRP, r % GRP

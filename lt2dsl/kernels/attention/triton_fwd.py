@@ -110,7 +110,7 @@ def _attn_fwd_kernel(
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
         tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN)
     hk = h // GRP
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     rows = i_m * BM + tl.arange(0, BM)
     in_q = rows < Tq_n
     qpos = tl.where(in_q, rows + qo, -1)

@@ -13,7 +13,7 @@ TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def pick_backend(backend: str, q: torch.Tensor) -> str:
     """ "reference" or "triton"; float64 has no Triton kernel ("auto" falls back, "triton" refuses)."""
-    which = resolve_backend(backend, q, has_triton=False)  # Triton kernels land in the next step
+    which = resolve_backend(backend, q, has_triton=True)
     if which == "triton" and q.dtype not in TRITON_DTYPES:
         if backend == "auto":
             return "reference"

@@ -36,7 +36,7 @@ def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
                        BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                        IDX_H: tl.constexpr, DOT_PREC: tl.constexpr):
     """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     t, pid = tl.program_id(0), tl.program_id(1)
     b, hk = pid // HKV, pid % HKV
     pos = t + Tk - Tq
@@ -78,7 +78,7 @@ def _sparse_bwd_kernel(Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NID
                        BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                        IDX_H: tl.constexpr, DOT_PREC: tl.constexpr):
     """dq of one query's G heads; dk, dv of its selected keys added atomically into fp32 buffers."""
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     t, pid = tl.program_id(0), tl.program_id(1)
     b, hk = pid // HKV, pid % HKV
     pos = t + Tk - Tq

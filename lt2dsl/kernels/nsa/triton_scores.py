@@ -21,7 +21,7 @@ def _group_probs_kernel(Q, KC, LSE, P, Tq, NC, qoff, KOFF, qk_scale, NROWS,
                         HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, KSTRIDE: tl.constexpr, DOT_PREC: tl.constexpr):
     """P `[B, HKV, Tq, NC]` fp32 from Q `[B, Tq, HQ, D]`, KC `[B, NC, HKV, D]`, LSE `[HQ, B·Tq]`."""
-    HKV: tl.constexpr = HQ // GRP
+    HKV = HQ // GRP
     i_m, pid, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, hk = pid // HKV, pid % HKV
     rows = i_m * BM + tl.arange(0, BM)

@@ -1,0 +1,257 @@
+"""Host-side launchers of the delta-rule Triton kernels: buffers, grids, autotune configs.
+
+Forward (chunked): `delta_wy_fwd_kernel` (or KDA's `kda_intra_fwd_kernel`) prepares T = (I + A)^{-1}
+per chunk, then `delta_state_fwd_kernel` scans the chunks and writes the output. Backward: the
+reverse scan `delta_state_bwd_kernel`, then the per-chunk gradient kernels. Decode:
+`delta_recurrent_kernel`.
+
+Autotune lists are short on purpose (each config is a compile on the GPU). None of the kernels
+transposes a `tl.dot` result, so the Triton 3.4–3.7.0 sm_90 miscompile of "trans of a dot
+accumulator cast to 16-bit at BK = 64" has no site here; the `num_warps=4` WY-backward miscompile
+was in the peer's kernel, whose structure ours does not share, but every config below is still
+checked against the reference on the GPU by the `gpu` tests (`forced_config` runs each one).
+Under the CPU interpreter one fixed config runs.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from itertools import pairwise
+
+import torch
+import triton
+
+from lt2dsl.kernels.common.backend import triton_interpreting
+from lt2dsl.kernels.common.delta_grad import delta_grad_kernel
+from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
+from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
+from lt2dsl.kernels.common.delta_wy import delta_wy_fwd_kernel
+
+BT = 64
+GATE_IDS = {"none": 0, "scalar": 1, "channel": 2}
+# Tests set this to fill every buffer the kernels write with NaN first, so an element a kernel
+# forgets to write fails the comparison instead of passing on leftover memory.
+POISON = os.environ.get("LT2_POISON", "0") == "1"
+
+
+def empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """torch.empty on `like`'s device (NaN-filled when POISON is set)."""
+    t = torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+    return t.fill_(float("nan")) if POISON else t
+
+# State scans: BV trades parallelism (B*HV*V/BV programs; 64 alone would leave half of 132 SMs idle)
+# against re-reading q/k per V tile (served from L2 when the V tiles of one head run together).
+_STATE_CONFIGS = [
+    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=8, num_stages=3),
+]
+# Per-chunk gradient kernel: four 64 x 64 fp32 accumulators plus two [64, K] ones: 8 warps keep
+# them in registers at K = 128; 4 warps are kept for small K.
+_GRAD_CONFIGS = [
+    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+]
+_PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (2, 4)]
+
+
+def _tuned(kernel, configs, key):
+    """The autotuned kernel on the GPU; None under the interpreter (one fixed config runs there)."""
+    if triton_interpreting():
+        return None
+    return triton.autotune(configs=configs, key=key)(kernel)
+
+
+_wy_fwd = _tuned(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
+_state_fwd = _tuned(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_grad = _tuned(delta_grad_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+TUNED = [t for t in (_wy_fwd, _state_fwd, _state_bwd, _grad) if t is not None]
+N_CONFIGS = max(len(_STATE_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS))
+
+
+@contextmanager
+def forced_config(i: int):
+    """Run every autotuned kernel with config i of its list (modulo its length), cache cleared.
+
+    For the GPU tests: every config a kernel may pick on the H200 is checked there.
+    """
+    saved = [(t, t.configs, t.cache) for t in TUNED]
+    for t in TUNED:
+        t.configs, t.cache = [t.configs[i % len(t.configs)]], {}
+    try:
+        yield
+    finally:
+        for t, configs, cache in saved:
+            t.configs, t.cache = configs, cache
+
+
+def launch(tuned, plain, grid, *args, fixed: dict | None = None, **kwargs):
+    """Run `tuned` (GPU, autotuned) or `plain` with the `fixed` meta-parameters and launch options."""
+    if tuned is not None:
+        return tuned[grid](*args, **kwargs)
+    meta = dict(kwargs, **(fixed or {}))
+    g = grid(meta) if callable(grid) else grid
+    return plain[g](*args, **meta)
+
+
+def dot_mode(dtype: torch.dtype) -> int:
+    if triton_interpreting():
+        return DOT_INTERP
+    return DOT_IEEE if dtype == torch.float32 else DOT_NATIVE
+
+
+def pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
+
+
+class ChunkMeta:
+    """Chunk bookkeeping of one call: sizes, and for varlen the chunk tables (one host sync)."""
+
+    def __init__(self, B: int, T: int, HV: int, cu_seqlens: torch.Tensor | None):
+        self.B, self.T, self.HV = B, T, HV
+        self.varlen = cu_seqlens is not None
+        self.cu = cu_seqlens
+        if cu_seqlens is None:
+            self.N = B
+            self.NT = triton.cdiv(T, BT)
+            self.n_chunks = B * self.NT
+            self.chunk_indices = self.chunk_offsets = None
+            return
+        cu = cu_seqlens.tolist()
+        if cu[0] != 0 or cu[-1] != T or any(a > b for a, b in pairwise(cu)):
+            raise ValueError(f"`cu_seqlens` must rise from 0 to T={T}, got {cu}")
+        counts = [triton.cdiv(b - a, BT) for a, b in pairwise(cu)]
+        pairs = [(n, i) for n, c in enumerate(counts) for i in range(c)]
+        dev = cu_seqlens.device
+        self.N = len(counts)
+        self.NT = 1
+        self.n_chunks = len(pairs)
+        self.chunk_indices = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=dev)
+        offsets = [0]
+        for c in counts[:-1]:
+            offsets.append(offsets[-1] + c)
+        self.chunk_offsets = torch.tensor(offsets, dtype=torch.int32, device=dev)
+
+    @staticmethod
+    def max_chunks(B: int, T: int, N: int, varlen: bool) -> int:
+        """Rows of chunk-indexed buffers, known from shapes alone (fake tensors need that)."""
+        return triton.cdiv(T, BT) + N if varlen else B * triton.cdiv(T, BT)
+
+    def chunk_grid(self, bh: int):
+        """Grid of per-chunk kernels: (chunks of one batch row, B*HV) or (all chunks, HV)."""
+        return (self.n_chunks, self.HV) if self.varlen else (self.NT, bh)
+
+
+def wy_fwd(q, k, g, beta, gate: str, meta: ChunkMeta):
+    """T = (I + A)^{-1} `[B*T, HV, 64]` fp32 and the gate cumsum (GDN/DeltaNet; KDA has its own)."""
+    B, T, H, K = k.shape
+    HV = beta.shape[-1]
+    Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
+    gcum = empty(k, B * T, HV, dtype=torch.float32) if gate == "scalar" else Ainv
+    launch(_wy_fwd, delta_wy_fwd_kernel, meta.chunk_grid(B * HV), k, g if g is not None else beta,
+           beta, gcum, Ainv, meta.cu, meta.chunk_indices, T, H=H, HV=HV, K=K, BT=BT, BK=pow2(K),
+           USE_G=gate == "scalar", IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype))
+    return gcum, Ainv
+
+
+def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
+    """Output `[B, T, HV, V]`, final state, and (if `save`) per-chunk states and U' for the backward."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    o = empty(v, *v.shape)
+    ht = empty(v, meta.N, HV, K, V, dtype=torch.float32) if want_final else o
+    n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
+    h = empty(k, n_rows, HV, K, V) if save else o
+    vnew = empty(v, *v.shape) if save else o
+
+    def grid(m):
+        return (triton.cdiv(V, m["BV"]), meta.N * HV)
+
+    launch(_state_fwd, delta_state_fwd_kernel, grid, q, k, v, gcum, beta, Ainv, Aqk,
+           h0 if h0 is not None else o, o, h, vnew, ht, meta.cu, meta.chunk_offsets, T, scale,
+           H=H, HV=HV, K=K, V=V, BT=BT, BK=pow2(K), GATE=GATE_IDS[gate], USE_H0=h0 is not None,
+           STORE_FINAL=want_final, STORE_H=save, STORE_VNEW=save, IS_VARLEN=meta.varlen,
+           DOT=dot_mode(k.dtype), fixed={"BV": min(64, pow2(V))})
+    return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
+
+
+def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta, want_dh0):
+    """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU', and the initial-state gradient."""
+    B, T, H, K = k.shape
+    HV, V = do.shape[2], do.shape[3]
+    n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
+    dh = empty(k, n_rows, HV, K, V)
+    Y = empty(k, *do.shape)
+    dh0 = empty(do, meta.N, HV, K, V, dtype=torch.float32) if want_dh0 else Y
+
+    def grid(m):
+        return (triton.cdiv(V, m["BV"]), meta.N * HV)
+
+    launch(_state_bwd, delta_state_bwd_kernel, grid, q, k, gcum, beta, Ainv, Aqk, do,
+           dht if dht is not None else do, dh, Y, dh0, meta.cu, meta.chunk_offsets, T, scale,
+           H=H, HV=HV, K=K, V=V, BT=BT, BK=pow2(K), GATE=GATE_IDS[gate], USE_DHT=dht is not None,
+           STORE_DH0=want_dh0, IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype),
+           fixed={"BV": min(64, pow2(V))})
+    return dh, Y, (dh0 if want_dh0 else None)
+
+
+def grad_scalar(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: ChunkMeta):
+    """dq, dk `[B*T, HV, K]` fp32 (per value head), dv, dβ and dg (fp32) of DeltaNet / GDN."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    dq = empty(q, B * T, HV, K, dtype=torch.float32)
+    dk = empty(q, B * T, HV, K, dtype=torch.float32)
+    dv = empty(v, *v.shape)
+    dbeta = empty(q, B * T, HV, dtype=torch.float32)
+    dg = empty(q, B * T, HV, dtype=torch.float32) if gate == "scalar" else dbeta
+    launch(_grad, delta_grad_kernel, meta.chunk_grid(B * HV), q, k, v, gcum, beta, h, dh, vnew, Y,
+           do, dq, dk, dv, dbeta, dg, meta.cu, meta.chunk_indices, T, scale, H=H, HV=HV, K=K, V=V,
+           BT=BT, BK=pow2(K), GATE=GATE_IDS[gate], IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype),
+           fixed={"BV": min(64, pow2(V))})
+    return dq, dk, dv, dbeta, (dg if gate == "scalar" else None)
+
+
+def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
+    """KDA: per-channel gcum `[B*T, HV, K]`, T and the gated scores Aqk `[B*T, HV, 64]` (fp32)."""
+    from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
+
+    B, T, H, K = k.shape
+    HV = beta.shape[-1]
+    Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
+    Aqk = empty(k, B * T, HV, BT, dtype=torch.float32)
+    gcum = empty(k, B * T, HV, K, dtype=torch.float32)
+    launch(None, kda_intra_fwd_kernel, meta.chunk_grid(B * HV), q, k, g, beta, gcum, Ainv, Aqk,
+           meta.cu, meta.chunk_indices, T, scale, H=H, HV=HV, K=K, BT=BT, BK=min(32, pow2(K)),
+           IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype), fixed={"num_warps": 4})
+    return gcum, Ainv, Aqk
+
+
+def grad_channel(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, meta: ChunkMeta):
+    """KDA: dq, dk, dg `[B*T, HV, K]` fp32 (per value head), dv, dβ (fp32)."""
+    from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel, kda_grad_state_kernel
+
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    dq = empty(q, B * T, HV, K, dtype=torch.float32)
+    dk = empty(q, B * T, HV, K, dtype=torch.float32)
+    dg = empty(q, B * T, HV, K, dtype=torch.float32)
+    dv = empty(v, *v.shape)
+    dbeta = empty(q, B * T, HV, dtype=torch.float32)
+    MA = empty(q, B * T, HV, BT, dtype=torch.float32)
+    MB = empty(q, B * T, HV, BT, dtype=torch.float32)
+    grid = meta.chunk_grid(B * HV)
+    launch(None, kda_grad_state_kernel, grid, q, k, v, gcum, beta, h, dh, vnew, Y, do, dq, dk, dv,
+           dbeta, dg, MA, MB, meta.cu, meta.chunk_indices, T, scale, H=H, HV=HV, K=K, V=V, BT=BT,
+           BK=pow2(K), IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype),
+           fixed={"BV": min(32, pow2(V)), "num_warps": 8 if K > 64 else 4})
+    BKs = min(32, pow2(K))
+    NK = triton.cdiv(K, BKs)
+    dbeta_intra = empty(q, NK, B * T, HV, dtype=torch.float32)
+    launch(None, kda_grad_intra_kernel, (NK, *grid), q, k, gcum, beta, MA, MB, dq, dk, dg,
+           dbeta_intra, meta.cu, meta.chunk_indices, T, B * T, scale, H=H, HV=HV, K=K, BT=BT,
+           BK=BKs, IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype), fixed={"num_warps": 4})
+    return dq, dk, dv, dbeta + dbeta_intra.sum(0), dg

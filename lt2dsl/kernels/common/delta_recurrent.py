@@ -1,0 +1,84 @@
+"""Token-recurrent delta-rule kernel for decode (one or a few new tokens per sequence).
+
+One program per (V tile, sequence x value head) loads its `[K, BV]` slice of the fp32 state once,
+applies the recurrence of mixers.md §4–§6 token by token,
+
+    S ← α S (GDN: α scalar; KDA: α per key row),   u = β (v − Sᵀk),   S ← S + k uᵀ,   o = Sᵀ (s q),
+
+and writes the slice back once. The state may be written into the tensor it was read from
+(`ht` = `h0`): every program owns its slice, so in-place needs no synchronisation. At batch 64,
+16 heads, K = V = 128 the state is 64 MiB, read and written once; 4096 programs of 4 warps keep
+the copy engines of every SM busy.
+
+L2NORM normalises q and k in the kernel (x / sqrt(Σx² + 1e-6)), so decode needs no extra launch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from lt2dsl.kernels.common.delta_tl import rsum
+
+
+@triton.jit
+def delta_recurrent_kernel(
+    q, k, v, g, beta, h0, o, ht, cu_seqlens, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
+    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    ok = tl.arange(0, BK)
+    ov = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = ok < K, ov < V
+    p_state = (i_nh.to(tl.int64) * K + ok[:, None]) * V + ov[None, :]
+    m_kv = m_k[:, None] & m_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
+    b64 = bos.to(tl.int64)
+    p_q = q + (b64 * H + i_h) * K + ok
+    p_k = k + (b64 * H + i_h) * K + ok
+    p_v = v + (b64 * HV + i_hv) * V + ov
+    p_o = o + (b64 * HV + i_hv) * V + ov
+    p_beta = beta + b64 * HV + i_hv
+    if GATE == 2:
+        p_g = g + (b64 * HV + i_hv) * K + ok
+    else:
+        p_g = g + b64 * HV + i_hv
+    for _ in range(bos, eos):
+        b_q = tl.load(p_q, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(p_k, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(p_v, mask=m_v, other=0.0).to(tl.float32)
+        b_beta = tl.load(p_beta).to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(rsum(b_q * b_q, 0) + 1e-6)
+            b_k = b_k / tl.sqrt(rsum(b_k * b_k, 0) + 1e-6)
+        if GATE == 1:
+            S = S * tl.exp(tl.load(p_g).to(tl.float32))
+        if GATE == 2:
+            S = S * tl.exp(tl.load(p_g, mask=m_k, other=0.0).to(tl.float32))[:, None]
+        u = b_beta * (b_v - rsum(b_k[:, None] * S, 0))
+        S += b_k[:, None] * u[None, :]
+        b_o = rsum((b_q * scale)[:, None] * S, 0)
+        tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_v)
+        p_q += H * K
+        p_k += H * K
+        p_v += HV * V
+        p_o += HV * V
+        p_beta += HV
+        if GATE == 2:
+            p_g += HV * K
+        else:
+            p_g += HV
+    if STORE_FINAL:
+        tl.store(ht + p_state, S, mask=m_kv)

@@ -1,0 +1,229 @@
+"""Triton building blocks shared by the delta-rule kernels (DeltaNet, GDN, KDA).
+
+Conventions of every kernel in the family:
+
+* Tensors are flattened over batch and time: q, k `[B*T, H, K]`, v `[B*T, HV, V]`, gates `[B*T, HV(, K)]`
+  (contiguous). A sequence is the row range [bos, eos): `b*T .. (b+1)*T`, or a `cu_seqlens` segment.
+* Chunks of BT = 64 tokens, split into four 16-token sub-chunks where a kernel needs 16 x 16 blocks
+  (the triangular inverse, KDA's gated products). Per-chunk 64 x 64 matrices are stored row by row
+  next to the tokens: `[B*T, HV, 64]`.
+* `DOT` selects how `tl.dot` runs: 0 = native 16-bit tensor cores, 1 = fp32 "ieee" (fp32 inputs: the
+  tests hold fp32 to 1e-4, which TF32 would miss), 2 = Triton's CPU interpreter, whose `tl.dot`
+  multiplies 16-bit floats as integers, so operands are widened to fp32 first.
+* No kernel transposes a `tl.dot` result (Hopper miscompile in Triton 3.4–3.7.0, see
+  /work/shared/bench/README.md); transposed products are recomputed from loaded operands instead.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from lt2dsl.kernels.common.backend import triton_interpreting
+
+DOT_NATIVE, DOT_IEEE, DOT_INTERP = 0, 1, 2
+
+
+def helper(fn):
+    """`triton.jit` for device helpers called from kernels.
+
+    Under TRITON_INTERPRET=1 Triton re-patches `triton.language` on every helper call (≈2 ms each,
+    most of the CPU test time); the kernel launch has patched it already, so the helper here runs
+    its rewritten Python directly. Compiled (GPU) code is unaffected.
+    """
+    jitted = triton.jit(fn)
+    if not triton_interpreting() or not hasattr(jitted, "rewrite"):
+        return jitted
+
+    class _Helper(type(jitted)):
+        def __call__(self, *args, **kwargs):
+            return self.rewrite()(*args, **kwargs)
+
+    jitted.__class__ = _Helper
+    return jitted
+
+
+@helper
+def rsum(x, axis: tl.constexpr):
+    """tl.sum of an fp32 tensor, spelled as the reduction tl.sum lowers to.
+
+    Same code on the GPU; the interpreter maps this combine function to one numpy call instead of
+    entering the `tl.sum` wrapper (≈2 ms a call on CPU).
+    """
+    return tl.reduce(x, axis, tl.standard._sum_combine)
+
+
+@helper
+def rcumsum(x, axis: tl.constexpr):
+    """tl.cumsum of an fp32 tensor (inclusive), spelled as the scan it lowers to; see `rsum`."""
+    return tl.associative_scan(x, axis, tl.standard._sum_combine)
+
+
+@helper
+def mm(a, b, DOT: tl.constexpr):
+    """a @ b with fp32 accumulation; operands are already in the kernel's dot dtype."""
+    if DOT == 2:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif DOT == 1:
+        r = tl.dot(a, b, input_precision="ieee")
+    else:
+        r = tl.dot(a, b)
+    return r
+
+
+@helper
+def mm_f32(a, b, DOT: tl.constexpr):
+    """fp32 @ fp32 in full precision (the 16 x 16 steps of the triangular inverse), any `DOT`."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@helper
+def load_rows(ptr, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """Rows t0 + 16 I .. +16 of a `[rows, STRIDE]` buffer, first D columns, as `[16, BD]` (0 past eos)."""
+    o = tl.arange(0, 16)
+    od = tl.arange(0, BD)
+    rows = t0 + I * 16 + o
+    p = ptr + rows.to(tl.int64)[:, None] * STRIDE + od[None, :]
+    return tl.load(p, mask=(rows < eos)[:, None] & (od < D)[None, :], other=0.0)
+
+
+@helper
+def load_vec16(ptr, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr):
+    """Entries t0 + 16 I .. +16 of a strided per-token scalar (β, g) as fp32 `[16]` (0 past eos)."""
+    rows = t0 + I * 16 + tl.arange(0, 16)
+    return tl.load(ptr + rows.to(tl.int64) * STRIDE, mask=rows < eos, other=0.0).to(tl.float32)
+
+
+@helper
+def chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN: tl.constexpr):
+    """(sequence id, chunk index in the sequence, bos, eos) of chunk program (i_c, i_b).
+
+    Without varlen the grid runs chunks of batch row i_b; with varlen (B == 1) `chunk_indices`
+    `[NT_total, 2]` lists (sequence, chunk) for every chunk of the packed batch.
+    """
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + 2 * i_c).to(tl.int32)
+        i_t = tl.load(chunk_indices + 2 * i_c + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+    else:
+        i_n = i_b
+        i_t = i_c
+        bos = i_b * T
+        eos = bos + T
+    return i_n, i_t, bos, eos
+
+
+@helper
+def seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(bos, eos, number of chunks, index of the first chunk in chunk-indexed buffers) of sequence i_n."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+        NT = tl.cdiv(eos - bos, BT)
+        boh = tl.load(chunk_offsets + i_n).to(tl.int32)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        NT = tl.cdiv(T, BT)
+        boh = i_n * NT
+    return bos, eos, NT, boh
+
+
+@helper
+def stack4(X0, X1, X2, X3):
+    """Four equal 2-D tiles as one `[4, M, N]` tensor (sub-chunk index first)."""
+    blk = tl.arange(0, 4)[:, None, None]
+    return tl.where(blk == 0, X0[None, :, :], tl.where(blk == 1, X1[None, :, :], tl.where(
+        blk == 2, X2[None, :, :], X3[None, :, :])))
+
+
+@helper
+def pick4(X, I: tl.constexpr):
+    """Tile I of a `[4, M, N]` stack."""
+    return rsum(tl.where(tl.arange(0, 4)[:, None, None] == I, X, 0.0), 0)
+
+
+@helper
+def inv_unit_lower16x4(A):
+    """(I + A_j)^{-1} of four strictly lower 16 x 16 fp32 blocks stacked as `[4, 16, 16]`.
+
+    Forward substitution, each of the 14 steps serving all four blocks: row i of T = (I + A)^{-1}
+    is e_i − Σ_{j<i} A_ij T_j; R holds T − I row by row (rows 0 and 1 are −A already), so a step
+    is one row of −A plus a vector-matrix product with R.
+    """
+    o = tl.arange(0, 16)
+    row = o[None, :, None]
+    R = -A
+    for i in tl.static_range(2, 16):
+        a = -rsum(tl.where(row == i, A, 0.0), 1)  # [4, 16]: row i of −A_j, indexed by column
+        a = a + rsum(a[:, :, None] * R, 1)
+        R = tl.where(row == i, a[:, None, :], R)
+    return R + tl.where(o[:, None] == o[None, :], 1.0, 0.0)[None, :, :]
+
+
+@helper
+def inv_unit_lower64(Ad, A10, A20, A21, A30, A31, A32, DOT: tl.constexpr):
+    """(I + A)^{-1} of a strictly lower 64 x 64 matrix: diagonal blocks stacked `[4, 16, 16]`, then
+    the six 16 x 16 blocks below them.
+
+    Diagonal blocks by substitution, then T_IJ = −T_II Σ_{J≤m<I} A_Im T_mJ (block forward
+    substitution), all in fp32. Returns the ten lower blocks T00, T10, T11, T20, ... T33.
+    """
+    Td = inv_unit_lower16x4(Ad)
+    T00 = pick4(Td, 0)
+    T11 = pick4(Td, 1)
+    T22 = pick4(Td, 2)
+    T33 = pick4(Td, 3)
+    T10 = -mm_f32(T11, mm_f32(A10, T00, DOT), DOT)
+    T21 = -mm_f32(T22, mm_f32(A21, T11, DOT), DOT)
+    T32 = -mm_f32(T33, mm_f32(A32, T22, DOT), DOT)
+    T20 = -mm_f32(T22, mm_f32(A20, T00, DOT) + mm_f32(A21, T10, DOT), DOT)
+    T31 = -mm_f32(T33, mm_f32(A31, T11, DOT) + mm_f32(A32, T21, DOT), DOT)
+    T30 = -mm_f32(T33, mm_f32(A30, T00, DOT) + mm_f32(A31, T10, DOT) + mm_f32(A32, T20, DOT), DOT)
+    return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
+
+
+@helper
+def block_rows(ptr, t0, I: tl.constexpr, eos, HV: tl.constexpr, BT: tl.constexpr):
+    """(pointers `[16, 16]` to columns 0..15, row mask) of sub-chunk I of a `[B*T, HV, BT]` buffer.
+
+    `ptr` already points at head hv of row 0; add 16 J to reach block column J.
+    """
+    o = tl.arange(0, 16)
+    rows = t0 + I * 16 + o
+    return ptr + rows.to(tl.int64)[:, None] * (HV * BT) + o[None, :], (rows < eos)[:, None]
+
+
+@helper
+def store_vec16(ptr, x, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr):
+    """Store `[16]` values at rows t0 + 16 I .. +16 of a strided per-token buffer (not past eos)."""
+    rows = t0 + I * 16 + tl.arange(0, 16)
+    tl.store(ptr + rows.to(tl.int64) * STRIDE, x, mask=rows < eos)
+
+
+@helper
+def store_lower64(p, t0, eos, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, HV: tl.constexpr,
+                   BT: tl.constexpr):
+    """Write a block lower-triangular 64 x 64 matrix, zeros above the block diagonal included."""
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    p0, m0 = block_rows(p, t0, 0, eos, HV, BT)
+    p1, m1 = block_rows(p, t0, 1, eos, HV, BT)
+    p2, m2 = block_rows(p, t0, 2, eos, HV, BT)
+    p3, m3 = block_rows(p, t0, 3, eos, HV, BT)
+    tl.store(p0, X00, mask=m0)
+    tl.store(p0 + 16, z, mask=m0)
+    tl.store(p0 + 32, z, mask=m0)
+    tl.store(p0 + 48, z, mask=m0)
+    tl.store(p1, X10, mask=m1)
+    tl.store(p1 + 16, X11, mask=m1)
+    tl.store(p1 + 32, z, mask=m1)
+    tl.store(p1 + 48, z, mask=m1)
+    tl.store(p2, X20, mask=m2)
+    tl.store(p2 + 16, X21, mask=m2)
+    tl.store(p2 + 32, X22, mask=m2)
+    tl.store(p2 + 48, z, mask=m2)
+    tl.store(p3, X30, mask=m3)
+    tl.store(p3 + 16, X31, mask=m3)
+    tl.store(p3 + 32, X32, mask=m3)
+    tl.store(p3 + 48, X33, mask=m3)

@@ -1,0 +1,97 @@
+"""torch.library registration of the `gla` Triton kernels and the backend="triton" entry.
+
+Custom ops (each with a fake implementation and a FLOP formula): `lt2dsl::gla_chunk_fwd` and
+`lt2dsl::gla_chunk_bwd`, tied by `register_autograd`; decode and short gradient-free calls use the
+shared token-recurrent kernel `lt2dsl::decay_fused_recurrent[_]` (common/decay_recurrent.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+from ..common.decay_ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
+from .chunk import chunk_gla_bwd, chunk_gla_fwd
+
+# elementwise 16 × 16 diagonal sub-blocks: ≈ 3·16·K per token (mixers.md §3(d))
+_SUBCHUNK_FLOPS = 3 * 16
+
+
+@torch.library.custom_op("lt2dsl::gla_chunk_fwd", mutates_args=())
+def gla_chunk_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    h0: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """o `[B, T, HV, V]` and final state `[N, HV, K, V]` (fp32)."""
+    return chunk_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final=True)
+
+
+@gla_chunk_fwd.register_fake
+def _(q, k, v, g, h0, cu_seqlens, scale):
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return torch.empty_like(v), q.new_empty(N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
+
+
+@torch.library.custom_op("lt2dsl::gla_chunk_bwd", mutates_args=())
+def gla_chunk_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    h0: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dg, dh0); dh0 is an empty tensor when h0 is None."""
+    dq, dk, dv, dg, dh0 = chunk_gla_bwd(q, k, v, g, scale, h0, do, dht, cu_seqlens)
+    return dq, dk, dv, dg, empty_grad(dh0, q)
+
+
+@gla_chunk_bwd.register_fake
+def _(q, k, v, g, h0, cu_seqlens, do, dht, scale):
+    dh0 = torch.empty_like(h0) if h0 is not None else q.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g), dh0
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, h0, cu_seqlens, scale = inputs
+    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens)
+    ctx.scale = scale
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, do, dht):
+    q, k, v, g, h0, cu_seqlens = ctx.saved_tensors
+    do = torch.zeros_like(v) if do is None else do.contiguous()
+    dht = None if dht is None else dht.float().contiguous()
+    dq, dk, dv, dg, dh0 = torch.ops.lt2dsl.gla_chunk_bwd(q, k, v, g, h0, cu_seqlens, do, dht, ctx.scale)
+    return dq, dk, dv, dg, dh0 if h0 is not None else None, None, None
+
+
+torch.library.register_autograd("lt2dsl::gla_chunk_fwd", _backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.lt2dsl.gla_chunk_fwd)
+def _fwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    return chunk_flops(q_shape, v_shape, _SUBCHUNK_FLOPS * q_shape[3])
+
+
+@register_flop_formula(torch.ops.lt2dsl.gla_chunk_bwd)
+def _bwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    # backward ≈ 2× forward (mixers.md §0: training ≈ 3× forward)
+    return 2 * chunk_flops(q_shape, v_shape, _SUBCHUNK_FLOPS * q_shape[3])
+
+
+def gla_triton(q, k, v, g, scale, initial_state, want_final, inplace, cu_seqlens):
+    """backend="triton": chunked kernels with autograd, or the fused recurrent kernel for decode."""
+    q, k, v, g, h0 = prepare_inputs(q, k, v, g, initial_state)
+    return run_decay_triton(
+        torch.ops.lt2dsl.gla_chunk_fwd, q, k, v, g, h0, initial_state, scale, want_final, inplace, cu_seqlens
+    )
