@@ -66,7 +66,9 @@ def plan(tree: Tree, comments: list[Token], text: str) -> Plan:
     lines = text.split("\n")
     stmts = statements(tree)
     model_kw = _model_keyword(tree)
-    header_lines = set() if model_kw else _bare_header(comments, lines, stmts)
+    # a final newline ends the last line; it does not start an empty one
+    real = lines[:-1] if text.endswith("\n") else lines
+    header_lines = set() if model_kw else _bare_header(comments, real, stmts)
     p = Plan()
     header, footer = [], []
     starts = [s.start for s in stmts]
