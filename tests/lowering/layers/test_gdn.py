@@ -87,6 +87,20 @@ def test_prefill_then_decode_equals_one_forward(given, T, n):
     torch.testing.assert_close(y, layer(x), rtol=1e-9, atol=1e-11)
 
 
+def test_decode_updates_the_cached_state_in_place_without_autograd():
+    layer = make()
+    x = torch.randn(2, 6, CFG.dim, dtype=torch.float64)
+    with torch.no_grad():
+        _, entry = decode(layer, x[:, :5], 4)
+        state = entry["state"]
+        layer(x[:, 5:], entry, 5)
+    assert entry["state"] is state
+    # with autograd on, the state saved for backward must not be overwritten: a new tensor
+    before = state.clone()
+    layer(x[:, 5:], entry, 6).sum().backward()
+    assert entry["state"] is not state and torch.equal(state, before)
+
+
 def conv_silu_ref(u: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
     """y_t[c] = SiLU(Σ_j w[c, j] u_{t−W+1+j}[c]) with zeros before the start (mixers.md §0)."""
     if w is None:

@@ -1,0 +1,63 @@
+"""`deltanet`: the delta rule without decay (mixers.md §4), as fla's `DeltaNet` layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from lt2dsl.lowering.functional_recurrent import (
+    GatedRMSNorm,
+    check_input,
+    conv_silu,
+    delta_rule_core,
+    depthwise_conv,
+    init_linears,
+    math_dtype,
+    param_dtype,
+)
+from lt2dsl.lowering.layers.base import MixerLayer, linear
+
+# fx.wrap patches a leaf only in the globals of the module that registers it.
+torch.fx.wrap("delta_rule_core")
+
+
+class DeltaNet(MixerLayer):
+    """Delta rule with L2-normalised keys and a per-head output RMSNorm.
+
+    x `[B, T, D]` → q, k, v `[B, T, H, K]` (K = V) through projections and short convs + SiLU
+    (SiLU alone when `conv=0`), q, k L2-normalised inside the core; β = σ(W_b x) `[B, T, H]` in
+    fp32; S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ (K^-½ q_t); then per-head
+    RMSNorm(o) (⊙ SiLU(W_g x) with `gate`; eps 1e-5, fla's norm_eps) and W_o. No parameter
+    beyond projections, convs (PyTorch's Conv1d default init, as fla) and the norm weight.
+    """
+
+    kind = "deltanet"
+
+    def __init__(self, opts, cfg, backend: str = "reference"):
+        super().__init__(opts, cfg, backend)
+        H, K, W, D = self.opts["heads"], self.opts["head_dim"], self.opts["conv"], cfg.dim
+        self.H, self.K, self.W = H, K, W
+        self.q_proj, self.k_proj, self.v_proj = linear(D, H * K), linear(D, H * K), linear(D, H * K)
+        self.b_proj = linear(D, H)
+        if self.opts["gate"]:
+            self.g_proj = linear(D, H * K)
+        self.o_proj = linear(H * K, D)
+        if W > 0:
+            self.q_conv1d, self.k_conv1d, self.v_conv1d = (depthwise_conv(H * K, W) for _ in range(3))
+        self.o_norm = GatedRMSNorm(K, eps=1e-5, act="silu" if self.opts["gate"] else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init_linears(self)
+
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+        """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, K]` and the conv buffers."""
+        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        q = conv_silu(self, self.q_proj(x), "q", entry, self.W).unflatten(-1, (self.H, self.K))
+        k = conv_silu(self, self.k_proj(x), "k", entry, self.W).unflatten(-1, (self.H, self.K))
+        v = conv_silu(self, self.v_proj(x), "v", entry, self.W).unflatten(-1, (self.H, self.K))
+        beta = torch.sigmoid(self.b_proj(x).to(math_dtype(self)))  # [B, T, H]
+        o = delta_rule_core(q, k, v, beta, entry, scale=self.K**-0.5, backend=self.backend,
+                            state_dtype=self.state_dtype())
+        gate = self.g_proj(x).unflatten(-1, (self.H, self.K)) if self.opts["gate"] else None
+        return self.o_proj(self.o_norm(o, gate).flatten(-2))

@@ -1,0 +1,63 @@
+"""`gla`: gated linear attention with a low-rank per-channel decay (mixers.md §3), as fla's GLA."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from lt2dsl.ir.specs.gla import dims
+from lt2dsl.lowering.functional_recurrent import (
+    GatedRMSNorm,
+    check_input,
+    gla_core,
+    init_linears,
+    math_dtype,
+    param_dtype,
+)
+from lt2dsl.lowering.layers.base import MixerLayer, linear
+
+# fx.wrap patches a leaf only in the globals of the module that registers it.
+torch.fx.wrap("gla_core")
+
+
+class GatedLinearAttention(MixerLayer):
+    """Linear attention with a data-dependent per-channel decay and a SiLU-gated output norm.
+
+    x `[B, T, D]` → q, k `[B, T, H, K]` (K = head_dim · expand_k), v `[B, T, H, V]`; decay
+    log α = logσ(W_α2 W_α1 x + b_α) / τ `[B, T, H, K]` in fp32 (τ = `gate_norm`);
+    S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ (K^-½ q_t); then RMSNorm(o) ⊙ SiLU(W_g x) per
+    head (eps 1e-5, fla's norm_eps) and W_o. No short convs and no feature map (fla's defaults).
+    Init: projections normal(0, 0.02), the decay bias b_α = 0 (fla's model init zeroes biases).
+    """
+
+    kind = "gla"
+
+    def __init__(self, opts, cfg, backend: str = "reference"):
+        super().__init__(opts, cfg, backend)
+        H, K, V = dims(self.opts)
+        D, r = cfg.dim, self.opts["gate_rank"]
+        self.H, self.K, self.V = H, K, V
+        self.q_proj, self.k_proj = linear(D, H * K), linear(D, H * K)
+        self.v_proj, self.g_proj = linear(D, H * V), linear(D, H * V)
+        self.gk_proj = nn.Sequential(linear(D, r), linear(r, H * K, bias=True))
+        self.o_proj = linear(H * V, D)
+        self.g_norm = GatedRMSNorm(V, eps=1e-5, act="silu")
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init_linears(self)
+
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+        """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, V]`."""
+        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        q = self.q_proj(x).unflatten(-1, (self.H, self.K))
+        k = self.k_proj(x).unflatten(-1, (self.H, self.K))
+        v = self.v_proj(x).unflatten(-1, (self.H, self.V))
+        gk = self.gk_proj(x).to(math_dtype(self)).unflatten(-1, (self.H, self.K))
+        g = F.logsigmoid(gk) / self.opts["gate_norm"]
+        o = gla_core(q, k, v, g, entry, scale=self.K**-0.5, backend=self.backend,
+                     state_dtype=self.state_dtype())
+        gate = self.g_proj(x).unflatten(-1, (self.H, self.V))
+        return self.o_proj(self.g_norm(o, gate).flatten(-2))

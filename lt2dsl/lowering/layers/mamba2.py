@@ -1,0 +1,90 @@
+"""`mamba2`: Mamba2 / SSD (mixers.md §7), parameterized as mamba_ssm's `Mamba2`."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from lt2dsl.ir.specs.mamba2 import dims
+from lt2dsl.lowering.functional import short_conv
+from lt2dsl.lowering.functional_recurrent import (
+    GatedRMSNorm,
+    check_input,
+    init_A_log,
+    init_dt_bias,
+    init_linears,
+    math_dtype,
+    param_dtype,
+    simple_gla_core,
+)
+from lt2dsl.lowering.layers.base import MixerLayer, linear
+
+# fx.wrap patches a leaf only in the globals of the module that registers it.
+torch.fx.wrap("short_conv")
+torch.fx.wrap("simple_gla_core")
+
+
+class Mamba2(MixerLayer):
+    """Selective state space with a scalar decay per head (SSD), run as scalar-decay linear attention.
+
+    x `[B, T, D]` → in_proj → [z (d_in), x (d_in), B (G·N), C (G·N), dt (H)]; causal depthwise
+    conv (with bias) + SiLU on xBC (SiLU alone when `conv=0`); dt = softplus(dt + dt_bias),
+    A = −exp(A_log) in fp32; per head h (group h // (H/G)):
+    h_t = exp(dt_t A) h_{t−1} + dt_t x_t B_tᵀ, y_t = h_t C_t + D·x_t — the core gets
+    (q, k, v, g) = (C, B, dt·x, dt·A) with scale 1 (mixers.md §15.3), state `[B, H, N, P]`.
+    Then RMSNorm over groups of d_in/G channels of y ⊙ SiLU(z) (gate before the norm, eps 1e-5)
+    and out_proj. Init: A = U(1, 16), D = 1, dt_bias = softplus⁻¹(dt) with dt log-uniform in
+    [1e-3, 0.1]; in_proj/out_proj normal(0, 0.02); conv PyTorch's Conv1d default (mamba_ssm).
+    """
+
+    kind = "mamba2"
+
+    def __init__(self, opts, cfg, backend: str = "reference"):
+        super().__init__(opts, cfg, backend)
+        d_in, H, P, N, G = dims(self.opts, cfg.dim)
+        if d_in != H * P:
+            raise ValueError(f"`mamba2` needs heads · head_dim = expand · dim = {d_in}, got {H} · {P}")
+        if H % G or d_in % G:
+            raise ValueError(f"`mamba2` groups G = {G} must divide the heads ({H}) and d_in ({d_in})")
+        self.d_in, self.H, self.P, self.N, self.G, self.W = d_in, H, P, N, G, self.opts["conv"]
+        xbc = d_in + 2 * G * N
+        self.in_proj = linear(cfg.dim, 2 * d_in + 2 * G * N + H)
+        if self.W > 0:
+            self.conv1d = nn.Conv1d(xbc, xbc, self.W, groups=xbc, bias=True)
+        self.dt_bias = nn.Parameter(torch.empty(H))
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.D = nn.Parameter(torch.ones(H))
+        self.norm = GatedRMSNorm(d_in, eps=1e-5, act="silu", group=d_in // G, norm_before_gate=False)
+        self.out_proj = linear(d_in, cfg.dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init_linears(self)
+        init_A_log(self.A_log, 1.0, 16.0)
+        init_dt_bias(self.dt_bias)
+        nn.init.ones_(self.D)
+
+    def _xbc(self, xbc: torch.Tensor, entry) -> torch.Tensor:
+        """Conv + SiLU of xBC `[B, T, d_in + 2GN]`, its last W−1 inputs cached as `xbc_conv`."""
+        if self.W == 0:
+            return F.silu(xbc)
+        return short_conv(xbc, self.conv1d.weight, self.conv1d.bias, entry, "xbc_conv")
+
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+        """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, N, P]` and `xbc_conv`."""
+        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        d_in, GN = self.d_in, self.G * self.N
+        z, xbc, dt = self.in_proj(x).split([d_in, d_in + 2 * GN, self.H], dim=-1)
+        xs, Bm, Cm = self._xbc(xbc, entry).split([d_in, GN, GN], dim=-1)
+        gd = math_dtype(self)
+        dt = F.softplus(dt.to(gd) + self.dt_bias.to(gd))  # [B, T, H]
+        g = dt * -self.A_log.to(gd).exp()
+        xh = xs.unflatten(-1, (self.H, self.P))  # [B, T, H, P]
+        v = (dt[..., None] * xh.to(gd)).to(param_dtype(self))
+        q, k = Cm.unflatten(-1, (self.G, self.N)), Bm.unflatten(-1, (self.G, self.N))
+        y = simple_gla_core(q, k, v, g, entry, scale=1.0, backend=self.backend,
+                            state_dtype=self.state_dtype())
+        y = y + self.D[:, None] * xh
+        return self.out_proj(self.norm(y.flatten(-2), z))
