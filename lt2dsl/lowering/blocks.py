@@ -91,7 +91,8 @@ class ResidualBlock(nn.Module):
 class ExitMix(nn.Module):
     """Ouro's exit distribution over a loop's iterations (mixers.md §14.1), without parameters.
 
-    Given the states h^{(τ)} `[B, L, D]` and exit probabilities λ_τ `[B, L]` of τ = 1..T:
+    Given the states h^{(τ)} `[B, L, D]` and exit-gate logits `[B, L, 1]` of τ = 1..T, with
+    λ_τ = σ(logit_τ) (in fp32, float64 for float64 models):
     p_τ = λ_τ Π_{j<τ}(1 − λ_j) for τ < T and p_T = Π_{j<T}(1 − λ_j) (so Σ p = 1).
     Training: Σ_τ p_τ h^{(τ)} (mixing the logits, the head being linear). Eval: every token takes
     the h^{(τ)} of the first τ whose cumulative p reaches `threshold` (T if none); all iterations
@@ -105,8 +106,9 @@ class ExitMix(nn.Module):
         self.threshold = threshold
         self.last_p: torch.Tensor | None = None
 
-    def forward(self, hs: list[torch.Tensor], lams: list[torch.Tensor]) -> torch.Tensor:
-        lam = torch.stack(lams, dim=-1)  # [B, L, T]
+    def forward(self, hs: list[torch.Tensor], logits: list[torch.Tensor]) -> torch.Tensor:
+        wide = torch.float64 if hs[0].dtype == torch.float64 else torch.float32
+        lam = torch.sigmoid(torch.cat(logits, dim=-1).to(wide))  # [B, L, T]
         survive = torch.cumprod(1 - lam, dim=-1)  # Π_{j≤τ}(1 − λ_j)
         before = torch.cat([torch.ones_like(lam[..., :1]), survive[..., :-1]], dim=-1)
         p = torch.cat([(lam * before)[..., :-1], before[..., -1:]], dim=-1)

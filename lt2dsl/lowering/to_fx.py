@@ -41,11 +41,6 @@ def ends_with_normed_loop(stages) -> bool:
     return bool(stages) and isinstance(stages[-1], n.LoopBlock) and stages[-1].final_norm
 
 
-def wide_dtype(t: torch.Tensor) -> torch.dtype:
-    """Gate probabilities in fp32, or float64 when the model runs in float64."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 class Unrolled(nn.Module):
     """The module the tracer records: the model's submodules under their parameter names and a
     forward over the resolved structure. Only used to build the graph."""
@@ -91,7 +86,7 @@ class Unrolled(nn.Module):
     def loop(self, lp: n.LoopBlock, h, e, cache, pos, apps: Iterator[int]) -> torch.Tensor:
         """T iterations of the body with shared weights (language.md §4, mixers.md §14)."""
         extras = self.loops[self.loop_index[lp.id]]
-        hs, lams = [], []
+        hs, logits = [], []
         for t in range(lp.T):
             if t > 0 and lp.inject == "add":
                 h = h + e
@@ -101,10 +96,10 @@ class Unrolled(nn.Module):
             if lp.final_norm:
                 h = self.final_norm(h)
             if lp.exit is not None:
-                lams.append(torch.sigmoid(extras.exit(h).to(wide_dtype(h))).squeeze(-1))  # [B, T]
+                logits.append(extras.exit(h))  # [B, T, 1]
                 hs.append(h)
         if lp.exit is not None:
-            h = extras.mix(hs, lams)
+            h = extras.mix(hs, logits)
         return h
 
 
