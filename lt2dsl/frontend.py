@@ -83,8 +83,9 @@ def load(source: str | os.PathLike, overrides: Mapping[str, str | n.Node] | None
     t0 = time.perf_counter()
     program, pdiags = parse(text, name)
     _trace("parse", t0, program)
-    if program is None:
-        return Loaded(None, None, sort_diagnostics(pdiags + odiags), sources, values, name)
+    if program is None or odiags:
+        # like a syntax error in the file: checking without the override would report noise
+        return Loaded(program, None, sort_diagnostics(pdiags + odiags), sources, values, name)
     t0 = time.perf_counter()
     vdiags, model = check(program, values)
     _trace("validate+resolve", t0, model)

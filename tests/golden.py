@@ -26,6 +26,6 @@ def check_golden(path: Path, actual: str) -> None:
         raise AssertionError(f"missing golden file {path}; run with LT2_UPDATE_GOLDENS=1 to create it")
     expected = path.read_text(encoding="utf-8")
     if expected != actual:
-        diff = "".join(difflib.unified_diff(expected.splitlines(keepends=True), actual.splitlines(keepends=True),
-                                            fromfile=str(path), tofile="actual"))
+        old, new = expected.splitlines(keepends=True), actual.splitlines(keepends=True)
+        diff = "".join(difflib.unified_diff(old, new, str(path), "actual"))
         raise AssertionError(f"output differs from {path} (LT2_UPDATE_GOLDENS=1 rewrites it):\n{diff}")

@@ -27,8 +27,10 @@ from lt2dsl.source import Span
 GRAMMAR = Path(__file__).with_name("lt2.lark")
 KEYWORDS = {"model": "MODEL", "let": "LET", "loop": "LOOP", "repeat": "REPEAT", "par": "PAR",
             "true": "TRUE", "false": "FALSE", "none": "NONE"}
-# Deeper programs are refused (E0017): every later stage recurses over the tree.
-MAX_DEPTH = 200
+# Deeper nesting of loops, repeats, copies and call values is refused (E0017): every later
+# stage recurses over the tree, and no real model comes near it.
+MAX_DEPTH = 64
+NESTING = frozenset({"loop", "repeat", "times", "call_value"})
 SIZE_SUFFIX = {"k": 1024, "M": 1024**2}
 
 
@@ -144,17 +146,19 @@ def parse_value(text: str, file: str = "<value>", col: int = 1) -> n.Node:
 
 
 def _too_deep(tree: Tree, file: str) -> Diagnostic | None:
-    """E0017 when the tree nests deeper than MAX_DEPTH (checked without recursion)."""
-    todo = [(tree, 1)]
+    """E0017 when loops, repeats, copies or call values nest deeper than MAX_DEPTH (checked
+    without recursion, before anything recurses)."""
+    todo = [(tree, 0)]
     while todo:
         t, d = todo.pop()
+        d += t.data in NESTING
         if d > MAX_DEPTH:
-            span = _meta_span(t.meta, file) if not t.meta.empty else Span(file=file, line=1, col=1,
-                                                                           end_line=1, end_col=2)
+            line, col = (1, 1) if t.meta.empty else (t.meta.line, t.meta.column)
+            span = Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
             return error("E0017", f"the program nests more than {MAX_DEPTH} levels deep", span,
                          label="too deeply nested",
-                         help="flatten the program: use `repeat` or `* n` instead of nesting")
-        todo += [(c, d + 1) for c in t.children if isinstance(c, Tree)]
+                         help="flatten the program: a stack of blocks in one loop, or `repeat n`")
+        todo += [(c, d) for c in t.children if isinstance(c, Tree)]
     return None
 
 

@@ -110,7 +110,7 @@ CATALOGUE: tuple[SyntaxRule, ...] = (
        "par(gdn, swa(window=4)", "par(gdn(heads=4) swa)", "gdn(heads=4, conv=4"),
       "gdn(heads=4, conv=4)", opener="("),
     R("E0012", "unclosed model", "expected `}}` to close the model, found {found}", "expected `}}`",
-      "close the model with `}}`",
+      "close the model with `}`",
       "A model's settings and blocks run from `{` to the matching `}`.",
       ("model m { gdn", "model m {", "model m { dim = 3", "model m { gdn; gdn", "model m { let a = gdn",
        "model m { gdn(heads=4)", "model m { gdn * 2", "model m { loop T=2 < gdn >",
@@ -213,10 +213,11 @@ GENERIC: tuple[SyntaxRule, ...] = (
     R("E0004", "unexpected end of file", "expected {expected}, found the end of the file",
       "expected {expected}", None,
       "The file ends in the middle of a construct.", (), "gdn"),
-    R("E0017", "nesting too deep", "the program nests more than 200 levels deep", "too deeply nested",
-      "flatten the program: use `repeat` or `* n` instead of nesting",
-      "Every stage of the compiler walks the program recursively; absurd nesting is refused up front.",
-      ("loop T=1 < " * 201 + "gdn" + " >" * 201,), "repeat 201 < gdn >"),
+    R("E0017", "nesting too deep", "the program nests more than 64 levels deep", "too deeply nested",
+      "flatten the program: a stack of blocks in one loop, or `repeat n`",
+      "Loops, repeats, copies and call values nest at most 64 levels: every stage of the compiler "
+      "walks the program recursively, and no real model comes near the limit.",
+      ("loop T=1 < " * 65 + "gdn" + " >" * 65,), "repeat 65 < gdn >"),
 )
 
 ALL: tuple[SyntaxRule, ...] = tuple(sorted((*GENERIC, *LEXICAL, *CATALOGUE), key=lambda r: r.code))

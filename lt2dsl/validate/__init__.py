@@ -1,8 +1,8 @@
 """`validate(program)`: every rule of language.md §6, all diagnostics in one pass, in source order.
 
 The surface rules (names, values, structure) read the program as written. When none of them
-found an error, the program is resolved and the shape and kernel rules read the resolved model,
-pointing back at what the user wrote.
+found an error, the program is resolved and the shape rules read the resolved model, pointing
+back at what the user wrote; when those found no error either, the kernel rules run.
 """
 
 from __future__ import annotations
@@ -26,16 +26,18 @@ SURFACE: tuple[Callable[[Ctx], Iterator[Diagnostic]], ...] = (
     structure.check_let_recursion, structure.check_required_settings, structure.check_positional_count,
     structure.check_positional_allowed, structure.check_duplicate_let, structure.check_par_members,
     structure.check_let_use_options, structure.check_unused_let, structure.check_nested_loops,
-    shapes.check_tmm_max_len,
 )
-RESOLVED: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
+SHAPES: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
     shapes.check_kv_heads, shapes.check_value_heads, shapes.check_derived_head_dim,
-    shapes.check_mamba2_width, shapes.check_tmm_heads, shapes.check_nsa_stride,
+    shapes.check_mamba2_width, shapes.check_tmm_heads, shapes.check_tmm_max_len, shapes.check_nsa_stride,
     shapes.check_model_head_dim, shapes.check_window_fits, shapes.check_topk_fits,
+)
+# Kernel warnings read resolved widths, which mean something only once the shapes are right.
+KERNELS: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
     kernels.check_head_dim_pow2, kernels.check_kernel_note,
 )
 
-__all__ = ["RESOLVED", "RULES", "SURFACE", "Rule", "all_rules", "check", "validate"]
+__all__ = ["KERNELS", "RULES", "SHAPES", "SURFACE", "Rule", "all_rules", "check", "validate"]
 
 
 def validate(program: n.Program, overrides: dict[str, n.Node] | None = None) -> list[Diagnostic]:
@@ -54,7 +56,9 @@ def check(program: n.Program, overrides: dict[str, n.Node] | None = None
         return sort_diagnostics(diags), None
     model = resolve(program, _applicable(overrides))
     shape_ctx = ShapeCtx(ctx, model)
-    diags += [d for r in RESOLVED for d in r(shape_ctx)]
+    diags += [d for r in SHAPES for d in r(shape_ctx)]
+    if not any(d.is_error for d in diags):
+        diags += [d for r in KERNELS for d in r(shape_ctx)]
     diags = sort_diagnostics(diags)
     return diags, None if any(d.is_error for d in diags) else model
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from lt2dsl.diagnostics import Diagnostic, warning
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.registry import REGISTRY
-from lt2dsl.validate.context import ShapeCtx
+from lt2dsl.validate.context import ShapeCtx, span_key
 from lt2dsl.validate.rules import rule
 from lt2dsl.validate.shapes import INHERITS, exact
 
@@ -34,6 +34,10 @@ def head_dims(m: n.Mixer) -> list[tuple[str, object, tuple[str, ...]]]:
         case "tmm":
             return []  # FFT over the sequence: no per-head tiles
     return [("head dim", d, ("head_dim",))]
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def is_pow2(x: int) -> bool:
@@ -62,18 +66,25 @@ def check_head_dim_pow2(s: ShapeCtx) -> Iterator[Diagnostic]:
         head_dim = 128
         gdn
     """
+    groups: dict[tuple, tuple[object, list[str]]] = {}  # (where, width) → (span, what it is)
     for m in s.mixers():
         inherits = INHERITS if m.type != "mamba2" else ()
         for what, width, opts in head_dims(m):
             w = exact(width)
             if w.denominator != 1 or is_pow2(w.numerator):
                 continue
-            lo = 1 << (w.numerator.bit_length() - 1)
-            yield warning("W0401", f"`{m.type}` {what} {w.numerator} is not a power of two",
-                          s.where(m, opts, inherits), label="this block runs on the reference path",
-                          help=f"a {what} of {lo} or {2 * lo} runs the Triton kernel",
-                          notes=("the Triton kernels take power-of-two head dims; other widths fall "
-                                 "back to the PyTorch reference implementation",))
+            span = s.where(m, opts, inherits)
+            _, descs = groups.setdefault((span_key(span), w.numerator), (span, []))
+            if (desc := f"the {what} of `{m.type}`") not in descs:
+                descs.append(desc)
+    for (_, width), (span, descs) in groups.items():
+        lo = 1 << (width.bit_length() - 1)
+        yield warning("W0401", f"head dim {width} is not a power of two", span,
+                      label="these blocks run on the reference path",
+                      help=f"a head dim of {lo} or {2 * lo} runs the Triton kernel",
+                      notes=(f"{width} is {_and(descs)}",
+                             "the Triton kernels take power-of-two head dims; other widths fall back to "
+                             "the PyTorch reference implementation"))
 
 
 @rule("W0402")

@@ -33,8 +33,16 @@ def divisors(x: int, limit: int = 6) -> str:
 
 
 def show(x) -> str:
+    """`37.5` for a short decimal, `100/3` for a fraction that has none."""
     x = exact(x)
-    return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
+    if x.denominator == 1:
+        return str(x.numerator)
+    d = x.denominator
+    while d % 2 == 0:
+        d //= 2
+    while d % 5 == 0:
+        d //= 5
+    return f"{float(x):g}" if d == 1 and len(f"{float(x):g}") < 10 else f"{x.numerator}/{x.denominator}"
 
 
 @rule("E0501")
@@ -215,7 +223,7 @@ def check_tmm_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
 
 
 @rule("E0506")
-def check_tmm_max_len(ctx: Ctx) -> Iterator[Diagnostic]:
+def check_tmm_max_len(s: ShapeCtx) -> Iterator[Diagnostic]:
     """`tmm` without an explicit `max_len`.
 
     What it checks:
@@ -235,25 +243,26 @@ def check_tmm_max_len(ctx: Ctx) -> Iterator[Diagnostic]:
         max_len = 8k
         tmm
     """
-    if any(st.name == "max_len" for st in ctx.program.settings):
+    if "max_len" in s.settings:
         return
-    for call, _ in ctx.block_calls():
-        spec = ctx.spec_of(call)
-        if spec is None or spec.kind != "tmm" or _writes(ctx, call, "max_len"):
+    for m in s.mixers():
+        call = s.call_of(m)
+        if m.type != "tmm" or s.written(call, "max_len") is not None:
             continue
-        yield error("E0506", "`tmm` needs a `max_len`", call.name_span, label="no `max_len` for this block",
+        # point at the `tmm` the user wrote (inside the `let`, for a binding used as is)
+        span = kind_call(s.ctx, call).name_span if call is not None else m.span
+        yield error("E0506", "`tmm` needs a `max_len`", span, label="no `max_len` for this block",
                     help="set `max_len = ...` on the model (or `--set max_len=...`), or write "
                          "`tmm(max_len=...)`")
 
 
-def _writes(ctx: Ctx, call: n.Call, name: str) -> bool:
+def kind_call(ctx: Ctx, call: n.Call) -> n.Call:
+    """The call in a `let` chain that names the layer kind itself."""
     node, seen = call, set()
-    while isinstance(node, n.Call) and node.name not in seen:
-        if any(a.name == name for a in node.args):
-            return True
+    while node.name in ctx.lets and node.name not in seen and isinstance(ctx.lets[node.name].item, n.Call):
         seen.add(node.name)
-        node = ctx.lets[node.name].item if node.name in ctx.lets else None
-    return False
+        node = ctx.lets[node.name].item
+    return node
 
 
 @rule("E0507")

@@ -23,10 +23,12 @@ ACCEPTS: dict[str, tuple[type, ...]] = {
     "str": (n.Str,),
     "enum": (n.Name, n.Str, n.NoneVal, n.Call),
     "mlp": (n.Name, n.Call, n.NoneVal),
-    "norm": (n.Name, n.Call),
+    "norm": (n.Name, n.Call, n.NoneVal),  # `norm=none` is an unknown norm (E0107), not a type error
 }
 WANTS = {"int": "an integer", "size": "an integer", "float": "a number", "number": "a number",
-         "bool": "`true` or `false`", "str": "a string", "mlp": "a channel mixer", "norm": "a norm"}
+         "bool": "`true` or `false`", "str": "a string",
+         "mlp": "a channel mixer (`swiglu(...)`, `gelu(...)` or `none`)",
+         "norm": "a norm (`rmsnorm(...)`, `layernorm(...)` or `sandwich`)"}
 
 
 def describe(v: n.Node) -> str:
@@ -76,7 +78,7 @@ def _type_problem(site: Site) -> Diagnostic | None:
                          label="not a call", help=f"write `{v.name}` without parentheses")
     if ok:
         return None
-    help_ = f"{site.what} takes {o.range_text() if o.type != 'enum' else wants(o)}"
+    help_ = f"{site.what} takes {o.range_text() if o.type not in ('enum', 'mlp', 'norm') else wants(o)}"
     if o.type in ("int", "size") and isinstance(v, n.Float | n.Frac):
         help_ += "; sizes can be written `32k` (= 32768) or `1M`"
     return error("E0201", f"{site.what} expects {wants(o)}, found {describe(v)}", v.span,

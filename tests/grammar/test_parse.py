@@ -41,7 +41,8 @@ def test_seed_example_structure():
     assert [s.name for s in p.settings] == ["dim", "vocab", "heads", "head_dim", "mlp", "norm", "max_len",
                                             "tie_embeddings"]
     assert p.setting("max_len").value == n.Int(value=32768)
-    assert p.setting("norm").value == n.Call(name="rmsnorm", args=(n.Arg(name="eps", value=n.Float(value=1e-6)),))
+    eps = n.Arg(name="eps", value=n.Float(value=1e-6))
+    assert p.setting("norm").value == n.Call(name="rmsnorm", args=(eps,))
     (let,) = p.lets
     assert let.name == "sparse" and isinstance(let.item, n.Call) and let.item.name == "dsa"
     (loop,) = p.body
@@ -169,7 +170,8 @@ def test_comments_go_to_statements():
     assert p.header == ("# LT2-hybrid, GDN + DSA, no full attention (the seed's efficiency variant)",)
     assert p.setting("dim").trailing == "# d_model"
     assert p.setting("vocab").trailing is None
-    text = "dim = 1\n# lead 1\n# lead 2\ngdn  # trail\nloop T=2 <  # head\n  gdn\n  # inner\n  dsa\n>\n# end\n"
+    text = ("dim = 1\n# lead 1\n# lead 2\ngdn  # trail\nloop T=2 <  # head\n  gdn\n  # inner\n  dsa\n>\n"
+            "# end\n")
     p = ok(text)
     gdn, loop = p.body
     assert gdn.comments == ("# lead 1", "# lead 2") and gdn.trailing == "# trail"
@@ -189,9 +191,16 @@ def test_comment_inside_arguments_is_kept():
     assert call.trailing == "# why"
 
 
-def test_too_deep_is_an_error_not_a_crash():
-    text = "loop T=1 < " * 250 + "gdn" + " >" * 250
+@pytest.mark.parametrize("text", [
+    "loop T=1 < " * 65 + "gdn" + " >" * 65,
+    "gdn" + " * 2" * 65,
+    "dim = " + "a(" * 65 + ")" * 65,
+    "loop T=1 < " * 3000 + "gdn" + " >" * 3000,
+])
+def test_too_deep_is_an_error_not_a_crash(text):
     prog, diags = parse(text)
     assert prog is None and [d.code for d in diags] == ["E0017"]
-    _, diags = parse("gdn" + " * 2" * 300)
-    assert [d.code for d in diags] == ["E0017"]
+
+
+def test_deep_but_allowed():
+    ok("loop T=1 < " * 64 + "gdn" + " >" * 64)

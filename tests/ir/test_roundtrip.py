@@ -55,7 +55,8 @@ counts = st.integers(-3, 5000)
 
 def items(depth: int = 2):
     """Items without comments of their own (their stack items may have some)."""
-    leaf = st.one_of(plain_calls, st.builds(n.Par, calls=st.lists(plain_calls, min_size=1, max_size=2).map(tuple)))
+    pars = st.builds(n.Par, calls=st.lists(plain_calls, min_size=1, max_size=2).map(tuple))
+    leaf = st.one_of(plain_calls, pars)
     if depth == 0:
         return leaf
     stack = st.lists(with_comments(items(depth - 1)), max_size=3).map(tuple)
@@ -106,6 +107,10 @@ def test_fmt_is_idempotent_on_files(path):
     again, _ = parse(once)
     assert again == program
     assert print_program(again) == once
+
+
+def test_generated_names_are_not_keywords():
+    assert not set(names.elements) & set(KEYWORDS)
 
 
 def test_there_are_files_to_format():
