@@ -140,7 +140,7 @@ CATALOGUE: tuple[SyntaxRule, ...] = (
     R("E0018", "model without a name", "expected a model name after `model`, found {found}",
       "expected a name", "name the model: `model my_model { ... }`",
       "The model's name labels its reports and its lowered module.",
-      ("model { dim = 3 }", "model {", "model", "model 3 {", "model \"m\" {", "model T {", "model = 3"),
+      ("model { dim = 3 }", "model {", "model", "model 3 {", "model \"m\" {", "model = 3"),
       "model my_model { dim = 1024 }"),
     R("E0019", "text after the model", "expected the end of the file after the model, found {found}",
       "the model ended here", "put everything inside `model name { ... }`",
