@@ -92,6 +92,8 @@ class LinearAttention(MixerLayer):
         q = self._phi(self.q_proj(x).unflatten(-1, (self.H, self.K)), "q")
         k = self._phi(self.k_proj(x).unflatten(-1, (self.H, self.K)), "k")
         v = self.v_proj(x).unflatten(-1, (self.H, self.K))
+        # autocast runs softmax (hedgehog) in fp32; the core wants one dtype for q, k, v
+        q, k = q.to(v.dtype), k.to(v.dtype)
         if not self.opts["normalize"]:
             o = simple_gla_core(q, k, v, None, entry, scale=self.Kf**-0.5, backend=self.backend,
                                 state_dtype=self.state_dtype())

@@ -82,7 +82,8 @@ class Mamba2(MixerLayer):
         dt = F.softplus(dt.to(gd) + self.dt_bias.to(gd))  # [B, T, H]
         g = dt * -self.A_log.to(gd).exp()
         xh = xs.unflatten(-1, (self.H, self.P))  # [B, T, H, P]
-        v = (dt[..., None] * xh.to(gd)).to(param_dtype(self))
+        # back to x's dtype (not the parameters'): under autocast q, k, v must share one dtype
+        v = (dt[..., None] * xh.to(gd)).to(xh.dtype)
         q, k = Cm.unflatten(-1, (self.G, self.N)), Bm.unflatten(-1, (self.G, self.N))
         y = simple_gla_core(q, k, v, g, entry, scale=1.0, backend=self.backend,
                             state_dtype=self.state_dtype())

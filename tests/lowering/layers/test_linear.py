@@ -154,6 +154,15 @@ def test_traced_graph_has_one_core_node_and_decodes():
     torch.testing.assert_close(y, layer(x), rtol=1e-9, atol=1e-11)
 
 
+def test_runs_under_bf16_autocast():
+    """Autocast hands the core mixed dtypes unless the layer aligns q, k, v (softmax, dt·x in fp32)."""
+    layer = make(feature_map="hedgehog", dtype=torch.float32)
+    x = torch.randn(2, 9, CFG.dim)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = decode(layer, x, 5)
+    torch.testing.assert_close(y.float(), layer(x), rtol=0.05, atol=0.05)
+
+
 def test_initialisation_follows_the_sheet():
     torch.manual_seed(0)
     layer = LinearAttention(resolved(CFG, feature_map="hedgehog", normalize=False), CFG)
