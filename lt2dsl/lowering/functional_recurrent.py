@@ -18,8 +18,6 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-# Imported from their modules: `lt2dsl.kernels.<op>` resolves to the op's subpackage, not the
-# function, once that subpackage has been imported (the package's lazy __getattr__ is bypassed).
 from lt2dsl.kernels.delta_rule import delta_rule
 from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
 from lt2dsl.kernels.gla import gla
