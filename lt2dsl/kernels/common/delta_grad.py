@@ -28,17 +28,42 @@ from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, rcumsum, rsum
 
 @triton.jit
 def delta_grad_kernel(
-    q, k, v, gcum, beta, h, dh, vnew, Y, do, dq, dk, dv, dbeta, dg, cu_seqlens, chunk_indices, T,
-    scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    q,
+    k,
+    v,
+    gcum,
+    beta,
+    h,
+    dh,
+    vnew,
+    Y,
+    do,
+    dq,
+    dk,
+    dv,
+    dbeta,
+    dg,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
+    CT: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
-    DT = q.dtype.element_ty
     t0 = bos + i_t * BT
     ot, ok = tl.arange(0, BT), tl.arange(0, BK)
     rows = (t0 + ot).to(tl.int64)
@@ -57,8 +82,9 @@ def delta_grad_kernel(
         gam = tl.full([BT, 1], 1.0, dtype=tl.float32)
         to_end = gam
         gam_c = tl.full([1, 1], 1.0, dtype=tl.float32)
-    kg_dt = (b_kf * gam).to(DT)
-    kd_dt = (b_kf * to_end).to(DT)
+    q_c, k_c = b_q.to(CT), b_k.to(CT)
+    kg_c = (b_kf * gam).to(CT)
+    kd_c = (b_kf * to_end).to(CT)
 
     acc_dq = tl.zeros([BT, BK], dtype=tl.float32)
     acc_dk = tl.zeros([BT, BK], dtype=tl.float32)
@@ -77,36 +103,36 @@ def delta_grad_kernel(
         m_v = ov < V
         m_kv = (ok < K)[:, None] & m_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_S = tl.load(h + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(DT)
-        b_dS = tl.load(dh + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(DT)
+        b_S = tl.load(h + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
+        b_dS = tl.load(dh + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
         p_tv = (rows[:, None] * HV + i_hv) * V + ov[None, :]
-        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(DT)
-        b_u = tl.load(vnew + p_tv, mask=m_tv, other=0.0).to(DT)
+        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(CT)
+        b_u = tl.load(vnew + p_tv, mask=m_tv, other=0.0).to(CT)
         b_y = tl.load(Y + p_tv, mask=m_tv, other=0.0)
         b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_yf = b_y.to(tl.float32)
-        y_dt = b_y.to(DT)
+        y_c = b_y.to(CT)
         tl.store(dv + p_tv, (b_yf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
 
         dP += mm(b_do, tl.trans(b_u), DOT)
         dPt += mm(b_u, tl.trans(b_do), DOT)
-        dA += mm(y_dt, tl.trans(b_u), DOT)
-        dAt += mm(b_u, tl.trans(y_dt), DOT)
+        dA += mm(y_c, tl.trans(b_u), DOT)
+        dAt += mm(b_u, tl.trans(y_c), DOT)
         acc_dq += mm(b_do, tl.trans(b_S), DOT)
-        acc_dk += mm((b_u.to(tl.float32) * to_end).to(DT), tl.trans(b_dS), DOT)
-        acc_dk -= mm((b_yf * (b_beta[:, None] * gam)).to(DT), tl.trans(b_S), DOT)
-        r_qs += rsum(b_do.to(tl.float32) * mm(b_q, b_S, DOT), 1)
-        r_ykgs += rsum(b_yf * mm(kg_dt, b_S, DOT), 1)
+        acc_dk += mm((b_u.to(tl.float32) * to_end).to(CT), tl.trans(b_dS), DOT)
+        acc_dk -= mm((b_yf * (b_beta[:, None] * gam)).to(CT), tl.trans(b_S), DOT)
+        r_qs += rsum(b_do.to(tl.float32) * mm(q_c, b_S, DOT), 1)
+        r_ykgs += rsum(b_yf * mm(kg_c, b_S, DOT), 1)
         r_yv += rsum(b_yf * b_v, 1)
         if GATE == 1:
-            r_uds += rsum(b_u.to(tl.float32) * mm(kd_dt, b_dS, DOT), 1)
+            r_uds += rsum(b_u.to(tl.float32) * mm(kd_c, b_dS, DOT), 1)
             s_sds += rsum(rsum(b_S.to(tl.float32) * b_dS.to(tl.float32), 1), 0)
 
     lower = ot[:, None] >= ot[None, :]
     strict = ot[:, None] > ot[None, :]
     if GATE == 1:
-        Gam = tl.exp(b_g[:, None] - b_g[None, :])
-        Gam_t = tl.exp(b_g[None, :] - b_g[:, None])
+        Gam = tl.exp(tl.where(lower, b_g[:, None] - b_g[None, :], 0.0))
+        Gam_t = tl.exp(tl.where(ot[:, None] <= ot[None, :], b_g[None, :] - b_g[:, None], 0.0))
     else:
         Gam = tl.full([BT, BT], 1.0, dtype=tl.float32)
         Gam_t = Gam
@@ -115,8 +141,8 @@ def delta_grad_kernel(
     dPtm = tl.where(ot[:, None] <= ot[None, :], dPt * Gam_t * scale, 0.0)
     dAm = tl.where(strict, -dA * Gam * b_beta[:, None], 0.0)
     dAtm = tl.where(ot[:, None] < ot[None, :], -dAt * Gam_t * b_beta[None, :], 0.0)
-    b_dq = acc_dq * (gam * scale) + mm(dPm.to(DT), b_k, DOT)
-    b_dk = acc_dk + mm(dPtm.to(DT), b_q, DOT) + mm(dAm.to(DT), b_k, DOT) + mm(dAtm.to(DT), b_k, DOT)
+    b_dq = acc_dq * (gam * scale) + mm(dPm.to(CT), k_c, DOT)
+    b_dk = acc_dk + mm(dPtm.to(CT), q_c, DOT) + mm(dAm.to(CT), k_c, DOT) + mm(dAtm.to(CT), k_c, DOT)
     p_tk = (rows[:, None] * HV + i_hv) * K + ok[None, :]
     tl.store(dq + p_tk, b_dq, mask=m_tk)
     tl.store(dk + p_tk, b_dk, mask=m_tk)

@@ -21,6 +21,7 @@ from itertools import pairwise
 
 import torch
 import triton
+import triton.language as tl
 
 from lt2dsl.kernels.common.backend import triton_interpreting
 from lt2dsl.kernels.common.delta_grad import delta_grad_kernel
@@ -33,12 +34,14 @@ GATE_IDS = {"none": 0, "scalar": 1, "channel": 2}
 # Tests set this to fill every buffer the kernels write with NaN first, so an element a kernel
 # forgets to write fails the comparison instead of passing on leftover memory.
 POISON = os.environ.get("LT2_POISON", "0") == "1"
+BF16_DOTS = os.environ.get("LT2_DELTA_BF16_DOTS", "0") == "1"
 
 
 def empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """torch.empty on `like`'s device (NaN-filled when POISON is set)."""
     t = torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
     return t.fill_(float("nan")) if POISON else t
+
 
 # State scans: BV trades parallelism (B*HV*V/BV programs; 64 alone would leave half of 132 SMs idle)
 # against re-reading q/k per V tile (served from L2 when the V tiles of one head run together).
@@ -104,6 +107,20 @@ def dot_mode(dtype: torch.dtype) -> int:
     return DOT_IEEE if dtype == torch.float32 else DOT_NATIVE
 
 
+def compute_dtype(dtype: torch.dtype):
+    """Operand dtype of the dots on computed quantities (states, U', T, dS, Y, ...).
+
+    fp32 by default: with 16-bit inputs these dots then run as TF32 on the tensor cores, whose
+    rounding is 8x finer than bf16's. With bf16 operands the chunked forms lose ~1% relative RMS
+    against float64 (cancellation between the inter- and intra-chunk terms), the whole bf16
+    budget; LT2_DELTA_BF16_DOTS=1 selects them anyway (faster, for comparison). Products of two raw
+    inputs (Q Kᵀ, K Kᵀ) always use the input dtype: they are exact either way.
+    """
+    if dtype == torch.float32 or not BF16_DOTS:
+        return tl.float32
+    return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+
+
 def pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
@@ -152,9 +169,27 @@ def wy_fwd(q, k, g, beta, gate: str, meta: ChunkMeta):
     HV = beta.shape[-1]
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
     gcum = empty(k, B * T, HV, dtype=torch.float32) if gate == "scalar" else Ainv
-    launch(_wy_fwd, delta_wy_fwd_kernel, meta.chunk_grid(B * HV), k, g if g is not None else beta,
-           beta, gcum, Ainv, meta.cu, meta.chunk_indices, T, H=H, HV=HV, K=K, BT=BT, BK=pow2(K),
-           USE_G=gate == "scalar", IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype))
+    launch(
+        _wy_fwd,
+        delta_wy_fwd_kernel,
+        meta.chunk_grid(B * HV),
+        k,
+        g if g is not None else beta,
+        beta,
+        gcum,
+        Ainv,
+        meta.cu,
+        meta.chunk_indices,
+        T,
+        H=H,
+        HV=HV,
+        K=K,
+        BT=BT,
+        BK=pow2(K),
+        USE_G=gate == "scalar",
+        IS_VARLEN=meta.varlen,
+        DOT=dot_mode(k.dtype),
+    )
     return gcum, Ainv
 
 
@@ -171,11 +206,42 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
     def grid(m):
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
-    launch(_state_fwd, delta_state_fwd_kernel, grid, q, k, v, gcum, beta, Ainv, Aqk,
-           h0 if h0 is not None else o, o, h, vnew, ht, meta.cu, meta.chunk_offsets, T, scale,
-           H=H, HV=HV, K=K, V=V, BT=BT, BK=pow2(K), GATE=GATE_IDS[gate], USE_H0=h0 is not None,
-           STORE_FINAL=want_final, STORE_H=save, STORE_VNEW=save, IS_VARLEN=meta.varlen,
-           DOT=dot_mode(k.dtype), fixed={"BV": min(64, pow2(V))})
+    launch(
+        _state_fwd,
+        delta_state_fwd_kernel,
+        grid,
+        q,
+        k,
+        v,
+        gcum,
+        beta,
+        Ainv,
+        Aqk,
+        h0 if h0 is not None else o,
+        o,
+        h,
+        vnew,
+        ht,
+        meta.cu,
+        meta.chunk_offsets,
+        T,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=pow2(K),
+        GATE=GATE_IDS[gate],
+        USE_H0=h0 is not None,
+        STORE_FINAL=want_final,
+        STORE_H=save,
+        STORE_VNEW=save,
+        IS_VARLEN=meta.varlen,
+        DOT=dot_mode(k.dtype),
+        CT=compute_dtype(k.dtype),
+        fixed={"BV": min(64, pow2(V))},
+    )
     return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
 
 
@@ -185,17 +251,45 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     HV, V = do.shape[2], do.shape[3]
     n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
     dh = empty(k, n_rows, HV, K, V)
-    Y = empty(k, *do.shape)
+    Y = empty(k, *do.shape, dtype=torch.float32)
     dh0 = empty(do, meta.N, HV, K, V, dtype=torch.float32) if want_dh0 else Y
 
     def grid(m):
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
-    launch(_state_bwd, delta_state_bwd_kernel, grid, q, k, gcum, beta, Ainv, Aqk, do,
-           dht if dht is not None else do, dh, Y, dh0, meta.cu, meta.chunk_offsets, T, scale,
-           H=H, HV=HV, K=K, V=V, BT=BT, BK=pow2(K), GATE=GATE_IDS[gate], USE_DHT=dht is not None,
-           STORE_DH0=want_dh0, IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype),
-           fixed={"BV": min(64, pow2(V))})
+    launch(
+        _state_bwd,
+        delta_state_bwd_kernel,
+        grid,
+        q,
+        k,
+        gcum,
+        beta,
+        Ainv,
+        Aqk,
+        do,
+        dht if dht is not None else do,
+        dh,
+        Y,
+        dh0,
+        meta.cu,
+        meta.chunk_offsets,
+        T,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=pow2(K),
+        GATE=GATE_IDS[gate],
+        USE_DHT=dht is not None,
+        STORE_DH0=want_dh0,
+        IS_VARLEN=meta.varlen,
+        DOT=dot_mode(k.dtype),
+        CT=compute_dtype(k.dtype),
+        fixed={"BV": min(64, pow2(V))},
+    )
     return dh, Y, (dh0 if want_dh0 else None)
 
 
@@ -208,10 +302,41 @@ def grad_scalar(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
     dv = empty(v, *v.shape)
     dbeta = empty(q, B * T, HV, dtype=torch.float32)
     dg = empty(q, B * T, HV, dtype=torch.float32) if gate == "scalar" else dbeta
-    launch(_grad, delta_grad_kernel, meta.chunk_grid(B * HV), q, k, v, gcum, beta, h, dh, vnew, Y,
-           do, dq, dk, dv, dbeta, dg, meta.cu, meta.chunk_indices, T, scale, H=H, HV=HV, K=K, V=V,
-           BT=BT, BK=pow2(K), GATE=GATE_IDS[gate], IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype),
-           fixed={"BV": min(64, pow2(V))})
+    launch(
+        _grad,
+        delta_grad_kernel,
+        meta.chunk_grid(B * HV),
+        q,
+        k,
+        v,
+        gcum,
+        beta,
+        h,
+        dh,
+        vnew,
+        Y,
+        do,
+        dq,
+        dk,
+        dv,
+        dbeta,
+        dg,
+        meta.cu,
+        meta.chunk_indices,
+        T,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=pow2(K),
+        GATE=GATE_IDS[gate],
+        IS_VARLEN=meta.varlen,
+        DOT=dot_mode(k.dtype),
+        CT=compute_dtype(k.dtype),
+        fixed={"BV": min(64, pow2(V))},
+    )
     return dq, dk, dv, dbeta, (dg if gate == "scalar" else None)
 
 
@@ -224,9 +349,31 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
     Aqk = empty(k, B * T, HV, BT, dtype=torch.float32)
     gcum = empty(k, B * T, HV, K, dtype=torch.float32)
-    launch(None, kda_intra_fwd_kernel, meta.chunk_grid(B * HV), q, k, g, beta, gcum, Ainv, Aqk,
-           meta.cu, meta.chunk_indices, T, scale, H=H, HV=HV, K=K, BT=BT, BK=min(32, pow2(K)),
-           IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype), fixed={"num_warps": 4})
+    launch(
+        None,
+        kda_intra_fwd_kernel,
+        meta.chunk_grid(B * HV),
+        q,
+        k,
+        g,
+        beta,
+        gcum,
+        Ainv,
+        Aqk,
+        meta.cu,
+        meta.chunk_indices,
+        T,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        BT=BT,
+        BK=min(32, pow2(K)),
+        IS_VARLEN=meta.varlen,
+        DOT=dot_mode(k.dtype),
+        CT=compute_dtype(k.dtype),
+        fixed={"num_warps": 4},
+    )
     return gcum, Ainv, Aqk
 
 
@@ -244,14 +391,72 @@ def grad_channel(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, meta: ChunkMeta
     MA = empty(q, B * T, HV, BT, dtype=torch.float32)
     MB = empty(q, B * T, HV, BT, dtype=torch.float32)
     grid = meta.chunk_grid(B * HV)
-    launch(None, kda_grad_state_kernel, grid, q, k, v, gcum, beta, h, dh, vnew, Y, do, dq, dk, dv,
-           dbeta, dg, MA, MB, meta.cu, meta.chunk_indices, T, scale, H=H, HV=HV, K=K, V=V, BT=BT,
-           BK=pow2(K), IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype),
-           fixed={"BV": min(32, pow2(V)), "num_warps": 8 if K > 64 else 4})
+    launch(
+        None,
+        kda_grad_state_kernel,
+        grid,
+        q,
+        k,
+        v,
+        gcum,
+        beta,
+        h,
+        dh,
+        vnew,
+        Y,
+        do,
+        dq,
+        dk,
+        dv,
+        dbeta,
+        dg,
+        MA,
+        MB,
+        meta.cu,
+        meta.chunk_indices,
+        T,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=BT,
+        BK=pow2(K),
+        IS_VARLEN=meta.varlen,
+        DOT=dot_mode(k.dtype),
+        CT=compute_dtype(k.dtype),
+        fixed={"BV": min(32, pow2(V)), "num_warps": 8 if K > 64 else 4},
+    )
     BKs = min(32, pow2(K))
     NK = triton.cdiv(K, BKs)
     dbeta_intra = empty(q, NK, B * T, HV, dtype=torch.float32)
-    launch(None, kda_grad_intra_kernel, (NK, *grid), q, k, gcum, beta, MA, MB, dq, dk, dg,
-           dbeta_intra, meta.cu, meta.chunk_indices, T, B * T, scale, H=H, HV=HV, K=K, BT=BT,
-           BK=BKs, IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype), fixed={"num_warps": 4})
+    launch(
+        None,
+        kda_grad_intra_kernel,
+        (NK, *grid),
+        q,
+        k,
+        gcum,
+        beta,
+        MA,
+        MB,
+        dq,
+        dk,
+        dg,
+        dbeta_intra,
+        meta.cu,
+        meta.chunk_indices,
+        T,
+        B * T,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        BT=BT,
+        BK=BKs,
+        IS_VARLEN=meta.varlen,
+        DOT=dot_mode(k.dtype),
+        CT=compute_dtype(k.dtype),
+        fixed={"num_warps": 4},
+    )
     return dq, dk, dv, dbeta + dbeta_intra.sum(0), dg

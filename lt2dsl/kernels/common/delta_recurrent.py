@@ -23,10 +23,28 @@ from lt2dsl.kernels.common.delta_tl import rsum
 
 @triton.jit
 def delta_recurrent_kernel(
-    q, k, v, g, beta, h0, o, ht, cu_seqlens, T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
-    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    h0,
+    o,
+    ht,
+    cu_seqlens,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    L2NORM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV

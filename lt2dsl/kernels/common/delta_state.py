@@ -30,8 +30,17 @@ from lt2dsl.kernels.common.delta_tl import helper, mm, seq_coords
 
 
 @helper
-def load_chunk_gate(gcum, t0, eos, i_hv, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                    BK: tl.constexpr, GATE: tl.constexpr):
+def load_chunk_gate(
+    gcum,
+    t0,
+    eos,
+    i_hv,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    GATE: tl.constexpr,
+):
     """(b `[BT]` or `[BT, BK]`, b_last `[1]` or `[BK]`) of one chunk; rows past eos hold b_last.
 
     Holding b_last on padded rows keeps every e^{b_r − b_i} with r ≥ i at most 1 there too.
@@ -68,8 +77,9 @@ def gate_factors(b, b_last, GATE: tl.constexpr):
 
 
 @helper
-def intra_qk(q, k, b, scale, BT: tl.constexpr, TRANSPOSED: tl.constexpr, GATE: tl.constexpr,
-             DOT: tl.constexpr):
+def intra_qk(
+    q, k, b, scale, BT: tl.constexpr, TRANSPOSED: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr
+):
     """P = s (Q Kᵀ) ⊙ Γ with the causal mask `[BT, BT]` (scalar or no decay), or Pᵀ = s (K Qᵀ) ⊙ Γᵀ."""
     ot = tl.arange(0, BT)
     if TRANSPOSED:
@@ -79,10 +89,11 @@ def intra_qk(q, k, b, scale, BT: tl.constexpr, TRANSPOSED: tl.constexpr, GATE: t
         p = mm(q, tl.trans(k), DOT)
         keep = ot[:, None] >= ot[None, :]
     if GATE == 1:
+        # Exponents of kept entries are ≤ 0; masked ones are zeroed before exp (no inf formed).
         if TRANSPOSED:
-            p = p * tl.exp(b[None, :] - b[:, None])
+            p = p * tl.exp(tl.where(keep, b[None, :] - b[:, None], 0.0))
         else:
-            p = p * tl.exp(b[:, None] - b[None, :])
+            p = p * tl.exp(tl.where(keep, b[:, None] - b[None, :], 0.0))
     return tl.where(keep, p * scale, 0.0)
 
 
@@ -103,17 +114,42 @@ def load_square(ptr, t0, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr, TRANSPOS
 
 @triton.jit
 def delta_state_fwd_kernel(
-    q, k, v, gcum, beta, Ainv, Aqk, h0, o, h, vnew, ht, cu_seqlens, chunk_offsets, T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, USE_H0: tl.constexpr,
-    STORE_FINAL: tl.constexpr, STORE_H: tl.constexpr, STORE_VNEW: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT: tl.constexpr,
+    q,
+    k,
+    v,
+    gcum,
+    beta,
+    Ainv,
+    Aqk,
+    h0,
+    o,
+    h,
+    vnew,
+    ht,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    STORE_H: tl.constexpr,
+    STORE_VNEW: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    CT: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    DT = q.dtype.element_ty
     ot, ok = tl.arange(0, BT), tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     m_k, m_v = ok < K, ov < V
@@ -149,39 +185,62 @@ def delta_state_fwd_kernel(
             b_kg = b_kf
             b_qg = b_qf
             b_kd = b_kf
-        S_dt = S.to(DT)
+        S_c = S.to(CT)
         # U' = T Diag(β) (V − (K ⊙ γ) S): the true innovations of the chunk's tokens.
-        x = b_v.to(tl.float32) - mm(b_kg.to(DT), S_dt, DOT)
+        x = b_v.to(tl.float32) - mm(b_kg.to(CT), S_c, DOT)
         b_T = load_square(Ainv, t0, eos, i_hv, HV, BT, False)
-        u = mm(b_T.to(DT), (x * b_beta[:, None]).to(DT), DOT)
-        u_dt = u.to(DT)
+        u = mm(b_T.to(CT), (x * b_beta[:, None]).to(CT), DOT)
+        u_c = u.to(CT)
         if STORE_VNEW:
-            tl.store(vnew + (rows[:, None] * HV + i_hv) * V + ov[None, :], u_dt, mask=m_tv)
+            tl.store(vnew + (rows[:, None] * HV + i_hv) * V + ov[None, :], u_c, mask=m_tv)
         if GATE == 2:
             b_P = load_square(Aqk, t0, eos, i_hv, HV, BT, False)
         else:
             b_P = intra_qk(b_q, b_k, b_g, scale, BT, False, GATE, DOT)
-        b_o = mm(b_qg.to(DT), S_dt, DOT) + mm(b_P.to(DT), u_dt, DOT)
+        b_o = mm(b_qg.to(CT), S_c, DOT) + mm(b_P.to(CT), u_c, DOT)
         tl.store(o + (rows[:, None] * HV + i_hv) * V + ov[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
         if GATE != 0:
             S = S * gam_c
-        S += mm(tl.trans(b_kd.to(DT)), u_dt, DOT)
+        S += mm(tl.trans(b_kd.to(CT)), u_c, DOT)
     if STORE_FINAL:
         tl.store(ht + p_state, S, mask=m_kv)
 
 
 @triton.jit
 def delta_state_bwd_kernel(
-    q, k, gcum, beta, Ainv, Aqk, do, dht, dh, Y, dh0, cu_seqlens, chunk_offsets, T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, USE_DHT: tl.constexpr,
-    STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr,
+    q,
+    k,
+    gcum,
+    beta,
+    Ainv,
+    Aqk,
+    do,
+    dht,
+    dh,
+    Y,
+    dh0,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    CT: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    DT = q.dtype.element_ty
     ot, ok = tl.arange(0, BT), tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     m_k, m_v = ok < K, ov < V
@@ -217,18 +276,18 @@ def delta_state_bwd_kernel(
             b_kg = b_kf
             b_qg = b_qf
             b_kd = b_kf
-        do_dt = b_do.to(DT)
+        do_c = b_do.to(CT)
         if GATE == 2:
             b_Pt = load_square(Aqk, t0, eos, i_hv, HV, BT, True)
         else:
             b_Pt = intra_qk(b_q, b_k, b_g, scale, BT, True, GATE, DOT)
-        du = mm(b_Pt.to(DT), do_dt, DOT) + mm(b_kd.to(DT), dS.to(DT), DOT)
+        du = mm(b_Pt.to(CT), do_c, DOT) + mm(b_kd.to(CT), dS.to(CT), DOT)
         b_Tt = load_square(Ainv, t0, eos, i_hv, HV, BT, True)
-        b_y = mm(b_Tt.to(DT), du.to(DT), DOT)
+        b_y = mm(b_Tt.to(CT), du.to(CT), DOT)
         tl.store(Y + (rows[:, None] * HV + i_hv) * V + ov[None, :], b_y.to(Y.dtype.element_ty), mask=m_tv)
         if GATE != 0:
             dS = dS * gam_c
-        dS += mm(tl.trans(b_qg.to(DT)), do_dt, DOT)
-        dS -= mm(tl.trans((b_kg * b_beta[:, None]).to(DT)), b_y.to(DT), DOT)
+        dS += mm(tl.trans(b_qg.to(CT)), do_c, DOT)
+        dS -= mm(tl.trans((b_kg * b_beta[:, None]).to(CT)), b_y.to(CT), DOT)
     if STORE_DH0:
         tl.store(dh0 + p_state, dS, mask=m_kv)

@@ -134,8 +134,11 @@ def seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: t
 def stack4(X0, X1, X2, X3):
     """Four equal 2-D tiles as one `[4, M, N]` tensor (sub-chunk index first)."""
     blk = tl.arange(0, 4)[:, None, None]
-    return tl.where(blk == 0, X0[None, :, :], tl.where(blk == 1, X1[None, :, :], tl.where(
-        blk == 2, X2[None, :, :], X3[None, :, :])))
+    return tl.where(
+        blk == 0,
+        X0[None, :, :],
+        tl.where(blk == 1, X1[None, :, :], tl.where(blk == 2, X2[None, :, :], X3[None, :, :])),
+    )
 
 
 @helper
@@ -203,8 +206,9 @@ def store_vec16(ptr, x, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr):
 
 
 @helper
-def store_lower64(p, t0, eos, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, HV: tl.constexpr,
-                   BT: tl.constexpr):
+def store_lower64(
+    p, t0, eos, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, HV: tl.constexpr, BT: tl.constexpr
+):
     """Write a block lower-triangular 64 x 64 matrix, zeros above the block diagonal included."""
     z = tl.zeros([16, 16], dtype=tl.float32)
     p0, m0 = block_rows(p, t0, 0, eos, HV, BT)

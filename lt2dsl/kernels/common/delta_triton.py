@@ -69,8 +69,17 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
 
 @torch.library.custom_op("lt2dsl::delta_chunk_fwd", mutates_args=())
 def delta_chunk_fwd(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None,
-    cu_seqlens: Tensor | None, gate: int, scale: float, want_final: bool, save: bool,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    h0: Tensor | None,
+    cu_seqlens: Tensor | None,
+    gate: int,
+    scale: float,
+    want_final: bool,
+    save: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     meta = ChunkMeta(q.shape[0], q.shape[1], v.shape[2], cu_seqlens)
     if gate == 2:
@@ -78,37 +87,49 @@ def delta_chunk_fwd(
     else:
         gcum, Ainv = wy_fwd(q, k, g, beta, GATES[gate], meta)
         Aqk = Ainv
-    o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta,
-                               want_final, save)
+    o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
+
     # Outputs may not alias each other, so every absent one is its own empty tensor.
     def e():
         return q.new_empty(0)
 
     if not save:
         return o, (ht if want_final else e()), e(), e(), e(), e(), e()
-    return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk if gate == 2 else e(),
-            h, vnew)
+    return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk if gate == 2 else e(), h, vnew)
 
 
 @delta_chunk_fwd.register_fake
 def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save):
-    outs = _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save,
-                              lambda s, d: q.new_empty(s, dtype=d))
+    outs = _chunk_fwd_outputs(
+        q, k, v, beta, cu_seqlens, gate, want_final, save, lambda s, d: q.new_empty(s, dtype=d)
+    )
     return (torch.empty_like(v), *outs)
 
 
 @torch.library.custom_op("lt2dsl::delta_chunk_bwd", mutates_args=())
 def delta_chunk_bwd(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None,
-    cu_seqlens: Tensor | None, gcum: Tensor, Ainv: Tensor, Aqk: Tensor, h: Tensor, vnew: Tensor,
-    do: Tensor, dht: Tensor | None, gate: int, scale: float,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    h0: Tensor | None,
+    cu_seqlens: Tensor | None,
+    gcum: Tensor,
+    Ainv: Tensor,
+    Aqk: Tensor,
+    h: Tensor,
+    vnew: Tensor,
+    do: Tensor,
+    dht: Tensor | None,
+    gate: int,
+    scale: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     B, T, H, K = q.shape
     HV = v.shape[2]
     meta = ChunkMeta(B, T, HV, cu_seqlens)
     Aqk = Aqk if gate == 2 else Ainv
-    dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta,
-                           h0 is not None)
+    dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None)
     grad = grad_channel if gate == 2 else grad_scalar
     args = (q, k, v, gcum, beta, h, dh, vnew, Y, do, scale)
     dq, dk, dv, dbeta, dg = grad(*args, meta) if gate == 2 else grad(*args, GATES[gate], meta)
@@ -122,9 +143,14 @@ def delta_chunk_bwd(
 
 @delta_chunk_bwd.register_fake
 def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, gate, scale):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(beta),
-            torch.empty_like(h0) if h0 is not None else q.new_empty(0))
+    return (
+        torch.empty_like(q),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        torch.empty_like(g) if g is not None else q.new_empty(0),
+        torch.empty_like(beta),
+        torch.empty_like(h0) if h0 is not None else q.new_empty(0),
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -142,7 +168,8 @@ def _backward(ctx, do, dht, *_):
     do = torch.zeros_like(v) if do is None else do.contiguous()
     dht = None if dht is None or dht.numel() == 0 else dht.contiguous()
     dq, dk, dv, dg, dbeta, dh0 = torch.ops.lt2dsl.delta_chunk_bwd(
-        q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, ctx.gate, ctx.scale)
+        q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, ctx.gate, ctx.scale
+    )
     return (dq, dk, dv, _none(dg), dbeta, _none(dh0), None, None, None, None, None)
 
 
@@ -157,17 +184,46 @@ def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk):
     o = empty(v, *v.shape)
     BK, BV = pow2(K), min(32, pow2(V))
     delta_recurrent_kernel[(triton.cdiv(V, BV), N * HV)](
-        q, k, v, g if g is not None else beta, beta, h0 if h0 is not None else o, o,
-        ht if ht is not None else o, cu_seqlens, T, scale, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-        GATE=gate, USE_H0=h0 is not None, STORE_FINAL=ht is not None, L2NORM=l2norm_qk,
-        IS_VARLEN=cu_seqlens is not None, num_warps=8 if BK > 128 else 4)
+        q,
+        k,
+        v,
+        g if g is not None else beta,
+        beta,
+        h0 if h0 is not None else o,
+        o,
+        ht if ht is not None else o,
+        cu_seqlens,
+        T,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        GATE=gate,
+        USE_H0=h0 is not None,
+        STORE_FINAL=ht is not None,
+        L2NORM=l2norm_qk,
+        IS_VARLEN=cu_seqlens is not None,
+        num_warps=8 if BK > 128 else 4,
+    )
     return o
 
 
 @torch.library.custom_op("lt2dsl::delta_recurrent", mutates_args=())
 def delta_recurrent(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None,
-    cu_seqlens: Tensor | None, gate: int, scale: float, want_final: bool, l2norm_qk: bool,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    h0: Tensor | None,
+    cu_seqlens: Tensor | None,
+    gate: int,
+    scale: float,
+    want_final: bool,
+    l2norm_qk: bool,
 ) -> tuple[Tensor, Tensor]:
     N, HV, K, V = _n_states(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]
     ht = empty(q, N, HV, K, V, dtype=torch.float32) if want_final else None
@@ -184,8 +240,16 @@ def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, l2norm_qk):
 
 @torch.library.custom_op("lt2dsl::delta_recurrent_inplace", mutates_args=("state",))
 def delta_recurrent_inplace(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, state: Tensor,
-    cu_seqlens: Tensor | None, gate: int, scale: float, l2norm_qk: bool,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    state: Tensor,
+    cu_seqlens: Tensor | None,
+    gate: int,
+    scale: float,
+    l2norm_qk: bool,
 ) -> Tensor:
     return _recurrent(q, k, v, g, beta, state, state, cu_seqlens, gate, scale, l2norm_qk)
 
@@ -221,8 +285,9 @@ def _recurrent_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs)
     return 7 * B * T * v_shape[2] * K * v_shape[3]
 
 
-def delta_triton(gate, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens,
-                 use_qk_l2norm):
+def delta_triton(
+    gate, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, use_qk_l2norm
+):
     """Triton backend of the public ops: the decode kernel for short inference calls, else chunks."""
     if k.shape[-1] > 256:
         raise ValueError(f"the Triton kernels support head dims K ≤ 256, got K={k.shape[-1]}")
@@ -234,13 +299,15 @@ def delta_triton(gate, q, k, v, g, beta, scale, initial_state, want_state, inpla
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = g.contiguous() if g is not None else None
     if not needs_grad and q.shape[1] <= RECURRENT_MAX_T:
-        return _decode(gid, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens,
-                       use_qk_l2norm)
+        return _decode(
+            gid, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, use_qk_l2norm
+        )
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     h0 = initial_state.contiguous() if initial_state is not None else None
-    o, ht, *_ = torch.ops.lt2dsl.delta_chunk_fwd(q, k, v, g, beta, h0, cu_seqlens, gid, scale,
-                                                 want_state, needs_grad)
+    o, ht, *_ = torch.ops.lt2dsl.delta_chunk_fwd(
+        q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state, needs_grad
+    )
     if inplace:
         with torch.no_grad():
             initial_state.copy_(ht)
@@ -250,12 +317,12 @@ def delta_triton(gate, q, k, v, g, beta, scale, initial_state, want_state, inpla
 
 def _decode(gid, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, l2n):
     if inplace and initial_state.dtype == torch.float32 and initial_state.is_contiguous():
-        o = torch.ops.lt2dsl.delta_recurrent_inplace(q, k, v, g, beta, initial_state, cu_seqlens,
-                                                     gid, scale, l2n)
+        o = torch.ops.lt2dsl.delta_recurrent_inplace(
+            q, k, v, g, beta, initial_state, cu_seqlens, gid, scale, l2n
+        )
         return o, initial_state
     h0 = initial_state.contiguous() if initial_state is not None else None
-    o, ht = torch.ops.lt2dsl.delta_recurrent(q, k, v, g, beta, h0, cu_seqlens, gid, scale,
-                                             want_state, l2n)
+    o, ht = torch.ops.lt2dsl.delta_recurrent(q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state, l2n)
     if inplace:
         initial_state.copy_(ht)
         ht = initial_state

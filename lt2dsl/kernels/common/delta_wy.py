@@ -34,13 +34,15 @@ from lt2dsl.kernels.common.delta_tl import (
 def _kkt_block(kI, kJ, bI, bJ, betaI, DIAG: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr):
     """β_r (k_r · k_i) e^{b_r − b_i} for r in sub-chunk I, i in J `[16, 16]`; strictly lower if DIAG."""
     a = mm(kI, tl.trans(kJ), DOT) * betaI[:, None]
-    if USE_G:
-        # r ≥ i in every kept entry, so the exponent is ≤ 0; masked ones may overflow but are dropped.
-        a = a * tl.exp(bI[:, None] - bJ[None, :])
+    o = tl.arange(0, 16)
     if DIAG:
-        o = tl.arange(0, 16)
-        a = tl.where(o[:, None] > o[None, :], a, 0.0)
-    return a
+        keep = o[:, None] > o[None, :]
+    else:
+        keep = tl.full([16, 16], 1, tl.int1)
+    if USE_G:
+        # Kept entries have r ≥ i, so the exponent is ≤ 0; the others are zeroed before exp.
+        a = a * tl.exp(tl.where(keep, bI[:, None] - bJ[None, :], 0.0))
+    return tl.where(keep, a, 0.0)
 
 
 @triton.jit

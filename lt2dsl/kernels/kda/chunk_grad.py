@@ -34,17 +34,43 @@ from lt2dsl.kernels.kda.chunk_intra import load3
 
 @triton.jit
 def kda_grad_state_kernel(
-    q, k, v, gcum, beta, h, dh, vnew, Y, do, dq, dk, dv, dbeta, dg, MA, MB, cu_seqlens,
-    chunk_indices, T, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+    q,
+    k,
+    v,
+    gcum,
+    beta,
+    h,
+    dh,
+    vnew,
+    Y,
+    do,
+    dq,
+    dk,
+    dv,
+    dbeta,
+    dg,
+    MA,
+    MB,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
+    CT: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
-    DT = q.dtype.element_ty
     t0 = bos + i_t * BT
     ot, ok = tl.arange(0, BT), tl.arange(0, BK)
     rows = (t0 + ot).to(tl.int64)
@@ -56,7 +82,7 @@ def kda_grad_state_kernel(
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, 2)
     gam, to_end, gam_c = gate_factors(b_g, b_glast, 2)
-    kg_dt = (b_k.to(tl.float32) * gam).to(DT)
+    kg_c = (b_k.to(tl.float32) * gam).to(CT)
 
     acc_dq = tl.zeros([BT, BK], dtype=tl.float32)
     acc_dks = tl.zeros([BT, BK], dtype=tl.float32)
@@ -72,22 +98,22 @@ def kda_grad_state_kernel(
         m_v = ov < V
         m_kv = (ok < K)[:, None] & m_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_S = tl.load(h + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(DT)
-        b_dS = tl.load(dh + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(DT)
+        b_S = tl.load(h + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
+        b_dS = tl.load(dh + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
         p_tv = (rows[:, None] * HV + i_hv) * V + ov[None, :]
-        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(DT)
-        b_u = tl.load(vnew + p_tv, mask=m_tv, other=0.0).to(DT)
+        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(CT)
+        b_u = tl.load(vnew + p_tv, mask=m_tv, other=0.0).to(CT)
         b_yf = tl.load(Y + p_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
         tl.store(dv + p_tv, (b_yf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
-        y_dt = b_yf.to(DT)
+        y_c = b_yf.to(CT)
         dAqk += mm(b_do, tl.trans(b_u), DOT)
-        dA += mm(y_dt, tl.trans(b_u), DOT)
+        dA += mm(y_c, tl.trans(b_u), DOT)
         acc_dq += mm(b_do, tl.trans(b_S), DOT)
         acc_dks += mm(b_u, tl.trans(b_dS), DOT)
-        acc_dkx += mm((b_yf * b_beta[:, None]).to(DT), tl.trans(b_S), DOT)
+        acc_dkx += mm((b_yf * b_beta[:, None]).to(CT), tl.trans(b_S), DOT)
         r_yv += rsum(b_yf * b_v, 1)
-        r_ykgs += rsum(b_yf * mm(kg_dt, b_S, DOT), 1)
+        r_ykgs += rsum(b_yf * mm(kg_c, b_S, DOT), 1)
         s_sds += rsum(b_S.to(tl.float32) * b_dS.to(tl.float32), 1)
 
     b_dq = acc_dq * gam * scale
@@ -108,18 +134,29 @@ def kda_grad_state_kernel(
 
 
 @helper
-def load_m(M, t0, eos, i_hv, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr,
-           TRANSPOSED: tl.constexpr):
+def load_m(
+    M,
+    t0,
+    eos,
+    i_hv,
+    I: tl.constexpr,
+    J: tl.constexpr,
+    HV: tl.constexpr,
+    BT: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+):
     """Block (I, J) of a chunk's `[BT, BT]` scratch matrix as `[16, 16]` (or its transpose)."""
     o = tl.arange(0, 16)
     rows = t0 + I * 16 + o
     base = M + i_hv * BT + J * 16
     if TRANSPOSED:
-        x = tl.load(base + rows.to(tl.int64)[None, :] * (HV * BT) + o[:, None],
-                    mask=(rows < eos)[None, :], other=0.0)
+        x = tl.load(
+            base + rows.to(tl.int64)[None, :] * (HV * BT) + o[:, None], mask=(rows < eos)[None, :], other=0.0
+        )
     else:
-        x = tl.load(base + rows.to(tl.int64)[:, None] * (HV * BT) + o[None, :],
-                    mask=(rows < eos)[:, None], other=0.0)
+        x = tl.load(
+            base + rows.to(tl.int64)[:, None] * (HV * BT) + o[None, :], mask=(rows < eos)[:, None], other=0.0
+        )
     return x
 
 
@@ -156,7 +193,7 @@ def diag_grads(q3, k3, b3, beta3, MA3, MB3):
 
 
 @helper
-def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, DT: tl.constexpr, DOT: tl.constexpr):
+def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr):
     """Contributions of block (I, J), I > J, to (dq_I / s, Z_I, dk_J from Aqk / s, dk_J from Akk).
 
     `ref` is the cumulative decay at the token before sub-chunk I: e^{b_I − ref} and e^{ref − b_J}
@@ -164,11 +201,11 @@ def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, DT: tl.constexpr
     """
     eI = tl.exp(bI - ref[None, :])
     eJ = tl.exp(ref[None, :] - bJ)
-    kJs = (kJ * eJ).to(DT)
-    dq = eI * mm(MA.to(DT), kJs, DOT)
-    z = eI * mm(MB.to(DT), kJs, DOT)
-    dka = eJ * mm(MAt.to(DT), (qI * eI).to(DT), DOT)
-    dkb = eJ * mm((MBt * betaI[None, :]).to(DT), (kI * eI).to(DT), DOT)
+    kJs = (kJ * eJ).to(CT)
+    dq = eI * mm(MA.to(CT), kJs, DOT)
+    z = eI * mm(MB.to(CT), kJs, DOT)
+    dka = eJ * mm(MAt.to(CT), (qI * eI).to(CT), DOT)
+    dkb = eJ * mm((MBt * betaI[None, :]).to(CT), (kI * eI).to(CT), DOT)
     return dq, z, dka, dkb
 
 
@@ -180,15 +217,34 @@ def last_row16(x):
 
 @triton.jit
 def kda_grad_intra_kernel(
-    q, k, gcum, beta, MA, MB, dq, dk, dg, dbeta_intra, cu_seqlens, chunk_indices, T, R, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT: tl.constexpr,
+    q,
+    k,
+    gcum,
+    beta,
+    MA,
+    MB,
+    dq,
+    dk,
+    dg,
+    dbeta_intra,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    R,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    CT: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    DT = q.dtype.element_ty
     t0 = bos + i_t * BT
     o = tl.arange(0, 16)
     i4 = tl.arange(0, 4)[:, None, None]
@@ -205,8 +261,9 @@ def kda_grad_intra_kernel(
     b3 = tl.where(m3, b3, b_last[None, None, :])
     beta3 = tl.load(beta + rows3.to(tl.int64) * HV + i_hv, mask=m3, other=0.0).to(tl.float32)
     p_m = (rows3.to(tl.int64) * HV + i_hv) * BT + 16 * i4 + o[None, None, :]
-    dq3, z3, dka3, dkb3 = diag_grads(q3, k3, b3, beta3, tl.load(MA + p_m, mask=m3, other=0.0),
-                                     tl.load(MB + p_m, mask=m3, other=0.0))
+    dq3, z3, dka3, dkb3 = diag_grads(
+        q3, k3, b3, beta3, tl.load(MA + p_m, mask=m3, other=0.0), tl.load(MB + p_m, mask=m3, other=0.0)
+    )
 
     q1, q2 = pick4(q3, 1), pick4(q3, 2)
     q3_ = pick4(q3, 3)
@@ -219,29 +276,95 @@ def kda_grad_intra_kernel(
     be3 = rsum(pick4(beta3, 3), 1)
     c1, c2, c3 = last_row16(b0), last_row16(b1), last_row16(b2)
     dq10, z10, dka10, dkb10 = off_grads(
-        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, True),
-        q1, k1, b1, be1, c1, k0, b0, DT, DOT)
+        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, False),
+        load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, True),
+        load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, True),
+        q1,
+        k1,
+        b1,
+        be1,
+        c1,
+        k0,
+        b0,
+        CT,
+        DOT,
+    )
     dq20, z20, dka20, dkb20 = off_grads(
-        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, True),
-        q2, k2, b2, be2, c2, k0, b0, DT, DOT)
+        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, False),
+        load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, True),
+        load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, True),
+        q2,
+        k2,
+        b2,
+        be2,
+        c2,
+        k0,
+        b0,
+        CT,
+        DOT,
+    )
     dq21, z21, dka21, dkb21 = off_grads(
-        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, False), load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, True), load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, True),
-        q2, k2, b2, be2, c2, k1, b1, DT, DOT)
+        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, False),
+        load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, True),
+        load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, True),
+        q2,
+        k2,
+        b2,
+        be2,
+        c2,
+        k1,
+        b1,
+        CT,
+        DOT,
+    )
     dq30, z30, dka30, dkb30 = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, True),
-        q3_, k3_, b3_, be3, c3, k0, b0, DT, DOT)
+        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, False),
+        load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, True),
+        load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, True),
+        q3_,
+        k3_,
+        b3_,
+        be3,
+        c3,
+        k0,
+        b0,
+        CT,
+        DOT,
+    )
     dq31, z31, dka31, dkb31 = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, True),
-        q3_, k3_, b3_, be3, c3, k1, b1, DT, DOT)
+        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, False),
+        load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, True),
+        load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, True),
+        q3_,
+        k3_,
+        b3_,
+        be3,
+        c3,
+        k1,
+        b1,
+        CT,
+        DOT,
+    )
     dq32, z32, dka32, dkb32 = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, True),
-        q3_, k3_, b3_, be3, c3, k2, b2, DT, DOT)
+        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, False),
+        load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, True),
+        load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, True),
+        q3_,
+        k3_,
+        b3_,
+        be3,
+        c3,
+        k2,
+        b2,
+        CT,
+        DOT,
+    )
     zero = tl.zeros([16, BK], dtype=tl.float32)
     dq3 += stack4(zero, dq10, dq20 + dq21, dq30 + dq31 + dq32)
     z3 += stack4(zero, z10, z20 + z21, z30 + z31 + z32)

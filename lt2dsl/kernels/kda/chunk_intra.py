@@ -66,24 +66,39 @@ def diag_blocks(q3, k3, b3):
 
 
 @helper
-def off_block(xI, bI, refI, kJ, bJ, DT: tl.constexpr, DOT: tl.constexpr):
+def off_block(xI, bI, refI, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr):
     """Σ_c x_rc k_ic e^{b_rc − b_ic} for r in sub-chunk I, i in an earlier sub-chunk J `[16, 16]`."""
-    xs = (xI * tl.exp(bI - refI[None, :])).to(DT)
-    ks = (kJ * tl.exp(refI[None, :] - bJ)).to(DT)
+    xs = (xI * tl.exp(bI - refI[None, :])).to(CT)
+    ks = (kJ * tl.exp(refI[None, :] - bJ)).to(CT)
     return mm(xs, tl.trans(ks), DOT)
 
 
 @triton.jit
 def kda_intra_fwd_kernel(
-    q, k, g, beta, gcum, Ainv, Aqk, cu_seqlens, chunk_indices, T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DOT: tl.constexpr,
+    q,
+    k,
+    g,
+    beta,
+    gcum,
+    Ainv,
+    Aqk,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    CT: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    DT = q.dtype.element_ty
     t0 = bos + i_t * BT
     o = tl.arange(0, 16)
     rows3 = t0 + 16 * tl.arange(0, 4)[:, None, None] + o[None, :, None]  # [4, 16, 1]
@@ -118,18 +133,18 @@ def kda_intra_fwd_kernel(
         c1 = rsum(tl.where(tl.arange(0, 4)[:, None] == 1, carry, 0.0), 0)
         c2 = rsum(tl.where(tl.arange(0, 4)[:, None] == 2, carry, 0.0), 0)
         c3 = rsum(tl.where(tl.arange(0, 4)[:, None] == 3, carry, 0.0), 0)
-        q10 += off_block(q1, b1, c1, k0, b0, DT, DOT)
-        a10 += off_block(k1, b1, c1, k0, b0, DT, DOT)
-        q20 += off_block(q2, b2, c2, k0, b0, DT, DOT)
-        a20 += off_block(k2, b2, c2, k0, b0, DT, DOT)
-        q21 += off_block(q2, b2, c2, k1, b1, DT, DOT)
-        a21 += off_block(k2, b2, c2, k1, b1, DT, DOT)
-        q30 += off_block(q3_, b3_, c3, k0, b0, DT, DOT)
-        a30 += off_block(k3_, b3_, c3, k0, b0, DT, DOT)
-        q31 += off_block(q3_, b3_, c3, k1, b1, DT, DOT)
-        a31 += off_block(k3_, b3_, c3, k1, b1, DT, DOT)
-        q32 += off_block(q3_, b3_, c3, k2, b2, DT, DOT)
-        a32 += off_block(k3_, b3_, c3, k2, b2, DT, DOT)
+        q10 += off_block(q1, b1, c1, k0, b0, CT, DOT)
+        a10 += off_block(k1, b1, c1, k0, b0, CT, DOT)
+        q20 += off_block(q2, b2, c2, k0, b0, CT, DOT)
+        a20 += off_block(k2, b2, c2, k0, b0, CT, DOT)
+        q21 += off_block(q2, b2, c2, k1, b1, CT, DOT)
+        a21 += off_block(k2, b2, c2, k1, b1, CT, DOT)
+        q30 += off_block(q3_, b3_, c3, k0, b0, CT, DOT)
+        a30 += off_block(k3_, b3_, c3, k0, b0, CT, DOT)
+        q31 += off_block(q3_, b3_, c3, k1, b1, CT, DOT)
+        a31 += off_block(k3_, b3_, c3, k1, b1, CT, DOT)
+        q32 += off_block(q3_, b3_, c3, k2, b2, CT, DOT)
+        a32 += off_block(k3_, b3_, c3, k2, b2, CT, DOT)
 
     row, col = o[None, :, None], o[None, None, :]
     Akk_d = tl.where(row > col, Akk_d * beta3, 0.0)
@@ -138,8 +153,23 @@ def kda_intra_fwd_kernel(
     be2 = rsum(tl.where(tl.arange(0, 4)[:, None, None] == 2, beta3, 0.0), 0)
     be3 = rsum(tl.where(tl.arange(0, 4)[:, None, None] == 3, beta3, 0.0), 0)
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = inv_unit_lower64(
-        Akk_d, a10 * be1, a20 * be2, a21 * be2, a30 * be3, a31 * be3, a32 * be3, DOT)
+        Akk_d, a10 * be1, a20 * be2, a21 * be2, a30 * be3, a31 * be3, a32 * be3, DOT
+    )
     store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
-    store_lower64(Aqk + i_hv * BT, t0, eos, pick4(Aqk_d, 0), q10 * scale, pick4(Aqk_d, 1),
-                  q20 * scale, q21 * scale, pick4(Aqk_d, 2), q30 * scale, q31 * scale, q32 * scale,
-                  pick4(Aqk_d, 3), HV, BT)
+    store_lower64(
+        Aqk + i_hv * BT,
+        t0,
+        eos,
+        pick4(Aqk_d, 0),
+        q10 * scale,
+        pick4(Aqk_d, 1),
+        q20 * scale,
+        q21 * scale,
+        pick4(Aqk_d, 2),
+        q30 * scale,
+        q31 * scale,
+        q32 * scale,
+        pick4(Aqk_d, 3),
+        HV,
+        BT,
+    )

@@ -1,0 +1,172 @@
+"""Triton kernels of the delta-rule family on the CPU interpreter (small irregular shapes).
+
+Every case compares outputs, final states and all input gradients with the float64 recurrence,
+with each buffer the kernels write filled with NaN first. The same checks at full size run on
+the GPU from the per-op files (`-m gpu`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import lt2dsl.kernels.common.delta_launch as delta_launch
+from lt2dsl.kernels.common.delta_triton import chunk_flops
+from tests.kernels.test_delta_family import OPS, OpInfo, compare_backends, make_inputs
+from tests.kernels.utils import assert_close
+
+FP32_TOL, BF16_TOL = 1e-4, 1e-2
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(delta_launch, "POISON", True)
+
+
+@pytest.fixture(params=list(OPS), ids=list(OPS))
+def info(request) -> OpInfo:
+    return OPS[request.param]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(B=2, T=63, H=1, HV=2, K=32, V=32),  # grouped value heads, one partial chunk
+        dict(B=1, T=100, H=2, HV=2, K=16, V=32),  # two chunks, K < V
+    ],
+    ids=["T63-gva", "T100"],
+)
+def test_chunked_forward_backward(info, shape):
+    x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape)
+    compare_backends(info, x, FP32_TOL)
+
+
+def test_no_initial_state_and_scale(info):
+    x = make_inputs(info.gate, B=1, T=70, H=1, HV=1, K=16, V=16, dtype=torch.float32, state=False)
+    compare_backends(info, x, FP32_TOL, scale=0.7)
+
+
+def test_varlen(info):
+    """Packed sequences of lengths 1, 39, 60 (chunks never cross a sequence boundary)."""
+    cu = torch.tensor([0, 1, 40, 100])
+    x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=16, V=16, dtype=torch.float32, N=3)
+    compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
+
+
+def test_bf16(info):
+    x = make_inputs(info.gate, B=1, T=63, H=1, HV=2, K=32, V=32, dtype=torch.bfloat16)
+    compare_backends(info, x, BF16_TOL)
+
+
+@pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
+def test_strong_decay(op):
+    """Log decays down to ≈ −60 a step: the per-channel products must stay inside fp32."""
+    x = make_inputs(OPS[op].gate, B=1, T=100, H=1, HV=1, K=32, V=16, dtype=torch.float32, decay=30.0)
+    compare_backends(OPS[op], x, FP32_TOL)
+
+
+def test_decode_kernel(info):
+    """Short inference calls take the token-recurrent kernel: T = 1 and 3, varlen, q/k L2 norm."""
+    for T in (1, 3):
+        x = make_inputs(info.gate, B=3, T=T, H=1, HV=2, K=16, V=32, dtype=torch.float32, seed=T)
+        compare_backends(info, x, FP32_TOL, grad=False)
+    cu = torch.tensor([0, 1, 3, 7])
+    x = make_inputs(info.gate, B=1, T=7, H=2, HV=2, K=16, V=16, dtype=torch.float32, N=3)
+    compare_backends(info, x, FP32_TOL, grad=False, cu_seqlens=cu)
+    y = dict(x, q=x["q"] * 3, k=x["k"] * 0.5)
+    with torch.no_grad():
+        o, S = info.call(
+            y,
+            initial_state=x["initial_state"],
+            output_final_state=True,
+            cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=True,
+            backend="triton",
+        )
+    o_ref, S_ref = info.call(
+        y,
+        initial_state=x["initial_state"],
+        output_final_state=True,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True,
+    )
+    assert_close("o (l2norm)", o, o_ref, FP32_TOL)
+    assert_close("S (l2norm)", S, S_ref, FP32_TOL)
+
+
+def test_decode_in_place(info):
+    """`inplace_final_state` writes into the cache tensor itself, step after step."""
+    x = make_inputs(info.gate, B=2, T=4, H=1, HV=2, K=16, V=16, dtype=torch.float32)
+    o_all, S_all = info.call(x, initial_state=x["initial_state"], output_final_state=True)
+    cache = x["initial_state"].clone()
+    with torch.no_grad():
+        for t in range(4):
+            step = {
+                n: (u[:, t : t + 1] if u is not None and n != "initial_state" else u) for n, u in x.items()
+            }
+            o, S = info.call(step, initial_state=cache, inplace_final_state=True, backend="triton")
+            assert S is cache
+            assert_close(f"o step {t}", o, o_all[:, t : t + 1], FP32_TOL)
+    assert_close("cache", cache, S_all, FP32_TOL)
+
+
+def test_compile_fullgraph(info):
+    """torch.compile(fullgraph=True) traces the custom ops (fake tensors) and their autograd."""
+    x = make_inputs(info.gate, B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32)
+    names = [n for n in ("q", "k", "v", "g", "beta", "initial_state") if x[n] is not None]
+
+    def f(*ts):
+        y = dict(x, **dict(zip(names, ts)))
+        o, S = info.call(y, initial_state=y["initial_state"], output_final_state=True, backend="triton")
+        return o, S
+
+    eager = [x[n].clone().requires_grad_(True) for n in names]
+    comp = [x[n].clone().requires_grad_(True) for n in names]
+    o1, S1 = f(*eager)
+    o2, S2 = torch.compile(f, fullgraph=True, backend="aot_eager")(*comp)
+    (o1.sum() + S1.square().sum()).backward()
+    (o2.sum() + S2.square().sum()).backward()
+    assert_close("o", o2, o1, 1e-6)
+    for n, a, b in zip(names, comp, eager):
+        assert_close(f"d{n}", a.grad, b.grad, 1e-6)
+
+
+def test_flop_counter_counts_the_ops():
+    x = make_inputs("scalar", B=1, T=40, H=1, HV=2, K=16, V=8, dtype=torch.float32)
+    leaves = {n: t.requires_grad_(True) for n, t in x.items()}
+    with FlopCounterMode(display=False) as fc:
+        o, _ = OPS["gated_delta_rule"].call(leaves, initial_state=x["initial_state"], backend="triton")
+    fwd = chunk_flops(1, 40, 2, 16, 8)
+    assert fc.get_total_flops() == fwd
+    with FlopCounterMode(display=False) as fc:
+        o.sum().backward()
+    assert fc.get_total_flops() > 2 * fwd
+
+
+def test_opcheck():
+    """Schema, fake tensors and autograd registration of the chunked and decode ops."""
+    x = make_inputs("channel", B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 2, 0.25, True, True)
+    torch.library.opcheck(torch.ops.lt2dsl.delta_chunk_fwd, args)
+    dec = (
+        x["q"][:, :2],
+        x["k"][:, :2],
+        x["v"][:, :2],
+        x["g"][:, :2],
+        x["beta"][:, :2],
+        x["initial_state"].clone(),
+        None,
+        2,
+        0.25,
+        False,
+    )
+    torch.library.opcheck(torch.ops.lt2dsl.delta_recurrent_inplace, dec)
+
+
+def test_backend_choice():
+    x = make_inputs("scalar", B=1, T=4, H=1, HV=1, K=8, V=8)
+    with pytest.raises(ValueError, match="float64"):
+        OPS["gated_delta_rule"].call(x, backend="triton")
+    o, _ = OPS["gated_delta_rule"].call(x, backend="auto")  # CPU: reference
+    assert o.dtype == torch.float64
