@@ -31,8 +31,10 @@ def default_text(o: Option) -> str:
     d = o.default
     if callable(d):
         return DERIVED.get(getattr(d, "__name__", ""), "derived (see description)")
+    if o.required:
+        return "required"
     if d is None:
-        return "—"
+        return "see description" if "[" in o.doc else "—"
     if isinstance(d, bool):
         return f"`{'true' if d else 'false'}`"
     if isinstance(d, int):
@@ -44,7 +46,7 @@ def options_table(options: tuple[Option, ...]) -> list[str]:
     rows = ["| option | type | default | valid values | description |", "|---|---|---|---|---|"]
     for o in options:
         pos = " (positional)" if o.positional else ""
-        valid = o.range_text() if o.type not in ("mlp", "norm") else f"a {o.type} value (below)"
+        valid = {"mlp": "a channel mixer (below)", "norm": "a norm (below)"}.get(o.type) or o.range_text()
         doc = o.doc.replace("|", "\\|")
         rows.append(f"| `{o.name}`{pos} | {o.type} | {default_text(o)} | {valid} | {doc} |")
     return rows

@@ -212,7 +212,7 @@ GENERIC: tuple[SyntaxRule, ...] = (
       ("gdn(heads=4) 1.5",), "gdn(heads=4)"),
     R("E0004", "unexpected end of file", "expected {expected}, found the end of the file",
       "expected {expected}", None,
-      "The file ends in the middle of a construct.", (), "gdn"),
+      "The file ends in the middle of a construct.", ("model m",), "model m { dim = 64; gdn }"),
     R("E0017", "nesting too deep", "the program nests more than 64 levels deep", "too deeply nested",
       "flatten the program: a stack of blocks in one loop, or `repeat n`",
       "Loops, repeats, copies and call values nest at most 64 levels: every stage of the compiler "

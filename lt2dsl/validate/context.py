@@ -173,8 +173,10 @@ def value_arglists(value: n.Node, option: Option) -> list[ArgList]:
 
 # ---- the resolved model, for the shape and kernel rules ---------------------------------------
 
-# Model settings a mixer option falls back to when the call does not write it.
-FROM_SETTING = {"heads": "heads", "head_dim": "head_dim", "kv_heads": "kv_heads", "max_len": "max_len"}
+# The model settings a mixer option comes from when the call does not write it, most direct
+# first: the model's head dim is `head_dim`, or `dim / heads` when that is not written.
+FROM_SETTING = {"heads": ("heads", "dim"), "head_dim": ("head_dim", "heads", "dim"),
+                "kv_heads": ("kv_heads", "heads"), "max_len": ("max_len",)}
 
 
 def span_key(s) -> tuple:
@@ -226,8 +228,9 @@ class ShapeCtx:
             if (a := self.written(call, name)) is not None:
                 return a.value.span
         for name in names:
-            if name in inherited and (s := self.settings.get(FROM_SETTING.get(name, ""))) is not None:
-                return s.value.span
+            for setting in FROM_SETTING.get(name, ()) if name in inherited else ():
+                if (s := self.settings.get(setting)) is not None:
+                    return s.value.span
         if call is not None:
             return call.name_span
         return m.span

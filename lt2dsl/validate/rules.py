@@ -82,9 +82,10 @@ def all_rules() -> dict[str, Rule]:
         import_module(m)
     out = dict(RULES)
     for r in ALL:
-        out[r.code] = Rule(code=r.code, title=r.title, sections={
-            "What it checks": r.message.replace("{found}", "…").replace("{expected}", "…")
-            .replace("{{", "{").replace("}}", "}"),
+        out[r.code] = Rule(code=r.code, title=r.title[0].upper() + r.title[1:], sections={
+            "What it checks": "The text is not valid `.lt2` syntax at this point; the message reads: "
+            + r.message.replace("{found}", "…").replace("{expected}", "…").replace("{{", "{")
+            .replace("}}", "}") + ".",
             "Why it matters": r.why,
             "Example": r.examples[0] if r.examples else "",
             "Use instead": r.fixed,

@@ -204,12 +204,12 @@ def check_tmm_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
         must be equal.
 
     Example:
-        dim = 1000
+        dim = 1024
         max_len = 4k
         tmm(heads=3)
 
     Use instead:
-        dim = 1000
+        dim = 1024
         max_len = 4k
         tmm(heads=4)
     """
