@@ -7,9 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from lt2dsl.kernels.gla import chunk_gla_ref, gla, naive_recurrent_gla
+from tests.kernels.test_decay_common import DEVICE, TOL, poison, run_fwd_bwd  # noqa: F401
 from tests.kernels.utils import assert_close
 
 F64 = torch.float64
+# Triton launchers allocate NaN-filled buffers in every test of this file
+pytestmark = pytest.mark.usefixtures("poison")
 
 
 def make_inputs(B, T, H, HV, K, V, dtype=F64, decay="gla", seed=0, device="cpu"):
@@ -114,3 +117,122 @@ def test_shape_errors():
         gla(q, k, v, g, initial_state=torch.zeros(2, 4, 8, 4))
     with pytest.raises(ValueError, match="dtype"):
         gla(q, k, v.float(), g)
+
+
+# ---------------------------------------------------------------------------------------------
+# backend="triton" (CPU: Triton interpreter at small shapes; GPU: the same checks at full size)
+
+
+def check_against_float64(q, k, v, g, h0, cu_seqlens=None, tol=1e-4, scale=None):
+    """Triton forward + backward versus float64 (recurrence on CPU, chunked float64 form on GPU)."""
+    gen = torch.Generator().manual_seed(11)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    do = torch.randn(*v.shape, generator=gen, dtype=F64).to(v.device)
+    dht = torch.randn(N, v.shape[2], q.shape[3], v.shape[3], generator=gen, dtype=F64).to(v.device)
+    kw = dict(scale=scale, output_final_state=True, cu_seqlens=cu_seqlens)
+
+    def tri(q, k, v, g, h0):
+        return gla(q, k, v, g, initial_state=h0, backend="triton", **kw)
+
+    def ref(q, k, v, g, h0):
+        if v.is_cuda or cu_seqlens is not None:
+            return gla(q, k, v, g, initial_state=h0, backend="reference", **kw)
+        return naive_recurrent_gla(q, k, v, g, scale, h0)
+
+    o, s, grads = run_fwd_bwd(tri, [q, k, v, g, h0], do, dht)
+    o64, s64, grads64 = run_fwd_bwd(ref, [x.double() for x in (q, k, v, g, h0)], do, dht)
+    assert o.dtype == v.dtype and s.dtype == torch.float32
+    assert_close("o", o, o64, tol)
+    assert_close("final_state", s, s64, tol)
+    for name, a, b in zip(["dq", "dk", "dv", "dg", "dh0"], grads, grads64):
+        assert_close(name, a, b, tol)
+
+
+def _inputs(B, T, H, HV, K, V, dtype, decay, device=DEVICE, seed=0):
+    q, k, v, g = make_inputs(B, T, H, HV, K, V, decay=decay, seed=seed)
+    h0 = torch.randn(B, HV, K, V, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
+    return (*(x.to(dtype).to(device) for x in (q, k, v)), g.float().to(device), h0.float().to(device))
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "dtype", "decay"),
+    [(1, 100, torch.float32, "strong"), (2, 63, torch.bfloat16, "gla"), (2, 1, torch.float32, "mixed")],
+)
+def test_triton_matches_float64(B, T, dtype, decay):
+    q, k, v, g, h0 = _inputs(B, T, 1, 2, 32, 16, dtype, decay)
+    check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
+
+
+def test_triton_varlen():
+    lens = [5, 70, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    q, k, v, g, _ = _inputs(1, sum(lens), 2, 2, 16, 16, torch.float32, "strong")
+    h0 = torch.randn(len(lens), 2, 16, 16, device=DEVICE)
+    check_against_float64(q, k, v, g, h0, cu_seqlens=cu, tol=1e-4, scale=0.3)
+
+
+def test_triton_decode_in_place():
+    """Decode through the fused recurrent kernel writes the state in place (no new state tensor)."""
+    q, k, v, g, h0 = _inputs(2, 12, 2, 4, 32, 16, torch.float32, "strong")
+    o_ref, s_ref = naive_recurrent_gla(*(x.double() for x in (q, k, v, g)), None, h0.double())
+    state = h0.clone()
+    ptr, outs = state.data_ptr(), []
+    with torch.no_grad():
+        o_pre, ret = gla(q[:, :9], k[:, :9], v[:, :9], g[:, :9], initial_state=state,
+                         inplace_final_state=True, backend="triton")  # fmt: skip
+        for t in range(9, 12):
+            sl = slice(t, t + 1)
+            o_t, ret = gla(q[:, sl], k[:, sl], v[:, sl], g[:, sl], initial_state=state,
+                           inplace_final_state=True, backend="triton")  # fmt: skip
+            assert ret is state and ret.data_ptr() == ptr
+            outs.append(o_t)
+    assert_close("decoded o", torch.cat([o_pre, *outs], 1), o_ref, 1e-4)
+    assert_close("state", state, s_ref, 1e-4)
+
+
+def test_triton_compiles_fullgraph_and_counts_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v, g, h0 = _inputs(1, 20, 1, 1, 16, 16, torch.float32, "gla")
+    leaves = [x.requires_grad_() for x in (q, k, v, g, h0)]
+
+    def f(q, k, v, g, h0):
+        return gla(q, k, v, g, initial_state=h0, output_final_state=True, backend="triton")
+
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    o, s = torch.compile(f, fullgraph=True, backend=backend)(*leaves)
+    (o.sum() + s.sum()).backward()
+    q6, k6, v6, g6, h6 = (x.detach().double() for x in leaves)
+    assert_close("compiled o", o, gla(q6, k6, v6, g6, initial_state=h6)[0], 1e-4)
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
+    with FlopCounterMode(display=False) as counter:
+        f(*leaves)[0].sum().backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    fwd = 20 * (2 * 20 * (16 + 16) + 4 * 16 * 16 + 3 * 16 * 16)
+    assert counts["lt2dsl.gla_chunk_fwd"] == fwd
+    assert counts["lt2dsl.gla_chunk_bwd"] == 2 * fwd
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1000, 8192])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("decay", ["gla", "strong"])
+def test_gpu_full_size(T, D, dtype, decay):
+    q, k, v, g, h0 = _inputs(2, T, 16, 16, D, D, dtype, decay)
+    check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(3))
+def test_gpu_every_autotune_config(config):
+    """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
+    from lt2dsl.kernels.common.decay_triton import force_config
+
+    try:
+        force_config(config)
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v, g, h0 = _inputs(2, 1000, 4, 8, 128, 128, dtype, "strong")
+            check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
+    finally:
+        force_config(None)

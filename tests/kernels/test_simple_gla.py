@@ -9,9 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from lt2dsl.kernels.simple_gla import chunk_simple_gla_ref, naive_recurrent_simple_gla, simple_gla
+from tests.kernels.test_decay_common import DEVICE, TOL, poison, run_fwd_bwd  # noqa: F401
 from tests.kernels.utils import assert_close
 
 F64 = torch.float64
+# Triton launchers allocate NaN-filled buffers in every test of this file
+pytestmark = pytest.mark.usefixtures("poison")
 
 
 def make_inputs(B, T, H, HV, K, V, dtype=F64, decay="mixed", seed=0, device="cpu"):
@@ -201,24 +204,6 @@ def test_output_dtype_follows_v():
 # ---------------------------------------------------------------------------------------------
 # backend="triton" (CPU: Triton interpreter at small shapes; GPU: the same checks at full size)
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture
-def poison(monkeypatch):
-    """Every buffer the Triton launchers allocate starts as NaN."""
-    from lt2dsl.kernels.common import decay_triton
-
-    monkeypatch.setattr(decay_triton, "POISON", True)
-
-
-def run_fwd_bwd(fn, leaves, do, dht):
-    """o, final state and the gradients of Σ o·do + Σ S·dht w.r.t. `leaves` (None stays None)."""
-    leaves = [None if x is None else x.detach().clone().requires_grad_() for x in leaves]
-    o, s = fn(*leaves)
-    ((o.double() * do).sum() + (s.double() * dht).sum()).backward()
-    return o, s, [None if x is None else x.grad for x in leaves]
-
 
 def check_against_float64(q, k, v, g, h0, cu_seqlens=None, tol=1e-4, scale=None):
     """Triton forward + backward versus float64 (recurrence on CPU, chunked float64 form on GPU)."""
@@ -259,20 +244,17 @@ def _inputs(B, T, H, HV, K, V, dtype, decay, device=DEVICE, seed=0):
     return q.to(dtype).to(device), k.to(dtype).to(device), v.to(dtype).to(device), g, h0.float().to(device)
 
 
-TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
-
-
 @pytest.mark.parametrize(
     ("T", "dtype", "decay"),
     [(63, torch.float32, "mixed"), (1, torch.float32, "strong"), (100, torch.bfloat16, "retnet"),
      (100, torch.bfloat16, "none")],
 )  # fmt: skip
-def test_triton_matches_float64(poison, T, dtype, decay):
+def test_triton_matches_float64(T, dtype, decay):
     q, k, v, g, h0 = _inputs(2, T, 2, 4, 32, 16, dtype, decay)
     check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
 
 
-def test_triton_varlen(poison):
+def test_triton_varlen():
     lens = [5, 64, 1, 30]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
     q, k, v, g, _ = _inputs(1, sum(lens), 2, 4, 32, 16, torch.float32, "strong")
@@ -280,7 +262,7 @@ def test_triton_varlen(poison):
     check_against_float64(q, k, v, g, h0, cu_seqlens=cu, tol=1e-4, scale=0.3)
 
 
-def test_triton_decode_in_place(poison):
+def test_triton_decode_in_place():
     """Decode through the fused recurrent kernel writes the state in place (no new state tensor)."""
     q, k, v, g, h0 = _inputs(3, 40, 2, 4, 32, 16, torch.float32, "mixed")
     o_ref, s_ref = naive_recurrent_simple_gla(*(x.double() for x in (q, k, v, g)), None, h0.double())
@@ -306,7 +288,7 @@ def test_triton_decode_in_place(poison):
     assert_close("varlen recurrent state", s_v, s_r, 1e-4)
 
 
-def test_triton_compiles_fullgraph_and_counts_flops(poison):
+def test_triton_compiles_fullgraph_and_counts_flops():
     from torch.utils.flop_counter import FlopCounterMode
 
     q, k, v, g, h0 = _inputs(1, 20, 2, 2, 16, 16, torch.float32, "mixed")
@@ -344,14 +326,14 @@ def test_triton_rejects_float64():
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("decay", ["mixed", "retnet", "strong", "none"])
-def test_gpu_full_size(poison, T, D, dtype, decay):
+def test_gpu_full_size(T, D, dtype, decay):
     q, k, v, g, h0 = _inputs(2, T, 16, 16, D, D, dtype, decay)
     check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", range(3))
-def test_gpu_every_autotune_config(poison, config):
+def test_gpu_every_autotune_config(config):
     """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
     from lt2dsl.kernels.common.decay_triton import force_config
 

@@ -54,7 +54,8 @@ def run_decay_triton(chunk_op, q, k, v, g, h0, initial_state, scale, want_final,
             return o, initial_state
         o, ht = torch.ops.lt2dsl.decay_fused_recurrent(q, k, v, g, h0, cu, scale)
     else:
-        o, ht = chunk_op(q, k, v, g, h0, cu, scale)
+        # chunk ops may return extra tensors saved for their backward (gla: the scores A)
+        o, ht = chunk_op(q, k, v, g, h0, cu, scale)[:2]
     if inplace:
         with torch.no_grad():
             initial_state.copy_(ht)

@@ -76,7 +76,9 @@ def intra_A_kernel(
             b_gn = tl.load(g + r0 * HV * K + i_k * BK + o_k, mask=i_k * BK + o_k < K, other=0.0)
             b_kT = load_tile(k, i_k * BK, i_c * BT + j * BC, K, T, 1, H * K, BK, BC)
             b_gkT = load_tile(g, i_k * BK, i_c * BT + j * BC, K, T, 1, HV * K, BK, BC)
-            b_qg = cast(b_q * tl.exp(b_g - b_gn[None, :]), b_q.dtype)
+            # rows past T load g = 0: keep their exponent finite (they are never stored)
+            expo = tl.where((o_r < T)[:, None], b_g - b_gn[None, :], 0.0)
+            b_qg = cast(b_q * tl.exp(expo), b_q.dtype)
             b_kg = cast(b_kT * tl.exp(b_gn[:, None] - b_gkT), b_kT.dtype)
             b_A += mma(b_qg, b_kg, PREC)
         store_tile(A, b_A * scale, r0, j * BC, T, BT, HV * BT, 1, BC, BC)
@@ -93,7 +95,7 @@ def intra_A_kernel(
             m = m_k & (p * 0 + r0 + jj < T)
             b_kj = tl.load(k + (r0 + jj) * H * K + p, mask=m, other=0.0).to(tl.float32)
             b_gj = tl.load(g + (r0 + jj) * HV * K + p, mask=m, other=0.0)
-            expo = tl.where((o_r >= r0 + jj)[:, None], b_g - b_gj[None, :], float("-inf"))
+            expo = tl.where(((o_r >= r0 + jj) & (o_r < T))[:, None], b_g - b_gj[None, :], float("-inf"))
             col = tl.sum(b_q * b_kj[None, :] * tl.exp(expo), axis=1)
             b_A += tl.where(o_j[None, :] == jj, col[:, None], 0.0)
     store_tile(A, b_A * scale, r0, i_i * BC, T, BT, HV * BT, 1, BC, BC)
@@ -226,13 +228,13 @@ def bwd_dqk_intra_kernel(
         b_dAij = load_tile(dA, r0, j * BC, T, BT, HV * BT, 1, BC, BC)
         b_kg = cast(b_k * tl.exp(b_gn[None, :] - b_gk), b_k.dtype)
         b_dq += mma(cast(b_dAij, b_k.dtype), b_kg, PREC)
-    b_dq *= tl.exp(b_g - b_gn[None, :])
+    b_dq *= tl.exp(tl.where((o_r < T)[:, None], b_g - b_gn[None, :], 0.0))
     for jj in tl.static_range(BC):
         m = m_k & (o_k * 0 + r0 + jj < T)
         b_kj = tl.load(k + (r0 + jj) * H * K + o_k, mask=m, other=0.0).to(tl.float32)
         b_gj = tl.load(g + (r0 + jj) * HV * K + o_k, mask=m, other=0.0)
         b_dAj = tl.load(dA + o_r * HV * BT + i_i * BC + jj, mask=o_r < T, other=0.0)
-        expo = tl.where((o_r >= r0 + jj)[:, None], b_g - b_gj[None, :], float("-inf"))
+        expo = tl.where(((o_r >= r0 + jj) & (o_r < T))[:, None], b_g - b_gj[None, :], float("-inf"))
         b_dq += b_dAj[:, None] * b_kj[None, :] * tl.exp(expo)
 
     # dk_c = Σ_{r ≥ c} dA[r, c] q_r ⊙ e^{b_r − b_c}; later sub-chunks through the last row of this one
@@ -245,7 +247,9 @@ def bwd_dqk_intra_kernel(
         b_gq = load_tile(g, s0, i_k * BK, T, K, HV * K, 1, BC, BK)
         # dA_jiᵀ `[BC (this sub-chunk), BC (sub-chunk j)]`, loaded transposed
         b_dAT = load_tile(dA, i_i * BC, s0, BT, T, 1, HV * BT, BC, BC)
-        b_qg = cast(b_q * tl.exp(b_gq - b_gm[None, :]), b_q.dtype)
+        # rows past T load g = 0, so their exponent could be positive: zero them before the exp
+        m_q = (s0 + tl.arange(0, BC) < T)[:, None]
+        b_qg = cast(b_q * tl.exp(tl.where(m_q, b_gq - b_gm[None, :], float("-inf"))), b_q.dtype)
         b_dk += mma(cast(b_dAT, b_q.dtype), b_qg, PREC)
     b_dk *= tl.where((o_r < T)[:, None], tl.exp(b_gm[None, :] - b_g), 0.0)
     o_j = i_i * BC + tl.arange(0, BC)
@@ -254,7 +258,8 @@ def bwd_dqk_intra_kernel(
         b_qj = tl.load(q + (r0 + jj) * H * K + o_k, mask=m, other=0.0).to(tl.float32)
         b_gj = tl.load(g + (r0 + jj) * HV * K + o_k, mask=m, other=0.0)
         b_dAj = tl.load(dA + (r0 + jj) * HV * BT + o_j, mask=o_j * 0 + r0 + jj < T, other=0.0)
-        expo = tl.where((o_r <= r0 + jj)[:, None], b_gj[None, :] - b_g, float("-inf"))
+        m_e = (o_r <= r0 + jj) & (o_r * 0 + r0 + jj < T)
+        expo = tl.where(m_e[:, None], b_gj[None, :] - b_g, float("-inf"))
         b_dk += b_dAj[:, None] * b_qj[None, :] * tl.exp(expo)
 
     dq += (bos * HV + i_hv) * K
@@ -337,7 +342,8 @@ def _intra_A(q, k, v, g_cum, scale, vl):
 
 
 def chunk_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final):
-    """Forward: o `[B, T, HV, V]` (dtype of v) and the final state `[N, HV, K, V]` fp32 (or None)."""
+    """Forward: o `[B, T, HV, V]` (dtype of v), the final state `[N, HV, K, V]` fp32 (or None) and
+    the intra-chunk scores A `[B, T, HV, BT]` (fp32), which the backward reuses."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     vl = Varlen(cu_seqlens, B, T)
@@ -348,11 +354,11 @@ def chunk_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final):
     meta = _meta(q, v, vl)
     grid = (triton.cdiv(V, meta["BV"]), vl.NT, vl.grid_rows(B) * HV)
     fwd_o_kernel[grid](q, v, g_cum, h, A, o, vl.cu, vl.idx, scale, T, **meta)
-    return o, ht
+    return o, ht, A
 
 
-def chunk_gla_bwd(q, k, v, g, scale, h0, do, dht, cu_seqlens):
-    """Backward: (dq, dk, dv, dg, dh0); dh0 is None without h0."""
+def chunk_gla_bwd(q, k, v, g, A, scale, h0, do, dht, cu_seqlens):
+    """Backward from the forward's A: (dq, dk, dv, dg, dh0); dh0 is None without h0."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     vl = Varlen(cu_seqlens, B, T)
@@ -360,12 +366,13 @@ def chunk_gla_bwd(q, k, v, g, scale, h0, do, dht, cu_seqlens):
     rows = vl.grid_rows(B) * HV
     g_cum = chunk_local_cumsum(g, vl)
     h, _ = chunk_fwd_h(k, v, g_cum, h0, vl, store_final=False)
-    A = _intra_A(q, k, v, g_cum, scale, vl)
     dh, dh0 = chunk_bwd_dh(q, do, g_cum, dht, vl, scale, want_dh0=h0 is not None)
     dA = new_empty(q, B, T, HV, vl.chunk, dtype=torch.float32)
     bwd_dA_kernel[(vl.NT, rows)](v, do, dA, vl.cu, vl.idx, T, **meta)
     dv = new_empty(v, *v.shape)
-    bwd_dv_kernel[(triton.cdiv(V, meta["BV"]), vl.NT, rows)](k, g_cum, A, do, dh, dv, vl.cu, vl.idx, T, **meta)
+    bwd_dv_kernel[(triton.cdiv(V, meta["BV"]), vl.NT, rows)](
+        k, g_cum, A, do, dh, dv, vl.cu, vl.idx, T, **meta
+    )
     NK = triton.cdiv(K, meta["BK"])
     dq_in = new_empty(q, B, T, HV, K, dtype=torch.float32)
     dk_in = new_empty(q, B, T, HV, K, dtype=torch.float32)

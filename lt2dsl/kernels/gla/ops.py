@@ -11,6 +11,7 @@ import torch
 from torch.utils.flop_counter import register_flop_formula
 
 from ..common.decay_ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
+from ..common.decay_triton import CHUNK
 from .chunk import chunk_gla_bwd, chunk_gla_fwd
 
 # elementwise 16 × 16 diagonal sub-blocks: ≈ 3·16·K per token (mixers.md §3(d))
@@ -26,15 +27,18 @@ def gla_chunk_fwd(
     h0: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """o `[B, T, HV, V]` and final state `[N, HV, K, V]` (fp32)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o `[B, T, HV, V]`, final state `[N, HV, K, V]` (fp32) and the intra-chunk scores A
+    `[B, T, HV, 64]` (fp32), saved for the backward instead of being recomputed."""
     return chunk_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final=True)
 
 
 @gla_chunk_fwd.register_fake
 def _(q, k, v, g, h0, cu_seqlens, scale):
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return torch.empty_like(v), q.new_empty(N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
+    B, T, HV, V = v.shape
+    ht = q.new_empty(N, HV, q.shape[3], V, dtype=torch.float32)
+    return torch.empty_like(v), ht, q.new_empty(B, T, HV, CHUNK, dtype=torch.float32)
 
 
 @torch.library.custom_op("lt2dsl::gla_chunk_bwd", mutates_args=())
@@ -45,33 +49,34 @@ def gla_chunk_bwd(
     g: torch.Tensor,
     h0: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
+    A: torch.Tensor,
     do: torch.Tensor,
     dht: torch.Tensor | None,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dh0); dh0 is an empty tensor when h0 is None."""
-    dq, dk, dv, dg, dh0 = chunk_gla_bwd(q, k, v, g, scale, h0, do, dht, cu_seqlens)
+    dq, dk, dv, dg, dh0 = chunk_gla_bwd(q, k, v, g, A, scale, h0, do, dht, cu_seqlens)
     return dq, dk, dv, dg, empty_grad(dh0, q)
 
 
 @gla_chunk_bwd.register_fake
-def _(q, k, v, g, h0, cu_seqlens, do, dht, scale):
+def _(q, k, v, g, h0, cu_seqlens, A, do, dht, scale):
     dh0 = torch.empty_like(h0) if h0 is not None else q.new_empty(0, dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g), dh0
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, g, h0, cu_seqlens, scale = inputs
-    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens)
+    ctx.save_for_backward(q, k, v, g, h0, cu_seqlens, output[2])
     ctx.scale = scale
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, do, dht):
-    q, k, v, g, h0, cu_seqlens = ctx.saved_tensors
+def _backward(ctx, do, dht, dA_unused):
+    q, k, v, g, h0, cu_seqlens, A = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do.contiguous()
     dht = None if dht is None else dht.float().contiguous()
-    dq, dk, dv, dg, dh0 = torch.ops.lt2dsl.gla_chunk_bwd(q, k, v, g, h0, cu_seqlens, do, dht, ctx.scale)
+    dq, dk, dv, dg, dh0 = torch.ops.lt2dsl.gla_chunk_bwd(q, k, v, g, h0, cu_seqlens, A, do, dht, ctx.scale)
     return dq, dk, dv, dg, dh0 if h0 is not None else None, None, None
 
 
