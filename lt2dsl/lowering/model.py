@@ -175,10 +175,11 @@ class LT2Model(nn.Module):
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
         if temperature < 0 or (top_k is not None and top_k < 1):
             raise ValueError(f"temperature must be >= 0 and top_k >= 1, got {temperature}, {top_k}")
+        self.check_input(input_ids, None)
         was_training = self.training
         self.eval()
         try:
-            cache = self.new_cache(input_ids.shape[0] if isinstance(input_ids, torch.Tensor) else 0)
+            cache = self.new_cache(input_ids.shape[0])
             out = [input_ids]
             logits = self(input_ids, cache)
             for i in range(max_new_tokens):

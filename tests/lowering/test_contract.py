@@ -77,3 +77,13 @@ def test_resolved_ids_are_unique_block_keys():
     model = resolved("loop T=2 < repeat 2 < gdn; full > >")
     lowered = lower("loop T=2 < repeat 2 < gdn; full > >")
     assert [b.block_id for b in lowered.blocks] == [b.id for b in model.body[0].body]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_output_projection_is_scaled_by_depth(kind):
+    """GPT-2 init: the mixer's residual output projection has std 0.02 / sqrt(2 · applications)."""
+    model = lower(f"loop T=8 < {call(kind)} >", dtype=torch.float32)
+    layer = model.blocks[0].mixers[0]
+    out = layer.o_proj if hasattr(layer, "o_proj") else layer.out_proj
+    assert abs(out.weight.std().item() / (0.02 / 4) - 1) < 0.15
+
