@@ -9,6 +9,7 @@ checks depend on tensor values.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -43,6 +44,7 @@ class LT2Model(nn.Module):
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         cfg = model.config
         self.ir, self.config, self.backend = model, cfg, backend
+        self.graph_passes: list[Callable[[torch.fx.GraphModule], torch.fx.GraphModule]] = []
         placed = iter_blocks(model.body)
         self.applications = sum(it for _, it in placed)
         self.embed = nn.Embedding(cfg.vocab, cfg.dim)
@@ -62,19 +64,27 @@ class LT2Model(nn.Module):
         """The traced `torch.fx.GraphModule` that `forward` runs (shares this module's parameters).
 
         Traced on first use and again after `.to()` / `.cuda()` (which may replace buffers the
-        graph refers to). Kept out of `_modules`, so parameters are registered (and counted)
-        once, under their estimate names.
+        graph refers to), then rewritten by `graph_passes`. Kept out of `_modules`, so parameters
+        are registered (and counted) once, under their estimate names.
         """
         gm = self.__dict__.get("_graph_module")
         if gm is None:
             root = Unrolled(self.ir, self.embed, self.blocks, self.loops, self.final_norm,
                             getattr(self, "lm_head", None))
-            gm = self.__dict__["_graph_module"] = to_fx(root)
+            gm = to_fx(root)
+            for graph_pass in self.graph_passes:
+                gm = graph_pass(gm)
+            self.__dict__["_graph_module"] = gm
         return gm
+
+    def rebuild_graph(self) -> None:
+        """Trace again on next use, then apply `graph_passes` (GraphModule → GraphModule, in order:
+        e.g. a fusion pass) — call after changing `graph_passes`."""
+        self.__dict__["_graph_module"] = None
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
-        self.__dict__["_graph_module"] = None
+        self.rebuild_graph()
         return out
 
     # ---- init -----------------------------------------------------------------------------------

@@ -131,3 +131,26 @@ def test_emit_fx_prints_the_graph_module_code(capsys):
     assert out.startswith("# lt2_gdn_dsa: torch.fx code")
     assert "def forward(self, input_ids" in out and "cache_advance" in out
     assert out.count("gated_delta_rule_core(") == 4 * 18 and out.count("dsa_attend(") == 4 * 6
+
+
+def test_graph_passes_rewrite_the_graph_and_survive_moves():
+    model = lower(call("swa"))
+    ids = tokens(1, 4)
+    want = model(ids)
+    seen = []
+
+    def double_logits(gm):
+        seen.append(gm)
+        out = next(nd for nd in gm.graph.nodes if nd.op == "output")
+        with gm.graph.inserting_before(out):
+            doubled = gm.graph.call_function(torch.mul, (out.args[0], 2.0))
+        out.args = (doubled,)
+        gm.recompile()
+        return gm
+
+    model.graph_passes.append(double_logits)
+    model.rebuild_graph()
+    torch.testing.assert_close(model(ids), 2 * want, rtol=0, atol=0)
+    model.float()
+    torch.testing.assert_close(model(ids), (2 * want).float(), rtol=1e-6, atol=1e-6)
+    assert len(seen) == 2  # applied again to the graph traced after the move
