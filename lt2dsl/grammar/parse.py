@@ -32,6 +32,7 @@ KEYWORDS = {"model": "MODEL", "let": "LET", "loop": "LOOP", "repeat": "REPEAT", 
 MAX_DEPTH = 64
 NESTING = frozenset({"loop", "repeat", "times", "call_value"})
 SIZE_SUFFIX = {"k": 1024, "M": 1024**2}
+MAX_DIGITS = 40  # longer integer literals are typos (and Python refuses to convert > 4300 digits)
 
 
 class Newlines(PostLex):
@@ -175,6 +176,11 @@ def tok_span(tok: Token, file: str, shift: int = 0) -> Span:
                 end_col=tok.end_column + shift)
 
 
+def short(text: str, limit: int = 30) -> str:
+    """Source text quoted in a message, cut to `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def join(a: Span, b: Span) -> Span:
     return Span(file=a.file, line=a.line, col=a.col, end_line=b.end_line, end_col=b.end_col)
 
@@ -191,6 +197,8 @@ class Bad:
 
 def number(text: str) -> int | float | tuple[int, int] | Bad:
     """The value of a NUMBER token: int, float, (num, den) for a fraction, or Bad."""
+    if any(len(part.lstrip("+-")) > MAX_DIGITS for part in text.split("/")) and "." not in text:
+        return Bad(f"more than {MAX_DIGITS} digits")
     if "/" in text:
         num, den = text.split("/")
         return Bad("a fraction cannot have a zero denominator") if int(den) == 0 else (int(num), int(den))
@@ -328,7 +336,7 @@ class ToIR(Transformer):
         span = self._tok(tok)
         v = number(tok.value)
         if isinstance(v, Bad):
-            self.problems.append(error("E0016", f"invalid number `{tok.value}`", span, label=v.why))
+            self.problems.append(error("E0016", f"invalid number `{short(tok.value)}`", span, label=v.why))
             return n.Int(value=0, span=span)
         if isinstance(v, tuple):
             return n.Frac(num=v[0], den=v[1], span=span)

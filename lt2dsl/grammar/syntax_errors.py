@@ -263,13 +263,19 @@ def found(tok: Token) -> str:
     if tok.type == "_NL":
         return "a newline"
     if tok.type == "STRING":
-        return f"string {tok.value}"
+        return f"string {short(tok.value)}"
     if tok.type in {"MODEL", "LET", "LOOP", "REPEAT", "PAR", "TRUE", "FALSE", "NONE"}:
         return f"keyword `{tok.value}`"
-    return f"`{tok.value}`"
+    return f"`{short(tok.value)}`"
 
 
 # ---- classification ---------------------------------------------------------------------------
+
+
+def short(text: str) -> str:
+    from lt2dsl.grammar.parse import short as cut
+
+    return cut(text)
 
 
 def _normalized(e: UnexpectedInput, text: str) -> UnexpectedInput:
@@ -338,14 +344,17 @@ def syntax_diagnostic(e: UnexpectedInput, text: str, file: str, value_only: bool
     """The one diagnostic for a failed parse."""
     if isinstance(e, UnexpectedCharacters):
         return _lexical(e, text, file)
-    assert isinstance(e, UnexpectedToken), f"internal error: unexpected Lark error {type(e).__name__}"
+    if not isinstance(e, UnexpectedToken):  # e.g. UnexpectedEOF, which LALR does not raise today
+        line, col = _end_of_code(text)
+        span = Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
+        return error("E0004", "unexpected end of the file", span, label="the file ends here")
     tok = e.token
     span = _token_span(tok, text, file)
     accepts = (e.accepts or e.expected) or set()
     rule = None if value_only else match(e, text)
     if rule is None:
         rule = BY_CODE["E0004" if tok.type == "$END" else "E0001"]
-    what = tok.value if rule.code == "E0013" else found(tok)
+    what = short(tok.value) if rule.code == "E0013" else found(tok)
     expected = expected_words(accepts)
     return error(rule.code, rule.message.format(found=what, expected=expected), span,
                  label=rule.label.format(expected=expected), help=rule.help,
@@ -365,7 +374,7 @@ def _lexical(e: UnexpectedCharacters, text: str, file: str) -> Diagnostic:
     else:
         rule, word, length = BY_CODE["E0002"], c, 1
     span = Span(file=file, line=e.line, col=e.column, end_line=e.line, end_col=e.column + max(length, 1))
-    return error(rule.code, rule.message.format(found=word), span, label=rule.label, help=rule.help)
+    return error(rule.code, rule.message.format(found=short(word)), span, label=rule.label, help=rule.help)
 
 
 def _token_span(tok: Token, text: str, file: str) -> Span:

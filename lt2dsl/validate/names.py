@@ -119,7 +119,7 @@ def check_unknown_choice(ctx: Ctx) -> Iterator[Diagnostic]:
 def _choice_name(v: n.Node) -> str | None:
     if isinstance(v, n.Call):
         return v.name
-    if isinstance(v, n.Name | n.Str):
+    if isinstance(v, n.Name):
         return v.value
     return "none" if isinstance(v, n.NoneVal) else None
 

@@ -21,7 +21,7 @@ ACCEPTS: dict[str, tuple[type, ...]] = {
     "number": NUMBERS,
     "bool": (n.Bool,),
     "str": (n.Str,),
-    "enum": (n.Name, n.Str, n.NoneVal, n.Call),
+    "enum": (n.Name, n.NoneVal, n.Call),
     "mlp": (n.Name, n.Call, n.NoneVal),
     "norm": (n.Name, n.Call, n.NoneVal),  # `norm=none` is an unknown norm (E0107), not a type error
 }
@@ -49,7 +49,7 @@ def check_value_type(ctx: Ctx) -> Iterator[Diagnostic]:
     What it checks:
         A value of the wrong kind for its option: a float where an integer is needed
         (`topk=1.5`), a number for a flag (`qk_norm=1`), a name where a string is needed
-        (`name=block1`), a call for a plain choice (`gate=sdpa()`).
+        (`name=block1`), a call or a string for a choice (`gate=sdpa()`, `gate="sdpa"`).
 
     Why it matters:
         Sizes are counted in whole units and flags are booleans; guessing a conversion would
@@ -79,6 +79,8 @@ def _type_problem(site: Site) -> Diagnostic | None:
     if ok:
         return None
     help_ = f"{site.what} takes {o.range_text() if o.type not in ('enum', 'mlp', 'norm') else wants(o)}"
+    if o.type == "enum" and isinstance(v, n.Str):
+        help_ = f"choices are names: write `{v.value}` without quotes" if v.value in o.choices else help_
     if o.type in ("int", "size") and isinstance(v, n.Float | n.Frac):
         help_ += "; sizes can be written `32k` (= 32768) or `1M`"
     return error("E0201", f"{site.what} expects {wants(o)}, found {describe(v)}", v.span,

@@ -42,7 +42,7 @@ def test_unknown_enum_value():
     d = one("dim = 64\nlinear(feature_map=elu)", "E0103")
     assert "`elu1`" in d.help and d.message == "unknown value `elu` for `feature_map` of `linear`"
     assert codes("dim = 64\nfull(gate=none)") == []
-    assert codes('dim = 64\nfull(gate="sdpa")') == []  # a string naming a choice is fine
+    assert codes('dim = 64\nfull(gate="sdpa")') == ["E0201"]  # choices are names, not strings
     assert "E0103" in codes("dim = 64\ndtype = none\ngdn")
 
 

@@ -32,6 +32,11 @@ def test_wrong_types_point_at_the_value(text, where):
     assert at(one(text, "E0201")) == where
 
 
+def test_choices_are_names_not_strings():
+    d = one('dim = 64\nloop T=2, exit="gate" < gdn >', "E0201")
+    assert d.help == "choices are names: write `gate` without quotes"
+
+
 def test_size_hint_for_float_sizes():
     assert "32k" in one("dim = 64\nmax_len = 3.5e4\ngdn", "E0201").help
 
