@@ -10,6 +10,7 @@ traceback only under `LT2_DEBUG=1`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -278,6 +279,10 @@ def _add_estimate_flags(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: run one command, return its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):
+        # a terminal that cannot show `×` or `→` gets an escape, not an encoding crash
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     out, err = consoles()
     try:
         args = build_parser(for_compile=argv[:1] == ["compile"]).parse_args(argv)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import networkx as nx
 
 from lt2dsl.ir import nodes as n
+from lt2dsl.ir.printer import floating
 from lt2dsl.ir.registry import REGISTRY
 
 
@@ -99,7 +100,7 @@ def _mlp(m: n.MlpSpec) -> str:
 
 
 def _norm(nm: n.NormSpec) -> str:
-    return f"{'sandwich ' if nm.sandwich else ''}{nm.type}(eps={nm.eps:g})"
+    return f"{'sandwich ' if nm.sandwich else ''}{nm.type}(eps={floating(nm.eps)})"
 
 
 # ---- views ------------------------------------------------------------------------------------
