@@ -2,7 +2,7 @@
 
 The examples are full-size models, so they run on the `meta` device: no memory, no compute, but
 parameter shapes, cache tensors and `FlopCounterMode` all work there. Per example, one prefill of
-L tokens through a cache, under `FlopCounterMode`, over the reference (pure PyTorch) lowering:
+B × L tokens through a cache, under `FlopCounterMode`, over the reference (pure PyTorch) lowering:
 
 * `sum(p.numel())` == `params.stored`, exactly (and the names are `model_weights`);
 * `cache.nbytes()` == `memory.state_bytes + memory.kv_bytes`, exactly;
@@ -20,11 +20,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import lt2dsl
 from lt2dsl.cost.estimate import EstimateOptions, estimate, model_weights
-from lt2dsl.grammar.parse import parse
 from lt2dsl.ir.spec import Dtypes
-from lt2dsl.lowering import compile_model
-from lt2dsl.passes.resolve import resolve
 
 from .util import lower, tokens
 
@@ -32,6 +30,7 @@ EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.lt2"))
 # One chunk of the chunked kernels (C = 64) keeps the meta run short; the sliding-window example
 # runs past its window (512) so the ring buffer's cap is measured too.
 LENGTHS = {"lt2_sparse_swa": 640}
+B = 2
 # Models with ~100 block applications take several seconds each on meta.
 SLOW = {"lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa", "lt2_linear_gdn", "lt2_sparse_dsa",
         "lt2_sparse_nsa", "lt2_sparse_swa", "ouro_looped_transformer"}
@@ -44,29 +43,27 @@ def example_params(slow: bool = True):
 
 @cache
 def built(path: Path):
-    """(resolved model, lowered module on meta) of one example."""
-    prog, diags = parse(path.read_text(), str(path))
-    assert prog is not None, diags
-    model = resolve(prog)
-    return model, compile_model(model, backend="reference", device="meta")
+    """(resolved model, lowered module on meta) of one example, through the public API."""
+    lowered = lt2dsl.compile(path, backend="reference", device="meta")
+    return lowered.ir, lowered
 
 
 @cache
 def measured(path: Path) -> tuple[int, int, float]:
-    """(L, cache bytes, FLOPs per token) of one meta prefill of L tokens through a cache."""
+    """(L, cache bytes, FLOPs per token) of one meta prefill of B × L tokens through a cache."""
     _, lowered = built(path)
     L = LENGTHS.get(path.stem, 64)
-    kv = lowered.new_cache(1)
-    ids = torch.zeros(1, L, dtype=torch.long, device="meta")
+    kv = lowered.new_cache(B)
+    ids = torch.zeros(B, L, dtype=torch.long, device="meta")
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         lowered(ids, kv)
-    return L, kv.nbytes(), counter.get_total_flops() / L
+    return L, kv.nbytes(), counter.get_total_flops() / (B * L)
 
 
 def report(model, L: int):
     cfg = model.config
     dt = Dtypes(act=cfg.dtype, state=cfg.state_dtype, kv=cfg.dtype)  # KV caches in the compute dtype
-    return estimate(model, EstimateOptions(seq=L, causal="full", dtypes=dt))
+    return estimate(model, EstimateOptions(seq=L, batch=B, causal="full", dtypes=dt))
 
 
 def test_every_example_is_covered():
