@@ -30,6 +30,7 @@ LOOP_OPTIONS = (
            default="none", choices=("none", "add", "concat")),
     Option("exit", "enum", "`none` or `gate(threshold=0.9)`: Ouro's learned exit gate",
            default="none", choices=("none", "gate")),
+    Option("norm", "norm", "block norm of the loop's blocks (e.g. `sandwich`, Ouro's form)"),
 )
 
 EXIT_GATE_OPTIONS = (

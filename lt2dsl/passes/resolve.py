@@ -7,6 +7,7 @@ unexpected shape here is an internal error, not a user diagnostic).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from lt2dsl.ir import nodes as n
@@ -75,7 +76,7 @@ def model_config(prog: n.Program) -> n.ModelConfig:
     hidden = None
     mlp = mlp_spec(raw.get("mlp"), dim, hidden)
     return n.ModelConfig(
-        name=prog.name or "model",
+        name=prog.name or _file_stem(prog),
         dim=dim,
         vocab=int(val.get("vocab", 32000)),
         heads=heads,
@@ -90,6 +91,14 @@ def model_config(prog: n.Program) -> n.ModelConfig:
         state_dtype=str(val.get("state_dtype", "fp32")),
         span=prog.span,
     )
+
+
+def _file_stem(prog: n.Program) -> str:
+    """A bare body has no model name: call it after its file, as a user would."""
+    f = prog.span.file
+    if prog.span.known and f and not f.startswith("<"):
+        return Path(f).stem
+    return "model"
 
 
 def _call_parts(v: n.Node | None) -> tuple[str | None, dict[str, Any]]:

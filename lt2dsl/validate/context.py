@@ -16,10 +16,7 @@ from lt2dsl.ir.settings import EXIT_GATE_OPTIONS, LOOP_OPTIONS, MODEL_SETTINGS
 from lt2dsl.ir.spec import LayerSpec, Option
 from lt2dsl.ir.specs.channel import MLP_KINDS, NORM_KINDS
 
-# `norm=sandwich` on a loop applies Ouro's sandwich norm to its blocks (language.md §4); the
-# resolve pass reads it, so validation accepts it next to LOOP_OPTIONS.
-LOOP_NORM = Option("norm", "norm", "block norm of the loop's blocks (`sandwich`: Ouro's form)")
-LOOP_SCHEMA = (*LOOP_OPTIONS, LOOP_NORM)
+LOOP_SCHEMA = LOOP_OPTIONS
 # Enum choices that may also be written as a call, with the call's options.
 CALL_CHOICES: dict[tuple[str, str], tuple[Option, ...]] = {("exit", "gate"): EXIT_GATE_OPTIONS}
 SETTINGS = {o.name: o for o in MODEL_SETTINGS}
