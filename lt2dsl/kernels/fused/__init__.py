@@ -1,0 +1,184 @@
+"""Fused ops of the FX fusion pass (`lt2dsl.lowering.fx_passes`): one function per fused op.
+
+Each takes `backend=` like the mixer ops ("reference" | "triton" | "auto"): "reference" runs
+`naive.py` (the unfused math, float64-capable, differentiable by autograd); "triton" runs the
+custom ops of `ops.py` (Triton forward and backward kernels); "auto" picks Triton on CUDA. Where
+the Triton kernels do not apply (float64, mismatched shapes) the reference runs instead, so a
+fused graph computes what the unfused one does on every input.
+
+| op | replaces | Triton launches (fwd / bwd) |
+|---|---|---|
+| `add_rmsnorm(x, r, γ, eps)` → (normed, sum) | `h + y` then `nn.RMSNorm` | 1 / 1 (+ dγ sum) |
+| `linear_split(x, W_cat, b_cat, sizes)` | several `nn.Linear` of one input | one GEMM (cuBLAS) |
+| `conv_silu(x, w, b, hist, head_dim)` | `short_conv` (+ the core's q/k L2Norm) | 1 / 2 (+ dw sum) |
+| `gdn_gate(a, b, A_log, dt_bias)` → (g, β) | exp, neg, softplus, add, sigmoid, casts | 1 / 1 |
+| `gated_rmsnorm_linear(o, g, γ, W, b)` | `GatedRMSNorm` then flatten, `o_proj` | 1 + GEMM / 2 + 2 GEMMs |
+| `swiglu(a, b)` | `silu(a) * b` | 1 / 1 |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from lt2dsl.kernels.common.backend import resolve_backend
+
+from . import naive
+from .common import TRITON_DTYPES, rows_view
+
+__all__ = ["add_rmsnorm", "concat_biases", "concat_weights", "conv_silu", "gated_rmsnorm_linear", "gdn_gate",
+           "linear_split", "swiglu"]
+
+
+def use_triton(backend: str, *tensors: torch.Tensor | None) -> bool:
+    """Triton for this call: the backend resolves to it and every tensor is fp32/bf16/fp16."""
+    ref = next(t for t in tensors if t is not None)
+    if resolve_backend(backend, ref) != "triton":
+        return False
+    return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
+
+
+def _ops():
+    # registers the custom ops on first use (importing Triton only when a kernel runs)
+    from . import ops
+
+    return ops
+
+
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor | None, eps: float | None, *,
+                backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add and the next RMSNorm: (RMSNorm(x + r) · γ, x + r), one kernel.
+
+    Args:
+        x, r: `[..., D]` the residual stream and the branch output.
+        weight: `[D]` the norm's γ (None: no affine weight); eps: the norm's eps (None: dtype eps).
+    Returns:
+        (normed, sum), both `[..., D]` in x's dtype.
+    """
+    same = x.shape == r.shape and x.dtype == r.dtype and weight is not None
+    if not (same and use_triton(backend, x, r, weight)):
+        return naive.add_rmsnorm_ref(x, r, weight, eps)
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    n, s, _ = _ops().add_rmsnorm_op(x, r, weight, eps)
+    return n, s
+
+
+# attribute of the first weight holding (key of all weights and versions, their concatenation)
+_CAT_ATTR = "_lt2_concat_cache"
+
+
+def concat_weights(*ws: torch.Tensor) -> torch.Tensor:
+    """`torch.cat(ws)` along the output dim, built from the original parameters (their gradients
+    flow back through the cat). Without autograd (eval, decode) the result is cached until any of
+    the parameters changes (in-place version counter), so a decode step does not copy weights;
+    a call with autograd drops the cached copy."""
+    if torch.compiler.is_compiling():
+        return torch.cat(ws, dim=0)
+    if torch.is_grad_enabled():
+        ws[0].__dict__.pop(_CAT_ATTR, None)
+        return torch.cat(ws, dim=0)
+    key = tuple((id(w), w._version, w.data_ptr()) for w in ws)
+    hit = ws[0].__dict__.get(_CAT_ATTR)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = torch.cat(ws, dim=0)
+    ws[0].__dict__[_CAT_ATTR] = (key, out)
+    return out
+
+
+def concat_biases(sizes: Sequence[int], *bs: torch.Tensor | None) -> torch.Tensor:
+    """The biases of concatenated projections; a projection without one contributes zeros."""
+    ref = next(b for b in bs if b is not None)
+    parts = [b if b is not None else ref.new_zeros(n) for b, n in zip(bs, sizes)]
+    return torch.cat(parts, dim=0)
+
+
+def linear_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 sizes: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Several projections of one input as one GEMM: `F.linear(x, W_cat, b_cat).split(sizes, -1)`.
+
+    The outputs are column slices (views) of one `[..., Σ sizes]` tensor.
+    """
+    return F.linear(x, weight, bias).split(list(sizes), dim=-1)
+
+
+def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hist: torch.Tensor | None,
+              *, head_dim: int = 0, backend: str = "auto") -> torch.Tensor:
+    """Causal depthwise short conv + SiLU (+ L2Norm per head of `head_dim` channels), one kernel.
+
+    Args:
+        x: `[B, T, C]`; weight `[C, 1, W]`; bias `[C]` or None.
+        hist: `[B, C, W−1]` the inputs before x (a decode cache), or None for zeros.
+        head_dim: L2-normalise groups of this many channels after the SiLU (0: none).
+    Returns:
+        `[B, T, C]` in x's dtype.
+    """
+    W = weight.shape[-1]
+    ok = W > 1 and (not head_dim or head_dim <= 256) and use_triton(backend, x, weight, bias, hist)
+    if not ok:
+        return naive.conv_silu_ref(x, weight, bias, hist, head_dim)
+    w2 = weight.reshape(weight.shape[0], W).contiguous()
+    return _ops().conv_silu_op(x, w2, bias, None if hist is None else hist.detach(), head_dim)
+
+
+def gdn_gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, *,
+             beta_scale: float = 1.0, dtype: torch.dtype = torch.float32,
+             backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN gates from the raw projections, one kernel (mixers.md §5(a)).
+
+    g = −exp(A_log) · softplus(a + dt_bias), β = beta_scale · σ(b), both `[B, T, HV]` in `dtype`
+    (fp32; float64 for float64 models). a, b `[B, T, HV]`; A_log, dt_bias `[HV]`.
+    """
+    HV = a.shape[-1]
+    ok = (dtype == torch.float32 and b.shape == a.shape and A_log.shape == (HV,) and dt_bias.shape == (HV,)
+          and use_triton(backend, a, b, A_log, dt_bias))
+    if not ok:
+        return naive.gdn_gate_ref(a, b, A_log, dt_bias, beta_scale, dtype)
+    g, beta = _ops().gdn_gate_op(rows_view(a, HV), rows_view(b, HV), A_log, dt_bias, float(beta_scale))
+    return g.view(a.shape), beta.view(a.shape)
+
+
+ACT_CODES = {None: 0, "silu": 1, "sigmoid": 2}
+
+
+def gated_rmsnorm_linear(o: torch.Tensor, gate: torch.Tensor | None, norm_weight: torch.Tensor,
+                         proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, *, eps: float,
+                         act: str | None, group: int, norm_before_gate: bool = True, n_flat: int = 1,
+                         backend: str = "auto") -> torch.Tensor:
+    """A mixer's output norm and projection: `proj(GatedRMSNorm(o, gate).flatten(-n_flat))`.
+
+    Args:
+        o: `[..., dim]` the core output (dim = norm_weight's length, `group` divides it).
+        gate: same shape as o, the gate pre-activation (ignored when `act` is None).
+        act: "silu", "sigmoid" or None; norm_before_gate: fla's RMSNorm(o) ⊙ act(g) (True) or
+            Mamba2's RMSNorm(o ⊙ act(g)) (False).
+        n_flat: how many trailing dims of o the projection reads flattened (its in_features).
+    Returns:
+        `[*o.shape[:-n_flat], D]` in the norm weight's dtype. The Triton path recomputes the
+        normed activations in the backward instead of keeping them.
+    """
+    gate = gate if act is not None else None
+    L = proj_weight.shape[1]
+    lead = o.shape[: o.dim() - n_flat]
+    ok = (o.shape[o.dim() - n_flat:].numel() == L and L % norm_weight.shape[0] == 0
+          and norm_weight.shape[0] % group == 0 and (gate is None or gate.shape == o.shape)
+          and o.dtype == norm_weight.dtype == proj_weight.dtype
+          and use_triton(backend, o, gate, norm_weight, proj_weight, proj_bias))
+    if not ok:
+        return naive.gated_rmsnorm_linear_ref(o, gate, norm_weight, proj_weight, proj_bias, eps, act, group,
+                                              norm_before_gate, n_flat)
+    o2 = rows_view(o, L)
+    g2 = None if gate is None else rows_view(gate, L)
+    out = _ops().gated_rmsnorm_linear_op(o2, g2, norm_weight, proj_weight, proj_bias, float(eps),
+                                         ACT_CODES[act], group, norm_before_gate or act is None)
+    return out.view(*lead, proj_weight.shape[0])
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """SiLU(a) ⊙ b, one kernel forward and one backward. a, b `[..., F]` of one shape and dtype."""
+    if not (a.shape == b.shape and a.dtype == b.dtype and a.dim() >= 1 and use_triton(backend, a, b)):
+        return naive.swiglu_ref(a, b)
+    F_ = a.shape[-1]
+    return _ops().swiglu_op(rows_view(a, F_), rows_view(b, F_)).view(a.shape)

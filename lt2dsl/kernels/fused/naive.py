@@ -1,0 +1,107 @@
+"""Reference implementations of the fused ops: the unfused PyTorch math, float64-capable.
+
+Each function computes exactly what the pair of lowered-graph nodes it replaces computes (same
+ops, same order, same dtypes), so in float64 the fused graph's reference path equals the unfused
+graph bitwise; the Triton kernels are compared against these.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lt2dsl.kernels.common.delta_args import l2norm
+
+ACTS = (None, "silu", "sigmoid")
+# L2Norm(x) = x / sqrt(Σx² + 1e-6) (mixers.md §0; the delta-rule cores' eps).
+L2_EPS = 1e-6
+
+
+def wide_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp32, or float64 for float64 tensors: the dtype norms and gates are computed in."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def add_rmsnorm_ref(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor | None,
+                    eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + r), x + r) over the last dim: `nn.RMSNorm` applied to the residual sum."""
+    s = x + r
+    return F.rms_norm(s, (s.shape[-1],), weight, eps), s
+
+
+def linear_split_ref(x: torch.Tensor, weights: list[torch.Tensor],
+                     biases: list[torch.Tensor] | None) -> tuple[torch.Tensor, ...]:
+    """One `F.linear` per projection (the unfused graph)."""
+    bs = biases if biases is not None else [None] * len(weights)
+    return tuple(F.linear(x, w, b) for w, b in zip(weights, bs))
+
+
+def conv_silu_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  hist: torch.Tensor | None, head_dim: int = 0) -> torch.Tensor:
+    """Causal depthwise conv + SiLU (mixers.md §0 ShortConv), then L2Norm per head of `head_dim`.
+
+    Args:
+        x: `[B, T, C]` inputs; weight `[C, 1, W]` (tap W−1 hits x_t); bias `[C]` or None.
+        hist: the W−1 inputs before x `[B, C, W−1]` (a decode cache), or None for zeros.
+        head_dim: L2-normalise each group of `head_dim` channels after the SiLU (0: no norm).
+    Returns:
+        `[B, T, C]` in x's dtype.
+    """
+    W = weight.shape[-1]
+    xt = x.transpose(1, 2)  # [B, C, T]
+    if hist is None:
+        hist = xt.new_zeros(xt.shape[0], xt.shape[1], W - 1)
+    full = torch.cat([hist.to(xt.dtype), xt], dim=-1)
+    y = F.silu(F.conv1d(full, weight, bias, groups=weight.shape[0]).transpose(1, 2))
+    if not head_dim:
+        return y
+    return l2norm(y.unflatten(-1, (-1, head_dim))).flatten(-2)
+
+
+def gdn_gate_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                 beta_scale: float = 1.0, dtype: torch.dtype = torch.float32
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN gates (mixers.md §5(a)) in `dtype`: g = −exp(A_log) · softplus(a + dt_bias), β = s · σ(b).
+
+    a, b `[B, T, HV]` raw projections; A_log, dt_bias `[HV]`.
+    """
+    g = -A_log.to(dtype).exp() * F.softplus(a.to(dtype) + dt_bias.to(dtype))
+    beta = torch.sigmoid(b.to(dtype))
+    if beta_scale != 1.0:
+        beta = beta * beta_scale
+    return g, beta
+
+
+def gated_rmsnorm_ref(o: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                      act: str | None, group: int, norm_before_gate: bool = True) -> torch.Tensor:
+    """`GatedRMSNorm` (lowering/functional_recurrent.py): RMSNorm over groups of `group` channels
+    of o's last dim (= weight's length), gated by act(gate) after (fla) or before (Mamba2) the norm."""
+    dt = wide_dtype(weight)
+    y = o.to(dt)
+    a = None
+    if act is not None:
+        a = F.silu(gate.to(dt)) if act == "silu" else torch.sigmoid(gate.to(dt))
+    if a is not None and not norm_before_gate:
+        y = y * a
+    y = y.unflatten(-1, (-1, group))
+    y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2)
+    y = y * weight.to(dt)
+    if a is not None and norm_before_gate:
+        y = y * a
+    return y.to(weight.dtype)
+
+
+def gated_rmsnorm_linear_ref(o: torch.Tensor, gate: torch.Tensor | None, norm_weight: torch.Tensor,
+                             proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, eps: float,
+                             act: str | None, group: int, norm_before_gate: bool = True,
+                             n_flat: int = 1) -> torch.Tensor:
+    """`out_proj(GatedRMSNorm(o, gate).flatten(-n_flat))`: o `[..., dim]` → `[*o.shape[:-n_flat], D]`."""
+    y = gated_rmsnorm_ref(o, gate, norm_weight, eps, act, group, norm_before_gate)
+    if n_flat > 1:
+        y = y.flatten(-n_flat)
+    return F.linear(y, proj_weight, proj_bias)
+
+
+def swiglu_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """SiLU(a) ⊙ b (the SwiGLU MLP's activation and product)."""
+    return F.silu(a) * b

@@ -1,0 +1,96 @@
+"""FX fusion pass over the lowered graph: adjacent operations fused into single kernels by rules.
+
+`fuse(gm, rules=None)` runs the rules of `RULES` (all, or the named ones, in `RULES` order) on a
+lowered `torch.fx.GraphModule` in place and returns `PassResult(gm, modified)`; `COUNTERS` maps
+each rule name to how often it fired in the last run. `LT2_DEBUG=1` prints the rules that fired
+with their counts, `LT2_DEBUG=2` also the graph code before and after.
+
+| rule | pattern → replacement |
+|---|---|
+| `gdn_gate` | −exp(A_log)·softplus(a + dt_bias), σ(b) [·2] → `gdn_gate(a, b, A_log, dt_bias)` |
+| `conv_silu_l2norm` | q, k short conv + SiLU, the core's L2Norm → one conv kernel with L2Norm each |
+| `conv_silu` | short conv + SiLU → one conv kernel |
+| `gated_norm_proj` | GatedRMSNorm(o, g) → flatten → o_proj → `gated_rmsnorm_linear` |
+| `swiglu` | silu(a) · b → `swiglu(a, b)` |
+| `add_rmsnorm` | x + r → RMSNorm → `add_rmsnorm(x, r)` = (normed, sum) |
+| `norm_proj` | norm → several projections → one concatenated GEMM (`linear_split`) |
+
+The rules live one per file (a group for the two conv rules); `manager.py` holds the matcher
+contract and the pass; `leaves.py` the cache-aware functions the fused graph calls.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import torch.fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from . import add_norm, conv, gates, out_norm, projections, swiglu
+from .manager import FuseAdjacent, Rule
+
+__all__ = ["COUNTERS", "RULES", "FuseAdjacent", "Rule", "fuse"]
+
+RULES: dict[str, Rule] = {r.name: r for r in (
+    gates.RULE,
+    conv.RULE_L2,
+    conv.RULE,
+    out_norm.RULE,
+    swiglu.RULE,
+    add_norm.RULE,
+    projections.RULE,
+)}
+
+# rule name -> how many times it fired in the last `fuse` call
+COUNTERS: dict[str, int] = dict.fromkeys(RULES, 0)
+
+
+def debug_level() -> int:
+    try:
+        return int(os.environ.get("LT2_DEBUG", "0") or 0)
+    except ValueError:
+        return 1
+
+
+def select(rules: Sequence[str] | None) -> list[Rule]:
+    """The named rules in `RULES` order (all for None); unknown names raise ValueError."""
+    if rules is None:
+        return list(RULES.values())
+    if isinstance(rules, str):
+        rules = [rules]
+    unknown = [r for r in rules if r not in RULES]
+    if unknown:
+        raise ValueError(f"unknown fusion rule(s) {', '.join(map(repr, unknown))}; rules: {', '.join(RULES)}")
+    return [r for name, r in RULES.items() if name in rules]
+
+
+def fuse(gm: torch.fx.GraphModule, *, rules: Sequence[str] | None = None) -> PassResult:
+    """Fuse adjacent operations of a lowered GraphModule in place.
+
+    Args:
+        gm (torch.fx.GraphModule): a lowered graph (`LT2Model.graph_module` or a copy sharing its
+            modules); rewritten in place, parameters shared.
+        rules (Sequence[str], Optional): names from `RULES` to run. Default: all.
+    Returns:
+        PassResult: (gm, modified). `COUNTERS` holds this run's fire count per rule.
+    """
+    chosen = select(rules)
+    level = debug_level()
+    if level >= 2:
+        print(f"lt2dsl: graph before `fuse-adjacent`:\n{gm.code}", file=sys.stderr)
+    t0 = time.perf_counter()
+    fuse_pass = FuseAdjacent(chosen)
+    result = fuse_pass(gm)
+    COUNTERS.clear()
+    COUNTERS.update(dict.fromkeys(RULES, 0))
+    COUNTERS.update(fuse_pass.counts)
+    if level >= 1:
+        ms = 1000 * (time.perf_counter() - t0)
+        fired = ", ".join(f"{k} ×{v}" for k, v in fuse_pass.counts.items() if v) or "none"
+        print(f"lt2dsl: pass `fuse-adjacent` {ms:.2f} ms; rules fired: {fired}", file=sys.stderr)
+    if level >= 2:
+        print(f"lt2dsl: graph after `fuse-adjacent`:\n{gm.code}", file=sys.stderr)
+    return result

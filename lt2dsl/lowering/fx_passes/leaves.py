@@ -1,0 +1,75 @@
+"""Leaf functions the fused graph calls where a fused op touches a cache entry or a core op.
+
+* `conv_silu_cached`: the fused short conv with exactly the cache behaviour of
+  `lowering.functional.short_conv` (reads `entry[key]`, the last W−1 inputs `[B, C, W−1]`, and
+  stores the new ones in the activation dtype), so prefill + decode still equals a full forward.
+* `*_core_normed`: the delta-rule cores with q and k already L2-normalised (by the conv kernel),
+  i.e. `use_qk_l2norm_in_kernel=False`; everything else as the lowering's leaves.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from lt2dsl.kernels import fused
+from lt2dsl.kernels.delta_rule import delta_rule
+from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
+from lt2dsl.kernels.kda import kda
+from lt2dsl.lowering import functional_recurrent as fr
+
+
+@torch.fx.wrap
+def conv_silu_cached(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, entry, key: str,
+                     head_dim: int = 0, backend: str = "auto") -> torch.Tensor:
+    """`short_conv(x, weight, bias, entry, key)` (SiLU) through the fused kernel, L2-normalising
+    each head of `head_dim` channels when > 0. x `[B, T, C]` → `[B, T, C]`."""
+    W = weight.shape[-1]
+    hist = entry[key] if entry is not None and key in entry else None
+    y = fused.conv_silu(x, weight, bias, hist, head_dim=head_dim, backend=backend)
+    if entry is not None and W > 1:
+        entry[key] = _next_hist(x, hist, W)
+    return y
+
+
+def _next_hist(x: torch.Tensor, hist: torch.Tensor | None, W: int) -> torch.Tensor:
+    """The last W−1 inputs `[B, C, W−1]` after x (older ones from `hist`, zeros before the start)."""
+    xt = x.detach().transpose(1, 2)  # [B, C, T]
+    if xt.shape[-1] < W - 1:
+        if hist is None:
+            hist = xt.new_zeros(xt.shape[0], xt.shape[1], W - 1)
+        xt = torch.cat([hist.to(xt.dtype), xt], dim=-1)
+    return xt[..., xt.shape[-1] - (W - 1):].clone(memory_format=torch.contiguous_format)
+
+
+def _normed(op, q, k, v, g, beta, entry, scale, backend, state_dtype):
+    kw = {"scale": scale, "use_qk_l2norm_in_kernel": False, "backend": backend}
+    args = (q, k, v, beta) if g is None else (q, k, v, g, beta)
+    return fr.run_stateful(op, entry, ("state",), state_dtype, args, kw)
+
+
+@torch.fx.wrap
+def gated_delta_rule_core_normed(q, k, v, g, beta, entry, *, scale: float, backend: str,
+                                 state_dtype: torch.dtype):
+    """`gated_delta_rule_core` for q, k that are already L2-normalised."""
+    return _normed(gated_delta_rule, q, k, v, g, beta, entry, scale, backend, state_dtype)
+
+
+@torch.fx.wrap
+def delta_rule_core_normed(q, k, v, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+    """`delta_rule_core` for q, k that are already L2-normalised."""
+    return _normed(delta_rule, q, k, v, None, beta, entry, scale, backend, state_dtype)
+
+
+@torch.fx.wrap
+def kda_core_normed(q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+    """`kda_core` for q, k that are already L2-normalised."""
+    return _normed(kda, q, k, v, g, beta, entry, scale, backend, state_dtype)
+
+
+# the lowering's cores that L2-normalise q and k inside the op → their variants without
+NORMED_CORES = {
+    fr.gated_delta_rule_core: gated_delta_rule_core_normed,
+    fr.delta_rule_core: delta_rule_core_normed,
+    fr.kda_core: kda_core_normed,
+}

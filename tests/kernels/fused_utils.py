@@ -1,0 +1,45 @@
+"""Shared by the fused-op kernel tests: float64 reference runs and Triton-vs-reference checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .utils import assert_close
+
+# relative RMS tolerances of the Triton paths against float64 (fp32 math in the kernels)
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2}
+
+
+def leaves(*ts: torch.Tensor | None, dtype: torch.dtype) -> list[torch.Tensor | None]:
+    return [None if t is None else t.detach().to(dtype).requires_grad_(t.is_floating_point()) for t in ts]
+
+
+def run(fn: Callable, inputs: Sequence[torch.Tensor | None], cotangents: Sequence[torch.Tensor] | None):
+    """(outputs, grads of Σ⟨output, cotangent⟩ w.r.t. the floating inputs)."""
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    if cotangents is None:
+        gen = torch.Generator().manual_seed(7)
+        cotangents = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
+    loss = sum((o.double() * c).sum() for o, c in zip(outs, cotangents))
+    wrt = [t for t in inputs if t is not None and t.requires_grad]
+    return outs, torch.autograd.grad(loss, wrt), cotangents
+
+
+def check_against_reference(name: str, triton_fn: Callable, ref_fn: Callable, inputs: Sequence, dtype,
+                            grad: bool = True) -> None:
+    """Triton path in `dtype` against the reference in float64: outputs and input gradients."""
+    tri_in = leaves(*inputs, dtype=dtype)
+    # the reference sees the same (rounded) input values
+    ref_in = leaves(*tri_in, dtype=torch.float64)
+    ref_out, ref_grads, cot = run(ref_fn, ref_in, None)
+    tri_out, tri_grads, _ = run(triton_fn, tri_in, cot)
+    tol = TOL[dtype]
+    for i, (o, r) in enumerate(zip(tri_out, ref_out, strict=True)):
+        assert o.dtype == dtype or o.dtype == torch.float32, f"{name} out{i} dtype {o.dtype}"
+        assert_close(f"{name} out{i}", o, r, tol)
+    if grad:
+        for i, (g, r) in enumerate(zip(tri_grads, ref_grads, strict=True)):
+            assert_close(f"{name} grad{i}", g, r, tol)

@@ -1,0 +1,172 @@
+"""The whole pass on lowered models: every mixer kind, loops, par and sandwich blocks, decode through
+fused caches, the Triton path, torch.compile over a fused graph, and the pass's API."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.lowering.fx_passes import COUNTERS, RULES, fuse
+
+from ..util import KINDS, call, lower, run_chunks, tokens
+from .helpers import assert_same, fused_copy
+
+# rules each kind's block is expected to fire (besides add_rmsnorm, swiglu and norm_proj everywhere)
+EXPECTED = {
+    "gdn": {"gdn_gate", "conv_silu_l2norm", "conv_silu", "gated_norm_proj"},
+    "kda": {"conv_silu_l2norm", "conv_silu", "gated_norm_proj"},
+    "deltanet": {"conv_silu_l2norm", "conv_silu", "gated_norm_proj"},
+    "gla": {"gated_norm_proj"},
+    "retnet": {"gated_norm_proj"},
+    "mamba2": {"conv_silu", "gated_norm_proj"},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_fused_equals_unfused(kind):
+    model = lower(call(kind))
+    fgm = fused_copy(model.graph_module)
+    fired = {k for k, v in COUNTERS.items() if v}
+    assert {"add_rmsnorm", "swiglu", "norm_proj"} | EXPECTED.get(kind, set()) <= fired
+    assert_same(model.graph_module, fgm, list(model.parameters()), tokens(2, 9))
+
+
+LOOPS = {
+    "final_norm+exit": f"loop T=2, final_norm=true, exit=gate(threshold=0.5) "
+                       f"< {call('gdn')}; {call('dsa')} >",
+    "inject=concat": f"loop T=3, inject=concat < {call('kda')}; {call('swa')} >",
+    "par": f"loop T=2 < par({call('gdn')}, {call('full')}); {call('mamba2')} >",
+    "nested+repeat": f"loop T=2 < repeat 2 < {call('deltanet')} >; loop T=2 < {call('gla')} > >",
+}
+
+
+@pytest.mark.parametrize("body", LOOPS.values(), ids=LOOPS.keys())
+def test_loops_fused_equal_unfused(body):
+    model = lower(body)
+    fgm = fused_copy(model.graph_module)
+    assert COUNTERS["add_rmsnorm"] >= 2
+    assert_same(model.graph_module, fgm, list(model.parameters()), tokens(2, 9))
+
+
+def test_sandwich_norms_and_gelu_mlp():
+    model = lower(call("gdn"), norm="sandwich", mlp="gelu(hidden=48)")
+    fgm = fused_copy(model.graph_module)
+    assert COUNTERS["swiglu"] == 0 and COUNTERS["gdn_gate"] == 1
+    assert_same(model.graph_module, fgm, list(model.parameters()), tokens(2, 9))
+
+
+def test_loop_shares_one_weight_concatenation_per_forward():
+    model = lower(f"loop T=3 < {call('gdn')} >")
+    fgm = fused_copy(model.graph_module)
+    assert COUNTERS["norm_proj"] == 6  # 3 iterations × (mixer, MLP)
+    assert fgm.code.count("fused_concat_weights(") == 2
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda", "deltanet", "mamba2", "dsa"])
+def test_decode_through_fused_caches(kind):
+    """Prefill + decode steps on a fused model give its full forward (and the unfused one's)."""
+    model = lower(f"loop T=2 < {call(kind)}; {call('full')} >")
+    ids = tokens(2, 10)
+    with torch.no_grad():
+        unfused = model(ids)
+        fuse(model.graph_module)
+        whole = model(ids)
+        pieces, cache = run_chunks(model, ids, [6, 1, 1, 2])
+    torch.testing.assert_close(whole, unfused, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(pieces, whole, rtol=1e-9, atol=1e-9)
+    with torch.no_grad():
+        model.__dict__["_graph_module"] = None  # the unfused graph again: same cache layout
+        _, ref_cache = run_chunks(model, ids, [6, 1, 1, 2])
+    for e, r in zip(cache.entries, ref_cache.entries):
+        assert e.keys() == r.keys()
+        for name in e:
+            assert e[name].shape == r[name].shape and e[name].dtype == r[name].dtype, name
+
+
+def test_triton_path_forward_backward_and_decode():
+    """fp32, backend="triton" (the CPU interpreter here): every fused op runs its kernels."""
+    model = lower(call("gdn"), dtype=torch.float32, backend="triton")
+    gm = model.graph_module
+    fgm = fused_copy(gm)
+    assert "backend = 'triton'" in fgm.code
+    assert_same(gm, fgm, list(model.parameters()), tokens(2, 9), tol=2e-5)
+    model.__dict__["_graph_module"] = fgm
+    ids = tokens(2, 7)
+    with torch.no_grad():
+        whole = model(ids)
+        pieces, _ = run_chunks(model, ids, [4, 1, 2])
+    torch.testing.assert_close(pieces, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_fullgraph_over_a_fused_model():
+    """Forward and backward of a fused graph under torch.compile(fullgraph=True) equal eager; the
+    fused ops reach the compiled graph as the registered custom ops (fake impls, autograd)."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    model = lower(f"loop T=2 < {call('swa')} >", dtype=torch.float32, backend="triton")
+    fgm = fused_copy(model.graph_module)
+    params = list(model.parameters())
+    ids = tokens(2, 6)
+    out, grads = _out_grads(fgm, params, ids)
+    seen = set()
+
+    def backend(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return aot_eager(gm, example_inputs)
+
+    compiled = torch.compile(fgm, fullgraph=True, backend=backend)
+    cout, cgrads = _out_grads(compiled, params, ids)
+    assert {"lt2dsl.fused_add_rmsnorm.default", "lt2dsl.fused_swiglu.default"} <= seen
+    torch.testing.assert_close(cout, out, rtol=1e-5, atol=1e-5)
+    for g, c in zip(grads, cgrads):
+        torch.testing.assert_close(c, g, rtol=1e-5, atol=1e-5)
+
+
+def _out_grads(fn, params, ids):
+    out = fn(ids)
+    grads = torch.autograd.grad(out.square().sum(), params, allow_unused=True)
+    return out, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+# ---- the pass's API -------------------------------------------------------------------------------
+
+
+def test_parameters_are_shared_not_copied():
+    model = lower(call("gdn"))
+    before = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    fgm = fused_copy(model.graph_module)
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == before
+    for n in fgm.graph.nodes:
+        if n.op == "get_attr":
+            assert fgm.get_parameter(n.target) is model.get_parameter(n.target)
+
+
+def test_second_run_fires_nothing_and_counters_are_per_run():
+    model = lower(call("gdn"))
+    gm = model.graph_module
+    result = fuse(gm)
+    assert result.modified and result.graph_module is gm and sum(COUNTERS.values()) > 0
+    code = gm.code
+    again = fuse(gm)
+    assert not again.modified and set(COUNTERS) == set(RULES) and not any(COUNTERS.values())
+    assert gm.code == code
+
+
+def test_rule_selection_and_unknown_names():
+    model = lower(call("gdn"))
+    fuse(model.graph_module, rules=["swiglu"])
+    assert COUNTERS["swiglu"] == 1 and COUNTERS["add_rmsnorm"] == 0
+    with pytest.raises(ValueError, match=r"unknown fusion rule.*'swigl'"):
+        fuse(model.graph_module, rules=["swigl"])
+
+
+def test_debug_levels_print_fired_rules_and_graphs(monkeypatch, capsys):
+    monkeypatch.setenv("LT2_DEBUG", "1")
+    fuse(lower(call("gdn")).graph_module)
+    err = capsys.readouterr().err
+    assert "pass `fuse-adjacent`" in err and "gdn_gate ×1" in err and "def forward" not in err
+    monkeypatch.setenv("LT2_DEBUG", "2")
+    fuse(lower(call("gdn")).graph_module)
+    err = capsys.readouterr().err
+    assert "graph before `fuse-adjacent`" in err and "graph after `fuse-adjacent`" in err
+    assert "fused_gdn_gate(" in err.split("graph after")[1]
