@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from lt2dsl.grammar.parse import parse
+from lt2dsl.frontend import load_or_raise
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.registry import REGISTRY
 from lt2dsl.lowering import compile_model
-from lt2dsl.passes.resolve import resolve
 
 KINDS = tuple(REGISTRY)
 
@@ -47,10 +46,8 @@ def text(body: str, **settings) -> str:
 
 
 def resolved(body: str, **settings) -> n.Model:
-    """Parse and resolve a tiny model (the parser's diagnostics must be clean)."""
-    prog, diags = parse(text(body, **settings))
-    assert prog is not None and not [d for d in diags if d.is_error], diags
-    return resolve(prog)
+    """Parse, validate and resolve a tiny model (errors raise `DiagnosticError`)."""
+    return load_or_raise(text(body, **settings)).model
 
 
 def lower(body: str, *, dtype=torch.float64, backend: str = "reference", seed: int = 0, device=None,
