@@ -8,9 +8,7 @@ import torch
 
 from lt2dsl.kernels import fused
 from lt2dsl.kernels.fused import naive
-
-from .fused_utils import check_against_reference
-from .utils import assert_close
+from lt2dsl.kernels.fused.testing import assert_close, check_against_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

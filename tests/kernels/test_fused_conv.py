@@ -9,12 +9,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lt2dsl.kernels import fused
 from lt2dsl.kernels.fused import naive
+from lt2dsl.kernels.fused.testing import assert_close, check_against_reference
 from lt2dsl.lowering import functional
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.fx_passes.leaves import conv_silu_cached
-
-from .fused_utils import check_against_reference
-from .utils import assert_close
 
 CASES = {
     # (B, T, C, W, head_dim, history, bias)

@@ -9,9 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lt2dsl.kernels import fused
 from lt2dsl.kernels.fused import naive
-
-from .fused_utils import check_against_reference
-from .utils import assert_close
+from lt2dsl.kernels.fused.testing import assert_close, check_against_reference
 
 DTYPES = [torch.float32, torch.bfloat16]
 

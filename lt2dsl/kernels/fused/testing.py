@@ -1,4 +1,8 @@
-"""Shared by the fused-op kernel tests: float64 reference runs and Triton-vs-reference checks."""
+"""Checks of a fused op against its reference, shared by the kernel tests and `bench/blocks.py`.
+
+The Triton path runs in the op's dtype, the reference in float64 on the same (rounded) inputs;
+outputs and input gradients are compared by relative RMS error (fla's `assert_close`).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,24 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .utils import assert_close
-
 # relative RMS tolerances of the Triton paths against float64 (fp32 math in the kernels)
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2}
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64; NaN or Inf anywhere gives inf."""
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    den = ref.norm().item()
+    return (out - ref).norm().item() / den if den > 0 else (out - ref).norm().item()
+
+
+def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    err = rel_rms(out, ref)
+    max_abs = (out.detach().double().cpu() - ref.detach().double().cpu()).abs().max().item()
+    assert err <= tol, f"{name}: relative RMS error {err:.3e} > {tol:.1e} (max abs {max_abs:.3e})"
 
 
 def leaves(*ts: torch.Tensor | None, dtype: torch.dtype) -> list[torch.Tensor | None]:
