@@ -106,8 +106,10 @@ def gdn_gate_bwd(dg: torch.Tensor, dbeta: torch.Tensor, a2: torch.Tensor, b2: to
     n_blocks = triton.cdiv(M, BM)
     P = max(1, min(n_blocks, n_programs(a2.device)))
     per = triton.cdiv(n_blocks, P) if n_blocks else 0
-    dA_part = torch.zeros(P, HV, dtype=torch.float32, device=a2.device)
-    ddt_part = torch.zeros_like(dA_part)
+    # every program writes its partial row (no fill needed unless nothing runs)
+    alloc = torch.empty if M else torch.zeros
+    dA_part = alloc(P, HV, dtype=torch.float32, device=a2.device)
+    ddt_part = alloc(P, HV, dtype=torch.float32, device=a2.device)
     if M:
         gdn_gate_bwd_kernel[(P,)](a2, b2, A_log, dt_bias, dg, dbeta, da, db, dA_part, ddt_part, M, HV,
                                   a2.stride(0), b2.stride(0), beta_scale, per, BM=BM, BH=BH)

@@ -105,7 +105,8 @@ def add_rmsnorm_bwd(dn: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, 
     dx = torch.empty(s.shape, dtype=s.dtype, device=s.device)
     P = max(1, min(M, n_programs(s.device)))
     rows = triton.cdiv(M, P) if M else 0
-    dw_part = torch.zeros(P, D, dtype=torch.float32, device=s.device)
+    # every program writes its partial row (no fill needed unless nothing runs)
+    dw_part = (torch.empty if M else torch.zeros)(P, D, dtype=torch.float32, device=s.device)
     if M:
         add_rmsnorm_bwd_kernel[(P,)](s, weight, rstd, dn2, ds2, dx, dw_part, M, D, dn2.stride(0),
                                      0 if ds2 is None else ds2.stride(0), rows, BD=pow2(D),
@@ -217,7 +218,7 @@ def gated_rmsnorm_bwd(dy: torch.Tensor, o2: torch.Tensor, g2: torch.Tensor | Non
     n_blocks = triton.cdiv(n_rows // nseg, BR)
     P = max(1, min(n_blocks, triton.cdiv(n_programs(o2.device), nseg)))
     per = triton.cdiv(n_blocks, P) if n_blocks else 0
-    dw_part = torch.zeros(P, dim, dtype=torch.float32, device=o2.device)
+    dw_part = (torch.empty if n_rows else torch.zeros)(P, dim, dtype=torch.float32, device=o2.device)
     if n_rows:
         gated_rmsnorm_bwd_kernel[(P, nseg)](
             o2, g2, weight, dy, do, dg, dw_part, n_rows, nsub, o2.stride(0),
