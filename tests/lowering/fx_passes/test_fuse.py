@@ -170,3 +170,58 @@ def test_debug_levels_print_fired_rules_and_graphs(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "graph before `fuse-adjacent`" in err and "graph after `fuse-adjacent`" in err
     assert "fused_gdn_gate(" in err.split("graph after")[1]
+
+
+def test_cached_weight_concatenation_follows_parameter_updates():
+    """Without autograd the concatenated projection weights are cached; an in-place update of a
+    parameter (optimizer step, load_state_dict) must invalidate the cache."""
+    model = lower(call("gdn"))
+    ids = tokens(1, 5)
+    with torch.no_grad():
+        fuse(model.graph_module)
+        model(ids)
+        model.blocks[0].mixers[0].k_proj.weight.mul_(1.5)
+        model.blocks[0].mlp.up_proj.weight.add_(0.01)
+        fused = model(ids)
+        model.__dict__["_graph_module"] = None
+        unfused = model(ids)
+    torch.testing.assert_close(fused, unfused, rtol=1e-10, atol=1e-10)
+
+
+GPU_KINDS = ["gdn", "mamba2", "dsa", "swa"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_fused_equals_unfused_bf16(kind):
+    """On CUDA (bf16, backend="auto": every Triton kernel), the fused graph's outputs and gradients
+    match the unfused graph's to bf16 rounding."""
+    from lt2dsl.kernels.fused.testing import assert_close
+
+    model = lower(f"loop T=2 < {call(kind)} >", dtype=torch.bfloat16, backend="auto", device="cuda",
+                  dim=256, heads=4, head_dim=64)
+    ids = tokens(2, 300, vocab=model.config.vocab).cuda()
+    params = list(model.parameters())
+    out, grads = _out_grads(model.graph_module, params, ids)
+    fout, fgrads = _out_grads(fused_copy(model.graph_module), params, ids)
+    assert_close("out", fout.float(), out.float(), 2e-2)
+    for i, (f, g) in enumerate(zip(fgrads, grads)):
+        assert_close(f"grad {i}", f.float(), g.float(), 5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["swa", "gdn"])
+def test_gpu_torch_compile_fullgraph_inductor(kind):
+    """torch.compile(fullgraph=True) with Inductor over a fused model on CUDA, forward and backward."""
+    from lt2dsl.kernels.fused.testing import assert_close
+
+    model = lower(call(kind), dtype=torch.bfloat16, backend="auto", device="cuda", dim=256, heads=4,
+                  head_dim=64)
+    fgm = fused_copy(model.graph_module)
+    params = list(model.parameters())
+    ids = tokens(2, 256, vocab=model.config.vocab).cuda()
+    out, grads = _out_grads(fgm, params, ids)
+    cout, cgrads = _out_grads(torch.compile(fgm, fullgraph=True), params, ids)
+    assert_close("out", cout.float(), out.float(), 1e-2)
+    for i, (c, g) in enumerate(zip(cgrads, grads)):
+        assert_close(f"grad {i}", c.float(), g.float(), 2e-2)
