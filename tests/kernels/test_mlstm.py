@@ -7,9 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from lt2dsl.kernels.mlstm import chunk_mlstm_ref, mlstm, naive_recurrent_mlstm
+from tests.kernels.test_decay_common import DEVICE, TOL, poison, run_fwd_bwd  # noqa: F401
 from tests.kernels.utils import assert_close
 
 F64 = torch.float64
+# Triton launchers allocate NaN-filled buffers in every test of this file
+pytestmark = pytest.mark.usefixtures("poison")
 
 
 def make_inputs(B, T, H, K, V, dtype=F64, seed=0, gates="xlstm", device="cpu"):
@@ -144,3 +147,166 @@ def test_shape_errors():
         mlstm(q, k, v, i, f, initial_state=(C, n[..., :3], m))
     with pytest.raises(ValueError, match="tuple"):
         mlstm(q, k, v, i, f, initial_state=torch.zeros(1, 2, 8, 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# backend="triton" (CPU: Triton interpreter at small shapes; GPU: the same checks at full size)
+
+
+def check_against_float64(q, k, v, i, f, state0, eps=1e-6, cu_seqlens=None, tol=1e-4, final_grads=True):
+    """Triton forward + backward versus float64 (recurrence on CPU, chunked float64 form on GPU).
+
+    `final_grads=False` leaves the final state out of the loss (the training use).
+    """
+    gen = torch.Generator().manual_seed(11)
+    N, H, K, V = state0[0].shape
+    dh = torch.randn(*v.shape, generator=gen, dtype=F64).to(v.device)
+    dstate = [torch.randn(*s.shape, generator=gen, dtype=F64).to(v.device) for s in state0]
+    if not final_grads:
+        dstate = [torch.zeros_like(d) for d in dstate]
+    kw = dict(eps=eps, output_final_state=True, cu_seqlens=cu_seqlens)
+
+    def tri(q, k, v, i, f, C, n, m):
+        return mlstm(q, k, v, i, f, initial_state=(C, n, m), backend="triton", **kw)
+
+    def ref(q, k, v, i, f, C, n, m):
+        if v.is_cuda or cu_seqlens is not None:
+            return mlstm(q, k, v, i, f, initial_state=(C, n, m), backend="reference", **kw)
+        return naive_recurrent_mlstm(q, k, v, i, f, None, eps, (C, n, m))
+
+    leaves = [q, k, v, i, f, *state0]
+    o, s, grads = run_fwd_bwd(tri, leaves, dh, dstate)
+    o64, s64, grads64 = run_fwd_bwd(ref, [x.double() for x in leaves], dh, dstate)
+    assert o.dtype == v.dtype and all(x.dtype == torch.float32 for x in s)
+    assert_close("h", o, o64, tol)
+    for name, a, b in zip(["C", "n", "m"], s, s64):
+        assert_close(f"final {name}", a, b, tol)
+    for name, a, b in zip(["dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0"], grads, grads64):
+        assert_close(name, a, b, tol)
+
+
+def _inputs(B, T, H, K, V, dtype, gates, device=DEVICE, seed=0):
+    q, k, v, i, f = make_inputs(B, T, H, K, V, gates=gates, seed=seed)
+    s0 = make_state(B, H, K, V, seed=seed + 1)
+    cast = [x.to(dtype).to(device) for x in (q, k, v)]
+    return (*cast, i.float().to(device), f.float().to(device)), tuple(s.float().to(device) for s in s0)
+
+
+@pytest.mark.parametrize(
+    ("T", "dtype", "gates", "eps"),
+    [
+        (100, torch.float32, "wide", 1e-6),
+        (63, torch.float32, "plain", 0.5),
+        (1, torch.float32, "xlstm", 1e-6),
+    ],
+)
+def test_triton_matches_float64(T, dtype, gates, eps):
+    """fp32, every gradient including the final state's; eps = 0.5 exercises the stabiliser path."""
+    x, s0 = _inputs(1, T, 2, 32, 16, dtype, gates)
+    check_against_float64(*x, s0, eps=eps, tol=TOL[dtype])
+
+
+def test_triton_bf16_training_gradients():
+    """bf16 with xLSTM-like gates, the final state outside the loss (the training use)."""
+    x, s0 = _inputs(2, 100, 1, 32, 16, torch.bfloat16, "xlstm")
+    check_against_float64(*x, s0, tol=1e-2, final_grads=False)
+
+
+def test_triton_varlen():
+    lens = [5, 70, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    x, _ = _inputs(1, sum(lens), 2, 16, 16, torch.float32, "wide")
+    s0 = tuple(s.float().to(DEVICE) for s in make_state(len(lens), 2, 16, 16))
+    check_against_float64(*x, s0, eps=0.1, cu_seqlens=cu, tol=1e-4)
+
+
+def test_triton_decode_in_place():
+    """Decode through the fused recurrent kernel writes (C, n, m) in place."""
+    (q, k, v, i, f), s0 = _inputs(2, 12, 2, 32, 16, torch.float32, "wide")
+    h_ref, s_ref = naive_recurrent_mlstm(*(x.double() for x in (q, k, v, i, f)), None, 1e-6,
+                                         tuple(s.double() for s in s0))  # fmt: skip
+    state = tuple(s.clone() for s in s0)
+    ptrs, outs = [s.data_ptr() for s in state], []
+    with torch.no_grad():
+        for a, b in ((0, 9), (9, 10), (10, 11), (11, 12)):
+            sl = slice(a, b)
+            h_t, ret = mlstm(q[:, sl], k[:, sl], v[:, sl], i[:, sl], f[:, sl], initial_state=state,
+                             inplace_final_state=True, backend="triton")  # fmt: skip
+            assert all(x is y and x.data_ptr() == p for x, y, p in zip(ret, state, ptrs))
+            outs.append(h_t)
+    assert_close("decoded h", torch.cat(outs, 1), h_ref, 1e-4)
+    for name, a, b in zip("Cnm", state, s_ref):
+        assert_close(name, a, b, 1e-4)
+
+
+def test_triton_compiles_fullgraph_and_counts_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    (q, k, v, i, f), s0 = _inputs(1, 20, 1, 16, 16, torch.float32, "xlstm")
+    leaves = [x.requires_grad_() for x in (q, k, v, i, f, *s0)]
+
+    def fn(q, k, v, i, f, C, n, m):
+        h, s = mlstm(q, k, v, i, f, initial_state=(C, n, m), output_final_state=True, backend="triton")
+        return h, *s
+
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    out = torch.compile(fn, fullgraph=True, backend=backend)(*leaves)
+    sum(x.sum() for x in out).backward()
+    ref = mlstm(
+        *(x.detach().double() for x in leaves[:5]), initial_state=tuple(x.detach().double() for x in s0)
+    )
+    assert_close("compiled h", out[0], ref[0], 1e-4)
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in leaves)
+    with FlopCounterMode(display=False) as counter:
+        fn(*leaves)[0].sum().backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    fwd = 20 * (2 * 20 * (16 + 16) + 4 * 16 * 16 + 4 * 16 + 20)
+    assert counts["lt2dsl.mlstm_chunk_fwd"] == fwd
+    assert counts["lt2dsl.mlstm_chunk_bwd"] == 2 * fwd
+
+
+def test_stabiliser_routing_matches_autograd():
+    """`route_stabiliser` equals autograd through m_r = F_r + max(m_0, max_j(ĩ_j − F_j)) (packed too)."""
+    from lt2dsl.kernels.mlstm.chunk import route_stabiliser
+
+    gen = torch.Generator().manual_seed(5)
+    lf = (-torch.rand(1, 30, 2, generator=gen, dtype=F64)).requires_grad_()
+    ig = (3 * torch.randn(1, 30, 2, generator=gen, dtype=F64)).requires_grad_()
+    m0 = torch.randn(3, 2, generator=gen, dtype=F64).requires_grad_()
+    dm = torch.randn(1, 30, 2, generator=gen, dtype=F64)
+    cu = torch.tensor([0, 7, 8, 30])
+    ms = []
+    for n in range(3):
+        a, b = cu[n].item(), cu[n + 1].item()
+        Fc = lf[0, a:b].cumsum(0)
+        u = torch.cat([m0[n : n + 1], ig[0, a:b] - Fc])
+        ms.append(Fc + torch.cummax(u, 0).values[1:])
+    (torch.cat(ms)[None] * dm).sum().backward()
+    dlf, di, dm0 = route_stabiliser(lf.detach(), ig.detach(), m0.detach(), dm.float(), cu)
+    assert_close("dlogf", dlf, lf.grad, 1e-6)
+    assert_close("di", di, ig.grad, 1e-6)
+    assert_close("dm0", dm0, m0.grad, 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1000, 8192])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_full_size(T, D, dtype):
+    x, s0 = _inputs(2, T, 16, D, D, dtype, "xlstm")
+    check_against_float64(*x, s0, tol=TOL[dtype], final_grads=dtype == torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(3))
+def test_gpu_every_autotune_config(config):
+    """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
+    from lt2dsl.kernels.common.decay_triton import force_config
+
+    try:
+        force_config(config)
+        for dtype in (torch.bfloat16, torch.float32):
+            x, s0 = _inputs(2, 1000, 4, 128, 128, dtype, "xlstm")
+            check_against_float64(*x, s0, tol=TOL[dtype], final_grads=dtype == torch.float32)
+    finally:
+        force_config(None)

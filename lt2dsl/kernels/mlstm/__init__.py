@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_shape, resolve_backend
-from ..common.decay_utils import check_inplace, check_qkv, check_state, run_by_sequence, write_final_state
+from ..common.backend import check_shape
+from ..common.decay_utils import (
+    check_inplace,
+    check_qkv,
+    check_state,
+    pick_backend,
+    run_by_sequence,
+    write_final_state,
+)
 from .chunk_ref import chunk_mlstm_ref
 from .naive import naive_recurrent_mlstm
 
@@ -66,8 +73,13 @@ def mlstm(
     check_inplace(inplace_final_state, initial_state)
     scale = d.K**-0.5 if scale is None else float(scale)
     want_final = output_final_state or inplace_final_state
-    if resolve_backend(backend, q, has_triton=False) == "triton":
-        raise AssertionError("unreachable: no Triton kernel registered")
+    if pick_backend(backend, q) == "triton":
+        from .ops import mlstm_triton
+
+        h, final = mlstm_triton(
+            q, k, v, i, f, scale, float(eps), initial_state, want_final, inplace_final_state, cu_seqlens
+        )
+        return h, final
     h, final = _reference(q, k, v, i, f, scale, float(eps), initial_state, cu_seqlens)
     final = write_final_state(final, initial_state, inplace_final_state) if want_final else None
     return h.to(v.dtype), final
