@@ -255,7 +255,9 @@ def _extra_rows(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> lis
     its = _loop_iterations(model.body)
     for lp in _loops(model.body):
         if lp.inject == "concat":
-            rows.append(_simple_row(f"{lp.id}.adapter", "inject=concat", 2 * D * D, its[lp.id],
+            # The embedding is re-injected before every iteration after the first: T − 1 times.
+            adapter_its = its[lp.id] // lp.T * (lp.T - 1)
+            rows.append(_simple_row(f"{lp.id}.adapter", "inject=concat", 2 * D * D, adapter_its,
                                     4.0 * D * D, 2 * D * D * BYTES[dt.act] / opt.batch, opt, dt))
         if lp.exit is not None:
             rows.append(_simple_row(f"{lp.id}.exit", "exit=gate", D + 1, its[lp.id], 2.0 * D,

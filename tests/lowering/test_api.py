@@ -154,3 +154,14 @@ def test_graph_passes_rewrite_the_graph_and_survive_moves():
     model.float()
     torch.testing.assert_close(model(ids), (2 * want).float(), rtol=1e-6, atol=1e-6)
     assert len(seen) == 2  # applied again to the graph traced after the move
+
+
+def test_whole_model_pickles_with_torch_save(tmp_path):
+    """`torch.save(model)` must work (layers look their spec up instead of holding it)."""
+    m = lt2dsl.compile("loop T=2 < gdn; swa(window=8) >", dim=32, heads=2, vocab=64,
+                       dtype=torch.float32, backend="reference")
+    ids = torch.randint(0, 64, (1, 9))
+    path = tmp_path / "m.pt"
+    torch.save(m, path)
+    back = torch.load(path, weights_only=False)
+    assert torch.equal(back(ids), m(ids))

@@ -112,8 +112,6 @@ def test_attention_models_count_exactly(body):
     assert flops == report(model.ir, 24).flops_per_token.prefill
 
 
-@pytest.mark.xfail(strict=True, reason="the estimate counts the inject=concat adapter on all T iterations; "
-                   "the lowering applies it after the first only (issue 3 design)")
 def test_inject_concat_adapter_counted_like_the_estimate():
     model, flops = counted("loop T=3, inject=concat < swa(window=8) >", 24)
     assert flops == report(model.ir, 24).flops_per_token.prefill

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.registry import lookup
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering import functional_core as fc
 from lt2dsl.lowering.layers.base import MixerLayer, linear
@@ -44,7 +43,7 @@ class Attention(MixerLayer):
         o, D = self.opts, cfg.dim
         self.window: int | None = o.get("window")
         if self.window is not None:
-            self.spec = lookup("swa")
+            self.layer_kind = "swa"
         self.H, self.HKV, self.d = o["heads"], o["kv_heads"], o["head_dim"]
         self.theta, self.gate = float(o["rope_theta"]), o["gate"]
         if self.H % self.HKV:

@@ -38,7 +38,13 @@ class MixerLayer(nn.Module):
     def __init__(self, opts: dict[str, Any], cfg: ModelConfig, backend: str = "reference"):
         super().__init__()
         self.opts, self.cfg, self.backend = dict(opts), cfg, backend
-        self.spec = lookup(self.kind)
+        self.layer_kind = self.kind  # a class may serve several kinds (Attention: full and swa)
+
+    @property
+    def spec(self):
+        # Looked up, not stored: specs hold lambdas (option defaults), which would make
+        # `torch.save(model)` fail to pickle the module.
+        return lookup(self.layer_kind)
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
         raise NotImplementedError
