@@ -1,9 +1,12 @@
-"""Helpers shared by the fused Triton kernels: autotune lists, program counts, row views."""
+"""Helpers shared by the fused Triton kernels: autotune lists, program counts, row views.
+
+Triton is imported inside the helpers that need it, so building or fusing a graph (which imports
+`lt2dsl.kernels.fused`) does not import it; the kernel modules do when a kernel first runs.
+"""
 
 from __future__ import annotations
 
 import torch
-import triton
 
 from lt2dsl.kernels.common.backend import triton_interpreting
 
@@ -11,12 +14,14 @@ from lt2dsl.kernels.common.backend import triton_interpreting
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def configs(*warps: int) -> list[triton.Config]:
+def configs(*warps: int) -> list:
     """Autotune candidates by warp count (the first only, under the CPU interpreter).
 
     None of the fused kernels uses `tl.dot`, so the Hopper dot/transposition miscompiles listed
     in shared/bench/README.md do not apply to them.
     """
+    import triton
+
     out = [triton.Config({}, num_warps=w) for w in warps]
     return out[:1] if triton_interpreting() else out
 
@@ -35,4 +40,5 @@ def rows_view(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def pow2(n: int) -> int:
-    return triton.next_power_of_2(max(1, n))
+    """The smallest power of two ≥ n (≥ 1)."""
+    return 1 << (max(1, n) - 1).bit_length()
