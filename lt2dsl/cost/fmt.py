@@ -41,7 +41,8 @@ def ratio(a: float | None, b: float | None) -> str:
         return "-"
     if b == 0:
         return "-" if a == 0 else "∞"
-    return f"{a / b:.2f}×"
+    r = a / b
+    return f"{r:.2f}×" if r >= 0.1 else f"{r:.2g}×"
 
 
 def length(x: int | None) -> str:
