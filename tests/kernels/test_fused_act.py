@@ -10,6 +10,9 @@ from lt2dsl.kernels import fused
 from lt2dsl.kernels.fused import naive
 from lt2dsl.kernels.fused.testing import assert_close, check_against_reference
 
+# the Triton kernels compiled on a GPU, else through the CPU interpreter (tests/conftest.py)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("B", "T", "HV", "beta_scale"), [(2, 9, 3, 1.0), (1, 300, 16, 2.0), (3, 1, 6, 1.0)],
@@ -28,14 +31,14 @@ def test_gdn_gate(B, T, HV, beta_scale, dtype):
     def ref(a, b, A_log, dt_bias):
         return naive.gdn_gate_ref(a, b, A_log, dt_bias, beta_scale, torch.float64)
 
-    check_against_reference("gdn_gate", tri, ref, (a, b, A_log, dt_bias), dtype)
+    check_against_reference("gdn_gate", tri, ref, (a, b, A_log, dt_bias), dtype, device=DEVICE)
 
 
 def test_gdn_gate_reads_column_slices_and_writes_fp32():
     g = torch.Generator().manual_seed(1)
-    wide = torch.randn(2, 5, 20, generator=g, dtype=torch.bfloat16)
+    wide = torch.randn(2, 5, 20, generator=g, dtype=torch.bfloat16).to(DEVICE)
     a, b = wide[..., 3:7], wide[..., 11:15]
-    A_log, dt_bias = torch.rand(4, generator=g), torch.randn(4, generator=g)
+    A_log, dt_bias = torch.rand(4, generator=g).to(DEVICE), torch.randn(4, generator=g).to(DEVICE)
     gg, beta = fused.gdn_gate(a, b, A_log, dt_bias, backend="triton")
     assert gg.dtype == beta.dtype == torch.float32 and gg.shape == (2, 5, 4)
     rg, rb = naive.gdn_gate_ref(a.double(), b.double(), A_log.double(), dt_bias.double(), 1.0, torch.float64)
@@ -49,13 +52,13 @@ def test_swiglu(shape, dtype):
     g = torch.Generator().manual_seed(2)
     a, b = torch.randn(*shape, generator=g) * 3, torch.randn(*shape, generator=g)
     check_against_reference("swiglu", lambda a, b: fused.swiglu(a, b, backend="triton"), naive.swiglu_ref,
-                            (a, b), dtype)
+                            (a, b), dtype, device=DEVICE)
 
 
 def test_ops_compile_fullgraph():
     g = torch.Generator().manual_seed(3)
-    wide = torch.randn(2, 5, 24, generator=g, requires_grad=True)
-    A_log, dt_bias = (torch.randn(4, generator=g, requires_grad=True) for _ in range(2))
+    wide = torch.randn(2, 5, 24, generator=g).to(DEVICE).requires_grad_()
+    A_log, dt_bias = (torch.randn(4, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
 
     def f(wide, A_log, dt_bias):
         gg, beta = fused.gdn_gate(wide[..., :4], wide[..., 4:8], A_log, dt_bias, backend="triton")

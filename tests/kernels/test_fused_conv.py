@@ -14,6 +14,9 @@ from lt2dsl.lowering import functional
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.fx_passes.leaves import conv_silu_cached
 
+# the Triton kernels compiled on a GPU, else through the CPU interpreter (tests/conftest.py)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 CASES = {
     # (B, T, C, W, head_dim, history, bias)
     "B2-T9-C24-W4": (2, 9, 24, 4, 0, False, False),
@@ -32,7 +35,7 @@ def test_conv_silu(case, dtype):
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(B, T, C, generator=g), torch.randn(C, 1, W, generator=g)
     b = torch.randn(C, generator=g) if has_bias else None
-    hist = torch.randn(B, C, W - 1, generator=g).to(dtype).double() if has_hist else None
+    hist = torch.randn(B, C, W - 1, generator=g).to(dtype).double().to(DEVICE) if has_hist else None
 
     def tri(x, w, b):
         h = None if hist is None else hist.to(dtype)
@@ -41,14 +44,14 @@ def test_conv_silu(case, dtype):
     def ref(x, w, b):
         return naive.conv_silu_ref(x, w, b, hist, hd)
 
-    check_against_reference("conv_silu", tri, ref, (x, w, b), dtype)
+    check_against_reference("conv_silu", tri, ref, (x, w, b), dtype, device=DEVICE)
 
 
 def test_conv_reads_a_column_slice():
     """x as a column slice of a wider GEMM output (what `norm_proj` produces)."""
     g = torch.Generator().manual_seed(1)
-    wide = torch.randn(2, 7, 50, generator=g)
-    x, w = wide[:, :, 10:34], torch.randn(24, 1, 4, generator=g)
+    wide = torch.randn(2, 7, 50, generator=g).to(DEVICE)
+    x, w = wide[:, :, 10:34], torch.randn(24, 1, 4, generator=g).to(DEVICE)
     got = fused.conv_silu(x, w, None, None, head_dim=8, backend="triton")
     assert_close("slice", got, naive.conv_silu_ref(x.double(), w.double(), None, None, 8), 2e-5)
 
@@ -57,8 +60,8 @@ def test_conv_reads_a_column_slice():
 def test_cached_conv_matches_short_conv_and_its_cache(backend):
     """`conv_silu_cached` keeps exactly `short_conv`'s cache: prefill then decode steps."""
     g = torch.Generator().manual_seed(2)
-    x, w = torch.randn(2, 8, 12, generator=g), torch.randn(12, 1, 4, generator=g)
-    b = torch.randn(12, generator=g)
+    x, w = torch.randn(2, 8, 12, generator=g).to(DEVICE), torch.randn(12, 1, 4, generator=g).to(DEVICE)
+    b = torch.randn(12, generator=g).to(DEVICE)
     ref_entry, entry = Entry(), Entry()
     for lo, hi in [(0, 2), (2, 6), (6, 7), (7, 8)]:
         want = functional.short_conv(x[:, lo:hi], w, b, ref_entry, "c")
@@ -70,9 +73,9 @@ def test_cached_conv_matches_short_conv_and_its_cache(backend):
 
 def test_op_compiles_fullgraph_and_counts_flops():
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(2, 6, 16, generator=g, requires_grad=True)
-    w = torch.randn(16, 1, 4, generator=g, requires_grad=True)
-    hist = torch.randn(2, 16, 3, generator=g)
+    x = torch.randn(2, 6, 16, generator=g).to(DEVICE).requires_grad_()
+    w = torch.randn(16, 1, 4, generator=g).to(DEVICE).requires_grad_()
+    hist = torch.randn(2, 16, 3, generator=g).to(DEVICE)
 
     def f(x, w):
         return fused.conv_silu(x, w, None, hist, head_dim=8, backend="triton")

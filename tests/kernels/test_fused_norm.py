@@ -11,6 +11,9 @@ from lt2dsl.kernels import fused
 from lt2dsl.kernels.fused import naive
 from lt2dsl.kernels.fused.testing import assert_close, check_against_reference
 
+# the Triton kernels compiled on a GPU, else through the CPU interpreter (tests/conftest.py)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -33,14 +36,19 @@ def test_add_rmsnorm(shape, eps, dtype):
         e = torch.finfo(dtype).eps if eps is None else eps
         return naive.add_rmsnorm_ref(x, r, w, e)
 
-    check_against_reference("add_rmsnorm", tri, ref, (x, r, w), dtype)
+    check_against_reference("add_rmsnorm", tri, ref, (x, r, w), dtype, device=DEVICE)
 
 
 def test_add_rmsnorm_falls_back_where_the_kernel_does_not_apply():
     """float64 and broadcast residuals run the reference even with backend="triton"."""
-    x, r, w = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64), torch.ones(8)
-    n, s = fused.add_rmsnorm(x, r, w.double(), 1e-6, backend="triton")
-    n2, s2 = naive.add_rmsnorm_ref(x, r, w.double(), 1e-6)
+    x, w = torch.randn(2, 3, 8, dtype=torch.float64, device=DEVICE), torch.ones(8, device=DEVICE)
+    for r in (x.flip(0), torch.randn(8, dtype=torch.float64, device=DEVICE)):
+        n, s = fused.add_rmsnorm(x, r, w.double(), 1e-6, backend="triton")
+        n2, s2 = naive.add_rmsnorm_ref(x, r, w.double(), 1e-6)
+        assert torch.equal(n, n2) and torch.equal(s, s2)
+    x, r = x.float(), torch.randn(8, device=DEVICE)
+    n, s = fused.add_rmsnorm(x, r, w, 1e-6, backend="triton")
+    n2, s2 = naive.add_rmsnorm_ref(x, r, w, 1e-6)
     assert torch.equal(n, n2) and torch.equal(s, s2)
 
 
@@ -71,16 +79,16 @@ def test_gated_rmsnorm_linear(case, dtype):
         return naive.gated_rmsnorm_linear_ref(o, gate, nw, pw, pb, kw["eps"], act, group, nbg, n_flat)
 
     inputs = (o, gate if act else None, nw, pw, pb)
-    check_against_reference("gated_rmsnorm_linear", tri, ref, inputs, dtype)
+    check_against_reference("gated_rmsnorm_linear", tri, ref, inputs, dtype, device=DEVICE)
 
 
 def test_gated_rmsnorm_reads_strided_gates():
     """The gate as a column slice of a wider GEMM output (what `norm_proj` produces)."""
     g = _g(2)
-    o = torch.randn(2, 5, 2, 8, generator=g)
-    wide = torch.randn(2, 5, 40, generator=g)
+    o = torch.randn(2, 5, 2, 8, generator=g).to(DEVICE)
+    wide = torch.randn(2, 5, 40, generator=g).to(DEVICE)
     gate = wide[..., 8:24].unflatten(-1, (2, 8))
-    nw, pw = torch.rand(8, generator=g) + 0.5, torch.randn(6, 16, generator=g)
+    nw, pw = (torch.rand(8, generator=g) + 0.5).to(DEVICE), torch.randn(6, 16, generator=g).to(DEVICE)
     kw = {"eps": 1e-5, "act": "silu", "group": 8, "n_flat": 2}
     out = fused.gated_rmsnorm_linear(o, gate, nw, pw, None, backend="triton", **kw)
     want = naive.gated_rmsnorm_linear_ref(o.double(), gate.double(), nw.double(), pw.double(), None, 1e-5,
@@ -90,9 +98,8 @@ def test_gated_rmsnorm_reads_strided_gates():
 
 def test_ops_compile_fullgraph_and_count_flops():
     g = _g(3)
-    x, r, w = (torch.randn(*s, generator=g, requires_grad=True) for s in [(2, 5, 16), (2, 5, 16), (16,)])
-    o = torch.randn(2, 5, 2, 8, generator=g, requires_grad=True)
-    nw, pw = (torch.randn(*s, generator=g, requires_grad=True) for s in [(8,), (16, 16)])
+    shapes = [(2, 5, 16), (2, 5, 16), (16,), (2, 5, 2, 8), (8,), (16, 16)]
+    x, r, w, o, nw, pw = (torch.randn(*s, generator=g).to(DEVICE).requires_grad_() for s in shapes)
     kw = {"eps": 1e-5, "act": "silu", "group": 8, "n_flat": 2, "backend": "triton"}
 
     def f(x, r, w, o, nw, pw):

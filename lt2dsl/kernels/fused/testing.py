@@ -30,8 +30,9 @@ def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) ->
     assert err <= tol, f"{name}: relative RMS error {err:.3e} > {tol:.1e} (max abs {max_abs:.3e})"
 
 
-def leaves(*ts: torch.Tensor | None, dtype: torch.dtype) -> list[torch.Tensor | None]:
-    return [None if t is None else t.detach().to(dtype).requires_grad_(t.is_floating_point()) for t in ts]
+def leaves(*ts: torch.Tensor | None, dtype: torch.dtype, device=None) -> list[torch.Tensor | None]:
+    """Detached copies in `dtype` (on `device`), requiring grad."""
+    return [None if t is None else t.detach().to(device=device, dtype=dtype).requires_grad_() for t in ts]
 
 
 def run(fn: Callable, inputs: Sequence[torch.Tensor | None], cotangents: Sequence[torch.Tensor] | None):
@@ -40,16 +41,17 @@ def run(fn: Callable, inputs: Sequence[torch.Tensor | None], cotangents: Sequenc
     outs = outs if isinstance(outs, tuple) else (outs,)
     if cotangents is None:
         gen = torch.Generator().manual_seed(7)
-        cotangents = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in outs]
+        cotangents = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device) for o in outs]
     loss = sum((o.double() * c).sum() for o, c in zip(outs, cotangents))
     wrt = [t for t in inputs if t is not None and t.requires_grad]
     return outs, torch.autograd.grad(loss, wrt), cotangents
 
 
 def check_against_reference(name: str, triton_fn: Callable, ref_fn: Callable, inputs: Sequence, dtype,
-                            grad: bool = True) -> None:
-    """Triton path in `dtype` against the reference in float64: outputs and input gradients."""
-    tri_in = leaves(*inputs, dtype=dtype)
+                            grad: bool = True, device=None) -> None:
+    """Triton path in `dtype` against the reference in float64 (both on `device`, default the
+    inputs'): outputs and input gradients."""
+    tri_in = leaves(*inputs, dtype=dtype, device=device)
     # the reference sees the same (rounded) input values
     ref_in = leaves(*tri_in, dtype=torch.float64)
     ref_out, ref_grads, cot = run(ref_fn, ref_in, None)

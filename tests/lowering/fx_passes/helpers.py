@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx
 
+from lt2dsl.kernels.fused.testing import assert_close
 from lt2dsl.lowering.fx_passes import COUNTERS, fuse
 from lt2dsl.lowering.to_fx import LoweringTracer
 
@@ -36,15 +37,21 @@ def trace(module: torch.nn.Module) -> torch.fx.GraphModule:
 def outputs_and_grads(gm, params: list[torch.nn.Parameter], *args, seed: int = 3):
     """(output, d⟨output, w⟩/d params) for a fixed random w; unused parameters get zeros."""
     out = gm(*args)
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype).to(out.device)
     grads = torch.autograd.grad((out * w).sum(), params, allow_unused=True)
     return out.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
 
-def assert_same(gm, fgm, params, *args, tol: float = 1e-10) -> None:
-    """Checks 3 and 4: forward outputs and parameter gradients of the two graphs agree."""
+def assert_same(gm, fgm, params, *args, tol: float = 1e-10, rms: bool = False) -> None:
+    """Checks 3 and 4: forward outputs and parameter gradients of the two graphs agree
+    (elementwise, or by relative RMS error with `rms`, for kernels in low precision)."""
     out, grads = outputs_and_grads(gm, params, *args)
     fout, fgrads = outputs_and_grads(fgm, params, *args)
+    if rms:
+        assert_close("output", fout, out, tol)
+        for i, (g, fg) in enumerate(zip(grads, fgrads)):
+            assert_close(f"grad of param {i}", fg, g, tol)
+        return
     torch.testing.assert_close(fout, out, rtol=tol, atol=tol)
     for i, (g, fg) in enumerate(zip(grads, fgrads)):
         torch.testing.assert_close(fg, g, rtol=tol, atol=tol, msg=lambda m, i=i: f"grad of param {i}: {m}")
