@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_float, check_shape, resolve_backend
+from ..common.backend import check_float, check_shape
+from ..common.decay_utils import pick_backend
 from .fft_ref import fft_size, fft_toeplitz_mix
 from .naive import naive_toeplitz_mix, toeplitz_step_ref
 
@@ -97,8 +98,11 @@ def toeplitz_mix(
     check_float("x", x)
     B, T, C = x.shape
     w3, b2 = normalize_weights(w, bias, C, T)
-    if resolve_backend(backend, x, has_triton=False) == "triton":
-        raise AssertionError("unreachable: no Triton kernel registered")
+    if pick_backend(backend, x) == "triton":
+        from .ops import check_dtype
+
+        check_dtype(x)
+        return torch.ops.lt2dsl.toeplitz_fft(x, w3.contiguous(), None if b2 is None else b2.contiguous())
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
 
 
@@ -126,5 +130,11 @@ def toeplitz_mix_step(
     if t < 1:
         raise ValueError("`x_cache` must hold at least the newest input: [B, t, C] with t ≥ 1")
     w3, b2 = normalize_weights(w, bias, C, t)
-    resolve_backend(backend, x_cache, has_triton=False)
+    if pick_backend(backend, x_cache) == "triton":
+        from .ops import check_dtype
+
+        check_dtype(x_cache)
+        return torch.ops.lt2dsl.toeplitz_step(
+            x_cache, w3.contiguous(), None if b2 is None else b2.contiguous()
+        )
     return toeplitz_step_ref(x_cache, w3, b2).to(x_cache.dtype)
