@@ -255,7 +255,6 @@ def write(rows: list[dict], meta: dict) -> None:
 
 
 def main() -> None:
-    torch.backends.cuda.matmul.allow_tf32 = True
     compile_blocks = os.environ.get("COMPILE", "1") != "0"
     meta = {"versions": harness.versions(), "fired": {}}
     rows: list[dict] = []

@@ -52,10 +52,18 @@ def test_loops_fused_equal_unfused(body):
     assert_same(model.graph_module, fgm, list(model.parameters()), tokens(2, 9))
 
 
-def test_sandwich_norms_and_gelu_mlp():
-    model = lower(call("gdn"), norm="sandwich", mlp="gelu(hidden=48)")
+NORMS = {"sandwich-gelu": ("sandwich", "gelu(hidden=48)", 2, 0),
+         "layernorm": ("layernorm(eps=1e-5)", "swiglu(hidden=48)", 0, 1)}
+
+
+@pytest.mark.parametrize(("norm", "mlp", "adds", "swiglus"), NORMS.values(), ids=NORMS.keys())
+def test_other_norms_and_mlps(norm, mlp, adds, swiglus):
+    """Sandwich norms fuse their adds; LayerNorm models keep their adds (add_rmsnorm is for RMSNorm)
+    but still concatenate the projections; a GELU MLP has no SwiGLU."""
+    model = lower(call("gdn"), norm=norm, mlp=mlp)
     fgm = fused_copy(model.graph_module)
-    assert COUNTERS["swiglu"] == 0 and COUNTERS["gdn_gate"] == 1
+    assert COUNTERS["add_rmsnorm"] == adds and COUNTERS["swiglu"] == swiglus
+    assert COUNTERS["gdn_gate"] == 1 and COUNTERS["norm_proj"] >= 1
     assert_same(model.graph_module, fgm, list(model.parameters()), tokens(2, 9))
 
 
