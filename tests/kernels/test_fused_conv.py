@@ -95,7 +95,7 @@ def test_op_compiles_fullgraph_and_counts_flops():
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [0, 128], ids=["plain", "l2-hd128"])
 def test_conv_on_gpu_at_model_shapes(head_dim):
-    """B=4, T=2048, C=4096 (GDN v) / 2048 (q, k with L2Norm), bf16, every autotune config."""
+    """B=4, T=2048, C=4096 (GDN v) / 2048 (q, k with L2Norm), bf16, the config autotuning picks."""
     C = 4096 if head_dim == 0 else 2048
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(4, 2048, C, device="cuda", generator=g)

@@ -122,7 +122,7 @@ def test_ops_compile_fullgraph_and_count_flops():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_norms_on_gpu_at_model_shapes(dtype):
-    """H200 shapes of the bench (B=4, T=2048, D=2048; GDN heads 16 × V 256): every autotune config."""
+    """H200 shapes of the bench (B=4, T=2048, D=2048; GDN heads 16 × V 256), the configs autotuning picks."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x, r = (torch.randn(4, 2048, 2048, device="cuda", generator=g) for _ in range(2))
     w = torch.randn(2048, device="cuda", generator=g)
