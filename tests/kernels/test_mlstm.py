@@ -288,17 +288,34 @@ def test_stabiliser_routing_matches_autograd():
     assert_close("dm0", dm0, m0.grad, 1e-6)
 
 
+# full size on the H200 (B = 2, H = 16), few shapes: each new shape compiles every kernel again
+GPU_CASES = [
+    (1000, 64, torch.bfloat16, "xlstm"),
+    (1000, 128, torch.float32, "wide"),
+    (8192, 128, torch.bfloat16, "xlstm"),
+    (8192, 128, torch.float32, "xlstm"),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1000, 8192])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gpu_full_size(T, D, dtype):
-    x, s0 = _inputs(2, T, 16, D, D, dtype, "xlstm")
+@pytest.mark.parametrize(("T", "D", "dtype", "gates"), GPU_CASES)
+def test_gpu_full_size(T, D, dtype, gates):
+    """bf16 with the final state outside the loss (the training use); fp32 with every gradient."""
+    x, s0 = _inputs(2, T, 16, D, D, dtype, gates)
     check_against_float64(*x, s0, tol=TOL[dtype], final_grads=dtype == torch.float32)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", range(3))
+def test_gpu_varlen():
+    lens = [1000, 37, 4000, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    x, _ = _inputs(1, sum(lens), 16, 128, 128, torch.float32, "xlstm")
+    s0 = tuple(s.float().to(DEVICE) for s in make_state(len(lens), 16, 128, 128))
+    check_against_float64(*x, s0, eps=0.1, cu_seqlens=cu, tol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(2))
 def test_gpu_every_autotune_config(config):
     """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
     from lt2dsl.kernels.common.decay_triton import force_config
@@ -306,7 +323,7 @@ def test_gpu_every_autotune_config(config):
     try:
         force_config(config)
         for dtype in (torch.bfloat16, torch.float32):
-            x, s0 = _inputs(2, 1000, 4, 128, 128, dtype, "xlstm")
+            x, s0 = _inputs(2, 1000, 16, 128, 128, dtype, "xlstm")
             check_against_float64(*x, s0, tol=TOL[dtype], final_grads=dtype == torch.float32)
     finally:
         force_config(None)

@@ -321,18 +321,37 @@ def test_triton_rejects_float64():
     assert simple_gla(q, k, v, g, backend="auto")[0].dtype == F64
 
 
+# full size on the H200: B = 2, H = 16, T ∈ {1000, 8192}, D ∈ {64, 128}, bf16 and fp32, each decay
+# regime; a GVA case; kept to a few shapes because each new shape compiles every kernel again
+GPU_CASES = [
+    (1000, 64, torch.bfloat16, "mixed"),
+    (1000, 128, torch.float32, "retnet"),
+    (1000, 128, torch.bfloat16, "none"),
+    (8192, 128, torch.bfloat16, "strong"),
+    (8192, 128, torch.float32, "none"),
+    (8192, 128, torch.bfloat16, "retnet"),
+    (8192, 64, torch.float32, "mixed"),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1000, 8192])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("decay", ["mixed", "retnet", "strong", "none"])
+@pytest.mark.parametrize(("T", "D", "dtype", "decay"), GPU_CASES)
 def test_gpu_full_size(T, D, dtype, decay):
     q, k, v, g, h0 = _inputs(2, T, 16, 16, D, D, dtype, decay)
     check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", range(3))
+def test_gpu_gva_varlen():
+    lens = [1000, 37, 4000, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    q, k, v, g, _ = _inputs(1, sum(lens), 4, 16, 128, 128, torch.bfloat16, "strong")
+    h0 = torch.randn(len(lens), 16, 128, 128, device=DEVICE)
+    check_against_float64(q, k, v, g, h0, cu_seqlens=cu, tol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(2))
 def test_gpu_every_autotune_config(config):
     """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
     from lt2dsl.kernels.common.decay_triton import force_config
@@ -340,7 +359,7 @@ def test_gpu_every_autotune_config(config):
     try:
         force_config(config)
         for dtype in (torch.bfloat16, torch.float32):
-            q, k, v, g, h0 = _inputs(2, 1000, 4, 8, 128, 128, dtype, "mixed")
+            q, k, v, g, h0 = _inputs(2, 1000, 16, 16, 128, 128, dtype, "mixed")
             check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
     finally:
         force_config(None)

@@ -36,13 +36,16 @@ from ..common.decay_triton import (
     tuned,
 )
 
-# Hopper notes for every config below: no tl.trans of a dot result is ever formed (the Triton
-# 3.4–3.7.0 sm_90 miscompile), all tiles are powers of two ≥ 16, and odd head dims are masked
-# loads (never a partially out-of-bounds block pointer).
+# Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
+# loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles
+# are powers of two ≥ 16. A head dim that is not a multiple of the tile is a masked pointer load;
+# the README's sm_90 crash for odd head dims in 16-bit backward kernels is not ruled out (the GPU
+# tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
+# triangular solve), a pattern absent here. Every config is checked on the H200 by
+# `test_gpu_every_autotune_config` (force_config).
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
-    triton.Config({}, num_warps=4, num_stages=3),
-    triton.Config({}, num_warps=8, num_stages=2),
+    triton.Config({}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "HV", "K", "V", "BK", "BV", "HAS_G"]
 
