@@ -185,11 +185,30 @@ def toeplitz_cases(T: int, B: int, C: int) -> list[Case]:
 
     def dense():
         x, w, b = data()
-        lag = torch.arange(T, device=DEV)[:, None] - torch.arange(T, device=DEV)[None, :]
+        lag = (
+            torch.arange(T, device=DEV, dtype=torch.int32)[:, None]
+            - torch.arange(T, device=DEV, dtype=torch.int32)[None, :]
+        )
         M = torch.where(lag >= 0, w.detach()[lag.clamp(min=0)], 0.0).to(DT)  # [T, T], built once
         del lag
         bias = b.detach().to(DT)[:, None]
         return (lambda: torch.einsum("ts,bsc->btc", M, x) + bias), [x]
+
+    def dense_build():
+        # the layer's real cost when w is trained: the masked matrix is rebuilt from w every call
+        x, w, b = data()
+        lag = (
+            torch.arange(T, device=DEV, dtype=torch.int32)[:, None]
+            - torch.arange(T, device=DEV, dtype=torch.int32)[None, :]
+        )
+        idx, causal = lag.clamp(min=0), lag >= 0
+        bias = b.detach().to(DT)[:, None]
+
+        def fn():
+            M = torch.where(causal, w.detach().to(DT)[idx], 0.0)
+            return torch.einsum("ts,bsc->btc", M, x) + bias
+
+        return fn, [x]
 
     def fft_round_trip():
         x, _, _ = data()
@@ -199,6 +218,7 @@ def toeplitz_cases(T: int, B: int, C: int) -> list[Case]:
     cases = [
         Case(group, "lt2dsl", ours, flops=flops, bytes=io_bytes),
         Case(group, "dense", dense, flops=2 * T * T * B * C),
+        Case(group, "dense+build", dense_build, flops=2 * T * T * B * C),
         Case(group, "torch.fft", fft_round_trip, bytes=io_bytes),
         Case(group, "lt2dsl", ours, backward=True, flops=3 * flops),
         Case(group, "torch.fft", fft_round_trip, backward=True),
@@ -223,7 +243,7 @@ def cases() -> list[Case]:
 def smoke() -> None:
     """Build and run every lt2dsl case once (forward, and backward where timed) without timing."""
     for c in cases():
-        if c.impl not in ("lt2dsl", "dense", "torch.fft"):
+        if c.impl not in ("lt2dsl", "dense", "dense+build", "torch.fft"):
             continue
         fn, _ = c.make()
         out = fn()
