@@ -267,7 +267,7 @@ def test_triton_compiles_fullgraph_and_counts_flops():
 
 def test_stabiliser_routing_matches_autograd():
     """`route_stabiliser` equals autograd through m_r = F_r + max(m_0, max_j(ĩ_j − F_j)) (packed too)."""
-    from lt2dsl.kernels.mlstm.chunk import route_stabiliser
+    from lt2dsl.kernels.mlstm.stabiliser import route_stabiliser
 
     gen = torch.Generator().manual_seed(5)
     lf = (-torch.rand(1, 30, 2, generator=gen, dtype=F64)).requires_grad_()

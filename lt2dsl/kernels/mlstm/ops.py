@@ -13,7 +13,8 @@ from torch.utils.flop_counter import register_flop_formula
 from ..common.decay_ops import check_triton_dtype, empty_grad, needs_grad
 from ..common.decay_triton import CHUNK
 from . import fused_recurrent  # noqa: F401  (registers lt2dsl::mlstm_fused_recurrent[_])
-from .chunk import chunk_mlstm_bwd, chunk_mlstm_fwd
+from .chunk import chunk_mlstm_fwd
+from .chunk_bwd import chunk_mlstm_bwd
 
 RECURRENT_MAX_T = 64
 

@@ -1,0 +1,308 @@
+"""Triton chunked backward of the stabilised mLSTM (`mlstm`), mixers.md §8(b).
+
+With every stabiliser held fixed, num and a (chunk.py) are linear attention with a value column of
+ones, so the kernels are simple_gla's with dnum_r = dh_r / den_r and da_r = −(dh_r·h_r)/den_r ·
+sign(a_r)[|a_r| > e^{−m_r}]; dlogf and dĩ follow as in simple_gla (dĩ_j = k_j·dk_j). The stabilisers
+cancel exactly except through ε: h = N̂ / (max(|Â|, 1) + ε e^{m}), which adds ∂L/∂m_r = ε·dden_r,
+routed through m_r = F_r + max(m_0, max_{j≤r}(ĩ_j − F_j)) by `route_stabiliser` (stabiliser.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ..common.decay_triton import (
+    Varlen,
+    cast,
+    chunk_span,
+    device_fn,
+    load_tile,
+    load_vec,
+    mma,
+    new_empty,
+    seq_span,
+    store_tile,
+    store_vec,
+    tuned,
+)
+from .chunk import _CONFIGS, _KEY, _gates, _meta, _states, _weights
+from .stabiliser import add_at_sequence_ends, route_stabiliser
+
+
+@device_fn
+def _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT: tl.constexpr):
+    """Wᵀ `[BT, BT]`: Wᵀ[j, r] = e^{b_r − b_j + ĩ_j − m_r} for r ≥ j (m_r from the forward)."""
+    o_t = i_c * BT + tl.arange(0, BT)
+    valid = o_t < T
+    b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
+    b_i = load_vec(ig + bos * H + i_h, i_c * BT, T, H, BT)
+    b_m = load_vec(m_tok + bos * H + i_h, i_c * BT, T, H, BT)
+    m_D = (o_t[:, None] <= o_t[None, :]) & valid[:, None] & valid[None, :]
+    return tl.exp(tl.where(m_D, b_b[None, :] - b_b[:, None] + b_i[:, None] - b_m[None, :], float("-inf")))
+
+
+@device_fn
+def _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr):
+    """(w_k `[BT]` = e^{b_C − b_j + ĩ_j − m_{c+1}}, decay = e^{b_C + m_c − m_{c+1}}, m_c) of chunk i_c."""
+    o_t = i_c * BT + tl.arange(0, BT)
+    last = tl.minimum(i_c * BT + BT, T) - 1
+    b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
+    b_i = load_vec(ig + bos * H + i_h, i_c * BT, T, H, BT)
+    b_blast = tl.load(b + (bos + last) * H + i_h)
+    b_mc = tl.load(ms + i_tg * H + i_h)
+    if (i_c + 1) * BT >= T:
+        b_mnext = tl.load(mt + i_n * H + i_h)
+    else:
+        b_mnext = tl.load(ms + (i_tg + 1) * H + i_h)
+    expo = tl.where(o_t < T, b_blast - b_b + b_i - b_mnext, float("-inf"))
+    return tl.exp(expo), tl.exp(b_blast + b_mc - b_mnext), b_mc
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["NTOT"])
+def bwd_prep_kernel(
+    o, do, m_tok, a_tok, dnum, da, dm, eps, NTOT,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    K: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """Per token: dnum = dh / den (rounded once to the input dtype and stored), and from that same
+    rounded dnum: da = −(dnum·h) sign(a)[|a| > e^{−m}], dm = −ε (dnum·h) (fp32).
+
+    Rounding dnum once matters: ds_rj = dnum_r·v_j + da_r nearly cancels when one key dominates
+    (h_r ≈ v_j), and only a dnum rounded the same way on both sides keeps the difference accurate.
+    """
+    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    o += i_h * V
+    do += i_h * V
+    dnum += i_h * V
+    b_m = load_vec(m_tok + i_h, i_t * BT, NTOT, H, BT)
+    b_a = load_vec(a_tok + i_h, i_t * BT, NTOT, H, BT)
+    floor = tl.exp(-b_m)
+    b_rden = 1.0 / (tl.maximum(tl.abs(b_a), floor) + eps)
+    b_dot = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_o = load_tile(o, i_t * BT, i_v * BV, NTOT, V, H * V, 1, BT, BV).to(tl.float32)
+        b_do = load_tile(do, i_t * BT, i_v * BV, NTOT, V, H * V, 1, BT, BV)
+        b_dn = cast(b_do.to(tl.float32) * b_rden[:, None], b_do.dtype)
+        store_tile(dnum, b_dn, i_t * BT, i_v * BV, NTOT, V, H * V, 1, BT, BV)
+        b_dot += tl.sum(b_dn.to(tl.float32) * b_o, axis=1)
+    b_da = tl.where(tl.abs(b_a) > floor, tl.where(b_a >= 0, -b_dot, b_dot), 0.0)
+    store_vec(da + i_h, b_da, i_t * BT, NTOT, H, BT)
+    store_vec(dm + i_h, -eps * b_dot, i_t * BT, NTOT, H, BT)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def bwd_dh_kernel(
+    q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, cu_seqlens, chunk_offsets, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Gradients w.r.t. the (C, n) leaving every chunk, walking the chunks backwards."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    q += (bos * H + i_h) * K
+    dnum += (bos * H + i_h) * V
+    o_k = i_k * BK + tl.arange(0, BK)
+    p_state = i_nh.to(tl.int64) * K * V
+    b_dC = tl.zeros([BK, BV], dtype=tl.float32)
+    b_dn = tl.zeros([BK], dtype=tl.float32)
+    if HAS_DHT:
+        b_dC += load_tile(dCt + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
+        b_dn += tl.load(dnt + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
+    b_mnext = tl.load(mt + i_nh)
+    for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
+        i_s = (boc + i_t) * H + i_h
+        store_tile(dCs + i_s * K * V, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        if i_v == 0:
+            tl.store(dns + i_s * K + o_k, b_dn, mask=o_k < K)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        b_mc = tl.load(ms + i_s)
+        b_b = load_vec(b + bos * H + i_h, i_t * BT, T, H, BT)
+        b_blast = tl.load(b + (bos + last) * H + i_h)
+        b_m = load_vec(m_tok + bos * H + i_h, i_t * BT, T, H, BT)
+        valid = i_t * BT + tl.arange(0, BT) < T
+        b_wq = tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0) * scale
+        b_da = load_vec(da + bos * H + i_h, i_t * BT, T, H, BT)
+        decay = tl.exp(b_blast + b_mc - b_mnext)
+        b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+        b_dnum = load_tile(dnum, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+        b_qw = b_qT.to(tl.float32) * b_wq[None, :]
+        b_dC = decay * b_dC + mma(cast(b_qw, b_qT.dtype), cast(b_dnum, b_qT.dtype), PREC)
+        b_dn = decay * b_dn + tl.sum(b_qw * b_da[None, :], axis=1)
+        b_mnext = b_mc
+    if STORE_DH0:
+        store_tile(dC0 + p_state, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        if i_v == 0:
+            tl.store(dn0 + i_nh.to(tl.int64) * K + o_k, b_dn, mask=o_k < K)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def bwd_dv_kernel(
+    q, k, b, ig, dnum, m_tok, ms, mt, dCs, dv, cu_seqlens, chunk_idx, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """dv_j = Σ_{r≥j} W_rj (q̃_r·k_j) dnum_r + w_k_j dC[c]ᵀ k_j (Wᵀ and Aᵀ formed directly)."""
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    i_s = i_tg * H + i_h
+    b_wk, _, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    b_AT = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+        b_qT = load_tile(q, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+        b_dC = load_tile(dCs + i_s * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        b_AT += mma(b_k, b_qT, PREC)
+        b_dv += mma(cast(b_k.to(tl.float32) * b_wk[:, None], b_k.dtype), cast(b_dC, b_k.dtype), PREC)
+    b_WT = _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT)
+    b_dnum = load_tile(dnum + (bos * H + i_h) * V, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+    b_dv += mma(cast(b_AT * scale * b_WT, b_dnum.dtype), b_dnum, PREC)
+    store_tile(dv + (bos * H + i_h) * V, b_dv, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def bwd_dqk_kernel(
+    q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di,
+    cu_seqlens, chunk_idx, scale, T, NTOT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """dq, dk and this K block's share of dlogf (held-stabiliser part) and dĩ."""
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    v += (bos * H + i_h) * V
+    dnum += (bos * H + i_h) * V
+    i_s = i_tg * H + i_h
+    o_k = i_k * BK + tl.arange(0, BK)
+    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_cdc = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_v = load_tile(v, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+        b_vT = load_tile(v, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
+        b_dnum = load_tile(dnum, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+        b_dnumT = load_tile(dnum, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
+        # Cᵀ, dCᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
+        b_CT = load_tile(Cs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_dCT = load_tile(dCs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_ds += mma(b_dnum, b_vT, PREC)
+        b_dsT += mma(b_v, b_dnumT, PREC)
+        b_dq += mma(b_dnum, cast(b_CT, b_v.dtype), PREC)
+        b_dk += mma(b_v, cast(b_dCT, b_v.dtype), PREC)
+        b_cdc += tl.sum(b_CT.to(tl.float32) * b_dCT.to(tl.float32), axis=0)
+
+    # the ones column of the normaliser: dS gains da_r in every entry of row r
+    b_da = load_vec(da + bos * H + i_h, i_c * BT, T, H, BT)
+    b_n = tl.load(ns + i_s * K + o_k, mask=o_k < K, other=0.0)
+    b_dn = tl.load(dns + i_s * K + o_k, mask=o_k < K, other=0.0)
+    b_mc = tl.load(ms + i_s)
+    b_m, b_W, b_wq = _weights(b, ig, bos, i_c, i_h, b_mc, T, H, BT)
+    b_WT = _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT)
+    b_wk, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
+    b_ds = (b_ds + b_da[:, None]) * b_W * scale
+    b_dsT = (b_dsT + b_da[None, :]) * b_WT * scale
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_dq_state = (b_dq + b_da[:, None] * b_n[None, :]) * (b_wq * scale)[:, None]
+    b_dq = b_dq_state + mma(cast(b_ds, b_k.dtype), b_k, PREC)
+    b_dk_inter = (b_dk + b_dn[None, :]) * b_wk[:, None]
+    b_dk = b_dk_inter + mma(cast(b_dsT, b_q.dtype), b_q, PREC)
+    # this K block's scores q_r·k_j, to form the intra-chunk part of dF from fp32 dS directly
+    b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+    b_Sd = b_ds * mma(b_q, b_kT, PREC)
+    dq += (bos * H + i_h) * K
+    dk += (bos * H + i_h) * K
+    store_tile(dq, b_dq, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    store_tile(dk, b_dk, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
+    b_kdk = tl.sum(b_kf * b_dk, axis=1)
+    # q·dq − k·dk without the cancellation of two rounded sums: Σ_j S_rj − Σ_s S_sr + state terms
+    b_dF = tl.sum(b_Sd, axis=1) - tl.sum(b_Sd, axis=0)
+    b_dF += tl.sum(b_qf * b_dq_state, axis=1) - tl.sum(b_kf * b_dk_inter, axis=1)
+    # everything after this chunk: ⟨C_{c+1}, dC[c]⟩ + ⟨n_{c+1}, dn[c]⟩ (this K block's share)
+    b_z = decay * (tl.sum(b_cdc) + tl.sum(b_n * b_dn)) + tl.sum(b_kf * b_dk_inter)
+    b_dlf = tl.sum(b_dF) - tl.cumsum(b_dF, axis=0) + b_dF + b_z
+    off = i_k.to(tl.int64) * NTOT * H + bos * H + i_h
+    store_vec(dlf + off, b_dlf, i_c * BT, T, H, BT)
+    store_vec(di + off, b_kdk, i_c * BT, T, H, BT)
+
+
+def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_tok, do, dstate):
+    """Backward: (dq, dk, dv, dĩ, df̃, dC0, dn0, dm0); the state gradients are None without state0.
+
+    `dstate` is (dC_T, dn_T, dm_T) or None (each entry may be None).
+    """
+    B, T, H, K = q.shape
+    V = v.shape[3]
+    vl = Varlen(cu_seqlens, B, T)
+    meta = _meta(q, v, vl)
+    ig, b = _gates(i, f, vl)
+    (Cs, ns, ms), (Ct, nt, mt) = _states(k, v, b, ig, state0, vl)
+    da, dm = (new_empty(q, B, T, H, dtype=torch.float32) for _ in range(2))
+    dnum = new_empty(do, *do.shape)
+    NTOT, BT = B * T, vl.chunk
+    prep = dict(H=H, V=V, BT=BT, BV=meta["BV"], K=K, BK=meta["BK"])
+    bwd_prep_kernel[(triton.cdiv(NTOT, BT), H)](o, do, m_tok, a_tok, dnum, da, dm, eps, NTOT, **prep)
+    dCt, dnt, dmt = (None, None, None) if dstate is None else dstate
+    has_dht = dCt is not None or dnt is not None
+    if has_dht:
+        dCt = torch.zeros_like(Ct) if dCt is None else dCt.float().contiguous()
+        dnt = torch.zeros_like(nt) if dnt is None else dnt.float().contiguous()
+    dCs = new_empty(q, vl.n_chunks, H, K, V)
+    dns = new_empty(q, vl.n_chunks, H, K, dtype=torch.float32)
+    dC0 = new_empty(q, vl.N, H, K, V, dtype=torch.float32) if state0 is not None else None
+    dn0 = new_empty(q, vl.N, H, K, dtype=torch.float32) if state0 is not None else None
+    grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), vl.N * H)
+    bwd_dh_kernel[grid](
+        q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, vl.cu, vl.offsets, scale, T,
+        HAS_DHT=has_dht, STORE_DH0=state0 is not None, **meta,
+    )  # fmt: skip
+    rows = vl.grid_rows(B) * H
+    dv = new_empty(v, *v.shape)
+    bwd_dv_kernel[(triton.cdiv(V, meta["BV"]), vl.NT, rows)](
+        q, k, b, ig, dnum, m_tok, ms, mt, dCs, dv, vl.cu, vl.idx, scale, T, **meta
+    )
+    NK = triton.cdiv(K, meta["BK"])
+    dq, dk = new_empty(q, *q.shape), new_empty(k, *k.shape)
+    dlf = new_empty(q, NK, B, T, H, dtype=torch.float32)
+    di = new_empty(q, NK, B, T, H, dtype=torch.float32)
+    bwd_dqk_kernel[(NK, vl.NT, rows)](
+        q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di,
+        vl.cu, vl.idx, scale, T, NTOT, **meta,
+    )  # fmt: skip
+    dlf, di = dlf.sum(0), di.sum(0)
+    # the stabiliser path: ε through every m_r, and the returned final (C, n, m)
+    if has_dht or dmt is not None:
+        dm_T = torch.zeros_like(mt) if dmt is None else dmt.float()
+        if has_dht:
+            dm_T = dm_T - (dCt * Ct).sum((-2, -1)) - (dnt * nt).sum(-1)
+        dm = add_at_sequence_ends(dm, dm_T, cu_seqlens, T)
+    m0 = None if state0 is None else state0[2]
+    dlf_r, di_r, dm0 = route_stabiliser(F.logsigmoid(f.float()), ig, m0, dm, cu_seqlens)
+    df = (dlf + dlf_r) * torch.sigmoid(-f.float())
+    di = di + di_r
+    if state0 is not None:
+        C0, n0, _ = state0
+        dm0 = dm0 + (dC0 * C0).sum((-2, -1)) + (dn0 * n0).sum(-1)
+    else:
+        dm0 = None
+    return dq, dk, dv, di, df, dC0, dn0, dm0
