@@ -19,7 +19,7 @@ __all__ = ["compile"]
 
 def compile(source: str | os.PathLike | Program | Model, *, backend: str = "auto",
             device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
-            **overrides: Any) -> LT2Model:
+            fuse: bool = True, **overrides: Any) -> LT2Model:
     """Compile a `.lt2` program into a trainable `LT2Model` (a `torch.nn.Module`).
 
     Args:
@@ -29,6 +29,8 @@ def compile(source: str | os.PathLike | Program | Model, *, backend: str = "auto
         device (Optional): where the parameters are created; "meta" allocates nothing.
         dtype (Optional): parameter and activation dtype; default the model's `dtype` setting
             (bf16 unless set). Recurrent states stay in `state_dtype` (fp32).
+        fuse (bool, Optional): fuse adjacent operations of the lowered graph into single kernels
+            (`lt2dsl.lowering.fx_passes`); False runs the unfused graph. Default: True.
         **overrides: settings as `--set` gives them, e.g. `loop_T=8`, `dim=256`.
 
     Returns:
@@ -41,4 +43,5 @@ def compile(source: str | os.PathLike | Program | Model, *, backend: str = "auto
     """
     from lt2dsl.lowering import compile_model
 
-    return compile_model(source, backend=backend, device=device, dtype=dtype, overrides=overrides)
+    return compile_model(source, backend=backend, device=device, dtype=dtype, overrides=overrides,
+                         fuse=fuse)

@@ -28,7 +28,7 @@ LOOP_T_KEYS = ("loop_T", "loop.T")
 
 def compile_model(source: str | os.PathLike | n.Program | n.Model, *, backend: str = "auto",
                   device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
-                  overrides: Mapping[str, Any] | None = None) -> LT2Model:
+                  overrides: Mapping[str, Any] | None = None, fuse: bool = True) -> LT2Model:
     """Build the `LT2Model` of `source`.
 
     Args:
@@ -38,11 +38,16 @@ def compile_model(source: str | os.PathLike | n.Program | n.Model, *, backend: s
             current default device.
         dtype (Optional): parameter / activation dtype; default the model's `dtype` setting.
         overrides (Optional): `--set` style settings, e.g. `{"loop_T": 8, "dim": 256}`.
+        fuse (bool, Optional): run the FX fusion passes over the lowered graph. Default: True.
     """
     model = resolve_source(source, dict(overrides or {}))
     dt = _torch_dtype(dtype if dtype is not None else model.config.dtype)
     with torch.device(device) if device is not None else nullcontext():
         lowered = LT2Model(model, backend=backend)
+    if fuse:
+        from lt2dsl.lowering.fx_passes import fuse_graph
+
+        lowered.graph_passes.append(fuse_graph)
     return lowered.to(dtype=dt)
 
 

@@ -15,10 +15,20 @@ def emit_fx(loaded, args: argparse.Namespace, console) -> int:
     """
     from lt2dsl.lowering import compile_model
 
-    model = compile_model(loaded.model, backend="auto", device="meta")
+    fuse = not getattr(args, "no_fuse", False)
+    model = compile_model(loaded.model, backend="auto", device="meta", fuse=fuse)
     cfg = loaded.model.config
     params = sum(p.numel() for p in model.parameters())
+    gm = model.graph_module
     header = (f"# {cfg.name}: torch.fx code of the lowered model ({len(model.blocks)} blocks, "
-              f"{model.applications} applications, {params:,} parameters)")
-    console.file.write(header + model.graph_module.code.rstrip() + "\n")
+              f"{model.applications} applications, {params:,} parameters, "
+              f"{'fused: ' + _fired() if fuse else 'unfused'})")
+    console.file.write(header + gm.code.rstrip() + "\n")
     return EXIT_OK
+
+
+def _fired() -> str:
+    from lt2dsl.lowering.fx_passes import COUNTERS
+
+    fired = [f"{name} x{count}" for name, count in COUNTERS.items() if count]
+    return ", ".join(fired) or "no rule fired"

@@ -126,11 +126,32 @@ def test_generate_checks_its_arguments():
 
 
 def test_emit_fx_prints_the_graph_module_code(capsys):
-    assert main(["compile", str(ROOT / "examples/lt2_hybrid_gdn_dsa.lt2"), "--emit", "fx"]) == 0
+    path = str(ROOT / "examples/lt2_hybrid_gdn_dsa.lt2")
+    assert main(["compile", path, "--emit", "fx", "--no-fuse"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# lt2_gdn_dsa: torch.fx code")
+    assert out.startswith("# lt2_gdn_dsa: torch.fx code") and "unfused" in out.splitlines()[0]
     assert "def forward(self, input_ids" in out and "cache_advance" in out
     assert out.count("gated_delta_rule_core(") == 4 * 18 and out.count("dsa_attend(") == 4 * 6
+    # Fused by default: the header names the rules that fired and the code calls the fused ops.
+    assert main(["compile", path, "--emit", "fx"]) == 0
+    fused = capsys.readouterr().out
+    assert "fused: gdn_gate x72" in fused.splitlines()[0]
+    assert "gated_delta_rule_core(" not in fused and fused.count("gated_delta_rule_core_normed(") == 4 * 18
+    assert "linear_split(" in fused and "add_rmsnorm(" in fused
+
+
+def test_compile_fuses_by_default_and_fuse_false_turns_it_off():
+    src = "loop T=2 < gdn; swa(window=8) >"
+    kw = dict(dim=32, heads=2, vocab=64, dtype=torch.float64, backend="reference")
+    torch.manual_seed(0)
+    fused = lt2dsl.compile(src, **kw)
+    torch.manual_seed(0)
+    plain = lt2dsl.compile(src, fuse=False, **kw)
+    assert "linear_split" in fused.graph_module.code and "linear_split" not in plain.graph_module.code
+    ids = tokens(2, 7)
+    torch.testing.assert_close(fused(ids), plain(ids), rtol=1e-10, atol=1e-10)
+    fused.to(torch.float64)  # a move re-traces: the fusion must be re-applied
+    assert "linear_split" in fused.graph_module.code
 
 
 def test_graph_passes_rewrite_the_graph_and_survive_moves():

@@ -32,7 +32,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from . import add_norm, conv, gates, out_norm, projections, swiglu
 from .manager import FuseAdjacent, Rule
 
-__all__ = ["COUNTERS", "RULES", "FuseAdjacent", "Rule", "fuse"]
+__all__ = ["COUNTERS", "RULES", "FuseAdjacent", "Rule", "fuse", "fuse_graph"]
 
 RULES: dict[str, Rule] = {r.name: r for r in (
     gates.RULE,
@@ -94,3 +94,9 @@ def fuse(gm: torch.fx.GraphModule, *, rules: Sequence[str] | None = None) -> Pas
     if level >= 2:
         print(f"lt2dsl: graph after `fuse-adjacent`:\n{gm.code}", file=sys.stderr)
     return result
+
+
+def fuse_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`fuse` with every rule, as a GraphModule → GraphModule step for `LT2Model.graph_passes`
+    (a named function, not a lambda, so a fused model still pickles)."""
+    return fuse(gm).graph_module
