@@ -2,7 +2,8 @@
 
 `cases()` returns harness Cases (bench/kernels.py can merge them); `python bench/kernels_decay.py`
 runs them standalone, prints a table with ratios to the peer and writes `$OUT/kernels_decay.json`.
-Selection: `ONLY=substring,substring` keeps the cases whose group contains one of the substrings.
+Selection: `ONLY=substring,substring` keeps the cases whose group contains one of the substrings;
+`TAG=name` writes `$OUT/kernels_decay_<name>.json` instead, so split runs do not overwrite each other.
 
 Shapes: training at B·T = 32k tokens, H = 16, D = 128, bf16, for T ∈ {2k, 8k, 32k} (B = 16, 4, 1;
 B = 4, T = 8192 is the peer's reading in /work/shared/bench/README.md); one decode step at batch
@@ -262,7 +263,8 @@ def main() -> None:
     print(
         f"ceilings: copy {ceilings['copy_GBps']:.0f} GB/s, bf16 matmul {ceilings['bf16_TFLOPs']:.0f} TFLOP/s"
     )
-    rows = run_cases("kernels_decay", cases(), ceilings)
+    tag = os.environ.get("TAG", "")
+    rows = run_cases("kernels_decay" + (f"_{tag}" if tag else ""), cases(), ceilings)
     print(summary_table(rows, baseline_impl="fla"))
     print(summary_table([r for r in rows if r["group"].startswith("toeplitz B")], baseline_impl="dense"))
 
