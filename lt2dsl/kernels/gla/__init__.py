@@ -2,8 +2,8 @@
 
 S_t = Diag(exp(g_t)) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ (s q_t), g `[B, T, HV, K]` (≤ 0, fp32).
 Files: `naive.py` (recurrent truth), `chunk_ref.py` (chunked PyTorch with 16-token sub-chunks),
-`chunk.py` (Triton chunked forward/backward), `fused_recurrent.py` (Triton decode), `ops.py`
-(torch.library registration).
+`chunk.py` (Triton chunked forward/backward), `ops.py` (torch.library registration); decode runs
+the fused recurrent kernel shared with `simple_gla` (common/decay_recurrent.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 State (C `[N, H, K, V]`, n `[N, H, K]`, m `[N, H]`), all fp32. Gates are raw pre-activations:
 logσ(f̃) is taken inside, ĩ enters as e^{ĩ}. Files: `naive.py` (recurrent truth), `chunk_ref.py`
-(chunked PyTorch), `chunk.py` (Triton chunked forward/backward), `fused_recurrent.py` (Triton
-decode), `ops.py` (torch.library registration).
+(chunked PyTorch), `chunk.py` / `chunk_bwd.py` (Triton chunked forward / backward),
+`stabiliser.py` (the gradient through the max stabiliser), `fused_recurrent.py` (Triton decode),
+`ops.py` (torch.library registration).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Math: mixers.md §1, §2, §7. S_t = exp(g_t) S_{t−1} + k_t v_tᵀ, o_t = S_t�
 * Linear attention: g = None; for the normalised output append a ones column to v and divide by that
   output column (mixers.md §1(b)).
 Files: `naive.py` (recurrent truth), `chunk_ref.py` (chunked PyTorch), `chunk.py` (Triton chunked
-forward/backward), `fused_recurrent.py` (Triton decode), `ops.py` (torch.library registration).
+forward/backward), `ops.py` (torch.library registration); decode and short gradient-free calls run
+the fused recurrent kernel shared with `gla` (common/decay_recurrent.py).
 """
 
 from __future__ import annotations

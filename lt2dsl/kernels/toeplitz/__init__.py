@@ -2,10 +2,12 @@
 
 y_t = Σ_{s ≤ t} w[t − s] x_s + b[t] per channel, with one kernel shared by all channels (w `[n]`),
 one per head (w `[heads, n]`, channels split into equal groups) or the kernel variant
-(w `[kernel, heads, n]`: output channel c mixes input channels c − k + 1 … c, zero-padded below 0).
-n is the maximum length. Files: `naive.py` (dense masked product and the step form, the truth),
-`fft_ref.py` (FFT in PyTorch), `fft_fast.py` (cuFFT with fused Triton pre/post passes), `ops.py`
-(torch.library registration). Decode: `toeplitz_mix_step` over the cached inputs, O(t) per token.
+(w `[kernel, heads, n]`: output channel c mixes input channels c − k + 1 … c, zero-padded below 0,
+with the kernels of c's own head; the window reads across head boundaries, as §13(a)'s formula
+does). n is the maximum length. Files: `naive.py` (dense masked product and the step form, the truth),
+`fft_ref.py` (FFT in PyTorch), `fft_fast.py` (cuFFT with fused Triton pre/post passes), `decode.py`
+(Triton step kernel), `ops.py` (torch.library registration). Decode: `toeplitz_mix_step` over the
+cached inputs, O(t) per token.
 """
 
 from __future__ import annotations
