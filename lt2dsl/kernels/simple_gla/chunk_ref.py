@@ -37,9 +37,11 @@ def chunk_simple_gla_ref(
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-    # [B, HV, T, *]: heads first so every chunk is a batch of matrices
-    q = (q.to(dt) * scale).repeat_interleave(HV // H, dim=2).transpose(1, 2)
-    k = k.to(dt).repeat_interleave(HV // H, dim=2).transpose(1, 2)
+    # [B, heads, T, *]: heads first so every chunk is a batch of matrices. q and k keep their H
+    # heads: the scores QKᵀ are computed once per q/k head and shared by its HV/H value heads
+    # (Mamba2's groups), as mixers.md §7(d) counts them.
+    q = (q.to(dt) * scale).transpose(1, 2)
+    k = k.to(dt).transpose(1, 2)
     v = v.to(dt).transpose(1, 2)
     g = None if g is None else g.to(dt).transpose(1, 2)
     S = q.new_zeros(B, HV, K, V) if initial_state is None else initial_state.to(dt)
@@ -54,10 +56,11 @@ def chunk_simple_gla_ref(
 
 
 def _chunk_step(qc, kc, vc, gc, S):
-    """One chunk: qc, kc `[B, HV, C, K]`, vc `[B, HV, C, V]`, gc `[B, HV, C]` or None, S `[B, HV, K, V]`."""
-    C = qc.shape[2]
+    """One chunk: qc, kc `[B, H, C, K]`, vc `[B, HV, C, V]`, gc `[B, HV, C]` or None, S `[B, HV, K, V]`."""
+    C, G = qc.shape[2], vc.shape[1] // qc.shape[1]
     mask = torch.ones(C, C, dtype=torch.bool, device=qc.device).tril()
-    scores = qc @ kc.transpose(-1, -2)
+    scores = (qc @ kc.transpose(-1, -2)).repeat_interleave(G, dim=1)
+    qc, kc = qc.repeat_interleave(G, dim=1), kc.repeat_interleave(G, dim=1)
     if gc is None:
         return (qc @ S) + (scores * mask) @ vc, S + kc.transpose(-1, -2) @ vc
     b = gc.cumsum(-1)
