@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: install the carried wheels, restore the Triton cache, run the
+# stages named in STAGES, keep every log and JSON under $OUT, save the Triton cache for the next
+# call. Usage (repo root): STAGES="env tests_attn bench_attn" bash bench/gpu_session.sh
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/*.whl > /dev/null 2>&1 || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH="$PWD:/tmp/site"
+mkdir -p .tcache/triton
+[ -f .tcache/triton.tgz ] && tar xzf .tcache/triton.tgz -C .tcache 2>/dev/null
+export TRITON_CACHE_DIR="$PWD/.tcache/triton"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LOG="$OUT/session.log"
+T0=$(date +%s)
+summary=()
+
+stage() {  # stage NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  local t=$(date +%s)
+  echo "===== $name: $*" >> "$LOG"
+  timeout "$limit" "$@" >> "$LOG" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-14s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t ))")")
+  echo "$name done rc=$rc after $(( $(date +%s) - T0 ))s total"
+}
+
+pyt() { python3 -m pytest -q -p no:cacheprovider -rfE "$@"; }
+
+for s in ${STAGES:-env}; do
+  case $s in
+    env) stage env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
+          python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
+    tests_attn)  stage tests_attn 400 pyt -n 8 tests/kernels/test_attention.py tests/kernels/test_dsa.py tests/kernels/test_nsa.py ;;
+    tests_decay) stage tests_decay 400 pyt -n 8 tests/kernels/test_simple_gla.py tests/kernels/test_gla.py \
+                   tests/kernels/test_mlstm.py tests/kernels/test_toeplitz.py tests/kernels/test_decay_common.py ;;
+    tests_delta) stage tests_delta 400 pyt -n 8 tests/kernels/test_gated_delta_rule.py tests/kernels/test_delta_rule.py \
+                   tests/kernels/test_kda.py tests/kernels/test_delta_family.py tests/kernels/test_delta_triton.py ;;
+    tests_fused) stage tests_fused 300 pyt -n 8 tests/kernels/test_fused_norm.py tests/kernels/test_fused_conv.py \
+                   tests/kernels/test_fused_act.py tests/lowering/fx_passes ;;
+    tests_model) stage tests_model 300 pyt -n 8 -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
+    bench_attn)  stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
+    bench_decay) stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
+    bench_delta) stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
+    bench_blocks) stage bench_blocks "${BENCH_LIMIT:-400}" python3 bench/blocks.py ;;
+    *) echo "unknown stage $s" ;;
+  esac
+done
+
+# Keep compiled kernels and autotune results for the next call (the machine starts bare).
+tar czf "$OUT/triton.tgz" -C .tcache triton 2>/dev/null
+sz=$(stat -c %s "$OUT/triton.tgz" 2>/dev/null || echo 0)
+[ "$sz" -gt 15000000 ] && { echo "triton cache $sz bytes: too big to bring back"; rm -f "$OUT/triton.tgz"; }
+echo
+echo "---- failures and summaries (full log: session.log)"
+grep -E "^(FAILED|ERROR)|passed|failed|error" "$LOG" | grep -v "^=====" | tail -40
+echo
+printf '%s\n' "${summary[@]}"
