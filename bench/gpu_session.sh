@@ -53,6 +53,10 @@ sz=$(stat -c %s "$OUT/triton.tgz" 2>/dev/null || echo 0)
 [ "$sz" -gt 15000000 ] && { echo "triton cache $sz bytes: too big to bring back"; rm -f "$OUT/triton.tgz"; }
 echo
 echo "---- failures and summaries (full log: session.log)"
-grep -E "^(FAILED|ERROR)|passed|failed|error" "$LOG" | grep -v "^=====" | tail -40
+grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG" | cut -c1-220 | tail -${FAIL_LINES:-40}
+for s in ${STAGES:-}; do
+  case $s in bench_*) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
+    | grep -v -E "^\s*$|Traceback|^  File" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
+done
 echo
 printf '%s\n' "${summary[@]}"
