@@ -75,16 +75,17 @@ def make_inputs(
     `decay` scales the log decays (large values exercise the per-channel overflow path of KDA).
     The initial state has `N` rows (default B) or is None when `state` is False.
     """
-    gen = torch.Generator().manual_seed(seed)
+    # Drawn on the target device (full-size GPU cases would take seconds on the CPU).
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*s):
-        return torch.randn(*s, generator=gen, dtype=torch.float64)
+        return torch.randn(*s, generator=gen, dtype=torch.float64, device=device)
 
     x = {
         "q": rnd(B, T, H, K),
         "k": F.normalize(rnd(B, T, H, K), dim=-1),
         "v": rnd(B, T, HV, V),
-        "beta": torch.rand(B, T, HV, generator=gen, dtype=torch.float64),
+        "beta": torch.rand(B, T, HV, generator=gen, dtype=torch.float64, device=device),
         "g": None,
         "initial_state": rnd(N or B, HV, K, V) * 0.5 if state else None,
     }
@@ -131,6 +132,50 @@ def compare_backends(
     for n in GRAD_NAMES:
         if x[n] is not None:
             assert_close(f"d{n}", tri[n].grad, ref[n].grad, tol)
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative RMS bound against float64: 1e-2 for 16-bit inputs, 1e-4 for fp32."""
+    return 1e-4 if dtype == torch.float32 else 1e-2
+
+
+def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype) -> None:
+    """Full-size GPU checks shared by the per-op test files (see their `test_gpu_*`).
+
+    Cases: "T1000-D64", "T1000-D128", "T8192-D64", "T8192-D128" (B=2, H=16), "gva" (H=8, HV=16),
+    "odd" (K=V=100: a head dim that crosses a block boundary), "varlen" (lengths 1, 63, 1000,
+    2000, 129). KDA's float64 chunked reference keeps a [64, 64, K] tensor per chunk for autograd,
+    so at T = 8192 its gradients are not checked (forward only); T = 1000 covers them.
+    """
+    tol = tolerance(dtype)
+    kw: dict = {}
+    if case.startswith("T"):
+        T, D = (int(p[1:]) for p in case.split("-"))
+        shape = dict(B=2, T=T, H=16, HV=16, K=D, V=D)
+    elif case == "gva":
+        shape = dict(B=2, T=1000, H=8, HV=16, K=128, V=128)
+    elif case == "odd":
+        shape = dict(B=2, T=1000, H=4, HV=4, K=100, V=100)
+    else:
+        lens = [1, 63, 1000, 2000, 129]
+        kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
+        shape = dict(B=1, T=sum(lens), H=16, HV=16, K=128, V=128, N=len(lens))
+    x = make_inputs(info.gate, dtype=dtype, device="cuda", **shape)
+    grad = not (info.gate == "channel" and shape["T"] > 4096)
+    compare_backends(info, x, tol, grad=grad, reference="chunk", **kw)
+
+
+def run_gpu_decode(info: OpInfo, batch: int) -> None:
+    """Decode step at full head size: T = 1, in place into the cache, against the reference."""
+    x = make_inputs(info.gate, B=batch, T=1, H=16, HV=16, K=128, V=128, dtype=torch.bfloat16, device="cuda")
+    ref = {n: t.double() if t is not None else None for n, t in x.items()}
+    o_ref, S_ref = info.call(ref, initial_state=ref["initial_state"], output_final_state=True)
+    cache = x["initial_state"].clone()
+    with torch.no_grad():
+        o, S = info.call(x, initial_state=cache, inplace_final_state=True, backend="triton")
+    assert S is cache
+    assert_close("o", o, o_ref, 1e-2)
+    assert_close("state", cache, S_ref, 1e-4)
 
 
 def chunk_ref(info: OpInfo, x: dict, **kw):

@@ -34,8 +34,9 @@ def info(request) -> OpInfo:
     [
         dict(B=2, T=63, H=1, HV=2, K=32, V=32),  # grouped value heads, one partial chunk
         dict(B=1, T=100, H=2, HV=2, K=16, V=32),  # two chunks, K < V
+        dict(B=1, T=40, H=1, HV=1, K=24, V=20),  # head dims that are not powers of two
     ],
-    ids=["T63-gva", "T100"],
+    ids=["T63-gva", "T100", "odd-dims"],
 )
 def test_chunked_forward_backward(info, shape):
     x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape)

@@ -1,20 +1,28 @@
-"""Per-chunk input gradients of DeltaNet / GDN (scalar or no decay), one program per chunk and head.
+"""Per-chunk input gradients of the delta-rule family, after the reverse state scan.
 
-Given the chunk's start state S = h, the gradient dS' = dh of the state after it, U' (`vnew`) and
-Y = Tᵀ dU' from the reverse scan (`delta_state`), with b the cumulative log decay, γ = e^b,
-Γ_ri = e^{b_r − b_i}, P = s Q Kᵀ ⊙ Γ (r ≥ i), A = Diag(β) K Kᵀ ⊙ Γ (r > i):
+Given each chunk's start state S = h, the gradient dS' = dh of the state after it, U' (`vnew`) and
+Y = Tᵀ dU' (`delta_state`), with b the cumulative log decay, γ = e^b, Γ_ri = e^{b_r − b_i},
+P = s Q Kᵀ ⊙ Γ (r ≥ i) and A = Diag(β) K Kᵀ ⊙ Γ (r > i) for a scalar or no decay:
 
     dv = β ⊙ Y                              dP = dO U'ᵀ,  dA = −Y U'ᵀ (strictly lower)
-    dq = s γ ⊙ (dO Sᵀ) + s (dP ⊙ Γ) K
-    dk = (e^{b_C − b} ⊙ U') dS'ᵀ − (γβ ⊙ Y) Sᵀ + s (dP ⊙ Γ)ᵀ Q + (β dA ⊙ Γ) K + (β dA ⊙ Γ)ᵀ K
-    dβ = Σ_V Y ⊙ (V − γ K S) + rowsum(dA ⊙ K Kᵀ ⊙ Γ)
-    db = s γ (dO · Sᵀq) + rows − cols of (dP ⊙ P) and (dA ⊙ A) − β (Y · γ Sᵀk) − e^{b_C − b} (U' · dS'ᵀk)
-         + [last row] (Σ_r e^{b_C − b_r} U'_r · dS'ᵀk_r + γ_C ⟨S, dS'⟩)
-    dg = reverse cumulative sum of db inside the chunk (b_r = Σ_{i≤r} g_i).
+    dq = s γ ⊙ (dO Sᵀ) + (s dP ⊙ Γ) K
+    dk = e^{b_C − b} ⊙ (U' dS'ᵀ) − βγ ⊙ (Y Sᵀ) + (s dP ⊙ Γ)ᵀ Q + (β dA ⊙ Γ) K + (β dA ⊙ Γ)ᵀ K
+    dβ = Σ_V Y ⊙ V − γ k · (Y Sᵀ) + rowsum(dA ⊙ K Kᵀ ⊙ Γ)
+    db = s γ q · (dO Sᵀ) + rows − cols of (dP ⊙ P) and (dA ⊙ A) − βγ k · (Y Sᵀ) − e^{b_C − b} k · (U' dS'ᵀ)
+         + [last row] (Σ_r e^{b_C − b_r} k_r · (U' dS'ᵀ)_r + γ_C ⟨S, dS'⟩),   dg = reverse cumsum of db.
 
-Row products such as dO · (Sᵀq) are formed as Σ_V dO ⊙ (Q S) tile by tile over V. The transposed
-matrices (dP)ᵀ, (dA)ᵀ are accumulated as U' dOᵀ and U' Yᵀ from loaded tiles rather than by
-transposing a dot result (Hopper miscompile, see `delta_tl`).
+Three kernels keep the register footprint at a few 64 x 64 fp32 tiles each:
+
+* `delta_grad_cc_kernel` (chunk, head): the V-reductions dP, dA, Σ_V Y ⊙ V and dv; for a scalar or
+  no decay also P, A from q, k and their db / dβ terms. It stores s dP ⊙ Γ and β dA ⊙ Γ (KDA: the
+  plain dP, dA, gated later per channel by `kda.chunk_grad`) to fp32 scratch `[B*T, HV, 64]`.
+* `delta_grad_k_kernel` (K tile, chunk, head): dO Sᵀ, U' dS'ᵀ and Y Sᵀ over V. Gate factors scale
+  rows (or, for KDA, elements) of these products, so they are applied after the V loop. Then the
+  scratch matrices, loaded as stored and transposed (no dot result is ever transposed: Hopper
+  miscompile, see `delta_tl`), give the intra-chunk dq, dk. Per-row sums over the K tile go to a
+  small partial buffer.
+* `delta_grad_final_kernel` (chunk, head; scalar or no decay): adds the partials up into dβ and db,
+  and dg = reverse cumsum of db inside the chunk.
 """
 
 from __future__ import annotations
@@ -22,27 +30,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import gate_factors, load_chunk_gate
-from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, rcumsum, rsum
+from lt2dsl.kernels.common.delta_state import gate_factors, load_chunk_gate, load_tile, store_tile
+from lt2dsl.kernels.common.delta_tl import chunk_coords, helper, mm, mm_xx, rcumsum, rsum, split16
 
 
 @triton.jit
-def delta_grad_kernel(
+def delta_grad_cc_kernel(
     q,
     k,
     v,
     gcum,
     beta,
-    h,
-    dh,
     vnew,
     Y,
     do,
-    dq,
-    dk,
     dv,
-    dbeta,
-    dg,
+    MA,
+    MB,
+    dbeta_p,
+    db_p,
     cu_seqlens,
     chunk_indices,
     T,
@@ -57,106 +63,236 @@ def delta_grad_kernel(
     GATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
-    CT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
-    t0 = bos + i_t * BT
-    ot, ok = tl.arange(0, BT), tl.arange(0, BK)
-    rows = (t0 + ot).to(tl.int64)
-    m_t = (t0 + ot) < eos
-    m_tk = m_t[:, None] & (ok < K)[None, :]
-
-    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
-    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
+    DT = q.dtype.element_ty
+    L, r0, b64 = eos - bos, i_t * BT, bos.to(tl.int64)
+    v_base = (b64 * HV + i_hv) * V
+    ot = tl.arange(0, BT)
+    rows = b64 + r0 + ot
+    m_t = r0 + ot < L
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-    b_kf = b_k.to(tl.float32)
-    if GATE == 1:
-        b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
-        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-    else:
-        b_g = tl.zeros([BT], dtype=tl.float32)
-        gam = tl.full([BT, 1], 1.0, dtype=tl.float32)
-        to_end = gam
-        gam_c = tl.full([1, 1], 1.0, dtype=tl.float32)
-    q_c, k_c = b_q.to(CT), b_k.to(CT)
-    kg_c = (b_kf * gam).to(CT)
-    kd_c = (b_kf * to_end).to(CT)
 
-    acc_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    acc_dk = tl.zeros([BT, BK], dtype=tl.float32)
     dP = tl.zeros([BT, BT], dtype=tl.float32)
-    dPt = tl.zeros([BT, BT], dtype=tl.float32)
     dA = tl.zeros([BT, BT], dtype=tl.float32)
-    dAt = tl.zeros([BT, BT], dtype=tl.float32)
-    r_qs = tl.zeros([BT], dtype=tl.float32)
-    r_ykgs = tl.zeros([BT], dtype=tl.float32)
     r_yv = tl.zeros([BT], dtype=tl.float32)
-    r_uds = tl.zeros([BT], dtype=tl.float32)
-    s_sds = tl.zeros([1], dtype=tl.float32)
-    p_h = (i_g.to(tl.int64) * HV + i_hv) * K * V
     for i_v in range(tl.cdiv(V, BV)):
-        ov = i_v * BV + tl.arange(0, BV)
-        m_v = ov < V
-        m_kv = (ok < K)[:, None] & m_v[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        b_S = tl.load(h + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
-        b_dS = tl.load(dh + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
-        p_tv = (rows[:, None] * HV + i_hv) * V + ov[None, :]
-        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(CT)
-        b_u = tl.load(vnew + p_tv, mask=m_tv, other=0.0).to(CT)
-        b_y = tl.load(Y + p_tv, mask=m_tv, other=0.0)
-        b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_yf = b_y.to(tl.float32)
-        y_c = b_y.to(CT)
-        tl.store(dv + p_tv, (b_yf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
-
+        b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        b_u = load_tile(vnew + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        store_tile(dv + v_base, b_y * b_beta[:, None], r0, L, HV * V, i_v * BV, V, BT, BV)
         dP += mm(b_do, tl.trans(b_u), DOT)
-        dPt += mm(b_u, tl.trans(b_do), DOT)
-        dA += mm(y_c, tl.trans(b_u), DOT)
-        dAt += mm(b_u, tl.trans(y_c), DOT)
-        acc_dq += mm(b_do, tl.trans(b_S), DOT)
-        acc_dk += mm((b_u.to(tl.float32) * to_end).to(CT), tl.trans(b_dS), DOT)
-        acc_dk -= mm((b_yf * (b_beta[:, None] * gam)).to(CT), tl.trans(b_S), DOT)
-        r_qs += rsum(b_do.to(tl.float32) * mm(q_c, b_S, DOT), 1)
-        r_ykgs += rsum(b_yf * mm(kg_c, b_S, DOT), 1)
-        r_yv += rsum(b_yf * b_v, 1)
-        if GATE == 1:
-            r_uds += rsum(b_u.to(tl.float32) * mm(kd_c, b_dS, DOT), 1)
-            s_sds += rsum(rsum(b_S.to(tl.float32) * b_dS.to(tl.float32), 1), 0)
+        dA += mm_xx(b_y, tl.trans(b_u.to(tl.float32)), DT, PREC, DOT)
+        r_yv += rsum(b_y * b_v, 1)
 
     lower = ot[:, None] >= ot[None, :]
     strict = ot[:, None] > ot[None, :]
-    if GATE == 1:
-        Gam = tl.exp(tl.where(lower, b_g[:, None] - b_g[None, :], 0.0))
-        Gam_t = tl.exp(tl.where(ot[:, None] <= ot[None, :], b_g[None, :] - b_g[:, None], 0.0))
+    p_m = (rows[:, None] * HV + i_hv) * BT + ot[None, :]
+    if GATE == 2:
+        # KDA: the gating is per channel, applied to these in `kda.chunk_grad`.
+        tl.store(MA + p_m, tl.where(lower, dP, 0.0), mask=m_t[:, None])
+        tl.store(MB + p_m, tl.where(strict, -dA, 0.0), mask=m_t[:, None])
+        tl.store(dbeta_p + rows * HV + i_hv, r_yv, mask=m_t)
     else:
-        Gam = tl.full([BT, BT], 1.0, dtype=tl.float32)
-        Gam_t = Gam
-    # dk from Pᵀ and Aᵀ uses the transposed accumulators: entry [i, r] pairs key i with row r.
-    dPm = tl.where(lower, dP * Gam * scale, 0.0)
-    dPtm = tl.where(ot[:, None] <= ot[None, :], dPt * Gam_t * scale, 0.0)
-    dAm = tl.where(strict, -dA * Gam * b_beta[:, None], 0.0)
-    dAtm = tl.where(ot[:, None] < ot[None, :], -dAt * Gam_t * b_beta[None, :], 0.0)
-    b_dq = acc_dq * (gam * scale) + mm(dPm.to(CT), k_c, DOT)
-    b_dk = acc_dk + mm(dPtm.to(CT), q_c, DOT) + mm(dAm.to(CT), k_c, DOT) + mm(dAtm.to(CT), k_c, DOT)
-    p_tk = (rows[:, None] * HV + i_hv) * K + ok[None, :]
-    tl.store(dq + p_tk, b_dq, mask=m_tk)
-    tl.store(dk + p_tk, b_dk, mask=m_tk)
+        qk_base = (b64 * H + i_h) * K
+        b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_k = load_tile(k + qk_base, r0, L, H * K, 0, K, BT, BK)
+        if GATE == 1:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+            Gam = tl.exp(tl.where(lower, b_g[:, None] - b_g[None, :], 0.0))
+        else:
+            Gam = tl.full([BT, BT], 1.0, dtype=tl.float32)
+        Kk = tl.where(strict, mm(b_k, tl.trans(b_k), DOT) * Gam, 0.0)
+        tl.store(MA + p_m, tl.where(lower, dP * Gam * scale, 0.0), mask=m_t[:, None])
+        tl.store(MB + p_m, tl.where(strict, -dA * Gam * b_beta[:, None], 0.0), mask=m_t[:, None])
+        tl.store(dbeta_p + rows * HV + i_hv, r_yv - rsum(dA * Kk, 1), mask=m_t)
+        if GATE == 1:
+            dPP = dP * tl.where(lower, mm(b_q, tl.trans(b_k), DOT) * Gam * scale, 0.0)
+            dAA = -dA * Kk * b_beta[:, None]
+            db = rsum(dPP, 1) - rsum(dPP, 0) + rsum(dAA, 1) - rsum(dAA, 0)
+            tl.store(db_p + rows * HV + i_hv, db, mask=m_t)
 
-    Kk = tl.where(strict, mm(b_k, tl.trans(b_k), DOT) * Gam, 0.0)
-    b_dbeta = r_yv - r_ykgs - rsum(dA * Kk, 1)
+
+@helper
+def mm_xr(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
+    """a @ b for a computed fp32 `a` and a raw 16-bit `b`: `a` as hi + lo with PREC (see `mm_rx`)."""
+    if PREC:
+        hi, lo = split16(a, DT)
+        r = mm(hi, b, DOT) + mm(lo, b, DOT)
+    else:
+        r = mm(a.to(DT), b, DOT)
+    return r
+
+
+@triton.jit
+def delta_grad_k_kernel(
+    q,
+    k,
+    gcum,
+    beta,
+    h,
+    dh,
+    vnew,
+    Y,
+    do,
+    MA,
+    MB,
+    dq,
+    dk,
+    dg,
+    part,
+    part_sds,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    R,
+    NC,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
+    DT = q.dtype.element_ty
+    L, r0, b64 = eos - bos, i_t * BT, bos.to(tl.int64)
+    v_base = (b64 * HV + i_hv) * V
+    p_h = (i_g.to(tl.int64) * HV + i_hv) * K * V
+    ot = tl.arange(0, BT)
+    rows = b64 + r0 + ot
+    m_t = r0 + ot < L
+
+    acc_q = tl.zeros([BT, BK], dtype=tl.float32)  # dO Sᵀ
+    acc_u = tl.zeros([BT, BK], dtype=tl.float32)  # U' dS'ᵀ
+    acc_y = tl.zeros([BT, BK], dtype=tl.float32)  # Y Sᵀ
+    sds = tl.zeros([BK], dtype=tl.float32)  # Σ_V S ⊙ dS' per channel
+    for i_v in range(tl.cdiv(V, BV)):
+        b_S = load_tile(h + p_h, i_k * BK, K, V, i_v * BV, V, BK, BV)
+        b_dS = load_tile(dh + p_h, i_k * BK, K, V, i_v * BV, V, BK, BV)
+        b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        b_u = load_tile(vnew + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        acc_q += mm(b_do, tl.trans(b_S), DOT)
+        acc_u += mm(b_u, tl.trans(b_dS), DOT)
+        acc_y += mm_xr(b_y, tl.trans(b_S), DT, PREC, DOT)
+        sds += rsum(b_S.to(tl.float32) * b_dS.to(tl.float32), 1)
+
+    qk_base = (b64 * H + i_h) * K
+    b_q = load_tile(q + qk_base, r0, L, H * K, i_k * BK, K, BT, BK)
+    b_k = load_tile(k + qk_base, r0, L, H * K, i_k * BK, K, BT, BK)
+    qf, kf = b_q.to(tl.float32), b_k.to(tl.float32)
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+    p_out = (rows[:, None] * HV + i_hv) * K + i_k * BK + tl.arange(0, BK)[None, :]
+    m_out = m_t[:, None] & (i_k * BK + tl.arange(0, BK) < K)[None, :]
+    p_part = (i_k.to(tl.int64) * R + rows) * HV + i_hv
+    if GATE == 2:
+        # KDA: per-channel factors on the elements of the V-reductions.
+        ok = i_k * BK + tl.arange(0, BK)
+        last = tl.minimum(bos + r0 + BT, eos) - 1
+        b_glast = tl.load(gcum + (last.to(tl.int64) * HV + i_hv) * K + ok, mask=ok < K, other=0.0)
+        b_g = tl.load(gcum + (rows[:, None] * HV + i_hv) * K + ok[None, :], mask=m_out, other=0.0)
+        b_g = tl.where(m_t[:, None], b_g, b_glast[None, :])
+        gam = tl.exp(b_g)
+        b_dq = acc_q * gam * scale
+        dk_s = acc_u * tl.exp(b_glast[None, :] - b_g)
+        dk_x = -acc_y * gam * b_beta[:, None]
+        db = qf * b_dq + kf * (dk_x - dk_s)
+        db += tl.where(
+            (ot == last - bos - r0)[:, None], (rsum(kf * dk_s, 0) + tl.exp(b_glast) * sds)[None, :], 0.0
+        )
+        tl.store(dq + p_out, b_dq, mask=m_out)
+        tl.store(dk + p_out, dk_s + dk_x, mask=m_out)
+        tl.store(dg + p_out, db, mask=m_out)
+        tl.store(part + p_part * 3, -rsum(kf * gam * acc_y, 1), mask=m_t)
+    else:
+        if GATE == 1:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+            gam, to_end, _ = gate_factors(b_g, b_glast, GATE)
+        else:
+            gam = tl.full([BT], 1.0, dtype=tl.float32)
+            to_end = gam
+        b_MA = load_tile(MA + (b64 * HV + i_hv) * BT, r0, L, HV * BT, 0, BT, BT, BT)
+        b_MB = load_tile(MB + (b64 * HV + i_hv) * BT, r0, L, HV * BT, 0, BT, BT, BT)
+        b_dq = acc_q * (gam * scale)[:, None] + mm_xr(b_MA, b_k, DT, PREC, DOT)
+        tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_out)
+        b_dk = acc_u * to_end[:, None] - acc_y * (b_beta * gam)[:, None]
+        b_dk += mm_xr(tl.trans(b_MA), b_q, DT, PREC, DOT)
+        b_dk += mm_xr(b_MB, b_k, DT, PREC, DOT) + mm_xr(tl.trans(b_MB), b_k, DT, PREC, DOT)
+        tl.store(dk + p_out, b_dk.to(dk.dtype.element_ty), mask=m_out)
+        tl.store(part + p_part * 3, rsum(qf * acc_q, 1), mask=m_t)
+        tl.store(part + p_part * 3 + 1, rsum(kf * acc_y, 1), mask=m_t)
+        tl.store(part + p_part * 3 + 2, rsum(kf * acc_u, 1), mask=m_t)
+        tl.store(part_sds + (i_k.to(tl.int64) * NC + i_g) * HV + i_hv, rsum(sds, 0))
+
+
+@triton.jit
+def delta_grad_final_kernel(
+    gcum,
+    beta,
+    dbeta_p,
+    db_p,
+    part,
+    part_sds,
+    dbeta,
+    dg,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    R,
+    NC,
+    scale,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    NK: tl.constexpr,
+    GATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
+    L, r0 = eos - bos, i_t * BT
+    ot = tl.arange(0, BT)
+    rows = bos.to(tl.int64) + r0 + ot
+    m_t = r0 + ot < L
+    r_qs = tl.zeros([BT], dtype=tl.float32)
+    r_ykgs = tl.zeros([BT], dtype=tl.float32)
+    r_uds = tl.zeros([BT], dtype=tl.float32)
+    sds = tl.zeros([1], dtype=tl.float32)
+    for i_k in tl.static_range(NK):
+        p_part = ((i_k * R + rows) * HV + i_hv) * 3
+        r_qs += tl.load(part + p_part, mask=m_t, other=0.0)
+        r_ykgs += tl.load(part + p_part + 1, mask=m_t, other=0.0)
+        r_uds += tl.load(part + p_part + 2, mask=m_t, other=0.0)
+        sds += tl.load(part_sds + (i_k * NC + i_g) * HV + i_hv + tl.zeros([1], dtype=tl.int32))
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+    if GATE == 1:
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BT, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+    else:
+        gam = tl.full([BT], 1.0, dtype=tl.float32)
+    b_dbeta = tl.load(dbeta_p + rows * HV + i_hv, mask=m_t, other=0.0) - gam * r_ykgs
     tl.store(dbeta + rows * HV + i_hv, b_dbeta, mask=m_t)
     if GATE == 1:
-        P = tl.where(lower, mm(b_q, tl.trans(b_k), DOT) * Gam * scale, 0.0)
-        dPP = dP * P
-        dAA = -dA * Kk * b_beta[:, None]
-        db = r_qs * tl.exp(b_g) * scale + rsum(dPP, 1) - rsum(dPP, 0) + rsum(dAA, 1) - rsum(dAA, 0)
-        db = db - b_beta * r_ykgs - r_uds
-        last = tl.minimum(BT, eos - t0) - 1
-        db += tl.where(ot == last, rsum(r_uds, 0) + tl.sum(gam_c, 1) * s_sds, 0.0)
-        b_dg = rsum(db, 0) - rcumsum(db, 0) + db
-        tl.store(dg + rows * HV + i_hv, b_dg, mask=m_t)
+        db = tl.load(db_p + rows * HV + i_hv, mask=m_t, other=0.0)
+        db += scale * gam * r_qs - b_beta * gam * r_ykgs - to_end * r_uds
+        last = tl.minimum(BT, L - r0) - 1
+        db += tl.where(ot == last, rsum(to_end * r_uds, 0) + rsum(gam_c, 1) * sds, 0.0)
+        tl.store(dg + rows * HV + i_hv, rsum(db, 0) - rcumsum(db, 0) + db, mask=m_t)

@@ -24,7 +24,11 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.backend import triton_interpreting
-from lt2dsl.kernels.common.delta_grad import delta_grad_kernel
+from lt2dsl.kernels.common.delta_grad import (
+    delta_grad_cc_kernel,
+    delta_grad_final_kernel,
+    delta_grad_k_kernel,
+)
 from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
 from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
 from lt2dsl.kernels.common.delta_wy import delta_wy_fwd_kernel
@@ -43,22 +47,28 @@ def empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> 
     return t.fill_(float("nan")) if POISON else t
 
 
-# State scans: BV trades parallelism (B*HV*V/BV programs; 64 alone would leave half of 132 SMs idle)
-# against re-reading q/k per V tile (served from L2 when the V tiles of one head run together).
+# Configs were chosen by compiling for sm_90 offline and reading registers / spills from the
+# cubins (`cuobjdump --dump-resource-usage`): only configs without or with minimal spills remain.
+# State scans: one program per (V tile, sequence x head); BV = 16 gives B*HV*V/16 programs (512 at
+# B=4, H=16, V=128, about two per SM) and is the spill-free size at 4 warps for a 64-row chunk.
 _STATE_CONFIGS = [
+    triton.Config({"BV": 16}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 16}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+]
+# Per-chunk C x C gradient kernel: two 64 x 64 fp32 accumulators.
+_CC_CONFIGS = [
     triton.Config({"BV": 32}, num_warps=4, num_stages=2),
     triton.Config({"BV": 64}, num_warps=4, num_stages=2),
-    triton.Config({"BV": 32}, num_warps=8, num_stages=2),
-    triton.Config({"BV": 64}, num_warps=8, num_stages=3),
 ]
-# Per-chunk gradient kernel: four 64 x 64 fp32 accumulators plus two [64, K] ones: 8 warps keep
-# them in registers at K = 128; 4 warps are kept for small K.
+# Per-(K tile, chunk) gradient kernel: three [64, BK=32] fp32 accumulators.
 _GRAD_CONFIGS = [
     triton.Config({"BV": 32}, num_warps=4, num_stages=2),
-    triton.Config({"BV": 64}, num_warps=8, num_stages=2),
-    triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
 ]
-_PREP_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in (2, 4)]
+_PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
+GRAD_BK = 32
+KDA_BK, KDA_WARPS = 16, 8
 
 
 def _tuned(kernel, configs, key):
@@ -71,9 +81,10 @@ def _tuned(kernel, configs, key):
 _wy_fwd = _tuned(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 _state_fwd = _tuned(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_grad = _tuned(delta_grad_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-TUNED = [t for t in (_wy_fwd, _state_fwd, _state_bwd, _grad) if t is not None]
-N_CONFIGS = max(len(_STATE_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS))
+_grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+TUNED = [t for t in (_wy_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k) if t is not None]
+N_CONFIGS = max(len(_STATE_CONFIGS), len(_CC_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS))
 
 
 @contextmanager
@@ -105,6 +116,11 @@ def dot_mode(dtype: torch.dtype) -> int:
     if triton_interpreting():
         return DOT_INTERP
     return DOT_IEEE if dtype == torch.float32 else DOT_NATIVE
+
+
+def split_mode(dtype: torch.dtype) -> bool:
+    """Whether dots on computed fp32 tiles take them as hi + lo 16-bit pairs (see `compute_dtype`)."""
+    return dtype != torch.float32 and not BF16_DOTS
 
 
 def compute_dtype(dtype: torch.dtype):
@@ -239,8 +255,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
         STORE_VNEW=save,
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
-        CT=compute_dtype(k.dtype),
-        fixed={"BV": min(64, pow2(V))},
+        PREC=split_mode(k.dtype),
+        fixed={"BV": min(16, pow2(V))},
     )
     return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
 
@@ -287,57 +303,10 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
         STORE_DH0=want_dh0,
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
-        CT=compute_dtype(k.dtype),
-        fixed={"BV": min(64, pow2(V))},
+        PREC=split_mode(k.dtype),
+        fixed={"BV": min(16, pow2(V))},
     )
     return dh, Y, (dh0 if want_dh0 else None)
-
-
-def grad_scalar(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: ChunkMeta):
-    """dq, dk `[B*T, HV, K]` fp32 (per value head), dv, dβ and dg (fp32) of DeltaNet / GDN."""
-    B, T, H, K = k.shape
-    HV, V = v.shape[2], v.shape[3]
-    dq = empty(q, B * T, HV, K, dtype=torch.float32)
-    dk = empty(q, B * T, HV, K, dtype=torch.float32)
-    dv = empty(v, *v.shape)
-    dbeta = empty(q, B * T, HV, dtype=torch.float32)
-    dg = empty(q, B * T, HV, dtype=torch.float32) if gate == "scalar" else dbeta
-    launch(
-        _grad,
-        delta_grad_kernel,
-        meta.chunk_grid(B * HV),
-        q,
-        k,
-        v,
-        gcum,
-        beta,
-        h,
-        dh,
-        vnew,
-        Y,
-        do,
-        dq,
-        dk,
-        dv,
-        dbeta,
-        dg,
-        meta.cu,
-        meta.chunk_indices,
-        T,
-        scale,
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=pow2(K),
-        GATE=GATE_IDS[gate],
-        IS_VARLEN=meta.varlen,
-        DOT=dot_mode(k.dtype),
-        CT=compute_dtype(k.dtype),
-        fixed={"BV": min(64, pow2(V))},
-    )
-    return dq, dk, dv, dbeta, (dg if gate == "scalar" else None)
 
 
 def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
@@ -368,36 +337,78 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
         HV=HV,
         K=K,
         BT=BT,
-        BK=min(32, pow2(K)),
+        BK=min(KDA_BK, pow2(K)),
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
-        fixed={"num_warps": 4},
+        fixed={"num_warps": KDA_WARPS, "num_stages": 1},
     )
     return gcum, Ainv, Aqk
 
 
-def grad_channel(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, meta: ChunkMeta):
-    """KDA: dq, dk, dg `[B*T, HV, K]` fp32 (per value head), dv, dβ (fp32)."""
-    from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel, kda_grad_state_kernel
+def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: ChunkMeta):
+    """dq, dk `[B*T, HV, K]` per value head, dv, dβ `[B*T, HV]` and dg (fp32) of a chunk pass.
 
+    dq, dk come in the input dtype when nothing is added to them afterwards (no grouped value
+    heads to sum, no KDA intra-chunk pass), else in fp32.
+    """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
-    dq = empty(q, B * T, HV, K, dtype=torch.float32)
-    dk = empty(q, B * T, HV, K, dtype=torch.float32)
-    dg = empty(q, B * T, HV, K, dtype=torch.float32)
-    dv = empty(v, *v.shape)
-    dbeta = empty(q, B * T, HV, dtype=torch.float32)
-    MA = empty(q, B * T, HV, BT, dtype=torch.float32)
-    MB = empty(q, B * T, HV, BT, dtype=torch.float32)
+    dt, f32 = k.dtype, torch.float32
+    gid = GATE_IDS[gate]
     grid = meta.chunk_grid(B * HV)
+    common = dict(H=H, HV=HV, K=K, BT=BT, IS_VARLEN=meta.varlen)
+    dv = empty(v, *v.shape)
+    MA, MB = empty(q, B * T, HV, BT, dtype=f32), empty(q, B * T, HV, BT, dtype=f32)
+    dbeta_p = empty(q, B * T, HV, dtype=f32)
+    db_p = empty(q, B * T, HV, dtype=f32) if gate == "scalar" else dbeta_p
     launch(
-        None,
-        kda_grad_state_kernel,
+        _grad_cc,
+        delta_grad_cc_kernel,
         grid,
         q,
         k,
         v,
+        gcum,
+        beta,
+        vnew,
+        Y,
+        do,
+        dv,
+        MA,
+        MB,
+        dbeta_p,
+        db_p,
+        meta.cu,
+        meta.chunk_indices,
+        T,
+        scale,
+        V=V,
+        BK=pow2(K),
+        GATE=gid,
+        DOT=dot_mode(dt),
+        PREC=split_mode(dt),
+        fixed={"BV": min(64, pow2(V))},
+        **common,
+    )
+    BKs = min(GRAD_BK, pow2(K))
+    NK = triton.cdiv(K, BKs)
+    NC = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
+    dqk_dtype = dt if (gate != "channel" and HV == H) else f32
+    dq, dk = empty(q, B * T, HV, K, dtype=dqk_dtype), empty(q, B * T, HV, K, dtype=dqk_dtype)
+    dg = {
+        "channel": lambda: empty(q, B * T, HV, K, dtype=f32),
+        "scalar": lambda: empty(q, B * T, HV, dtype=f32),
+        "none": lambda: dbeta_p,
+    }[gate]()
+    part = empty(q, NK, B * T, HV, 3, dtype=f32)
+    part_sds = empty(q, NK, NC, HV, dtype=f32)
+    launch(
+        _grad_k,
+        delta_grad_k_kernel,
+        (NK, *grid),
+        q,
+        k,
         gcum,
         beta,
         h,
@@ -405,35 +416,69 @@ def grad_channel(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, meta: ChunkMeta
         vnew,
         Y,
         do,
-        dq,
-        dk,
-        dv,
-        dbeta,
-        dg,
         MA,
         MB,
+        dq,
+        dk,
+        dg if gate == "channel" else dq,
+        part,
+        part_sds,
         meta.cu,
         meta.chunk_indices,
         T,
+        B * T,
+        NC,
         scale,
-        H=H,
+        V=V,
+        BK=BKs,
+        GATE=gid,
+        DOT=dot_mode(dt),
+        PREC=split_mode(dt),
+        fixed={"BV": min(32, pow2(V))},
+        **common,
+    )
+    if gate == "channel":
+        dbeta_intra = _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta)
+        return dq, dk, dv, dbeta_p + part[..., 0].sum(0) + dbeta_intra, dg
+    dbeta = empty(q, B * T, HV, dtype=f32)
+    delta_grad_final_kernel[grid](
+        gcum,
+        beta,
+        dbeta_p,
+        db_p,
+        part,
+        part_sds,
+        dbeta,
+        dg if gate == "scalar" else dbeta,
+        meta.cu,
+        meta.chunk_indices,
+        T,
+        B * T,
+        NC,
+        scale,
         HV=HV,
         K=K,
-        V=V,
         BT=BT,
-        BK=pow2(K),
+        NK=NK,
+        GATE=gid,
         IS_VARLEN=meta.varlen,
-        DOT=dot_mode(k.dtype),
-        CT=compute_dtype(k.dtype),
-        fixed={"BV": min(32, pow2(V)), "num_warps": 8 if K > 64 else 4},
     )
-    BKs = min(32, pow2(K))
+    return dq, dk, dv, dbeta, (dg if gate == "scalar" else None)
+
+
+def _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta: ChunkMeta):
+    """KDA's gated intra-chunk gradient terms, added into dq, dk, dg; returns the dβ part."""
+    from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
+
+    B, T, H, K = k.shape
+    HV = beta.shape[-1]
+    BKs = min(KDA_BK, pow2(K))
     NK = triton.cdiv(K, BKs)
     dbeta_intra = empty(q, NK, B * T, HV, dtype=torch.float32)
     launch(
         None,
         kda_grad_intra_kernel,
-        (NK, *grid),
+        (NK, *meta.chunk_grid(B * HV)),
         q,
         k,
         gcum,
@@ -457,6 +502,6 @@ def grad_channel(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, meta: ChunkMeta
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
-        fixed={"num_warps": 4},
+        fixed={"num_warps": KDA_WARPS, "num_stages": 1},
     )
-    return dq, dk, dv, dbeta + dbeta_intra.sum(0), dg
+    return dbeta_intra.sum(0)

@@ -10,15 +10,18 @@ log decay, γ = e^b, GATE 0 none / 1 scalar per token / 2 per key channel):
 
 The forward fuses the output into the scan, so neither the per-chunk states nor U' touch memory
 unless the backward needs them (STORE_H / STORE_VNEW). For GDN and DeltaNet P is formed here from
-q and k (scalar decay: Γ_ri = e^{b_r − b_i}); for KDA it is read from `Aqk`.
+q and k (scalar decay: Γ_ri = e^{b_r − b_i}, applied to dot results, not to K); for KDA it is
+read from `Aqk`.
 
 The reverse kernel carries dS (gradient of the state after the chunk) from the last chunk back:
 
     dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS,   Y = Tᵀ dU'                 (stored: dh = dS, Y)
     dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − (K ⊙ γ)ᵀ Diag(β) Y
 
-Every transposed operand is a loaded tile (Pᵀ is recomputed as K Qᵀ or loaded transposed), never a
-transposed dot result: see the Hopper note in `delta_tl`.
+Precision: with 16-bit inputs, dots that involve computed fp32 tiles (S, U', T, P, dS, Y) take
+them as hi + lo bf16 pairs (`mm_rx`, `mm_xx` in `delta_tl`), keeping ~fp32 accuracy while the
+raw q/k tiles stay 16-bit operands. Every transposed operand is a loaded (or elementwise-derived)
+tile, never a transposed dot result: see the Hopper note in `delta_tl`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,40 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_tl import helper, mm, seq_coords
+from lt2dsl.kernels.common.delta_tl import helper, mm, mm_rx, mm_xx, seq_coords
+
+
+@helper
+def load_tile(
+    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """`[BR, BC]` tile at rows r0.., columns c0.. of a `[rows, STRIDE]` buffer starting at `base`.
+
+    Rows ≥ n_rows and columns ≥ D read 0. Offsets are int32 relative to the (int64) scalar base;
+    when D is a multiple of BC only the rows are masked, which keeps the loads vectorised.
+    """
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    p = base + orow[:, None] * STRIDE + ocol[None, :]
+    if D % BC == 0:
+        x = tl.load(p, mask=(orow < n_rows)[:, None], other=0.0)
+    else:
+        x = tl.load(p, mask=(orow < n_rows)[:, None] & (ocol < D)[None, :], other=0.0)
+    return x
+
+
+@helper
+def store_tile(
+    base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """Store `x` `[BR, BC]` where `load_tile` reads (same masks), cast to the buffer's dtype."""
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    p = base + orow[:, None] * STRIDE + ocol[None, :]
+    if D % BC == 0:
+        tl.store(p, x.to(base.dtype.element_ty), mask=(orow < n_rows)[:, None])
+    else:
+        tl.store(p, x.to(base.dtype.element_ty), mask=(orow < n_rows)[:, None] & (ocol < D)[None, :])
 
 
 @helper
@@ -64,10 +100,12 @@ def load_chunk_gate(
 
 @helper
 def gate_factors(b, b_last, GATE: tl.constexpr):
-    """(γ, e^{b_C − b}, γ_C) shaped to scale rows of K `[BT, BK]` and of S `[BK, BV]`."""
+    """(γ, e^{b_C − b}, γ_C): `[BT]`, `[BT]`, `[1]` for a scalar gate; `[BT, BK]`, `[BT, BK]`, `[BK, 1]`
+    for a per-channel one. Scalar factors scale dot results or `[BT, BV]` operands (no scaled
+    copy of K is formed); per-channel ones must scale K itself."""
     if GATE == 1:
-        gam = tl.exp(b)[:, None]
-        to_end = tl.exp(b_last - b)[:, None]
+        gam = tl.exp(b)
+        to_end = tl.exp(b_last - b)
         gam_c = tl.exp(b_last)[:, None]  # [1, 1]
     else:
         gam = tl.exp(b)
@@ -101,14 +139,10 @@ def intra_qk(
 def load_square(ptr, t0, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
     """The chunk's `[BT, BT]` fp32 matrix from a `[B*T, HV, BT]` buffer (or its transpose)."""
     ot = tl.arange(0, BT)
-    rows = t0 + ot
-    base = ptr + i_hv * BT
+    base = ptr + (t0.to(tl.int64) * HV + i_hv) * BT
+    x = tl.load(base + ot[:, None] * (HV * BT) + ot[None, :], mask=(t0 + ot < eos)[:, None], other=0.0)
     if TRANSPOSED:
-        p = base + rows.to(tl.int64)[None, :] * (HV * BT) + ot[:, None]
-        x = tl.load(p, mask=(rows < eos)[None, :], other=0.0)
-    else:
-        p = base + rows.to(tl.int64)[:, None] * (HV * BT) + ot[None, :]
-        x = tl.load(p, mask=(rows < eos)[:, None], other=0.0)
+        x = tl.trans(x)
     return x
 
 
@@ -144,66 +178,71 @@ def delta_state_fwd_kernel(
     STORE_VNEW: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
-    CT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    ot, ok = tl.arange(0, BT), tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = ok < K, ov < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_state = (i_nh.to(tl.int64) * K + ok[:, None]) * V + ov[None, :]
+    DT = q.dtype.element_ty
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    qk_base = (b64 * H + i_h) * K
+    v_base = (b64 * HV + i_hv) * V
+    s_base = i_nh.to(tl.int64) * K * V
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        S += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
+        S += load_tile(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
     for i_t in range(NT):
-        t0 = bos + i_t * BT
-        rows = (t0 + ot).to(tl.int64)
-        m_t = (t0 + ot) < eos
+        r0 = i_t * BT
         if STORE_H:
-            p_h = ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
-            tl.store(h + p_h + ok[:, None] * V + ov[None, :], S.to(h.dtype.element_ty), mask=m_kv)
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
-        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
-        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + ov[None, :], mask=m_tv, other=0.0)
-        b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-        b_kf = b_k.to(tl.float32)
-        b_qf = b_q.to(tl.float32) * scale
-        if GATE != 0:
-            b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
+            p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
+            store_tile(p_h, S, 0, K, V, i_v * BV, V, BK, BV)
+        b_k = load_tile(k + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_beta = tl.load(
+            beta + (bos + r0 + tl.arange(0, BT)).to(tl.int64) * HV + i_hv,
+            mask=r0 + tl.arange(0, BT) < L,
+            other=0.0,
+        ).to(tl.float32)
+        if GATE == 2:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
             gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-            b_kg = b_kf * gam
-            b_qg = b_qf * gam
-            b_kd = b_kf * to_end
+            S_lo = S.to(DT)
+            ks = mm((b_k.to(tl.float32) * gam).to(DT), S_lo, DOT)
+            qs = mm((b_q.to(tl.float32) * (gam * scale)).to(DT), S_lo, DOT)
+        elif GATE == 1:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+            S_lo = S.to(DT)
+            ks = mm(b_k, S_lo, DOT) * gam[:, None]
+            qs = mm(b_q, S_lo, DOT) * (gam * scale)[:, None]
         else:
             b_g = tl.zeros([BT], dtype=tl.float32)
-            b_kg = b_kf
-            b_qg = b_qf
-            b_kd = b_kf
-        S_c = S.to(CT)
+            S_lo = S.to(DT)
+            ks = mm(b_k, S_lo, DOT)
+            qs = mm(b_q, S_lo, DOT) * scale
         # U' = T Diag(β) (V − (K ⊙ γ) S): the true innovations of the chunk's tokens.
-        x = b_v.to(tl.float32) - mm(b_kg.to(CT), S_c, DOT)
-        b_T = load_square(Ainv, t0, eos, i_hv, HV, BT, False)
-        u = mm(b_T.to(CT), (x * b_beta[:, None]).to(CT), DOT)
-        u_c = u.to(CT)
+        b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
+        u = mm_xx(b_T, (b_v - ks) * b_beta[:, None], DT, PREC, DOT)
         if STORE_VNEW:
-            tl.store(vnew + (rows[:, None] * HV + i_hv) * V + ov[None, :], u_c, mask=m_tv)
+            store_tile(vnew + v_base, u, r0, L, HV * V, i_v * BV, V, BT, BV)
         if GATE == 2:
-            b_P = load_square(Aqk, t0, eos, i_hv, HV, BT, False)
+            b_P = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, False)
         else:
             b_P = intra_qk(b_q, b_k, b_g, scale, BT, False, GATE, DOT)
-        b_o = mm(b_qg.to(CT), S_c, DOT) + mm(b_P.to(CT), u_c, DOT)
-        tl.store(o + (rows[:, None] * HV + i_hv) * V + ov[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
-        if GATE != 0:
-            S = S * gam_c
-        S += mm(tl.trans(b_kd.to(CT)), u_c, DOT)
+        b_o = qs + mm_xx(b_P, u, DT, PREC, DOT)
+        store_tile(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
+        if GATE == 2:
+            S = S * gam_c + mm_xx(tl.trans(b_k.to(tl.float32) * to_end), u, DT, PREC, DOT)
+        elif GATE == 1:
+            S = S * gam_c + mm_rx(tl.trans(b_k), u * to_end[:, None], DT, PREC, DOT)
+        else:
+            S += mm_rx(tl.trans(b_k), u, DT, PREC, DOT)
     if STORE_FINAL:
-        tl.store(ht + p_state, S, mask=m_kv)
+        store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
 
 
 @triton.jit
@@ -235,59 +274,63 @@ def delta_state_bwd_kernel(
     STORE_DH0: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
-    CT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    ot, ok = tl.arange(0, BT), tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = ok < K, ov < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_state = (i_nh.to(tl.int64) * K + ok[:, None]) * V + ov[None, :]
+    DT = q.dtype.element_ty
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    qk_base = (b64 * H + i_h) * K
+    v_base = (b64 * HV + i_hv) * V
+    s_base = i_nh.to(tl.int64) * K * V
 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        dS += tl.load(dht + p_state, mask=m_kv, other=0.0).to(tl.float32)
+        dS += load_tile(dht + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
     for j in range(NT):
         i_t = NT - 1 - j
-        t0 = bos + i_t * BT
-        rows = (t0 + ot).to(tl.int64)
-        m_t = (t0 + ot) < eos
-        p_h = ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
-        tl.store(dh + p_h + ok[:, None] * V + ov[None, :], dS.to(dh.dtype.element_ty), mask=m_kv)
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
-        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
-        b_do = tl.load(do + (rows[:, None] * HV + i_hv) * V + ov[None, :], mask=m_tv, other=0.0)
-        b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-        b_kf = b_k.to(tl.float32)
-        b_qf = b_q.to(tl.float32) * scale
-        if GATE != 0:
-            b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
-            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-            b_kg = b_kf * gam
-            b_qg = b_qf * gam
-            b_kd = b_kf * to_end
-        else:
-            b_g = tl.zeros([BT], dtype=tl.float32)
-            b_kg = b_kf
-            b_qg = b_qf
-            b_kd = b_kf
-        do_c = b_do.to(CT)
+        r0 = i_t * BT
+        p_h = dh + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
+        store_tile(p_h, dS, 0, K, V, i_v * BV, V, BK, BV)
+        b_k = load_tile(k + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        b_dof = b_do.to(tl.float32)
+        b_beta = tl.load(
+            beta + (bos + r0 + tl.arange(0, BT)).to(tl.int64) * HV + i_hv,
+            mask=r0 + tl.arange(0, BT) < L,
+            other=0.0,
+        ).to(tl.float32)
         if GATE == 2:
-            b_Pt = load_square(Aqk, t0, eos, i_hv, HV, BT, True)
-        else:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+            b_Pt = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, True)
+            kds = mm((b_k.to(tl.float32) * to_end).to(DT), dS.to(DT), DOT)
+        elif GATE == 1:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
             b_Pt = intra_qk(b_q, b_k, b_g, scale, BT, True, GATE, DOT)
-        du = mm(b_Pt.to(CT), do_c, DOT) + mm(b_kd.to(CT), dS.to(CT), DOT)
-        b_Tt = load_square(Ainv, t0, eos, i_hv, HV, BT, True)
-        b_y = mm(b_Tt.to(CT), du.to(CT), DOT)
-        tl.store(Y + (rows[:, None] * HV + i_hv) * V + ov[None, :], b_y.to(Y.dtype.element_ty), mask=m_tv)
-        if GATE != 0:
-            dS = dS * gam_c
-        dS += mm(tl.trans(b_qg.to(CT)), do_c, DOT)
-        dS -= mm(tl.trans((b_kg * b_beta[:, None]).to(CT)), b_y.to(CT), DOT)
+            kds = mm(b_k, dS.to(DT), DOT) * to_end[:, None]
+        else:
+            b_Pt = intra_qk(b_q, b_k, tl.zeros([BT], dtype=tl.float32), scale, BT, True, GATE, DOT)
+            kds = mm(b_k, dS.to(DT), DOT)
+        # dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS', then Y = Tᵀ dU'.
+        du = mm_xx(b_Pt, b_dof, DT, PREC, DOT) + kds
+        b_Tt = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, True)
+        b_y = mm_xx(b_Tt, du, DT, PREC, DOT)
+        store_tile(Y + v_base, b_y, r0, L, HV * V, i_v * BV, V, BT, BV)
+        # dS ← Diag(γ_C) dS' + (sQ ⊙ γ)ᵀ dO − (K ⊙ γ)ᵀ Diag(β) Y
+        if GATE == 2:
+            dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_dof, DT, PREC, DOT)
+            dS -= mm_xx(tl.trans(b_k.to(tl.float32) * gam), b_y * b_beta[:, None], DT, PREC, DOT)
+        elif GATE == 1:
+            dS = dS * gam_c + mm_rx(tl.trans(b_q), b_dof * (gam * scale)[:, None], DT, PREC, DOT)
+            dS -= mm_rx(tl.trans(b_k), b_y * (b_beta * gam)[:, None], DT, PREC, DOT)
+        else:
+            dS += mm_rx(tl.trans(b_q), b_dof * scale, DT, PREC, DOT)
+            dS -= mm_rx(tl.trans(b_k), b_y * b_beta[:, None], DT, PREC, DOT)
     if STORE_DH0:
-        tl.store(dh0 + p_state, dS, mask=m_kv)
+        store_tile(dh0 + s_base, dS, 0, K, V, i_v * BV, V, BK, BV)

@@ -7,9 +7,14 @@ Conventions of every kernel in the family:
 * Chunks of BT = 64 tokens, split into four 16-token sub-chunks where a kernel needs 16 x 16 blocks
   (the triangular inverse, KDA's gated products). Per-chunk 64 x 64 matrices are stored row by row
   next to the tokens: `[B*T, HV, 64]`.
-* `DOT` selects how `tl.dot` runs: 0 = native 16-bit tensor cores, 1 = fp32 "ieee" (fp32 inputs: the
-  tests hold fp32 to 1e-4, which TF32 would miss), 2 = Triton's CPU interpreter, whose `tl.dot`
-  multiplies 16-bit floats as integers, so operands are widened to fp32 first.
+* `DOT` selects how `tl.dot` runs: 0 = tensor cores (16-bit operands, or TF32 for fp32 ones),
+  1 = fp32 inputs: "tf32x3" (the tests hold fp32 to 1e-4, which plain TF32 would miss), 2 = Triton's
+  CPU interpreter, whose `tl.dot` multiplies 16-bit floats as integers, so operands are widened.
+* `PREC` (16-bit inputs): dots whose rounding accumulates into the state or the innovations U'
+  run with fp32-grade operands (`mm_rx`: hi + lo split of the computed side; `mm_xx`: TF32).
+  With bf16 operands everywhere the chunked forms land at ~1% relative RMS against float64 (the
+  whole bf16 budget: cancellation between the inter- and intra-chunk terms); measured per dot
+  site, Q·S and K·S can stay bf16 while T·X, P·U' and Kᵀ·U' must not.
 * No kernel transposes a `tl.dot` result (Hopper miscompile in Triton 3.4–3.7.0, see
   /work/shared/bench/README.md); transposed products are recomputed from loaded operands instead.
 """
@@ -65,9 +70,45 @@ def mm(a, b, DOT: tl.constexpr):
     if DOT == 2:
         r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif DOT == 1:
-        r = tl.dot(a, b, input_precision="ieee")
+        # fp32 inputs: three TF32 products on the tensor cores (~fp32 accuracy); "ieee" lowers to
+        # FMA loops that spill kilobytes per thread at these tile sizes.
+        r = tl.dot(a, b, input_precision="tf32x3")
     else:
         r = tl.dot(a, b)
+    return r
+
+
+@helper
+def split16(x, DT: tl.constexpr):
+    """fp32 x as hi + lo, both in the 16-bit dtype DT: |x − hi − lo| ≤ 2⁻¹⁶ |x|."""
+    hi = x.to(DT)
+    return hi, (x - hi.to(tl.float32)).to(DT)
+
+
+@helper
+def mm_rx(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
+    """a @ b for a raw input tile `a` (dtype DT) and a computed fp32 tile `b` whose rounding matters.
+
+    With PREC, b enters as hi + lo 16-bit terms (two MMAs): ~fp32 accuracy while `a` stays a
+    16-bit operand (no fp32 copy of q or k in registers). Without it, one DT dot (fp32 inputs:
+    DT = fp32 and DOT = ieee, exact).
+    """
+    if PREC:
+        hi, lo = split16(b, DT)
+        r = mm(a, hi, DOT) + mm(a, lo, DOT)
+    else:
+        r = mm(a, b.to(DT), DOT)
+    return r
+
+
+@helper
+def mm_xx(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
+    """a @ b for two computed fp32 tiles: TF32 on the tensor cores with PREC (8x finer than bf16;
+    exact fp32 under the interpreter), else DT operands."""
+    if PREC:
+        r = mm(a, b, DOT)
+    else:
+        r = mm(a.to(DT), b.to(DT), DOT)
     return r
 
 

@@ -24,8 +24,7 @@ from lt2dsl.kernels.common.delta_launch import (
     BT,
     ChunkMeta,
     empty,
-    grad_channel,
-    grad_scalar,
+    grad_chunks,
     kda_prep_fwd,
     pow2,
     state_bwd,
@@ -130,12 +129,13 @@ def delta_chunk_bwd(
     meta = ChunkMeta(B, T, HV, cu_seqlens)
     Aqk = Aqk if gate == 2 else Ainv
     dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None)
-    grad = grad_channel if gate == 2 else grad_scalar
-    args = (q, k, v, gcum, beta, h, dh, vnew, Y, do, scale)
-    dq, dk, dv, dbeta, dg = grad(*args, meta) if gate == 2 else grad(*args, GATES[gate], meta)
+    dq, dk, dv, dbeta, dg = grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta)
     # Value heads sharing a q/k head add their gradients (grouped value heads).
-    dq = dq.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
-    dk = dk.view(B, T, H, HV // H, K).sum(3).to(k.dtype)
+    if HV == H:
+        dq, dk = dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype)
+    else:
+        dq = dq.view(B, T, H, HV // H, K).sum(3).to(q.dtype)
+        dk = dk.view(B, T, H, HV // H, K).sum(3).to(k.dtype)
     dg = dg.view(g.shape).to(g.dtype) if g is not None else q.new_empty(0)
     dh0 = dh0.to(h0.dtype) if h0 is not None else q.new_empty(0)
     return dq, dk, dv, dg, dbeta.view(beta.shape).to(beta.dtype), dh0

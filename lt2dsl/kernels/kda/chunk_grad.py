@@ -1,25 +1,17 @@
-"""KDA input gradients per chunk, after the reverse state scan of `common/delta_state`.
+"""KDA's gated intra-chunk gradients, after the shared per-chunk kernels of `common/delta_grad`.
 
-With b the per-channel cumulative log decay, γ = e^b, and S, dS', U', Y as in `common/delta_grad`:
-
-`kda_grad_state_kernel` (one program per chunk and head, all channels) handles everything that
-touches the state or sums over V:
-
-    dv = β ⊙ Y,   dAqk = dO U'ᵀ (r ≥ i),   dA = −Y U'ᵀ (r > i)          (scratch, fp32)
-    dq  = s γ ⊙ (dO Sᵀ),   dk = e^{b_C − b} ⊙ (U' dS'ᵀ) − γ ⊙ (βY Sᵀ)
-    db  = q ⊙ dq + k ⊙ [−γ ⊙ (βY Sᵀ)] − k ⊙ [e^{b_C − b} ⊙ (U' dS'ᵀ)]
-          + [last row] Σ_r k_r ⊙ e^{b_C − b_r} ⊙ (dS' U'_r) + γ_C ⊙ Σ_V (S ⊙ dS')
-    dβ  = Σ_V Y ⊙ (V − (K ⊙ γ) S)
-
-`kda_grad_intra_kernel` (one program per K slice, chunk and head) adds the gated intra-chunk terms;
-each channel is independent, so the kernel tiles K:
+Those leave (per chunk and value head) dq, dk, db for every term that touches the state, dv, dβ
+parts, and the scratch matrices dAqk = dO U'ᵀ (r ≥ i) and dA = −Y U'ᵀ (r > i). With b the
+per-channel cumulative log decay, this kernel adds the terms of the gated scores
+Aqk[r, i] = s Σ_c q_rc k_ic e^{b_rc − b_ic} and Akk[r, i] = β_r Σ_c k_rc k_ic e^{b_rc − b_ic}:
 
     dq_r += s Σ_{i≤r} dAqk_ri k_i e^{b_r − b_i}            Z_r = Σ_{i<r} dA_ri k_i e^{b_r − b_i}
     dk_i += s Σ_{r≥i} dAqk_ri q_r e^{b_r − b_i} + Σ_{r>i} β_r dA_ri k_r e^{b_r − b_i} + β_i Z_i
     db   += q ⊙ (intra dq) − k ⊙ (the two column sums above) + k ⊙ β Z,   dβ += Σ_c k ⊙ Z
 
-then dg = reverse cumulative sum of db inside the chunk. The gated products use the same 16-token
-sub-chunks and reference points as `chunk_intra`, so every exponent stays ≤ 0.
+then dg = reverse cumulative sum of db inside the chunk. Each channel is independent, so programs
+tile K. The gated products use the 16-token sub-chunks and reference points of `chunk_intra`, so
+every exponent stays ≤ 0.
 """
 
 from __future__ import annotations
@@ -27,110 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import gate_factors, load_chunk_gate
 from lt2dsl.kernels.common.delta_tl import chunk_coords, helper, mm, pick4, rcumsum, rsum, stack4
-from lt2dsl.kernels.kda.chunk_intra import load3
-
-
-@triton.jit
-def kda_grad_state_kernel(
-    q,
-    k,
-    v,
-    gcum,
-    beta,
-    h,
-    dh,
-    vnew,
-    Y,
-    do,
-    dq,
-    dk,
-    dv,
-    dbeta,
-    dg,
-    MA,
-    MB,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    CT: tl.constexpr,
-):
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
-    t0 = bos + i_t * BT
-    ot, ok = tl.arange(0, BT), tl.arange(0, BK)
-    rows = (t0 + ot).to(tl.int64)
-    m_t = (t0 + ot) < eos
-    m_tk = m_t[:, None] & (ok < K)[None, :]
-
-    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
-    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + ok[None, :], mask=m_tk, other=0.0)
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-    b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, 2)
-    gam, to_end, gam_c = gate_factors(b_g, b_glast, 2)
-    kg_c = (b_k.to(tl.float32) * gam).to(CT)
-
-    acc_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    acc_dks = tl.zeros([BT, BK], dtype=tl.float32)
-    acc_dkx = tl.zeros([BT, BK], dtype=tl.float32)
-    dAqk = tl.zeros([BT, BT], dtype=tl.float32)
-    dA = tl.zeros([BT, BT], dtype=tl.float32)
-    r_yv = tl.zeros([BT], dtype=tl.float32)
-    r_ykgs = tl.zeros([BT], dtype=tl.float32)
-    s_sds = tl.zeros([BK], dtype=tl.float32)
-    p_h = (i_g.to(tl.int64) * HV + i_hv) * K * V
-    for i_v in range(tl.cdiv(V, BV)):
-        ov = i_v * BV + tl.arange(0, BV)
-        m_v = ov < V
-        m_kv = (ok < K)[:, None] & m_v[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        b_S = tl.load(h + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
-        b_dS = tl.load(dh + p_h + ok[:, None] * V + ov[None, :], mask=m_kv, other=0.0).to(CT)
-        p_tv = (rows[:, None] * HV + i_hv) * V + ov[None, :]
-        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0).to(CT)
-        b_u = tl.load(vnew + p_tv, mask=m_tv, other=0.0).to(CT)
-        b_yf = tl.load(Y + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_v = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
-        tl.store(dv + p_tv, (b_yf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
-        y_c = b_yf.to(CT)
-        dAqk += mm(b_do, tl.trans(b_u), DOT)
-        dA += mm(y_c, tl.trans(b_u), DOT)
-        acc_dq += mm(b_do, tl.trans(b_S), DOT)
-        acc_dks += mm(b_u, tl.trans(b_dS), DOT)
-        acc_dkx += mm((b_yf * b_beta[:, None]).to(CT), tl.trans(b_S), DOT)
-        r_yv += rsum(b_yf * b_v, 1)
-        r_ykgs += rsum(b_yf * mm(kg_c, b_S, DOT), 1)
-        s_sds += rsum(b_S.to(tl.float32) * b_dS.to(tl.float32), 1)
-
-    b_dq = acc_dq * gam * scale
-    dk_s = acc_dks * to_end
-    dk_x = -acc_dkx * gam
-    b_kf = b_k.to(tl.float32)
-    db = b_q.to(tl.float32) * b_dq + b_kf * (dk_x - dk_s)
-    last = tl.minimum(BT, eos - t0) - 1
-    db += tl.where((ot == last)[:, None], (rsum(b_kf * dk_s, 0) + tl.exp(b_glast) * s_sds)[None, :], 0.0)
-    p_tk = (rows[:, None] * HV + i_hv) * K + ok[None, :]
-    tl.store(dq + p_tk, b_dq, mask=m_tk)
-    tl.store(dk + p_tk, dk_s + dk_x, mask=m_tk)
-    tl.store(dg + p_tk, db, mask=m_tk)
-    tl.store(dbeta + rows * HV + i_hv, r_yv - r_ykgs, mask=m_t)
-    p_m = (rows[:, None] * HV + i_hv) * BT + ot[None, :]
-    tl.store(MA + p_m, tl.where(ot[:, None] >= ot[None, :], dAqk, 0.0), mask=m_t[:, None])
-    tl.store(MB + p_m, tl.where(ot[:, None] > ot[None, :], -dA, 0.0), mask=m_t[:, None])
+from lt2dsl.kernels.kda.chunk_intra import last_row16, load3
 
 
 @helper
@@ -207,12 +97,6 @@ def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, CT: tl.constexpr
     dka = eJ * mm(MAt.to(CT), (qI * eI).to(CT), DOT)
     dkb = eJ * mm((MBt * betaI[None, :]).to(CT), (kI * eI).to(CT), DOT)
     return dq, z, dka, dkb
-
-
-@helper
-def last_row16(x):
-    """Row 15 of a `[16, N]` tile."""
-    return rsum(tl.where(tl.arange(0, 16)[:, None] == 15, x, 0.0), 0)
 
 
 @triton.jit
@@ -379,9 +263,9 @@ def kda_grad_intra_kernel(
     tl.store(dk + p_out, tl.load(dk + p_out, mask=m_out, other=0.0) + dk_i + beta3 * z3, mask=m_out)
     db = tl.load(dg + p_out, mask=m_out, other=0.0) + q3 * dq_i - k3 * dk_i + k3 * beta3 * z3
     # dg = reverse cumulative sum of db over the chunk's 64 rows (4 sub-chunks of 16).
-    tot = rsum(db, 1)  # [4, BK]
-    after = rsum(tot, 0)[None, :] - rcumsum(tot, 0)
-    tl.store(dg + p_out, tot[:, None, :] - rcumsum(db, 1) + db + after[:, None, :], mask=m_out)
+    db2 = tl.reshape(db, (BT, BK))  # scan along axis 0 of the 64 rows
+    dg2 = rsum(db2, 0)[None, :] - rcumsum(db2, 0) + db2
+    tl.store(dg + p_out, tl.reshape(dg2, (4, 16, BK)), mask=m_out)
     # dβ gets Σ_c k ⊙ Z of this channel slice; the slices are summed on the host.
     p_b = dbeta_intra + i_k.to(tl.int64) * R * HV + rows3.to(tl.int64) * HV + i_hv
     tl.store(p_b, rsum(k3 * z3, 2)[:, :, None], mask=m3)

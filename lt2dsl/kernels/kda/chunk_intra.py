@@ -66,6 +66,12 @@ def diag_blocks(q3, k3, b3):
 
 
 @helper
+def last_row16(x):
+    """Row 15 of a `[16, N]` tile."""
+    return rsum(tl.where(tl.arange(0, 16)[:, None] == 15, x, 0.0), 0)
+
+
+@helper
 def off_block(xI, bI, refI, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr):
     """Σ_c x_rc k_ic e^{b_rc − b_ic} for r in sub-chunk I, i in an earlier sub-chunk J `[16, 16]`."""
     xs = (xI * tl.exp(bI - refI[None, :])).to(CT)
@@ -115,14 +121,14 @@ def kda_intra_fwd_kernel(
         m_k = ok < K
         q3 = load3(q + i_h * K, rows3, m3, ok, m_k, H * K)
         k3 = load3(k + i_h * K, rows3, m3, ok, m_k, H * K)
-        g3 = load3(g + i_hv * K, rows3, m3, ok, m_k, HV * K)
-        # b within the chunk = cumsum inside each sub-chunk + everything before it (`carry`);
-        # padded rows load g = 0, so b stays at the chunk's last value there.
-        tot = rsum(g3, 1)
-        carry = rcumsum(tot, 0) - tot  # [4, BK]: b at the token before each sub-chunk
-        b3 = rcumsum(g3, 1) + carry[:, None, :]
-        p_g = gcum + (rows3.to(tl.int64) * HV + i_hv) * K + ok[None, None, :]
-        tl.store(p_g, b3, mask=m3 & m_k[None, None, :])
+        # Chunk-local cumsum over the 64 rows (a scan along axis 0 of a 2-D tile), then viewed as
+        # four sub-chunks; padded rows load g = 0, so b stays at the chunk's last value there.
+        rows = t0 + tl.arange(0, BT)
+        p_g = (rows.to(tl.int64)[:, None] * HV + i_hv) * K + ok[None, :]
+        m_g = (rows < eos)[:, None] & m_k[None, :]
+        b2 = rcumsum(tl.load(g + p_g, mask=m_g, other=0.0).to(tl.float32), 0)
+        tl.store(gcum + p_g, b2, mask=m_g)
+        b3 = tl.reshape(b2, (4, 16, BK))
         dq3, dk3 = diag_blocks(q3, k3, b3)
         Aqk_d += dq3
         Akk_d += dk3
@@ -130,9 +136,8 @@ def kda_intra_fwd_kernel(
         q1, q2, q3_ = pick4(q3, 1), pick4(q3, 2), pick4(q3, 3)
         k0, k1, k2, k3_ = pick4(k3, 0), pick4(k3, 1), pick4(k3, 2), pick4(k3, 3)
         b0, b1, b2, b3_ = pick4(b3, 0), pick4(b3, 1), pick4(b3, 2), pick4(b3, 3)
-        c1 = rsum(tl.where(tl.arange(0, 4)[:, None] == 1, carry, 0.0), 0)
-        c2 = rsum(tl.where(tl.arange(0, 4)[:, None] == 2, carry, 0.0), 0)
-        c3 = rsum(tl.where(tl.arange(0, 4)[:, None] == 3, carry, 0.0), 0)
+        # Reference points: b at the last token before sub-chunks 1, 2, 3.
+        c1, c2, c3 = last_row16(b0), last_row16(b1), last_row16(b2)
         q10 += off_block(q1, b1, c1, k0, b0, CT, DOT)
         a10 += off_block(k1, b1, c1, k0, b0, CT, DOT)
         q20 += off_block(q2, b2, c2, k0, b0, CT, DOT)
