@@ -1,8 +1,9 @@
-"""Triton kernels of the delta-rule family on the CPU interpreter (small irregular shapes).
+"""Triton kernels of the delta-rule family at small irregular shapes.
 
-Every case compares outputs, final states and all input gradients with the float64 recurrence,
-with each buffer the kernels write filled with NaN first. The same checks at full size run on
-the GPU from the per-op files (`-m gpu`).
+On the CPU they run under Triton's interpreter (TRITON_INTERPRET=1, set by conftest); where a GPU
+exists the same cases run compiled on it. Every case compares outputs, final states and all input
+gradients with the float64 recurrence, with each buffer the kernels write filled with NaN first.
+The full-size checks are the per-op files' `gpu` tests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tests.kernels.test_delta_family import OPS, OpInfo, compare_backends, make_
 from tests.kernels.utils import assert_close
 
 FP32_TOL, BF16_TOL = 1e-4, 1e-2
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
@@ -39,41 +41,43 @@ def info(request) -> OpInfo:
     ids=["T63-gva", "T100", "odd-dims"],
 )
 def test_chunked_forward_backward(info, shape):
-    x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape)
+    x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape, device=DEV)
     compare_backends(info, x, FP32_TOL)
 
 
 def test_no_initial_state_and_scale(info):
-    x = make_inputs(info.gate, B=1, T=70, H=1, HV=1, K=16, V=16, dtype=torch.float32, state=False)
+    x = make_inputs(info.gate, B=1, T=70, H=1, HV=1, K=16, V=16, dtype=torch.float32, state=False, device=DEV)
     compare_backends(info, x, FP32_TOL, scale=0.7)
 
 
 def test_varlen(info):
     """Packed sequences of lengths 1, 39, 60 (chunks never cross a sequence boundary)."""
-    cu = torch.tensor([0, 1, 40, 100])
-    x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=16, V=16, dtype=torch.float32, N=3)
+    cu = torch.tensor([0, 1, 40, 100], device=DEV)
+    x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=16, V=16, dtype=torch.float32, N=3, device=DEV)
     compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
 
 
 def test_bf16(info):
-    x = make_inputs(info.gate, B=1, T=63, H=1, HV=2, K=32, V=32, dtype=torch.bfloat16)
+    x = make_inputs(info.gate, B=1, T=63, H=1, HV=2, K=32, V=32, dtype=torch.bfloat16, device=DEV)
     compare_backends(info, x, BF16_TOL)
 
 
 @pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
 def test_strong_decay(op):
     """Log decays down to ≈ −60 a step: the per-channel products must stay inside fp32."""
-    x = make_inputs(OPS[op].gate, B=1, T=100, H=1, HV=1, K=32, V=16, dtype=torch.float32, decay=30.0)
+    x = make_inputs(
+        OPS[op].gate, B=1, T=100, H=1, HV=1, K=32, V=16, dtype=torch.float32, decay=30.0, device=DEV
+    )
     compare_backends(OPS[op], x, FP32_TOL)
 
 
 def test_decode_kernel(info):
     """Short inference calls take the token-recurrent kernel: T = 1 and 3, varlen, q/k L2 norm."""
     for T in (1, 3):
-        x = make_inputs(info.gate, B=3, T=T, H=1, HV=2, K=16, V=32, dtype=torch.float32, seed=T)
+        x = make_inputs(info.gate, B=3, T=T, H=1, HV=2, K=16, V=32, dtype=torch.float32, seed=T, device=DEV)
         compare_backends(info, x, FP32_TOL, grad=False)
-    cu = torch.tensor([0, 1, 3, 7])
-    x = make_inputs(info.gate, B=1, T=7, H=2, HV=2, K=16, V=16, dtype=torch.float32, N=3)
+    cu = torch.tensor([0, 1, 3, 7], device=DEV)
+    x = make_inputs(info.gate, B=1, T=7, H=2, HV=2, K=16, V=16, dtype=torch.float32, N=3, device=DEV)
     compare_backends(info, x, FP32_TOL, grad=False, cu_seqlens=cu)
     y = dict(x, q=x["q"] * 3, k=x["k"] * 0.5)
     with torch.no_grad():
@@ -98,7 +102,7 @@ def test_decode_kernel(info):
 
 def test_decode_in_place(info):
     """`inplace_final_state` writes into the cache tensor itself, step after step."""
-    x = make_inputs(info.gate, B=2, T=4, H=1, HV=2, K=16, V=16, dtype=torch.float32)
+    x = make_inputs(info.gate, B=2, T=4, H=1, HV=2, K=16, V=16, dtype=torch.float32, device=DEV)
     o_all, S_all = info.call(x, initial_state=x["initial_state"], output_final_state=True)
     cache = x["initial_state"].clone()
     with torch.no_grad():
@@ -114,7 +118,7 @@ def test_decode_in_place(info):
 
 def test_compile_fullgraph(info):
     """torch.compile(fullgraph=True) traces the custom ops (fake tensors) and their autograd."""
-    x = make_inputs(info.gate, B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32)
+    x = make_inputs(info.gate, B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32, device=DEV)
     names = [n for n in ("q", "k", "v", "g", "beta", "initial_state") if x[n] is not None]
 
     def f(*ts):
@@ -134,7 +138,7 @@ def test_compile_fullgraph(info):
 
 
 def test_flop_counter_counts_the_ops():
-    x = make_inputs("scalar", B=1, T=40, H=1, HV=2, K=16, V=8, dtype=torch.float32)
+    x = make_inputs("scalar", B=1, T=40, H=1, HV=2, K=16, V=8, dtype=torch.float32, device=DEV)
     leaves = {n: t.requires_grad_(True) for n, t in x.items()}
     with FlopCounterMode(display=False) as fc:
         o, _ = OPS["gated_delta_rule"].call(leaves, initial_state=x["initial_state"], backend="triton")
@@ -147,7 +151,7 @@ def test_flop_counter_counts_the_ops():
 
 def test_opcheck():
     """Schema, fake tensors and autograd registration of the chunked and decode ops."""
-    x = make_inputs("channel", B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32)
+    x = make_inputs("channel", B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32, device=DEV)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 2, 0.25, True, True)
     torch.library.opcheck(torch.ops.lt2dsl.delta_chunk_fwd, args)
     dec = (
@@ -166,7 +170,7 @@ def test_opcheck():
 
 
 def test_backend_choice():
-    x = make_inputs("scalar", B=1, T=4, H=1, HV=1, K=8, V=8)
+    x = make_inputs("scalar", B=1, T=4, H=1, HV=1, K=8, V=8, device=DEV)
     with pytest.raises(ValueError, match="float64"):
         OPS["gated_delta_rule"].call(x, backend="triton")
     o, _ = OPS["gated_delta_rule"].call(x, backend="auto")  # CPU: reference

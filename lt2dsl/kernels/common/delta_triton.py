@@ -270,12 +270,16 @@ def _chunk_fwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs)
     return chunk_flops(B, T, v_shape[2], K, v_shape[3])
 
 
+def chunk_bwd_flops(B: int, T: int, HV: int, K: int, V: int) -> int:
+    """Backward matmul FLOPs of our kernels: the reverse scan 2(2CK + 2CV + 6KV) and the per-chunk
+    gradients 2(6CK + 4CV + 6KV), per token and value head (recomputed products included)."""
+    return B * T * HV * (16 * BT * K + 12 * BT * V + 24 * K * V)
+
+
 @register_flop_formula(torch.ops.lt2dsl.delta_chunk_bwd)
 def _chunk_bwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    """The backward's matmuls: reverse scan 2(2CK + 2CV + 6KV) and per-chunk 2(6CK + 4CV + 6KV)."""
     B, T, _, K = q_shape
-    HV, V = v_shape[2], v_shape[3]
-    return B * T * HV * (16 * BT * K + 12 * BT * V + 24 * K * V)
+    return chunk_bwd_flops(B, T, v_shape[2], K, v_shape[3])
 
 
 @register_flop_formula([torch.ops.lt2dsl.delta_recurrent, torch.ops.lt2dsl.delta_recurrent_inplace])
