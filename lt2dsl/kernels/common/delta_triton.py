@@ -40,6 +40,18 @@ RECURRENT_MAX_T = 64
 Tensor = torch.Tensor
 
 
+def _use_ops() -> bool:
+    """Dispatch through the registered ops when something must see them: torch.compile tracing, or
+    a dispatch mode such as FlopCounterMode / FakeTensorMode. Plain eager calls run the same
+    implementation directly: the custom-op dispatch costs tens of µs of host time per call,
+    most of a decode step."""
+    if torch.compiler.is_compiling():
+        return True
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
 def _none(x: Tensor) -> Tensor | None:
     return None if x.numel() == 0 else x
 
@@ -66,8 +78,7 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
     )
 
 
-@torch.library.custom_op("lt2dsl::delta_chunk_fwd", mutates_args=())
-def delta_chunk_fwd(
+def _chunk_fwd_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -97,6 +108,9 @@ def delta_chunk_fwd(
     return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk if gate == 2 else e(), h, vnew)
 
 
+delta_chunk_fwd = torch.library.custom_op("lt2dsl::delta_chunk_fwd", _chunk_fwd_impl, mutates_args=())
+
+
 @delta_chunk_fwd.register_fake
 def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save):
     outs = _chunk_fwd_outputs(
@@ -105,8 +119,7 @@ def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save):
     return (torch.empty_like(v), *outs)
 
 
-@torch.library.custom_op("lt2dsl::delta_chunk_bwd", mutates_args=())
-def delta_chunk_bwd(
+def _chunk_bwd_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -141,6 +154,9 @@ def delta_chunk_bwd(
     return dq, dk, dv, dg, dbeta.view(beta.shape).to(beta.dtype), dh0
 
 
+delta_chunk_bwd = torch.library.custom_op("lt2dsl::delta_chunk_bwd", _chunk_bwd_impl, mutates_args=())
+
+
 @delta_chunk_bwd.register_fake
 def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, gate, scale):
     return (
@@ -161,19 +177,39 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, do, dht, *_):
+def _grads(ctx, do, dht, bwd):
+    """Input gradients from the saved forward tensors; `bwd` is the op or its eager implementation."""
     q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew = ctx.saved_tensors
     if not ctx.save:
         raise RuntimeError("delta_chunk_fwd ran with save=False; call it with save=True to train")
     do = torch.zeros_like(v) if do is None else do.contiguous()
     dht = None if dht is None or dht.numel() == 0 else dht.contiguous()
-    dq, dk, dv, dg, dbeta, dh0 = torch.ops.lt2dsl.delta_chunk_bwd(
+    dq, dk, dv, dg, dbeta, dh0 = bwd(
         q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, ctx.gate, ctx.scale
     )
-    return (dq, dk, dv, _none(dg), dbeta, _none(dh0), None, None, None, None, None)
+    return dq, dk, dv, _none(dg), dbeta, _none(dh0)
+
+
+def _backward(ctx, do, dht, *_):
+    return (*_grads(ctx, do, dht, torch.ops.lt2dsl.delta_chunk_bwd), None, None, None, None, None)
 
 
 delta_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _ChunkFunction(torch.autograd.Function):
+    """Eager twin of the registered op's autograd: the same implementation without the custom-op
+    dispatch (tens of µs of host time a call)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final):
+        out = _chunk_fwd_impl(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, True)
+        _setup_context(ctx, (q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, True), out)
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        return (*_grads(ctx, do, dht, _chunk_bwd_impl), None, None, None, None)
 
 
 def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk):
@@ -211,8 +247,7 @@ def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk):
     return o
 
 
-@torch.library.custom_op("lt2dsl::delta_recurrent", mutates_args=())
-def delta_recurrent(
+def _recurrent_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -231,6 +266,9 @@ def delta_recurrent(
     return o, (ht if ht is not None else q.new_empty(0))
 
 
+delta_recurrent = torch.library.custom_op("lt2dsl::delta_recurrent", _recurrent_impl, mutates_args=())
+
+
 @delta_recurrent.register_fake
 def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, l2norm_qk):
     N, HV, K, V = _n_states(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]
@@ -238,8 +276,7 @@ def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, l2norm_qk):
     return torch.empty_like(v), q.new_empty(shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("lt2dsl::delta_recurrent_inplace", mutates_args=("state",))
-def delta_recurrent_inplace(
+def _recurrent_inplace_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -252,6 +289,11 @@ def delta_recurrent_inplace(
     l2norm_qk: bool,
 ) -> Tensor:
     return _recurrent(q, k, v, g, beta, state, state, cu_seqlens, gate, scale, l2norm_qk)
+
+
+delta_recurrent_inplace = torch.library.custom_op(
+    "lt2dsl::delta_recurrent_inplace", _recurrent_inplace_impl, mutates_args=("state",)
+)
 
 
 @delta_recurrent_inplace.register_fake
@@ -309,9 +351,13 @@ def delta_triton(
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     h0 = initial_state.contiguous() if initial_state is not None else None
-    o, ht, *_ = torch.ops.lt2dsl.delta_chunk_fwd(
-        q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state, needs_grad
-    )
+    args = (q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state)
+    if _use_ops():
+        o, ht, *_ = torch.ops.lt2dsl.delta_chunk_fwd(*args, needs_grad)
+    elif needs_grad:
+        o, ht = _ChunkFunction.apply(*args)
+    else:
+        o, ht, *_ = _chunk_fwd_impl(*args, False)
     if inplace:
         with torch.no_grad():
             initial_state.copy_(ht)
@@ -320,13 +366,15 @@ def delta_triton(
 
 
 def _decode(gid, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, l2n):
+    """Decode kernel; eager calls skip the custom-op dispatch (the host time is most of a step)."""
+    compiling = _use_ops()
     if inplace and initial_state.dtype == torch.float32 and initial_state.is_contiguous():
-        o = torch.ops.lt2dsl.delta_recurrent_inplace(
-            q, k, v, g, beta, initial_state, cu_seqlens, gid, scale, l2n
-        )
+        f = torch.ops.lt2dsl.delta_recurrent_inplace if compiling else _recurrent_inplace_impl
+        o = f(q, k, v, g, beta, initial_state, cu_seqlens, gid, scale, l2n)
         return o, initial_state
     h0 = initial_state.contiguous() if initial_state is not None else None
-    o, ht = torch.ops.lt2dsl.delta_recurrent(q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state, l2n)
+    f = torch.ops.lt2dsl.delta_recurrent if compiling else _recurrent_impl
+    o, ht = f(q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state, l2n)
     if inplace:
         initial_state.copy_(ht)
         ht = initial_state

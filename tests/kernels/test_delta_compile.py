@@ -1,0 +1,169 @@
+"""Compile the delta-rule kernels for sm_90 (H200) without a GPU, and check their resources.
+
+The CPU interpreter accepts code the compiler rejects, and cannot tell whether a kernel fits:
+this test runs Triton's real pipeline (down to a cubin with the bundled ptxas) for every kernel at
+its autotune configs, then asserts shared memory within Hopper's 227 KiB per block and register
+spills small (`cuobjdump --dump-resource-usage`). It takes about two minutes, so it runs only with
+LT2_AOT_CHECK=1, in its own pytest process (it switches the interpreter off for the kernels it
+imports); no device is used:
+
+    LT2_AOT_CHECK=1 TRITON_DEFAULT_FP_FUSION=1 python -m pytest -q tests/kernels/test_delta_compile.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("LT2_AOT_CHECK") != "1", reason="offline sm_90 compile check: set LT2_AOT_CHECK=1"
+)
+
+SMEM_LIMIT = 232448  # bytes of shared memory per block on sm_90
+MAX_STACK = 512  # bytes of per-thread stack (spills) tolerated for bf16 configs
+
+
+def _compile(fn, ptr_types: dict, scalars: dict, constexprs: dict, num_warps: int, num_stages: int):
+    """(shared bytes, registers, stack bytes) of `fn` compiled for sm_90 with these constexprs."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = scalars.get(name, ptr_types.get(name, "*fp32"))
+    # As the JIT specialises 16-byte aligned pointers and integers divisible by 16.
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if sig[n].startswith("*") or n in ("T", "R")
+    }
+    cex = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    src = ASTSource(fn=fn, signature=sig, constexprs=cex, attrs=attrs)
+    opts = {"num_warps": num_warps, "num_stages": num_stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
+    m = re.search(r"REG:(\d+).*?STACK:(\d+)", out.stdout)
+    return kernel.metadata.shared, int(m.group(1)), int(m.group(2))
+
+
+def _jobs():
+    """(id, kernel, pointer dtypes, scalars, constexprs, warps, stages) at K = V = 128, bf16."""
+    if os.environ.get("LT2_AOT_CHECK") != "1":
+        return []
+    os.environ.pop("TRITON_INTERPRET", None)
+    from lt2dsl.kernels.common import delta_launch as L
+    from lt2dsl.kernels.common.delta_grad import (
+        delta_grad_cc_kernel,
+        delta_grad_final_kernel,
+        delta_grad_k_kernel,
+    )
+    from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
+    from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
+    from lt2dsl.kernels.common.delta_wy import delta_wy_fwd_kernel
+    from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
+    from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
+
+    P, D = "*bf16", 128
+    ptr = {n: P for n in ("q", "k", "v", "beta", "o", "h", "vnew", "do", "dv", "dh")}
+    ptr.update(cu_seqlens="*i64", chunk_indices="*i32", chunk_offsets="*i32")
+    sc = {"T": "i32", "R": "i32", "NC": "i32", "scale": "fp32"}
+    base = dict(H=16, HV=16, K=D, BT=64, IS_VARLEN=False)
+    jobs = []
+    for gate in (0, 1):
+        cfg = L._PREP_CONFIGS[0]
+        cex = dict(base, BK=D, USE_G=bool(gate), DOT=0)
+        jobs.append((f"wy-g{gate}", delta_wy_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+    for gate in (0, 1, 2):
+        for i, cfg in enumerate(L._STATE_CONFIGS):
+            fwd = dict(
+                base,
+                V=D,
+                BK=D,
+                GATE=gate,
+                USE_H0=True,
+                STORE_FINAL=True,
+                STORE_H=True,
+                STORE_VNEW=True,
+                DOT=0,
+                PREC=True,
+                **cfg.kwargs,
+            )
+            bwd = dict(
+                base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, **cfg.kwargs
+            )
+            jobs.append(
+                (
+                    f"state_fwd-g{gate}-c{i}",
+                    delta_state_fwd_kernel,
+                    ptr,
+                    sc,
+                    fwd,
+                    cfg.num_warps,
+                    cfg.num_stages,
+                )
+            )
+            jobs.append(
+                (
+                    f"state_bwd-g{gate}-c{i}",
+                    delta_state_bwd_kernel,
+                    ptr,
+                    sc,
+                    bwd,
+                    cfg.num_warps,
+                    cfg.num_stages,
+                )
+            )
+        for i, cfg in enumerate(L._CC_CONFIGS):
+            cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
+            jobs.append(
+                (f"grad_cc-g{gate}-c{i}", delta_grad_cc_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
+            )
+        for i, cfg in enumerate(L._GRAD_CONFIGS):
+            cex = dict(base, V=D, BK=L.GRAD_BK, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
+            jobs.append(
+                (f"grad_k-g{gate}-c{i}", delta_grad_k_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
+            )
+        cex = dict(
+            H=16,
+            HV=16,
+            K=D,
+            V=D,
+            BK=D,
+            BV=32,
+            GATE=gate,
+            USE_H0=True,
+            STORE_FINAL=True,
+            L2NORM=True,
+            IS_VARLEN=False,
+        )
+        jobs.append((f"recurrent-g{gate}", delta_recurrent_kernel, ptr, sc, cex, 4, 2))
+    fin = dict(HV=16, K=D, BT=64, NK=D // L.GRAD_BK, GATE=1, IS_VARLEN=False)
+    jobs.append(("grad_final", delta_grad_final_kernel, ptr, sc, fin, 4, 2))
+    import triton.language as tl
+
+    kda = dict(base, BK=L.KDA_BK, DOT=0, CT=tl.float32)
+    jobs.append(("kda_intra_fwd", kda_intra_fwd_kernel, ptr, sc, kda, L.KDA_WARPS, 1))
+    jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda, L.KDA_WARPS, 1))
+    return jobs
+
+
+@pytest.mark.parametrize("job", _jobs(), ids=lambda j: j[0])
+def test_compiles_for_sm90_within_resources(job):
+    name, fn, ptr, sc, cex, warps, stages = job
+    smem, regs, stack = _compile(fn, ptr, sc, cex, warps, stages)
+    print(f"{name}: smem {smem} B, {regs} registers, stack {stack} B")
+    assert smem <= SMEM_LIMIT, f"{name}: {smem} B of shared memory > {SMEM_LIMIT}"
+    assert stack <= MAX_STACK, f"{name}: {stack} B of spills per thread"
