@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from lt2dsl.kernels.common.delta_state import load_tile, store_tile
 from lt2dsl.kernels.common.delta_tl import rsum
 
 
@@ -58,11 +59,11 @@ def delta_recurrent_kernel(
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     m_k, m_v = ok < K, ov < V
-    p_state = (i_nh.to(tl.int64) * K + ok[:, None]) * V + ov[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
+    s_base = i_nh.to(tl.int64) * K * V
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        S += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
+        # Row-masked tile loads stay vectorised: the state stream is all this kernel's cost.
+        S += load_tile(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
     b64 = bos.to(tl.int64)
     p_q = q + (b64 * H + i_h) * K + ok
     p_k = k + (b64 * H + i_h) * K + ok
@@ -99,4 +100,4 @@ def delta_recurrent_kernel(
         else:
             p_g += HV
     if STORE_FINAL:
-        tl.store(ht + p_state, S, mask=m_kv)
+        store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
