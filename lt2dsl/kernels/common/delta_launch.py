@@ -2,15 +2,16 @@
 
 Forward (chunked): `delta_wy_fwd_kernel` (or KDA's `kda_intra_fwd_kernel`) prepares T = (I + A)^{-1}
 per chunk, then `delta_state_fwd_kernel` scans the chunks and writes the output. Backward: the
-reverse scan `delta_state_bwd_kernel`, then the per-chunk gradient kernels. Decode:
-`delta_recurrent_kernel`.
+reverse scan `delta_state_bwd_kernel`, then the per-chunk gradient kernels (`delta_grad`, plus
+KDA's `kda_grad_intra_kernel`). Decode: `delta_recurrent_kernel`.
 
-Autotune lists are short on purpose (each config is a compile on the GPU). None of the kernels
-transposes a `tl.dot` result, so the Triton 3.4–3.7.0 sm_90 miscompile of "trans of a dot
-accumulator cast to 16-bit at BK = 64" has no site here; the `num_warps=4` WY-backward miscompile
-was in the peer's kernel, whose structure ours does not share, but every config below is still
-checked against the reference on the GPU by the `gpu` tests (`forced_config` runs each one).
-Under the CPU interpreter one fixed config runs.
+Autotune lists are short on purpose (each config is a compile on the GPU). Hopper miscompiles per
+config (/work/shared/bench/README.md): no kernel transposes a `tl.dot` result, so the Triton
+3.4–3.7.0 sm_90 "trans of a dot accumulator cast to 16-bit at BK = 64" bug has no site in any
+config; the `num_warps=4` delta-rule WY-backward bug was in a peer kernel we do not have, but the
+4-warp configs below are the ones it would concern, so `test_gpu_every_autotune_config` checks
+every config against float64 on the GPU (`forced_config`). Under the CPU interpreter one fixed
+config runs.
 """
 
 from __future__ import annotations
