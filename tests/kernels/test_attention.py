@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from lt2dsl.kernels.attention import attention, attention_decode, attention_naive
-from tests.kernels.utils import assert_close
+from tests.kernels.utils import DEVICE, assert_close
 
 F64 = torch.float64
 
 
-def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, gate=None, device="cpu", seed=0):
+def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, gate=None, device=DEVICE, seed=0):
     """Random q, k, v (and gate logits: None, 'elem' or 'head')."""
     g = torch.Generator().manual_seed(seed)
 
@@ -147,7 +147,7 @@ def poison(monkeypatch):
     monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
 
 
-def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device="cpu", cu=None):
+def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device=DEVICE, cu=None):
     """Triton forward and all gradients against the float64 reference."""
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     q, k, v, g = make(B, Tq, Tk, HQ, HKV, D, dtype=dtype, gate=gate, device=device)
@@ -175,7 +175,7 @@ def test_triton_window_one_is_identity(poison):
 
 
 def test_triton_varlen(poison):
-    cu = torch.tensor([0, 13, 14, 50])
+    cu = torch.tensor([0, 13, 14, 50], device=DEVICE)
     check_triton_case(1, 50, 50, 4, 2, 16, True, 5, "head", torch.float32, cu=cu)
 
 
@@ -196,7 +196,7 @@ def test_triton_compiles_fullgraph_and_counts_flops():
 
 
 def test_triton_rejects_float64():
-    q, k, v, _ = make(1, 8, 8, 2, 1, 16)
+    q, k, v, _ = make(1, 8, 8, 2, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="float64"):
         attention(q, k, v, backend="triton")
 

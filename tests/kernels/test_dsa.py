@@ -5,12 +5,12 @@ import torch
 
 from lt2dsl.kernels.attention import attention_naive
 from lt2dsl.kernels.dsa import dsa, dsa_indexer, dsa_indexer_kl, dsa_naive
-from tests.kernels.utils import assert_close
+from tests.kernels.utils import DEVICE, assert_close
 
 F64 = torch.float64
 
 
-def make(B, Tq, Tk, HQ, HKV, D, HI=3, DI=8, dtype=F64, device="cpu", seed=0, positive=False):
+def make(B, Tq, Tk, HQ, HKV, D, HI=3, DI=8, dtype=F64, device=DEVICE, seed=0, positive=False):
     """Random DSA inputs; `positive` makes every index dot product > 0 (no ReLU ties at 0)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -149,7 +149,7 @@ def poison(monkeypatch):
     monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
 
 
-def check_triton(B, Tq, HQ, HKV, D, topk, dtype, device="cpu", HI=3, DI=16, cu=None):
+def check_triton(B, Tq, HQ, HKV, D, topk, dtype, device=DEVICE, HI=3, DI=16, cu=None):
     """Triton indexer selects a valid top-k; Triton attention over it matches the float64 reference.
 
     The selection is compared through the reference scores (a near-tie may legitimately swap one
@@ -185,7 +185,7 @@ def test_triton_matches_reference(case, poison):
 
 def test_triton_bf16_and_varlen(poison):
     check_triton(1, 18, 2, 1, 16, 5, dtype=torch.bfloat16)
-    check_triton(1, 20, 2, 2, 16, 4, dtype=torch.float32, cu=torch.tensor([0, 7, 8, 20]))
+    check_triton(1, 20, 2, 2, 16, 4, dtype=torch.float32, cu=torch.tensor([0, 7, 8, 20], device=DEVICE))
 
 
 def test_triton_indexer_equals_reference_in_fp32():

@@ -5,12 +5,12 @@ import torch
 
 from lt2dsl.kernels.attention import attention_naive
 from lt2dsl.kernels.nsa import nsa, nsa_naive
-from tests.kernels.utils import assert_close
+from tests.kernels.utils import DEVICE, assert_close
 
 F64 = torch.float64
 
 
-def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, device="cpu", seed=0):
+def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, device=DEVICE, seed=0):
     """Random q, k, v and three gates in (0, 1)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -131,7 +131,7 @@ def poison(monkeypatch):
     monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
 
 
-def check_triton(B, Tq, Tk, HQ, HKV, D, dtype, device="cpu", grads=True, **kw):
+def check_triton(B, Tq, Tk, HQ, HKV, D, dtype, device=DEVICE, grads=True, **kw):
     """Triton NSA vs the float64 reference: same blocks (fp32), outputs and every gradient."""
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     q, k, v, gs = make(B, Tq, Tk, HQ, HKV, D, dtype=dtype, device=device)

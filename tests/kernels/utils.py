@@ -25,3 +25,8 @@ def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) ->
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill with NaN so an element a kernel forgets to write fails the comparison."""
     return t.fill_(float("nan"))
+
+
+# Where the small-shape Triton tests run: compiled on the GPU when there is one, else under the
+# CPU interpreter (TRITON_INTERPRET=1, set by tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

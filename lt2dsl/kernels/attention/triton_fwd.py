@@ -20,7 +20,9 @@ from ..common.attn_utils import new_empty
 from ..common.backend import triton_interpreting
 
 LOG2E = 1.4426950408889634
-NEG_BIG = -1.0e30  # running-max start: finite, so a fully masked first block gives p = 0, not NaN
+# running-max start: finite, so a fully masked first block gives p = 0, not NaN. A constexpr,
+# because Triton (3.6) refuses plain module globals inside @jit functions.
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
