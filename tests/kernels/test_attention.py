@@ -13,7 +13,7 @@ from tests.kernels.utils import DEVICE, assert_close
 F64 = torch.float64
 
 
-def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, gate=None, device=DEVICE, seed=0):
+def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, gate=None, device="cpu", seed=0):
     """Random q, k, v (and gate logits: None, 'elem' or 'head')."""
     g = torch.Generator().manual_seed(seed)
 
@@ -170,7 +170,7 @@ def test_triton_matches_reference(case, poison):
 
 
 def test_triton_window_one_is_identity(poison):
-    q, k, v, _ = make(1, 40, 40, 2, 1, 16, dtype=torch.float32)
+    q, k, v, _ = make(1, 40, 40, 2, 1, 16, dtype=torch.float32, device=DEVICE)
     assert_close("o", attention(q, k, v, window=1, backend="triton"), v.repeat_interleave(2, 2), 1e-6)
 
 
@@ -182,7 +182,7 @@ def test_triton_varlen(poison):
 def test_triton_compiles_fullgraph_and_counts_flops():
     from torch.utils.flop_counter import FlopCounterMode
 
-    q, k, v, g = make(1, 20, 20, 2, 1, 16, dtype=torch.float32, gate="head")
+    q, k, v, g = make(1, 20, 20, 2, 1, 16, dtype=torch.float32, gate="head", device=DEVICE)
 
     def f(q, k, v, g):
         return attention(q, k, v, window=5, gate=g, backend="triton")
@@ -225,10 +225,10 @@ def test_gpu_prefill_and_varlen(dtype, poison):
 @pytest.mark.parametrize("ring,window,Tq", [(False, None, 1), (False, 5, 2), (True, 7, 1), (True, 6, 3)])
 def test_triton_decode_matches_reference(ring, window, Tq, poison):
     B, HQ, HKV, D = 3, 4, 2, 16
-    lens = torch.tensor([3, 40, 97])
+    lens = torch.tensor([3, 40, 97], device=DEVICE)
     L = 12 if ring else 100
-    q, k, v, _ = make(B, Tq, L, HQ, HKV, D, dtype=torch.float32)
-    g = torch.randn(B, Tq, HQ)
+    q, k, v, _ = make(B, Tq, L, HQ, HKV, D, dtype=torch.float32, device=DEVICE)
+    g = torch.randn(B, Tq, HQ, device=DEVICE)
     got = attention_decode(q, k, v, lens, window=window, ring=ring, gate=g, backend="triton")
     want = attention_decode(*(t.double() for t in (q, k, v)), lens, window=window, ring=ring, gate=g.double())
     assert_close("o", got, want, 1e-4)
@@ -236,7 +236,7 @@ def test_triton_decode_matches_reference(ring, window, Tq, poison):
 
 def test_triton_attention_routes_decode_without_grad(poison):
     """Tq = 1 without autograd goes through the flash-decoding kernel; same numbers as the reference."""
-    q, k, v, g = make(2, 1, 70, 8, 2, 16, dtype=torch.float32, gate="elem")
+    q, k, v, g = make(2, 1, 70, 8, 2, 16, dtype=torch.float32, gate="elem", device=DEVICE)
     with torch.no_grad():
         got = attention(q, k, v, window=33, gate=g, backend="triton")
     want = attention(q.double(), k.double(), v.double(), window=33, gate=g.double())

@@ -10,7 +10,7 @@ from tests.kernels.utils import DEVICE, assert_close
 F64 = torch.float64
 
 
-def make(B, Tq, Tk, HQ, HKV, D, HI=3, DI=8, dtype=F64, device=DEVICE, seed=0, positive=False):
+def make(B, Tq, Tk, HQ, HKV, D, HI=3, DI=8, dtype=F64, device="cpu", seed=0, positive=False):
     """Random DSA inputs; `positive` makes every index dot product > 0 (no ReLU ties at 0)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -189,7 +189,7 @@ def test_triton_bf16_and_varlen(poison):
 
 
 def test_triton_indexer_equals_reference_in_fp32():
-    _, _, _, qi, ki, wi = make(2, 40, 40, 1, 1, 8, HI=3, DI=16, dtype=torch.float32)
+    _, _, _, qi, ki, wi = make(2, 40, 40, 1, 1, 8, HI=3, DI=16, dtype=torch.float32, device=DEVICE)
     for kk in (1, 8, 50):
         got = dsa_indexer(qi, ki, wi, topk=kk, backend="triton")
         assert torch.equal(got, dsa_indexer(qi, ki, wi, topk=kk))
@@ -197,7 +197,7 @@ def test_triton_indexer_equals_reference_in_fp32():
 
 def test_triton_decode_over_index_cache(poison):
     """Tq < Tk (queries are the last positions): the lowering's decode path."""
-    q, k, v, qi, ki, wi = make(2, 2, 40, 4, 1, 16, dtype=torch.float32)
+    q, k, v, qi, ki, wi = make(2, 2, 40, 4, 1, 16, dtype=torch.float32, device=DEVICE)
     o, idx = dsa(q, k, v, qi, ki, wi, topk=8, return_indices=True, backend="triton")
     assert torch.equal(idx, dsa_indexer(qi, ki, wi, topk=8))
     ref = dsa(q.double(), k.double(), v.double(), None, None, topk=8, indices=idx)
@@ -226,7 +226,7 @@ def test_gpu_peer_reference_same_function():
 
 
 def test_triton_compiles_fullgraph(poison):
-    q, k, v, qi, ki, wi = make(1, 12, 12, 2, 1, 16, dtype=torch.float32)
+    q, k, v, qi, ki, wi = make(1, 12, 12, 2, 1, 16, dtype=torch.float32, device=DEVICE)
 
     def f(q, k, v, qi, ki, wi):
         return dsa(q, k, v, qi, ki, wi, topk=4, backend="triton")

@@ -10,7 +10,7 @@ from tests.kernels.utils import DEVICE, assert_close
 F64 = torch.float64
 
 
-def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, device=DEVICE, seed=0):
+def make(B, Tq, Tk, HQ, HKV, D, dtype=F64, device="cpu", seed=0):
     """Random q, k, v and three gates in (0, 1)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -186,7 +186,7 @@ def test_gpu_peer_reference_same_function():
 
 
 def test_triton_compiles_fullgraph(poison):
-    q, k, v, gs = make(1, 20, 20, 2, 1, 16, dtype=torch.float32)
+    q, k, v, gs = make(1, 20, 20, 2, 1, 16, dtype=torch.float32, device=DEVICE)
 
     def f(q, k, v, a, b, c):
         return nsa(q, k, v, a, b, c, block_counts=2, block_size=8, window_size=4, backend="triton")
