@@ -62,7 +62,8 @@ def test_decode_throughput_flat_for_lt2_and_halved_for_looped_attention(capsys):
 
 
 def test_json_has_the_documented_keys(capsys):
-    d = json.loads(run(capsys, "compile", str(ROOT / "examples/lt2_hybrid_gdn_dsa.lt2"), "--estimate", "--json"))
+    path = str(ROOT / "examples/lt2_hybrid_gdn_dsa.lt2")
+    d = json.loads(run(capsys, "compile", path, "--estimate", "--json"))
     for path in ["params.stored", "params.executed", "flops_per_token.prefill", "flops_per_token.decode",
                  "flops_per_token.train", "memory.weights_bytes", "memory.state_bytes", "memory.kv_bytes",
                  "roofline.prefill_tokens_per_s", "roofline.decode_tokens_per_s"]:
