@@ -308,6 +308,7 @@ def _roofline(model, rows, extras, L, opt, dt, prefill, decode, cache) -> Roofli
     p_time = max(B * L * prefill / peak, (executed_w + acts + cache) / bw)
     step_bytes = sum(r.decode_bytes * r.iterations for r in rows + extras) * B
     d_time = max(B * decode / peak, step_bytes / bw)
+    gen = p_time + _generate_time(model, L, opt, dt) if opt.gen else None
     return Roofline(
         prefill_tokens_per_s=B * L / p_time,
         decode_tokens_per_s=B / d_time,
@@ -316,7 +317,26 @@ def _roofline(model, rows, extras, L, opt, dt, prefill, decode, cache) -> Roofli
         decode_bound="compute" if B * decode / peak >= step_bytes / bw else "memory",
         decode_step_s=d_time,
         decode_bytes_per_step=step_bytes,
+        generate_s=gen,
     )
+
+
+def _step_time(model: n.Model, ctx: int, opt: EstimateOptions, dt: Dtypes) -> float:
+    """Roofline time of one decode step for the batch at context `ctx`."""
+    cfg, B = model.config, opt.batch
+    rows = [_row(b, it, cfg, ctx, opt, dt) for b, it in iter_blocks(model.body)]
+    every = rows + _extra_rows(model, ctx, opt, dt)
+    flops = sum(r.flops_decode * r.iterations for r in every) * B
+    nbytes = sum(r.decode_bytes * r.iterations for r in every) * B
+    return max(flops / opt.hw.peak(dt.act), nbytes / opt.hw.hbm_bytes_per_s)
+
+
+def _generate_time(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> float:
+    """G decode steps at contexts L+1 … L+G by the trapezoid rule: a step's time is piecewise affine
+    in the context (affine while one bound holds, capped by windows), so the sum is exact when
+    nothing switches inside [L+1, L+G] and close when something does."""
+    G = opt.gen
+    return G * (_step_time(model, L + 1, opt, dt) + _step_time(model, L + G, opt, dt)) / 2
 
 
 def _capacity(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes, weights: int) -> Capacity:

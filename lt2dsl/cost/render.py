@@ -139,6 +139,10 @@ def notes(r: Report) -> Text:
         f"train activations {fmt.nbytes(m.train_activations_bytes)} "
         f"({fmt.nbytes(m.train_activations_recompute_bytes)} with recomputation)",
     ]
+    if ro.generate_s is not None:
+        lines.append(f"generating {r.inputs.gen} tokens after a prompt of {fmt.length(r.inputs.seq)}: "
+                     f"{fmt.seconds(ro.generate_s)} ({fmt.si(r.inputs.gen * r.inputs.batch / ro.generate_s)} "
+                     f"tokens/s with the prefill)")
     if r.flops_per_token.decode_expected is not None:
         lines.append(f"expected decode FLOPs/token with the exit profile: "
                      f"{fmt.si(r.flops_per_token.decode_expected)}")

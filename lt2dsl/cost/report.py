@@ -61,6 +61,8 @@ class Roofline(_M):
     decode_bound: str
     decode_step_s: float
     decode_bytes_per_step: float
+    # With --gen G: time to first token plus G decode steps (each at its own context length).
+    generate_s: float | None = None
 
 
 class Capacity(_M):

@@ -1,5 +1,7 @@
 """Decode memory as the research describes it, and exact cache bytes for single blocks."""
 
+import pytest
+
 from lt2dsl.cost.estimate import EstimateOptions, estimate
 from lt2dsl.ir import nodes as n
 from lt2dsl.passes.baseline import to_baseline
@@ -90,3 +92,18 @@ def test_mlp_none_has_no_mlp_params():
     with_mlp = estimate(model([call("full")], dim=64))
     without = estimate(model([call("full")], dim=64, mlp=n.NoneVal()))
     assert with_mlp.params.stored - without.params.stored == 3 * 64 * 256 + 64
+
+
+def test_generation_time_sums_the_decode_steps():
+    from lt2dsl.cost.estimate import _step_time
+    from lt2dsl.ir.spec import Dtypes
+
+    m = model([loop(2, call("full"), call("gdn"))], dim=256, vocab=1000)
+    o = EstimateOptions(seq=1000, batch=4, gen=64)
+    r = estimate(m, o)
+    brute = sum(_step_time(m, 1000 + i, o, Dtypes()) for i in range(1, 65))
+    assert r.roofline.generate_s - r.roofline.ttft_s == pytest.approx(brute, rel=1e-6)
+    flat = model([loop(2, call("gdn"))], dim=256, vocab=1000)
+    rf = estimate(flat, o)
+    assert rf.roofline.generate_s == pytest.approx(rf.roofline.ttft_s + 64 * rf.roofline.decode_step_s)
+    assert estimate(m, EstimateOptions(seq=1000)).roofline.generate_s is None
