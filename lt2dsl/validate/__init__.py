@@ -34,7 +34,7 @@ SHAPES: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
 )
 # Kernel warnings read resolved widths, which mean something only once the shapes are right.
 KERNELS: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
-    kernels.check_head_dim_pow2, kernels.check_kernel_note,
+    kernels.check_delta_head_dim, kernels.check_kernel_note,
 )
 
 __all__ = ["KERNELS", "RULES", "SHAPES", "SURFACE", "Rule", "all_rules", "check", "validate"]

@@ -1,38 +1,29 @@
-"""Kernel warnings (W04xx): power-of-two head dims, and the `LayerSpec.kernel_note` mechanism."""
+"""Kernel warnings (W04xx): the delta-rule head-dim limit, and the `LayerSpec.kernel_note` mechanism."""
 
 import dataclasses
 
 import pytest
 
 from lt2dsl.ir import registry
-from lt2dsl.validate.kernels import is_pow2
 from tests.validate.helpers import at, codes, one
 
 
-def test_is_pow2():
-    assert [x for x in range(70) if is_pow2(x)] == [1, 2, 4, 8, 16, 32, 64]
+def test_delta_head_dims_up_to_256_are_quiet():
+    assert codes("dim = 2048\nheads = 8\ngdn; kda; deltanet; full; gla; mlstm; mamba2") == []
+    assert codes("dim = 1024\nhead_dim = 96\ngdn; full") == []  # any width up to 256 runs Triton
 
 
-def test_power_of_two_head_dims_are_quiet():
-    assert codes("dim = 1024\nheads = 8\nfull; gdn; gla; mlstm; mamba2; tmm(max_len=1k); linear") == []
+@pytest.mark.parametrize("kind", ["gdn", "kda", "deltanet"])
+def test_delta_head_dim_above_256_warns_at_the_option(kind):
+    d = one(f"dim = 2048\n{kind}(heads=4, head_dim=512)", "W0401")
+    assert d.message == f"`{kind}` key head dim 512 is above 256"
+    assert at(d)[0] == 2 and d.severity == "warning"
 
 
-def test_a_derived_model_head_dim_points_at_heads_once():
-    d = one("dim = 768\nheads = 8\nloop T=2 < full; swa; deltanet >", "W0401")
-    assert at(d) == (2, 9, 10)  # head_dim = dim / heads = 96
-    assert "`full`" in d.notes[0] and "`swa`" in d.notes[0] and "`deltanet`" in d.notes[0]
-
-
-def test_value_and_key_dims_from_factors():
-    d = one("dim = 1024\ngla(expand_k=3/4)", "W0401")  # key head dim 128 · 3/4 = 96
-    assert at(d) == (2, 14, 17) and d.message == "head dim 96 is not a power of two"
-    assert codes("dim = 1024\nretnet(expand_v=2)") == []
-
-
-def test_mamba2_head_dim_is_its_own():
-    # mamba2's head dim defaults to 64 whatever the model's head_dim is
-    assert codes("dim = 1536\nheads = 16\nhead_dim = 96\nmamba2", ) == []
-    assert at(one("dim = 1536\nmamba2(head_dim=48)", "W0401")) == (2, 17, 19)
+def test_inherited_head_dim_points_at_the_model_setting():
+    d = one("dim = 2048\nheads = 4\nloop T=2 < gdn; full >", "W0401")  # head_dim = 2048 / 4
+    assert at(d)[0] == 2
+    assert codes("dim = 2048\nheads = 4\nfull") == []  # attention is not limited
 
 
 def test_no_kernel_warnings_while_shapes_are_wrong():

@@ -52,10 +52,13 @@ def empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> 
 # cubins (`cuobjdump --dump-resource-usage`): only configs without or with minimal spills remain.
 # State scans: one program per (V tile, sequence x head); BV = 16 gives B*HV*V/16 programs (512 at
 # B=4, H=16, V=128, about two per SM) and is the spill-free size at 4 warps for a 64-row chunk.
+# LT2_DELTA_STATE_STAGES overrides the pipelining depth of the chunk loop (H200 investigation of
+# the multi-chunk crash of the scalar/no-gate path, see BENCHMARKS.md).
+_STATE_STAGES = int(os.environ.get("LT2_DELTA_STATE_STAGES", "2"))
 _STATE_CONFIGS = [
-    triton.Config({"BV": 16}, num_warps=4, num_stages=2),
-    triton.Config({"BV": 16}, num_warps=8, num_stages=2),
-    triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 16}, num_warps=4, num_stages=_STATE_STAGES),
+    triton.Config({"BV": 16}, num_warps=8, num_stages=_STATE_STAGES),
+    triton.Config({"BV": 32}, num_warps=8, num_stages=_STATE_STAGES),
 ]
 # Per-chunk C x C gradient kernel: two 64 x 64 fp32 accumulators.
 _CC_CONFIGS = [

@@ -11,13 +11,18 @@ from lt2dsl.kernels.common.delta_chunk_ref import delta_chunk_ref
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+MAX_TRITON_K = 256  # widest key head the Triton kernels tile (validation warns with W0401)
+
+
 def pick_backend(backend: str, q: torch.Tensor) -> str:
-    """ "reference" or "triton"; float64 has no Triton kernel ("auto" falls back, "triton" refuses)."""
+    """ "reference" or "triton". float64 and key heads wider than 256 have no Triton kernel:
+    "auto" falls back to the reference, "triton" refuses."""
     which = resolve_backend(backend, q, has_triton=True)
-    if which == "triton" and q.dtype not in TRITON_DTYPES:
+    if which == "triton" and (q.dtype not in TRITON_DTYPES or q.shape[-1] > MAX_TRITON_K):
         if backend == "auto":
             return "reference"
-        raise ValueError(f"backend='triton' supports {TRITON_DTYPES}, got {q.dtype}; use 'reference'")
+        raise ValueError(f"backend='triton' supports {TRITON_DTYPES} and key head dims ≤ {MAX_TRITON_K}, "
+                         f"got {q.dtype} with K={q.shape[-1]}; use 'reference'")
     return which
 
 
