@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from lt2dsl.kernels.common.backend import resolve_backend
@@ -26,6 +28,25 @@ def pick_backend(backend: str, q: torch.Tensor) -> str:
     return which
 
 
+# On the H200 (Triton 3.6) the chunked forward of the scalar-gate and no-gate paths makes an
+# illegal memory access in `delta_state_fwd_kernel` from the second chunk on (KDA's channel-gate
+# path of the same kernel and the decode kernel are correct): see BENCHMARKS.md. Until that is
+# fixed, "auto" runs those calls on the reference path and "triton" refuses them on CUDA rather
+# than corrupt the CUDA context. LT2_DELTA_CHUNK_CUDA=1 lifts the guard (for the investigation).
+CHUNK_DISABLED = ("the chunked Triton kernel of gated_delta_rule / delta_rule is disabled on CUDA "
+                  "(illegal memory access on the H200 past the first 64-token chunk; see BENCHMARKS.md); "
+                  "use backend='auto' or 'reference', or LT2_DELTA_CHUNK_CUDA=1 to run it anyway")
+
+
+def _chunk_kernel_disabled(gate, q, *tensors) -> bool:
+    if gate == "channel" or q.device.type != "cuda" or os.environ.get("LT2_DELTA_CHUNK_CUDA") == "1":
+        return False
+    from lt2dsl.kernels.common.delta_triton import RECURRENT_MAX_T
+
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors))
+    return needs_grad or q.shape[1] > RECURRENT_MAX_T
+
+
 def run_delta(
     gate: str,
     q: torch.Tensor,
@@ -46,7 +67,12 @@ def run_delta(
     dims = check_delta_args(q, k, v, g, beta, gate, initial_state, cu_seqlens, inplace_final_state)
     scale = dims.K**-0.5 if scale is None else float(scale)
     want_state = output_final_state or inplace_final_state
-    if pick_backend(backend, q) == "triton":
+    which = pick_backend(backend, q)
+    if which == "triton" and _chunk_kernel_disabled(gate, q, k, v, g, beta, initial_state):
+        if backend == "triton":
+            raise ValueError(CHUNK_DISABLED)
+        which = "reference"
+    if which == "triton":
         from lt2dsl.kernels.common.delta_triton import delta_triton
 
         o, S = delta_triton(
