@@ -70,7 +70,9 @@ def simple_gla(
     check_inplace(inplace_final_state, initial_state)
     scale = d.K**-0.5 if scale is None else float(scale)
     want_final = output_final_state or inplace_final_state
-    if pick_backend(backend, q) == "triton":
+    # The no-decay 16-bit path gave o 0.61 relative error on the H200 (T=100): kept off CUDA.
+    bad = "simple_gla without decay in 16-bit" if g is None and q.dtype != torch.float32 else None
+    if pick_backend(backend, q, failing_on_gpu=bad) == "triton":
         from .ops import simple_gla_triton
 
         return simple_gla_triton(
