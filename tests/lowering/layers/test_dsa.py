@@ -3,20 +3,31 @@ the indexer's KL loss, gradients, bad input, fx tracing."""
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import ClassVar
 
 import pytest
 import torch
 import torch.fx
 
-from lt2dsl.ir.nodes import MlpSpec, ModelConfig, NormSpec
 from lt2dsl.ir.registry import lookup
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.base import DTYPES
 from lt2dsl.lowering.layers.dsa import SparseAttention
 from tests.kernels.utils import assert_close
+from tests.lowering.layers.contract import (
+    F64,
+    LayerContract,
+    assert_traced_same,
+    call_targets,
+    gradcheck_params,
+    model_config,
+    resolved,
+    rope,
+    run_in_pieces,
+)
 
-F64 = torch.float64
 OPTION_SETS = {
     "plain": dict(topk=5, index_heads=2, index_dim=8),
     "gated": dict(topk=5, index_heads=3, index_dim=12, gate="sdpa", qk_norm=True, bias=True),
@@ -24,19 +35,7 @@ OPTION_SETS = {
 }
 
 
-def config(**kw) -> ModelConfig:
-    base = dict(dim=32, vocab=64, heads=4, head_dim=8, kv_heads=2, mlp=MlpSpec(type="none"),
-                norm=NormSpec(), max_len=64)
-    return ModelConfig(**(base | kw))
-
-
-def resolved(kind: str, cfg: ModelConfig, **given) -> dict:
-    """Options as the resolve pass fills them: the given values, spec defaults for the rest."""
-    opts: dict = {}
-    for o in lookup(kind).options:
-        if o.name not in ("mlp", "norm", "name"):
-            opts[o.name] = given[o.name] if o.name in given else o.default_for(cfg, given | opts)
-    return opts
+config = functools.partial(model_config, dim=32, heads=4, head_dim=8, kv_heads=2, max_len=64)
 
 
 def make_layer(dtype=F64, seed=0, cfg=None, **given) -> SparseAttention:
@@ -50,28 +49,7 @@ def make_layer(dtype=F64, seed=0, cfg=None, **given) -> SparseAttention:
     return layer
 
 
-def run_in_pieces(layer, x, pieces: list[int]) -> tuple[torch.Tensor, Entry]:
-    """Prefill chunks of the given lengths, then one token at a time to the end of x."""
-    entry, outs, t = Entry(), [], 0
-    for n in pieces:
-        outs.append(layer(x[:, t : t + n], entry, t))
-        t += n
-    while t < x.shape[1]:
-        outs.append(layer(x[:, t : t + 1], entry, t))
-        t += 1
-    return torch.cat(outs, dim=1), entry
-
-
 # ---- independent float64 truth ---------------------------------------------------------------------
-
-
-def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Half-split RoPE of `x [B, T, H, d]` at positions 0..T−1: pair (i, i + d/2) turns by t·θ^{−2i/d}."""
-    T, d = x.shape[1], x.shape[-1]
-    ang = torch.arange(T, dtype=F64)[:, None] * theta ** (-torch.arange(0, d, 2, dtype=F64) / d)
-    c, s = ang.cos()[None, :, None], ang.sin()[None, :, None]
-    a, b = x[..., : d // 2], x[..., d // 2 :]
-    return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
 
 
 def rms(x, w, eps=1e-6):
@@ -133,12 +111,16 @@ def truth(layer, x, topk: int | None):
 # ---- tests ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("opts", OPTION_SETS.values(), ids=OPTION_SETS.keys())
-def test_parameters_are_the_spec_weights(opts):
-    cfg = config()
-    layer = SparseAttention(resolved("dsa", cfg, **opts), cfg)
-    got = {n: tuple(p.shape) for n, p in layer.named_parameters()}
-    assert got == lookup("dsa").weights(layer.opts, cfg)
+class TestDsa(LayerContract):
+    KIND, CFG, VARIANTS, BAD_GIVEN = "dsa", config(), OPTION_SETS, OPTION_SETS["plain"]
+    BAD_INPUTS: ClassVar = {
+        "dim": ((2, 5, 31), F64, r"\[B, T, D=32\]"),
+        "rank": ((5, 32), F64, r"\[B, T, D=32\]"),
+        "dtype": ((2, 5, 32), torch.float32, "dtype torch.float64"),
+        "integer": ((2, 5, 32), torch.long, "dtype torch.float64"),
+        "empty": ((2, 0, 32), F64, "at least one token"),
+    }
+    make = staticmethod(make_layer)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["fp32", "fp64"])
@@ -188,13 +170,8 @@ def test_gradcheck_input_and_weights():
     layer = make_layer(cfg=cfg, topk=3, index_heads=2, index_dim=4, gate="sdpa", qk_norm=True)
     x = torch.randn(1, 6, 8, dtype=F64, requires_grad=True)
     names = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "q_norm.weight"]
-    params = [layer.get_parameter(n).detach().clone().requires_grad_() for n in names]
-
-    def f(x, *ps):
-        return torch.func.functional_call(layer, dict(zip(names, ps)), (x,))
-
     # fast mode checks random projections of the Jacobian: one numerical JVP per input, not per element
-    assert torch.autograd.gradcheck(f, (x, *params), fast_mode=True)
+    assert gradcheck_params(layer, x, names, fast_mode=True)
 
 
 def test_lm_gradient_skips_the_indexer():
@@ -231,30 +208,8 @@ def test_indexer_loss_matches_a_direct_kl(sparse):
         assert (p.grad is not None) == name.startswith("idx_"), name
 
 
-@pytest.mark.parametrize(
-    "bad, match",
-    [
-        (torch.randn(2, 5, 31, dtype=F64), r"\[B, T, D=32\]"),
-        (torch.randn(5, 32, dtype=F64), r"\[B, T, D=32\]"),
-        (torch.randn(2, 5, 32), "dtype torch.float64"),
-        (torch.ones(2, 5, 32, dtype=torch.long), "dtype torch.float64"),
-        (torch.randn(2, 0, 32, dtype=F64), "at least one token"),
-    ],
-    ids=["dim", "rank", "dtype", "integer", "empty"],
-)
-def test_bad_input_raises_value_error(bad, match):
-    with pytest.raises(ValueError, match=match):
-        make_layer(**OPTION_SETS["plain"])(bad)
-
-
 def test_traces_with_one_core_node_and_same_results():
     layer = make_layer(**OPTION_SETS["gated"])
     gm = torch.fx.symbolic_trace(layer)
-    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    targets = [getattr(n.target, "__name__", str(n.target)) for n in calls]
-    assert targets.count("dsa_attend") == 1
-    x = torch.randn(2, 12, 32, dtype=F64)
-    assert_close("traced", gm(x), layer(x), 1e-14)
-    entry = Entry()
-    out = torch.cat([gm(x[:, :8], entry, 0), *(gm(x[:, t : t + 1], entry, t) for t in range(8, 12))], 1)
-    assert_close("traced decode", out, layer(x), 1e-12)
+    assert call_targets(gm).count("dsa_attend") == 1
+    assert_traced_same(gm, layer, torch.randn(2, 12, 32, dtype=F64), 8)

@@ -3,19 +3,29 @@ init, max_len, gradients, bad input, fx tracing."""
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import ClassVar
 
 import pytest
 import torch
 import torch.fx
 
-from lt2dsl.ir.nodes import MlpSpec, ModelConfig, NormSpec
 from lt2dsl.ir.registry import lookup
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.tmm import ToeplitzMixer
 from tests.kernels.utils import assert_close
+from tests.lowering.layers.contract import (
+    F64,
+    LayerContract,
+    assert_traced_same,
+    call_targets,
+    gradcheck_params,
+    model_config,
+    resolved,
+    run_in_pieces,
+)
 
-F64 = torch.float64
 VARIANTS = {
     "single": dict(heads=1, kernel=1),
     "heads4": dict(heads=4, kernel=1),
@@ -23,19 +33,7 @@ VARIANTS = {
 }
 
 
-def config(**kw) -> ModelConfig:
-    base = dict(dim=32, vocab=64, heads=4, head_dim=8, kv_heads=4, mlp=MlpSpec(type="none"),
-                norm=NormSpec(), max_len=40)
-    return ModelConfig(**(base | kw))
-
-
-def resolved(kind: str, cfg: ModelConfig, **given) -> dict:
-    """Options as the resolve pass fills them: the given values, spec defaults for the rest."""
-    opts: dict = {}
-    for o in lookup(kind).options:
-        if o.name not in ("mlp", "norm", "name"):
-            opts[o.name] = given[o.name] if o.name in given else o.default_for(cfg, given | opts)
-    return opts
+config = functools.partial(model_config, dim=32, heads=4, head_dim=8, kv_heads=4, max_len=40)
 
 
 def make_layer(dtype=F64, seed=0, cfg=None, **given) -> ToeplitzMixer:
@@ -48,18 +46,6 @@ def make_layer(dtype=F64, seed=0, cfg=None, **given) -> ToeplitzMixer:
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
     return layer
-
-
-def run_in_pieces(layer, x, pieces: list[int]) -> tuple[torch.Tensor, Entry]:
-    """Prefill chunks of the given lengths, then one token at a time to the end of x."""
-    entry, outs, t = Entry(), [], 0
-    for n in pieces:
-        outs.append(layer(x[:, t : t + n], entry, t))
-        t += n
-    while t < x.shape[1]:
-        outs.append(layer(x[:, t : t + 1], entry, t))
-        t += 1
-    return torch.cat(outs, dim=1), entry
 
 
 def truth(layer, x):
@@ -87,12 +73,16 @@ def truth(layer, x):
 # ---- tests ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
-def test_parameters_are_the_spec_weights(variant):
-    cfg = config()
-    layer = ToeplitzMixer(resolved("tmm", cfg, **variant), cfg)
-    got = {n: tuple(p.shape) for n, p in layer.named_parameters()}
-    assert got == lookup("tmm").weights(layer.opts, cfg)
+class TestTmm(LayerContract):
+    KIND, CFG, BAD_GIVEN = "tmm", config(), VARIANTS["heads4"]
+    VARIANTS = VARIANTS  # the module's
+    BAD_INPUTS: ClassVar = {
+        "dim": ((2, 5, 31), F64, r"\[B, T, D=32\]"),
+        "rank": ((5, 32), F64, r"\[B, T, D=32\]"),
+        "dtype": ((2, 5, 32), torch.float32, "dtype torch.float64"),
+        "empty": ((2, 0, 32), F64, "at least one token"),
+    }
+    make = staticmethod(make_layer)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["fp32", "fp64"])
@@ -162,37 +152,11 @@ def test_gradcheck_input_kernel_and_bias():
     layer = make_layer(cfg=cfg, heads=2, kernel=2)
     x = torch.randn(1, 6, 4, dtype=F64, requires_grad=True)
     names = ["w", "bias", "in_proj.weight", "out_proj.bias"]
-    params = [layer.get_parameter(n).detach().clone().requires_grad_() for n in names]
-
-    def f(x, *ps):
-        return torch.func.functional_call(layer, dict(zip(names, ps)), (x,))
-
-    assert torch.autograd.gradcheck(f, (x, *params))
-
-
-@pytest.mark.parametrize(
-    "bad, match",
-    [
-        (torch.randn(2, 5, 31, dtype=F64), r"\[B, T, D=32\]"),
-        (torch.randn(5, 32, dtype=F64), r"\[B, T, D=32\]"),
-        (torch.randn(2, 5, 32, dtype=torch.float32), "dtype torch.float64"),
-        (torch.randn(2, 0, 32, dtype=F64), "at least one token"),
-    ],
-    ids=["dim", "rank", "dtype", "empty"],
-)
-def test_bad_input_raises_value_error(bad, match):
-    with pytest.raises(ValueError, match=match):
-        make_layer(**VARIANTS["heads4"])(bad)
+    assert gradcheck_params(layer, x, names)
 
 
 def test_traces_with_one_core_node_and_same_results():
     layer = make_layer(**VARIANTS["heads2-kernel3"])
     gm = torch.fx.symbolic_trace(layer)
-    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    targets = [getattr(n.target, "__name__", str(n.target)) for n in calls]
-    assert targets.count("toeplitz_cached") == 1
-    x = torch.randn(2, 12, 32, dtype=F64)
-    assert_close("traced", gm(x), layer(x), 1e-14)
-    entry = Entry()
-    out = torch.cat([gm(x[:, :7], entry, 0), *(gm(x[:, t : t + 1], entry, t) for t in range(7, 12))], 1)
-    assert_close("traced decode", out, layer(x), 1e-12)
+    assert call_targets(gm).count("toeplitz_cached") == 1
+    assert_traced_same(gm, layer, torch.randn(2, 12, 32, dtype=F64), 7)
