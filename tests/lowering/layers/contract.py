@@ -87,6 +87,14 @@ def assert_traced_same(gm: torch.fx.GraphModule, layer: nn.Module, x: torch.Tens
     assert_close("traced decode", out, layer(x), 1e-12)
 
 
+def assert_cache_is_the_spec_layout(kind: str, layer: nn.Module, entry: Entry, batch: int, L: int) -> dict:
+    """The entry holds the tensors of the spec's cache after L tokens, by name and shape; returns the
+    spec's layout, for the dtype checks of the caller."""
+    spec = lookup(kind).cache(layer.opts, layer.cfg, batch, L)
+    assert {n: tuple(t.shape) for n, t in entry.items()} == {n: c.shape for n, c in spec.items()}
+    return spec
+
+
 def gradcheck_params(layer: nn.Module, x: torch.Tensor, names, **kw) -> bool:
     """torch.autograd.gradcheck of the layer in x and in the named parameters (the others held fixed)."""
     params = [layer.get_parameter(n).detach().clone().requires_grad_(True) for n in names]
@@ -177,6 +185,13 @@ class LayerContract:
             self.make(**self.BAD_GIVEN)(x)
 
 
+# bad input of the kinds that check it with lowering/functional_sparse.py (dsa, nsa, tmm), at D = 32
+SPARSE_BAD_INPUTS = {
+    "dim": ((2, 5, 31), F64, r"\[B, T, D=32\]"),
+    "rank": ((5, 32), F64, r"\[B, T, D=32\]"),
+    "dtype": ((2, 5, 32), torch.float32, "dtype torch.float64"),
+    "empty": ((2, 0, 32), F64, "at least one token"),
+}
 # dtypes of the recurrent kinds' cache tensors by the spec's dtype class, with the default config
 CACHE_DTYPES = {"state": torch.float32, "act": torch.bfloat16}
 # split points (T, n) of prefill-then-decode: a one-token prefill, a short one, one past a 64-chunk
@@ -228,10 +243,8 @@ class RecurrentContract(LayerContract):
     def test_cache_after_prefill_is_the_spec_layout(self, given):
         layer = self.make(dtype=torch.bfloat16, **given)
         _, entry = decode(layer, torch.randn(2, 6, self.CFG.dim, dtype=torch.bfloat16), 5)
-        spec = lookup(self.KIND).cache(resolved(self.KIND, self.CFG, **given), self.CFG, 2, 6)
-        assert {k: (tuple(t.shape), t.dtype) for k, t in entry.items()} == {
-            k: (c.shape, CACHE_DTYPES[c.dtype]) for k, c in spec.items()
-        }
+        spec = assert_cache_is_the_spec_layout(self.KIND, layer, entry, 2, 6)
+        assert {k: t.dtype for k, t in entry.items()} == {k: CACHE_DTYPES[c.dtype] for k, c in spec.items()}
 
     @pytest.mark.parametrize("T, n", SPLITS)
     def test_prefill_then_decode_equals_one_forward(self, given, T, n):

@@ -11,14 +11,15 @@ import pytest
 import torch
 import torch.fx
 
-from lt2dsl.ir.registry import lookup
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.base import DTYPES
 from lt2dsl.lowering.layers.dsa import SparseAttention
 from tests.kernels.utils import assert_close
 from tests.lowering.layers.contract import (
     F64,
+    SPARSE_BAD_INPUTS,
     LayerContract,
+    assert_cache_is_the_spec_layout,
     assert_traced_same,
     call_targets,
     gradcheck_params,
@@ -113,13 +114,7 @@ def truth(layer, x, topk: int | None):
 
 class TestDsa(LayerContract):
     KIND, CFG, VARIANTS, BAD_GIVEN = "dsa", config(), OPTION_SETS, OPTION_SETS["plain"]
-    BAD_INPUTS: ClassVar = {
-        "dim": ((2, 5, 31), F64, r"\[B, T, D=32\]"),
-        "rank": ((5, 32), F64, r"\[B, T, D=32\]"),
-        "dtype": ((2, 5, 32), torch.float32, "dtype torch.float64"),
-        "integer": ((2, 5, 32), torch.long, "dtype torch.float64"),
-        "empty": ((2, 0, 32), F64, "at least one token"),
-    }
+    BAD_INPUTS: ClassVar = SPARSE_BAD_INPUTS | {"integer": ((2, 5, 32), torch.long, "dtype torch.float64")}
     make = staticmethod(make_layer)
 
 
@@ -129,8 +124,7 @@ def test_cache_after_prefill_is_the_spec_layout(dtype, L):
     layer = make_layer(dtype, **OPTION_SETS["gated"])
     entry = Entry()
     layer(torch.randn(3, L, 32, dtype=dtype), entry, 0)
-    spec = lookup("dsa").cache(layer.opts, layer.cfg, 3, L)
-    assert {n: tuple(t.shape) for n, t in entry.items()} == {n: c.shape for n, c in spec.items()}
+    spec = assert_cache_is_the_spec_layout("dsa", layer, entry, 3, L)
     # kv-dtype tensors follow the compute dtype (the estimate's kv dtype is the activation dtype)
     want = {n: dtype if c.dtype in ("kv", "act") else DTYPES[layer.cfg.state_dtype] for n, c in spec.items()}
     assert {n: t.dtype for n, t in entry.items()} == want

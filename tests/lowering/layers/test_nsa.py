@@ -11,13 +11,14 @@ import pytest
 import torch
 import torch.fx
 
-from lt2dsl.ir.registry import lookup
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.nsa import NativeSparseAttention
 from tests.kernels.utils import assert_close
 from tests.lowering.layers.contract import (
     F64,
+    SPARSE_BAD_INPUTS,
     LayerContract,
+    assert_cache_is_the_spec_layout,
     assert_traced_same,
     call_targets,
     gradcheck_params,
@@ -137,12 +138,7 @@ class TestNsa(LayerContract):
     KIND, CFG, BAD_GIVEN = "nsa", config(), GEOMETRIES["l=4,d=2,l'=4"]
     # the spec-weights contract runs each of the module's VARIANTS at the first geometry
     VARIANTS: ClassVar = {name: GEOMETRIES["l=4,d=2,l'=4"] | v for name, v in VARIANTS.items()}
-    BAD_INPUTS: ClassVar = {
-        "dim": ((2, 5, 31), F64, r"\[B, T, D=32\]"),
-        "rank": ((2, 5, 32, 1), F64, r"\[B, T, D=32\]"),
-        "dtype": ((2, 5, 32), torch.float32, "dtype torch.float64"),
-        "empty": ((2, 0, 32), F64, "at least one token"),
-    }
+    BAD_INPUTS: ClassVar = SPARSE_BAD_INPUTS | {"rank": ((2, 5, 32, 1), F64, r"\[B, T, D=32\]")}
     make = staticmethod(make_layer)
 
 
@@ -152,8 +148,7 @@ def test_cache_after_prefill_is_the_spec_layout(dtype, L):
     layer = make_layer(dtype, **GEOMETRIES["l=4,d=2,l'=4"], **VARIANTS["mean-gqa"])
     entry = Entry()
     layer(torch.randn(2, L, 32, dtype=dtype), entry, 0)
-    spec = lookup("nsa").cache(layer.opts, layer.cfg, 2, L)
-    assert {n: tuple(t.shape) for n, t in entry.items()} == {n: c.shape for n, c in spec.items()}
+    assert_cache_is_the_spec_layout("nsa", layer, entry, 2, L)
     assert all(t.dtype == dtype for t in entry.values())  # every NSA cache tensor is in the kv dtype
 
 
@@ -165,8 +160,7 @@ def test_prefill_then_decode_equals_one_forward(variant, geometry, pieces):
     x = torch.randn(2, 23, 32, dtype=F64)
     out, entry = run_in_pieces(layer, x, pieces)
     assert_close("decode", out, layer(x), 1e-12)
-    spec = lookup("nsa").cache(layer.opts, layer.cfg, 2, 23)
-    assert {n: tuple(t.shape) for n, t in entry.items()} == {n: c.shape for n, c in spec.items()}
+    assert_cache_is_the_spec_layout("nsa", layer, entry, 2, 23)
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES.values(), ids=GEOMETRIES.keys())

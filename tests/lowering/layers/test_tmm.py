@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import ClassVar
 
 import pytest
 import torch
 import torch.fx
 
-from lt2dsl.ir.registry import lookup
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.tmm import ToeplitzMixer
 from tests.kernels.utils import assert_close
 from tests.lowering.layers.contract import (
     F64,
+    SPARSE_BAD_INPUTS,
     LayerContract,
+    assert_cache_is_the_spec_layout,
     assert_traced_same,
     call_targets,
     gradcheck_params,
@@ -76,12 +76,7 @@ def truth(layer, x):
 class TestTmm(LayerContract):
     KIND, CFG, BAD_GIVEN = "tmm", config(), VARIANTS["heads4"]
     VARIANTS = VARIANTS  # the module's
-    BAD_INPUTS: ClassVar = {
-        "dim": ((2, 5, 31), F64, r"\[B, T, D=32\]"),
-        "rank": ((5, 32), F64, r"\[B, T, D=32\]"),
-        "dtype": ((2, 5, 32), torch.float32, "dtype torch.float64"),
-        "empty": ((2, 0, 32), F64, "at least one token"),
-    }
+    BAD_INPUTS = SPARSE_BAD_INPUTS
     make = staticmethod(make_layer)
 
 
@@ -91,8 +86,7 @@ def test_cache_after_prefill_is_the_spec_layout(dtype, L):
     layer = make_layer(dtype, **VARIANTS["heads4"])
     entry = Entry()
     layer(torch.randn(3, L, 32, dtype=dtype), entry, 0)
-    spec = lookup("tmm").cache(layer.opts, layer.cfg, 3, L)
-    assert {n: tuple(t.shape) for n, t in entry.items()} == {n: c.shape for n, c in spec.items()}
+    assert_cache_is_the_spec_layout("tmm", layer, entry, 3, L)
     assert entry["x"].dtype == dtype  # the activation dtype
 
 
