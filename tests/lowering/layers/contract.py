@@ -55,6 +55,19 @@ def resolved(kind: str, cfg: ModelConfig, **given) -> dict:
     return opts
 
 
+def seeded_layer(cls: type[nn.Module], kind: str, cfg: ModelConfig, given: dict, dtype=F64, seed: int = 0,
+                 perturb=None) -> nn.Module:
+    """`cls` built from the resolved options right after torch.manual_seed(seed), cast to dtype, with
+    `perturb(name, p)` applied to each parameter without grad (to move the weights off their init)."""
+    torch.manual_seed(seed)
+    layer = cls(resolved(kind, cfg, **given), cfg).to(dtype)
+    if perturb is not None:
+        with torch.no_grad():
+            for name, p in layer.named_parameters():
+                perturb(name, p)
+    return layer
+
+
 # ---- running a layer --------------------------------------------------------------------------------
 
 
@@ -220,13 +233,10 @@ class RecurrentContract(LayerContract):
     @classmethod
     def make(cls, cfg: ModelConfig | None = None, dtype=F64, **given) -> nn.Module:
         """A layer with every parameter moved off its init, so gates, norms and convs all matter."""
-        cfg = cls.CFG if cfg is None else cfg
-        torch.manual_seed(0)
-        layer = cls.CLS(resolved(cls.KIND, cfg, **given), cfg).to(dtype)
-        with torch.no_grad():
-            for p in layer.parameters():
-                p.add_(0.2 * torch.randn_like(p))
-        return layer
+        def perturb(_, p):
+            p.add_(0.2 * torch.randn_like(p))
+
+        return seeded_layer(cls.CLS, cls.KIND, cls.CFG if cfg is None else cfg, given, dtype, 0, perturb)
 
     @classmethod
     def resolved(cls, cfg: ModelConfig, **given) -> dict:

@@ -24,9 +24,9 @@ from tests.lowering.layers.contract import (
     call_targets,
     gradcheck_params,
     model_config,
-    resolved,
     rope,
     run_in_pieces,
+    seeded_layer,
 )
 
 OPTION_SETS = {
@@ -41,13 +41,11 @@ config = functools.partial(model_config, dim=32, heads=4, head_dim=8, kv_heads=2
 
 def make_layer(dtype=F64, seed=0, cfg=None, **given) -> SparseAttention:
     """A layer with generic random weights (std 0.2, norms near 1) so selection and gates matter."""
-    cfg = cfg or config()
-    torch.manual_seed(seed)
-    layer = SparseAttention(resolved("dsa", cfg, **given), cfg).to(dtype)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm.weight" in name else 0.2 * torch.randn_like(p))
-    return layer
+
+    def perturb(name, p):
+        p.copy_(1 + 0.1 * torch.randn_like(p) if "norm.weight" in name else 0.2 * torch.randn_like(p))
+
+    return seeded_layer(SparseAttention, "dsa", cfg or config(), given, dtype, seed, perturb)
 
 
 # ---- independent float64 truth ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ from tests.lowering.layers.contract import (
     resolved,
     rope,
     run_in_pieces,
+    seeded_layer,
 )
 
 # l' = block, n = select (3 forced blocks + 1 chosen by score), w = window, l = cmp_block, d = stride
@@ -45,17 +46,15 @@ config = functools.partial(model_config, dim=32, heads=4, head_dim=8, kv_heads=2
 
 def make_layer(dtype=F64, seed=0, cfg=None, randomize=True, **given) -> NativeSparseAttention:
     """A layer with generic random weights (std 0.2; φ perturbed away from mean pooling)."""
-    cfg = cfg or config()
-    torch.manual_seed(seed)
-    layer = NativeSparseAttention(resolved("nsa", cfg, **given), cfg).to(dtype)
-    if randomize:
-        with torch.no_grad():
-            for name, p in layer.named_parameters():
-                if name.startswith("cmp_"):
-                    p.add_(0.1 * torch.randn_like(p))
-                else:
-                    p.normal_(0, 0.2)
-    return layer
+
+    def perturb(name, p):
+        if name.startswith("cmp_"):
+            p.add_(0.1 * torch.randn_like(p))
+        else:
+            p.normal_(0, 0.2)
+
+    return seeded_layer(NativeSparseAttention, "nsa", cfg or config(), given, dtype, seed,
+                        perturb if randomize else None)
 
 
 # ---- independent float64 truth (mixers.md §10(b)) ---------------------------------------------------

@@ -24,6 +24,7 @@ from tests.lowering.layers.contract import (
     model_config,
     resolved,
     run_in_pieces,
+    seeded_layer,
 )
 
 VARIANTS = {
@@ -38,14 +39,12 @@ config = functools.partial(model_config, dim=32, heads=4, head_dim=8, kv_heads=4
 
 def make_layer(dtype=F64, seed=0, cfg=None, **given) -> ToeplitzMixer:
     """A layer with its own init, plus a random position bias and projection biases (init: zeros)."""
-    cfg = cfg or config()
-    torch.manual_seed(seed)
-    layer = ToeplitzMixer(resolved("tmm", cfg, **given), cfg).to(dtype)
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.5)
-    return layer
+
+    def perturb(name, p):
+        if name.endswith("bias"):
+            p.normal_(0, 0.5)
+
+    return seeded_layer(ToeplitzMixer, "tmm", cfg or config(), given, dtype, seed, perturb)
 
 
 def truth(layer, x):
