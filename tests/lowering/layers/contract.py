@@ -4,11 +4,13 @@ A test file declares one `Test…` class that subclasses `LayerContract` (or `Re
 the recurrent kinds) and sets its kind's configuration as class attributes: `KIND`, `CLS`, `CFG`,
 `VARIANTS`, …. The contract tests it inherits are parametrized over those attributes by the class's
 `pytest_generate_tests`: an argument named `given` runs over `VARIANTS`, `bad` over `BAD_INPUTS`,
-`grad` over `GRADCHECK`. The file itself keeps only what is particular to its kind: the float64
-truth from mixers.md, the initialisation, special cases.
+`grad` over `GRADCHECK`. `DecodesStateInPlace` and `RunsUnderAutocast` add the checks only some
+recurrent kinds make. The file itself keeps only what is particular to its kind: the float64 truth
+from mixers.md, the initialisation, special cases.
 
 The helpers here (options as the resolve pass fills them, prefill + decode in pieces, the shared
-float64 pieces of the truths, gradcheck over named parameters, fx call targets) serve those files too.
+float64 pieces of the truths, gradcheck over named parameters, fx call targets, the cache layout
+against the spec) serve those files too.
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ SPARSE_BAD_INPUTS = {
 }
 # dtypes of the recurrent kinds' cache tensors by the spec's dtype class, with the default config
 CACHE_DTYPES = {"state": torch.float32, "act": torch.bfloat16}
-# split points (T, n) of prefill-then-decode: a one-token prefill, a short one, one past a 64-chunk
+# split points (T, n) of prefill-then-decode: a one-token prefill, a short one, one past a 64-token chunk
 SPLITS = ((9, 1), (9, 6), (70, 66))
 
 
