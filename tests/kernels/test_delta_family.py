@@ -10,8 +10,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
 
 from lt2dsl.kernels.common.delta_chunk_ref import delta_chunk_ref
+from lt2dsl.kernels.common.delta_launch import N_CONFIGS, forced_config
 from lt2dsl.kernels.delta_rule import delta_rule
 from lt2dsl.kernels.delta_rule.naive import delta_rule_naive
 from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
@@ -329,3 +331,35 @@ def test_kda_with_uniform_channels_is_gdn():
     )
     assert_close("o", o1, o2, 1e-12)
     assert_close("S", S1, S2, 1e-12)
+
+
+GPU_CASES = ["T1000-D64", "T1000-D128", "T8192-D64", "T8192-D128", "gva", "odd", "varlen"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_matches_reference(info, case, dtype):
+    """Full sizes on the GPU: o, final state and every gradient against float64."""
+    run_gpu_suite(info, case, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_gpu_decode(info, batch):
+    run_gpu_decode(info, batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("config", range(N_CONFIGS))
+def test_gpu_every_autotune_config(info, config, dtype):
+    """Each config an autotuned kernel may pick on this GPU, forced one at a time.
+
+    A config that does not fit the GPU (OutOfResources) is never picked by the autotuner: skipped.
+    """
+    with forced_config(config):
+        try:
+            run_gpu_suite(info, "T1000-D128", dtype)
+        except OutOfResources as e:
+            pytest.skip(f"config {config} does not fit: {e}")
