@@ -27,6 +27,7 @@ from lt2dsl.ir.registry import lookup
 from lt2dsl.ir.spec import BYTES, Dtypes
 from lt2dsl.ir.specs.channel import block_norm_count, mlp_flops, mlp_weights, norm_weights
 from lt2dsl.passes.resolve import blocks as iter_blocks
+from lt2dsl.passes.resolve import loops as _loops
 
 
 @dataclass(frozen=True)
@@ -130,15 +131,6 @@ def extra_weights(model: n.Model) -> dict[str, tuple[int, ...]]:
         if lp.exit is not None:
             w |= {f"loops.{k}.exit.weight": (1, cfg.dim), f"loops.{k}.exit.bias": (1,)}
     return w
-
-
-def _loops(stages) -> list[n.LoopBlock]:
-    """Loops in pre-order (outer before inner): index k names `loops.<k>` in the module."""
-    out = []
-    for s in stages:
-        if isinstance(s, n.LoopBlock):
-            out += [s, *_loops(s.body)]
-    return out
 
 
 def _loop_iterations(stages, mult: int = 1) -> dict[str, int]:

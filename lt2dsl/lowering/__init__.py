@@ -15,14 +15,12 @@ import torch
 
 from lt2dsl.ir import nodes as n
 from lt2dsl.lowering.cache import Cache, Entry
+from lt2dsl.lowering.layers.base import DTYPES
 from lt2dsl.lowering.model import LT2Model
 
 __all__ = ["Cache", "Entry", "LT2Model", "compile_model", "resolve_source"]
 
-TORCH_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64, "float64": torch.float64,
-}
+TORCH_DTYPES = DTYPES
 LOOP_T_KEYS = ("loop_T", "loop.T")
 
 

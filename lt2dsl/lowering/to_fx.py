@@ -25,15 +25,7 @@ from torch import nn
 
 from lt2dsl.ir import nodes as n
 from lt2dsl.lowering import functional_core as fc
-
-
-def loops_preorder(stages) -> list[n.LoopBlock]:
-    """Loops outer before inner, in order: index k names `loops.<k>` (as the estimate counts them)."""
-    out: list[n.LoopBlock] = []
-    for s in stages:
-        if isinstance(s, n.LoopBlock):
-            out += [s, *loops_preorder(s.body)]
-    return out
+from lt2dsl.passes.resolve import loops as loops_preorder
 
 
 def ends_with_normed_loop(stages) -> bool:

@@ -255,3 +255,13 @@ def blocks(stages) -> list[tuple[n.Block, int]]:
 
     walk(stages, 1)
     return out
+
+
+def loops(stages) -> list[n.LoopBlock]:
+    """Loops outer before inner, in order. Index k names `loops.<k>` — the estimate's parameter
+    names and the lowered module's submodules both come from this one order."""
+    out: list[n.LoopBlock] = []
+    for s in stages:
+        if isinstance(s, n.LoopBlock):
+            out += [s, *loops(s.body)]
+    return out
