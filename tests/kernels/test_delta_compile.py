@@ -72,7 +72,7 @@ def _jobs():
     )
     from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
     from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
-    from lt2dsl.kernels.common.delta_wy import delta_wy_fwd_kernel
+    from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel
     from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
     from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
@@ -86,8 +86,10 @@ def _jobs():
         cfg = L._PREP_CONFIGS[0]
         cex = dict(base, BK=D, USE_G=bool(gate), DOT=0)
         jobs.append((f"wy-g{gate}", delta_wy_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+        jobs.append((f"qk-g{gate}", delta_qk_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
     for gate in (0, 1, 2):
-        for i, cfg in enumerate(L._STATE_CONFIGS):
+        # DeltaNet's state scans run the scalar-gate code (GATE 1): no GATE 0 state-scan job
+        for i, cfg in enumerate(L._STATE_CONFIGS if gate else []):
             fwd = dict(
                 base,
                 V=D,

@@ -32,7 +32,7 @@ from lt2dsl.kernels.common.delta_grad import (
 )
 from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
 from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
-from lt2dsl.kernels.common.delta_wy import delta_wy_fwd_kernel
+from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel
 
 BT = 64
 GATE_IDS = {"none": 0, "scalar": 1, "channel": 2}
@@ -83,11 +83,12 @@ def _tuned(kernel, configs, key):
 
 
 _wy_fwd = _tuned(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
+_qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 _state_fwd = _tuned(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-TUNED = [t for t in (_wy_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k) if t is not None]
+TUNED = [t for t in (_wy_fwd, _qk_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k) if t is not None]
 N_CONFIGS = max(len(_STATE_CONFIGS), len(_CC_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS))
 
 
@@ -183,16 +184,25 @@ class ChunkMeta:
         return (self.n_chunks, self.HV) if self.varlen else (self.NT, bh)
 
 
-def wy_fwd(q, k, g, beta, gate: str, meta: ChunkMeta):
-    """T = (I + A)^{-1} `[B*T, HV, 64]` fp32 and the gate cumsum (GDN/DeltaNet; KDA has its own)."""
+def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta):
+    """DeltaNet / GDN chunk preparation (KDA has its own): the gate cumsum `[B*T, HV]` (zeros for
+    DeltaNet, whose state scans run the scalar-gate code), T = (I + A)^{-1} and the output scores
+    Aqk, both `[B*T, HV, 64]` fp32."""
     B, T, H, K = k.shape
     HV = beta.shape[-1]
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
-    gcum = empty(k, B * T, HV, dtype=torch.float32) if gate == "scalar" else Ainv
+    Aqk = empty(k, B * T, HV, BT, dtype=torch.float32)
+    if gate == "scalar":
+        gcum = empty(k, B * T, HV, dtype=torch.float32)
+    else:
+        gcum = torch.zeros(B * T, HV, dtype=torch.float32, device=k.device)
+    common = dict(H=H, HV=HV, K=K, BT=BT, BK=pow2(K), USE_G=gate == "scalar", IS_VARLEN=meta.varlen,
+                  DOT=dot_mode(k.dtype))  # fmt: skip
+    grid = meta.chunk_grid(B * HV)
     launch(
         _wy_fwd,
         delta_wy_fwd_kernel,
-        meta.chunk_grid(B * HV),
+        grid,
         k,
         g if g is not None else beta,
         beta,
@@ -201,16 +211,24 @@ def wy_fwd(q, k, g, beta, gate: str, meta: ChunkMeta):
         meta.cu,
         meta.chunk_indices,
         T,
-        H=H,
-        HV=HV,
-        K=K,
-        BT=BT,
-        BK=pow2(K),
-        USE_G=gate == "scalar",
-        IS_VARLEN=meta.varlen,
-        DOT=dot_mode(k.dtype),
+        **common,
     )
-    return gcum, Ainv
+    launch(
+        _qk_fwd, delta_qk_fwd_kernel, grid, q, k, gcum, Aqk, meta.cu, meta.chunk_indices, T, scale, **common
+    )
+    return gcum, Ainv, Aqk
+
+
+def state_bk(K: int) -> int:
+    """Key tile of the state scans: at least 32. On the H200 (Triton 3.6) the reverse scan hit an
+    illegal memory access with K = 16 (a 16-row tile, all three gate kinds) while K = 24 and 32 ran
+    right; rows past K are masked loads of zeros, so a wider tile does not change the math."""
+    return max(32, pow2(K))
+
+
+def _state_gate(gate: str) -> int:
+    """The state scans' GATE: DeltaNet takes the scalar-gate code with b = 0 (one code shape)."""
+    return GATE_IDS["scalar"] if gate == "none" else GATE_IDS[gate]
 
 
 def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
@@ -251,8 +269,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
         K=K,
         V=V,
         BT=BT,
-        BK=pow2(K),
-        GATE=GATE_IDS[gate],
+        BK=state_bk(K),
+        GATE=_state_gate(gate),
         USE_H0=h0 is not None,
         STORE_FINAL=want_final,
         STORE_H=save,
@@ -301,8 +319,8 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
         K=K,
         V=V,
         BT=BT,
-        BK=pow2(K),
-        GATE=GATE_IDS[gate],
+        BK=state_bk(K),
+        GATE=_state_gate(gate),
         USE_DHT=dht is not None,
         STORE_DH0=want_dh0,
         IS_VARLEN=meta.varlen,

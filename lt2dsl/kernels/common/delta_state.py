@@ -9,19 +9,23 @@ log decay, γ = e^b, GATE 0 none / 1 scalar per token / 2 per key channel):
     S ← Diag(γ_C) S + (K ⊙ e^{b_C − b})ᵀ U'
 
 The forward fuses the output into the scan, so neither the per-chunk states nor U' touch memory
-unless the backward needs them (STORE_H / STORE_VNEW). For GDN and DeltaNet P is formed here from
-q and k (scalar decay: Γ_ri = e^{b_r − b_i}, applied to dot results, not to K); for KDA it is
-read from `Aqk`.
+unless the backward needs them (STORE_H / STORE_VNEW). P is read from `Aqk`, written per chunk by
+`delta_wy` (DeltaNet, GDN) or `kda.chunk_intra` (KDA). DeltaNet runs as GATE 1 with b = 0.
 
 The reverse kernel carries dS (gradient of the state after the chunk) from the last chunk back:
 
     dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS,   Y = Tᵀ dU'                 (stored: dh = dS, Y)
     dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − (K ⊙ γ)ᵀ Diag(β) Y
 
-Precision: with 16-bit inputs, dots that involve computed fp32 tiles (S, U', T, P, dS, Y) take
-them as hi + lo bf16 pairs (`mm_rx`, `mm_xx` in `delta_tl`), keeping ~fp32 accuracy while the
-raw q/k tiles stay 16-bit operands. Every transposed operand is a loaded (or elementwise-derived)
-tile, never a transposed dot result: see the Hopper note in `delta_tl`.
+Hopper: both gate kinds run one code shape, the one the H200 showed correct. An earlier scalar-gate
+variant (P formed here as s Q Kᵀ, K and Q fed raw to K·S, Q·S and Kᵀ·U') hit an illegal memory
+access from the second chunk on under Triton 3.6 (BENCHMARKS.md); now every dot operand is a
+tile from memory or derived elementwise in fp32 (K ⊙ γ, sQ ⊙ γ), and no raw q/k tile is transposed.
+
+Precision: with 16-bit inputs, the dots on computed fp32 tiles (T·X, P·U', Kᵀ·U') run in TF32
+(`mm_xx` in `delta_tl`); K·S and Q·S take S and the scaled keys rounded to the input dtype, which
+the tests hold to the 16-bit budget. Transposed operands are loaded (or elementwise-derived) tiles,
+never a transposed dot result: see the Hopper note in `delta_tl`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_tl import helper, mm, mm_rx, mm_xx, seq_coords
+from lt2dsl.kernels.common.delta_tl import helper, mm, mm_xx, seq_coords
 
 
 @helper
@@ -115,27 +119,6 @@ def gate_factors(b, b_last, GATE: tl.constexpr):
 
 
 @helper
-def intra_qk(
-    q, k, b, scale, BT: tl.constexpr, TRANSPOSED: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr
-):
-    """P = s (Q Kᵀ) ⊙ Γ with the causal mask `[BT, BT]` (scalar or no decay), or Pᵀ = s (K Qᵀ) ⊙ Γᵀ."""
-    ot = tl.arange(0, BT)
-    if TRANSPOSED:
-        p = mm(k, tl.trans(q), DOT)
-        keep = ot[:, None] <= ot[None, :]
-    else:
-        p = mm(q, tl.trans(k), DOT)
-        keep = ot[:, None] >= ot[None, :]
-    if GATE == 1:
-        # Exponents of kept entries are ≤ 0; masked ones are zeroed before exp (no inf formed).
-        if TRANSPOSED:
-            p = p * tl.exp(tl.where(keep, b[None, :] - b[:, None], 0.0))
-        else:
-            p = p * tl.exp(tl.where(keep, b[:, None] - b[None, :], 0.0))
-    return tl.where(keep, p * scale, 0.0)
-
-
-@helper
 def load_square(ptr, t0, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
     """The chunk's `[BT, BT]` fp32 matrix from a `[B*T, HV, BT]` buffer (or its transpose)."""
     ot = tl.arange(0, BT)
@@ -207,40 +190,22 @@ def delta_state_fwd_kernel(
             mask=r0 + tl.arange(0, BT) < L,
             other=0.0,
         ).to(tl.float32)
-        if GATE == 2:
-            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
-            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-            S_lo = S.to(DT)
-            ks = mm((b_k.to(tl.float32) * gam).to(DT), S_lo, DOT)
-            qs = mm((b_q.to(tl.float32) * (gam * scale)).to(DT), S_lo, DOT)
-        elif GATE == 1:
-            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
-            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-            S_lo = S.to(DT)
-            ks = mm(b_k, S_lo, DOT) * gam[:, None]
-            qs = mm(b_q, S_lo, DOT) * (gam * scale)[:, None]
-        else:
-            b_g = tl.zeros([BT], dtype=tl.float32)
-            S_lo = S.to(DT)
-            ks = mm(b_k, S_lo, DOT)
-            qs = mm(b_q, S_lo, DOT) * scale
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        if GATE == 1:
+            gam, to_end = gam[:, None], to_end[:, None]
+        S_lo = S.to(DT)
+        ks = mm((b_k.to(tl.float32) * gam).to(DT), S_lo, DOT)
+        qs = mm((b_q.to(tl.float32) * (gam * scale)).to(DT), S_lo, DOT)
         # U' = T Diag(β) (V − (K ⊙ γ) S): the true innovations of the chunk's tokens.
         b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
         u = mm_xx(b_T, (b_v - ks) * b_beta[:, None], DT, PREC, DOT)
         if STORE_VNEW:
             store_tile(vnew + v_base, u, r0, L, HV * V, i_v * BV, V, BT, BV)
-        if GATE == 2:
-            b_P = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, False)
-        else:
-            b_P = intra_qk(b_q, b_k, b_g, scale, BT, False, GATE, DOT)
+        b_P = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, False)
         b_o = qs + mm_xx(b_P, u, DT, PREC, DOT)
         store_tile(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
-        if GATE == 2:
-            S = S * gam_c + mm_xx(tl.trans(b_k.to(tl.float32) * to_end), u, DT, PREC, DOT)
-        elif GATE == 1:
-            S = S * gam_c + mm_rx(tl.trans(b_k), u * to_end[:, None], DT, PREC, DOT)
-        else:
-            S += mm_rx(tl.trans(b_k), u, DT, PREC, DOT)
+        S = S * gam_c + mm_xx(tl.trans(b_k.to(tl.float32) * to_end), u, DT, PREC, DOT)
     if STORE_FINAL:
         store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
 
@@ -304,33 +269,19 @@ def delta_state_bwd_kernel(
             mask=r0 + tl.arange(0, BT) < L,
             other=0.0,
         ).to(tl.float32)
-        if GATE == 2:
-            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
-            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-            b_Pt = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, True)
-            kds = mm((b_k.to(tl.float32) * to_end).to(DT), dS.to(DT), DOT)
-        elif GATE == 1:
-            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
-            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-            b_Pt = intra_qk(b_q, b_k, b_g, scale, BT, True, GATE, DOT)
-            kds = mm(b_k, dS.to(DT), DOT) * to_end[:, None]
-        else:
-            b_Pt = intra_qk(b_q, b_k, tl.zeros([BT], dtype=tl.float32), scale, BT, True, GATE, DOT)
-            kds = mm(b_k, dS.to(DT), DOT)
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        if GATE == 1:
+            gam, to_end = gam[:, None], to_end[:, None]
+        b_Pt = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, True)
+        kds = mm((b_k.to(tl.float32) * to_end).to(DT), dS.to(DT), DOT)
         # dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS', then Y = Tᵀ dU'.
         du = mm_xx(b_Pt, b_dof, DT, PREC, DOT) + kds
         b_Tt = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, True)
         b_y = mm_xx(b_Tt, du, DT, PREC, DOT)
         store_tile(Y + v_base, b_y, r0, L, HV * V, i_v * BV, V, BT, BV)
         # dS ← Diag(γ_C) dS' + (sQ ⊙ γ)ᵀ dO − (K ⊙ γ)ᵀ Diag(β) Y
-        if GATE == 2:
-            dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_dof, DT, PREC, DOT)
-            dS -= mm_xx(tl.trans(b_k.to(tl.float32) * gam), b_y * b_beta[:, None], DT, PREC, DOT)
-        elif GATE == 1:
-            dS = dS * gam_c + mm_rx(tl.trans(b_q), b_dof * (gam * scale)[:, None], DT, PREC, DOT)
-            dS -= mm_rx(tl.trans(b_k), b_y * (b_beta * gam)[:, None], DT, PREC, DOT)
-        else:
-            dS += mm_rx(tl.trans(b_q), b_dof * scale, DT, PREC, DOT)
-            dS -= mm_rx(tl.trans(b_k), b_y * b_beta[:, None], DT, PREC, DOT)
+        dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_dof, DT, PREC, DOT)
+        dS -= mm_xx(tl.trans(b_k.to(tl.float32) * gam), b_y * b_beta[:, None], DT, PREC, DOT)
     if STORE_DH0:
         store_tile(dh0 + s_base, dS, 0, K, V, i_v * BV, V, BK, BV)

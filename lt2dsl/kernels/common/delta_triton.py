@@ -72,7 +72,7 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
         alloc((N, HV, K, V) if want_final else (0,), f32),
         alloc(g_shape if save and gate else (0,), f32),
         alloc((B * T, HV, BT) if save else (0,), f32),
-        alloc((B * T, HV, BT) if save and gate == 2 else (0,), f32),
+        alloc((B * T, HV, BT) if save else (0,), f32),
         alloc((n_rows, HV, K, V) if save else (0,), q.dtype),
         alloc((B, T, HV, V) if save else (0,), v.dtype),
     )
@@ -95,8 +95,7 @@ def _chunk_fwd_impl(
     if gate == 2:
         gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta)
     else:
-        gcum, Ainv = wy_fwd(q, k, g, beta, GATES[gate], meta)
-        Aqk = Ainv
+        gcum, Ainv, Aqk = wy_fwd(q, k, g, beta, GATES[gate], scale, meta)
     o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
 
     # Outputs may not alias each other, so every absent one is its own empty tensor.
@@ -105,7 +104,7 @@ def _chunk_fwd_impl(
 
     if not save:
         return o, (ht if want_final else e()), e(), e(), e(), e(), e()
-    return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk if gate == 2 else e(), h, vnew)
+    return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk, h, vnew)
 
 
 delta_chunk_fwd = torch.library.custom_op("lt2dsl::delta_chunk_fwd", _chunk_fwd_impl, mutates_args=())
@@ -140,7 +139,8 @@ def _chunk_bwd_impl(
     B, T, H, K = q.shape
     HV = v.shape[2]
     meta = ChunkMeta(B, T, HV, cu_seqlens)
-    Aqk = Aqk if gate == 2 else Ainv
+    if gate == 0:  # DeltaNet's state scans run the scalar-gate code with b = 0
+        gcum = torch.zeros(B * T, HV, dtype=torch.float32, device=q.device)
     dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None)
     dq, dk, dv, dbeta, dg = grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta)
     # Value heads sharing a q/k head add their gradients (grouped value heads).

@@ -6,6 +6,10 @@ A[r, i] = β_r (k_r · k_i) e^{b_r − b_i} for r > i (mixers.md §5 (b) step 1)
 * gcum `[B*T, HV]` fp32: b (GDN only),
 * Ainv `[B*T, HV, 64]` fp32: T = (I + A)^{-1}, row r of a chunk at that chunk's token r.
 
+`delta_qk_fwd_kernel` then writes the chunk's output scores P[r, i] = s (q_r · k_i) e^{b_r − b_i}
+(r ≥ i, else 0) in the same layout, read by the state scans forward and backward. It is its own
+kernel: folded into this one, the q tiles push it to ~900 B of spills per thread on sm_90.
+
 The state kernels then form U' = T Diag(β)(V − Diag(γ) K S) per chunk on the fly, so the WY
 pseudo-keys/values W, U are never written to memory.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from lt2dsl.kernels.common.delta_state import load_tile
 from lt2dsl.kernels.common.delta_tl import (
     chunk_coords,
     helper,
@@ -115,3 +120,43 @@ def delta_wy_fwd_kernel(
         DOT,
     )
     store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
+
+
+@triton.jit
+def delta_qk_fwd_kernel(
+    q,
+    k,
+    gcum,
+    Aqk,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    USE_G: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    t0 = bos + i_t * BT
+    base = (t0.to(tl.int64) * H + i_h) * K
+    b_q = load_tile(q + base, 0, eos - t0, H * K, 0, K, BT, BK)
+    b_k = load_tile(k + base, 0, eos - t0, H * K, 0, K, BT, BK)
+    o = tl.arange(0, BT)
+    m_t = t0 + o < eos
+    keep = o[:, None] >= o[None, :]
+    p = mm(b_q, tl.trans(b_k), DOT) * scale
+    if USE_G:
+        b = tl.load(gcum + (t0 + o).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
+        # kept entries have r ≥ i, so the exponent is ≤ 0; the others are zeroed before exp
+        p = p * tl.exp(tl.where(keep, b[:, None] - b[None, :], 0.0))
+    p = tl.where(keep, p, 0.0)
+    ptr = Aqk + (t0.to(tl.int64) * HV + i_hv) * BT + o[:, None] * (HV * BT) + o[None, :]
+    tl.store(ptr, p, mask=m_t[:, None])
