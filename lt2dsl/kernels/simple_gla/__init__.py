@@ -70,10 +70,14 @@ def simple_gla(
     check_inplace(inplace_final_state, initial_state)
     scale = d.K**-0.5 if scale is None else float(scale)
     want_final = output_final_state or inplace_final_state
-    # The no-decay 16-bit path gave o 0.61 relative error on the H200 (T=100): kept off CUDA.
-    bad = "simple_gla without decay in 16-bit" if g is None and q.dtype != torch.float32 else None
-    if pick_backend(backend, q, failing_on_gpu=bad) == "triton":
+    if pick_backend(backend, q) == "triton":
         from .ops import simple_gla_triton
+
+        if g is None and q.is_cuda and q.dtype != torch.float32:
+            # The no-decay 16-bit kernels gave o 0.61 relative error on the H200 at small head dims
+            # (K=32, V=16, T=100; D=128 was right), where the decayed ones at the same shape were
+            # right: a zero decay runs the decayed code, which is the same math.
+            g = q.new_zeros(d.B, d.T, d.HV, dtype=torch.float32)
 
         return simple_gla_triton(
             q, k, v, g, scale, initial_state, want_final, inplace_final_state, cu_seqlens
