@@ -32,7 +32,7 @@ for s in ${STAGES:-env}; do
     env) stage env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
           python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
     tests_attn)  stage tests_attn ${LIM_ATTN:-400} $PYT -n ${NPROC:-6} tests/kernels/test_attention.py tests/kernels/test_dsa.py tests/kernels/test_nsa.py ;;
-    tests_decay) LT2_TRITON_KNOWN_BAD=1 stage tests_decay ${LIM_DECAY:-400} $PYT -n ${NPROC:-6} tests/kernels/test_simple_gla.py tests/kernels/test_gla.py \
+    tests_decay) stage tests_decay ${LIM_DECAY:-400} $PYT -n ${NPROC:-6} tests/kernels/test_simple_gla.py tests/kernels/test_gla.py \
                    tests/kernels/test_mlstm.py tests/kernels/test_toeplitz.py tests/kernels/test_decay_common.py ;;
     tests_delta) LT2_DELTA_CHUNK_CUDA=1 stage tests_delta ${LIM_DELTA:-400} $PYT -n ${NPROC:-6} tests/kernels/test_gated_delta_rule.py tests/kernels/test_delta_rule.py \
                    tests/kernels/test_kda.py tests/kernels/test_delta_family.py tests/kernels/test_delta_triton.py ;;

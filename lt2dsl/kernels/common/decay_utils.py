@@ -7,7 +7,6 @@ j // (HV // H)) and keep recurrent states in fp32 (float64 when the inputs are f
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -164,21 +163,11 @@ def run_by_sequence(fn, cu_seqlens: torch.Tensor, seq_tensors: list, state):
     return torch.cat(outs, dim=1), _state_cat(finals)
 
 
-def pick_backend(backend: str, x: torch.Tensor, failing_on_gpu: str | None = None) -> str:
-    """ "reference" or "triton"; float64 has no Triton kernel ("auto" falls back, "triton" refuses).
-
-    `failing_on_gpu` names a case the H200 run showed wrong (BENCHMARKS.md): on CUDA, "auto" then
-    runs the reference and "triton" refuses, unless LT2_TRITON_KNOWN_BAD=1 (to investigate).
-    """
+def pick_backend(backend: str, x: torch.Tensor) -> str:
+    """ "reference" or "triton"; float64 has no Triton kernel ("auto" falls back, "triton" refuses)."""
     from .backend import resolve_backend
 
     which = resolve_backend(backend, x)
-    if (which == "triton" and failing_on_gpu and x.device.type == "cuda"
-            and os.environ.get("LT2_TRITON_KNOWN_BAD") != "1"):
-        if backend == "auto":
-            return "reference"
-        raise ValueError(f"the Triton kernel is disabled for {failing_on_gpu} on CUDA (wrong results on the "
-                         "H200; see BENCHMARKS.md); use backend='auto' or 'reference'")
     if which == "triton" and x.dtype == torch.float64:
         if backend == "auto":
             return "reference"

@@ -17,10 +17,11 @@ The reverse kernel carries dS (gradient of the state after the chunk) from the l
     dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS,   Y = Tᵀ dU'                 (stored: dh = dS, Y)
     dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − (K ⊙ γ)ᵀ Diag(β) Y
 
-Hopper: both gate kinds run one code shape, the one the H200 showed correct. An earlier scalar-gate
-variant (P formed here as s Q Kᵀ, K and Q fed raw to K·S, Q·S and Kᵀ·U') hit an illegal memory
-access from the second chunk on under Triton 3.6 (BENCHMARKS.md); now every dot operand is a
-tile from memory or derived elementwise in fp32 (K ⊙ γ, sQ ⊙ γ), and no raw q/k tile is transposed.
+Hopper: both gate kinds run one code shape, that of KDA's scan, which ran correctly on the H200.
+An earlier scalar-gate variant (P formed here as s Q Kᵀ, K and Q fed raw to K·S, Q·S and Kᵀ·U') hit
+an illegal memory access from the second chunk on under Triton 3.6 (BENCHMARKS.md). Here every dot
+operand is a tile from memory or derived elementwise in fp32 (K ⊙ γ, sQ ⊙ γ), no raw q/k tile is
+transposed, and the key tile is at least 32 rows (`delta_launch.state_bk`).
 
 Precision: with 16-bit inputs, the dots on computed fp32 tiles (T·X, P·U', Kᵀ·U') run in TF32
 (`mm_xx` in `delta_tl`); K·S and Q·S take S and the scaled keys rounded to the input dtype, which
