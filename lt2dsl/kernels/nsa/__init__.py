@@ -71,7 +71,9 @@ def nsa(
     """
     B, Tq, Tk, HQ, HKV, K, V = check_qkv(q, k, v, cu_seqlens)
     NSAGeometry.make(block_size, cmp_block, cmp_stride)
-    _check_nsa_args(locals())
+    # a dict literal, not locals(): Dynamo in torch 2.11 (the H200's) cannot trace locals()
+    _check_nsa_args(dict(q=q, k=k, v=v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_counts=block_counts,
+                         block_indices=block_indices, window_size=window_size, k_cmp=k_cmp, v_cmp=v_cmp))
     kw = dict(block_counts=block_counts, block_size=block_size, window_size=window_size, scale=scale,
               cmp_block=cmp_block, cmp_stride=cmp_stride)
     if resolve_backend(backend, q) == "triton":
