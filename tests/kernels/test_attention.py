@@ -234,6 +234,25 @@ def test_triton_decode_matches_reference(ring, window, Tq, poison):
     assert_close("o", got, want, 1e-4)
 
 
+def test_triton_decode_reads_strided_caches(poison):
+    """Caches that are views (head-major `[B, HKV, cap, D]` buffers narrowed to the filled slots,
+    as the lowering's reserved caches are) give the same output as contiguous copies."""
+    B, HQ, HKV, D, L = 2, 4, 2, 16, 70
+    q, k, v, _ = make(B, 1, L, HQ, HKV, D, dtype=torch.float32, device=DEVICE)
+    bufs = [torch.full((B, HKV, 96, D), float("nan"), device=DEVICE) for _ in range(2)]
+    for buf, t in zip(bufs, (k, v)):
+        buf[:, :, :L] = t.transpose(1, 2)
+    ks, vs = (buf[:, :, :L].transpose(1, 2) for buf in bufs)
+    assert not ks.is_contiguous() and torch.equal(ks, k)
+    lens = torch.tensor([L, 41], device=DEVICE)
+    got = attention_decode(q, ks, vs, lens, window=33, backend="triton")
+    want = attention_decode(q.double(), k.double(), v.double(), lens, window=33)
+    assert_close("o", got, want, 1e-4)
+    with torch.no_grad():
+        routed = attention(q, ks, vs, window=33, backend="triton")
+    assert_close("routed o", routed, attention(q.double(), k.double(), v.double(), window=33), 1e-4)
+
+
 def test_triton_attention_routes_decode_without_grad(poison):
     """Tq = 1 without autograd goes through the flash-decoding kernel; same numbers as the reference."""
     q, k, v, g = make(2, 1, 70, 8, 2, 16, dtype=torch.float32, gate="elem", device=DEVICE)

@@ -129,14 +129,15 @@ def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_se
     if q.dtype not in _SUPPORTED or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"the Triton attention takes fp16/bf16/fp32 q, k, v of one dtype, got "
                          f"{q.dtype}/{k.dtype}/{v.dtype}; use backend='reference' for float64")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     gate = None if gate is None else gate.contiguous()
+    Tq, Tk = q.shape[1], k.shape[1]
+    if _decode_eligible(q, k, v, causal, cu_seqlens) and (gate is None or not gate.requires_grad):
+        # k, v as they are: the decode kernel reads strided caches (the lowering's are views)
+        seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
+        return attn_decode_op(q.contiguous(), k, v, seqlens, gate, scale, window or 0, False)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     cu_q = cu_k = None
     if cu_seqlens is not None:
         pair = cu_seqlens if isinstance(cu_seqlens, tuple | list) else (cu_seqlens, cu_seqlens)
         cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in pair)
-    Tq, Tk = q.shape[1], k.shape[1]
-    if _decode_eligible(q, k, v, causal, cu_seqlens) and (gate is None or not gate.requires_grad):
-        seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
-        return attn_decode_op(q, k, v, seqlens, gate, scale, window or 0, False)
     return attn_fwd_op(q, k, v, gate, scale, causal, window or 0, cu_q, cu_k, 1, 0, Tk - Tq)[0]

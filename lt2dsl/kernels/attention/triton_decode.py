@@ -21,6 +21,7 @@ from .triton_fwd import LOG2E, NEG_BIG
 
 @triton.jit
 def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_scale,
+                         SKB, SKL, SKH, SVB, SVL, SVH,
                          Tq: tl.constexpr, HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr,
                          DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
                          BN: tl.constexpr, NSPLIT: tl.constexpr, HAS_W: tl.constexpr, RING: tl.constexpr,
@@ -38,7 +39,10 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
     q_off = ((b * Tq + t) * HQ + hk * GRP + g).to(tl.int64)
     q = tl.load(Q + q_off[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D),
                 other=0.0)
-    kv_base = (b.to(tl.int64) * L) * HKV + hk
+    # element strides (batch, slot, head) of the caches, whose last dim is contiguous: a view of a
+    # larger reserved buffer or a head-major layout is read in place, never copied per step
+    k_base = K + b.to(tl.int64) * SKB + hk.to(tl.int64) * SKH
+    v_base = V + b.to(tl.int64) * SVB + hk.to(tl.int64) * SVH
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, tl.minimum(L, n))
     if not RING and HAS_W:  # a linear cache: skip slots older than every query's window
@@ -49,7 +53,7 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
     for j0 in range(start, end, BN):
         j = j0 + tl.arange(0, BN)
         in_j = j < end
-        kt = tl.load(K + (kv_base + j.to(tl.int64) * HKV)[None, :] * D + offs_d[:, None],
+        kt = tl.load(k_base + (j.to(tl.int64) * SKL)[None, :] + offs_d[:, None],
                      mask=in_j[None, :] & (offs_d[:, None] < D), other=0.0)
         s = mm(q, kt, DOT_PREC) * qk_scale
         pos = j
@@ -63,7 +67,7 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + (kv_base + j.to(tl.int64) * HKV)[:, None] * DV + offs_dv[None, :],
+        v = tl.load(v_base + (j.to(tl.int64) * SVL)[:, None] + offs_dv[None, :],
                     mask=in_j[:, None] & (offs_dv[None, :] < DV), other=0.0)
         acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
         m_i = m_new
@@ -109,11 +113,16 @@ def _splits(B: int, HKV: int, L: int, BN: int, device) -> tuple[int, int]:
     return triton.cdiv(L, chunk), chunk
 
 
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when its last dim is contiguous (the kernel takes the other strides), else a copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def attention_decode_triton(q, k_cache, v_cache, cache_seqlens, *, window, ring: bool, gate, scale: float):
     """Triton `attention_decode` (forward only). Shapes as in `decode.attention_decode`."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k_cache.dtype != q.dtype:
         raise ValueError(f"Triton decode takes fp16/bf16/fp32 q and cache of one dtype, got {q.dtype}")
-    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    q, k_cache, v_cache = q.contiguous(), _rows_contiguous(k_cache), _rows_contiguous(v_cache)
     B, Tq, HQ, D = q.shape
     L, HKV, DV = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     grp = HQ // HKV
@@ -125,6 +134,8 @@ def attention_decode_triton(q, k_cache, v_cache, cache_seqlens, *, window, ring:
     seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32)
     _decode_split_kernel[(B * HKV, nsplit)](
         q, k_cache, v_cache, seqlens, o_part, lse_part, L, chunk, window or 0, scale * LOG2E,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         Tq=Tq, HQ=HQ, GRP=grp, D=D, DV=DV, BD=pow2(D), BDV=BDV, BR=BR, BN=BN, NSPLIT=nsplit,
         HAS_W=window is not None, RING=ring, DOT_PREC=dot_precision(q.dtype),
         num_warps=1 if triton_interpreting() else 4, num_stages=1 if triton_interpreting() else 3)
