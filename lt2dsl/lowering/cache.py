@@ -4,6 +4,11 @@ An entry is a dict of tensors keyed by the names of the layer spec's `cache()` l
 `state`, `q_conv`, `k`, `v`). Entries start empty and are filled by the first call (prefill);
 growing caches (KV, index keys, tmm inputs) hold exactly the tokens seen so far, so
 `Cache.nbytes()` after a prefill of L tokens equals the estimate's `state_bytes + kv_bytes`.
+
+A cache made with `reserve=n` (`LT2Model.new_cache(B, max_len=n)`; `generate` does this) allocates
+each growing KV tensor for n tokens at once and writes new tokens in place, so a decode step
+neither copies the cache nor reallocates it; `entry[key]` is then a view of the filled part and
+`nbytes()` counts the reserved buffers (the estimate's KV bytes at L = n).
 """
 
 from __future__ import annotations
@@ -13,10 +18,20 @@ import torch
 
 class Entry(dict):
     """Cache tensors of one (iteration, block) application; a par block keys its mixers' tensors
-    by `"<mixer index>.<name>"` through `sub(j)`."""
+    by `"<mixer index>.<name>"` through `sub(j)`. `buffers` holds the reserved storage behind
+    growing tensors that are views (see the module docstring); `reserve` its token count."""
+
+    def __init__(self, reserve: int | None = None):
+        super().__init__()
+        self.reserve = reserve
+        self.buffers: dict[str, torch.Tensor] = {}
 
     def sub(self, j: int) -> SubEntry:
         return SubEntry(self, f"{j}.")
+
+    def clear(self) -> None:
+        super().clear()
+        self.buffers.clear()
 
 
 class SubEntry:
@@ -37,6 +52,27 @@ class SubEntry:
     def get(self, k: str, default=None):
         return self.parent.get(self.prefix + k, default)
 
+    @property
+    def reserve(self) -> int | None:
+        return self.parent.reserve
+
+    @property
+    def buffers(self) -> _PrefixedBuffers:
+        return _PrefixedBuffers(self.parent.buffers, self.prefix)
+
+
+class _PrefixedBuffers:
+    """`Entry.buffers` seen through a `SubEntry`'s prefix."""
+
+    def __init__(self, buffers: dict, prefix: str):
+        self.buffers, self.prefix = buffers, prefix
+
+    def get(self, k: str):
+        return self.buffers.get(self.prefix + k)
+
+    def __setitem__(self, k: str, v: torch.Tensor) -> None:
+        self.buffers[self.prefix + k] = v
+
 
 class Cache:
     """All decode state of one batch of sequences for an `LT2Model`.
@@ -45,9 +81,10 @@ class Cache:
     model with a cache advances it by the call's length.
     """
 
-    def __init__(self, n_entries: int, batch_size: int):
-        self.entries = [Entry() for _ in range(n_entries)]
+    def __init__(self, n_entries: int, batch_size: int, reserve: int | None = None):
+        self.entries = [Entry(reserve) for _ in range(n_entries)]
         self.batch_size = batch_size
+        self.reserve = reserve
         self.seen = 0
 
     def entry(self, k: int) -> Entry:
@@ -58,8 +95,17 @@ class Cache:
             yield from e.values()
 
     def nbytes(self) -> int:
-        """Bytes held by every cache tensor."""
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        """Bytes held by the cache: each tensor's storage once (a reserved buffer whole)."""
+        seen, total = set(), 0
+        for t in self.tensors():
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr == 0:  # meta tensors have no address to tell storages apart
+                total += t.numel() * t.element_size()
+            elif ptr not in seen:
+                seen.add(ptr)
+                total += st.nbytes()
+        return total
 
     def reset(self) -> None:
         for e in self.entries:

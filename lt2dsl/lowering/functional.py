@@ -69,11 +69,32 @@ def append_cache(entry, key: str, new: torch.Tensor, dim: int = 2, keep: int | N
     With `keep`, only the last `keep` positions stay cached (sliding-window ring), but the
     returned tensor still holds the previous window plus all of `new`, which is what a query
     block of length T needs to see its window. Without an entry, returns `new` unchanged.
+    Without `keep`, in a cache with a reserve and with no gradient to carry, tokens are written
+    in place into a buffer reserved for that many tokens (`cache.py`): no copy of the cache.
     """
     if entry is None:
         return new
+    if keep is None and entry.reserve and not (torch.is_grad_enabled() and new.requires_grad):
+        return _append_reserved(entry, key, new, dim)
     full = torch.cat([entry[key], new.to(entry[key].dtype)], dim=dim) if key in entry else new
     stored = full if keep is None else full.narrow(dim, max(0, full.shape[dim] - keep),
                                                    min(keep, full.shape[dim]))
     entry[key] = stored.detach().clone() if keep is not None else stored.detach()
+    return full
+
+
+def _append_reserved(entry, key: str, new: torch.Tensor, dim: int) -> torch.Tensor:
+    """`append_cache` into the entry's reserved buffer; past the reserve it grows to fit exactly."""
+    n = entry[key].shape[dim] if key in entry else 0
+    T = new.shape[dim]
+    buf = entry.buffers.get(key)
+    if buf is None or buf.shape[dim] < n + T:
+        shape = list(new.shape)
+        shape[dim] = max(n + T, entry.reserve)
+        grown = new.new_empty(shape, dtype=new.dtype if buf is None else buf.dtype)
+        if n:
+            grown.narrow(dim, 0, n).copy_(entry[key])
+        buf = entry.buffers[key] = grown
+    buf.narrow(dim, n, T).copy_(new)
+    entry[key] = full = buf.narrow(dim, 0, n + T)
     return full

@@ -114,11 +114,18 @@ class LT2Model(nn.Module):
 
     # ---- running --------------------------------------------------------------------------------
 
-    def new_cache(self, batch_size: int) -> Cache:
-        """An empty decode cache for `batch_size` sequences: one entry per (iteration, block)."""
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> Cache:
+        """An empty decode cache for `batch_size` sequences: one entry per (iteration, block).
+
+        With `max_len`, KV caches are allocated for that many tokens at their first use and decode
+        steps write into them in place (no copy of the cache per token); a longer run still works,
+        each step past it then reallocating. Without it they hold exactly the tokens seen.
+        """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        return Cache(self.applications, batch_size)
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+            raise ValueError(f"max_len must be a positive integer or None, got {max_len!r}")
+        return Cache(self.applications, batch_size, max_len)
 
     def forward(self, input_ids: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         """input_ids `[B, T]` (integer token ids) → logits `[B, T, vocab]`."""
@@ -186,17 +193,24 @@ class LT2Model(nn.Module):
         if temperature < 0 or (top_k is not None and top_k < 1):
             raise ValueError(f"temperature must be >= 0 and top_k >= 1, got {temperature}, {top_k}")
         self.check_input(input_ids, None)
+        # the last sampled token is not fed back, so the model sees T + max_new_tokens − 1 tokens
+        if self.max_len is not None and input_ids.shape[1] + max_new_tokens - 1 > self.max_len:
+            raise ValueError(f"generating {max_new_tokens} tokens after {input_ids.shape[1]} would reach "
+                             f"{input_ids.shape[1] + max_new_tokens - 1} tokens but tmm's max_len="
+                             f"{self.max_len} (the Toeplitz kernel length) is the longest it can mix")
         was_training = self.training
         self.eval()
         try:
-            cache = self.new_cache(input_ids.shape[0])
+            cache = self.new_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
             out = [input_ids]
             logits = self(input_ids, cache)
             for i in range(max_new_tokens):
                 nxt = sample(logits[:, -1], temperature, top_k, generator)  # [B, 1]
                 out.append(nxt)
                 if i + 1 < max_new_tokens:
-                    logits = self(nxt, cache)
+                    # sampled ids are in range by construction: skip `check_input`, whose range
+                    # check would wait for the GPU at every token
+                    logits = self.graph_module(nxt, cache)
             return torch.cat(out, dim=1)
         finally:
             self.train(was_training)

@@ -56,6 +56,17 @@ def test_sequence_past_tmm_max_len():
     with pytest.raises(ValueError, match=r"reach 33 tokens.*max_len=32"):
         model(tokens(1, 1), cache)
     assert cache.seen == 32  # the refused call changed nothing
+    # generate refuses up front (its decode steps skip the per-call check): 30 + 3 − 1 tokens fit
+    assert model.generate(tokens(1, 30), 3).shape == (1, 33)
+    with pytest.raises(ValueError, match=r"reach 33 tokens.*max_len=32"):
+        model.generate(tokens(1, 30), 4)
+
+
+def test_new_cache_max_len_must_be_a_positive_int():
+    model = lower(call("swa"))
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_len"):
+            model.new_cache(1, bad)
 
 
 def test_ids_on_another_device_than_the_model():

@@ -15,14 +15,16 @@ from .util import KINDS, call, lower, run_chunks, tokens
 SCHEDULES = {"prefill7+5x1": [7, 1, 1, 1, 1, 1], "5+3+4x1": [5, 3, 1, 1, 1, 1]}
 
 
+@pytest.mark.parametrize("reserve", [None, 9, 64], ids=["exact", "reserve-short", "reserved"])
 @pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
 @pytest.mark.parametrize("kind", KINDS)
-def test_looped_decode_equals_one_forward(kind, schedule):
+def test_looped_decode_equals_one_forward(kind, schedule, reserve):
+    """Also through caches with a reserve (in-place KV writes), one of them outgrown mid-way."""
     model = lower(f"loop T=2 < {call(kind)}; full >")
     ids = tokens(2, sum(schedule))
     with torch.no_grad():
         whole = model(ids)
-        pieces, cache = run_chunks(model, ids, schedule)
+        pieces, cache = run_chunks(model, ids, schedule, reserve)
     assert torch.isfinite(whole).all()
     torch.testing.assert_close(pieces, whole, rtol=1e-9, atol=1e-9)
     assert cache.seen == ids.shape[1]
@@ -47,3 +49,33 @@ def test_cache_entries_are_distinct_per_iteration():
         model(tokens(1, 6), cache)
     first, second = (e["state"] for e in cache.entries)
     assert first.shape == second.shape and not torch.allclose(first, second)
+
+
+def test_reserved_cache_is_written_in_place():
+    """With max_len, decode steps neither copy nor reallocate the KV cache, and nbytes counts the
+    reserve: the estimate's KV bytes at L = max_len."""
+    model = lower(f"loop T=2 < {call('gdn')}; full >")
+    ids = tokens(1, 12)
+    cache = model.new_cache(1, max_len=40)
+    with torch.no_grad():
+        model(ids[:, :8], cache)
+        ptrs = [e["k"].untyped_storage().data_ptr() for e in cache.entries if "k" in e]
+        held = cache.nbytes()
+        for t in range(8, 12):
+            model(ids[:, t : t + 1], cache)
+    assert ptrs and [e["k"].untyped_storage().data_ptr() for e in cache.entries if "k" in e] == ptrs
+    assert cache.nbytes() == held and all(e["k"].shape[2] == 12 for e in cache.entries if "k" in e)
+    exact = model.new_cache(1)
+    with torch.no_grad():
+        model(tokens(1, 40), exact)
+    assert held == exact.nbytes()  # the reserve is exactly a 40-token cache
+
+
+def test_reserved_cache_under_autograd_falls_back_to_copies():
+    """In-place writes would break a graph that saved the cache: with gradients the cache copies."""
+    model = lower(f"{call('gdn')}; full")
+    ids = tokens(1, 6)
+    cache = model.new_cache(1, max_len=16)
+    out = torch.cat([model(ids[:, :4], cache), model(ids[:, 4:5], cache), model(ids[:, 5:], cache)], 1)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

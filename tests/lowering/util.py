@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from lt2dsl.frontend import load_or_raise
@@ -64,9 +66,11 @@ def tokens(B: int, T: int, vocab: int = 64, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (B, T), generator=g)
 
 
-def run_chunks(model, ids: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, object]:
+def run_chunks(
+    model, ids: torch.Tensor, sizes: list[int], max_len: int | None = None
+) -> tuple[torch.Tensor, Any]:
     """Feed `ids` through one cache in chunks of `sizes` tokens; concatenated logits and the cache."""
-    cache = model.new_cache(ids.shape[0])
+    cache = model.new_cache(ids.shape[0], max_len)
     outs, t = [], 0
     for s in sizes:
         outs.append(model(ids[:, t : t + s], cache))
