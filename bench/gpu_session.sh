@@ -42,7 +42,7 @@ for s in ${STAGES:-env}; do
     probe_delta) LT2_DELTA_CHUNK_CUDA=1 stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
     bench_attn)  stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     bench_decay) stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
-    bench_delta) stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
+    bench_delta) LT2_DELTA_CHUNK_CUDA=1 stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
     bench_blocks) stage bench_blocks "${BENCH_LIMIT:-400}" python3 bench/blocks.py ;;
     *) echo "unknown stage $s" ;;
   esac
