@@ -120,7 +120,8 @@ def delta_grad_cc_kernel(
 
 @helper
 def mm_xr(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
-    """a @ b for a computed fp32 `a` and a raw 16-bit `b`: `a` as hi + lo with PREC (see `mm_rx`)."""
+    """a @ b for a computed fp32 `a` and a raw 16-bit `b`: with PREC, `a` enters as hi + lo 16-bit
+    terms (two MMAs, ~fp32 accuracy) while `b` stays a 16-bit operand; else one DT dot."""
     if PREC:
         hi, lo = split16(a, DT)
         r = mm(hi, b, DOT) + mm(lo, b, DOT)

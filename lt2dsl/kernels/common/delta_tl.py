@@ -11,7 +11,7 @@ Conventions of every kernel in the family:
   1 = fp32 inputs: "tf32x3" (the tests hold fp32 to 1e-4, which plain TF32 would miss), 2 = Triton's
   CPU interpreter, whose `tl.dot` multiplies 16-bit floats as integers, so operands are widened.
 * `PREC` (16-bit inputs): dots whose rounding accumulates into the state or the innovations U'
-  run with fp32-grade operands (`mm_rx`: hi + lo split of the computed side; `mm_xx`: TF32).
+  run with fp32-grade operands (`mm_xx`: TF32; `delta_grad.mm_xr`: hi + lo split of the computed side).
   With bf16 operands everywhere the chunked forms land at ~1% relative RMS against float64 (the
   whole bf16 budget: cancellation between the inter- and intra-chunk terms); measured per dot
   site, Q·S and K·S can stay bf16 while T·X, P·U' and Kᵀ·U' must not.
@@ -83,22 +83,6 @@ def split16(x, DT: tl.constexpr):
     """fp32 x as hi + lo, both in the 16-bit dtype DT: |x − hi − lo| ≤ 2⁻¹⁶ |x|."""
     hi = x.to(DT)
     return hi, (x - hi.to(tl.float32)).to(DT)
-
-
-@helper
-def mm_rx(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
-    """a @ b for a raw input tile `a` (dtype DT) and a computed fp32 tile `b` whose rounding matters.
-
-    With PREC, b enters as hi + lo 16-bit terms (two MMAs): ~fp32 accuracy while `a` stays a
-    16-bit operand (no fp32 copy of q or k in registers). Without it, one DT dot (fp32 inputs:
-    DT = fp32 and DOT = ieee, exact).
-    """
-    if PREC:
-        hi, lo = split16(b, DT)
-        r = mm(a, hi, DOT) + mm(a, lo, DOT)
-    else:
-        r = mm(a, b.to(DT), DOT)
-    return r
 
 
 @helper
