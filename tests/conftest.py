@@ -30,3 +30,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# A CUDA fault (illegal address, device-side assert) leaves the process's CUDA context unusable:
+# every later test in it fails with the same error, hiding which tests are really wrong. After the
+# failing test's report is out, an xdist worker exits so that xdist starts a fresh one; a plain
+# pytest run stops with a message naming the test.
+_CUDA_FAULTS = ("an illegal memory access was encountered", "device-side assert triggered",
+                "unspecified launch failure", "misaligned address")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    if not (report.failed and report.longrepr is not None):
+        return
+    if getattr(report, "node", None) is not None:  # xdist controller: a worker's report, not ours
+        return
+    text = str(report.longrepr)
+    if not any(f in text for f in _CUDA_FAULTS):
+        return
+    msg = f"CUDA context broken by {report.nodeid} ({report.when}); later tests would all fail"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import sys
+
+        print(f"\n{msg}: restarting this worker", file=sys.stderr, flush=True)
+        os._exit(3)
+    pytest.exit(msg, returncode=1)
