@@ -59,6 +59,9 @@ _STATE_CONFIGS = [
     triton.Config({"BV": 16}, num_warps=4, num_stages=_STATE_STAGES),
     triton.Config({"BV": 16}, num_warps=8, num_stages=_STATE_STAGES),
     triton.Config({"BV": 32}, num_warps=8, num_stages=_STATE_STAGES),
+    # unpipelined: 37-41 KB of shared memory at K = V = 128 instead of ~137 KB (one program per
+    # SM), so two programs (the register limit at 4 warps) share an SM and hide each other's latency
+    triton.Config({"BV": 16}, num_warps=4, num_stages=1),
 ]
 # Per-chunk C x C gradient kernel: two 64 x 64 fp32 accumulators.
 _CC_CONFIGS = [
@@ -68,7 +71,7 @@ _CC_CONFIGS = [
 # Per-(K tile, chunk) gradient kernel: three [64, BK=32] fp32 accumulators.
 _GRAD_CONFIGS = [
     triton.Config({"BV": 32}, num_warps=4, num_stages=2),
-    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
+    triton.Config({"BV": 16}, num_warps=4, num_stages=1),
 ]
 _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
 GRAD_BK = 32
