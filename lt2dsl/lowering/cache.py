@@ -70,6 +70,9 @@ class _PrefixedBuffers:
     def get(self, k: str):
         return self.buffers.get(self.prefix + k)
 
+    def pop(self, k: str, default=None):
+        return self.buffers.pop(self.prefix + k, default)
+
     def __setitem__(self, k: str, v: torch.Tensor) -> None:
         self.buffers[self.prefix + k] = v
 
@@ -95,16 +98,19 @@ class Cache:
             yield from e.values()
 
     def nbytes(self) -> int:
-        """Bytes held by the cache: each tensor's storage once (a reserved buffer whole)."""
-        seen, total = set(), 0
-        for t in self.tensors():
-            st = t.untyped_storage()
-            ptr = st.data_ptr()
-            if ptr == 0:  # meta tensors have no address to tell storages apart
-                total += t.numel() * t.element_size()
-            elif ptr not in seen:
-                seen.add(ptr)
-                total += st.nbytes()
+        """Bytes held by the cache: every tensor, and a reserved buffer whole (once)."""
+        total = 0
+        for e in self.entries:
+            held = {b.untyped_storage().data_ptr(): b.numel() * b.element_size() for b in e.buffers.values()}
+            counted = set()
+            for t in e.values():
+                ptr = t.untyped_storage().data_ptr()
+                if ptr and ptr in held:
+                    if ptr not in counted:
+                        counted.add(ptr)
+                        total += held[ptr]
+                else:
+                    total += t.numel() * t.element_size()
         return total
 
     def reset(self) -> None:

@@ -74,24 +74,38 @@ def append_cache(entry, key: str, new: torch.Tensor, dim: int = 2, keep: int | N
     """
     if entry is None:
         return new
-    if keep is None and entry.reserve and not (torch.is_grad_enabled() and new.requires_grad):
+    # In-place writes only where no autograd graph can have saved the cache (any grad-enabled call
+    # may have: attention saves k, v for q's gradient even when k, v need none).
+    if keep is None and entry.reserve and not torch.is_grad_enabled():
         return _append_reserved(entry, key, new, dim)
+    entry.buffers.pop(key, None)  # the copy below replaces what a reserved buffer held
     full = torch.cat([entry[key], new.to(entry[key].dtype)], dim=dim) if key in entry else new
     stored = full if keep is None else full.narrow(dim, max(0, full.shape[dim] - keep),
                                                    min(keep, full.shape[dim]))
-    entry[key] = stored.detach().clone() if keep is not None else stored.detach()
+    # a view (the new tokens slice a projection's output) would keep its whole base alive
+    stored = stored.detach()
+    entry[key] = stored.clone() if keep is not None or stored._base is not None else stored
     return full
 
 
 def _append_reserved(entry, key: str, new: torch.Tensor, dim: int) -> torch.Tensor:
-    """`append_cache` into the entry's reserved buffer; past the reserve it grows to fit exactly."""
+    """`append_cache` into the entry's reserved buffer; past the reserve it grows to fit exactly.
+
+    The buffer is used only while `entry[key]` is still its view (a grad-enabled call may have
+    replaced the cached tensor by a copy) and while inference mode matches its allocation.
+    """
     n = entry[key].shape[dim] if key in entry else 0
     T = new.shape[dim]
     buf = entry.buffers.get(key)
-    if buf is None or buf.shape[dim] < n + T:
+    stale = buf is not None and (
+        n == 0
+        or entry[key].untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+        or (buf.is_inference() and not torch.is_inference_mode_enabled())
+    )
+    if buf is None or stale or buf.shape[dim] < n + T:
         shape = list(new.shape)
         shape[dim] = max(n + T, entry.reserve)
-        grown = new.new_empty(shape, dtype=new.dtype if buf is None else buf.dtype)
+        grown = new.new_empty(shape, dtype=entry[key].dtype if n else new.dtype)
         if n:
             grown.narrow(dim, 0, n).copy_(entry[key])
         buf = entry.buffers[key] = grown

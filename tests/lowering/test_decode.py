@@ -72,10 +72,46 @@ def test_reserved_cache_is_written_in_place():
 
 
 def test_reserved_cache_under_autograd_falls_back_to_copies():
-    """In-place writes would break a graph that saved the cache: with gradients the cache copies."""
-    model = lower(f"{call('gdn')}; full")
+    """In-place writes would break a graph that saved the cache: with gradients the cache copies,
+    also when only q needs them (attention saves k and v for q's gradient)."""
+    model = lower("full; full")
+    for name, p in model.named_parameters():
+        p.requires_grad_("q_proj" in name)
     ids = tokens(1, 6)
     cache = model.new_cache(1, max_len=16)
     out = torch.cat([model(ids[:, :4], cache), model(ids[:, 4:5], cache), model(ids[:, 5:], cache)], 1)
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_reserved_cache_mixed_with_grad_and_inference_mode_calls():
+    """A grad-enabled call in between copies the cache; the next no-grad call must not write into
+    the stale reserved buffer. A buffer made under inference_mode is replaced outside it."""
+    model = lower(f"{call('full')}; full")
+    ids = tokens(1, 8)
+    with torch.no_grad():
+        whole = model(ids)
+    cache = model.new_cache(1, max_len=16)
+    with torch.inference_mode():
+        outs = [model(ids[:, :4], cache).clone()]
+    with torch.no_grad():
+        outs.append(model(ids[:, 4:5], cache))
+    outs.append(model(ids[:, 5:6], cache).detach())
+    with torch.no_grad():
+        outs += [model(ids[:, 6:7], cache), model(ids[:, 7:8], cache)]
+    torch.testing.assert_close(torch.cat(outs, 1), whole, rtol=1e-9, atol=1e-9)
+
+
+def test_cache_bytes_follow_tokens_in_a_fused_model():
+    """Fused projections return views of one GEMM's output: the cache keeps copies of its slices,
+    so nbytes() counts the cached tokens only, on a real device (the estimate agreement runs on
+    meta, which has no storages to tell apart)."""
+    model = lower(f"{call('gdn')}; full", fuse=True)
+    cache = model.new_cache(1)
+    with torch.no_grad():
+        model(tokens(1, 6), cache)
+        after6 = cache.nbytes()
+        model(tokens(1, 1), cache)
+    assert cache.nbytes() - after6 == 2 * 2 * 16 * 8  # k and v of one token: HKV·d float64 each
+    k = next(e["k"] for e in cache.entries if "k" in e)
+    assert k.untyped_storage().nbytes() == k.numel() * k.element_size()
