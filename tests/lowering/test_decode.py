@@ -115,3 +115,16 @@ def test_cache_bytes_follow_tokens_in_a_fused_model():
     assert cache.nbytes() - after6 == 2 * 2 * 16 * 8  # k and v of one token: HKV·d float64 each
     k = next(e["k"] for e in cache.entries if "k" in e)
     assert k.untyped_storage().nbytes() == k.numel() * k.element_size()
+
+
+@pytest.mark.parametrize("body", ["full; full(kv_heads=1)", "par(full, full(kv_heads=1))"])
+def test_triton_decode_through_reserved_caches(body):
+    """backend="triton", fp32: decode steps hand the attention kernels strided views of reserved
+    buffers (read in place, not copied), outgrown mid-way; same logits as one forward."""
+    model = lower(f"loop T=2 < {body} >", dtype=torch.float32, backend="triton")
+    ids = tokens(1, 11)
+    with torch.no_grad():
+        whole = model(ids)
+        pieces, cache = run_chunks(model, ids, [6, 1, 1, 1, 1, 1], max_len=9)
+    torch.testing.assert_close(pieces, whole, rtol=1e-4, atol=1e-4)
+    assert cache.seen == 11
