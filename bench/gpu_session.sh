@@ -44,6 +44,7 @@ for s in ${STAGES:-env}; do
     bench_decay) stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
     bench_delta) LT2_DELTA_CHUNK_CUDA=1 stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
     bench_blocks) stage bench_blocks "${BENCH_LIMIT:-400}" python3 bench/blocks.py ;;
+    bench_decode) LT2_DELTA_CHUNK_CUDA=1 stage bench_decode "${BENCH_LIMIT:-400}" python3 bench/decode.py ;;
     *) echo "unknown stage $s" ;;
   esac
 done
