@@ -248,6 +248,7 @@ def _ratio(slow, fast) -> str:
 
 def write(rows: list[dict], meta: dict) -> None:
     out = os.environ.get("OUT", ".")
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "blocks.json"), "w") as f:
         json.dump({**meta, "rows": rows}, f, indent=1)
     with open(os.path.join(out, "blocks.md"), "w") as f:

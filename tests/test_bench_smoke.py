@@ -26,3 +26,16 @@ def test_decode_bench_smoke(tmp_path):
     # the prefill, the warm-up step and the timed steps all went through the reserved cache
     assert all(r["seen"] == r["L"] + 3 and r["tok_s"] > 0 and r["predicted_tok_s"] > 0 for r in rows)
     assert "| model | B | L | decode ms/step" in out.stdout
+
+
+def test_blocks_bench_smoke(tmp_path):
+    env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), ONLY="gdn,model", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "bench/blocks.py"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "out" / "blocks.json").read_text())
+    groups = {r["group"] for r in data["rows"]}
+    assert any(g.startswith("gdn block") for g in groups)
+    assert any(g.startswith("gdn+dsa model") for g in groups)
+    assert {r["impl"] for r in data["rows"]} >= {"unfused", "fused"}
+    assert (tmp_path / "out" / "blocks.md").exists()
