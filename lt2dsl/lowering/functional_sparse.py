@@ -104,6 +104,8 @@ def nsa_compress(x: torch.Tensor, entry, key: str, cmp_block: int, stride: int,
         new = x.new_zeros(B, 0, HKV, d)
     if entry is None:
         return new
+    if old is not None and n_new == 0:  # most decode steps: no block completed, nothing to copy
+        return old.transpose(1, 2)
     full = new if old is None else torch.cat([old.transpose(1, 2), new.to(old.dtype)], dim=1)
     entry[key] = full.transpose(1, 2).detach().contiguous()
     return full
@@ -146,12 +148,13 @@ def toeplitz_cached(u: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, entry,
             f"tmm: the sequence reaches {seen + T} tokens (positions {seen}..{seen + T - 1}) but the "
             f"layer's max_len is {max_len}: its Toeplitz kernel has no weights past max_len"
         )
-    if entry is None or seen == 0:
-        if entry is not None:
-            entry["x"] = u.detach().clone()
+    if entry is None:
         return toeplitz_mix(u, w, bias, backend=backend)
-    full = torch.cat([entry["x"], u.to(entry["x"].dtype)], dim=1)
-    entry["x"] = full.detach()
+    # the inputs so far, appended as a KV cache is (in place into a reserved buffer when the cache
+    # has one and no gradient is recorded)
+    full = lf.append_cache(entry, "x", u.detach().clone() if seen == 0 else u, dim=1)
+    if seen == 0:
+        return toeplitz_mix(u, w, bias, backend=backend)
     if T == 1:
         return toeplitz_mix_step(full, w, bias, backend=backend)[:, None].to(u.dtype)
     return toeplitz_mix(full, w, bias, backend=backend)[:, seen:].to(u.dtype)
