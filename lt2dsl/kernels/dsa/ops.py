@@ -33,7 +33,7 @@ def _(q, k, v, indices, scale):
 def dsa_attn_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, indices: Tensor,
                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Sparse attention backward: (dq, dk, dv)."""
-    return sparse_attn_bwd(do.contiguous(), q, k, v, o, lse, indices, scale)
+    return sparse_attn_bwd(do.contiguous(), q, k.contiguous(), v.contiguous(), o, lse, indices, scale)
 
 
 @dsa_attn_bwd_op.register_fake
@@ -99,7 +99,8 @@ def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, ind
     if local is None:
         local = _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens)
     glob = local if cu_seqlens is None else _to_global(local, cu_seqlens)
-    o = dsa_attn_fwd_op(q.contiguous(), k.contiguous(), v.contiguous(), glob.contiguous(), scale)[0]
+    # k, v as they are (the kernel takes their strides): in decode they are views of the KV cache
+    o = dsa_attn_fwd_op(q.contiguous(), k, v, glob.contiguous(), scale)[0]
     return o, local
 
 

@@ -31,7 +31,15 @@ def _gather_rows(base, idx, offs, WIDTH: tl.constexpr, HKV: tl.constexpr, ok):
 
 
 @triton.jit
+def _gather_strided(base, idx, offs, WIDTH: tl.constexpr, ROW_STRIDE, ok):
+    """`[BK, B?]` rows at positions idx of a slab whose rows are ROW_STRIDE elements apart."""
+    return tl.load(base + (idx.to(tl.int64) * ROW_STRIDE)[:, None] + offs[None, :],
+                   mask=ok[:, None] & (offs[None, :] < WIDTH), other=0.0)
+
+
+@triton.jit
 def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
+                       SKB, SKT, SKH, SVB, SVT, SVH,
                        HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                        BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
                        IDX_H: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -45,8 +53,10 @@ def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
     row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
     q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
-    k_base = K + (b.to(tl.int64) * Tk * HKV + hk) * D
-    v_base = V + (b.to(tl.int64) * Tk * HKV + hk) * DV
+    # element strides (batch, position, head) of k and v, last dim contiguous: a decode step reads
+    # the cache's views in place instead of a contiguous copy of the whole cache
+    k_base = K + b.to(tl.int64) * SKB + hk.to(tl.int64) * SKH
+    v_base = V + b.to(tl.int64) * SVB + hk.to(tl.int64) * SVH
     idx_base = IDX + ((b * Tq + t) * IDX_H + (hk if IDX_H > 1 else 0)).to(tl.int64) * NIDX
     acc = tl.zeros([BR, BDV], dtype=tl.float32)
     m_i = tl.full([BR], NEG_BIG, dtype=tl.float32)
@@ -55,13 +65,13 @@ def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
         j = i0 + tl.arange(0, BK)
         idx = tl.load(idx_base + j, mask=j < NIDX, other=-1)
         ok = (idx >= 0) & (idx <= pos) & (idx < Tk)
-        kt = tl.trans(_gather_rows(k_base, idx, offs_d, D, HKV, ok))
+        kt = tl.trans(_gather_strided(k_base, idx, offs_d, D, SKT, ok))
         s = tl.where(ok[None, :], mm(q, kt, DOT_PREC) * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _gather_rows(v_base, idx, offs_dv, DV, HKV, ok)
+        v = _gather_strided(v_base, idx, offs_dv, DV, SVT, ok)
         acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
         m_i = m_new
     empty = l_i == 0.0
@@ -124,10 +134,13 @@ def _cfg(dtype: torch.dtype) -> dict:
 
 
 def sparse_attn_fwd(q, k, v, indices, scale: float):
-    """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]`, indices `[B, Tq, (HKV,) NIDX]`.
+    """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]` (any strides but a contiguous last dim), indices
+    `[B, Tq, (HKV,) NIDX]`.
 
     Returns (o `[B, Tq, HQ, V]`, lse `[HQ, B·Tq]`).
     """
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     o = new_empty(B, Tq, HQ, DV, like=v)
@@ -135,6 +148,7 @@ def sparse_attn_fwd(q, k, v, indices, scale: float):
     cfg = _cfg(q.dtype)
     _sparse_fwd_kernel[(Tq, B * HKV)](
         q, k, v, indices, o, lse, Tq, Tk, indices.shape[-1], scale * LOG2E, B * Tq,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BR=pow2(HQ // HKV), BK=cfg["BK"],
         IDX_H=indices.shape[2] if indices.dim() == 4 else 1, DOT_PREC=dot_precision(q.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
