@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from ..attention.ops import attn_fwd_op
+from ..attention.ops import _decode_eligible, attn_decode_op, attn_fwd_op
 from ..common.attn_utils import topk_select
 from ..dsa.ops import dsa_attn_fwd_op
 from .common import NSAGeometry, apply_quota, block_ranking_inputs, mean_pool, n_slots, slc_scores
@@ -68,7 +68,9 @@ def nsa_triton(q, k, v, g_cmp, g_slc, g_swa, *, block_counts, block_size, window
         return _by_sequence(q, k, v, g_cmp, g_slc, g_swa, block_indices, cu_seqlens, kw)
     geo = NSAGeometry.make(block_size, cmp_block, cmp_stride)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # k, v stay as they are where a kernel takes their strides (the selected branch; the window
+    # branch in decode): in the lowering's decode they are views of the KV cache
+    q = q.contiguous()
     Tq, Tk = q.shape[1], k.shape[1]
     qoff = Tk - Tq
     kc = (mean_pool(k, geo) if k_cmp is None else k_cmp).to(q.dtype).contiguous()
@@ -85,7 +87,12 @@ def nsa_triton(q, k, v, g_cmp, g_slc, g_swa, *, block_counts, block_size, window
     if g_cmp is not None:
         o = o + _gated(o_cmp, g_cmp)
     if window_size > 0:
-        o_swa = attn_fwd_op(q, k, v, None, scale, True, int(window_size), None, None, 1, 0, qoff)[0]
+        if _decode_eligible(q, k, v, True, None):
+            seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
+            o_swa = attn_decode_op(q, k, v, seqlens, None, scale, int(window_size), False)
+        else:
+            o_swa = attn_fwd_op(q, k.contiguous(), v.contiguous(), None, scale, True, int(window_size), None,
+                                None, 1, 0, qoff)[0]
         o = o + _gated(o_swa, g_swa)
     return o.to(v.dtype), block_indices
 
