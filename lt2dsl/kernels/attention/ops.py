@@ -115,7 +115,7 @@ def _decode_flops(q, k_cache, v_cache, cache_seqlens, gate, scale, window, ring,
     return 2 * B * Tq * HQ * (K + v_cache[-1]) * n
 
 
-def _decode_eligible(q, k, v, causal: bool, cu_seqlens) -> bool:
+def decode_eligible(q, k, v, causal: bool, cu_seqlens) -> bool:
     """Route small-Tq, gradient-free causal calls to the flash-decoding kernel (lowering's decode)."""
     if not causal or cu_seqlens is not None:
         return False
@@ -131,7 +131,7 @@ def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_se
                          f"{q.dtype}/{k.dtype}/{v.dtype}; use backend='reference' for float64")
     gate = None if gate is None else gate.contiguous()
     Tq, Tk = q.shape[1], k.shape[1]
-    if _decode_eligible(q, k, v, causal, cu_seqlens) and (gate is None or not gate.requires_grad):
+    if decode_eligible(q, k, v, causal, cu_seqlens) and (gate is None or not gate.requires_grad):
         # k, v as they are: the decode kernel reads strided caches (the lowering's are views)
         seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
         return attn_decode_op(q.contiguous(), k, v, seqlens, gate, scale, window or 0, False)

@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from ..attention.ops import _decode_eligible, attn_decode_op, attn_fwd_op
+from ..attention.ops import attn_decode_op, attn_fwd_op, decode_eligible
 from ..common.attn_utils import topk_select
 from ..dsa.ops import dsa_attn_fwd_op
 from .common import NSAGeometry, apply_quota, block_ranking_inputs, mean_pool, n_slots, slc_scores
@@ -87,7 +87,7 @@ def nsa_triton(q, k, v, g_cmp, g_slc, g_swa, *, block_counts, block_size, window
     if g_cmp is not None:
         o = o + _gated(o_cmp, g_cmp)
     if window_size > 0:
-        if _decode_eligible(q, k, v, True, None):
+        if decode_eligible(q, k, v, True, None):
             seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
             o_swa = attn_decode_op(q, k, v, seqlens, None, scale, int(window_size), False)
         else:
