@@ -151,7 +151,8 @@ def delta_qk_fwd_kernel(
     b_k = load_tile(k + base, 0, eos - t0, H * K, 0, K, BT, BK)
     o = tl.arange(0, BT)
     m_t = t0 + o < eos
-    keep = o[:, None] >= o[None, :]
+    # rows past eos are dropped here too: their b (loaded as 0) would make e^{b_r − b_i} overflow
+    keep = (o[:, None] >= o[None, :]) & m_t[:, None]
     p = mm(b_q, tl.trans(b_k), DOT) * scale
     if USE_G:
         b = tl.load(gcum + (t0 + o).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
