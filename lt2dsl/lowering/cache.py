@@ -19,12 +19,13 @@ import torch
 class Entry(dict):
     """Cache tensors of one (iteration, block) application; a par block keys its mixers' tensors
     by `"<mixer index>.<name>"` through `sub(j)`. `buffers` holds the reserved storage behind
-    growing tensors that are views (see the module docstring); `reserve` its token count."""
+    growing tensors that are views (see the module docstring), as (buffer, made under inference
+    mode); `reserve` its token count."""
 
     def __init__(self, reserve: int | None = None):
         super().__init__()
         self.reserve = reserve
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, tuple[torch.Tensor, bool]] = {}
 
     def sub(self, j: int) -> SubEntry:
         return SubEntry(self, f"{j}.")
@@ -73,7 +74,7 @@ class _PrefixedBuffers:
     def pop(self, k: str, default=None):
         return self.buffers.pop(self.prefix + k, default)
 
-    def __setitem__(self, k: str, v: torch.Tensor) -> None:
+    def __setitem__(self, k: str, v: tuple[torch.Tensor, bool]) -> None:
         self.buffers[self.prefix + k] = v
 
 
@@ -101,7 +102,8 @@ class Cache:
         """Bytes held by the cache: every tensor, and a reserved buffer whole (once)."""
         total = 0
         for e in self.entries:
-            held = {b.untyped_storage().data_ptr(): b.numel() * b.element_size() for b in e.buffers.values()}
+            held = {b.untyped_storage().data_ptr(): b.numel() * b.element_size()
+                    for b, _ in e.buffers.values()}
             counted = set()
             for t in e.values():
                 ptr = t.untyped_storage().data_ptr()

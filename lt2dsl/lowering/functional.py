@@ -91,24 +91,25 @@ def append_cache(entry, key: str, new: torch.Tensor, dim: int = 2, keep: int | N
 def _append_reserved(entry, key: str, new: torch.Tensor, dim: int) -> torch.Tensor:
     """`append_cache` into the entry's reserved buffer; past the reserve it grows to fit exactly.
 
-    The buffer is used only while `entry[key]` is still its view (a grad-enabled call may have
-    replaced the cached tensor by a copy) and while inference mode matches its allocation.
+    A grad-enabled call replaces the cached tensor by a copy and drops the buffer (`append_cache`),
+    so a buffer present here is the one `entry[key]` views; one made under inference mode is not
+    written outside it. The buffer's mode is recorded at allocation: `torch.compile` can trace
+    neither a storage-pointer comparison nor `Tensor.is_inference()`.
     """
     n = entry[key].shape[dim] if key in entry else 0
     T = new.shape[dim]
-    buf = entry.buffers.get(key)
-    stale = buf is not None and (
-        n == 0
-        or entry[key].untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
-        or (buf.is_inference() and not torch.is_inference_mode_enabled())
-    )
-    if buf is None or stale or buf.shape[dim] < n + T:
+    held = entry.buffers.get(key)  # (buffer, allocated under inference mode) or None
+    # Dynamo traces no inference-mode query (and compiled code runs under no_grad, not inference)
+    inference = not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
+    buf = None if held is None or n == 0 or (held[1] and not inference) else held[0]
+    if buf is None or buf.shape[dim] < n + T:
         shape = list(new.shape)
         shape[dim] = max(n + T, entry.reserve)
         grown = new.new_empty(shape, dtype=entry[key].dtype if n else new.dtype)
         if n:
             grown.narrow(dim, 0, n).copy_(entry[key])
-        buf = entry.buffers[key] = grown
+        buf = grown
+        entry.buffers[key] = (buf, inference)
     buf.narrow(dim, n, T).copy_(new)
     entry[key] = full = buf.narrow(dim, 0, n + T)
     return full

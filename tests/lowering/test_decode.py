@@ -129,3 +129,17 @@ def test_triton_decode_through_reserved_caches(body):
         pieces, cache = run_chunks(model, ids, [6, 1, 1, 1, 1, 1], max_len=9)
     torch.testing.assert_close(pieces, whole, rtol=1e-4, atol=1e-4)
     assert cache.seen == 11
+
+
+def test_compiled_decode_through_a_reserved_cache():
+    """torch.compile(fullgraph=True) traces the reserved-cache path (no storage-pointer or
+    inference-mode queries in it) and decodes as one forward does."""
+    model = lower(f"{call('gdn')}; full", dtype=torch.float32)
+    ids = tokens(1, 8)
+    with torch.no_grad():
+        whole = model(ids)
+        gm = torch.compile(model.graph_module, fullgraph=True, backend="aot_eager")
+        cache = model.new_cache(1, max_len=16)
+        outs = [gm(ids[:, :5], cache)] + [gm(ids[:, t : t + 1], cache) for t in range(5, 8)]
+    torch.testing.assert_close(torch.cat(outs, 1), whole, rtol=1e-5, atol=1e-5)
+    assert all(e["k"].shape[2] == 8 for e in cache.entries if "k" in e) and cache.nbytes() > 0
