@@ -71,7 +71,7 @@ _CC_CONFIGS = [
 # Per-(K tile, chunk) gradient kernel: three [64, BK=32] fp32 accumulators.
 _GRAD_CONFIGS = [
     triton.Config({"BV": 32}, num_warps=4, num_stages=2),
-    triton.Config({"BV": 16}, num_warps=4, num_stages=1),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
 ]
 _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
 GRAD_BK = 32
