@@ -88,7 +88,6 @@ class Cache:
     def __init__(self, n_entries: int, batch_size: int, reserve: int | None = None):
         self.entries = [Entry(reserve) for _ in range(n_entries)]
         self.batch_size = batch_size
-        self.reserve = reserve
         self.seen = 0
 
     def entry(self, k: int) -> Entry:

@@ -194,11 +194,6 @@ class LT2Model(nn.Module):
         if temperature < 0 or (top_k is not None and top_k < 1):
             raise ValueError(f"temperature must be >= 0 and top_k >= 1, got {temperature}, {top_k}")
         self.check_input(input_ids, None)
-        # the last sampled token is not fed back, so the model sees T + max_new_tokens − 1 tokens
-        if self.max_len is not None and input_ids.shape[1] + max_new_tokens - 1 > self.max_len:
-            raise ValueError(f"generating {max_new_tokens} tokens after {input_ids.shape[1]} would reach "
-                             f"{input_ids.shape[1] + max_new_tokens - 1} tokens but tmm's max_len="
-                             f"{self.max_len} (the Toeplitz kernel length) is the longest it can mix")
         was_training = self.training
         self.eval()
         try:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
-from ..common.attn_utils import new_empty
+from ..common.attn_utils import new_empty, rows_contiguous
 from ..common.backend import triton_interpreting
 from .triton_fwd import LOG2E, NEG_BIG
 
@@ -113,16 +113,11 @@ def _splits(B: int, HKV: int, L: int, BN: int, device) -> tuple[int, int]:
     return triton.cdiv(L, chunk), chunk
 
 
-def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself when its last dim is contiguous (the kernel takes the other strides), else a copy."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def attention_decode_triton(q, k_cache, v_cache, cache_seqlens, *, window, ring: bool, gate, scale: float):
     """Triton `attention_decode` (forward only). Shapes as in `decode.attention_decode`."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k_cache.dtype != q.dtype:
         raise ValueError(f"Triton decode takes fp16/bf16/fp32 q and cache of one dtype, got {q.dtype}")
-    q, k_cache, v_cache = q.contiguous(), _rows_contiguous(k_cache), _rows_contiguous(v_cache)
+    q, k_cache, v_cache = q.contiguous(), rows_contiguous(k_cache), rows_contiguous(v_cache)
     B, Tq, HQ, D = q.shape
     L, HKV, DV = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     grp = HQ // HKV

@@ -25,6 +25,12 @@ def new_empty(*shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> t
     return t
 
 
+def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when its last dim is contiguous (kernels that take the other strides read it in
+    place: the lowering's KV caches are views), else a contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def compute_dtype(*ts: torch.Tensor) -> torch.dtype:
     """float64 when any input is float64 (the reference truth), else float32."""
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in ts) else torch.float32

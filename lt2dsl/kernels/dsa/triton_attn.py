@@ -19,7 +19,7 @@ import triton.language as tl
 from ..attention.triton_bwd import _bwd_pre_kernel
 from ..attention.triton_fwd import LOG2E, NEG_BIG
 from ..common.attn_triton import dot_precision, mm, pow2
-from ..common.attn_utils import new_empty
+from ..common.attn_utils import new_empty, rows_contiguous
 from ..common.backend import triton_interpreting
 
 
@@ -139,8 +139,7 @@ def sparse_attn_fwd(q, k, v, indices, scale: float):
 
     Returns (o `[B, Tq, HQ, V]`, lse `[HQ, B·Tq]`).
     """
-    k = k if k.stride(-1) == 1 else k.contiguous()
-    v = v if v.stride(-1) == 1 else v.contiguous()
+    k, v = rows_contiguous(k), rows_contiguous(v)
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     o = new_empty(B, Tq, HQ, DV, like=v)
