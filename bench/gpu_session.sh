@@ -40,6 +40,7 @@ for s in ${STAGES:-env}; do
                    tests/kernels/test_fused_act.py tests/lowering/fx_passes ;;
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
     probe_delta) LT2_DELTA_CHUNK_CUDA=1 stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
+    profile)     LT2_DELTA_CHUNK_CUDA=1 stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     bench_decay) stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
     bench_delta) LT2_DELTA_CHUNK_CUDA=1 stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
@@ -57,7 +58,7 @@ echo
 echo "---- failures and summaries (full log: session.log)"
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG" | cut -c1-220 | tail -${FAIL_LINES:-40}
 for s in ${STAGES:-}; do
-  case $s in bench_*|probe_*) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
+  case $s in bench_*|probe_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|Traceback|^  File" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
 echo

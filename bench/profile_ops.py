@@ -1,0 +1,92 @@
+"""Where the time of one op goes on the GPU: a per-kernel breakdown from the torch profiler.
+
+Takes the cases of the kernel benchmarks (`bench/kernels_{delta,decay,attn}.py`) whose
+`group impl mode` line contains one of the comma-separated substrings in `PROFILE` (e.g.
+`PROFILE="gdn B=4 T=8192 lt2dsl fwd+bwd,kda B=4 T=8192 lt2dsl fwd"`), runs each a few times
+(compile, autotune), profiles `REPS` more calls and prints, per case, the kernels by device time
+per call with their launch counts. Writes `$OUT/profile_ops.json`. Timing figures for the record
+come from the benchmarks themselves; this says what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench import kernels_attn, kernels_decay, kernels_delta  # noqa: E402
+from bench.harness import Case  # noqa: E402
+
+
+def _label(c: Case) -> str:
+    return f"{c.group} {c.impl} {'fwd+bwd' if c.backward else 'fwd'}"
+
+
+def _device_us(evt) -> float:
+    for name in ("device_time_total", "cuda_time_total"):
+        if hasattr(evt, name):
+            return float(getattr(evt, name))
+    return 0.0
+
+
+def profile_case(c: Case, reps: int) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn, leaves = c.make()
+    do = None
+
+    def once():
+        nonlocal do
+        out = fn()
+        out = out[0] if isinstance(out, tuple | list) else out
+        if c.backward:
+            do = torch.randn_like(out) if do is None else do
+            out.backward(do)
+            for t in leaves:
+                t.grad = None
+
+    for _ in range(3):
+        once()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            once()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = _device_us(e)
+        if us > 0 and e.count > 0:
+            rows.append({"kernel": e.key, "us_per_call": us / reps, "launches_per_call": e.count / reps})
+    rows.sort(key=lambda r: -r["us_per_call"])
+    return rows
+
+
+def main() -> None:
+    want = [s for s in os.environ.get("PROFILE", "").split(",") if s]
+    reps = int(os.environ.get("REPS", "5"))
+    cases = kernels_delta.cases() + kernels_decay.cases() + kernels_attn.cases()
+    chosen = [c for c in cases if any(w in _label(c) for w in want)]
+    report = {}
+    for c in chosen:
+        label = _label(c)
+        try:
+            rows = profile_case(c, reps)
+        except Exception as e:  # one failing op must not hide the others
+            print(f"== {label}: ERROR {e!r:.200}", flush=True)
+            continue
+        report[label] = rows
+        total = sum(r["us_per_call"] for r in rows)
+        print(f"== {label}: {total / 1e3:.3f} ms of kernels per call", flush=True)
+        for r in rows[:10]:
+            print(f"   {r['us_per_call']:9.1f} us  x{r['launches_per_call']:<5.0f} {r['kernel'][:90]}", flush=True)
+        torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), "profile_ops.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
