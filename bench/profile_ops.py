@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import kernels_attn, kernels_decay, kernels_delta  # noqa: E402
-from bench.harness import Case  # noqa: E402
+from bench import kernels_attn, kernels_decay, kernels_delta
+from bench.harness import Case
 
 
 def _label(c: Case) -> str:
@@ -82,7 +82,8 @@ def main() -> None:
         total = sum(r["us_per_call"] for r in rows)
         print(f"== {label}: {total / 1e3:.3f} ms of kernels per call", flush=True)
         for r in rows[:10]:
-            print(f"   {r['us_per_call']:9.1f} us  x{r['launches_per_call']:<5.0f} {r['kernel'][:90]}", flush=True)
+            us, n = r["us_per_call"], r["launches_per_call"]
+            print(f"   {us:9.1f} us  x{n:<5.0f} {r['kernel'][:90]}", flush=True)
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "profile_ops.json"), "w") as f:
         json.dump(report, f, indent=1)

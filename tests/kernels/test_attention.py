@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lt2dsl.kernels.attention import attention, attention_decode, attention_naive
+from lt2dsl.kernels.attention.triton_bwd import N_BWD_CONFIGS
 from tests.kernels.utils import DEVICE, assert_close
 
 F64 = torch.float64
@@ -169,6 +170,18 @@ def test_triton_matches_reference(case, poison):
     check_triton_case(*TRITON_CASES[case])
 
 
+@pytest.mark.parametrize("case", ["gqa", "window7-elem", "w>T-D24", "bf16-w16-head"])
+def test_triton_backward_uneven_tiles(case, poison, monkeypatch):
+    """The GPU's autotuned backward tiles are uneven (dK/dV 128 keys x 32 rows, dQ 128 rows x 32
+    keys); the row and key bands must hold for any pair: here 32 x 16 and 16 x 32."""
+    from lt2dsl.kernels.attention import triton_bwd
+
+    tiles = dict(kv=dict(BN=32, BM=16, num_warps=1, num_stages=1), q=dict(BM=32, BN=16, num_warps=1,
+                                                                          num_stages=1))
+    monkeypatch.setattr(triton_bwd, "bwd_config", lambda D, dtype: tiles)
+    check_triton_case(*TRITON_CASES[case])
+
+
 def test_triton_window_one_is_identity(poison):
     q, k, v, _ = make(1, 40, 40, 2, 1, 16, dtype=torch.float32, device=DEVICE)
     assert_close("o", attention(q, k, v, window=1, backend="triton"), v.repeat_interleave(2, 2), 1e-6)
@@ -212,6 +225,19 @@ def test_gpu_full_size(shape, dtype, mode, poison):
     B, T, HQ, HKV, D = shape
     window, gate = {"full": (None, None), "w512-elem": (512, "elem"), "head": (None, "head")}[mode]
     check_triton_case(B, T, T, HQ, HKV, D, True, window, gate, dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", range(N_BWD_CONFIGS))
+@pytest.mark.parametrize("mode", ["full", "w512-elem"])
+def test_gpu_every_backward_config(config, mode, poison):
+    """Each backward tile config the autotuner may pick on this GPU, forced one at a time (Hopper
+    miscompiles are per config: /work/shared/bench/README.md)."""
+    from lt2dsl.kernels.attention.triton_bwd import forced_bwd_config
+
+    window, gate = {"full": (None, None), "w512-elem": (512, "elem")}[mode]
+    with forced_bwd_config(config):
+        check_triton_case(2, 1000, 1000, 16, 4, 128, True, window, gate, torch.bfloat16, device="cuda")
 
 
 @pytest.mark.gpu

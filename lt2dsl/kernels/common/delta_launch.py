@@ -57,7 +57,9 @@ def empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> 
 _STATE_STAGES = int(os.environ.get("LT2_DELTA_STATE_STAGES", "2"))
 _STATE_CONFIGS = [
     triton.Config({"BV": 16}, num_warps=4, num_stages=_STATE_STAGES),
-    triton.Config({"BV": 16}, num_warps=8, num_stages=_STATE_STAGES),
+    # (BV 16 at 8 warps is gone: on the H200 it gave KDA's forward output 31% wrong in fp32, wrong
+    # dk in bf16 for all three rules, and illegal memory accesses in fp32; every other config here
+    # was right on the same shapes. BENCHMARKS.md, third session.)
     triton.Config({"BV": 32}, num_warps=8, num_stages=_STATE_STAGES),
     # unpipelined: 37-41 KB of shared memory at K = V = 128 instead of ~137 KB (one program per
     # SM), so two programs (the register limit at 4 warps) share an SM and hide each other's latency
