@@ -4,7 +4,7 @@
 # call. Usage (repo root): STAGES="env tests_attn bench_attn" bash bench/gpu_session.sh
 set -u
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+[ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl > /dev/null 2>&1 || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH="$PWD:/tmp/site"
 mkdir -p .tcache/triton
@@ -41,17 +41,17 @@ for s in ${STAGES:-env}; do
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
     probe_delta) LT2_DELTA_CHUNK_CUDA=1 stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
     profile)     LT2_DELTA_CHUNK_CUDA=1 stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
-    bench_attn)  stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
-    bench_decay) stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
-    bench_delta) LT2_DELTA_CHUNK_CUDA=1 stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
-    bench_blocks) stage bench_blocks "${BENCH_LIMIT:-400}" python3 bench/blocks.py ;;
-    bench_decode) LT2_DELTA_CHUNK_CUDA=1 stage bench_decode "${BENCH_LIMIT:-400}" python3 bench/decode.py ;;
+    bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
+    bench_decay) ONLY="${ONLY_DECAY-${ONLY:-}}" stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
+    bench_delta) ONLY="${ONLY_DELTA-${ONLY:-}}" LT2_DELTA_CHUNK_CUDA=1 stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
+    bench_blocks) ONLY="${ONLY_BLOCKS-${ONLY:-}}" LT2_DELTA_CHUNK_CUDA=1 stage bench_blocks "${LIM_BLOCKS:-${BENCH_LIMIT:-400}}" python3 bench/blocks.py ;;
+    bench_decode) LT2_DELTA_CHUNK_CUDA=1 stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 bench/decode.py ;;
     *) echo "unknown stage $s" ;;
   esac
 done
 
 # Keep compiled kernels and autotune results for the next call (the machine starts bare).
-tar czf "$OUT/triton.tgz" -C .tcache triton 2>/dev/null
+[ -n "${NO_TCACHE_SAVE:-}" ] || tar czf "$OUT/triton.tgz" -C .tcache triton 2>/dev/null
 sz=$(stat -c %s "$OUT/triton.tgz" 2>/dev/null || echo 0)
 [ "$sz" -gt 15000000 ] && { echo "triton cache $sz bytes: too big to bring back"; rm -f "$OUT/triton.tgz"; }
 echo

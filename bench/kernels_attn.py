@@ -60,6 +60,11 @@ def _full_cases(T: int) -> list[Case]:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return fn, [q, k, v]
 
+    def sdpa_default():
+        # the backend torch picks itself (the peer README's 7.3 ms fwd+bwd reading is this one)
+        q, k, v = _rnd(B, H, T, D), _rnd(B, H, T, D), _rnd(B, H, T, D)
+        return (lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)), [q, k, v]
+
     def peer():
         from fla.ops.attn import parallel_attn
 
@@ -69,7 +74,7 @@ def _full_cases(T: int) -> list[Case]:
     group, fl = f"attn full T={T}", _causal_flops(T)
     return [_case(group, impl, mk, fl, bw) for bw in (False, True)
             for impl, mk in (("lt2dsl+gate", ours(True)), ("lt2dsl", ours(False)), ("sdpa", sdpa),
-                             ("fla", peer))]
+                             ("sdpa-default", sdpa_default), ("fla", peer))]
 
 
 def _swa_cases(T: int, w: int = 512) -> list[Case]:
