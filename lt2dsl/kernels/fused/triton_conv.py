@@ -17,6 +17,8 @@ import triton.language as tl
 from .common import configs, pow2
 
 L2_EPS = 1e-6
+# Compiled kernels may read a module global only as a tl.constexpr (the CPU interpreter reads any).
+_EPS = tl.constexpr(L2_EPS)
 
 
 @triton.jit
@@ -51,7 +53,7 @@ def conv_silu_fwd_kernel(x, h, w, bias, y, T, C, sxb, sxt, shb, shc, W: tl.const
     pre = _conv_tile(x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc, W, BT, BC, HAS_H, HAS_B)
     b_y = pre * tl.sigmoid(pre)
     if L2:
-        b_y = b_y / tl.sqrt(tl.sum(b_y * b_y, axis=1) + L2_EPS)[:, None]
+        b_y = b_y / tl.sqrt(tl.sum(b_y * b_y, axis=1) + _EPS)[:, None]
     p_y = y + (i_b * T + o_t)[:, None] * C + o_c[None, :]
     tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
 
@@ -72,7 +74,7 @@ def conv_silu_bwd_pre_kernel(x, h, w, bias, dy, dpre, T, C, sxb, sxt, shb, shc, 
     sig = tl.sigmoid(pre)
     if L2:
         b_u = pre * sig
-        rstd = 1.0 / tl.sqrt(tl.sum(b_u * b_u, axis=1) + L2_EPS)
+        rstd = 1.0 / tl.sqrt(tl.sum(b_u * b_u, axis=1) + _EPS)
         b_yn = b_u * rstd[:, None]
         b_dy = rstd[:, None] * (b_dy - b_yn * tl.sum(b_dy * b_yn, axis=1)[:, None])
     b_dpre = b_dy * sig * (1.0 + pre * (1.0 - sig))
