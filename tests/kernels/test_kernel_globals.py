@@ -32,12 +32,12 @@ def plain_globals_read_by_kernels() -> list[str]:
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
                 plain |= {t.id for t in targets if isinstance(t, ast.Name)}
         for fn in filter(_jitted, tree.body):
-            local = {a.arg for a in fn.args.args} | {
-                t.id for x in ast.walk(fn) if isinstance(x, ast.Assign) for t in x.targets if isinstance(t, ast.Name)
-            }
+            assigned = [t for x in ast.walk(fn) if isinstance(x, ast.Assign) for t in x.targets]
+            local = {a.arg for a in fn.args.args} | {t.id for t in assigned if isinstance(t, ast.Name)}
             # the body only: decorators (autotune config lists) run on the host
             read = {x.id for stmt in fn.body for x in ast.walk(stmt) if isinstance(x, ast.Name)}
-            bad += [f"{path.relative_to(ROOT)}: {fn.name} reads {name}" for name in sorted((read & plain) - local)]
+            names = sorted((read & plain) - local)
+            bad += [f"{path.relative_to(ROOT)}: {fn.name} reads {name}" for name in names]
     return bad
 
 
