@@ -25,7 +25,8 @@ stage() {  # stage NAME LIMIT_S CMD...
   echo "$name done rc=$rc after $(( $(date +%s) - T0 ))s total"
 }
 
-PYT="python3 -m pytest -q -p no:cacheprovider -rfE"
+# -v: each result is logged as it lands, so a stage cut by its time limit still says what passed
+PYT="python3 -m pytest -v -p no:cacheprovider -rfE"
 
 for s in ${STAGES:-env}; do
   case $s in
@@ -56,7 +57,12 @@ sz=$(stat -c %s "$OUT/triton.tgz" 2>/dev/null || echo 0)
 [ "$sz" -gt 15000000 ] && { echo "triton cache $sz bytes: too big to bring back"; rm -f "$OUT/triton.tgz"; }
 echo
 echo "---- failures and summaries (full log: session.log)"
-grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$LOG" | cut -c1-220 | tail -${FAIL_LINES:-40}
+for s in ${STAGES:-}; do
+  case $s in tests_*) body=$(awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG")
+    echo "-- $s: $(grep -c ' PASSED' <<< "$body") passed, $(grep -c ' FAILED' <<< "$body") failed"
+    grep -E ' FAILED|^(FAILED|ERROR) ' <<< "$body" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | cut -c1-200 | head -${FAIL_LINES:-40}
+    grep -E '[0-9]+ (passed|failed)' <<< "$body" | tail -1 ;; esac
+done
 for s in ${STAGES:-}; do
   case $s in bench_*|probe_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|Traceback|^  File" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac

@@ -208,6 +208,11 @@ def cases() -> list[Case]:
 def main() -> None:
     ceilings = harness.measure_ceilings()
     rows = harness.run_cases("kernels_attn", cases(), ceilings)
+    from lt2dsl.kernels.attention import triton_bwd
+
+    for name in ("_dkdv_tuned", "_dq_tuned"):
+        tuned = getattr(triton_bwd, name)
+        print(f"{name}: " + "; ".join(f"{k[:4]} -> {c}" for k, c in tuned.cache.items()))
     print(harness.summary_table(rows, baseline_impl="sdpa"))
 
 
