@@ -65,7 +65,7 @@ for s in ${STAGES:-}; do
 done
 for s in ${STAGES:-}; do
   case $s in bench_*|probe_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
-    | grep -v -E "^\s*$|Traceback|^  File" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
+    | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
 echo
 printf '%s\n' "${summary[@]}"
