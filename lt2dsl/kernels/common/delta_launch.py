@@ -33,6 +33,7 @@ from lt2dsl.kernels.common.delta_grad import (
 from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
 from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
 from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel
+from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
 BT = 64
 GATE_IDS = {"none": 0, "scalar": 1, "channel": 2}
@@ -77,7 +78,18 @@ _GRAD_CONFIGS = [
 ]
 _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
 GRAD_BK = 32
-KDA_BK, KDA_WARPS = 16, 8
+KDA_BK, KDA_WARPS = 16, 8  # the intra-chunk gradient kernel
+# KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128: every one of
+# these sits at the 255-register limit with 0-88 B of spills per thread; which runs fastest on the
+# H200 (more programs per SM against fewer channel slices) is left to the autotuner. The first
+# entry is the interpreter's.
+_KDA_FWD_CONFIGS = [
+    triton.Config({"BK": 32}, num_warps=4, num_stages=1),
+    triton.Config({"BK": 16}, num_warps=4, num_stages=1),
+    triton.Config({"BK": 32}, num_warps=8, num_stages=1),
+    triton.Config({"BK": 16}, num_warps=8, num_stages=1),
+]
+KDA_FWD_BK, KDA_FWD_WARPS = 32, 4
 
 
 def _tuned(kernel, configs, key):
@@ -93,8 +105,11 @@ _state_fwd = _tuned(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V"
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-TUNED = [t for t in (_wy_fwd, _qk_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k) if t is not None]
-N_CONFIGS = max(len(_STATE_CONFIGS), len(_CC_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS))
+_kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
+TUNED = [t for t in (_wy_fwd, _qk_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k, _kda_fwd) if t is not None]
+N_CONFIGS = max(
+    len(_STATE_CONFIGS), len(_CC_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS), len(_KDA_FWD_CONFIGS)
+)
 
 
 @contextmanager
@@ -338,15 +353,13 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
 
 def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
     """KDA: per-channel gcum `[B*T, HV, K]`, T and the gated scores Aqk `[B*T, HV, 64]` (fp32)."""
-    from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
-
     B, T, H, K = k.shape
     HV = beta.shape[-1]
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
     Aqk = empty(k, B * T, HV, BT, dtype=torch.float32)
     gcum = empty(k, B * T, HV, K, dtype=torch.float32)
     launch(
-        None,
+        _kda_fwd,
         kda_intra_fwd_kernel,
         meta.chunk_grid(B * HV),
         q,
@@ -364,11 +377,10 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
         HV=HV,
         K=K,
         BT=BT,
-        BK=min(KDA_BK, pow2(K)),
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
-        fixed={"num_warps": KDA_WARPS, "num_stages": 1},
+        fixed={"BK": min(KDA_FWD_BK, pow2(K)), "num_warps": KDA_FWD_WARPS, "num_stages": 1},
     )
     return gcum, Ainv, Aqk
 

@@ -12,8 +12,8 @@ Splitting the factor as K ⊙ e^{−b} overflows once −b > 88, so each 64-chun
 * below the diagonal (query sub-chunk I after key sub-chunk J) the reference point is the
   cumulative decay at the last token before sub-chunk I, b* ≥ b_r (r ∈ I) and b* ≤ b_i (i ∈ J), so
   both factors (Q ⊙ e^{b − b*}) and (K ⊙ e^{b* − b}) are ≤ 1 and the block is one `tl.dot`;
-* the four diagonal 16 x 16 blocks are formed elementwise in fp32 with e^{b_r − b_i}, r ≥ i, all
-  four at once as `[4, 16, BK]` tensors.
+* the four diagonal 16 x 16 blocks are formed elementwise in fp32 with e^{b_r − b_i}, r ≥ i, one
+  column i at a time from row i of k and g loaded from memory (`diag16`).
 
 Channels are walked in slices of BK (every quantity above is a sum over channels). One program per
 (chunk, batch x value head) writes gcum `[B*T, HV, K]`, Ainv and Aqk `[B*T, HV, 64]` (fp32).
@@ -28,10 +28,11 @@ from lt2dsl.kernels.common.delta_tl import (
     chunk_coords,
     helper,
     inv_unit_lower64,
+    load_vec16,
     mm,
-    pick4,
     rcumsum,
     rsum,
+    stack4,
     store_lower64,
 )
 
@@ -41,28 +42,6 @@ def load3(ptr, rows3, m3, ok, m_k, STRIDE: tl.constexpr):
     """`[4, 16, BK]` tile of a `[rows, STRIDE]` buffer at rows `rows3` `[4, 16, 1]`, columns `ok`."""
     p = ptr + rows3.to(tl.int64) * STRIDE + ok[None, None, :]
     return tl.load(p, mask=m3 & m_k[None, None, :], other=0.0).to(tl.float32)
-
-
-@helper
-def diag_blocks(q3, k3, b3):
-    """Channel sums of q_r k_i e^{b_r − b_i} and k_r k_i e^{b_r − b_i} for r ≥ i in each sub-chunk.
-
-    Returns two `[4, 16, 16]` stacks (rows r, columns i, lower with diagonal); column i is built
-    from row i of k and b, with the exponent masked to 0 above the diagonal before `exp`.
-    """
-    o = tl.arange(0, 16)
-    row = o[None, :, None]
-    col = o[None, None, :]
-    Aqk = tl.zeros([4, 16, 16], dtype=tl.float32)
-    Akk = tl.zeros([4, 16, 16], dtype=tl.float32)
-    for j in tl.static_range(16):
-        k_j = rsum(tl.where(row == j, k3, 0.0), 1)  # [4, BK]
-        b_j = rsum(tl.where(row == j, b3, 0.0), 1)
-        e = tl.exp(tl.where(row >= j, b3 - b_j[:, None, :], 0.0))
-        kj_e = k_j[:, None, :] * e
-        Aqk += tl.where(col == j, rsum(q3 * kj_e, 2)[:, :, None], 0.0)
-        Akk += tl.where(col == j, rsum(k3 * kj_e, 2)[:, :, None], 0.0)
-    return Aqk, Akk
 
 
 @helper
@@ -77,6 +56,47 @@ def off_block(xI, bI, refI, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr):
     xs = (xI * tl.exp(bI - refI[None, :])).to(CT)
     ks = (kJ * tl.exp(refI[None, :] - bJ)).to(CT)
     return mm(xs, tl.trans(ks), DOT)
+
+
+@helper
+def rows16(ptr, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr, ok, m_k):
+    """Rows t0 + 16 I .. +16, columns `ok`, of a `[rows, STRIDE]` buffer as fp32 `[16, BK]` (0 outside)."""
+    rows = t0 + I * 16 + tl.arange(0, 16)
+    p = ptr + rows.to(tl.int64)[:, None] * STRIDE + ok[None, :]
+    return tl.load(p, mask=(rows < eos)[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+
+
+@helper
+def store_rows16(ptr, x, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr, ok, m_k):
+    rows = t0 + I * 16 + tl.arange(0, 16)
+    p = ptr + rows.to(tl.int64)[:, None] * STRIDE + ok[None, :]
+    tl.store(p, x, mask=(rows < eos)[:, None] & m_k[None, :])
+
+
+@helper
+def diag16(xq, xk, bI, c, pk, pg, t0, I: tl.constexpr, eos, KS: tl.constexpr, GS: tl.constexpr, ok, m_k):
+    """Channel sums of q_r k_i e^{b_r − b_i} and k_r k_i e^{b_r − b_i} in sub-chunk I (`[16, 16]`,
+    entries with r < i are junk, masked by the caller).
+
+    Column i takes row i of k and g straight from memory and carries b_i as a running sum from c
+    (b before the sub-chunk), so no row is extracted from a register tile (a cross-thread
+    reduction per row: what made the first version of this kernel 6x slower than the peer's
+    whole forward on the H200).
+    """
+    o = tl.arange(0, 16)
+    Aq = tl.zeros([16, 16], dtype=tl.float32)
+    Ak = tl.zeros([16, 16], dtype=tl.float32)
+    b_i = c
+    for i in range(16):
+        row = t0 + I * 16 + i
+        m = m_k & ((ok * 0 + row) < eos)  # a vector mask: the interpreter rejects a 0-d one
+        b_i += tl.load(pg + row.to(tl.int64) * GS + ok, mask=m, other=0.0).to(tl.float32)
+        k_i = tl.load(pk + row.to(tl.int64) * KS + ok, mask=m, other=0.0).to(tl.float32)
+        # rows r < i get exponent 0 (finite); their entries are dropped by the caller's mask
+        ke = k_i[None, :] * tl.exp(tl.where(o[:, None] >= i, bI - b_i[None, :], 0.0))
+        Aq = tl.where(o[None, :] == i, rsum(xq * ke, 1)[:, None], Aq)
+        Ak = tl.where(o[None, :] == i, rsum(xk * ke, 1)[:, None], Ak)
+    return Aq, Ak
 
 
 @triton.jit
@@ -106,75 +126,108 @@ def kda_intra_fwd_kernel(
     i_h = i_hv // (HV // H)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     t0 = bos + i_t * BT
-    o = tl.arange(0, 16)
-    rows3 = t0 + 16 * tl.arange(0, 4)[:, None, None] + o[None, :, None]  # [4, 16, 1]
-    m3 = rows3 < eos
-    beta3 = tl.load(beta + rows3.to(tl.int64) * HV + i_hv, mask=m3, other=0.0).to(tl.float32)
+    pq, pk = q + i_h * K, k + i_h * K
+    pg, pgc = g + i_hv * K, gcum + i_hv * K
+    be0 = load_vec16(beta + i_hv, t0, 0, eos, HV)
+    be1 = load_vec16(beta + i_hv, t0, 1, eos, HV)
+    be2 = load_vec16(beta + i_hv, t0, 2, eos, HV)
+    be3 = load_vec16(beta + i_hv, t0, 3, eos, HV)
 
-    Aqk_d = tl.zeros([4, 16, 16], dtype=tl.float32)
-    Akk_d = tl.zeros([4, 16, 16], dtype=tl.float32)
-    q10 = tl.zeros([16, 16], dtype=tl.float32)
-    q20, q21, q30, q31, q32 = q10, q10, q10, q10, q10
-    a10, a20, a21, a30, a31, a32 = q10, q10, q10, q10, q10, q10
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    d0, d1, d2, d3, e0, e1, e2, e3 = z, z, z, z, z, z, z, z
+    q10, q20, q21, q30, q31, q32 = z, z, z, z, z, z
+    a10, a20, a21, a30, a31, a32 = z, z, z, z, z, z
     for i_k in range(tl.cdiv(K, BK)):
         ok = i_k * BK + tl.arange(0, BK)
         m_k = ok < K
-        q3 = load3(q + i_h * K, rows3, m3, ok, m_k, H * K)
-        k3 = load3(k + i_h * K, rows3, m3, ok, m_k, H * K)
-        # Chunk-local cumsum over the 64 rows (a scan along axis 0 of a 2-D tile), then viewed as
-        # four sub-chunks; padded rows load g = 0, so b stays at the chunk's last value there.
-        rows = t0 + tl.arange(0, BT)
-        p_g = (rows.to(tl.int64)[:, None] * HV + i_hv) * K + ok[None, :]
-        m_g = (rows < eos)[:, None] & m_k[None, :]
-        b2 = rcumsum(tl.load(g + p_g, mask=m_g, other=0.0).to(tl.float32), 0)
-        tl.store(gcum + p_g, b2, mask=m_g)
-        b3 = tl.reshape(b2, (4, 16, BK))
-        dq3, dk3 = diag_blocks(q3, k3, b3)
-        Aqk_d += dq3
-        Akk_d += dk3
+        # Chunk-local cumsum per sub-chunk plus the carry of the ones before; padded rows load
+        # g = 0, so b stays at the chunk's last value there. c1..c3: b before sub-chunks 1..3,
+        # the reference points of the off-diagonal blocks.
+        g0 = rows16(pg, t0, 0, eos, HV * K, ok, m_k)
+        g1 = rows16(pg, t0, 1, eos, HV * K, ok, m_k)
+        g2 = rows16(pg, t0, 2, eos, HV * K, ok, m_k)
+        g3 = rows16(pg, t0, 3, eos, HV * K, ok, m_k)
+        c0 = tl.zeros([BK], dtype=tl.float32)
+        c1 = rsum(g0, 0)
+        c2 = c1 + rsum(g1, 0)
+        c3 = c2 + rsum(g2, 0)
+        b0 = rcumsum(g0, 0)
+        b1 = rcumsum(g1, 0) + c1[None, :]
+        b2 = rcumsum(g2, 0) + c2[None, :]
+        b3 = rcumsum(g3, 0) + c3[None, :]
+        store_rows16(pgc, b0, t0, 0, eos, HV * K, ok, m_k)
+        store_rows16(pgc, b1, t0, 1, eos, HV * K, ok, m_k)
+        store_rows16(pgc, b2, t0, 2, eos, HV * K, ok, m_k)
+        store_rows16(pgc, b3, t0, 3, eos, HV * K, ok, m_k)
+        x0 = rows16(pq, t0, 0, eos, H * K, ok, m_k)
+        x1 = rows16(pq, t0, 1, eos, H * K, ok, m_k)
+        x2 = rows16(pq, t0, 2, eos, H * K, ok, m_k)
+        x3 = rows16(pq, t0, 3, eos, H * K, ok, m_k)
+        k0 = rows16(pk, t0, 0, eos, H * K, ok, m_k)
+        k1 = rows16(pk, t0, 1, eos, H * K, ok, m_k)
+        k2 = rows16(pk, t0, 2, eos, H * K, ok, m_k)
+        k3 = rows16(pk, t0, 3, eos, H * K, ok, m_k)
 
-        q1, q2, q3_ = pick4(q3, 1), pick4(q3, 2), pick4(q3, 3)
-        k0, k1, k2, k3_ = pick4(k3, 0), pick4(k3, 1), pick4(k3, 2), pick4(k3, 3)
-        b0, b1, b2, b3_ = pick4(b3, 0), pick4(b3, 1), pick4(b3, 2), pick4(b3, 3)
-        # Reference points: b at the last token before sub-chunks 1, 2, 3.
-        c1, c2, c3 = last_row16(b0), last_row16(b1), last_row16(b2)
-        q10 += off_block(q1, b1, c1, k0, b0, CT, DOT)
+        dq_, dk_ = diag16(x0, k0, b0, c0, pk, pg, t0, 0, eos, H * K, HV * K, ok, m_k)
+        d0 += dq_
+        e0 += dk_
+        dq_, dk_ = diag16(x1, k1, b1, c1, pk, pg, t0, 1, eos, H * K, HV * K, ok, m_k)
+        d1 += dq_
+        e1 += dk_
+        dq_, dk_ = diag16(x2, k2, b2, c2, pk, pg, t0, 2, eos, H * K, HV * K, ok, m_k)
+        d2 += dq_
+        e2 += dk_
+        dq_, dk_ = diag16(x3, k3, b3, c3, pk, pg, t0, 3, eos, H * K, HV * K, ok, m_k)
+        d3 += dq_
+        e3 += dk_
+
+        q10 += off_block(x1, b1, c1, k0, b0, CT, DOT)
         a10 += off_block(k1, b1, c1, k0, b0, CT, DOT)
-        q20 += off_block(q2, b2, c2, k0, b0, CT, DOT)
+        q20 += off_block(x2, b2, c2, k0, b0, CT, DOT)
         a20 += off_block(k2, b2, c2, k0, b0, CT, DOT)
-        q21 += off_block(q2, b2, c2, k1, b1, CT, DOT)
+        q21 += off_block(x2, b2, c2, k1, b1, CT, DOT)
         a21 += off_block(k2, b2, c2, k1, b1, CT, DOT)
-        q30 += off_block(q3_, b3_, c3, k0, b0, CT, DOT)
-        a30 += off_block(k3_, b3_, c3, k0, b0, CT, DOT)
-        q31 += off_block(q3_, b3_, c3, k1, b1, CT, DOT)
-        a31 += off_block(k3_, b3_, c3, k1, b1, CT, DOT)
-        q32 += off_block(q3_, b3_, c3, k2, b2, CT, DOT)
-        a32 += off_block(k3_, b3_, c3, k2, b2, CT, DOT)
+        q30 += off_block(x3, b3, c3, k0, b0, CT, DOT)
+        a30 += off_block(k3, b3, c3, k0, b0, CT, DOT)
+        q31 += off_block(x3, b3, c3, k1, b1, CT, DOT)
+        a31 += off_block(k3, b3, c3, k1, b1, CT, DOT)
+        q32 += off_block(x3, b3, c3, k2, b2, CT, DOT)
+        a32 += off_block(k3, b3, c3, k2, b2, CT, DOT)
 
-    row, col = o[None, :, None], o[None, None, :]
-    Akk_d = tl.where(row > col, Akk_d * beta3, 0.0)
-    Aqk_d = tl.where(row >= col, Aqk_d * scale, 0.0)
-    be1 = rsum(tl.where(tl.arange(0, 4)[:, None, None] == 1, beta3, 0.0), 0)  # [16, 1]
-    be2 = rsum(tl.where(tl.arange(0, 4)[:, None, None] == 2, beta3, 0.0), 0)
-    be3 = rsum(tl.where(tl.arange(0, 4)[:, None, None] == 3, beta3, 0.0), 0)
+    o = tl.arange(0, 16)
+    strict = o[:, None] > o[None, :]
+    lower = o[:, None] >= o[None, :]
+    Ad = stack4(
+        tl.where(strict, e0 * be0[:, None], 0.0),
+        tl.where(strict, e1 * be1[:, None], 0.0),
+        tl.where(strict, e2 * be2[:, None], 0.0),
+        tl.where(strict, e3 * be3[:, None], 0.0),
+    )
     T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = inv_unit_lower64(
-        Akk_d, a10 * be1, a20 * be2, a21 * be2, a30 * be3, a31 * be3, a32 * be3, DOT
+        Ad,
+        a10 * be1[:, None],
+        a20 * be2[:, None],
+        a21 * be2[:, None],
+        a30 * be3[:, None],
+        a31 * be3[:, None],
+        a32 * be3[:, None],
+        DOT,
     )
     store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
     store_lower64(
         Aqk + i_hv * BT,
         t0,
         eos,
-        pick4(Aqk_d, 0),
+        tl.where(lower, d0 * scale, 0.0),
         q10 * scale,
-        pick4(Aqk_d, 1),
+        tl.where(lower, d1 * scale, 0.0),
         q20 * scale,
         q21 * scale,
-        pick4(Aqk_d, 2),
+        tl.where(lower, d2 * scale, 0.0),
         q30 * scale,
         q31 * scale,
         q32 * scale,
-        pick4(Aqk_d, 3),
+        tl.where(lower, d3 * scale, 0.0),
         HV,
         BT,
     )
