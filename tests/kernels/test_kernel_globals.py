@@ -18,7 +18,7 @@ ROOT = pathlib.Path(lt2dsl.kernels.__file__).parent
 
 def _jitted(node: ast.AST) -> bool:
     return isinstance(node, ast.FunctionDef) and any(
-        "jit" in ast.unparse(d) or ast.unparse(d) == "helper" for d in node.decorator_list
+        "jit" in ast.unparse(d) or ast.unparse(d) in ("helper", "device_fn") for d in node.decorator_list
     )
 
 

@@ -78,7 +78,9 @@ _GRAD_CONFIGS = [
 ]
 _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
 GRAD_BK = 32
-KDA_BK, KDA_WARPS = 16, 8  # the intra-chunk gradient kernel
+# KDA's intra-chunk gradient kernel (read-modify-writes dq, dk, dg: not autotuned). Offline sm_90
+# compiles at K = 128: BK 32 at 4 warps spills 72 B per thread; BK 16 spills 520-780 B.
+KDA_BK, KDA_WARPS = 32, 4
 # KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128: every one of
 # these sits at the 255-register limit with 0-88 B of spills per thread; which runs fastest on the
 # H200 (more programs per SM against fewer channel slices) is left to the autotuner. The first

@@ -19,8 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_tl import chunk_coords, helper, mm, pick4, rcumsum, rsum, stack4
-from lt2dsl.kernels.kda.chunk_intra import last_row16, load3
+from lt2dsl.kernels.common.delta_tl import chunk_coords, helper, load_vec16, mm, rcumsum, rsum
+from lt2dsl.kernels.kda.chunk_intra import rows16
 
 
 @helper
@@ -51,35 +51,52 @@ def load_m(
 
 
 @helper
-def diag_grads(q3, k3, b3, beta3, MA3, MB3):
-    """Intra-sub-chunk parts of (dq / s, Z, dk_from_Aqk / s, dk_from_Akk) as `[4, 16, BK]` stacks.
+def brow(pb, row, eos, ok, m_k, b_last, GS: tl.constexpr):
+    """b of one token `[BK]`; tokens past eos hold the chunk's last b (no exponent turns positive)."""
+    inside = (ok * 0 + row) < eos  # a vector mask: the interpreter rejects a 0-d one
+    x = tl.load(pb + row.to(tl.int64) * GS + ok, mask=m_k & inside, other=0.0)
+    return tl.where(inside, x, b_last)
 
-    Row forms walk the key column j, column forms the query row j; exponents are masked to 0 on
-    the side of the diagonal where the (already zero) scratch entries would make them positive.
+
+@helper
+def diag_grads(
+    qI, kI, bI, beI, pq, pk, pb, pMA, pMB, t0, I: tl.constexpr, eos, b_last, ok, m_k,
+    KS: tl.constexpr, GS: tl.constexpr, MS: tl.constexpr,
+):  # fmt: skip
+    """Intra-sub-chunk parts of (dq / s, Z, dk from Aqk / s, dk from Akk) of sub-chunk I, `[16, BK]`.
+
+    Step j takes token j's rows of q, k, b from memory and column / row j of the block (I, I) of
+    the scratch matrices; row forms (dq, Z) pair query rows r ≥ j with key j, column forms (dk)
+    key rows i ≤ j with query j. Exponents on the other side are masked to 0 (their scratch
+    entries are zero). No row or column is extracted from a register tile (a cross-thread
+    reduction per step: the first version of this kernel cost 4x the peer's whole KDA backward).
     """
     o = tl.arange(0, 16)
-    row = o[None, :, None]
-    col = o[None, None, :]
-    dq3 = tl.zeros(q3.shape, dtype=tl.float32)
-    z3 = tl.zeros(q3.shape, dtype=tl.float32)
-    dka3 = tl.zeros(q3.shape, dtype=tl.float32)
-    dkb3 = tl.zeros(q3.shape, dtype=tl.float32)
-    for j in tl.static_range(16):
-        k_j = rsum(tl.where(row == j, k3, 0.0), 1)[:, None, :]  # [4, 1, BK]
-        q_j = rsum(tl.where(row == j, q3, 0.0), 1)[:, None, :]
-        b_j = rsum(tl.where(row == j, b3, 0.0), 1)[:, None, :]
-        beta_j = rsum(tl.where(row == j, beta3, 0.0), 1)[:, None, :]  # [4, 1, 1]
-        e_r = tl.exp(tl.where(row >= j, b3 - b_j, 0.0))  # rows r ≥ j against key j
-        e_c = tl.exp(tl.where(row <= j, b_j - b3, 0.0))  # keys i ≤ j against query row j
-        ma_c = rsum(tl.where(col == j, MA3, 0.0), 2)[:, :, None]  # column j: [4, 16, 1]
-        mb_c = rsum(tl.where(col == j, MB3, 0.0), 2)[:, :, None]
-        ma_r = rsum(tl.where(row == j, MA3, 0.0), 1)[:, :, None]  # row j, indexed by column
-        mb_r = rsum(tl.where(row == j, MB3, 0.0), 1)[:, :, None]
-        dq3 += ma_c * k_j * e_r
-        z3 += mb_c * k_j * e_r
-        dka3 += ma_r * q_j * e_c
-        dkb3 += mb_r * beta_j * k_j * e_c
-    return dq3, z3, dka3, dkb3
+    rows = t0 + I * 16 + o
+    m_r = rows < eos
+    dq = tl.zeros(qI.shape, dtype=tl.float32)
+    z = tl.zeros(qI.shape, dtype=tl.float32)
+    dka = tl.zeros(qI.shape, dtype=tl.float32)
+    dkb = tl.zeros(qI.shape, dtype=tl.float32)
+    for j in range(16):
+        row = t0 + I * 16 + j
+        inside = (ok * 0 + row) < eos
+        k_j = tl.load(pk + row.to(tl.int64) * KS + ok, mask=m_k & inside, other=0.0).to(tl.float32)
+        q_j = tl.load(pq + row.to(tl.int64) * KS + ok, mask=m_k & inside, other=0.0).to(tl.float32)
+        b_j = brow(pb, row, eos, ok, m_k, b_last, GS)
+        beta_j = rsum(tl.where(o == j, beI, 0.0), 0)
+        ma_c = tl.load(pMA + rows.to(tl.int64) * MS + I * 16 + j, mask=m_r, other=0.0)
+        mb_c = tl.load(pMB + rows.to(tl.int64) * MS + I * 16 + j, mask=m_r, other=0.0)
+        in_j = (o * 0 + row) < eos
+        ma_r = tl.load(pMA + row.to(tl.int64) * MS + I * 16 + o, mask=in_j, other=0.0)
+        mb_r = tl.load(pMB + row.to(tl.int64) * MS + I * 16 + o, mask=in_j, other=0.0)
+        k_er = k_j[None, :] * tl.exp(tl.where(o[:, None] >= j, bI - b_j[None, :], 0.0))
+        e_c = tl.exp(tl.where(o[:, None] <= j, b_j[None, :] - bI, 0.0))
+        dq += ma_c[:, None] * k_er
+        z += mb_c[:, None] * k_er
+        dka += ma_r[:, None] * (q_j[None, :] * e_c)
+        dkb += (mb_r * beta_j)[:, None] * (k_j[None, :] * e_c)
+    return dq, z, dka, dkb
 
 
 @helper
@@ -97,6 +114,30 @@ def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, CT: tl.constexpr
     dka = eJ * mm(MAt.to(CT), (qI * eI).to(CT), DOT)
     dkb = eJ * mm((MBt * betaI[None, :]).to(CT), (kI * eI).to(CT), DOT)
     return dq, z, dka, dkb
+
+
+@helper
+def finish16(
+    pdq, pdk, pdg, pdb, qI, kI, beI, dqI, zI, dkaI, dkbI, carry, scale, t0, I: tl.constexpr, eos,
+    S: tl.constexpr, HV: tl.constexpr, ok, m_k,
+):  # fmt: skip
+    """Add sub-chunk I's terms into dq, dk (`[rows, S]` at channels ok), write its dg (reverse
+    cumulative sum of db plus `carry`) and its dβ part; returns the carry for sub-chunk I − 1."""
+    rows = t0 + I * 16 + tl.arange(0, 16)
+    m_r = rows < eos
+    p = rows.to(tl.int64)[:, None] * S + ok[None, :]
+    m = m_r[:, None] & m_k[None, :]
+    dq_i = dqI * scale
+    dk_i = dkaI * scale + dkbI
+    bz = beI[:, None] * zI
+    tl.store(pdq + p, tl.load(pdq + p, mask=m, other=0.0) + dq_i, mask=m)
+    tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + dk_i + bz, mask=m)
+    db = tl.load(pdg + p, mask=m, other=0.0) + qI * dq_i - kI * dk_i + kI * bz
+    total = rsum(db, 0)
+    tl.store(pdg + p, (carry + total)[None, :] - rcumsum(db, 0) + db, mask=m)
+    # dβ gets Σ_c k ⊙ Z of this channel slice; the slices are summed on the host.
+    tl.store(pdb + rows.to(tl.int64) * HV, rsum(kI * zI, 1), mask=m_r)
+    return carry + total
 
 
 @triton.jit
@@ -130,142 +171,111 @@ def kda_grad_intra_kernel(
     i_h = i_hv // (HV // H)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     t0 = bos + i_t * BT
-    o = tl.arange(0, 16)
-    i4 = tl.arange(0, 4)[:, None, None]
-    rows3 = t0 + 16 * i4 + o[None, :, None]  # [4, 16, 1]
-    m3 = rows3 < eos
     ok = i_k * BK + tl.arange(0, BK)
     m_k = ok < K
-    q3 = load3(q + i_h * K, rows3, m3, ok, m_k, H * K)
-    k3 = load3(k + i_h * K, rows3, m3, ok, m_k, H * K)
-    b3 = load3(gcum + i_hv * K, rows3, m3, ok, m_k, HV * K)
+    pq, pk, pb = q + i_h * K, k + i_h * K, gcum + i_hv * K
+    pMA, pMB = MA + i_hv * BT, MB + i_hv * BT
     last = tl.minimum(t0 + BT, eos) - 1
-    b_last = tl.load(gcum + (last.to(tl.int64) * HV + i_hv) * K + ok, mask=m_k, other=0.0)
-    # Padded rows hold the chunk's last decay, so no exponent turns positive there.
-    b3 = tl.where(m3, b3, b_last[None, None, :])
-    beta3 = tl.load(beta + rows3.to(tl.int64) * HV + i_hv, mask=m3, other=0.0).to(tl.float32)
-    p_m = (rows3.to(tl.int64) * HV + i_hv) * BT + 16 * i4 + o[None, None, :]
-    dq3, z3, dka3, dkb3 = diag_grads(
-        q3, k3, b3, beta3, tl.load(MA + p_m, mask=m3, other=0.0), tl.load(MB + p_m, mask=m3, other=0.0)
-    )
+    b_last = tl.load(pb + last.to(tl.int64) * HV * K + ok, mask=m_k, other=0.0)
+    o = tl.arange(0, 16)
+    # Per sub-chunk tiles; padded rows hold the chunk's last decay, so no exponent turns positive.
+    q0 = rows16(pq, t0, 0, eos, H * K, ok, m_k)
+    q1 = rows16(pq, t0, 1, eos, H * K, ok, m_k)
+    q2 = rows16(pq, t0, 2, eos, H * K, ok, m_k)
+    q3 = rows16(pq, t0, 3, eos, H * K, ok, m_k)
+    k0 = rows16(pk, t0, 0, eos, H * K, ok, m_k)
+    k1 = rows16(pk, t0, 1, eos, H * K, ok, m_k)
+    k2 = rows16(pk, t0, 2, eos, H * K, ok, m_k)
+    k3 = rows16(pk, t0, 3, eos, H * K, ok, m_k)
+    b0 = tl.where((t0 + o < eos)[:, None], rows16(pb, t0, 0, eos, HV * K, ok, m_k), b_last[None, :])
+    b1 = tl.where((t0 + 16 + o < eos)[:, None], rows16(pb, t0, 1, eos, HV * K, ok, m_k), b_last[None, :])
+    b2 = tl.where((t0 + 32 + o < eos)[:, None], rows16(pb, t0, 2, eos, HV * K, ok, m_k), b_last[None, :])
+    b3 = tl.where((t0 + 48 + o < eos)[:, None], rows16(pb, t0, 3, eos, HV * K, ok, m_k), b_last[None, :])
+    be0 = load_vec16(beta + i_hv, t0, 0, eos, HV)
+    be1 = load_vec16(beta + i_hv, t0, 1, eos, HV)
+    be2 = load_vec16(beta + i_hv, t0, 2, eos, HV)
+    be3 = load_vec16(beta + i_hv, t0, 3, eos, HV)
+    # reference points: b at the token before sub-chunks 1, 2, 3
+    c1 = brow(pb, t0 + 15, eos, ok, m_k, b_last, HV * K)
+    c2 = brow(pb, t0 + 31, eos, ok, m_k, b_last, HV * K)
+    c3 = brow(pb, t0 + 47, eos, ok, m_k, b_last, HV * K)
 
-    q1, q2 = pick4(q3, 1), pick4(q3, 2)
-    q3_ = pick4(q3, 3)
-    k0, k1, k2 = pick4(k3, 0), pick4(k3, 1), pick4(k3, 2)
-    k3_ = pick4(k3, 3)
-    b0, b1, b2 = pick4(b3, 0), pick4(b3, 1), pick4(b3, 2)
-    b3_ = pick4(b3, 3)
-    be1 = rsum(pick4(beta3, 1), 1)
-    be2 = rsum(pick4(beta3, 2), 1)
-    be3 = rsum(pick4(beta3, 3), 1)
-    c1, c2, c3 = last_row16(b0), last_row16(b1), last_row16(b2)
-    dq10, z10, dka10, dkb10 = off_grads(
-        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, False),
-        load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, True),
-        load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, True),
-        q1,
-        k1,
-        b1,
-        be1,
-        c1,
-        k0,
-        b0,
-        CT,
-        DOT,
-    )
-    dq20, z20, dka20, dkb20 = off_grads(
-        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, False),
-        load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, True),
-        load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, True),
-        q2,
-        k2,
-        b2,
-        be2,
-        c2,
-        k0,
-        b0,
-        CT,
-        DOT,
-    )
-    dq21, z21, dka21, dkb21 = off_grads(
-        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, False),
-        load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, True),
-        load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, True),
-        q2,
-        k2,
-        b2,
-        be2,
-        c2,
-        k1,
-        b1,
-        CT,
-        DOT,
-    )
-    dq30, z30, dka30, dkb30 = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, False),
-        load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, True),
-        load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, True),
-        q3_,
-        k3_,
-        b3_,
-        be3,
-        c3,
-        k0,
-        b0,
-        CT,
-        DOT,
-    )
-    dq31, z31, dka31, dkb31 = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, False),
-        load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, True),
-        load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, True),
-        q3_,
-        k3_,
-        b3_,
-        be3,
-        c3,
-        k1,
-        b1,
-        CT,
-        DOT,
-    )
-    dq32, z32, dka32, dkb32 = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, False),
-        load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, True),
-        load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, True),
-        q3_,
-        k3_,
-        b3_,
-        be3,
-        c3,
-        k2,
-        b2,
-        CT,
-        DOT,
-    )
-    zero = tl.zeros([16, BK], dtype=tl.float32)
-    dq3 += stack4(zero, dq10, dq20 + dq21, dq30 + dq31 + dq32)
-    z3 += stack4(zero, z10, z20 + z21, z30 + z31 + z32)
-    dka3 += stack4(dka10 + dka20 + dka30, dka21 + dka31, dka32, zero)
-    dkb3 += stack4(dkb10 + dkb20 + dkb30, dkb21 + dkb31, dkb32, zero)
+    MS: tl.constexpr = HV * BT
+    dq0, z0, dka0, dkb0 = diag_grads(q0, k0, b0, be0, pq, pk, pb, pMA, pMB, t0, 0, eos, b_last, ok, m_k,
+                                     H * K, HV * K, MS)  # fmt: skip
+    dq1, z1, dka1, dkb1 = diag_grads(q1, k1, b1, be1, pq, pk, pb, pMA, pMB, t0, 1, eos, b_last, ok, m_k,
+                                     H * K, HV * K, MS)  # fmt: skip
+    dq2, z2, dka2, dkb2 = diag_grads(q2, k2, b2, be2, pq, pk, pb, pMA, pMB, t0, 2, eos, b_last, ok, m_k,
+                                     H * K, HV * K, MS)  # fmt: skip
+    dq3, z3, dka3, dkb3 = diag_grads(q3, k3, b3, be3, pq, pk, pb, pMA, pMB, t0, 3, eos, b_last, ok, m_k,
+                                     H * K, HV * K, MS)  # fmt: skip
 
-    dq_i = dq3 * scale
-    dk_i = dka3 * scale + dkb3
-    p_out = (rows3.to(tl.int64) * HV + i_hv) * K + ok[None, None, :]
-    m_out = m3 & m_k[None, None, :]
-    tl.store(dq + p_out, tl.load(dq + p_out, mask=m_out, other=0.0) + dq_i, mask=m_out)
-    tl.store(dk + p_out, tl.load(dk + p_out, mask=m_out, other=0.0) + dk_i + beta3 * z3, mask=m_out)
-    db = tl.load(dg + p_out, mask=m_out, other=0.0) + q3 * dq_i - k3 * dk_i + k3 * beta3 * z3
-    # dg = reverse cumulative sum of db over the chunk's 64 rows (4 sub-chunks of 16).
-    db2 = tl.reshape(db, (BT, BK))  # scan along axis 0 of the 64 rows
-    dg2 = rsum(db2, 0)[None, :] - rcumsum(db2, 0) + db2
-    tl.store(dg + p_out, tl.reshape(dg2, (4, 16, BK)), mask=m_out)
-    # dβ gets Σ_c k ⊙ Z of this channel slice; the slices are summed on the host.
-    p_b = dbeta_intra + i_k.to(tl.int64) * R * HV + rows3.to(tl.int64) * HV + i_hv
-    tl.store(p_b, rsum(k3 * z3, 2)[:, :, None], mask=m3)
+    x_dq, x_z, x_dka, x_dkb = off_grads(
+        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, True),
+        q1, k1, b1, be1, c1, k0, b0, CT, DOT,
+    )  # fmt: skip
+    dq1 += x_dq
+    z1 += x_z
+    dka0 += x_dka
+    dkb0 += x_dkb
+    x_dq, x_z, x_dka, x_dkb = off_grads(
+        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, True),
+        q2, k2, b2, be2, c2, k0, b0, CT, DOT,
+    )  # fmt: skip
+    dq2 += x_dq
+    z2 += x_z
+    dka0 += x_dka
+    dkb0 += x_dkb
+    x_dq, x_z, x_dka, x_dkb = off_grads(
+        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, False), load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, True), load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, True),
+        q2, k2, b2, be2, c2, k1, b1, CT, DOT,
+    )  # fmt: skip
+    dq2 += x_dq
+    z2 += x_z
+    dka1 += x_dka
+    dkb1 += x_dkb
+    x_dq, x_z, x_dka, x_dkb = off_grads(
+        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, True),
+        q3, k3, b3, be3, c3, k0, b0, CT, DOT,
+    )  # fmt: skip
+    dq3 += x_dq
+    z3 += x_z
+    dka0 += x_dka
+    dkb0 += x_dkb
+    x_dq, x_z, x_dka, x_dkb = off_grads(
+        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, True),
+        q3, k3, b3, be3, c3, k1, b1, CT, DOT,
+    )  # fmt: skip
+    dq3 += x_dq
+    z3 += x_z
+    dka1 += x_dka
+    dkb1 += x_dkb
+    x_dq, x_z, x_dka, x_dkb = off_grads(
+        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, True),
+        q3, k3, b3, be3, c3, k2, b2, CT, DOT,
+    )  # fmt: skip
+    dq3 += x_dq
+    z3 += x_z
+    dka2 += x_dka
+    dkb2 += x_dkb
+
+    # Write dq, dk, and dg = the reverse cumulative sum of db over the chunk, last sub-chunk first
+    # (`carry`: Σ db of the sub-chunks after the current one).
+    pdq, pdk, pdg = dq + i_hv * K, dk + i_hv * K, dg + i_hv * K
+    pdb = dbeta_intra + i_k.to(tl.int64) * R * HV + i_hv
+    S: tl.constexpr = HV * K
+    carry = tl.zeros([BK], dtype=tl.float32)
+    carry = finish16(pdq, pdk, pdg, pdb, q3, k3, be3, dq3, z3, dka3, dkb3, carry, scale, t0, 3, eos,
+                     S, HV, ok, m_k)  # fmt: skip
+    carry = finish16(pdq, pdk, pdg, pdb, q2, k2, be2, dq2, z2, dka2, dkb2, carry, scale, t0, 2, eos,
+                     S, HV, ok, m_k)  # fmt: skip
+    carry = finish16(pdq, pdk, pdg, pdb, q1, k1, be1, dq1, z1, dka1, dkb1, carry, scale, t0, 1, eos,
+                     S, HV, ok, m_k)  # fmt: skip
+    carry = finish16(pdq, pdk, pdg, pdb, q0, k0, be0, dq0, z0, dka0, dkb0, carry, scale, t0, 0, eos,
+                     S, HV, ok, m_k)  # fmt: skip
