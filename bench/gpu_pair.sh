@@ -9,7 +9,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/g0" "$OUT/g1"
 export SKIP_INSTALL=1 NO_TCACHE_SAVE=1
-(CUDA_VISIBLE_DEVICES=0 OUT="$OUT/g0" STAGES="${STAGES0:-env}" bash bench/gpu_session.sh > "$OUT/g0/summary.txt" 2>&1) &
-(CUDA_VISIBLE_DEVICES=1 OUT="$OUT/g1" STAGES="${STAGES1:-env}" bash bench/gpu_session.sh > "$OUT/g1/summary.txt" 2>&1) &
+# NAME_G0=value / NAME_G1=value set NAME on that GPU only (e.g. ONLY_BLOCKS_G1=model)
+on_gpu() {
+  local g=$1 stages=$2
+  (
+    while IFS='=' read -r name value; do export "${name%_G$g}=$value"; done < <(env | grep -E "^[A-Z0-9_]+_G$g=")
+    CUDA_VISIBLE_DEVICES=$g OUT="$OUT/g$g" STAGES="$stages" bash bench/gpu_session.sh > "$OUT/g$g/summary.txt" 2>&1
+  )
+}
+on_gpu 0 "${STAGES0:-env}" &
+on_gpu 1 "${STAGES1:-env}" &
 wait
 for g in g0 g1; do echo "######## $g"; cat "$OUT/$g/summary.txt"; done

@@ -12,13 +12,14 @@ mkdir -p .tcache/triton
 export TRITON_CACHE_DIR="$PWD/.tcache/triton"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"
+export LT2_FAIL_LOG="$OUT/failures.log"
 T0=$(date +%s)
 summary=()
 
 stage() {  # stage NAME LIMIT_S CMD...
   local name=$1 limit=$2; shift 2
   local t=$(date +%s)
-  echo "===== $name: $*" >> "$LOG"
+  printf "\n===== %s: %s\n" "$name" "$*" >> "$LOG"
   timeout "$limit" "$@" >> "$LOG" 2>&1
   local rc=$?
   summary+=("$(printf '%-14s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t ))")")
@@ -39,6 +40,8 @@ for s in ${STAGES:-env}; do
                    tests/kernels/test_kda.py tests/kernels/test_delta_family.py tests/kernels/test_delta_triton.py ;;
     tests_fused) stage tests_fused ${LIM_FUSED:-300} $PYT -n ${NPROC:-6} tests/kernels/test_fused_norm.py tests/kernels/test_fused_conv.py \
                    tests/kernels/test_fused_act.py tests/lowering/fx_passes ;;
+    # any pytest selection: TESTS_CUSTOM is eval'd, so it may quote a -k expression
+    tests_custom) eval "LT2_DELTA_CHUNK_CUDA=1 stage tests_custom ${LIM_CUSTOM:-200} $PYT -n ${NPROC_CUSTOM:-${NPROC:-6}} ${TESTS_CUSTOM:-}" ;;
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
     probe_delta) LT2_DELTA_CHUNK_CUDA=1 stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
     profile)     LT2_DELTA_CHUNK_CUDA=1 stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
@@ -67,5 +70,6 @@ for s in ${STAGES:-}; do
   case $s in bench_*|probe_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
+[ -s "$LT2_FAIL_LOG" ] && { echo "---- failure reasons ($LT2_FAIL_LOG)"; grep -E "^(==|E )" "$LT2_FAIL_LOG" | cut -c1-200 | head -${FAIL_LINES:-40}; }
 echo
 printf '%s\n' "${summary[@]}"

@@ -44,6 +44,7 @@ _CUDA_FAULTS = ("an illegal memory access was encountered", "device-side assert 
 def pytest_runtest_logreport(report):
     if not (report.failed and report.longrepr is not None):
         return
+    _log_failure_now(report)
     if getattr(report, "node", None) is not None:  # xdist controller: a worker's report, not ours
         return
     text = str(report.longrepr)
@@ -56,3 +57,18 @@ def pytest_runtest_logreport(report):
         print(f"\n{msg}: restarting this worker", file=sys.stderr, flush=True)
         os._exit(3)
     pytest.exit(msg, returncode=1)
+
+
+def _log_failure_now(report) -> None:
+    """With LT2_FAIL_LOG set, append each failure's error lines to that file as it happens.
+
+    The GPU runs are cut by a time limit, and pytest prints tracebacks only at the end; this keeps
+    the reason of every failure that happened before the cut (bench/gpu_session.sh sets it).
+    """
+    path = os.environ.get("LT2_FAIL_LOG")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes, once per report
+        return
+    text = str(report.longrepr)
+    errors = [ln for ln in text.splitlines() if ln.startswith("E ")][:12]
+    with open(path, "a") as f:
+        f.write(f"== {report.nodeid} ({report.when})\n" + "\n".join(errors or text.splitlines()[-12:]) + "\n")
