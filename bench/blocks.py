@@ -127,7 +127,10 @@ def model_subject(compile_it: bool) -> Subject:
     import lt2dsl
 
     B, T = env_int("MODEL_B", 1), env_int("MODEL_T", 16 if SMOKE else 4096)
-    model = lt2dsl.compile(MODEL_FILE, backend="auto", dtype=DT, device=DEV, **(SMOKE_MODEL if SMOKE else {}))
+    # fuse=False: the subject is the unfused graph, `fused_copy` applies the rules (the default
+    # fuse=True made both sides the fused graph: every rule had fired already)
+    model = lt2dsl.compile(MODEL_FILE, backend="auto", dtype=DT, device=DEV, fuse=False,
+                           **(SMOKE_MODEL if SMOKE else {}))
     vocab = model.config.vocab
 
     def make_input():

@@ -38,4 +38,6 @@ def test_blocks_bench_smoke(tmp_path):
     assert any(g.startswith("gdn block") for g in groups)
     assert any(g.startswith("gdn+dsa model") for g in groups)
     assert {r["impl"] for r in data["rows"]} >= {"unfused", "fused"}
+    # the subjects start unfused: the rules fire on every one (a fused subject once hid this)
+    assert data["fired"] and all(sum(f.values()) > 0 for f in data["fired"].values()), data["fired"]
     assert (tmp_path / "out" / "blocks.md").exists()

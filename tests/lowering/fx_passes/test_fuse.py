@@ -208,7 +208,12 @@ GPU_KINDS = ["gdn", "mamba2", "dsa", "swa"]
 def test_gpu_fused_equals_unfused_bf16(kind):
     """On CUDA (bf16, backend="auto": every Triton kernel), the fused graph's outputs and gradients
     match the unfused graph's to bf16 rounding."""
-    model = lower(f"loop T=2 < {call(kind)} >", dtype=torch.bfloat16, backend="auto", device="cuda",
+    # DSA: top-k ≥ T, so every causal key is selected. With top-k 4 (the CPU tests' setting) the
+    # bf16 rounding differences of a fused norm flip which keys win near the k-th score, and the
+    # outputs then differ by whole keys (6.7e-2 relative on the H200); the CPU tests check the
+    # fused DSA graph with a real selection exactly, in float64.
+    mixer = "dsa(topk=512, index_heads=2, index_dim=8)" if kind == "dsa" else call(kind)
+    model = lower(f"loop T=2 < {mixer} >", dtype=torch.bfloat16, backend="auto", device="cuda",
                   dim=256, heads=4, head_dim=64)
     ids = tokens(2, 300, vocab=model.config.vocab).cuda()
     params = list(model.parameters())
