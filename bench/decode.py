@@ -9,9 +9,7 @@ CUDA events (the mean step, after WARM steps), next to what `lt2dsl compile --es
 for that model, batch and context on the same GPU preset. A prefill or step that runs out of
 memory is recorded as OOM and the larger contexts of that model and batch are skipped.
 
-Both models are lowered with `backend="auto"` in bf16: the mixers' Triton kernels where they are
-enabled on CUDA (chunked GDN prefill falls back to the PyTorch reference until its full-size GPU
-check passes; set LT2_DELTA_CHUNK_CUDA=1 to use the Triton kernel, as `gpu_session.sh` does).
+Both models are lowered with `backend="auto"` in bf16: the mixers' Triton kernels on CUDA.
 
 Usage:
     PYTHONPATH=. python bench/decode.py

@@ -36,20 +36,20 @@ for s in ${STAGES:-env}; do
     tests_attn)  stage tests_attn ${LIM_ATTN:-400} $PYT -n ${NPROC:-6} tests/kernels/test_attention.py tests/kernels/test_dsa.py tests/kernels/test_nsa.py ;;
     tests_decay) stage tests_decay ${LIM_DECAY:-400} $PYT -n ${NPROC:-6} tests/kernels/test_simple_gla.py tests/kernels/test_gla.py \
                    tests/kernels/test_mlstm.py tests/kernels/test_toeplitz.py tests/kernels/test_decay_common.py ;;
-    tests_delta) LT2_DELTA_CHUNK_CUDA=1 stage tests_delta ${LIM_DELTA:-400} $PYT -n ${NPROC:-6} tests/kernels/test_gated_delta_rule.py tests/kernels/test_delta_rule.py \
+    tests_delta) stage tests_delta ${LIM_DELTA:-400} $PYT -n ${NPROC:-6} tests/kernels/test_gated_delta_rule.py tests/kernels/test_delta_rule.py \
                    tests/kernels/test_kda.py tests/kernels/test_delta_family.py tests/kernels/test_delta_triton.py ;;
     tests_fused) stage tests_fused ${LIM_FUSED:-300} $PYT -n ${NPROC:-6} tests/kernels/test_fused_norm.py tests/kernels/test_fused_conv.py \
                    tests/kernels/test_fused_act.py tests/lowering/fx_passes ;;
     # any pytest selection: TESTS_CUSTOM is eval'd, so it may quote a -k expression
-    tests_custom) eval "LT2_DELTA_CHUNK_CUDA=1 stage tests_custom ${LIM_CUSTOM:-200} $PYT -n ${NPROC_CUSTOM:-${NPROC:-6}} ${TESTS_CUSTOM:-}" ;;
+    tests_custom) eval "stage tests_custom ${LIM_CUSTOM:-200} $PYT -n ${NPROC_CUSTOM:-${NPROC:-6}} ${TESTS_CUSTOM:-}" ;;
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
-    probe_delta) LT2_DELTA_CHUNK_CUDA=1 stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
-    profile)     LT2_DELTA_CHUNK_CUDA=1 stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
+    probe_delta) stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
+    profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     bench_decay) ONLY="${ONLY_DECAY-${ONLY:-}}" stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
-    bench_delta) ONLY="${ONLY_DELTA-${ONLY:-}}" LT2_DELTA_CHUNK_CUDA=1 stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
-    bench_blocks) ONLY="${ONLY_BLOCKS-${ONLY:-}}" LT2_DELTA_CHUNK_CUDA=1 stage bench_blocks "${LIM_BLOCKS:-${BENCH_LIMIT:-400}}" python3 bench/blocks.py ;;
-    bench_decode) LT2_DELTA_CHUNK_CUDA=1 stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 bench/decode.py ;;
+    bench_delta) ONLY="${ONLY_DELTA-${ONLY:-}}" stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
+    bench_blocks) ONLY="${ONLY_BLOCKS-${ONLY:-}}" stage bench_blocks "${LIM_BLOCKS:-${BENCH_LIMIT:-400}}" python3 bench/blocks.py ;;
+    bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 bench/decode.py ;;
     *) echo "unknown stage $s" ;;
   esac
 done

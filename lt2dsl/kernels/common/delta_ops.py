@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from lt2dsl.kernels.common.backend import resolve_backend
@@ -28,27 +26,6 @@ def pick_backend(backend: str, q: torch.Tensor) -> str:
     return which
 
 
-# On the H200 (Triton 3.6) the first version of the scalar/no-gate state scan made an illegal
-# memory access from the second chunk on. The scans were rewritten to the code shape of KDA's
-# (correct there); on the H200 the rewrite then passed the small multi-chunk fwd+bwd tests, and the
-# one crash left (K = 16 in the reverse scan) led to a wider key tile, not yet re-run on the GPU;
-# full sizes have not run yet (BENCHMARKS.md). Until they have, "auto" runs long or training calls
-# on the reference path on CUDA and "triton" refuses them rather than risk the CUDA context.
-# LT2_DELTA_CHUNK_CUDA=1 lifts the guard (what bench/gpu_session.sh does to verify them).
-CHUNK_DISABLED = ("the chunked Triton kernel of gated_delta_rule / delta_rule is not yet verified on CUDA "
-                  "at full size (see BENCHMARKS.md); use backend='auto' or 'reference', or "
-                  "LT2_DELTA_CHUNK_CUDA=1 to run it anyway")
-
-
-def _chunk_kernel_disabled(gate, q, *tensors) -> bool:
-    if gate == "channel" or q.device.type != "cuda" or os.environ.get("LT2_DELTA_CHUNK_CUDA") == "1":
-        return False
-    from lt2dsl.kernels.common.delta_triton import RECURRENT_MAX_T
-
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, *tensors))
-    return needs_grad or q.shape[1] > RECURRENT_MAX_T
-
-
 def run_delta(
     gate: str,
     q: torch.Tensor,
@@ -70,10 +47,6 @@ def run_delta(
     scale = dims.K**-0.5 if scale is None else float(scale)
     want_state = output_final_state or inplace_final_state
     which = pick_backend(backend, q)
-    if which == "triton" and _chunk_kernel_disabled(gate, q, k, v, g, beta, initial_state):
-        if backend == "triton":
-            raise ValueError(CHUNK_DISABLED)
-        which = "reference"
     if which == "triton":
         from lt2dsl.kernels.common.delta_triton import delta_triton
 
