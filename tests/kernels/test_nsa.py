@@ -157,6 +157,19 @@ def test_triton_matches_reference(poison):
     check_triton(1, 30, 30, 2, 1, 16, torch.float32, block_counts=2, block_size=8, window_size=6)
 
 
+@pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=["kv32x16", "kv16x32"])
+def test_triton_backward_uneven_tiles(tiles, poison, monkeypatch):
+    """The compressed branch's strided keys (`kstride`) under the uneven backward tiles the GPU
+    autotunes among (attention/triton_bwd.py): the row and key bands hold for any pair."""
+    from lt2dsl.kernels.attention import triton_bwd
+
+    bn, bm = tiles
+    one = dict(num_warps=1, num_stages=1)
+    cfg = dict(kv=dict(BN=bn, BM=bm, **one), q=dict(BM=bn, BN=bm, **one))
+    monkeypatch.setattr(triton_bwd, "bwd_config", lambda D, dtype: cfg)
+    check_triton(1, 30, 30, 2, 1, 16, torch.float32, block_counts=2, block_size=8, window_size=6)
+
+
 def test_triton_decode_and_general_compression(poison):
     check_triton(1, 2, 40, 4, 2, 16, torch.float32, grads=False, block_counts=3, block_size=8, window_size=5)
     check_triton(1, 26, 26, 2, 1, 16, torch.float32, grads=False, block_counts=2, block_size=8, cmp_block=8,
