@@ -72,3 +72,58 @@ def _log_failure_now(report) -> None:
     errors = [ln for ln in text.splitlines() if ln.startswith("E ")][:12]
     with open(path, "a") as f:
         f.write(f"== {report.nodeid} ({report.when})\n" + "\n".join(errors or text.splitlines()[-12:]) + "\n")
+
+
+# Full-size GPU tests (float64 references of 8k-token or 128k-cache problems) each hold tens of GiB
+# of device memory; eight xdist workers running them at once ran the H200 out of memory, and the
+# same tests passed two at a time. A test marked `gpu_heavy` waits for one of GPU_HEAVY_SLOTS
+# machine-wide slots (file locks, so every worker process sees them).
+GPU_HEAVY_SLOTS = int(os.environ.get("LT2_GPU_HEAVY_SLOTS", "2"))
+
+
+@pytest.fixture(autouse=True)
+def _gpu_heavy_slot(request):
+    if request.node.get_closest_marker("gpu_heavy") is None or not _cuda_available():
+        yield
+        return
+    with heavy_slot():
+        yield
+        import torch
+
+        torch.cuda.empty_cache()  # hand the memory back before the next heavy test takes the slot
+
+
+class heavy_slot:
+    """Hold one of `slots` exclusive file locks in `folder`; waits (polling) until one is free."""
+
+    def __init__(self, slots: int | None = None, folder: str | None = None, poll_s: float = 0.2):
+        import tempfile
+
+        self.slots = slots or GPU_HEAVY_SLOTS
+        self.folder = folder or tempfile.gettempdir()
+        self.poll_s = poll_s
+        self.f = None
+
+    def __enter__(self):
+        import fcntl
+        import time
+
+        while True:
+            for i in range(self.slots):
+                f = open(os.path.join(self.folder, f"lt2dsl-gpu-heavy-{i}.lock"), "w")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.close()
+                    continue
+                self.f = f
+                return self
+            time.sleep(self.poll_s)
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+        self.f = None
+        return False

@@ -218,6 +218,7 @@ GPU_SHAPES = [(2, 1000, 16, 16, 64), (2, 1000, 16, 4, 128), (1, 8192, 16, 16, 12
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "B{}-T{}-H{}/{}-D{}".format(*s))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("mode", ["full", "w512-elem", "head"])
@@ -241,6 +242,7 @@ def test_gpu_every_backward_config(config, mode, poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_gpu_prefill_and_varlen(dtype, poison):
     check_triton_case(2, 300, 1500, 16, 4, 128, True, None, "elem", dtype, device="cuda")
@@ -289,6 +291,7 @@ def test_triton_attention_routes_decode_without_grad(poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("L", [4096, 131072])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_gpu_decode(L, dtype, poison):

@@ -337,6 +337,7 @@ GPU_CASES = ["T1000-D64", "T1000-D128", "T8192-D64", "T8192-D128", "gva", "odd",
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_gpu_matches_reference(info, case, dtype):
@@ -351,6 +352,7 @@ def test_gpu_decode(info, batch):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("config", range(N_CONFIGS))
 def test_gpu_every_autotune_config(info, config, dtype):

@@ -225,6 +225,7 @@ def test_triton_reads_strided_kv(poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("shape", [(2, 1000, 16, 1, 64, 256), (1, 4096, 16, 2, 128, 2048),
                                    (2, 1000, 16, 16, 128, 64)],

@@ -224,6 +224,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize(("T", "D", "dtype", "decay"), GPU_CASES)
 def test_gpu_full_size(T, D, dtype, decay):
     q, k, v, g, h0 = _inputs(2, T, 16, 16, D, D, dtype, decay)

@@ -298,6 +298,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize(("T", "D", "dtype", "gates"), GPU_CASES)
 def test_gpu_full_size(T, D, dtype, gates):
     """bf16 with the final state outside the loss (the training use); fp32 with every gradient."""

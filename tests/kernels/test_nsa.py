@@ -177,6 +177,7 @@ def test_triton_decode_and_general_compression(poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("shape", [(2, 1000, 16, 1, 64), (1, 4096, 16, 4, 128), (2, 1000, 8, 8, 64)],
                          ids=lambda s: "B{}-T{}-H{}/{}-D{}".format(*s))
