@@ -159,6 +159,8 @@ def _jobs():
     kda = dict(base, BK=L.KDA_BK, DOT=0, CT=tl.float32)
     kda_fwd = dict(kda, BK=L.KDA_FWD_BK)
     jobs.append(("kda_intra_fwd", kda_intra_fwd_kernel, ptr, sc, kda_fwd, L.KDA_FWD_WARPS, 1))
+    kda_fwd_x4 = dict(kda_fwd, INTERLEAVE=True)  # the LT2_DELTA_CANDIDATES variant
+    jobs.append(("kda_intra_fwd_interleave", kda_intra_fwd_kernel, ptr, sc, kda_fwd_x4, L.KDA_FWD_WARPS, 1))
     jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda, L.KDA_WARPS, 1))
     return jobs
 

@@ -45,6 +45,23 @@ def test_chunked_forward_backward(info, shape):
     compare_backends(info, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("case", ["T100", "varlen", "strong-decay"])
+def test_kda_interleaved_diagonal(case, monkeypatch):
+    """KDA's intra-chunk forward with the four sub-chunks' diagonal columns stepped together (a
+    GPU autotune candidate, `LT2_DELTA_CANDIDATES`) equals the reference, gradients included."""
+    monkeypatch.setattr(delta_launch, "KDA_FWD_INTERLEAVE", True)
+    kda = OPS["kda"]
+    if case == "varlen":
+        cu = torch.tensor([0, 1, 40, 100], device=DEV)
+        x = make_inputs(kda.gate, B=1, T=100, H=1, HV=2, K=16, V=16, dtype=torch.float32, N=3, device=DEV)
+        compare_backends(kda, x, FP32_TOL, cu_seqlens=cu)
+        return
+    decay = 30.0 if case == "strong-decay" else None
+    kw = {} if decay is None else {"decay": decay}
+    x = make_inputs(kda.gate, B=1, T=100, H=1, HV=1, K=32, V=16, dtype=torch.float32, device=DEV, **kw)
+    compare_backends(kda, x, FP32_TOL)
+
+
 def test_no_initial_state_and_scale(info):
     x = make_inputs(info.gate, B=1, T=70, H=1, HV=1, K=16, V=16, dtype=torch.float32, state=False, device=DEV)
     compare_backends(info, x, FP32_TOL, scale=0.7)

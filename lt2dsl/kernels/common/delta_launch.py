@@ -89,7 +89,16 @@ _KDA_FWD_CONFIGS = [
     triton.Config({"BK": 32}, num_warps=8, num_stages=1),
     triton.Config({"BK": 16}, num_warps=8, num_stages=1),
 ]
-KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
+KDA_FWD_BK, KDA_FWD_WARPS, KDA_FWD_INTERLEAVE = 32, 8, False
+# Candidates not yet checked on the H200: LT2_DELTA_CANDIDATES=1 adds them to the autotune lists
+# (and so to the forced-config GPU test) for the session that checks and times them. INTERLEAVE
+# steps the four sub-chunks' diagonal columns together (239-254 registers, no spills offline).
+CANDIDATES = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
+if CANDIDATES:
+    _KDA_FWD_CONFIGS += [
+        triton.Config({"BK": 32, "INTERLEAVE": True}, num_warps=8, num_stages=1),
+        triton.Config({"BK": 16, "INTERLEAVE": True}, num_warps=8, num_stages=1),
+    ]
 
 
 def _tuned(kernel, configs, key):
@@ -380,7 +389,12 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
-        fixed={"BK": min(KDA_FWD_BK, pow2(K)), "num_warps": KDA_FWD_WARPS, "num_stages": 1},
+        fixed={
+            "BK": min(KDA_FWD_BK, pow2(K)),
+            "INTERLEAVE": KDA_FWD_INTERLEAVE,
+            "num_warps": KDA_FWD_WARPS,
+            "num_stages": 1,
+        },
     )
     return gcum, Ainv, Aqk
 

@@ -74,6 +74,28 @@ def store_rows16(ptr, x, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr, ok, m_k
 
 
 @helper
+def token_row(pk, pg, row, eos, KS: tl.constexpr, GS: tl.constexpr, ok, m_k):
+    """(g, k) of one token at channels ok, fp32 `[BK]` each (0 past eos)."""
+    m = m_k & ((ok * 0 + row) < eos)  # a vector mask: the interpreter rejects a 0-d one
+    g_i = tl.load(pg + row.to(tl.int64) * GS + ok, mask=m, other=0.0).to(tl.float32)
+    k_i = tl.load(pk + row.to(tl.int64) * KS + ok, mask=m, other=0.0).to(tl.float32)
+    return g_i, k_i
+
+
+@helper
+def diag_column(xq, xk, bI, b_i, k_i, i, Aq, Ak):
+    """Column i of a sub-chunk's diagonal blocks: Σ_c x_rc k_ic e^{b_rc − b_ic} for q and k rows.
+
+    Rows r < i get exponent 0 (finite); their entries are dropped by the caller's mask.
+    """
+    o = tl.arange(0, 16)
+    ke = k_i[None, :] * tl.exp(tl.where(o[:, None] >= i, bI - b_i[None, :], 0.0))
+    Aq = tl.where(o[None, :] == i, rsum(xq * ke, 1)[:, None], Aq)
+    Ak = tl.where(o[None, :] == i, rsum(xk * ke, 1)[:, None], Ak)
+    return Aq, Ak
+
+
+@helper
 def diag16(xq, xk, bI, c, pk, pg, t0, I: tl.constexpr, eos, KS: tl.constexpr, GS: tl.constexpr, ok, m_k):
     """Channel sums of q_r k_i e^{b_r − b_i} and k_r k_i e^{b_r − b_i} in sub-chunk I (`[16, 16]`,
     entries with r < i are junk, masked by the caller).
@@ -83,20 +105,40 @@ def diag16(xq, xk, bI, c, pk, pg, t0, I: tl.constexpr, eos, KS: tl.constexpr, GS
     reduction per row: what made the first version of this kernel 6x slower than the peer's
     whole forward on the H200).
     """
-    o = tl.arange(0, 16)
     Aq = tl.zeros([16, 16], dtype=tl.float32)
     Ak = tl.zeros([16, 16], dtype=tl.float32)
     b_i = c
     for i in range(16):
-        row = t0 + I * 16 + i
-        m = m_k & ((ok * 0 + row) < eos)  # a vector mask: the interpreter rejects a 0-d one
-        b_i += tl.load(pg + row.to(tl.int64) * GS + ok, mask=m, other=0.0).to(tl.float32)
-        k_i = tl.load(pk + row.to(tl.int64) * KS + ok, mask=m, other=0.0).to(tl.float32)
-        # rows r < i get exponent 0 (finite); their entries are dropped by the caller's mask
-        ke = k_i[None, :] * tl.exp(tl.where(o[:, None] >= i, bI - b_i[None, :], 0.0))
-        Aq = tl.where(o[None, :] == i, rsum(xq * ke, 1)[:, None], Aq)
-        Ak = tl.where(o[None, :] == i, rsum(xk * ke, 1)[:, None], Ak)
+        g_i, k_i = token_row(pk, pg, t0 + I * 16 + i, eos, KS, GS, ok, m_k)
+        b_i += g_i
+        Aq, Ak = diag_column(xq, xk, bI, b_i, k_i, i, Aq, Ak)
     return Aq, Ak
+
+
+@helper
+def diag16x4(
+    x0, x1, x2, x3, k0, k1, k2, k3, b0, b1, b2, b3, c0, c1, c2, c3, pk, pg, t0, eos,
+    KS: tl.constexpr, GS: tl.constexpr, ok, m_k,
+):  # fmt: skip
+    """`diag16` of the four sub-chunks in one column loop: step i does column i of all four, four
+    independent bodies (the one-sub-chunk loop is 64 dependent steps per channel slice)."""
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    A0, A1, A2, A3, K0, K1, K2, K3 = z, z, z, z, z, z, z, z
+    r0, r1, r2, r3 = c0, c1, c2, c3
+    for i in range(16):
+        g_i, k_i = token_row(pk, pg, t0 + i, eos, KS, GS, ok, m_k)
+        r0 += g_i
+        A0, K0 = diag_column(x0, k0, b0, r0, k_i, i, A0, K0)
+        g_i, k_i = token_row(pk, pg, t0 + 16 + i, eos, KS, GS, ok, m_k)
+        r1 += g_i
+        A1, K1 = diag_column(x1, k1, b1, r1, k_i, i, A1, K1)
+        g_i, k_i = token_row(pk, pg, t0 + 32 + i, eos, KS, GS, ok, m_k)
+        r2 += g_i
+        A2, K2 = diag_column(x2, k2, b2, r2, k_i, i, A2, K2)
+        g_i, k_i = token_row(pk, pg, t0 + 48 + i, eos, KS, GS, ok, m_k)
+        r3 += g_i
+        A3, K3 = diag_column(x3, k3, b3, r3, k_i, i, A3, K3)
+    return A0, A1, A2, A3, K0, K1, K2, K3
 
 
 @triton.jit
@@ -120,6 +162,7 @@ def kda_intra_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     CT: tl.constexpr,
+    INTERLEAVE: tl.constexpr = False,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -168,18 +211,32 @@ def kda_intra_fwd_kernel(
         k2 = rows16(pk, t0, 2, eos, H * K, ok, m_k)
         k3 = rows16(pk, t0, 3, eos, H * K, ok, m_k)
 
-        dq_, dk_ = diag16(x0, k0, b0, c0, pk, pg, t0, 0, eos, H * K, HV * K, ok, m_k)
-        d0 += dq_
-        e0 += dk_
-        dq_, dk_ = diag16(x1, k1, b1, c1, pk, pg, t0, 1, eos, H * K, HV * K, ok, m_k)
-        d1 += dq_
-        e1 += dk_
-        dq_, dk_ = diag16(x2, k2, b2, c2, pk, pg, t0, 2, eos, H * K, HV * K, ok, m_k)
-        d2 += dq_
-        e2 += dk_
-        dq_, dk_ = diag16(x3, k3, b3, c3, pk, pg, t0, 3, eos, H * K, HV * K, ok, m_k)
-        d3 += dq_
-        e3 += dk_
+        if INTERLEAVE:
+            A0, A1, A2, A3, K0, K1, K2, K3 = diag16x4(
+                x0, x1, x2, x3, k0, k1, k2, k3, b0, b1, b2, b3, c0, c1, c2, c3, pk, pg, t0, eos,
+                H * K, HV * K, ok, m_k,
+            )  # fmt: skip
+            d0 += A0
+            d1 += A1
+            d2 += A2
+            d3 += A3
+            e0 += K0
+            e1 += K1
+            e2 += K2
+            e3 += K3
+        else:
+            dq_, dk_ = diag16(x0, k0, b0, c0, pk, pg, t0, 0, eos, H * K, HV * K, ok, m_k)
+            d0 += dq_
+            e0 += dk_
+            dq_, dk_ = diag16(x1, k1, b1, c1, pk, pg, t0, 1, eos, H * K, HV * K, ok, m_k)
+            d1 += dq_
+            e1 += dk_
+            dq_, dk_ = diag16(x2, k2, b2, c2, pk, pg, t0, 2, eos, H * K, HV * K, ok, m_k)
+            d2 += dq_
+            e2 += dk_
+            dq_, dk_ = diag16(x3, k3, b3, c3, pk, pg, t0, 3, eos, H * K, HV * K, ok, m_k)
+            d3 += dq_
+            e3 += dk_
 
         q10 += off_block(x1, b1, c1, k0, b0, CT, DOT)
         a10 += off_block(k1, b1, c1, k0, b0, CT, DOT)
