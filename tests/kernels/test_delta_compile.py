@@ -162,6 +162,8 @@ def _jobs():
     kda_fwd_x4 = dict(kda_fwd, INTERLEAVE=True)  # the LT2_DELTA_CANDIDATES variant
     jobs.append(("kda_intra_fwd_interleave", kda_intra_fwd_kernel, ptr, sc, kda_fwd_x4, L.KDA_FWD_WARPS, 1))
     jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda, L.KDA_WARPS, 1))
+    jobs.append(("kda_grad_intra_interleave", kda_grad_intra_kernel, ptr, sc, dict(kda, INTERLEAVE=True),
+                 L.KDA_WARPS, 1))
     return jobs
 
 

@@ -46,10 +46,11 @@ def test_chunked_forward_backward(info, shape):
 
 
 @pytest.mark.parametrize("case", ["T100", "varlen", "strong-decay"])
-def test_kda_interleaved_diagonal(case, monkeypatch):
-    """KDA's intra-chunk forward with the four sub-chunks' diagonal columns stepped together (a
-    GPU autotune candidate, `LT2_DELTA_CANDIDATES`) equals the reference, gradients included."""
+def test_kda_interleaved_diagonals(case, monkeypatch):
+    """KDA's intra-chunk kernels with the four sub-chunks' diagonal steps taken together (the
+    GPU candidates of `LT2_DELTA_CANDIDATES`) equal the reference, forward and gradients."""
     monkeypatch.setattr(delta_launch, "KDA_FWD_INTERLEAVE", True)
+    monkeypatch.setattr(delta_launch, "KDA_GRAD_INTERLEAVE", True)
     kda = OPS["kda"]
     if case == "varlen":
         cu = torch.tensor([0, 1, 40, 100], device=DEV)

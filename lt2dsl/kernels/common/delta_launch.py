@@ -80,7 +80,9 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
 GRAD_BK = 32
 # KDA's intra-chunk gradient kernel (read-modify-writes dq, dk, dg: not autotuned). Offline sm_90
 # compiles at K = 128: BK 32 at 4 warps spills 72 B per thread; BK 16 spills 520-780 B.
+# INTERLEAVE (the four sub-chunks' diagonal steps together) is the LT2_DELTA_CANDIDATES variant.
 KDA_BK, KDA_WARPS = 32, 4
+KDA_GRAD_INTERLEAVE = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
 # KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128: 255 registers,
 # 0 B of spills at BK 16 and 24 B at BK 32 (8 warps). These two passed the forced-config test on
 # the H200; the 4-warp variants (88 and 32 B of spills) were in the list of the timed run but never
@@ -555,6 +557,7 @@ def _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta: ChunkMeta)
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
+        INTERLEAVE=KDA_GRAD_INTERLEAVE,
         fixed={"num_warps": KDA_WARPS, "num_stages": 1},
     )
     return dbeta_intra.sum(0)
