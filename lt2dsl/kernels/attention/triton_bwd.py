@@ -10,15 +10,13 @@ k qᵀ and v dOᵀ from transposed loads, so no dot result is transposed before 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 import triton
 import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
-from ..common.backend import triton_interpreting
+from ..common.backend import forced_autotune_config, triton_interpreting
 from .triton_fwd import LOG2E, _band, _seq_bounds, varlen_blocks
 
 
@@ -280,21 +278,9 @@ _dq_tuned = _tuned(_bwd_dq_kernel, Q_CONFIGS)
 N_BWD_CONFIGS = max(len(KV_CONFIGS), len(Q_CONFIGS))
 
 
-@contextmanager
 def forced_bwd_config(i: int):
-    """Autotuned backward kernels run config i of their lists (modulo length) only, cache cleared.
-
-    For the GPU tests: every config the autotuner may pick on the H200 is checked there.
-    """
-    tuned = [t for t in (_dkdv_tuned, _dq_tuned) if t is not None]
-    saved = [(t, t.configs, t.cache) for t in tuned]
-    for t in tuned:
-        t.configs, t.cache = [t.configs[i % len(t.configs)]], {}
-    try:
-        yield
-    finally:
-        for t, configs, cache in saved:
-            t.configs, t.cache = configs, cache
+    """The autotuned backward kernels run config i of their lists (see `forced_autotune_config`)."""
+    return forced_autotune_config([t for t in (_dkdv_tuned, _dq_tuned) if t is not None], i)
 
 
 def attn_bwd(do, q, k, v, o, lse, gate, scale: float, causal: bool, window, cu=None, kstride: int = 1,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -62,3 +63,21 @@ def check_float(name: str, t: torch.Tensor) -> None:
 
 def _fmt(expected: Sequence[int | None]) -> str:
     return "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+
+
+@contextmanager
+def forced_autotune_config(tuned: Sequence, i: int) -> Iterator[None]:
+    """Make each `triton.autotune`d kernel in `tuned` run config i of its list (modulo its length)
+    only, with its cache cleared; restored on exit.
+
+    For the GPU tests: every config a kernel may pick on the H200 is checked there (Hopper
+    miscompiles are per config).
+    """
+    saved = [(t, t.configs, t.cache) for t in tuned]
+    for t in tuned:
+        t.configs, t.cache = [t.configs[i % len(t.configs)]], {}
+    try:
+        yield
+    finally:
+        for t, configs, cache in saved:
+            t.configs, t.cache = configs, cache

@@ -17,14 +17,13 @@ config runs.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from itertools import pairwise
 
 import torch
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.backend import triton_interpreting
+from lt2dsl.kernels.common.backend import forced_autotune_config, triton_interpreting
 from lt2dsl.kernels.common.delta_grad import (
     delta_grad_cc_kernel,
     delta_grad_final_kernel,
@@ -123,20 +122,9 @@ N_CONFIGS = max(
 )
 
 
-@contextmanager
 def forced_config(i: int):
-    """Run every autotuned kernel with config i of its list (modulo its length), cache cleared.
-
-    For the GPU tests: every config a kernel may pick on the H200 is checked there.
-    """
-    saved = [(t, t.configs, t.cache) for t in TUNED]
-    for t in TUNED:
-        t.configs, t.cache = [t.configs[i % len(t.configs)]], {}
-    try:
-        yield
-    finally:
-        for t, configs, cache in saved:
-            t.configs, t.cache = configs, cache
+    """Every autotuned delta-rule kernel runs config i of its list (see `forced_autotune_config`)."""
+    return forced_autotune_config(TUNED, i)
 
 
 def launch(tuned, plain, grid, *args, fixed: dict | None = None, **kwargs):

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.delta_tl import chunk_coords, helper, load_vec16, mm, rcumsum, rsum
-from lt2dsl.kernels.kda.chunk_intra import rows16
+from lt2dsl.kernels.kda.chunk_intra import sub_chunks
 
 
 @helper
@@ -166,6 +166,19 @@ def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, CT: tl.constexpr
 
 
 @helper
+def off_pair(
+    MA, MB, t0, eos, i_hv, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr,
+    qI, kI, bI, beI, ref, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """`off_grads` of block (I, J) with its scratch blocks loaded (straight and transposed)."""
+    return off_grads(
+        load_m(MA, t0, eos, i_hv, I, J, HV, BT, False), load_m(MB, t0, eos, i_hv, I, J, HV, BT, False),
+        load_m(MA, t0, eos, i_hv, I, J, HV, BT, True), load_m(MB, t0, eos, i_hv, I, J, HV, BT, True),
+        qI, kI, bI, beI, ref, kJ, bJ, CT, DOT,
+    )  # fmt: skip
+
+
+@helper
 def finish16(
     pdq, pdk, pdg, pdb, qI, kI, beI, dqI, zI, dkaI, dkbI, carry, scale, t0, I: tl.constexpr, eos,
     S: tl.constexpr, HV: tl.constexpr, ok, m_k,
@@ -229,18 +242,13 @@ def kda_grad_intra_kernel(
     b_last = tl.load(pb + last.to(tl.int64) * HV * K + ok, mask=m_k, other=0.0)
     o = tl.arange(0, 16)
     # Per sub-chunk tiles; padded rows hold the chunk's last decay, so no exponent turns positive.
-    q0 = rows16(pq, t0, 0, eos, H * K, ok, m_k)
-    q1 = rows16(pq, t0, 1, eos, H * K, ok, m_k)
-    q2 = rows16(pq, t0, 2, eos, H * K, ok, m_k)
-    q3 = rows16(pq, t0, 3, eos, H * K, ok, m_k)
-    k0 = rows16(pk, t0, 0, eos, H * K, ok, m_k)
-    k1 = rows16(pk, t0, 1, eos, H * K, ok, m_k)
-    k2 = rows16(pk, t0, 2, eos, H * K, ok, m_k)
-    k3 = rows16(pk, t0, 3, eos, H * K, ok, m_k)
-    b0 = tl.where((t0 + o < eos)[:, None], rows16(pb, t0, 0, eos, HV * K, ok, m_k), b_last[None, :])
-    b1 = tl.where((t0 + 16 + o < eos)[:, None], rows16(pb, t0, 1, eos, HV * K, ok, m_k), b_last[None, :])
-    b2 = tl.where((t0 + 32 + o < eos)[:, None], rows16(pb, t0, 2, eos, HV * K, ok, m_k), b_last[None, :])
-    b3 = tl.where((t0 + 48 + o < eos)[:, None], rows16(pb, t0, 3, eos, HV * K, ok, m_k), b_last[None, :])
+    q0, q1, q2, q3 = sub_chunks(pq, t0, eos, H * K, ok, m_k)
+    k0, k1, k2, k3 = sub_chunks(pk, t0, eos, H * K, ok, m_k)
+    b0, b1, b2, b3 = sub_chunks(pb, t0, eos, HV * K, ok, m_k)
+    b0 = tl.where((t0 + o < eos)[:, None], b0, b_last[None, :])
+    b1 = tl.where((t0 + 16 + o < eos)[:, None], b1, b_last[None, :])
+    b2 = tl.where((t0 + 32 + o < eos)[:, None], b2, b_last[None, :])
+    b3 = tl.where((t0 + 48 + o < eos)[:, None], b3, b_last[None, :])
     be0 = load_vec16(beta + i_hv, t0, 0, eos, HV)
     be1 = load_vec16(beta + i_hv, t0, 1, eos, HV)
     be2 = load_vec16(beta + i_hv, t0, 2, eos, HV)
@@ -266,60 +274,36 @@ def kda_grad_intra_kernel(
         dq3, z3, dka3, dkb3 = diag_grads(q3, k3, b3, be3, pq, pk, pb, pMA, pMB, t0, 3, eos, b_last, ok, m_k,
                                          H * K, HV * K, MS)  # fmt: skip
 
-    x_dq, x_z, x_dka, x_dkb = off_grads(
-        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 1, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 1, 0, HV, BT, True),
-        q1, k1, b1, be1, c1, k0, b0, CT, DOT,
-    )  # fmt: skip
-    dq1 += x_dq
-    z1 += x_z
-    dka0 += x_dka
-    dkb0 += x_dkb
-    x_dq, x_z, x_dka, x_dkb = off_grads(
-        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 2, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 2, 0, HV, BT, True),
-        q2, k2, b2, be2, c2, k0, b0, CT, DOT,
-    )  # fmt: skip
-    dq2 += x_dq
-    z2 += x_z
-    dka0 += x_dka
-    dkb0 += x_dkb
-    x_dq, x_z, x_dka, x_dkb = off_grads(
-        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, False), load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 2, 1, HV, BT, True), load_m(MB, t0, eos, i_hv, 2, 1, HV, BT, True),
-        q2, k2, b2, be2, c2, k1, b1, CT, DOT,
-    )  # fmt: skip
-    dq2 += x_dq
-    z2 += x_z
-    dka1 += x_dka
-    dkb1 += x_dkb
-    x_dq, x_z, x_dka, x_dkb = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 0, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 0, HV, BT, True),
-        q3, k3, b3, be3, c3, k0, b0, CT, DOT,
-    )  # fmt: skip
-    dq3 += x_dq
-    z3 += x_z
-    dka0 += x_dka
-    dkb0 += x_dkb
-    x_dq, x_z, x_dka, x_dkb = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 1, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 1, HV, BT, True),
-        q3, k3, b3, be3, c3, k1, b1, CT, DOT,
-    )  # fmt: skip
-    dq3 += x_dq
-    z3 += x_z
-    dka1 += x_dka
-    dkb1 += x_dkb
-    x_dq, x_z, x_dka, x_dkb = off_grads(
-        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, False), load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, False),
-        load_m(MA, t0, eos, i_hv, 3, 2, HV, BT, True), load_m(MB, t0, eos, i_hv, 3, 2, HV, BT, True),
-        q3, k3, b3, be3, c3, k2, b2, CT, DOT,
-    )  # fmt: skip
-    dq3 += x_dq
-    z3 += x_z
-    dka2 += x_dka
-    dkb2 += x_dkb
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 1, 0, HV, BT, q1, k1, b1, be1, c1, k0, b0, CT, DOT)
+    dq1 += xq
+    z1 += xz
+    dka0 += xa
+    dkb0 += xb
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 0, HV, BT, q2, k2, b2, be2, c2, k0, b0, CT, DOT)
+    dq2 += xq
+    z2 += xz
+    dka0 += xa
+    dkb0 += xb
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 1, HV, BT, q2, k2, b2, be2, c2, k1, b1, CT, DOT)
+    dq2 += xq
+    z2 += xz
+    dka1 += xa
+    dkb1 += xb
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 0, HV, BT, q3, k3, b3, be3, c3, k0, b0, CT, DOT)
+    dq3 += xq
+    z3 += xz
+    dka0 += xa
+    dkb0 += xb
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 1, HV, BT, q3, k3, b3, be3, c3, k1, b1, CT, DOT)
+    dq3 += xq
+    z3 += xz
+    dka1 += xa
+    dkb1 += xb
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 2, HV, BT, q3, k3, b3, be3, c3, k2, b2, CT, DOT)
+    dq3 += xq
+    z3 += xz
+    dka2 += xa
+    dkb2 += xb
 
     # Write dq, dk, and dg = the reverse cumulative sum of db over the chunk, last sub-chunk first
     # (`carry`: Σ db of the sub-chunks after the current one).

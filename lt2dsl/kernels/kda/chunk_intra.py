@@ -67,6 +67,17 @@ def rows16(ptr, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr, ok, m_k):
 
 
 @helper
+def sub_chunks(ptr, t0, eos, STRIDE: tl.constexpr, ok, m_k):
+    """The chunk's four 16-row sub-chunks of a `[rows, STRIDE]` buffer (`rows16` of each)."""
+    return (
+        rows16(ptr, t0, 0, eos, STRIDE, ok, m_k),
+        rows16(ptr, t0, 1, eos, STRIDE, ok, m_k),
+        rows16(ptr, t0, 2, eos, STRIDE, ok, m_k),
+        rows16(ptr, t0, 3, eos, STRIDE, ok, m_k),
+    )
+
+
+@helper
 def store_rows16(ptr, x, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr, ok, m_k):
     rows = t0 + I * 16 + tl.arange(0, 16)
     p = ptr + rows.to(tl.int64)[:, None] * STRIDE + ok[None, :]
