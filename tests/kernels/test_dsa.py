@@ -195,6 +195,20 @@ def test_triton_indexer_equals_reference_in_fp32():
         assert torch.equal(got, dsa_indexer(qi, ki, wi, topk=kk))
 
 
+@pytest.mark.parametrize("Tq,Tk", [(48, 48), (30, 50)])
+@pytest.mark.parametrize("chunk", [16, 32, None])
+def test_triton_indexer_query_chunks_trim_the_keys(Tq, Tk, chunk):
+    """Each query chunk scores and selects only the keys its last row can see; chunked or not,
+    with queries at the end of a longer key range or not, and a top-k above what early rows see,
+    the selection equals the reference's exactly (fp32)."""
+    from lt2dsl.kernels.dsa.triton_indexer import dsa_indexer_triton
+
+    _, _, _, qi, ki, wi = make(2, Tq, Tk, 1, 1, 8, HI=3, DI=16, dtype=torch.float32, device=DEVICE)
+    for kk in (5, 40):
+        got = dsa_indexer_triton(qi, ki, wi, topk=kk, chunk=chunk)
+        assert torch.equal(got, dsa_indexer(qi, ki, wi, topk=kk)), (kk, chunk)
+
+
 def test_triton_decode_over_index_cache(poison):
     """Tq < Tk (queries are the last positions): the lowering's decode path."""
     q, k, v, qi, ki, wi = make(2, 2, 40, 4, 1, 16, dtype=torch.float32, device=DEVICE)

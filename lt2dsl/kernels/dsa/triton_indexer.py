@@ -21,18 +21,20 @@ _INT64_MIN = -(2**63)
 
 
 @triton.jit
-def _indexer_kernel(QI, KI, WI, KEYS, t0, Tq, Tk, C, idx_scale, HI: tl.constexpr, DI: tl.constexpr,
+def _indexer_kernel(QI, KI, WI, KEYS, t0, Tq, Tk, C, KW, idx_scale, HI: tl.constexpr, DI: tl.constexpr,
                     BDI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_W: tl.constexpr,
                     DOT_PREC: tl.constexpr):
-    """KEYS[b, r, s] for chunk rows r (query t0 + r), key block s; QI `[B, Tq, HI, DI]`, KI `[B, Tk, DI]`."""
+    """KEYS[b, r, s] for chunk rows r (query t0 + r), keys s < KW; QI `[B, Tq, HI, DI]`, KI `[B, Tk, DI]`.
+
+    KEYS is `[B, C, KW]`: KW ≤ Tk stops at the last key any row of the chunk can see."""
     i_m, i_n, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = i_m * BM + tl.arange(0, BM)
     t = t0 + rows
     in_q = (rows < C) & (t < Tq)
     pos = t + (Tk - Tq)
     keys = i_n * BN + tl.arange(0, BN)
-    out = KEYS + (b.to(tl.int64) * C + rows)[:, None] * Tk + keys[None, :]
-    store_mask = (rows < C)[:, None] & (keys < Tk)[None, :]
+    out = KEYS + (b.to(tl.int64) * C + rows)[:, None] * KW + keys[None, :]
+    store_mask = (rows < C)[:, None] & (keys < KW)[None, :]
     if i_n * BN > t0 + i_m * BM + BM - 1 + (Tk - Tq):  # the whole block is in every row's future
         tl.store(out, tl.full([BM, BN], -(2**63), tl.int64), mask=store_mask)
     else:
@@ -68,15 +70,19 @@ def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, c
         chunk = max(BM, min(Tq, (2**27 // max(B * Tk, 1)) // BM * BM))
     out = torch.empty(B, Tq, topk, dtype=torch.long, device=q_idx.device)
     kk = min(topk, Tk)
+    out.fill_(-1)
     for t0 in range(0, Tq, chunk):
         c = min(chunk, Tq - t0)
-        keys = torch.empty(B, c, Tk, dtype=torch.int64, device=q_idx.device)
-        _indexer_kernel[(triton.cdiv(c, BM), triton.cdiv(Tk, BN), B)](
-            q_idx, k_idx, q_idx if w is None else w, keys, t0, Tq, Tk, c, idx_scale,
+        # Causal: no row of this chunk sees a key past its last row's position, so the keys and
+        # the top-k stop there (half the selection work of a prefill, on average).
+        kw = max(1, min(Tk, t0 + c + (Tk - Tq)))
+        keys = torch.empty(B, c, kw, dtype=torch.int64, device=q_idx.device)
+        _indexer_kernel[(triton.cdiv(c, BM), triton.cdiv(kw, BN), B)](
+            q_idx, k_idx, q_idx if w is None else w, keys, t0, Tq, Tk, c, kw, idx_scale,
             HI=HI, DI=DI, BDI=pow2(DI), BM=BM, BN=BN, HAS_W=w is not None,
             DOT_PREC=dot_precision(q_idx.dtype),
             num_warps=1 if triton_interpreting() else 8, num_stages=1 if triton_interpreting() else 2)
-        top, idx = torch.topk(keys, kk, dim=-1, sorted=True)
-        out[:, t0 : t0 + c, :kk] = idx.masked_fill(top == _INT64_MIN, -1)
-    out[..., kk:] = -1
+        kc = min(kk, kw)
+        top, idx = torch.topk(keys, kc, dim=-1, sorted=True)
+        out[:, t0 : t0 + c, :kc] = idx.masked_fill(top == _INT64_MIN, -1)
     return out
