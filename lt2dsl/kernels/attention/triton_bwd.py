@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
-from ..common.backend import forced_autotune_config, triton_interpreting
+from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
 from .triton_fwd import LOG2E, _band, _seq_bounds, varlen_blocks
 
 
@@ -269,12 +269,8 @@ def _as_dict(c: triton.Config) -> dict:
     return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
-def _tuned(kernel, configs):
-    return None if triton_interpreting() else triton.autotune(configs=configs, key=_KEY)(kernel)
-
-
-_dkdv_tuned = _tuned(_bwd_dkdv_kernel, KV_CONFIGS)
-_dq_tuned = _tuned(_bwd_dq_kernel, Q_CONFIGS)
+_dkdv_tuned = autotuned_on_gpu(_bwd_dkdv_kernel, KV_CONFIGS, _KEY)
+_dq_tuned = autotuned_on_gpu(_bwd_dq_kernel, Q_CONFIGS, _KEY)
 N_BWD_CONFIGS = max(len(KV_CONFIGS), len(Q_CONFIGS))
 
 

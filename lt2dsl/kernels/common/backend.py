@@ -65,6 +65,16 @@ def _fmt(expected: Sequence[int | None]) -> str:
     return "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
 
 
+def autotuned_on_gpu(kernel, configs: Sequence, key: Sequence[str]):
+    """`triton.autotune(configs, key)` of `kernel` for the GPU; None under the interpreter, where the
+    caller launches the plain kernel with one fixed config."""
+    if triton_interpreting():
+        return None
+    import triton
+
+    return triton.autotune(configs=list(configs), key=list(key))(kernel)
+
+
 @contextmanager
 def forced_autotune_config(tuned: Sequence, i: int) -> Iterator[None]:
     """Make each `triton.autotune`d kernel in `tuned` run config i of its list (modulo its length)

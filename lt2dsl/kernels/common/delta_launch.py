@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.backend import forced_autotune_config, triton_interpreting
+from lt2dsl.kernels.common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
 from lt2dsl.kernels.common.delta_grad import (
     delta_grad_cc_kernel,
     delta_grad_final_kernel,
@@ -81,7 +81,11 @@ GRAD_BK = 32
 # compiles at K = 128: BK 32 at 4 warps spills 72 B per thread; BK 16 spills 520-780 B.
 # INTERLEAVE (the four sub-chunks' diagonal steps together) is the LT2_DELTA_CANDIDATES variant.
 KDA_BK, KDA_WARPS = 32, 4
-KDA_GRAD_INTERLEAVE = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
+# Candidates not yet checked on the H200: LT2_DELTA_CANDIDATES=1 adds them to the autotune lists
+# (and so to the forced-config GPU test), or selects them where a kernel is not autotuned, for the
+# session that checks and times them.
+CANDIDATES = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
+KDA_GRAD_INTERLEAVE = CANDIDATES
 # KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128: 255 registers,
 # 0 B of spills at BK 16 and 24 B at BK 32 (8 warps). These two passed the forced-config test on
 # the H200; the 4-warp variants (88 and 32 B of spills) were in the list of the timed run but never
@@ -91,10 +95,8 @@ _KDA_FWD_CONFIGS = [
     triton.Config({"BK": 16}, num_warps=8, num_stages=1),
 ]
 KDA_FWD_BK, KDA_FWD_WARPS, KDA_FWD_INTERLEAVE = 32, 8, False
-# Candidates not yet checked on the H200: LT2_DELTA_CANDIDATES=1 adds them to the autotune lists
-# (and so to the forced-config GPU test) for the session that checks and times them. INTERLEAVE
-# steps the four sub-chunks' diagonal columns together (239-254 registers, no spills offline).
-CANDIDATES = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
+# The INTERLEAVE candidate steps the four sub-chunks' diagonal columns together (239-254
+# registers, no spills offline).
 if CANDIDATES:
     _KDA_FWD_CONFIGS += [
         triton.Config({"BK": 32, "INTERLEAVE": True}, num_warps=8, num_stages=1),
@@ -102,20 +104,13 @@ if CANDIDATES:
     ]
 
 
-def _tuned(kernel, configs, key):
-    """The autotuned kernel on the GPU; None under the interpreter (one fixed config runs there)."""
-    if triton_interpreting():
-        return None
-    return triton.autotune(configs=configs, key=key)(kernel)
-
-
-_wy_fwd = _tuned(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
-_qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
-_state_fwd = _tuned(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
+_wy_fwd = autotuned_on_gpu(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
+_qk_fwd = autotuned_on_gpu(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
+_state_fwd = autotuned_on_gpu(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_state_bwd = autotuned_on_gpu(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_grad_cc = autotuned_on_gpu(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_grad_k = autotuned_on_gpu(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_kda_fwd = autotuned_on_gpu(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
 TUNED = [t for t in (_wy_fwd, _qk_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k, _kda_fwd) if t is not None]
 N_CONFIGS = max(
     len(_STATE_CONFIGS), len(_CC_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS), len(_KDA_FWD_CONFIGS)
