@@ -66,7 +66,10 @@ def _log_failure_now(report) -> None:
     the reason of every failure that happened before the cut (bench/gpu_session.sh sets it).
     """
     path = os.environ.get("LT2_FAIL_LOG")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes, once per report
+    # Written once per failure: by the xdist controller (a worker's report carries `node`) or by a
+    # plain run; never by the workers themselves.
+    from_worker = getattr(report, "node", None) is not None
+    if not path or (not from_worker and os.environ.get("PYTEST_XDIST_WORKER")):
         return
     text = str(report.longrepr)
     errors = [ln for ln in text.splitlines() if ln.startswith("E ")][:12]
