@@ -9,7 +9,7 @@ import torch
 
 from lt2dsl.kernels.attention import attention, attention_decode, attention_naive
 from lt2dsl.kernels.attention.triton_bwd import N_BWD_CONFIGS
-from tests.kernels.utils import DEVICE, assert_close
+from tests.kernels.utils import DEVICE, assert_close, seeded_like
 
 F64 = torch.float64
 
@@ -155,7 +155,7 @@ def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device
     leaves = [t.requires_grad_() for t in (q, k, v, g) if t is not None]
     kw = dict(causal=causal, window=window, cu_seqlens=cu)
     out = attention(q, k, v, gate=g, backend="triton", **kw)
-    do = torch.randn_like(out)
+    do = seeded_like(out)
     grads = torch.autograd.grad(out, leaves, do)
     ref_in = [t.detach().double().requires_grad_() for t in leaves]
     ref = attention(*ref_in[:3], gate=ref_in[3] if g is not None else None, **kw)

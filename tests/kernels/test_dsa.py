@@ -5,7 +5,7 @@ import torch
 
 from lt2dsl.kernels.attention import attention_naive
 from lt2dsl.kernels.dsa import dsa, dsa_indexer, dsa_indexer_kl, dsa_naive
-from tests.kernels.utils import DEVICE, assert_close
+from tests.kernels.utils import DEVICE, assert_close, seeded_like
 
 F64 = torch.float64
 
@@ -168,7 +168,7 @@ def check_triton(B, Tq, HQ, HKV, D, topk, dtype, device=DEVICE, HI=3, DI=16, cu=
         want = torch.where(ref_idx >= 0, s.gather(-1, ref_idx.clamp(min=0)), 0).sum(-1)
         assert_close("selected score mass", got, want, 1e-3 if dtype == torch.float32 else 2e-2)
         assert torch.equal(idx < 0, ref_idx < 0)
-    do = torch.randn_like(o)
+    do = seeded_like(o)
     grads = torch.autograd.grad(o, leaves, do)
     ref_in = [t.detach().double().requires_grad_() for t in leaves]
     ref = dsa(*ref_in, None, None, topk=topk, indices=idx, cu_seqlens=cu)
@@ -231,7 +231,7 @@ def test_triton_reads_strided_kv(poison):
     k2, v2 = k.clone().requires_grad_(), v.clone().requires_grad_()
     ref = dsa(q.double(), k2.double(), v2.double(), None, None, topk=8, indices=idx)
     assert_close("o", o, ref, 1e-4)
-    do = torch.randn_like(o)
+    do = seeded_like(o)
     o.backward(do)
     ref.backward(do.double())
     assert_close("dk", ks.grad, k2.grad, 1e-4)

@@ -22,6 +22,14 @@ def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) ->
     assert err <= tol, f"{name}: relative RMS error {err:.3e} > {tol:.1e} (max abs {max_abs:.3e})"
 
 
+def seeded_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    """Standard normal noise shaped and typed like t, from its own generator: an upstream gradient
+    that does not depend on which tests ran before in the same process (with `randn_like`, a bf16
+    case near its tolerance passed or failed with the xdist test order)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(t.shape, generator=g, dtype=torch.float32).to(device=t.device, dtype=t.dtype)
+
+
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill with NaN so an element a kernel forgets to write fails the comparison."""
     return t.fill_(float("nan"))
