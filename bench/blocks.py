@@ -56,9 +56,19 @@ SETTINGS = f"""  dim = {DIM}
 SMOKE_MODEL = {"dim": 64, "vocab": 256, "heads": 2, "head_dim": 32, "mlp": "swiglu(hidden=128)"}
 # one block per kind at its defaults; DSA as in the hybrid example
 KINDS = {
-    "gdn": "gdn", "kda": "kda", "deltanet": "deltanet", "gla": "gla", "retnet": "retnet",
-    "mamba2": "mamba2", "mlstm": "mlstm", "linear": "linear", "full": "full", "swa": "swa",
-    "dsa": "dsa(topk=2048, index_heads=4, index_dim=64)", "nsa": "nsa", "tmm": "tmm",
+    "gdn": "gdn",
+    "kda": "kda",
+    "deltanet": "deltanet",
+    "gla": "gla",
+    "retnet": "retnet",
+    "mamba2": "mamba2",
+    "mlstm": "mlstm",
+    "linear": "linear",
+    "full": "full",
+    "swa": "swa",
+    "dsa": "dsa(topk=2048, index_heads=4, index_dim=64)",
+    "nsa": "nsa",
+    "tmm": "tmm",
 }
 
 
@@ -86,8 +96,15 @@ def fused_copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
 class Subject:
     """One benchmarked graph: its three implementations, its input and its parameters."""
 
-    def __init__(self, name: str, gm: torch.fx.GraphModule, make_input: Callable[[], torch.Tensor],
-                 params: list[torch.nn.Parameter], blocks: int, compile_it: bool):
+    def __init__(
+        self,
+        name: str,
+        gm: torch.fx.GraphModule,
+        make_input: Callable[[], torch.Tensor],
+        params: list[torch.nn.Parameter],
+        blocks: int,
+        compile_it: bool,
+    ):
         self.name, self.make_input, self.params, self.blocks = name, make_input, params, blocks
         fused, self.fired = fused_copy(gm)
         self.fns: dict[str, Callable] = {"unfused": gm, "fused": fused}
@@ -129,15 +146,22 @@ def model_subject(compile_it: bool) -> Subject:
     B, T = env_int("MODEL_B", 1), env_int("MODEL_T", 16 if SMOKE else 4096)
     # fuse=False: the subject is the unfused graph, `fused_copy` applies the rules (the default
     # fuse=True made both sides the fused graph: every rule had fired already)
-    model = lt2dsl.compile(MODEL_FILE, backend="auto", dtype=DT, device=DEV, fuse=False,
-                           **(SMOKE_MODEL if SMOKE else {}))
+    model = lt2dsl.compile(
+        MODEL_FILE, backend="auto", dtype=DT, device=DEV, fuse=False, **(SMOKE_MODEL if SMOKE else {})
+    )
     vocab = model.config.vocab
 
     def make_input():
         return torch.randint(0, vocab, (B, T), device=DEV)
 
-    return Subject(f"gdn+dsa model B={B} T={T}", model.graph_module, make_input, list(model.parameters()),
-                   model.applications, compile_it)
+    return Subject(
+        f"gdn+dsa model B={B} T={T}",
+        model.graph_module,
+        make_input,
+        list(model.parameters()),
+        model.applications,
+        compile_it,
+    )
 
 
 # ---- measuring ----------------------------------------------------------------------------------
@@ -180,8 +204,9 @@ def measure(subject: Subject, impl: str, backward: bool) -> dict:
     if impl not in subject.fns:
         return {**row, "error": "skipped"}
     try:
-        case = harness.Case(group=subject.name, impl=impl, make=lambda: subject.case_fn(impl, backward),
-                            backward=backward)
+        case = harness.Case(
+            group=subject.name, impl=impl, make=lambda: subject.case_fn(impl, backward), backward=backward
+        )
         fn, _ = case.make()
         if SMOKE:
             t0 = time.perf_counter()
@@ -202,8 +227,10 @@ def measure(subject: Subject, impl: str, backward: bool) -> dict:
 def run_subject(subject: Subject) -> list[dict]:
     rows = []
     err = check_fused(subject)
-    print(f"{subject.name}: rules fired {subject.fired}; fused vs unfused forward rel. RMS {err:.2e}",
-          flush=True)
+    print(
+        f"{subject.name}: rules fired {subject.fired}; fused vs unfused forward rel. RMS {err:.2e}",
+        flush=True,
+    )
     for backward in (False, True):
         for impl in IMPLS:
             row = measure(subject, impl, backward)
@@ -220,8 +247,10 @@ def fmt_row(r: dict) -> str:
     mode = "fwd+bwd" if r["backward"] else "fwd"
     if "error" in r:
         return f"{r['group']:32s} {mode:8s} {r['impl']:8s} ERROR {r['error'][:90]}"
-    return (f"{r['group']:32s} {mode:8s} {r['impl']:8s} {r['ms']:9.3f} ms {r['launches']:6d} launches "
-            f"({r['launches_per_block']:.0f} per block)")
+    return (
+        f"{r['group']:32s} {mode:8s} {r['impl']:8s} {r['ms']:9.3f} ms {r['launches']:6d} launches "
+        f"({r['launches_per_block']:.0f} per block)"
+    )
 
 
 def tables(rows: list[dict]) -> str:
@@ -229,14 +258,22 @@ def tables(rows: list[dict]) -> str:
     by = {}
     for r in rows:
         by.setdefault((r["group"], r["backward"]), {})[r["impl"]] = r
-    head = ("| subject | mode | unfused ms | fused ms | compile ms | fused vs unfused | fused vs compile "
-            "| launches/block unfused | fused | compile |")
+    head = (
+        "| subject | mode | unfused ms | fused ms | compile ms | fused vs unfused | fused vs compile "
+        "| launches/block unfused | fused | compile |"
+    )
     lines = [head, "|" + "---|" * 10]
     for (group, bw), impls in by.items():
         ms = [impls.get(i, {}).get("ms") for i in IMPLS]
         lb = [impls.get(i, {}).get("launches_per_block") for i in IMPLS]
-        cells = [group, "fwd+bwd" if bw else "fwd", *(_num(x, ".3f") for x in ms),
-                 _ratio(ms[0], ms[1]), _ratio(ms[2], ms[1]), *(_num(x, ".0f") for x in lb)]
+        cells = [
+            group,
+            "fwd+bwd" if bw else "fwd",
+            *(_num(x, ".3f") for x in ms),
+            _ratio(ms[0], ms[1]),
+            _ratio(ms[2], ms[1]),
+            *(_num(x, ".0f") for x in lb),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

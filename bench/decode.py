@@ -49,8 +49,9 @@ def build(stem: str):
     path = os.path.join(ROOT, "examples", f"{stem}.lt2")
     device, dtype = ("cpu", torch.float32) if SMOKE else ("cuda", torch.bfloat16)
     overrides = dict(TOY) if SMOKE else {}
-    model = lt2dsl.compile(path, device=device, dtype=dtype, fuse=os.environ.get("FUSE", "1") != "0",
-                           **overrides)
+    model = lt2dsl.compile(
+        path, device=device, dtype=dtype, fuse=os.environ.get("FUSE", "1") != "0", **overrides
+    )
     return model.eval(), model.ir
 
 
@@ -98,8 +99,14 @@ def measure(model, batch: int, L: int, steps: int, warm: int) -> dict:
         torch.cuda.synchronize()
         step_ms = start.elapsed_time(end) / steps
         peak = torch.cuda.max_memory_allocated()
-    return dict(prefill_s=prefill_s, step_ms=step_ms, tok_s=batch / step_ms * 1e3,
-                cache_gb=cache.nbytes() / 1e9, peak_gb=peak / 1e9, seen=cache.seen)
+    return dict(
+        prefill_s=prefill_s,
+        step_ms=step_ms,
+        tok_s=batch / step_ms * 1e3,
+        cache_gb=cache.nbytes() / 1e9,
+        peak_gb=peak / 1e9,
+        seen=cache.seen,
+    )
 
 
 def is_oom(e: BaseException) -> bool:
@@ -107,20 +114,26 @@ def is_oom(e: BaseException) -> bool:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| model | B | L | decode ms/step | tok/s | vs shortest L | estimate tok/s | cache GB | peak GB "
-            "| prefill s |\n|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| model | B | L | decode ms/step | tok/s | vs shortest L | estimate tok/s | cache GB | peak GB "
+        "| prefill s |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
     base = {}
     lines = [head]
     for r in rows:
         key = (r["model"], r["batch"])
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['L']} | {r['error']} | | | "
-                         f"{r['predicted_tok_s']:.0f} | | | |")
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['L']} | {r['error']} | | | "
+                f"{r['predicted_tok_s']:.0f} | | | |"
+            )
             continue
         base.setdefault(key, r["tok_s"])
-        lines.append(f"| {r['model']} | {r['batch']} | {r['L']} | {r['step_ms']:.2f} | {r['tok_s']:.0f} | "
-                     f"{r['tok_s'] / base[key]:.2f} | {r['predicted_tok_s']:.0f} | {r['cache_gb']:.2f} | "
-                     f"{r['peak_gb']:.1f} | {r['prefill_s']:.2f} |")
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['L']} | {r['step_ms']:.2f} | {r['tok_s']:.0f} | "
+            f"{r['tok_s'] / base[key]:.2f} | {r['predicted_tok_s']:.0f} | {r['cache_gb']:.2f} | "
+            f"{r['peak_gb']:.1f} | {r['prefill_s']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -132,8 +145,13 @@ def main() -> None:
     batches = [int(x) for x in env_list("BATCHES", "1" if SMOKE else "1,8")]
     steps = int(os.environ.get("STEPS", "3" if SMOKE else "32"))
     warm = int(os.environ.get("WARM", "1" if SMOKE else "4"))
-    meta = dict(device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), torch=torch.__version__,
-                steps=steps, warm=warm, fuse=os.environ.get("FUSE", "1") != "0")
+    meta = dict(
+        device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        steps=steps,
+        warm=warm,
+        fuse=os.environ.get("FUSE", "1") != "0",
+    )
     rows: list[dict] = []
     for stem in models:
         model, ir = build(stem)

@@ -17,9 +17,17 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 OPS = ("delta_rule", "gated_delta_rule", "kda")
-CASES = [f"{op}:{T}:{D}:{dt}:{mode}" for op in OPS
-         for (T, D, dt, mode) in [(64, 64, "bf16", "fwd"), (100, 64, "fp32", "fwd"), (100, 64, "bf16", "bwd"),
-                                  (1, 64, "bf16", "decode"), (1000, 128, "bf16", "fwd")]]
+CASES = [
+    f"{op}:{T}:{D}:{dt}:{mode}"
+    for op in OPS
+    for (T, D, dt, mode) in [
+        (64, 64, "bf16", "fwd"),
+        (100, 64, "fp32", "fwd"),
+        (100, 64, "bf16", "bwd"),
+        (1, 64, "bf16", "decode"),
+        (1000, 128, "bf16", "fwd"),
+    ]
+]
 
 
 def inputs(op, T, D, dtype, B=1, H=2):
@@ -87,8 +95,9 @@ def main() -> None:
 
     def child(case: str) -> str:
         try:
-            p = subprocess.run([sys.executable, __file__, case], env=env, capture_output=True, text=True,
-                               timeout=240)
+            p = subprocess.run(
+                [sys.executable, __file__, case], env=env, capture_output=True, text=True, timeout=240
+            )
         except subprocess.TimeoutExpired:
             return f"TIMEOUT {case}"
         return p.stdout.strip() or f"DIED {case}: " + " | ".join(p.stderr.strip().splitlines()[-3:])

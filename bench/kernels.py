@@ -28,8 +28,10 @@ def main() -> None:
     p.add_argument("--only", default=",".join(FAMILIES))
     args = p.parse_args()
     ceil = measure_ceilings()
-    print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s",
-          flush=True)
+    print(
+        f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s",
+        flush=True,
+    )
     rows = []
     for fam in args.only.split(","):
         mod = importlib.import_module(f"bench.kernels_{fam}")

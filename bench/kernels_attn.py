@@ -36,8 +36,13 @@ def _causal_flops(T: int, window: int | None = None) -> float:
 
 
 def _case(group, impl, make, flops, backward):
-    return Case(group=group, impl=impl, make=make, backward=backward,
-                flops=None if flops is None else flops * (3.5 if backward else 1.0))
+    return Case(
+        group=group,
+        impl=impl,
+        make=make,
+        backward=backward,
+        flops=None if flops is None else flops * (3.5 if backward else 1.0),
+    )
 
 
 def _full_cases(T: int) -> list[Case]:
@@ -49,6 +54,7 @@ def _full_cases(T: int) -> list[Case]:
             g = _rnd(B, T, H, D) if gate else None
             leaves = [q, k, v] + ([g] if gate else [])
             return (lambda: attention(q, k, v, gate=g, backend="triton")), leaves
+
         return make
 
     def sdpa():
@@ -58,6 +64,7 @@ def _full_cases(T: int) -> list[Case]:
         def fn():
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
         return fn, [q, k, v]
 
     def sdpa_default():
@@ -72,9 +79,17 @@ def _full_cases(T: int) -> list[Case]:
         return (lambda: parallel_attn(q, k, v)), [q, k, v]
 
     group, fl = f"attn full T={T}", _causal_flops(T)
-    return [_case(group, impl, mk, fl, bw) for bw in (False, True)
-            for impl, mk in (("lt2dsl+gate", ours(True)), ("lt2dsl", ours(False)), ("sdpa", sdpa),
-                             ("sdpa-default", sdpa_default), ("fla", peer))]
+    return [
+        _case(group, impl, mk, fl, bw)
+        for bw in (False, True)
+        for impl, mk in (
+            ("lt2dsl+gate", ours(True)),
+            ("lt2dsl", ours(False)),
+            ("sdpa", sdpa),
+            ("sdpa-default", sdpa_default),
+            ("fla", peer),
+        )
+    ]
 
 
 def _swa_cases(T: int, w: int = 512) -> list[Case]:
@@ -99,8 +114,11 @@ def _swa_cases(T: int, w: int = 512) -> list[Case]:
         return (lambda: parallel_attn(q, k, v, window_size=w)), [q, k, v]
 
     group, fl = f"swa w={w} T={T}", _causal_flops(T, w)
-    return [_case(group, impl, mk, fl, bw) for bw in (False, True)
-            for impl, mk in (("lt2dsl", ours), ("flex", flex), ("fla", peer))]
+    return [
+        _case(group, impl, mk, fl, bw)
+        for bw in (False, True)
+        for impl, mk in (("lt2dsl", ours), ("flex", flex), ("fla", peer))
+    ]
 
 
 def _dsa_inputs(T: int):
@@ -167,8 +185,11 @@ def _nsa_cases(T: int) -> list[Case]:
         q, k, v, gs = inputs()
         return (lambda: parallel_nsa(q, k, v, *gs, **NSA)), [q, k, v, *gs]
 
-    return [_case(f"nsa HKV=1 T={T}", impl, mk, None, bw) for bw in (False, True)
-            for impl, mk in (("lt2dsl", ours), ("fla", peer))]
+    return [
+        _case(f"nsa HKV=1 T={T}", impl, mk, None, bw)
+        for bw in (False, True)
+        for impl, mk in (("lt2dsl", ours), ("fla", peer))
+    ]
 
 
 def _decode_cases() -> list[Case]:
@@ -177,6 +198,7 @@ def _decode_cases() -> list[Case]:
     out = []
     for bd in (1, 8):
         for L in (4096, 8192, 32768, 131072):
+
             def ours(bd=bd, L=L):
                 q = _rnd(bd, 1, H, D, grad=False)
                 k, v = _rnd(bd, L, H, D, grad=False), _rnd(bd, L, H, D, grad=False)
@@ -189,8 +211,10 @@ def _decode_cases() -> list[Case]:
                 return (lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)), []
 
             kv_bytes = 2 * bd * H * L * D * 2
-            out += [Case(group=f"decode B={bd} L={L}", impl=impl, make=mk, bytes=kv_bytes)
-                    for impl, mk in (("lt2dsl", ours), ("sdpa", sdpa))]
+            out += [
+                Case(group=f"decode B={bd} L={L}", impl=impl, make=mk, bytes=kv_bytes)
+                for impl, mk in (("lt2dsl", ours), ("sdpa", sdpa))
+            ]
     return out
 
 

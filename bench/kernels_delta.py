@@ -8,8 +8,10 @@ Selection: `ONLY=substring,substring` keeps the cases whose group contains one o
 Shapes: training at B·T = 32k tokens, H = 16, D = 128, bf16, T ∈ {2k, 8k, 32k} (B = 16, 4, 1;
 B = 4, T = 8192 is the peer's reading in /work/shared/bench/README.md), forward and
 forward+backward; one decode step (T = 1) at batch 1, 8, 64, state updated in place (ours) or
-returned (the peer's fused_recurrent). `lt2dsl-bf16dots` is our GDN with every dot on 16-bit
-operands (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64).
+returned (the peer's fused_recurrent). At T = 8192, `lt2dsl-fused` is the earlier forward (one
+fused state scan, register-only UT transform) and `lt2dsl-wyblocks` the split forward with that
+UT transform; BF16DOTS=1 adds `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
+(LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
 
 FLOPs are the useful work of mixers.md §4 (d) (the backward counted by our formula); bytes are the
@@ -141,8 +143,13 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             return (lambda: _ours(op, x)[0]), _leaves(x)
 
         out.append(Case(group=group, impl="lt2dsl", make=ours, **extra))
-        if op == "gdn" and T == 8192:
-            out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_bf16_dots(ours), **extra))
+        if T == 8192 and op != "kda":
+            # the previous forward (fused scan, register UT transform) and the split one with it
+            out.append(Case(group=group, impl="lt2dsl-fused", make=_flags(ours, SPLIT=False, WY_ROWS=False),
+                            **extra))  # fmt: skip
+            out.append(Case(group=group, impl="lt2dsl-wyblocks", make=_flags(ours, WY_ROWS=False), **extra))
+        if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
+            out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)
         if peer is not None:
 
@@ -154,19 +161,23 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
     return out
 
 
-def _bf16_dots(make):
-    """Wrap a case so every call runs with 16-bit dot operands throughout."""
+def _flags(make, **flags):
+    """Wrap a case so every call runs with these `delta_launch` switches (e.g. BF16_DOTS=True: 16-bit
+    dot operands throughout; SPLIT=False: the fused state scan)."""
     import lt2dsl.kernels.common.delta_launch as launch
 
     def wrapped():
         fn, leaves = make()
 
         def call():
-            launch.BF16_DOTS = True
+            saved = {k: getattr(launch, k) for k in flags}
+            for k, v in flags.items():
+                setattr(launch, k, v)
             try:
                 return fn()
             finally:
-                launch.BF16_DOTS = False
+                for k, v in saved.items():
+                    setattr(launch, k, v)
 
         return call, leaves
 

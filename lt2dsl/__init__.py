@@ -17,9 +17,15 @@ if TYPE_CHECKING:
 __all__ = ["compile"]
 
 
-def compile(source: str | os.PathLike | Program | Model, *, backend: str = "auto",
-            device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
-            fuse: bool = True, **overrides: Any) -> LT2Model:
+def compile(
+    source: str | os.PathLike | Program | Model,
+    *,
+    backend: str = "auto",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    fuse: bool = True,
+    **overrides: Any,
+) -> LT2Model:
     """Compile a `.lt2` program into a trainable `LT2Model` (a `torch.nn.Module`).
 
     Args:
@@ -43,5 +49,4 @@ def compile(source: str | os.PathLike | Program | Model, *, backend: str = "auto
     """
     from lt2dsl.lowering import compile_model
 
-    return compile_model(source, backend=backend, device=device, dtype=dtype, overrides=overrides,
-                         fuse=fuse)
+    return compile_model(source, backend=backend, device=device, dtype=dtype, overrides=overrides, fuse=fuse)

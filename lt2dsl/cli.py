@@ -163,8 +163,11 @@ def cmd_explain(args: argparse.Namespace, out: Console, err: Console) -> int:
     rules = all_rules()
     if code not in rules:
         close = nearby(code, list(rules))
-        hint = (f"did you mean {quoted(close)}?" if close
-                else "codes look like `E0101`; the list is in docs/language.md")
+        hint = (
+            f"did you mean {quoted(close)}?"
+            if close
+            else "codes look like `E0101`; the list is in docs/language.md"
+        )
         raise UsageError(f"unknown diagnostic code `{args.code}`; {hint}")
     out.file.write(explain(code) + "\n")
     return EXIT_OK
@@ -206,8 +209,10 @@ def summary(loaded) -> str:
     depth = sum(mult for _, mult in bs)
     kinds = sorted({mx.type for b, _ in bs for mx in b.mixers})
     c = m.config
-    return (f"{c.name}: ok — {len(bs)} blocks ({depth} applied), {loops} loop{'s' * (loops != 1)}, "
-            f"dim {c.dim}, heads {c.heads}×{c.head_dim}, mixers {', '.join(kinds) or 'none'}")
+    return (
+        f"{c.name}: ok — {len(bs)} blocks ({depth} applied), {loops} loop{'s' * (loops != 1)}, "
+        f"dim {c.dim}, heads {c.heads}×{c.head_dim}, mixers {', '.join(kinds) or 'none'}"
+    )
 
 
 def _optional(module: str, flag: str):
@@ -227,11 +232,16 @@ def _optional(module: str, flag: str):
 
 
 def build_parser(for_compile: bool = False) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lt2dsl", description="Compile looped linear-time transformer "
-                                "descriptions (.lt2).")
+    p = argparse.ArgumentParser(
+        prog="lt2dsl", description="Compile looped linear-time transformer descriptions (.lt2)."
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sets = dict(action="append", default=[], metavar="KEY=VALUE", help="override a model setting "
-                "(`dim=1024`, `loop.T=8`)")
+    sets = dict(
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model setting (`dim=1024`, `loop.T=8`)",
+    )
 
     c = sub.add_parser("check", help="parse and validate files; print diagnostics")
     c.add_argument("files", nargs="+", metavar="FILE")

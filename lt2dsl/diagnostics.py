@@ -123,6 +123,8 @@ def render_all(diags: Iterable[Diagnostic], sources: Mapping[str, SourceFile]) -
     n_warn = sum(d.severity is Severity.WARNING for d in diags)
     if n_err:
         s = "s" if n_err > 1 else ""
-        parts.append(f"error: aborting due to {n_err} previous error{s}" + (
-            f"; {n_warn} warning{'s' if n_warn > 1 else ''} emitted" if n_warn else ""))
+        parts.append(
+            f"error: aborting due to {n_err} previous error{s}"
+            + (f"; {n_warn} warning{'s' if n_warn > 1 else ''} emitted" if n_warn else "")
+        )
     return "\n\n".join(parts)

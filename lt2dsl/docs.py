@@ -23,8 +23,12 @@ from lt2dsl.validate.rules import SECTIONS, Rule, all_rules
 DOC = Path(__file__).resolve().parent.parent / "docs" / "language.md"
 MARKER = "<!-- generated below by `python -m lt2dsl.docs`: do not edit by hand -->"
 # Defaults computed from the model or from other options, by the helper that computes them.
-DERIVED = {"_heads": "model `heads`", "_head_dim": "model `head_dim`",
-           "_kv_heads": "`heads` in an MHA model, else model `kv_heads`", "_max_len": "model `max_len`"}
+DERIVED = {
+    "_heads": "model `heads`",
+    "_head_dim": "model `head_dim`",
+    "_kv_heads": "`heads` in an MHA model, else model `kv_heads`",
+    "_max_len": "model `max_len`",
+}
 
 
 def default_text(o: Option) -> str:
@@ -65,9 +69,13 @@ def kinds_section() -> list[str]:
 
 
 def channel_section() -> list[str]:
-    out = ["## Channel mixers (`mlp = ...`) and norms (`norm = ...`)", "",
-           "`mlp = none` drops a block's MLP half. `norm = sandwich` keeps the norm type and applies "
-           "it after the mixer and the MLP too (Ouro).", ""]
+    out = [
+        "## Channel mixers (`mlp = ...`) and norms (`norm = ...`)",
+        "",
+        "`mlp = none` drops a block's MLP half. `norm = sandwich` keeps the norm type and applies "
+        "it after the mixer and the MLP too (Ouro).",
+        "",
+    ]
     for title, kinds in (("mlp", MLP_KINDS), ("norm", NORM_KINDS)):
         for name, opts in kinds.items():
             out += [f"### `{title} = {name}`", ""]
@@ -77,11 +85,16 @@ def channel_section() -> list[str]:
 
 def diagnostics_section() -> list[str]:
     rules = all_rules()
-    out = ["## Diagnostics", "",
-           "Codes are stable. The letter is the severity (E error, W warning); the first two digits "
-           "the topic: 00 syntax, 01 names, 02 values, 03 structure, 04 kernels, 05 shapes, "
-           "09 the driver, 99 internal errors. `lt2dsl explain CODE` prints one entry.", "",
-           "| code | severity | topic | problem |", "|---|---|---|---|"]
+    out = [
+        "## Diagnostics",
+        "",
+        "Codes are stable. The letter is the severity (E error, W warning); the first two digits "
+        "the topic: 00 syntax, 01 names, 02 values, 03 structure, 04 kernels, 05 shapes, "
+        "09 the driver, 99 internal errors. `lt2dsl explain CODE` prints one entry.",
+        "",
+        "| code | severity | topic | problem |",
+        "|---|---|---|---|",
+    ]
     out += [f"| [{c}](#{c.lower()}) | {r.severity} | {r.topic} | {r.title} |" for c, r in rules.items()]
     out.append("")
     for code, r in rules.items():
@@ -98,12 +111,25 @@ def diagnostics_section() -> list[str]:
 
 def generate() -> str:
     """The generated reference (everything below the marker), ending in a newline."""
-    lines = ["## Model settings", "", *options_table(MODEL_SETTINGS), "",
-             "## Loop options", "",
-             "Written after `T=n`: `loop T=4, final_norm=true, exit=gate(threshold=0.9) < ... >`.",
-             "", *options_table(LOOP_SCHEMA), "",
-             "`exit = gate(...)` takes:", "", *options_table(EXIT_GATE_OPTIONS), "",
-             *kinds_section(), *channel_section(), *diagnostics_section()]
+    lines = [
+        "## Model settings",
+        "",
+        *options_table(MODEL_SETTINGS),
+        "",
+        "## Loop options",
+        "",
+        "Written after `T=n`: `loop T=4, final_norm=true, exit=gate(threshold=0.9) < ... >`.",
+        "",
+        *options_table(LOOP_SCHEMA),
+        "",
+        "`exit = gate(...)` takes:",
+        "",
+        *options_table(EXIT_GATE_OPTIONS),
+        "",
+        *kinds_section(),
+        *channel_section(),
+        *diagnostics_section(),
+    ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

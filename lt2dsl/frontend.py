@@ -155,8 +155,9 @@ def check_readable(path: Path) -> Iterator[Diagnostic]:
         yield error("E0901", f"cannot read `{path}`: {why}", help="check the path")
 
 
-def parse_overrides(overrides: Mapping[str, str | n.Node], sources: dict[str, SourceFile]
-                    ) -> tuple[dict[str, n.Node], list[Diagnostic]]:
+def parse_overrides(
+    overrides: Mapping[str, str | n.Node], sources: dict[str, SourceFile]
+) -> tuple[dict[str, n.Node], list[Diagnostic]]:
     """`--set` overrides as value nodes; a text value is parsed with the `.lt2` value syntax and
     registered as a one-line source `--set KEY` so its diagnostics can quote it."""
     values: dict[str, n.Node] = {}
@@ -197,6 +198,10 @@ def check_override_value(key: str, raw: str, file: str) -> Iterator[Diagnostic]:
     except ValueError as e:
         col = len(key) + 2
         span = Span(file=file, line=1, col=col, end_line=1, end_col=col + max(len(raw), 1))
-        yield error("E0902", f"invalid value for `--set {key}`", span, label=str(e).split(": ", 1)[-1],
-                    help="values are written as in a `.lt2` file: `1024`, `32k`, `true`, `sdpa`, "
-                         "`swiglu(hidden=8k)`")
+        yield error(
+            "E0902",
+            f"invalid value for `--set {key}`",
+            span,
+            label=str(e).split(": ", 1)[-1],
+            help="values are written as in a `.lt2` file: `1024`, `32k`, `true`, `sdpa`, `swiglu(hidden=8k)`",
+        )

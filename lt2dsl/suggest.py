@@ -1,4 +1,4 @@
-""""Did you mean": nearby names by restricted Damerau–Levenshtein distance (Elm's `nearbyNames`).
+""" "Did you mean": nearby names by restricted Damerau–Levenshtein distance (Elm's `nearbyNames`).
 
 A candidate is close when its distance is at most 1 for names of 3 characters or fewer and at most
 2 otherwise; a case-only difference counts as distance 0. At most 4 are shown, nearest first.

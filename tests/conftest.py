@@ -36,8 +36,12 @@ def pytest_collection_modifyitems(config, items):
 # every later test in it fails with the same error, hiding which tests are really wrong. After the
 # failing test's report is out, an xdist worker exits so that xdist starts a fresh one; a plain
 # pytest run stops with a message naming the test.
-_CUDA_FAULTS = ("an illegal memory access was encountered", "device-side assert triggered",
-                "unspecified launch failure", "misaligned address")
+_CUDA_FAULTS = (
+    "an illegal memory access was encountered",
+    "device-side assert triggered",
+    "unspecified launch failure",
+    "misaligned address",
+)
 
 
 @pytest.hookimpl(trylast=True)

@@ -150,12 +150,19 @@ def test_python_m_and_console_script(files):
 
 
 def test_front_end_commands_do_not_import_torch(files):
-    commands = [["check", "clean.lt2"], ["graph", "clean.lt2"], ["fmt", "--check", "clean.lt2"],
-                ["explain", "E0101"], ["compile", "clean.lt2"]]
-    code = ("import sys, io, contextlib\nfrom lt2dsl.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-            f"    for argv in {commands!r}:\n"
-            "        main(argv)\n"
-            "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'torch imported'\n")
+    commands = [
+        ["check", "clean.lt2"],
+        ["graph", "clean.lt2"],
+        ["fmt", "--check", "clean.lt2"],
+        ["explain", "E0101"],
+        ["compile", "clean.lt2"],
+    ]
+    code = (
+        "import sys, io, contextlib\nfrom lt2dsl.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    for argv in {commands!r}:\n"
+        "        main(argv)\n"
+        "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'torch imported'\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

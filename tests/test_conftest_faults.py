@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FAULTY = '''
+FAULTY = """
 def test_fault():
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
@@ -28,15 +28,21 @@ def test_after_2():
 
 def test_after_3():
     pass
-'''
+"""
 
 
 def _run(tmp_path: Path, *args: str, env: dict | None = None) -> str:
     shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
     (tmp_path / "test_faulty.py").write_text(FAULTY)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                         env=None if env is None else {**os.environ, **env})
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env=None if env is None else {**os.environ, **env},
+    )
     return out.stdout + out.stderr
 
 

@@ -26,8 +26,22 @@ def test_hand_written_examples_are_valid(block):
 
 def test_there_are_examples_for_every_construct():
     joined = "\n".join(BLOCKS)
-    for construct in ("model ", "let ", "loop T=", "repeat ", "par(", " * ", "exit=gate", "mlp=none",
-                      "#", "=2k", "1/2", '"entry"', "true", "1e-5"):
+    for construct in (
+        "model ",
+        "let ",
+        "loop T=",
+        "repeat ",
+        "par(",
+        " * ",
+        "exit=gate",
+        "mlp=none",
+        "#",
+        "=2k",
+        "1/2",
+        '"entry"',
+        "true",
+        "1e-5",
+    ):
         assert construct in joined, construct
 
 

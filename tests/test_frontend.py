@@ -68,8 +68,9 @@ def test_unreadable_sources(tmp_path):
     assert d.code == "E0901" and "UTF-8" in d.message
 
 
-@pytest.mark.parametrize("text", ["\x00\x01", "}}}}", "model", "\n\n", "#", "let", '"',
-                                  "loop T=9999999999 < >"])
+@pytest.mark.parametrize(
+    "text", ["\x00\x01", "}}}}", "model", "\n\n", "#", "let", '"', "loop T=9999999999 < >"]
+)
 def test_never_raises_on_bad_input(text):
     loaded = load(text + "\n")
     assert loaded.model is None and loaded.diagnostics

@@ -41,10 +41,33 @@ def mutate(text: str, rnd: random.Random) -> str:
             return text[: rnd.randrange(len(text))]
         case 5:
             pos = rnd.randrange(len(text))
-            return text[:pos] + rnd.choice("<>(){};,=*#\"'/.-+0123456789kMTx \n") + text[pos + 1:]
+            return text[:pos] + rnd.choice("<>(){};,=*#\"'/.-+0123456789kMTx \n") + text[pos + 1 :]
         case _:
-            toks[i] = rnd.choice(["loop", "let", "par", "repeat", "model", "T", "=", "<", ">", "none",
-                                  "1e999", "8/0", "32kb", "-1", "0", "\n", ";;", "gdn", "dsaa", "(", ")"])
+            toks[i] = rnd.choice(
+                [
+                    "loop",
+                    "let",
+                    "par",
+                    "repeat",
+                    "model",
+                    "T",
+                    "=",
+                    "<",
+                    ">",
+                    "none",
+                    "1e999",
+                    "8/0",
+                    "32kb",
+                    "-1",
+                    "0",
+                    "\n",
+                    ";;",
+                    "gdn",
+                    "dsaa",
+                    "(",
+                    ")",
+                ]
+            )
     return "".join(toks)
 
 
@@ -86,7 +109,7 @@ def test_errors_come_with_diagnostics(results):
 
 
 def test_the_api_agrees_with_the_cli(results):
-    for data, status, _ in results[:: 10]:
+    for data, status, _ in results[::10]:
         text = data.decode("utf-8", errors="replace")
         if status == 1 and data == text.encode():
             assert not load(text + "\n" if "\n" not in text else text).ok, data

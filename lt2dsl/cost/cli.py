@@ -17,9 +17,13 @@ DTYPES = ("fp32", "bf16", "fp16", "fp8")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("estimate")
     g.add_argument("--estimate", action="store_true", help="print the static cost report")
-    g.add_argument("--seq", default=None, metavar="L",
-                   help="prompt / training length; lists and doubling ranges: 4k,8k,32k or 1k..32k "
-                        "[the model's max_len]")
+    g.add_argument(
+        "--seq",
+        default=None,
+        metavar="L",
+        help="prompt / training length; lists and doubling ranges: 4k,8k,32k or 1k..32k "
+        "[the model's max_len]",
+    )
     g.add_argument("--batch", type=int, default=1, metavar="B", help="batch size [1]")
     g.add_argument("--gen", type=int, default=0, metavar="G", help="tokens to decode [0]")
     g.add_argument("--mode", choices=("train", "prefill", "decode", "all"), default="all")
@@ -27,13 +31,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--state-dtype", choices=DTYPES, default=None, help="recurrent states [model state_dtype]")
     g.add_argument("--kv-dtype", choices=DTYPES, default="bf16", help="KV caches [bf16]")
     g.add_argument("--hw", default="h200", help=f"{'|'.join(presets())} or a JSON file [h200]")
-    g.add_argument("--vs", default=None, metavar="FILE|baseline",
-                   help="side by side with another .lt2 file, or `baseline` (every mixer -> full)")
-    g.add_argument("--causal", choices=("exact", "full"), default="exact",
-                   help="count the causal triangle exactly, or the whole square like FlopCounterMode")
+    g.add_argument(
+        "--vs",
+        default=None,
+        metavar="FILE|baseline",
+        help="side by side with another .lt2 file, or `baseline` (every mixer -> full)",
+    )
+    g.add_argument(
+        "--causal",
+        choices=("exact", "full"),
+        default="exact",
+        help="count the causal triangle exactly, or the whole square like FlopCounterMode",
+    )
     g.add_argument("--expand", action="store_true", help="one row per (iteration, block)")
-    g.add_argument("--exit-profile", default=None, metavar="P1,P2,...",
-                   help="exit probabilities per iteration of gated loops (expected decode cost)")
+    g.add_argument(
+        "--exit-profile",
+        default=None,
+        metavar="P1,P2,...",
+        help="exit probabilities per iteration of gated loops (expected decode cost)",
+    )
     out = g.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true")
     out.add_argument("--csv", action="store_true")
@@ -83,12 +99,24 @@ def options_from(args, model) -> list[EstimateOptions]:
             profile = tuple(float(x) for x in args.exit_profile.split(","))
         except ValueError:
             raise UsageError(
-                f"--exit-profile expects numbers like 0.1,0.3,0.6, got {args.exit_profile!r}") from None
+                f"--exit-profile expects numbers like 0.1,0.3,0.6, got {args.exit_profile!r}"
+            ) from None
     dt = Dtypes(act=args.dtype or cfg.dtype, state=args.state_dtype or cfg.state_dtype, kv=args.kv_dtype)
     lengths = parse_lengths(args.seq) if args.seq else [cfg.max_len]
-    return [EstimateOptions(seq=L, batch=args.batch, gen=args.gen, mode=args.mode, dtypes=dt, hw=hw,
-                            causal=args.causal, expand=args.expand, exit_profile=profile)
-            for L in lengths]
+    return [
+        EstimateOptions(
+            seq=L,
+            batch=args.batch,
+            gen=args.gen,
+            mode=args.mode,
+            dtypes=dt,
+            hw=hw,
+            causal=args.causal,
+            expand=args.expand,
+            exit_profile=profile,
+        )
+        for L in lengths
+    ]
 
 
 def vs_model(args, loaded):
@@ -120,9 +148,14 @@ def run(loaded, args, console) -> int:
 
         print(render_all(other.diagnostics, other.sources), file=sys.stderr)
         return 1
-    entries = [render.Entry(report=estimate(loaded.model, o),
-                            vs=estimate(other, o) if other is not None else None, vs_name=other_name)
-               for o in opts]
+    entries = [
+        render.Entry(
+            report=estimate(loaded.model, o),
+            vs=estimate(other, o) if other is not None else None,
+            vs_name=other_name,
+        )
+        for o in opts
+    ]
     if args.json:
         console.print_json(render.to_json(entries)) if console.is_terminal else print(render.to_json(entries))
     elif args.csv:

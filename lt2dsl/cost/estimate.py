@@ -180,12 +180,30 @@ def estimate(model: n.Model, opt: EstimateOptions | None = None) -> Report:
     )
     roof = _roofline(model, rows, extras, L, opt, dt, prefill, decode, state + kv)
     return Report(
-        inputs=Inputs(model=cfg.name, seq=L, batch=opt.batch, gen=opt.gen, mode=opt.mode, dtype=dt.act,
-                      state_dtype=dt.state, kv_dtype=dt.kv, hw=opt.hw.name, causal=opt.causal),
-        params=Params(stored=stored, executed=executed, embedding=embed,
-                      embedding_share=embed / stored if stored else 0.0),
-        flops_per_token=FlopsPerToken(prefill=prefill, decode=decode, train=train,
-                                      decode_expected=_expected_decode(model, rows, extras, opt)),
+        inputs=Inputs(
+            model=cfg.name,
+            seq=L,
+            batch=opt.batch,
+            gen=opt.gen,
+            mode=opt.mode,
+            dtype=dt.act,
+            state_dtype=dt.state,
+            kv_dtype=dt.kv,
+            hw=opt.hw.name,
+            causal=opt.causal,
+        ),
+        params=Params(
+            stored=stored,
+            executed=executed,
+            embedding=embed,
+            embedding_share=embed / stored if stored else 0.0,
+        ),
+        flops_per_token=FlopsPerToken(
+            prefill=prefill,
+            decode=decode,
+            train=train,
+            decode_expected=_expected_decode(model, rows, extras, opt),
+        ),
         memory=memory,
         roofline=roof,
         capacity=_capacity(model, L, opt, dt, weights_bytes),
@@ -242,28 +260,70 @@ def _extra_rows(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> lis
     norm = sum(math.prod(s) for s in norm_weights(cfg.norm, D).values())
     head_flops = 2.0 * D * V if cfg.head else 0.0
     head_bytes = (V * D * BYTES[dt.act] / opt.batch if cfg.head else 0.0) + V * 4
-    rows.append(_simple_row("head", "norm+lm_head" if cfg.head else "norm", head_params + norm, 1,
-                            head_flops, head_bytes, opt, dt))
+    rows.append(
+        _simple_row(
+            "head",
+            "norm+lm_head" if cfg.head else "norm",
+            head_params + norm,
+            1,
+            head_flops,
+            head_bytes,
+            opt,
+            dt,
+        )
+    )
     its = _loop_iterations(model.body)
     for lp in _loops(model.body):
         if lp.inject == "concat":
             # The embedding is re-injected before every iteration after the first: T − 1 times.
             adapter_its = its[lp.id] // lp.T * (lp.T - 1)
-            rows.append(_simple_row(f"{lp.id}.adapter", "inject=concat", 2 * D * D, adapter_its,
-                                    4.0 * D * D, 2 * D * D * BYTES[dt.act] / opt.batch, opt, dt))
+            rows.append(
+                _simple_row(
+                    f"{lp.id}.adapter",
+                    "inject=concat",
+                    2 * D * D,
+                    adapter_its,
+                    4.0 * D * D,
+                    2 * D * D * BYTES[dt.act] / opt.batch,
+                    opt,
+                    dt,
+                )
+            )
         if lp.exit is not None:
-            rows.append(_simple_row(f"{lp.id}.exit", "exit=gate", D + 1, its[lp.id], 2.0 * D,
-                                    D * BYTES[dt.act] / opt.batch, opt, dt))
+            rows.append(
+                _simple_row(
+                    f"{lp.id}.exit",
+                    "exit=gate",
+                    D + 1,
+                    its[lp.id],
+                    2.0 * D,
+                    D * BYTES[dt.act] / opt.batch,
+                    opt,
+                    dt,
+                )
+            )
     return rows
 
 
 def _simple_row(id_, kind, params, it, flops, nbytes, opt, dt) -> BlockRow:
     inten = flops / nbytes if nbytes else 0.0
-    return BlockRow(id=id_, kind=kind, options="", iterations=it, params_stored=params,
-                    params_executed=params * it, flops_prefill=flops, flops_decode=flops,
-                    flops_mixer_prefill=0.0, flops_mixer_decode=0.0, decode_bytes=nbytes,
-                    intensity=inten, bound="compute" if inten >= opt.hw.ridge(dt.act) else "memory",
-                    state_bytes=0, kv_bytes=0)
+    return BlockRow(
+        id=id_,
+        kind=kind,
+        options="",
+        iterations=it,
+        params_stored=params,
+        params_executed=params * it,
+        flops_prefill=flops,
+        flops_decode=flops,
+        flops_mixer_prefill=0.0,
+        flops_mixer_decode=0.0,
+        decode_bytes=nbytes,
+        intensity=inten,
+        bound="compute" if inten >= opt.hw.ridge(dt.act) else "memory",
+        state_bytes=0,
+        kv_bytes=0,
+    )
 
 
 def _expand(rows: list[BlockRow], model: n.Model) -> list[BlockRow]:
@@ -274,9 +334,16 @@ def _expand(rows: list[BlockRow], model: n.Model) -> list[BlockRow]:
             out.append(r)
             continue
         for k in range(r.iterations):
-            out.append(r.model_copy(update={"id": f"it{k}/{r.id}", "iterations": 1,
-                                            "params_stored": r.params_stored if k == 0 else 0,
-                                            "params_executed": r.params_stored}))
+            out.append(
+                r.model_copy(
+                    update={
+                        "id": f"it{k}/{r.id}",
+                        "iterations": 1,
+                        "params_stored": r.params_stored if k == 0 else 0,
+                        "params_executed": r.params_stored,
+                    }
+                )
+            )
     return out
 
 
@@ -375,8 +442,7 @@ def _theory(model: n.Model) -> Theory:
             look = None if (look is None or w is None) else look + w * it
             if spec.is_delta_rule():
                 rank = max(rank or 0, it)
-    return Theory(effective_depth=depth, receptive_field=None if look is None else look + 1,
-                  update_rank=rank)
+    return Theory(effective_depth=depth, receptive_field=None if look is None else look + 1, update_rank=rank)
 
 
 def _expected_decode(model, rows, extras, opt: EstimateOptions) -> float | None:
@@ -400,10 +466,13 @@ def _enclosing(row_id: str, gated: dict) -> str | None:
 
 
 def conventions(opt: EstimateOptions) -> list[str]:
-    causal = ("causal attention counts only unmasked keys (exact triangle: a prefill of L averages "
-              "(L+1)/2 keys per query)" if opt.causal == "exact" else
-              "causal attention counts the whole L×L square (--causal full, as nanoGPT and "
-              "torch's FlopCounterMode do)")
+    causal = (
+        "causal attention counts only unmasked keys (exact triangle: a prefill of L averages "
+        "(L+1)/2 keys per query)"
+        if opt.causal == "exact"
+        else "causal attention counts the whole L×L square (--causal full, as nanoGPT and "
+        "torch's FlopCounterMode do)"
+    )
     hw = opt.hw
     return [
         "a multiply-add counts as 2 FLOPs; elementwise work (norms, activations, gates) is not counted",

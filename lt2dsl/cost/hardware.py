@@ -42,8 +42,10 @@ def load_hardware(name_or_path: str) -> Hardware:
     if not path.exists():
         path = Path(name_or_path)
     if not path.exists():
-        raise ValueError(f"unknown hardware `{name_or_path}`: use one of {', '.join(presets())} "
-                         "or a JSON file with the same keys")
+        raise ValueError(
+            f"unknown hardware `{name_or_path}`: use one of {', '.join(presets())} "
+            "or a JSON file with the same keys"
+        )
     try:
         return Hardware.model_validate(json.loads(path.read_text()))
     except (json.JSONDecodeError, ValidationError) as e:

@@ -48,13 +48,34 @@ FIGURES: list[tuple[str, str, str]] = [  # (json path, label, kind of number)
 ]
 # Which figures `--mode` keeps in the people-facing tables (machines always get all of them).
 MODE_FIGURES = {
-    "train": {"params.stored", "params.executed", "flops_per_token.train", "memory.weights_bytes",
-              "memory.train_activations_bytes"},
-    "prefill": {"params.stored", "params.executed", "flops_per_token.prefill", "memory.weights_bytes",
-                "memory.cache_bytes", "roofline.prefill_tokens_per_s", "roofline.ttft_s"},
-    "decode": {"params.stored", "params.executed", "flops_per_token.decode", "memory.weights_bytes",
-               "memory.state_bytes", "memory.kv_bytes", "memory.cache_bytes",
-               "roofline.decode_tokens_per_s", "capacity.max_batch", "capacity.max_len"},
+    "train": {
+        "params.stored",
+        "params.executed",
+        "flops_per_token.train",
+        "memory.weights_bytes",
+        "memory.train_activations_bytes",
+    },
+    "prefill": {
+        "params.stored",
+        "params.executed",
+        "flops_per_token.prefill",
+        "memory.weights_bytes",
+        "memory.cache_bytes",
+        "roofline.prefill_tokens_per_s",
+        "roofline.ttft_s",
+    },
+    "decode": {
+        "params.stored",
+        "params.executed",
+        "flops_per_token.decode",
+        "memory.weights_bytes",
+        "memory.state_bytes",
+        "memory.kv_bytes",
+        "memory.cache_bytes",
+        "roofline.decode_tokens_per_s",
+        "capacity.max_batch",
+        "capacity.max_len",
+    },
 }
 
 
@@ -74,7 +95,11 @@ def show(value, kind: str) -> str:
     if value is None:
         return fmt.length(None) if kind == "len" else "-"
     return {
-        "count": fmt.count, "si": fmt.si, "bytes": fmt.nbytes, "s": fmt.seconds, "len": fmt.length,
+        "count": fmt.count,
+        "si": fmt.si,
+        "bytes": fmt.nbytes,
+        "s": fmt.seconds,
+        "len": fmt.length,
         "int": lambda v: f"{v:,}",
     }[kind](value)
 
@@ -84,16 +109,29 @@ def show(value, kind: str) -> str:
 
 def title(r: Report) -> str:
     i = r.inputs
-    return (f"{i.model} · L={fmt.length(i.seq)} · batch {i.batch} · {i.dtype} "
-            f"(state {i.state_dtype}, kv {i.kv_dtype}) · {i.hw}")
+    return (
+        f"{i.model} · L={fmt.length(i.seq)} · batch {i.batch} · {i.dtype} "
+        f"(state {i.state_dtype}, kv {i.kv_dtype}) · {i.hw}"
+    )
 
 
 def blocks_table(r: Report) -> Table:
     t = Table(title=title(r), box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for name, just in [("block", "left"), ("kind", "left"), ("options", "left"), ("×T", "right"),
-                       ("params", "right"), ("executed", "right"), ("prefill FLOP/tok", "right"),
-                       ("decode FLOP/tok", "right"), ("state/seq", "right"), ("KV/seq @L", "right"),
-                       ("decode B/tok", "right"), ("FLOP/B", "right"), ("bound", "left")]:
+    for name, just in [
+        ("block", "left"),
+        ("kind", "left"),
+        ("options", "left"),
+        ("×T", "right"),
+        ("params", "right"),
+        ("executed", "right"),
+        ("prefill FLOP/tok", "right"),
+        ("decode FLOP/tok", "right"),
+        ("state/seq", "right"),
+        ("KV/seq @L", "right"),
+        ("decode B/tok", "right"),
+        ("FLOP/B", "right"),
+        ("bound", "left"),
+    ]:
         t.add_column(name, justify=just, no_wrap=name != "options")
     for row in r.blocks + r.extras:
         t.add_row(*_cells(row))
@@ -102,11 +140,19 @@ def blocks_table(r: Report) -> Table:
 
 def _cells(row: BlockRow) -> list[str]:
     return [
-        row.id + (f" ({row.label})" if row.label else ""), row.kind, row.options, str(row.iterations),
-        fmt.count(row.params_stored), fmt.count(row.params_executed), fmt.si(row.flops_prefill),
-        fmt.si(row.flops_decode), fmt.nbytes(row.state_bytes) if row.state_bytes else "-",
-        fmt.nbytes(row.kv_bytes) if row.kv_bytes else "-", fmt.nbytes(row.decode_bytes),
-        f"{row.intensity:.1f}", row.bound,
+        row.id + (f" ({row.label})" if row.label else ""),
+        row.kind,
+        row.options,
+        str(row.iterations),
+        fmt.count(row.params_stored),
+        fmt.count(row.params_executed),
+        fmt.si(row.flops_prefill),
+        fmt.si(row.flops_decode),
+        fmt.nbytes(row.state_bytes) if row.state_bytes else "-",
+        fmt.nbytes(row.kv_bytes) if row.kv_bytes else "-",
+        fmt.nbytes(row.decode_bytes),
+        f"{row.intensity:.1f}",
+        row.bound,
     ]
 
 
@@ -140,12 +186,15 @@ def notes(r: Report) -> Text:
         f"({fmt.nbytes(m.train_activations_recompute_bytes)} with recomputation)",
     ]
     if ro.generate_s is not None:
-        lines.append(f"generating {r.inputs.gen} tokens after a prompt of {fmt.length(r.inputs.seq)}: "
-                     f"{fmt.seconds(ro.generate_s)} ({fmt.si(r.inputs.gen * r.inputs.batch / ro.generate_s)} "
-                     f"tokens/s with the prefill)")
+        lines.append(
+            f"generating {r.inputs.gen} tokens after a prompt of {fmt.length(r.inputs.seq)}: "
+            f"{fmt.seconds(ro.generate_s)} ({fmt.si(r.inputs.gen * r.inputs.batch / ro.generate_s)} "
+            f"tokens/s with the prefill)"
+        )
     if r.flops_per_token.decode_expected is not None:
-        lines.append(f"expected decode FLOPs/token with the exit profile: "
-                     f"{fmt.si(r.flops_per_token.decode_expected)}")
+        lines.append(
+            f"expected decode FLOPs/token with the exit profile: {fmt.si(r.flops_per_token.decode_expected)}"
+        )
     if r.capacity.max_len_note:
         lines.append(f"max L: {r.capacity.max_len_note}")
     lines.append("conventions:")
@@ -155,13 +204,20 @@ def notes(r: Report) -> Text:
 
 def sweep_table(entries: list[Entry]) -> Table:
     first = entries[0]
-    t = Table(title=f"sweep over L · {first.report.inputs.model}"
-              + (f" vs {first.vs_name}" if first.vs else ""), box=box.SIMPLE_HEAD, title_justify="left",
-              pad_edge=False)
-    cols = [("L", None), ("decode FLOP/tok", "flops_per_token.decode"), ("cache", "memory.cache_bytes"),
-            ("decode tok/s", "roofline.decode_tokens_per_s"),
-            ("prefill tok/s", "roofline.prefill_tokens_per_s"),
-            ("max batch", "capacity.max_batch")]
+    t = Table(
+        title=f"sweep over L · {first.report.inputs.model}" + (f" vs {first.vs_name}" if first.vs else ""),
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    cols = [
+        ("L", None),
+        ("decode FLOP/tok", "flops_per_token.decode"),
+        ("cache", "memory.cache_bytes"),
+        ("decode tok/s", "roofline.decode_tokens_per_s"),
+        ("prefill tok/s", "roofline.prefill_tokens_per_s"),
+        ("max batch", "capacity.max_batch"),
+    ]
     for name, _ in cols:
         t.add_column(name, justify="right")
     if first.vs:
@@ -172,8 +228,10 @@ def sweep_table(entries: list[Entry]) -> Table:
         r = e.report
         cells = [fmt.length(r.inputs.seq)] + [show(get(r, p), kinds[p]) for _, p in cols[1:]]
         if e.vs:
-            cells += [fmt.ratio(r.memory.cache_bytes, e.vs.memory.cache_bytes),
-                      fmt.ratio(r.roofline.decode_tokens_per_s, e.vs.roofline.decode_tokens_per_s)]
+            cells += [
+                fmt.ratio(r.memory.cache_bytes, e.vs.memory.cache_bytes),
+                fmt.ratio(r.roofline.decode_tokens_per_s, e.vs.roofline.decode_tokens_per_s),
+            ]
         t.add_row(*cells)
     return t
 
@@ -214,9 +272,24 @@ def to_json(entries: list[Entry]) -> str:
     return json.dumps({"sweep": [_entry_dict(e) for e in entries]}, indent=2)
 
 
-CSV_COLS = ["model", "seq", "batch", "id", "kind", "options", "iterations", "params_stored",
-            "params_executed", "flops_prefill", "flops_decode", "state_bytes", "kv_bytes", "decode_bytes",
-            "intensity", "bound"]
+CSV_COLS = [
+    "model",
+    "seq",
+    "batch",
+    "id",
+    "kind",
+    "options",
+    "iterations",
+    "params_stored",
+    "params_executed",
+    "flops_prefill",
+    "flops_decode",
+    "state_bytes",
+    "kv_bytes",
+    "decode_bytes",
+    "intensity",
+    "bound",
+]
 
 
 def to_csv(entries: list[Entry]) -> str:
@@ -229,10 +302,26 @@ def to_csv(entries: list[Entry]) -> str:
             for row in r.blocks + r.extras:
                 d = row.model_dump()
                 w.writerow([r.inputs.model, r.inputs.seq, r.inputs.batch] + [d[c] for c in CSV_COLS[3:]])
-            w.writerow([r.inputs.model, r.inputs.seq, r.inputs.batch, "TOTAL", "", "", "",
-                        r.params.stored, r.params.executed, r.flops_per_token.prefill,
-                        r.flops_per_token.decode, r.memory.state_bytes, r.memory.kv_bytes,
-                        r.roofline.decode_bytes_per_step, "", r.roofline.decode_bound])
+            w.writerow(
+                [
+                    r.inputs.model,
+                    r.inputs.seq,
+                    r.inputs.batch,
+                    "TOTAL",
+                    "",
+                    "",
+                    "",
+                    r.params.stored,
+                    r.params.executed,
+                    r.flops_per_token.prefill,
+                    r.flops_per_token.decode,
+                    r.memory.state_bytes,
+                    r.memory.kv_bytes,
+                    r.roofline.decode_bytes_per_step,
+                    "",
+                    r.roofline.decode_bound,
+                ]
+            )
     return buf.getvalue()
 
 
@@ -241,8 +330,21 @@ def to_markdown(entries: list[Entry]) -> str:
     for e in entries:
         r = e.report
         out.append(f"### {title(r)}\n")
-        hdr = ["block", "kind", "options", "×T", "params", "executed", "prefill FLOP/tok",
-               "decode FLOP/tok", "state/seq", "KV/seq @L", "decode B/tok", "FLOP/B", "bound"]
+        hdr = [
+            "block",
+            "kind",
+            "options",
+            "×T",
+            "params",
+            "executed",
+            "prefill FLOP/tok",
+            "decode FLOP/tok",
+            "state/seq",
+            "KV/seq @L",
+            "decode B/tok",
+            "FLOP/B",
+            "bound",
+        ]
         out.append("| " + " | ".join(hdr) + " |")
         out.append("|" + "---|" * len(hdr))
         for row in r.blocks + r.extras:

@@ -55,8 +55,11 @@ def statements(tree: Tree) -> list[Stmt]:
         t, depth = todo.pop()
         if t.data in ("entries", "stack"):
             depth += 1
-            out += [Stmt((c.meta.line, c.meta.column), (c.meta.end_line, c.meta.end_column), depth)
-                    for c in t.children if isinstance(c, Tree)]
+            out += [
+                Stmt((c.meta.line, c.meta.column), (c.meta.end_line, c.meta.end_column), depth)
+                for c in t.children
+                if isinstance(c, Tree)
+            ]
         todo += [(c, depth) for c in t.children if isinstance(c, Tree)]
     return sorted(out, key=lambda s: (s.start, s.depth))
 

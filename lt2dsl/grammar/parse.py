@@ -25,8 +25,16 @@ from lt2dsl.ir import nodes as n
 from lt2dsl.source import Span
 
 GRAMMAR = Path(__file__).with_name("lt2.lark")
-KEYWORDS = {"model": "MODEL", "let": "LET", "loop": "LOOP", "repeat": "REPEAT", "par": "PAR",
-            "true": "TRUE", "false": "FALSE", "none": "NONE"}
+KEYWORDS = {
+    "model": "MODEL",
+    "let": "LET",
+    "loop": "LOOP",
+    "repeat": "REPEAT",
+    "par": "PAR",
+    "true": "TRUE",
+    "false": "FALSE",
+    "none": "NONE",
+}
 # Deeper nesting of loops, repeats, copies and call values is refused (E0017): every later
 # stage recurses over the tree, and no real model comes near it.
 MAX_DEPTH = 64
@@ -156,9 +164,13 @@ def _too_deep(tree: Tree, file: str) -> Diagnostic | None:
         if d > MAX_DEPTH:
             line, col = (1, 1) if t.meta.empty else (t.meta.line, t.meta.column)
             span = Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
-            return error("E0017", f"the program nests more than {MAX_DEPTH} levels deep", span,
-                         label="too deeply nested",
-                         help="flatten the program: a stack of blocks in one loop, or `repeat n`")
+            return error(
+                "E0017",
+                f"the program nests more than {MAX_DEPTH} levels deep",
+                span,
+                label="too deeply nested",
+                help="flatten the program: a stack of blocks in one loop, or `repeat n`",
+            )
         todo += [(c, d) for c in t.children if isinstance(c, Tree)]
     return None
 
@@ -167,13 +179,23 @@ def _too_deep(tree: Tree, file: str) -> Diagnostic | None:
 
 
 def _meta_span(meta, file: str, shift: int = 0) -> Span:
-    return Span(file=file, line=meta.line, col=meta.column + shift, end_line=meta.end_line,
-                end_col=meta.end_column + shift)
+    return Span(
+        file=file,
+        line=meta.line,
+        col=meta.column + shift,
+        end_line=meta.end_line,
+        end_col=meta.end_column + shift,
+    )
 
 
 def tok_span(tok: Token, file: str, shift: int = 0) -> Span:
-    return Span(file=file, line=tok.line, col=tok.column + shift, end_line=tok.end_line,
-                end_col=tok.end_column + shift)
+    return Span(
+        file=file,
+        line=tok.line,
+        col=tok.column + shift,
+        end_line=tok.end_line,
+        end_col=tok.end_column + shift,
+    )
 
 
 def short(text: str, limit: int = 30) -> str:
@@ -229,8 +251,26 @@ def unquote(text: str) -> str:
 
 # ---- the tree → IR transformer ----------------------------------------------------------------
 
-PUNCT = frozenset({"LBRACE", "RBRACE", "LPAR", "RPAR", "LESSTHAN", "MORETHAN", "COMMA", "SEMICOLON",
-                   "EQUAL", "STAR", "MODEL", "LET", "LOOP", "REPEAT", "PAR", "T_KW"})
+PUNCT = frozenset(
+    {
+        "LBRACE",
+        "RBRACE",
+        "LPAR",
+        "RPAR",
+        "LESSTHAN",
+        "MORETHAN",
+        "COMMA",
+        "SEMICOLON",
+        "EQUAL",
+        "STAR",
+        "MODEL",
+        "LET",
+        "LOOP",
+        "REPEAT",
+        "PAR",
+        "T_KW",
+    }
+)
 
 
 def _nodes(children: list) -> list:
@@ -260,15 +300,27 @@ class ToIR(Transformer):
             return child
         settings, lets, body = _split(child)
         first = child[0].span if child else Span(file=self.file, line=1, col=1, end_line=1, end_col=1)
-        return n.Program(settings=settings, lets=lets, body=body, span=first,
-                         header=self.plan.header, footer=self.plan.footer)
+        return n.Program(
+            settings=settings,
+            lets=lets,
+            body=body,
+            span=first,
+            header=self.plan.header,
+            footer=self.plan.footer,
+        )
 
     def model(self, meta, children):
         kw, name, entries = children[0], children[1], children[3]
         settings, lets, body = _split(entries)
-        return n.Program(name=name.value, settings=settings, lets=lets, body=body,
-                         span=join(self._tok(kw), self._tok(name)),
-                         header=self.plan.header, footer=self.plan.footer)
+        return n.Program(
+            name=name.value,
+            settings=settings,
+            lets=lets,
+            body=body,
+            span=join(self._tok(kw), self._tok(name)),
+            header=self.plan.header,
+            footer=self.plan.footer,
+        )
 
     def entries(self, meta, children):
         return [self.plan.attach(c) for c in _nodes(children)]
@@ -310,8 +362,13 @@ class ToIR(Transformer):
         t_kw = children[1]
         (count, cspan), *rest = _nodes(children)
         *options, body = rest
-        return n.Loop(T=count, options=tuple(options), body=tuple(body), span=self._span(meta),
-                      T_span=join(self._tok(t_kw), cspan))
+        return n.Loop(
+            T=count,
+            options=tuple(options),
+            body=tuple(body),
+            span=self._span(meta),
+            T_span=join(self._tok(t_kw), cspan),
+        )
 
     def repeat(self, meta, children):
         (count, cspan), body = _nodes(children)
@@ -326,9 +383,15 @@ class ToIR(Transformer):
         value = self._number(tok)
         if isinstance(value, n.Int):
             return value.value, span
-        self.problems.append(error(
-            "E0009", f"expected a whole number, found `{tok.value}`", span, label="not an integer",
-            help="loop counts (`T=`), `repeat` counts and `* n` are integers"))
+        self.problems.append(
+            error(
+                "E0009",
+                f"expected a whole number, found `{tok.value}`",
+                span,
+                label="not an integer",
+                help="loop counts (`T=`), `repeat` counts and `* n` are integers",
+            )
+        )
         return 0, span
 
     # -- values --

@@ -51,9 +51,15 @@ def _stages(g, stages, prev: list[str], depth: int, parent: str | None, cfg: n.M
 
 
 def _loop(g, loop: n.LoopBlock, prev, depth, parent, cfg) -> list[str]:
-    extras = [x for x in ("final_norm" if loop.final_norm else "", "" if loop.inject == "none"
-                          else f"inject={loop.inject}",
-                          f"exit gate {loop.exit.threshold}" if loop.exit else "") if x]
+    extras = [
+        x
+        for x in (
+            "final_norm" if loop.final_norm else "",
+            "" if loop.inject == "none" else f"inject={loop.inject}",
+            f"exit gate {loop.exit.threshold}" if loop.exit else "",
+        )
+        if x
+    ]
     label = f"loop ×{loop.T} (shared weights)" + (f" [{', '.join(extras)}]" if extras else "")
     _add(g, loop.id, "loop", label, depth, parent, T=loop.T)
     _connect(g, prev, loop.id)
@@ -138,8 +144,15 @@ def _back_line(g: nx.DiGraph, loop: str) -> str:
     return "  " * (d["depth"] + 1) + f"↺ {src} → {loop} ×{d['T']}"
 
 
-SHAPES = {"embedding": "ellipse", "head": "ellipse", "norm": "box", "block": "box", "par": "circle",
-          "branch": "box", "loop": "diamond"}
+SHAPES = {
+    "embedding": "ellipse",
+    "head": "ellipse",
+    "norm": "box",
+    "block": "box",
+    "par": "circle",
+    "branch": "box",
+    "loop": "diamond",
+}
 
 
 def to_dot(g: nx.DiGraph) -> str:
@@ -148,7 +161,7 @@ def to_dot(g: nx.DiGraph) -> str:
     lines = [f"digraph {name} {{", "  rankdir=TB;", "  node [fontname=monospace];"]
     lines += _cluster(g, None, "  ")
     for u, v, e in g.edges(data=True):
-        attrs = ' [style=dashed, constraint=false, label=' + _q(e["label"]) + ']' if e.get("back") else ""
+        attrs = " [style=dashed, constraint=false, label=" + _q(e["label"]) + "]" if e.get("back") else ""
         lines.append(f"  {_q(u)} -> {_q(v)}{attrs};")
     lines.append("}")
     return "\n".join(lines)

@@ -14,26 +14,53 @@ MODEL_SETTINGS = (
     Option("kv_heads", "int", "default key/value heads of attention mixers [heads]", min=1),
     Option("mlp", "mlp", "default channel mixer [swiglu]"),
     Option("norm", "norm", "default block norm [rmsnorm(eps=1e-6)]"),
-    Option("max_len", "size", "default sequence length for estimates; tmm's kernel length", default=8192,
-           min=1),
+    Option(
+        "max_len", "size", "default sequence length for estimates; tmm's kernel length", default=8192, min=1
+    ),
     Option("tie_embeddings", "bool", "share the LM head with the token embedding", default=True),
-    Option("head", "enum", "`lm` (logits) or `none` (a backbone returning hidden states)", default="lm",
-           choices=("lm", "none")),
+    Option(
+        "head",
+        "enum",
+        "`lm` (logits) or `none` (a backbone returning hidden states)",
+        default="lm",
+        choices=("lm", "none"),
+    ),
     Option("dtype", "enum", "weights and activations", default="bf16", choices=DTYPES),
     Option("state_dtype", "enum", "recurrent states", default="fp32", choices=DTYPES),
 )
 
 LOOP_OPTIONS = (
-    Option("final_norm", "bool", "apply the final norm after every iteration and feed it on (Ouro)",
-           default=False),
-    Option("inject", "enum", "re-inject the embedding each iteration (`concat`: + a linear adapter)",
-           default="none", choices=("none", "add", "concat")),
-    Option("exit", "enum", "`none` or `gate(threshold=0.9)`: Ouro's learned exit gate",
-           default="none", choices=("none", "gate")),
+    Option(
+        "final_norm",
+        "bool",
+        "apply the final norm after every iteration and feed it on (Ouro)",
+        default=False,
+    ),
+    Option(
+        "inject",
+        "enum",
+        "re-inject the embedding each iteration (`concat`: + a linear adapter)",
+        default="none",
+        choices=("none", "add", "concat"),
+    ),
+    Option(
+        "exit",
+        "enum",
+        "`none` or `gate(threshold=0.9)`: Ouro's learned exit gate",
+        default="none",
+        choices=("none", "gate"),
+    ),
     Option("norm", "norm", "block norm of the loop's blocks (e.g. `sandwich`, Ouro's form)"),
 )
 
 EXIT_GATE_OPTIONS = (
-    Option("threshold", "float", "cumulative exit probability at which a token stops", default=0.9,
-           min=0, max=1, min_open=True),
+    Option(
+        "threshold",
+        "float",
+        "cumulative exit probability at which a token stops",
+        default=0.9,
+        min=0,
+        max=1,
+        min_open=True,
+    ),
 )

@@ -54,8 +54,12 @@ class Option:
         """Human form of the valid range, e.g. `an integer >= 1` or one of `a`, `b`."""
         if self.type == "enum":
             return "one of " + ", ".join(f"`{c}`" for c in self.choices)
-        kind = {"int": "an integer", "size": "an integer", "bool": "`true` or `false`",
-                "str": "a string"}.get(self.type, "a number")
+        kind = {
+            "int": "an integer",
+            "size": "an integer",
+            "bool": "`true` or `false`",
+            "str": "a string",
+        }.get(self.type, "a number")
         lo = None if self.min is None else f"{'>' if self.min_open else '>='} {_num(self.min)}"
         hi = None if self.max is None else f"{'<' if self.max_open else '<='} {_num(self.max)}"
         parts = [p for p in (lo, hi) if p]

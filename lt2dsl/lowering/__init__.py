@@ -24,9 +24,15 @@ TORCH_DTYPES = DTYPES
 LOOP_T_KEYS = ("loop_T", "loop.T")
 
 
-def compile_model(source: str | os.PathLike | n.Program | n.Model, *, backend: str = "auto",
-                  device: torch.device | str | None = None, dtype: torch.dtype | str | None = None,
-                  overrides: Mapping[str, Any] | None = None, fuse: bool = True) -> LT2Model:
+def compile_model(
+    source: str | os.PathLike | n.Program | n.Model,
+    *,
+    backend: str = "auto",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    fuse: bool = True,
+) -> LT2Model:
     """Build the `LT2Model` of `source`.
 
     Args:
@@ -58,8 +64,9 @@ def resolve_source(source, overrides: dict[str, Any]) -> n.Model:
 
         return resolve(source, {k: _node(v, parse=True) for k, v in overrides.items()})
     if not isinstance(source, str | os.PathLike):
-        raise ValueError("source must be .lt2 text, a path, a Program or a Model, "
-                         f"got {type(source).__name__}")
+        raise ValueError(
+            f"source must be .lt2 text, a path, a Program or a Model, got {type(source).__name__}"
+        )
     from lt2dsl.frontend import load_or_raise
 
     return load_or_raise(source, {k: _node(v) for k, v in overrides.items()}).model
@@ -69,8 +76,10 @@ def _override_model(model: n.Model, overrides: dict[str, Any]) -> n.Model:
     """A resolved model only takes `loop_T` (every loop's T); other settings need the source."""
     T = next((overrides.pop(k) for k in LOOP_T_KEYS if k in overrides), None)
     if overrides:
-        raise ValueError(f"a resolved Model accepts only the loop_T override, got {sorted(overrides)}; "
-                         "pass the .lt2 source to override settings")
+        raise ValueError(
+            f"a resolved Model accepts only the loop_T override, got {sorted(overrides)}; "
+            "pass the .lt2 source to override settings"
+        )
     if T is None:
         return model
     if isinstance(T, bool) or not isinstance(T, int) or T < 1:
@@ -111,4 +120,3 @@ def _torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TORCH_DTYPES)} or a torch.dtype, got {dtype!r}")
     return TORCH_DTYPES[dtype]
-

@@ -101,8 +101,9 @@ class Cache:
         """Bytes held by the cache: every tensor, and a reserved buffer whole (once)."""
         total = 0
         for e in self.entries:
-            held = {b.untyped_storage().data_ptr(): b.numel() * b.element_size()
-                    for b, _ in e.buffers.values()}
+            held = {
+                b.untyped_storage().data_ptr(): b.numel() * b.element_size() for b, _ in e.buffers.values()
+            }
             counted = set()
             for t in e.values():
                 ptr = t.untyped_storage().data_ptr()
@@ -120,5 +121,7 @@ class Cache:
         self.seen = 0
 
     def __repr__(self) -> str:
-        return (f"Cache(entries={len(self.entries)}, batch={self.batch_size}, seen={self.seen}, "
-                f"nbytes={self.nbytes()})")
+        return (
+            f"Cache(entries={len(self.entries)}, batch={self.batch_size}, seen={self.seen}, "
+            f"nbytes={self.nbytes()})"
+        )

@@ -20,9 +20,11 @@ def emit_fx(loaded, args: argparse.Namespace, console) -> int:
     cfg = loaded.model.config
     params = sum(p.numel() for p in model.parameters())
     gm = model.graph_module
-    header = (f"# {cfg.name}: torch.fx code of the lowered model ({len(model.blocks)} blocks, "
-              f"{model.applications} applications, {params:,} parameters, "
-              f"{'fused: ' + _fired() if fuse else 'unfused'})")
+    header = (
+        f"# {cfg.name}: torch.fx code of the lowered model ({len(model.blocks)} blocks, "
+        f"{model.applications} applications, {params:,} parameters, "
+        f"{'fused: ' + _fired() if fuse else 'unfused'})"
+    )
     console.file.write(header + gm.code.rstrip() + "\n")
     return EXIT_OK
 

@@ -12,8 +12,14 @@ import torch.nn.functional as F
 
 
 @torch.fx.wrap
-def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, entry, key: str,
-               activation: str = "silu") -> torch.Tensor:
+def short_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    entry,
+    key: str,
+    activation: str = "silu",
+) -> torch.Tensor:
     """Depthwise causal conv over time (mixers.md §0 ShortConv), with its decode cache.
 
     Args:
@@ -33,14 +39,15 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         hist = xt.new_zeros(xt.shape[0], xt.shape[1], W - 1)
     full = torch.cat([hist, xt], dim=-1)  # [B, C, W-1+T]
     if entry is not None and W > 1:
-        entry[key] = full[..., full.shape[-1] - (W - 1):].detach().clone()
+        entry[key] = full[..., full.shape[-1] - (W - 1) :].detach().clone()
     y = F.conv1d(full, weight, bias, groups=weight.shape[0])  # [B, C, T]
     y = y.transpose(1, 2)
     return F.silu(y) if activation == "silu" else y
 
 
-def rope_freqs(dim: int, theta: float, positions: torch.Tensor,
-               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_freqs(
+    dim: int, theta: float, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin `[T, dim/2]` of half-split RoPE (LLaMA / HF `rotate_half` convention), fp32 (or `dtype`)."""
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype, device=positions.device) / dim))
     ang = positions.to(dtype)[:, None] * inv[None, :]
@@ -57,7 +64,7 @@ def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     cos, sin = rope_freqs(d, theta, positions, dt)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     xf = x.to(dt)
-    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return out.to(x.dtype)
 
@@ -80,8 +87,9 @@ def append_cache(entry, key: str, new: torch.Tensor, dim: int = 2, keep: int | N
         return _append_reserved(entry, key, new, dim)
     entry.buffers.pop(key, None)  # the copy below replaces what a reserved buffer held
     full = torch.cat([entry[key], new.to(entry[key].dtype)], dim=dim) if key in entry else new
-    stored = full if keep is None else full.narrow(dim, max(0, full.shape[dim] - keep),
-                                                   min(keep, full.shape[dim]))
+    stored = (
+        full if keep is None else full.narrow(dim, max(0, full.shape[dim] - keep), min(keep, full.shape[dim]))
+    )
     # a view (the new tokens slice a projection's output) would keep its whole base alive
     stored = stored.detach()
     entry[key] = stored.clone() if keep is not None or stored._base is not None else stored

@@ -41,8 +41,14 @@ def cache_advance(cache: Cache | None, T: int) -> None:
 
 
 @torch.fx.wrap
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
-                   gate: torch.Tensor | None, backend: str) -> torch.Tensor:
+def attention_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int | None,
+    gate: torch.Tensor | None,
+    backend: str,
+) -> torch.Tensor:
     """Causal softmax attention through `lt2dsl.kernels.attention` (one graph node).
 
     Args:

@@ -184,8 +184,14 @@ class GatedRMSNorm(nn.Module):
     Computed in fp32 (float64 for a float64 module), returned in the parameters' dtype.
     """
 
-    def __init__(self, dim: int, eps: float, act: str | None = "silu", group: int | None = None,
-                 norm_before_gate: bool = True):
+    def __init__(
+        self,
+        dim: int,
+        eps: float,
+        act: str | None = "silu",
+        group: int | None = None,
+        norm_before_gate: bool = True,
+    ):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps, self.act, self.norm_before_gate = eps, act, norm_before_gate

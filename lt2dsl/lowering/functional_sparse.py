@@ -72,9 +72,16 @@ def dsa_attend(q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backen
 
 
 @torch.fx.wrap
-def nsa_compress(x: torch.Tensor, entry, key: str, cmp_block: int, stride: int,
-                 pos_emb: torch.Tensor | None = None, weight: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+def nsa_compress(
+    x: torch.Tensor,
+    entry,
+    key: str,
+    cmp_block: int,
+    stride: int,
+    pos_emb: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Compressed keys (or values) of every complete block, updating the cache as blocks complete.
 
     Block i covers tokens [i·stride, i·stride + cmp_block) (0-based) and exists once all of them
@@ -95,7 +102,7 @@ def nsa_compress(x: torch.Tensor, entry, key: str, cmp_block: int, stride: int,
     n_new = max(0, (L - cmp_block) // stride + 1) - n_old
     if n_new > 0:
         # [B, n_new, HKV, d, l] -> [B, n_new, HKV, l, d]
-        blocks = x[:, n_old * stride:].unfold(1, cmp_block, stride)[:, :n_new].transpose(-1, -2)
+        blocks = x[:, n_old * stride :].unfold(1, cmp_block, stride)[:, :n_new].transpose(-1, -2)
         if weight is None:
             new = blocks.mean(-2)
         else:
@@ -112,8 +119,21 @@ def nsa_compress(x: torch.Tensor, entry, key: str, cmp_block: int, stride: int,
 
 
 @torch.fx.wrap
-def nsa_attend(q, k, v, g, k_cmp, v_cmp, *, select: int, block: int, window: int, cmp_block: int,
-               stride: int, backend: str) -> torch.Tensor:
+def nsa_attend(
+    q,
+    k,
+    v,
+    g,
+    k_cmp,
+    v_cmp,
+    *,
+    select: int,
+    block: int,
+    window: int,
+    cmp_block: int,
+    stride: int,
+    backend: str,
+) -> torch.Tensor:
     """NSA core: compressed, selected and sliding-window branches mixed by their gates.
 
     Args:
@@ -123,14 +143,28 @@ def nsa_attend(q, k, v, g, k_cmp, v_cmp, *, select: int, block: int, window: int
         `[B, Tq, H, d]` in the dtype of v.
     """
     g_cmp, g_slc, g_swa = g.unbind(-1)
-    return nsa_op(q, k, v, g_cmp, g_slc, g_swa, block_counts=select, block_size=block,
-                 window_size=window, cmp_block=cmp_block, cmp_stride=stride, k_cmp=k_cmp, v_cmp=v_cmp,
-                 backend=backend)
+    return nsa_op(
+        q,
+        k,
+        v,
+        g_cmp,
+        g_slc,
+        g_swa,
+        block_counts=select,
+        block_size=block,
+        window_size=window,
+        cmp_block=cmp_block,
+        cmp_stride=stride,
+        k_cmp=k_cmp,
+        v_cmp=v_cmp,
+        backend=backend,
+    )
 
 
 @torch.fx.wrap
-def toeplitz_cached(u: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, entry, max_len: int,
-                    backend: str) -> torch.Tensor:
+def toeplitz_cached(
+    u: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, entry, max_len: int, backend: str
+) -> torch.Tensor:
     """Causal Toeplitz mixing of `u [B, T, D]`, continuing the cached inputs when there is a cache.
 
     With an entry, `entry["x"]` holds the mixer inputs so far `[B, t, D]` (activation dtype): a

@@ -70,8 +70,9 @@ class LT2Model(nn.Module):
         """
         gm = self.__dict__.get("_graph_module")
         if gm is None:
-            root = Unrolled(self.ir, self.embed, self.blocks, self.loops, self.final_norm,
-                            getattr(self, "lm_head", None))
+            root = Unrolled(
+                self.ir, self.embed, self.blocks, self.loops, self.final_norm, getattr(self, "lm_head", None)
+            )
             gm = to_fx(root)
             for graph_pass in self.graph_passes:
                 gm = graph_pass(gm)
@@ -137,8 +138,9 @@ class LT2Model(nn.Module):
         """Raise ValueError naming what was expected for a bad `input_ids` or `cache`."""
         cfg = self.config
         if not isinstance(input_ids, torch.Tensor):
-            raise ValueError("input_ids must be a torch.Tensor of token ids [B, T], "
-                             f"got {type(input_ids).__name__}")
+            raise ValueError(
+                f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}"
+            )
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must have an integer dtype (torch.long), got {input_ids.dtype}")
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
@@ -150,8 +152,9 @@ class LT2Model(nn.Module):
             bad = (input_ids < 0) | (input_ids >= cfg.vocab)
             if bool(bad.any()):
                 lo, hi = int(input_ids.min()), int(input_ids.max())
-                raise ValueError(f"token ids must be in [0, {cfg.vocab}) (vocab = {cfg.vocab}), got values "
-                                 f"in [{lo}, {hi}]")
+                raise ValueError(
+                    f"token ids must be in [0, {cfg.vocab}) (vocab = {cfg.vocab}), got values in [{lo}, {hi}]"
+                )
         self._check_cache(input_ids, cache)
 
     def _check_cache(self, input_ids: torch.Tensor, cache: Cache | None) -> None:
@@ -159,15 +162,20 @@ class LT2Model(nn.Module):
         seen = 0
         if cache is not None:
             if not isinstance(cache, Cache) or len(cache.entries) != self.applications:
-                raise ValueError(f"cache must come from this model's new_cache() ({self.applications} "
-                                 f"entries), got {cache!r}")
+                raise ValueError(
+                    f"cache must come from this model's new_cache() ({self.applications} "
+                    f"entries), got {cache!r}"
+                )
             if cache.batch_size != B:
-                raise ValueError(f"input_ids has batch size {B} but the cache was made for "
-                                 f"batch_size={cache.batch_size}")
+                raise ValueError(
+                    f"input_ids has batch size {B} but the cache was made for batch_size={cache.batch_size}"
+                )
             seen = cache.seen
         if self.max_len is not None and seen + T > self.max_len:
-            raise ValueError(f"the sequence would reach {seen + T} tokens but tmm's max_len={self.max_len} "
-                             f"(the Toeplitz kernel length) is the longest it can mix")
+            raise ValueError(
+                f"the sequence would reach {seen + T} tokens but tmm's max_len={self.max_len} "
+                f"(the Toeplitz kernel length) is the longest it can mix"
+            )
 
     @property
     def exit_probs(self) -> torch.Tensor | list[torch.Tensor] | None:
@@ -179,8 +187,14 @@ class LT2Model(nn.Module):
         return ps[0] if len(ps) == 1 else ps
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Continue `input_ids [B, T]` by `max_new_tokens` tokens → `[B, T + max_new_tokens]`.
 
         One prefill, then one decode step per token through a fresh cache, in eval mode.
@@ -217,8 +231,9 @@ class LT2Model(nn.Module):
             self.train(was_training)
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int | None,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Next tokens `[B, 1]` from last-position logits `[B, vocab]`."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)

@@ -37,8 +37,15 @@ class Unrolled(nn.Module):
     """The module the tracer records: the model's submodules under their parameter names and a
     forward over the resolved structure. Only used to build the graph."""
 
-    def __init__(self, model: n.Model, embed: nn.Module, blocks: nn.ModuleList, loops: nn.ModuleList,
-                 final_norm: nn.Module, lm_head: nn.Module | None):
+    def __init__(
+        self,
+        model: n.Model,
+        embed: nn.Module,
+        blocks: nn.ModuleList,
+        loops: nn.ModuleList,
+        final_norm: nn.Module,
+        lm_head: nn.Module | None,
+    ):
         super().__init__()
         self.ir = model
         self.embed, self.blocks, self.loops, self.final_norm = embed, blocks, loops, final_norm
@@ -119,8 +126,9 @@ class LoweringTracer(torch.fx.Tracer):
         super().__init__(autowrap_functions=leaf_functions())
         # Patch the leaf names in every lowering module's globals, so helper functions there
         # (not only forwards) call the leaf wrappers while tracing.
-        self._autowrap_search += [m for name, m in list(sys.modules.items())
-                                  if name.startswith("lt2dsl.lowering") and m is not None]
+        self._autowrap_search += [
+            m for name, m in list(sys.modules.items()) if name.startswith("lt2dsl.lowering") and m is not None
+        ]
 
     def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
         from lt2dsl.lowering.blocks import ExitMix

@@ -11,10 +11,12 @@ NAME = "baseline"
 
 def to_baseline(model: n.Model) -> n.Model:
     cfg = model.config
-    return model.model_copy(update={
-        "config": cfg.model_copy(update={"name": f"{cfg.name}:baseline"}),
-        "body": tuple(_stage(s, cfg) for s in model.body),
-    })
+    return model.model_copy(
+        update={
+            "config": cfg.model_copy(update={"name": f"{cfg.name}:baseline"}),
+            "body": tuple(_stage(s, cfg) for s in model.body),
+        }
+    )
 
 
 def _stage(s, cfg: n.ModelConfig):

@@ -41,9 +41,12 @@ def apply_overrides(prog: n.Program, overrides: dict[str, n.Node]) -> n.Program:
         added = [n.Setting(name=k, value=v, span=v.span) for k, v in overrides.items()]
         prog = prog.model_copy(update={"settings": tuple(kept + added)})
     if T is not None:
-        prog = prog.model_copy(update={"body": tuple(_set_T(i, int(py(T))) for i in prog.body),
-                                       "lets": tuple(l.model_copy(update={"item": _set_T(l.item, int(py(T)))})
-                                                     for l in prog.lets)})
+        prog = prog.model_copy(
+            update={
+                "body": tuple(_set_T(i, int(py(T))) for i in prog.body),
+                "lets": tuple(l.model_copy(update={"item": _set_T(l.item, int(py(T)))}) for l in prog.lets),
+            }
+        )
     return prog
 
 
@@ -135,8 +138,9 @@ def norm_spec(v: n.Node | None, base: n.NormSpec | None = None) -> n.NormSpec:
         return b.model_copy(update={"sandwich": True})
     eps = args.get("eps", args.get("_"))
     default_eps = 1e-6 if name == "rmsnorm" else 1e-5
-    return n.NormSpec(type=name, eps=float(eps if eps is not None else default_eps),
-                      sandwich=bool(base and base.sandwich))
+    return n.NormSpec(
+        type=name, eps=float(eps if eps is not None else default_eps), sandwich=bool(base and base.sandwich)
+    )
 
 
 # ---- the body ---------------------------------------------------------------------------------
@@ -220,8 +224,7 @@ def _block(calls: list[n.Call], cfg: n.ModelConfig, path: str, span=None) -> n.B
         if (nm := c.arg("norm")) is not None:
             norm = norm_spec(nm.value, cfg.norm)
     kinds = "+".join(m.type for m in mixers)
-    return n.Block(id=f"{path}:{kinds}", mixers=tuple(mixers), mlp=mlp, norm=norm,
-                   span=span or calls[0].span)
+    return n.Block(id=f"{path}:{kinds}", mixers=tuple(mixers), mlp=mlp, norm=norm, span=span or calls[0].span)
 
 
 def _mixer(call: n.Call, cfg: n.ModelConfig) -> n.Mixer:

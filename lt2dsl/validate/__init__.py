@@ -17,24 +17,48 @@ from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import RULES, Rule, all_rules
 
 SURFACE: tuple[Callable[[Ctx], Iterator[Diagnostic]], ...] = (
-    names.check_unknown_layer, names.check_unknown_option, names.check_unknown_choice,
-    names.check_unknown_setting, names.check_unknown_loop_option, names.check_unknown_mlp,
+    names.check_unknown_layer,
+    names.check_unknown_option,
+    names.check_unknown_choice,
+    names.check_unknown_setting,
+    names.check_unknown_loop_option,
+    names.check_unknown_mlp,
     names.check_unknown_norm,
-    values.check_value_type, values.check_value_range, values.check_count,
-    structure.check_empty_stack, structure.check_empty_model, structure.check_let_before_definition,
-    structure.check_let_shadows_kind, structure.check_duplicate_setting, structure.check_duplicate_option,
-    structure.check_let_recursion, structure.check_required_settings, structure.check_positional_count,
-    structure.check_positional_allowed, structure.check_duplicate_let, structure.check_par_members,
-    structure.check_let_use_options, structure.check_unused_let, structure.check_nested_loops,
+    values.check_value_type,
+    values.check_value_range,
+    values.check_count,
+    structure.check_empty_stack,
+    structure.check_empty_model,
+    structure.check_let_before_definition,
+    structure.check_let_shadows_kind,
+    structure.check_duplicate_setting,
+    structure.check_duplicate_option,
+    structure.check_let_recursion,
+    structure.check_required_settings,
+    structure.check_positional_count,
+    structure.check_positional_allowed,
+    structure.check_duplicate_let,
+    structure.check_par_members,
+    structure.check_let_use_options,
+    structure.check_unused_let,
+    structure.check_nested_loops,
 )
 SHAPES: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
-    shapes.check_kv_heads, shapes.check_value_heads, shapes.check_derived_head_dim,
-    shapes.check_mamba2_width, shapes.check_tmm_heads, shapes.check_tmm_max_len, shapes.check_nsa_stride,
-    shapes.check_model_head_dim, shapes.check_window_fits, shapes.check_topk_fits,
+    shapes.check_kv_heads,
+    shapes.check_value_heads,
+    shapes.check_derived_head_dim,
+    shapes.check_mamba2_width,
+    shapes.check_tmm_heads,
+    shapes.check_tmm_max_len,
+    shapes.check_nsa_stride,
+    shapes.check_model_head_dim,
+    shapes.check_window_fits,
+    shapes.check_topk_fits,
 )
 # Kernel warnings read resolved widths, which mean something only once the shapes are right.
 KERNELS: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
-    kernels.check_delta_head_dim, kernels.check_kernel_note,
+    kernels.check_delta_head_dim,
+    kernels.check_kernel_note,
 )
 
 __all__ = ["KERNELS", "RULES", "SHAPES", "SURFACE", "Rule", "all_rules", "check", "validate"]
@@ -45,8 +69,9 @@ def validate(program: n.Program, overrides: dict[str, n.Node] | None = None) -> 
     return check(program, overrides)[0]
 
 
-def check(program: n.Program, overrides: dict[str, n.Node] | None = None
-          ) -> tuple[list[Diagnostic], n.Model | None]:
+def check(
+    program: n.Program, overrides: dict[str, n.Node] | None = None
+) -> tuple[list[Diagnostic], n.Model | None]:
     """(diagnostics, resolved model) — the model is None when there is an error."""
     overrides = dict(overrides or {})
     applied = apply_overrides(program, _applicable(overrides))

@@ -118,8 +118,15 @@ class Ctx:
         out: list[ArgList] = []
         for call, _ in self.block_calls():
             if (spec := self.spec_of(call)) is not None:
-                out.append(ArgList(call, call.args, spec.options, spec.kind if call.name == spec.kind
-                                   else call.name, kind=spec.kind))
+                out.append(
+                    ArgList(
+                        call,
+                        call.args,
+                        spec.options,
+                        spec.kind if call.name == spec.kind else call.name,
+                        kind=spec.kind,
+                    )
+                )
         for item, _ in self.items:
             if isinstance(item, n.Loop):
                 out.append(ArgList(item, item.options, LOOP_SCHEMA, "loop"))
@@ -172,8 +179,12 @@ def value_arglists(value: n.Node, option: Option) -> list[ArgList]:
 
 # The model settings a mixer option comes from when the call does not write it, most direct
 # first: the model's head dim is `head_dim`, or `dim / heads` when that is not written.
-FROM_SETTING = {"heads": ("heads", "dim"), "head_dim": ("head_dim", "heads", "dim"),
-                "kv_heads": ("kv_heads", "heads"), "max_len": ("max_len",)}
+FROM_SETTING = {
+    "heads": ("heads", "dim"),
+    "head_dim": ("head_dim", "heads", "dim"),
+    "kv_heads": ("kv_heads", "heads"),
+    "max_len": ("max_len",),
+}
 
 
 def span_key(s) -> tuple:

@@ -45,11 +45,17 @@ def check_delta_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
         K = m.opts.get("head_dim")
         if m.type not in DELTA_KINDS or not isinstance(K, int) or K <= MAX_DELTA_K:
             continue
-        yield warning("W0401", f"`{m.type}` key head dim {K} is above {MAX_DELTA_K}",
-                      s.where(m, ("head_dim",), INHERITS), label="this block runs on the reference path",
-                      help=f"use a head dim of at most {MAX_DELTA_K} (more heads) to run the Triton kernels",
-                      notes=("the delta-rule Triton kernels take key head dims up to 256; wider heads fall "
-                             "back to the PyTorch reference implementation",))
+        yield warning(
+            "W0401",
+            f"`{m.type}` key head dim {K} is above {MAX_DELTA_K}",
+            s.where(m, ("head_dim",), INHERITS),
+            label="this block runs on the reference path",
+            help=f"use a head dim of at most {MAX_DELTA_K} (more heads) to run the Triton kernels",
+            notes=(
+                "the delta-rule Triton kernels take key head dims up to 256; wider heads fall "
+                "back to the PyTorch reference implementation",
+            ),
+        )
 
 
 @rule("W0402")
@@ -78,5 +84,6 @@ def check_kernel_note(s: ShapeCtx) -> Iterator[Diagnostic]:
         if spec.kernel_note is None or (note := spec.kernel_note(m.opts, s.cfg)) is None:
             continue
         call = s.call_of(m)
-        yield warning("W0402", f"`{m.type}`: {note}", call.name_span if call else m.span,
-                      label="kernel constraint")
+        yield warning(
+            "W0402", f"`{m.type}`: {note}", call.name_span if call else m.span, label="kernel constraint"
+        )

@@ -44,8 +44,14 @@ def check_unknown_layer(ctx: Ctx) -> Iterator[Diagnostic]:
             what = "channel mixer" if call.name in MLP_KINDS else "norm"
             opt = "mlp" if call.name in MLP_KINDS else "norm"
             notes = (f"`{call.name}` is a {what}: set it on a block with `{opt}={call.name}`",)
-        yield error("E0101", f"unknown layer `{call.name}`", call.name_span, label="not a registered layer",
-                    help=did_you_mean(call.name, [*all_names(), *ctx.lets], "layer"), notes=notes)
+        yield error(
+            "E0101",
+            f"unknown layer `{call.name}`",
+            call.name_span,
+            label="not a registered layer",
+            help=did_you_mean(call.name, [*all_names(), *ctx.lets], "layer"),
+            notes=notes,
+        )
 
 
 @rule("E0102")
@@ -75,12 +81,22 @@ def check_unknown_option(ctx: Ctx) -> Iterator[Diagnostic]:
                 continue
             notes = ()
             if a.name in loop_only and al.kind is not None:
-                notes = (f"`{a.name}` is a loop option: write it on the loop, "
-                         f"`loop T=n, {a.name}=... < ... >`",)
-            yield error("E0102", f"`{al.owner}` has no option `{a.name}`", a.name_span,
-                        label="unknown option",
-                        help=did_you_mean(a.name, [o.name for o in al.options], f"option of `{al.owner}`",
-                                          f"options of `{al.owner}`"), notes=notes)
+                notes = (
+                    f"`{a.name}` is a loop option: write it on the loop, `loop T=n, {a.name}=... < ... >`",
+                )
+            yield error(
+                "E0102",
+                f"`{al.owner}` has no option `{a.name}`",
+                a.name_span,
+                label="unknown option",
+                help=did_you_mean(
+                    a.name,
+                    [o.name for o in al.options],
+                    f"option of `{al.owner}`",
+                    f"options of `{al.owner}`",
+                ),
+                notes=notes,
+            )
 
 
 @rule("E0103")
@@ -112,8 +128,13 @@ def check_unknown_choice(ctx: Ctx) -> Iterator[Diagnostic]:
         if isinstance(v, n.Call) and (o.name, name) in CALL_CHOICES:
             continue
         span = v.name_span if isinstance(v, n.Call) else v.span
-        yield error("E0103", f"unknown value `{name}` for {site.what}", span, label="not a valid choice",
-                    help=did_you_mean(name, o.choices, "choice"))
+        yield error(
+            "E0103",
+            f"unknown value `{name}` for {site.what}",
+            span,
+            label="not a valid choice",
+            help=did_you_mean(name, o.choices, "choice"),
+        )
 
 
 def _choice_name(v: n.Node) -> str | None:
@@ -153,8 +174,14 @@ def check_unknown_setting(ctx: Ctx) -> Iterator[Diagnostic]:
         notes = ()
         if lookup(s.name) is not None or s.name in ctx.lets:
             notes = (f"`{s.name}` is a layer; options of a block go in parentheses: `{s.name}(...)`",)
-        yield error("E0104", f"unknown setting `{s.name}`", span, label="not a model setting",
-                    help=did_you_mean(s.name, [o.name for o in MODEL_SETTINGS], "setting"), notes=notes)
+        yield error(
+            "E0104",
+            f"unknown setting `{s.name}`",
+            span,
+            label="not a model setting",
+            help=did_you_mean(s.name, [o.name for o in MODEL_SETTINGS], "setting"),
+            notes=notes,
+        )
 
 
 @rule("E0105")
@@ -184,8 +211,14 @@ def check_unknown_loop_option(ctx: Ctx) -> Iterator[Diagnostic]:
             if a.name is None or al.option(a.name) is not None:
                 continue
             notes = ("`T` is given once, right after `loop`",) if a.name == "T" else ()
-            yield error("E0105", f"unknown loop option `{a.name}`", a.name_span, label="not a loop option",
-                        help=did_you_mean(a.name, names, "loop option"), notes=notes)
+            yield error(
+                "E0105",
+                f"unknown loop option `{a.name}`",
+                a.name_span,
+                label="not a loop option",
+                help=did_you_mean(a.name, names, "loop option"),
+                notes=notes,
+            )
 
 
 def _kind_value(v: n.Node) -> tuple[str, object] | None:
@@ -253,5 +286,10 @@ def _unknown_kind(ctx: Ctx, type_: str, names: tuple[str, ...], code: str, what:
         name, span = kv
         if name in names:
             continue
-        yield error(code, f"unknown {what} `{name}` for {site.what}", span, label=f"not a {what}",
-                    help=did_you_mean(name, names, what))
+        yield error(
+            code,
+            f"unknown {what} `{name}` for {site.what}",
+            span,
+            label=f"not a {what}",
+            help=did_you_mean(name, names, what),
+        )

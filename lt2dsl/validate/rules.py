@@ -19,11 +19,26 @@ from importlib import import_module
 from lt2dsl.diagnostics import Diagnostic
 
 SECTIONS = ("What it checks", "Why it matters", "Example", "Use instead")
-TOPICS = {"00": "syntax", "01": "names", "02": "values", "03": "structure", "04": "kernels",
-          "05": "shapes", "09": "driver", "99": "internal"}
+TOPICS = {
+    "00": "syntax",
+    "01": "names",
+    "02": "values",
+    "03": "structure",
+    "04": "kernels",
+    "05": "shapes",
+    "09": "driver",
+    "99": "internal",
+}
 # Modules whose import registers rules (docs and `explain` need all of them).
-RULE_MODULES = ("lt2dsl.validate.names", "lt2dsl.validate.values", "lt2dsl.validate.structure",
-                "lt2dsl.validate.shapes", "lt2dsl.validate.kernels", "lt2dsl.frontend", "lt2dsl.cli")
+RULE_MODULES = (
+    "lt2dsl.validate.names",
+    "lt2dsl.validate.values",
+    "lt2dsl.validate.structure",
+    "lt2dsl.validate.shapes",
+    "lt2dsl.validate.kernels",
+    "lt2dsl.frontend",
+    "lt2dsl.cli",
+)
 
 
 @dataclass(frozen=True)
@@ -82,12 +97,19 @@ def all_rules() -> dict[str, Rule]:
         import_module(m)
     out = dict(RULES)
     for r in ALL:
-        out[r.code] = Rule(code=r.code, title=r.title[0].upper() + r.title[1:], sections={
-            "What it checks": "The text is not valid `.lt2` syntax at this point; the message reads: "
-            + r.message.replace("{found}", "…").replace("{expected}", "…").replace("{{", "{")
-            .replace("}}", "}") + ".",
-            "Why it matters": r.why,
-            "Example": r.examples[0] if r.examples else "",
-            "Use instead": r.fixed,
-        })
+        out[r.code] = Rule(
+            code=r.code,
+            title=r.title[0].upper() + r.title[1:],
+            sections={
+                "What it checks": "The text is not valid `.lt2` syntax at this point; the message reads: "
+                + r.message.replace("{found}", "…")
+                .replace("{expected}", "…")
+                .replace("{{", "{")
+                .replace("}}", "}")
+                + ".",
+                "Why it matters": r.why,
+                "Example": r.examples[0] if r.examples else "",
+                "Use instead": r.fixed,
+            },
+        )
     return dict(sorted(out.items()))

@@ -81,10 +81,15 @@ def check_kv_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
 
 def _kv_error(H: int, KV: int, span, kind: str | None = None) -> Diagnostic:
     where = f" of `{kind}`" if kind else ""
-    return error("E0501", f"`heads` ({H}) is not a multiple of `kv_heads` ({KV}){where}", span,
-                 label=f"{H} query heads do not split into groups of {KV} key/value heads"
-                 if KV <= H else f"more key/value heads ({KV}) than query heads ({H})",
-                 help=f"choose `kv_heads` dividing {H}: {divisors(H)}")
+    return error(
+        "E0501",
+        f"`heads` ({H}) is not a multiple of `kv_heads` ({KV}){where}",
+        span,
+        label=f"{H} query heads do not split into groups of {KV} key/value heads"
+        if KV <= H
+        else f"more key/value heads ({KV}) than query heads ({H})",
+        help=f"choose `kv_heads` dividing {H}: {divisors(H)}",
+    )
 
 
 @rule("E0502")
@@ -111,15 +116,22 @@ def check_value_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
             continue
         H, HV = m.opts["heads"], m.opts["v_heads"]
         if HV % H:
-            yield error("E0502", f"`v_heads` ({HV}) of `{m.type}` is not a multiple of `heads` ({H})",
-                        s.where(m, ("v_heads", "heads"), INHERITS),
-                        label=f"{HV} value heads cannot be shared evenly by {H} query/key heads",
-                        help=f"choose `v_heads` as a multiple of {H}: {H}, {2 * H}, {4 * H}, …")
+            yield error(
+                "E0502",
+                f"`v_heads` ({HV}) of `{m.type}` is not a multiple of `heads` ({H})",
+                s.where(m, ("v_heads", "heads"), INHERITS),
+                label=f"{HV} value heads cannot be shared evenly by {H} query/key heads",
+                help=f"choose `v_heads` as a multiple of {H}: {H}, {2 * H}, {4 * H}, …",
+            )
 
 
 # kind → (factor option, what the product is)
-DERIVED = {"gdn": ("expand_v", "value head dim"), "retnet": ("expand_v", "value head dim"),
-           "gla": ("expand_k", "key head dim"), "mlstm": ("qk_dim_factor", "key head dim")}
+DERIVED = {
+    "gdn": ("expand_v", "value head dim"),
+    "retnet": ("expand_v", "value head dim"),
+    "gla": ("expand_k", "key head dim"),
+    "mlstm": ("qk_dim_factor", "key head dim"),
+}
 
 
 @rule("E0503")
@@ -151,11 +163,15 @@ def check_derived_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
         prod = exact(d) * exact(f)
         if prod.denominator == 1 and prod >= 1:
             continue
-        yield error("E0503", f"`{m.type}` {what} `head_dim · {factor}` = {d} · {show(f)} = {show(prod)} "
-                    "is not a whole number" if prod.denominator != 1 else
-                    f"`{m.type}` {what} `head_dim · {factor}` = {d} · {show(f)} is less than 1",
-                    s.where(m, (factor, "head_dim"), INHERITS), label=f"gives a {what} of {show(prod)}",
-                    help=f"choose `head_dim` and `{factor}` whose product is a whole number")
+        yield error(
+            "E0503",
+            f"`{m.type}` {what} `head_dim · {factor}` = {d} · {show(f)} = {show(prod)} is not a whole number"
+            if prod.denominator != 1
+            else f"`{m.type}` {what} `head_dim · {factor}` = {d} · {show(f)} is less than 1",
+            s.where(m, (factor, "head_dim"), INHERITS),
+            label=f"gives a {what} of {show(prod)}",
+            help=f"choose `head_dim` and `{factor}` whose product is a whole number",
+        )
 
 
 @rule("E0504")
@@ -185,11 +201,14 @@ def check_mamba2_width(s: ShapeCtx) -> Iterator[Diagnostic]:
         d_in = exact(m.opts["expand"]) * s.cfg.dim
         if d_in == H * P:
             continue
-        yield error("E0504", f"`mamba2` heads · head_dim = {H} · {P} = {H * P} does not equal "
-                    f"expand · dim = {show(d_in)}", s.where(m, ("heads", "head_dim", "expand")),
-                    label="heads do not tile the inner width",
-                    help=f"choose `head_dim` dividing {show(d_in)}, or set `heads` so that "
-                         f"heads · head_dim = {show(d_in)}")
+        yield error(
+            "E0504",
+            f"`mamba2` heads · head_dim = {H} · {P} = {H * P} does not equal expand · dim = {show(d_in)}",
+            s.where(m, ("heads", "head_dim", "expand")),
+            label="heads do not tile the inner width",
+            help=f"choose `head_dim` dividing {show(d_in)}, or set `heads` so that "
+            f"heads · head_dim = {show(d_in)}",
+        )
 
 
 @rule("E0505")
@@ -216,10 +235,13 @@ def check_tmm_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
     for m in s.mixers():
         if m.type == "tmm" and s.cfg.dim % m.opts["heads"]:
             H = m.opts["heads"]
-            yield error("E0505", f"`tmm` heads ({H}) do not divide `dim` ({s.cfg.dim})",
-                        s.where(m, ("heads",)),
-                        label=f"{s.cfg.dim} channels do not split into {H} equal groups",
-                        help=f"choose `heads` dividing {s.cfg.dim}: {divisors(s.cfg.dim)}")
+            yield error(
+                "E0505",
+                f"`tmm` heads ({H}) do not divide `dim` ({s.cfg.dim})",
+                s.where(m, ("heads",)),
+                label=f"{s.cfg.dim} channels do not split into {H} equal groups",
+                help=f"choose `heads` dividing {s.cfg.dim}: {divisors(s.cfg.dim)}",
+            )
 
 
 @rule("E0506")
@@ -251,9 +273,13 @@ def check_tmm_max_len(s: ShapeCtx) -> Iterator[Diagnostic]:
             continue
         # point at the `tmm` the user wrote (inside the `let`, for a binding used as is)
         span = kind_call(s.ctx, call).name_span if call is not None else m.span
-        yield error("E0506", "`tmm` needs a `max_len`", span, label="no `max_len` for this block",
-                    help="set `max_len = ...` on the model (or `--set max_len=...`), or write "
-                         "`tmm(max_len=...)`")
+        yield error(
+            "E0506",
+            "`tmm` needs a `max_len`",
+            span,
+            label="no `max_len` for this block",
+            help="set `max_len = ...` on the model (or `--set max_len=...`), or write `tmm(max_len=...)`",
+        )
 
 
 def kind_call(ctx: Ctx, call: n.Call) -> n.Call:
@@ -290,10 +316,13 @@ def check_nsa_stride(s: ShapeCtx) -> Iterator[Diagnostic]:
         st = m.opts["stride"]
         bad = [f"`{k}` ({m.opts[k]})" for k in ("cmp_block", "block") if m.opts[k] % st]
         if bad:
-            yield error("E0507", f"`nsa` stride ({st}) does not divide {' and '.join(bad)}",
-                        s.where(m, ("stride", "cmp_block", "block")),
-                        label="stride must divide the block sizes",
-                        help=f"choose a stride dividing {m.opts['cmp_block']} and {m.opts['block']}")
+            yield error(
+                "E0507",
+                f"`nsa` stride ({st}) does not divide {' and '.join(bad)}",
+                s.where(m, ("stride", "cmp_block", "block")),
+                label="stride must divide the block sizes",
+                help=f"choose a stride dividing {m.opts['cmp_block']} and {m.opts['block']}",
+            )
 
 
 @rule("E0508")
@@ -322,10 +351,13 @@ def check_model_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
     if "head_dim" in s.settings or cfg.dim % cfg.heads == 0:
         return
     default = "" if "heads" in s.settings else ", the default max(1, dim / 128)"
-    yield error("E0508", f"`dim` ({cfg.dim}) is not a multiple of `heads` ({cfg.heads}{default})",
-                s.setting_span("heads", "dim"),
-                label="the default head dim `dim / heads` is not a whole number",
-                help=f"set `head_dim`, or choose `heads` dividing {cfg.dim}: {divisors(cfg.dim)}")
+    yield error(
+        "E0508",
+        f"`dim` ({cfg.dim}) is not a multiple of `heads` ({cfg.heads}{default})",
+        s.setting_span("heads", "dim"),
+        label="the default head dim `dim / heads` is not a whole number",
+        help=f"set `head_dim`, or choose `heads` dividing {cfg.dim}: {divisors(cfg.dim)}",
+    )
 
 
 @rule("W0501")
@@ -352,9 +384,13 @@ def check_window_fits(s: ShapeCtx) -> Iterator[Diagnostic]:
     for m in s.mixers():
         if m.type in ("swa", "nsa") and m.opts["window"] > s.cfg.max_len:
             w, L = size(m.opts["window"]), size(s.cfg.max_len)
-            yield warning("W0501", f"`{m.type}` window ({w}) is longer than `max_len` ({L})",
-                          s.where(m, ("window",)), label="every query sees every key",
-                          help="this is full attention: use `full`, or a window shorter than `max_len`")
+            yield warning(
+                "W0501",
+                f"`{m.type}` window ({w}) is longer than `max_len` ({L})",
+                s.where(m, ("window",)),
+                label="every query sees every key",
+                help="this is full attention: use `full`, or a window shorter than `max_len`",
+            )
 
 
 @rule("W0502")
@@ -381,6 +417,10 @@ def check_topk_fits(s: ShapeCtx) -> Iterator[Diagnostic]:
     for m in s.mixers():
         if m.type == "dsa" and m.opts["topk"] >= s.cfg.max_len:
             k, L = size(m.opts["topk"]), size(s.cfg.max_len)
-            yield warning("W0502", f"`dsa` top-k ({k}) is not smaller than `max_len` ({L})",
-                          s.where(m, ("topk",)), label="selects every key",
-                          help="use `full`, or a top-k well below `max_len`")
+            yield warning(
+                "W0502",
+                f"`dsa` top-k ({k}) is not smaller than `max_len` ({L})",
+                s.where(m, ("topk",)),
+                label="selects every key",
+                help="use `full`, or a top-k well below `max_len`",
+            )

@@ -25,8 +25,13 @@ def head_span(item: n.Node) -> Span:
     end = item.T_span if isinstance(item, n.Loop) else getattr(item, "n_span", item.span)
     if not (item.span.known and end.known):
         return item.span
-    return Span(file=item.span.file, line=item.span.line, col=item.span.col, end_line=end.end_line,
-                end_col=end.end_col)
+    return Span(
+        file=item.span.file,
+        line=item.span.line,
+        col=item.span.col,
+        end_line=end.end_line,
+        end_col=end.end_col,
+    )
 
 
 @rule("E0301")
@@ -52,8 +57,13 @@ def check_empty_stack(ctx: Ctx) -> Iterator[Diagnostic]:
     for item, _ in ctx.items:
         if isinstance(item, n.Loop | n.Repeat) and not item.body:
             what = "loop" if isinstance(item, n.Loop) else "repeat"
-            yield error("E0301", f"empty {what}", head_span(item), label="this stack has no blocks",
-                        help="put blocks between `<` and `>`, or remove the stack")
+            yield error(
+                "E0301",
+                f"empty {what}",
+                head_span(item),
+                label="this stack has no blocks",
+                help="put blocks between `<` and `>`, or remove the stack",
+            )
 
 
 @rule("E0302")
@@ -83,8 +93,13 @@ def check_empty_model(ctx: Ctx) -> Iterator[Diagnostic]:
     if p.body:
         return
     span = p.span if p.span.known else Span()
-    yield error("E0302", "the model has no blocks", span, label="no blocks in this model",
-                help="add a stack of blocks, e.g. `loop T=4 < gdn; gdn; dsa >`")
+    yield error(
+        "E0302",
+        "the model has no blocks",
+        span,
+        label="no blocks in this model",
+        help="add a stack of blocks, e.g. `loop T=4 < gdn; gdn; dsa >`",
+    )
 
 
 @rule("E0303")
@@ -113,10 +128,14 @@ def check_let_before_definition(ctx: Ctx) -> Iterator[Diagnostic]:
         if let is None or not (call.span.known and let.span.known):
             continue
         if call.span.key() < let.span.key():
-            yield error("E0303", f"`{call.name}` is used before its definition", call.name_span,
-                        label="used here",
-                        labels=apart(call.name_span, Label(span=let.name_span, message="defined here")),
-                        help=f"move `let {call.name} = ...` above its first use")
+            yield error(
+                "E0303",
+                f"`{call.name}` is used before its definition",
+                call.name_span,
+                label="used here",
+                labels=apart(call.name_span, Label(span=let.name_span, message="defined here")),
+                help=f"move `let {call.name} = ...` above its first use",
+            )
 
 
 @rule("E0304")
@@ -143,8 +162,13 @@ def check_let_shadows_kind(ctx: Ctx) -> Iterator[Diagnostic]:
     for let in ctx.program.lets:
         if (spec := lookup(let.name)) is not None:
             what = "a layer kind" if spec.kind == let.name else f"an alias of the layer `{spec.kind}`"
-            yield error("E0304", f"`let {let.name}` shadows a layer kind", let.name_span,
-                        label=f"`{let.name}` is {what}", help=f"choose another name, e.g. `{let.name}_block`")
+            yield error(
+                "E0304",
+                f"`let {let.name}` shadows a layer kind",
+                let.name_span,
+                label=f"`{let.name}` is {what}",
+                help=f"choose another name, e.g. `{let.name}_block`",
+            )
 
 
 @rule("E0305")
@@ -171,10 +195,14 @@ def check_duplicate_setting(ctx: Ctx) -> Iterator[Diagnostic]:
         if s.name not in first:
             first[s.name] = s
             continue
-        yield error("E0305", f"setting `{s.name}` is given more than once", s.name_span,
-                    label="set again here",
-                    labels=apart(s.name_span, Label(span=first[s.name].name_span, message="first set here")),
-                    help="remove one of the two")
+        yield error(
+            "E0305",
+            f"setting `{s.name}` is given more than once",
+            s.name_span,
+            label="set again here",
+            labels=apart(s.name_span, Label(span=first[s.name].name_span, message="first set here")),
+            help="remove one of the two",
+        )
 
 
 @rule("E0306")
@@ -205,9 +233,14 @@ def check_duplicate_option(ctx: Ctx) -> Iterator[Diagnostic]:
                 continue
             if name in seen:
                 span = a.name_span if a.name is not None else a.span
-                yield error("E0306", f"`{name}` is given more than once", span, label="given again here",
-                            labels=apart(span, Label(span=_arg_span(seen[name]), message="first given here")),
-                            help="remove one of the two")
+                yield error(
+                    "E0306",
+                    f"`{name}` is given more than once",
+                    span,
+                    label="given again here",
+                    labels=apart(span, Label(span=_arg_span(seen[name]), message="first given here")),
+                    help="remove one of the two",
+                )
             else:
                 seen[name] = a
 
@@ -245,10 +278,14 @@ def check_let_recursion(ctx: Ctx) -> Iterator[Diagnostic]:
         reported.add(frozenset(cycle))
         let = ctx.lets[name]
         path = " → ".join([*cycle, cycle[0]])
-        yield error("E0307", f"`{name}` is defined in terms of itself", let.name_span,
-                    label="recursive binding", notes=(f"the cycle: {path}",),
-                    help="a `let` can use only other, non-recursive bindings; use `loop T=n` to repeat "
-                         "blocks")
+        yield error(
+            "E0307",
+            f"`{name}` is defined in terms of itself",
+            let.name_span,
+            label="recursive binding",
+            notes=(f"the cycle: {path}",),
+            help="a `let` can use only other, non-recursive bindings; use `loop T=n` to repeat blocks",
+        )
 
 
 def _uses(ctx: Ctx, item: n.Node) -> list[str]:
@@ -298,9 +335,14 @@ def check_required_settings(ctx: Ctx) -> Iterator[Diagnostic]:
         if o.required and o.name not in given:
             p = ctx.program
             span = p.span if p.span.known else Span()
-            yield error("E0308", f"the model does not set `{o.name}`", span, label=f"`{o.name}` is missing",
-                        help=f"add `{o.name} = ...` to the model, or pass `--set {o.name}=...`",
-                        notes=(f"`{o.name}`: {o.doc}",))
+            yield error(
+                "E0308",
+                f"the model does not set `{o.name}`",
+                span,
+                label=f"`{o.name}` is missing",
+                help=f"add `{o.name} = ...` to the model, or pass `--set {o.name}=...`",
+                notes=(f"`{o.name}`: {o.doc}",),
+            )
 
 
 @rule("E0309")
@@ -327,10 +369,14 @@ def check_positional_count(ctx: Ctx) -> Iterator[Diagnostic]:
         if al.positional is None or len(positional) < 2:
             continue
         for a in positional[1:]:
-            yield error("E0309", f"`{al.owner}` takes at most one positional value", a.span,
-                        label="a second positional value",
-                        help=f"name it: `option=value`; the positional value of `{al.owner}` is "
-                             f"`{al.positional.name}`")
+            yield error(
+                "E0309",
+                f"`{al.owner}` takes at most one positional value",
+                a.span,
+                label="a second positional value",
+                help=f"name it: `option=value`; the positional value of `{al.owner}` is "
+                f"`{al.positional.name}`",
+            )
 
 
 @rule("E0310")
@@ -358,10 +404,15 @@ def check_positional_allowed(ctx: Ctx) -> Iterator[Diagnostic]:
             continue
         names = [o.name for o in al.options]
         for a in (a for a in al.args if a.name is None):
-            yield error("E0310", f"`{al.owner}` takes no positional value", a.span,
-                        label="value without a name",
-                        help=f"name it: the options of `{al.owner}` are {quoted(names)}" if names
-                        else f"`{al.owner}` takes no options")
+            yield error(
+                "E0310",
+                f"`{al.owner}` takes no positional value",
+                a.span,
+                label="value without a name",
+                help=f"name it: the options of `{al.owner}` are {quoted(names)}"
+                if names
+                else f"`{al.owner}` takes no options",
+            )
 
 
 @rule("E0311")
@@ -389,11 +440,14 @@ def check_duplicate_let(ctx: Ctx) -> Iterator[Diagnostic]:
     for let in ctx.program.lets:
         first = ctx.lets[let.name]
         if first is not let:
-            yield error("E0311", f"`{let.name}` is defined more than once", let.name_span,
-                        label="defined again here",
-                        labels=apart(let.name_span,
-                                     Label(span=first.name_span, message="first defined here")),
-                        help="rename one of the two")
+            yield error(
+                "E0311",
+                f"`{let.name}` is defined more than once",
+                let.name_span,
+                label="defined again here",
+                labels=apart(let.name_span, Label(span=first.name_span, message="first defined here")),
+                help="rename one of the two",
+            )
 
 
 @rule("E0312")
@@ -422,16 +476,24 @@ def check_par_members(ctx: Ctx) -> Iterator[Diagnostic]:
         if not isinstance(item, n.Par):
             continue
         if len(item.calls) < 2:
-            yield error("E0312", "`par` needs at least two mixers", item.span, label="a single mixer",
-                        help=f"write the block on its own: `{item.calls[0].name}`, or add a second mixer")
+            yield error(
+                "E0312",
+                "`par` needs at least two mixers",
+                item.span,
+                label="a single mixer",
+                help=f"write the block on its own: `{item.calls[0].name}`, or add a second mixer",
+            )
         for c in item.calls:
             bound = ctx.binding(c)
             if c.name in ctx.lets and bound is not None and not isinstance(bound, n.Call):
-                yield error("E0312", f"`{c.name}` is not a single mixer", c.name_span,
-                            label=f"bound to a {bound.kind}",
-                            labels=apart(c.name_span,
-                                         Label(span=ctx.lets[c.name].name_span, message="bound here")),
-                            help="a `par` branch is one mixer call")
+                yield error(
+                    "E0312",
+                    f"`{c.name}` is not a single mixer",
+                    c.name_span,
+                    label=f"bound to a {bound.kind}",
+                    labels=apart(c.name_span, Label(span=ctx.lets[c.name].name_span, message="bound here")),
+                    help="a `par` branch is one mixer call",
+                )
 
 
 @rule("E0313")
@@ -461,11 +523,14 @@ def check_let_use_options(ctx: Ctx) -> Iterator[Diagnostic]:
             continue
         bound = ctx.binding(call)
         if bound is not None and not isinstance(bound, n.Call):
-            yield error("E0313", f"`{call.name}` is a {bound.kind}, which takes no options", call.span,
-                        label="options on a stack",
-                        labels=apart(call.span,
-                                     Label(span=ctx.lets[call.name].name_span, message="bound here")),
-                        help="put the options on the blocks inside the binding")
+            yield error(
+                "E0313",
+                f"`{call.name}` is a {bound.kind}, which takes no options",
+                call.span,
+                label="options on a stack",
+                labels=apart(call.span, Label(span=ctx.lets[call.name].name_span, message="bound here")),
+                help="put the options on the blocks inside the binding",
+            )
 
 
 @rule("W0301")
@@ -494,8 +559,13 @@ def check_unused_let(ctx: Ctx) -> Iterator[Diagnostic]:
             used.add(call.name)
     for name, let in ctx.lets.items():
         if name not in used and lookup(name) is None:
-            yield warning("W0301", f"`{name}` is never used", let.name_span, label="defined here",
-                          help=f"use it in a stack, or remove `let {name}`")
+            yield warning(
+                "W0301",
+                f"`{name}` is never used",
+                let.name_span,
+                label="defined here",
+                help=f"use it in a stack, or remove `let {name}`",
+            )
 
 
 @rule("W0302")
@@ -523,9 +593,15 @@ def check_nested_loops(ctx: Ctx) -> Iterator[Diagnostic]:
         for inner, via in _loops_within(ctx, item.body):
             notes = (f"`{via}` is bound to a loop",) if via else ()
             span = head_span(inner) if via is None else inner.name_span
-            yield warning("W0302", "loop nested inside another loop", span, label="inner loop",
-                          labels=apart(span, Label(span=head_span(item), message="outer loop")), notes=notes,
-                          help="effective depth multiplies: outer T × inner T × blocks")
+            yield warning(
+                "W0302",
+                "loop nested inside another loop",
+                span,
+                label="inner loop",
+                labels=apart(span, Label(span=head_span(item), message="outer loop")),
+                notes=notes,
+                help="effective depth multiplies: outer T × inner T × blocks",
+            )
 
 
 def _loops_within(ctx: Ctx, body: tuple) -> Iterator[tuple[n.Node, str | None]]:

@@ -25,10 +25,16 @@ ACCEPTS: dict[str, tuple[type, ...]] = {
     "mlp": (n.Name, n.Call, n.NoneVal),
     "norm": (n.Name, n.Call, n.NoneVal),  # `norm=none` is an unknown norm (E0107), not a type error
 }
-WANTS = {"int": "an integer", "size": "an integer", "float": "a number", "number": "a number",
-         "bool": "`true` or `false`", "str": "a string",
-         "mlp": "a channel mixer (`swiglu(...)`, `gelu(...)` or `none`)",
-         "norm": "a norm (`rmsnorm(...)`, `layernorm(...)` or `sandwich`)"}
+WANTS = {
+    "int": "an integer",
+    "size": "an integer",
+    "float": "a number",
+    "number": "a number",
+    "bool": "`true` or `false`",
+    "str": "a string",
+    "mlp": "a channel mixer (`swiglu(...)`, `gelu(...)` or `none`)",
+    "norm": "a norm (`rmsnorm(...)`, `layernorm(...)` or `sandwich`)",
+}
 
 
 def describe(v: n.Node) -> str:
@@ -74,8 +80,13 @@ def _type_problem(site: Site) -> Diagnostic | None:
     if ok and o.type == "enum" and isinstance(v, n.Call) and v.name in o.choices:
         ok = (o.name, v.name) in CALL_CHOICES
         if not ok:
-            return error("E0201", f"{site.what} takes a plain name, found a call", v.span,
-                         label="not a call", help=f"write `{v.name}` without parentheses")
+            return error(
+                "E0201",
+                f"{site.what} takes a plain name, found a call",
+                v.span,
+                label="not a call",
+                help=f"write `{v.name}` without parentheses",
+            )
     if ok:
         return None
     help_ = f"{site.what} takes {o.range_text() if o.type not in ('enum', 'mlp', 'norm') else wants(o)}"
@@ -83,8 +94,13 @@ def _type_problem(site: Site) -> Diagnostic | None:
         help_ = f"choices are names: write `{v.value}` without quotes" if v.value in o.choices else help_
     if o.type in ("int", "size") and isinstance(v, n.Float | n.Frac):
         help_ += "; sizes can be written `32k` (= 32768) or `1M`"
-    return error("E0201", f"{site.what} expects {wants(o)}, found {describe(v)}", v.span,
-                 label=f"expected {wants(o)}", help=help_)
+    return error(
+        "E0201",
+        f"{site.what} expects {wants(o)}, found {describe(v)}",
+        v.span,
+        label=f"expected {wants(o)}",
+        help=help_,
+    )
 
 
 @rule("E0202")
@@ -113,8 +129,13 @@ def check_value_range(ctx: Ctx) -> Iterator[Diagnostic]:
             continue
         if o.in_range(float(v.value)):
             continue
-        yield error("E0202", f"{site.what} must be {o.range_text()}, found {describe(v)}", v.span,
-                    label="out of range", help=f"choose a value that is {o.range_text()}")
+        yield error(
+            "E0202",
+            f"{site.what} must be {o.range_text()}, found {describe(v)}",
+            v.span,
+            label="out of range",
+            help=f"choose a value that is {o.range_text()}",
+        )
 
 
 @rule("E0203")
@@ -146,8 +167,13 @@ def check_count(ctx: Ctx) -> Iterator[Diagnostic]:
                 continue
         if count < 1:
             where = span if span.known else item.span
-            yield error("E0203", f"{what} must be at least 1, found `{count}`", where,
-                        label="must be at least 1", help="remove the stack if it should not be there")
+            yield error(
+                "E0203",
+                f"{what} must be at least 1, found `{count}`",
+                where,
+                label="must be at least 1",
+                help="remove the stack if it should not be there",
+            )
     yield from check_override_count(ctx.overrides)
 
 
@@ -157,8 +183,17 @@ def check_override_count(overrides: dict[str, n.Node]) -> Iterator[Diagnostic]:
         if (v := overrides.get(key)) is None:
             continue
         if not isinstance(v, n.Int):
-            yield error("E0201", f"`--set {key}` expects an integer, found {describe(v)}", v.span,
-                        label="expected an integer", help="loop counts are whole numbers")
+            yield error(
+                "E0201",
+                f"`--set {key}` expects an integer, found {describe(v)}",
+                v.span,
+                label="expected an integer",
+                help="loop counts are whole numbers",
+            )
         elif v.value < 1:
-            yield error("E0203", f"loop count `T` must be at least 1, found `{v.value}`", v.span,
-                        label="must be at least 1")
+            yield error(
+                "E0203",
+                f"loop count `T` must be at least 1, found `{v.value}`",
+                v.span,
+                label="must be at least 1",
+            )

@@ -31,8 +31,18 @@ def test_example_estimate_matches_golden(path, capsys):
 
 
 def test_sweep_against_the_standard_looped_transformer(capsys):
-    out = run(capsys, "compile", str(ROOT / "examples/lt2_linear_gdn.lt2"), "--estimate", "--seq", "4k..32k",
-              "--batch", "8", "--vs", str(ROOT / "examples/ouro_looped_transformer.lt2"))
+    out = run(
+        capsys,
+        "compile",
+        str(ROOT / "examples/lt2_linear_gdn.lt2"),
+        "--estimate",
+        "--seq",
+        "4k..32k",
+        "--batch",
+        "8",
+        "--vs",
+        str(ROOT / "examples/ouro_looped_transformer.lt2"),
+    )
     check_golden(GOLDENS / "sweep_gdn_vs_ouro.report", out)
 
 
@@ -44,8 +54,19 @@ def test_card_line_with_dim_override(capsys, tmp_path):
 
 
 def sweep(capsys, example: str) -> dict[int, dict]:
-    data = json.loads(run(capsys, "compile", str(ROOT / "examples" / example), "--estimate", "--seq",
-                          "4k..32k", "--batch", "8", "--json"))
+    data = json.loads(
+        run(
+            capsys,
+            "compile",
+            str(ROOT / "examples" / example),
+            "--estimate",
+            "--seq",
+            "4k..32k",
+            "--batch",
+            "8",
+            "--json",
+        )
+    )
     return {e["inputs"]["seq"]: e for e in data["sweep"]}
 
 
@@ -64,9 +85,18 @@ def test_decode_throughput_flat_for_lt2_and_halved_for_looped_attention(capsys):
 def test_json_has_the_documented_keys(capsys):
     path = str(ROOT / "examples/lt2_hybrid_gdn_dsa.lt2")
     d = json.loads(run(capsys, "compile", path, "--estimate", "--json"))
-    for path in ["params.stored", "params.executed", "flops_per_token.prefill", "flops_per_token.decode",
-                 "flops_per_token.train", "memory.weights_bytes", "memory.state_bytes", "memory.kv_bytes",
-                 "roofline.prefill_tokens_per_s", "roofline.decode_tokens_per_s"]:
+    for path in [
+        "params.stored",
+        "params.executed",
+        "flops_per_token.prefill",
+        "flops_per_token.decode",
+        "flops_per_token.train",
+        "memory.weights_bytes",
+        "memory.state_bytes",
+        "memory.kv_bytes",
+        "roofline.prefill_tokens_per_s",
+        "roofline.decode_tokens_per_s",
+    ]:
         v = d
         for part in path.split("."):
             v = v[part]
@@ -79,21 +109,34 @@ def test_csv_and_markdown(capsys):
     rows = list(csv.DictReader(io.StringIO(run(capsys, "compile", path, "--estimate", "--csv"))))
     total = [r for r in rows if r["id"] == "TOTAL"]
     assert len(total) == 1 and int(total[0]["params_stored"]) == sum(
-        int(r["params_stored"]) for r in rows if r["id"] != "TOTAL")
+        int(r["params_stored"]) for r in rows if r["id"] != "TOTAL"
+    )
     md = run(capsys, "compile", path, "--estimate", "--md")
     assert md.count("| loop0/") == 24 and "Conventions:" in md
 
 
 def test_expand_gives_one_row_per_iteration(capsys):
-    d = json.loads(run(capsys, "compile", str(ROOT / "examples/kda_hybrid.lt2"), "--estimate", "--json",
-                       "--expand"))
+    d = json.loads(
+        run(capsys, "compile", str(ROOT / "examples/kda_hybrid.lt2"), "--estimate", "--json", "--expand")
+    )
     assert len(d["blocks"]) == 48
-    assert sum(b["params_stored"] for b in d["blocks"]) + sum(e["params_stored"] for e in d["extras"]) == \
-        d["params"]["stored"]
+    assert (
+        sum(b["params_stored"] for b in d["blocks"]) + sum(e["params_stored"] for e in d["extras"])
+        == d["params"]["stored"]
+    )
 
 
-@pytest.mark.parametrize("argv", [["--seq", "0"], ["--seq", "8q"], ["--hw", "tpu9"], ["--batch", "0"],
-                                  ["--exit-profile", "a,b"], ["--seq", "32k..4k"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--seq", "0"],
+        ["--seq", "8q"],
+        ["--hw", "tpu9"],
+        ["--batch", "0"],
+        ["--exit-profile", "a,b"],
+        ["--seq", "32k..4k"],
+    ],
+)
 def test_bad_estimate_flags_are_usage_errors(argv, capsys):
     code = main(["compile", str(ROOT / "examples/retnet.lt2"), "--estimate", *argv])
     err = capsys.readouterr().err
@@ -102,10 +145,14 @@ def test_bad_estimate_flags_are_usage_errors(argv, capsys):
 
 def test_user_hardware_file(capsys, tmp_path):
     hw = tmp_path / "mine.json"
-    hw.write_text(json.dumps({"name": "mine", "peak_flops": {"bf16": 1e12}, "hbm_bytes_per_s": 1e11,
-                              "memory_bytes": 16e9}))
-    d = json.loads(run(capsys, "compile", str(ROOT / "examples/retnet.lt2"), "--estimate", "--json", "--hw",
-                       str(hw)))
+    hw.write_text(
+        json.dumps(
+            {"name": "mine", "peak_flops": {"bf16": 1e12}, "hbm_bytes_per_s": 1e11, "memory_bytes": 16e9}
+        )
+    )
+    d = json.loads(
+        run(capsys, "compile", str(ROOT / "examples/retnet.lt2"), "--estimate", "--json", "--hw", str(hw))
+    )
     assert d["inputs"]["hw"] == "mine"
     bad = tmp_path / "bad.json"
     bad.write_text("{}")

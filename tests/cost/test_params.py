@@ -12,8 +12,15 @@ def swiglu(hidden: int) -> n.Call:
 
 
 def llama_1b():
-    return model([n.Times(item=call("full", rope_theta=500000.0), n=16)], dim=2048, vocab=128256, heads=32,
-                 kv_heads=8, mlp=swiglu(8192), tie_embeddings=True)
+    return model(
+        [n.Times(item=call("full", rope_theta=500000.0), n=16)],
+        dim=2048,
+        vocab=128256,
+        heads=32,
+        kv_heads=8,
+        mlp=swiglu(8192),
+        tie_embeddings=True,
+    )
 
 
 def test_llama_block_matches_hf_llama():

@@ -22,8 +22,9 @@ NO_CASE = {
     "E9999": "an internal error: tests/test_cli.py::test_internal_error_is_reported_not_raised",
 }
 if not any(spec.kernel_note for spec in REGISTRY.values()):
-    NO_CASE["W0402"] = ("no layer spec defines `kernel_note` yet: "
-                        "tests/validate/test_kernels.py::test_kernel_note_mechanism")
+    NO_CASE["W0402"] = (
+        "no layer spec defines `kernel_note` yet: tests/validate/test_kernels.py::test_kernel_note_mechanism"
+    )
 
 
 def code_of(path: Path) -> str:

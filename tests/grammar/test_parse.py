@@ -38,8 +38,16 @@ def ok(text: str) -> n.Program:
 def test_seed_example_structure():
     p = ok(SEED_EXAMPLE)
     assert p.name == "lt2_gdn_dsa"
-    assert [s.name for s in p.settings] == ["dim", "vocab", "heads", "head_dim", "mlp", "norm", "max_len",
-                                            "tie_embeddings"]
+    assert [s.name for s in p.settings] == [
+        "dim",
+        "vocab",
+        "heads",
+        "head_dim",
+        "mlp",
+        "norm",
+        "max_len",
+        "tie_embeddings",
+    ]
     assert p.setting("max_len").value == n.Int(value=32768)
     eps = n.Arg(name="eps", value=n.Float(value=1e-6))
     assert p.setting("norm").value == n.Call(name="rmsnorm", args=(eps,))
@@ -58,26 +66,29 @@ def test_bare_body_from_the_spec():
     assert loop.body[2].arg("gate").value == n.Name(value="sdpa")
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("2048", n.Int(value=2048)),
-    ("32k", n.Int(value=32768)),
-    ("1M", n.Int(value=1024**2)),
-    ("-5", n.Int(value=-5)),
-    ("1e-6", n.Float(value=1e-6)),
-    ("0.5", n.Float(value=0.5)),
-    ("1e+16", n.Float(value=1e16)),
-    ("8/3", n.Frac(num=8, den=3)),
-    ("-8/3", n.Frac(num=-8, den=3)),
-    ('"a \\"b\\" \\\\ \\n"', n.Str(value='a "b" \\ \n')),
-    ("true", n.Bool(value=True)),
-    ("false", n.Bool(value=False)),
-    ("none", n.NoneVal()),
-    ("sdpa", n.Name(value="sdpa")),
-    ("T", n.Name(value="T")),
-    ("swiglu()", n.Call(name="swiglu")),
-    ("swiglu(hidden=8k)", n.Call(name="swiglu", args=(n.Arg(name="hidden", value=n.Int(value=8192)),))),
-    ("gate(0.9)", n.Call(name="gate", args=(n.Arg(value=n.Float(value=0.9)),))),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2048", n.Int(value=2048)),
+        ("32k", n.Int(value=32768)),
+        ("1M", n.Int(value=1024**2)),
+        ("-5", n.Int(value=-5)),
+        ("1e-6", n.Float(value=1e-6)),
+        ("0.5", n.Float(value=0.5)),
+        ("1e+16", n.Float(value=1e16)),
+        ("8/3", n.Frac(num=8, den=3)),
+        ("-8/3", n.Frac(num=-8, den=3)),
+        ('"a \\"b\\" \\\\ \\n"', n.Str(value='a "b" \\ \n')),
+        ("true", n.Bool(value=True)),
+        ("false", n.Bool(value=False)),
+        ("none", n.NoneVal()),
+        ("sdpa", n.Name(value="sdpa")),
+        ("T", n.Name(value="T")),
+        ("swiglu()", n.Call(name="swiglu")),
+        ("swiglu(hidden=8k)", n.Call(name="swiglu", args=(n.Arg(name="hidden", value=n.Int(value=8192)),))),
+        ("gate(0.9)", n.Call(name="gate", args=(n.Arg(value=n.Float(value=0.9)),))),
+    ],
+)
 def test_values(text, expected):
     assert parse_value(text) == expected
 
@@ -86,8 +97,9 @@ def test_fraction_stays_exact():
     assert parse_value("8/3").value == Fraction(8, 3)
 
 
-@pytest.mark.parametrize("bad", ["", "1 2", "gdn(", "32kb", "loop", "8/0", "1e999", "=", "a b", "9" * 5000,
-                                 "1/" + "3" * 5000])
+@pytest.mark.parametrize(
+    "bad", ["", "1 2", "gdn(", "32kb", "loop", "8/0", "1e999", "=", "a b", "9" * 5000, "1/" + "3" * 5000]
+)
 def test_parse_value_rejects_with_a_readable_message(bad):
     with pytest.raises(ValueError, match="invalid value"):
         parse_value(bad)
@@ -124,15 +136,18 @@ def test_times_is_left_associative():
     assert t.n == 3 and isinstance(t.item, n.Times) and t.item.n == 2
 
 
-@pytest.mark.parametrize("text", [
-    "loop T=2 <\n  gdn\n  gdn\n>",
-    "loop T=2 < gdn\n gdn >",
-    "loop T=2 <\n\n  gdn;\n\n  gdn;\n>",
-    "loop T=2 < gdn; gdn; >",
-    "loop T=2 <\n  gdn\n  ;gdn\n>",
-    "\n\nloop T=2 < gdn; gdn >\n\n",
-    "loop T=2 <  # c\n  gdn  # d\n  gdn\n>",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "loop T=2 <\n  gdn\n  gdn\n>",
+        "loop T=2 < gdn\n gdn >",
+        "loop T=2 <\n\n  gdn;\n\n  gdn;\n>",
+        "loop T=2 < gdn; gdn; >",
+        "loop T=2 <\n  gdn\n  ;gdn\n>",
+        "\n\nloop T=2 < gdn; gdn >\n\n",
+        "loop T=2 <  # c\n  gdn  # d\n  gdn\n>",
+    ],
+)
 def test_newlines_separate_like_semicolons(text):
     (loop,) = ok(text).body
     assert [c.name for c in loop.body] == ["gdn", "gdn"]
@@ -171,8 +186,9 @@ def test_comments_go_to_statements():
     assert p.header == ("# LT2-hybrid, GDN + DSA, no full attention (the seed's efficiency variant)",)
     assert p.setting("dim").trailing == "# d_model"
     assert p.setting("vocab").trailing is None
-    text = ("dim = 1\n# lead 1\n# lead 2\ngdn  # trail\nloop T=2 <  # head\n  gdn\n  # inner\n  dsa\n>\n"
-            "# end\n")
+    text = (
+        "dim = 1\n# lead 1\n# lead 2\ngdn  # trail\nloop T=2 <  # head\n  gdn\n  # inner\n  dsa\n>\n# end\n"
+    )
     p = ok(text)
     gdn, loop = p.body
     assert gdn.comments == ("# lead 1", "# lead 2") and gdn.trailing == "# trail"
@@ -192,12 +208,15 @@ def test_comment_inside_arguments_is_kept():
     assert call.trailing == "# why"
 
 
-@pytest.mark.parametrize("text", [
-    "loop T=1 < " * 65 + "gdn" + " >" * 65,
-    "gdn" + " * 2" * 65,
-    "dim = " + "a(" * 65 + ")" * 65,
-    "loop T=1 < " * 3000 + "gdn" + " >" * 3000,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "loop T=1 < " * 65 + "gdn" + " >" * 65,
+        "gdn" + " * 2" * 65,
+        "dim = " + "a(" * 65 + ")" * 65,
+        "loop T=1 < " * 3000 + "gdn" + " >" * 3000,
+    ],
+)
 def test_too_deep_is_an_error_not_a_crash(text):
     prog, diags = parse(text)
     assert prog is None and [d.code for d in diags] == ["E0017"]

@@ -35,8 +35,19 @@ def test_model_form_indents_and_keeps_header():
     assert fmt(text) == "# head\nmodel m {\n  dim = 3\n\n  gdn\n}\n"
 
 
-@pytest.mark.parametrize(("x", "text"), [(32768, "32k"), (2**20, "1M"), (3 * 2**20, "3M"), (1024, "1k"),
-                                         (5632, "5632"), (0, "0"), (-2048, "-2k"), (1000, "1000")])
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [
+        (32768, "32k"),
+        (2**20, "1M"),
+        (3 * 2**20, "3M"),
+        (1024, "1k"),
+        (5632, "5632"),
+        (0, "0"),
+        (-2048, "-2k"),
+        (1000, "1000"),
+    ],
+)
 def test_sizes(x, text):
     assert size(x) == text
 
@@ -48,11 +59,14 @@ def test_suffix_only_for_size_options():
     assert value(n.Int(value=32768), vocab) == "32768"
     assert value(n.Int(value=32768)) == "32768"
     assert fmt("dim = 2048\nmax_len = 32768\ndsa(topk=4096, index_dim=1024)") == (
-        "dim = 2048\nmax_len = 32k\n\ndsa(topk=4k, index_dim=1024)\n")
+        "dim = 2048\nmax_len = 32k\n\ndsa(topk=4k, index_dim=1024)\n"
+    )
 
 
-@pytest.mark.parametrize(("x", "text"), [(1e-6, "1e-6"), (1e16, "1e16"), (0.5, "0.5"), (2.0, "2.0"),
-                                         (-1.5e-300, "-1.5e-300"), (1e5, "100000.0")])
+@pytest.mark.parametrize(
+    ("x", "text"),
+    [(1e-6, "1e-6"), (1e16, "1e16"), (0.5, "0.5"), (2.0, "2.0"), (-1.5e-300, "-1.5e-300"), (1e5, "100000.0")],
+)
 def test_floats_read_back_exactly(x, text):
     assert floating(x) == text
     assert float(text) == x

@@ -16,10 +16,30 @@ FILES = sorted([*ROOT.glob("examples/*.lt2"), *ROOT.glob("tests/grammar/inputs/*
 # ---- strategies -------------------------------------------------------------------------------
 
 # Names: a fixed pool (fast to draw) that includes `T`, underscores, digits and near-keywords.
-names = st.sampled_from(["gdn", "dsa", "full", "swa", "heads", "topk", "mlp", "swiglu", "x", "T", "_a1",
-                         "sparse", "loops", "model2", "Nonee", "exit", "gate"])
-comment_text = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF, exclude_characters="\x7f"),
-                       max_size=12).map(lambda s: ("# " + s).rstrip())
+names = st.sampled_from(
+    [
+        "gdn",
+        "dsa",
+        "full",
+        "swa",
+        "heads",
+        "topk",
+        "mlp",
+        "swiglu",
+        "x",
+        "T",
+        "_a1",
+        "sparse",
+        "loops",
+        "model2",
+        "Nonee",
+        "exit",
+        "gate",
+    ]
+)
+comment_text = st.text(
+    st.characters(min_codepoint=32, max_codepoint=0x2FF, exclude_characters="\x7f"), max_size=12
+).map(lambda s: ("# " + s).rstrip())
 comments = st.lists(comment_text, max_size=2).map(tuple)
 trailing = st.none() | comment_text
 
@@ -47,7 +67,8 @@ plain_calls = st.builds(n.Call, name=names, args=arguments)
 def with_comments(strategy):
     """The node in statement position, where it may carry comments."""
     return st.tuples(strategy, comments, trailing).map(
-        lambda t: t[0].model_copy(update={"comments": t[1], "trailing": t[2]}))
+        lambda t: t[0].model_copy(update={"comments": t[1], "trailing": t[2]})
+    )
 
 
 counts = st.integers(-3, 5000)

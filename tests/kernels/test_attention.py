@@ -107,9 +107,18 @@ def test_decode_reference_linear_and_ring(window, Tq):
     q_all, k_all, v_all, g_all = make(B, T, T, HQ, HKV, D, gate="head")
     q = torch.stack([q_all[b, n - Tq : n] for b, n in enumerate(lens.tolist())])
     g = torch.stack([g_all[b, n - Tq : n] for b, n in enumerate(lens.tolist())])
-    want = torch.stack([attention_naive(q_all[b : b + 1, :n], k_all[b : b + 1, :n], v_all[b : b + 1, :n],
-                                        window=window, gate=g_all[b : b + 1, :n])[0, n - Tq :]
-                        for b, n in enumerate(lens.tolist())])
+    want = torch.stack(
+        [
+            attention_naive(
+                q_all[b : b + 1, :n],
+                k_all[b : b + 1, :n],
+                v_all[b : b + 1, :n],
+                window=window,
+                gate=g_all[b : b + 1, :n],
+            )[0, n - Tq :]
+            for b, n in enumerate(lens.tolist())
+        ]
+    )
     lin_k = torch.zeros(B, T, HKV, D, dtype=F64)
     lin_v = torch.zeros_like(lin_k)
     ring_k = torch.full((B, L, HKV, D), float("nan"), dtype=F64)  # stale slots must never be read
@@ -176,8 +185,9 @@ def test_triton_backward_uneven_tiles(case, poison, monkeypatch):
     keys); the row and key bands must hold for any pair: here 32 x 16 and 16 x 32."""
     from lt2dsl.kernels.attention import triton_bwd
 
-    tiles = dict(kv=dict(BN=32, BM=16, num_warps=1, num_stages=1), q=dict(BM=32, BN=16, num_warps=1,
-                                                                          num_stages=1))
+    tiles = dict(
+        kv=dict(BN=32, BM=16, num_warps=1, num_stages=1), q=dict(BM=32, BN=16, num_warps=1, num_stages=1)
+    )
     monkeypatch.setattr(triton_bwd, "bwd_config", lambda D, dtype: tiles)
     check_triton_case(*TRITON_CASES[case])
 

@@ -71,8 +71,9 @@ def _jobs():
         delta_grad_k_kernel,
     )
     from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
+    from lt2dsl.kernels.common.delta_split import delta_h_fwd_kernel, delta_o_fwd_kernel
     from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
-    from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel
+    from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel, delta_wy_rows_kernel
     from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
     from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
@@ -87,6 +88,8 @@ def _jobs():
         cex = dict(base, BK=D, USE_G=bool(gate), DOT=0)
         jobs.append((f"wy-g{gate}", delta_wy_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         jobs.append((f"qk-g{gate}", delta_qk_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+        for i, rcfg in enumerate(L._WY_ROWS_CONFIGS):
+            jobs.append((f"wy_rows-g{gate}-c{i}", delta_wy_rows_kernel, ptr, sc, cex, rcfg.num_warps, 1))
     for gate in (0, 1, 2):
         # DeltaNet's state scans run the scalar-gate code (GATE 1): no GATE 0 state-scan job
         for i, cfg in enumerate(L._STATE_CONFIGS if gate else []):
@@ -128,6 +131,17 @@ def _jobs():
                     cfg.num_stages,
                 )
             )
+        for i, cfg in enumerate(L._H_CONFIGS if gate else []):
+            cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, STORE_VNEW=True, DOT=0,
+                       PREC=True, **cfg.kwargs)  # fmt: skip
+            jobs.append(
+                (f"h_fwd-g{gate}-c{i}", delta_h_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
+            )
+        for i, cfg in enumerate(L._O_CONFIGS if gate else []):
+            cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
+            jobs.append(
+                (f"o_fwd-g{gate}-c{i}", delta_o_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
+            )
         for i, cfg in enumerate(L._CC_CONFIGS):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(
@@ -162,8 +176,17 @@ def _jobs():
     kda_fwd_x4 = dict(kda_fwd, INTERLEAVE=True)  # the LT2_DELTA_CANDIDATES variant
     jobs.append(("kda_intra_fwd_interleave", kda_intra_fwd_kernel, ptr, sc, kda_fwd_x4, L.KDA_FWD_WARPS, 1))
     jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda, L.KDA_WARPS, 1))
-    jobs.append(("kda_grad_intra_interleave", kda_grad_intra_kernel, ptr, sc, dict(kda, INTERLEAVE=True),
-                 L.KDA_WARPS, 1))
+    jobs.append(
+        (
+            "kda_grad_intra_interleave",
+            kda_grad_intra_kernel,
+            ptr,
+            sc,
+            dict(kda, INTERLEAVE=True),
+            L.KDA_WARPS,
+            1,
+        )
+    )
     return jobs
 
 

@@ -75,6 +75,20 @@ def test_varlen(info):
     compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
 
 
+@pytest.mark.parametrize(
+    "split,rows",
+    [(True, True), (True, False), (False, True), (False, False)],
+    ids=["split-rows", "split-blocks", "fused-rows", "fused-blocks"],
+)
+def test_forward_variants(info, split, rows, monkeypatch):
+    """Both state-scan forms (split: two-dot scan + output per chunk; fused) and both UT-transform
+    kernels (rows from a scratch copy; registers only) against float64, grouped heads and two chunks."""
+    monkeypatch.setattr(delta_launch, "SPLIT", split)
+    monkeypatch.setattr(delta_launch, "WY_ROWS", rows)
+    x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=2, T=100, H=1, HV=2, K=32, V=48, device=DEV)
+    compare_backends(info, x, FP32_TOL)
+
+
 def test_bf16(info):
     x = make_inputs(info.gate, B=1, T=63, H=1, HV=2, K=32, V=32, dtype=torch.bfloat16, device=DEV)
     compare_backends(info, x, BF16_TOL)

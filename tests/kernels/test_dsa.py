@@ -241,9 +241,11 @@ def test_triton_reads_strided_kv(poison):
 @pytest.mark.gpu
 @pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("shape", [(2, 1000, 16, 1, 64, 256), (1, 4096, 16, 2, 128, 2048),
-                                   (2, 1000, 16, 16, 128, 64)],
-                         ids=lambda s: "B{}-T{}-H{}/{}-D{}-k{}".format(*s))
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 1000, 16, 1, 64, 256), (1, 4096, 16, 2, 128, 2048), (2, 1000, 16, 16, 128, 64)],
+    ids=lambda s: "B{}-T{}-H{}/{}-D{}-k{}".format(*s),
+)
 def test_gpu_full_size(shape, dtype, poison):
     check_triton(*shape, dtype=dtype, device="cuda", HI=4, DI=64)
 
@@ -252,8 +254,9 @@ def test_gpu_full_size(shape, dtype, poison):
 def test_gpu_peer_reference_same_function():
     """Same function as the peer's `naive_dsa` (fla) on the same inputs (no score ties: positive inputs)."""
     naive = pytest.importorskip("fla.ops.dsa.naive")
-    q, k, v, qi, ki, wi = make(2, 300, 300, 8, 2, 64, HI=4, DI=32, dtype=torch.float32, device="cuda",
-                               positive=True)
+    q, k, v, qi, ki, wi = make(
+        2, 300, 300, 8, 2, 64, HI=4, DI=32, dtype=torch.float32, device="cuda", positive=True
+    )
     peer, peer_idx = naive.naive_dsa(q, k, v, qi, ki, wi, topk=64, return_indices=True)
     ours, idx = dsa(q, k, v, qi, ki, wi, topk=64, return_indices=True, backend="triton")
     assert torch.equal(idx.sort(-1).values, peer_idx.sort(-1).values)

@@ -15,13 +15,18 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(("B", "T", "HV", "beta_scale"), [(2, 9, 3, 1.0), (1, 300, 16, 2.0), (3, 1, 6, 1.0)],
-                         ids=["B2-T9-HV3", "B1-T300-HV16-neg_eigval", "B3-T1-HV6"])
+@pytest.mark.parametrize(
+    ("B", "T", "HV", "beta_scale"),
+    [(2, 9, 3, 1.0), (1, 300, 16, 2.0), (3, 1, 6, 1.0)],
+    ids=["B2-T9-HV3", "B1-T300-HV16-neg_eigval", "B3-T1-HV6"],
+)
 def test_gdn_gate(B, T, HV, beta_scale, dtype):
     g = torch.Generator().manual_seed(0)
     # a spans softplus's regimes: far negative (log1p path), moderate, past the threshold 20
-    a = torch.cat([torch.randn(B, T, HV, generator=g) * 4, torch.full((B, 1, HV), 25.0),
-                   torch.full((B, 1, HV), -30.0)], dim=1)
+    a = torch.cat(
+        [torch.randn(B, T, HV, generator=g) * 4, torch.full((B, 1, HV), 25.0), torch.full((B, 1, HV), -30.0)],
+        dim=1,
+    )
     b = torch.randn(B, T + 2, HV, generator=g) * 3
     A_log, dt_bias = torch.rand(HV, generator=g) * 2.7, torch.randn(HV, generator=g)
 
@@ -51,8 +56,14 @@ def test_gdn_gate_reads_column_slices_and_writes_fp32():
 def test_swiglu(shape, dtype):
     g = torch.Generator().manual_seed(2)
     a, b = torch.randn(*shape, generator=g) * 3, torch.randn(*shape, generator=g)
-    check_against_reference("swiglu", lambda a, b: fused.swiglu(a, b, backend="triton"), naive.swiglu_ref,
-                            (a, b), dtype, device=DEVICE)
+    check_against_reference(
+        "swiglu",
+        lambda a, b: fused.swiglu(a, b, backend="triton"),
+        naive.swiglu_ref,
+        (a, b),
+        dtype,
+        device=DEVICE,
+    )
 
 
 def test_ops_compile_fullgraph():
@@ -83,8 +94,13 @@ def test_activations_on_gpu_at_model_shapes():
     A_log = torch.rand(16, device="cuda", generator=g) * 2.7
     dt_bias = torch.randn(16, device="cuda", generator=g)
     check_against_reference(
-        "gdn_gate", lambda *t: fused.gdn_gate(*t, backend="triton"),
-        lambda *t: naive.gdn_gate_ref(*t, 1.0, torch.float64), (a, b, A_log, dt_bias), torch.bfloat16)
+        "gdn_gate",
+        lambda *t: fused.gdn_gate(*t, backend="triton"),
+        lambda *t: naive.gdn_gate_ref(*t, 1.0, torch.float64),
+        (a, b, A_log, dt_bias),
+        torch.bfloat16,
+    )
     x, y = (torch.randn(4, 2048, 5632, device="cuda", generator=g) for _ in range(2))
-    check_against_reference("swiglu", lambda a, b: fused.swiglu(a, b, backend="triton"), naive.swiglu_ref,
-                            (x, y), torch.bfloat16)
+    check_against_reference(
+        "swiglu", lambda a, b: fused.swiglu(a, b, backend="triton"), naive.swiglu_ref, (x, y), torch.bfloat16
+    )

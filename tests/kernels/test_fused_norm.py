@@ -22,8 +22,11 @@ def _g(seed: int = 0) -> torch.Generator:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(("shape", "eps"), [((2, 7, 48), 1e-6), ((3, 5, 100), None), ((1, 1, 8), 1e-5)],
-                         ids=["B2-T7-D48", "B3-T5-D100-eps_none", "B1-T1-D8"])
+@pytest.mark.parametrize(
+    ("shape", "eps"),
+    [((2, 7, 48), 1e-6), ((3, 5, 100), None), ((1, 1, 8), 1e-5)],
+    ids=["B2-T7-D48", "B3-T5-D100-eps_none", "B1-T1-D8"],
+)
 def test_add_rmsnorm(shape, eps, dtype):
     g = _g()
     x, r = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
@@ -66,7 +69,7 @@ CASES = {
 def test_gated_rmsnorm_linear(case, dtype):
     shape, dim, group, act, nbg, n_flat, D = case
     g = _g(1)
-    L = torch.Size(shape[len(shape) - n_flat:]).numel()
+    L = torch.Size(shape[len(shape) - n_flat :]).numel()
     o, gate = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
     nw, pb = 1 + 0.1 * torch.randn(dim, generator=g), torch.randn(D, generator=g)
     pw = torch.randn(D, L, generator=g)
@@ -91,8 +94,9 @@ def test_gated_rmsnorm_reads_strided_gates():
     nw, pw = (torch.rand(8, generator=g) + 0.5).to(DEVICE), torch.randn(6, 16, generator=g).to(DEVICE)
     kw = {"eps": 1e-5, "act": "silu", "group": 8, "n_flat": 2}
     out = fused.gated_rmsnorm_linear(o, gate, nw, pw, None, backend="triton", **kw)
-    want = naive.gated_rmsnorm_linear_ref(o.double(), gate.double(), nw.double(), pw.double(), None, 1e-5,
-                                          "silu", 8, True, 2)
+    want = naive.gated_rmsnorm_linear_ref(
+        o.double(), gate.double(), nw.double(), pw.double(), None, 1e-5, "silu", 8, True, 2
+    )
     assert_close("strided gate", out, want, 2e-5)
 
 
@@ -126,8 +130,13 @@ def test_norms_on_gpu_at_model_shapes(dtype):
     g = torch.Generator(device="cuda").manual_seed(0)
     x, r = (torch.randn(4, 2048, 2048, device="cuda", generator=g) for _ in range(2))
     w = torch.randn(2048, device="cuda", generator=g)
-    check_against_reference("add_rmsnorm", lambda x, r, w: fused.add_rmsnorm(x, r, w, 1e-6, backend="triton"),
-                            lambda x, r, w: naive.add_rmsnorm_ref(x, r, w, 1e-6), (x, r, w), dtype)
+    check_against_reference(
+        "add_rmsnorm",
+        lambda x, r, w: fused.add_rmsnorm(x, r, w, 1e-6, backend="triton"),
+        lambda x, r, w: naive.add_rmsnorm_ref(x, r, w, 1e-6),
+        (x, r, w),
+        dtype,
+    )
     o, gate = (torch.randn(4, 2048, 16, 256, device="cuda", generator=g) for _ in range(2))
     nw = torch.rand(256, device="cuda", generator=g) + 0.5
     pw = torch.randn(2048, 4096, device="cuda", generator=g) / 64

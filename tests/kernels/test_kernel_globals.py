@@ -46,8 +46,6 @@ def test_kernels_read_only_constexpr_globals():
 
 
 def test_the_scan_finds_a_plain_global(tmp_path, monkeypatch):
-    (tmp_path / "k.py").write_text(
-        "import triton\nEPS = 1e-6\n@triton.jit\ndef k(x):\n    y = x + EPS\n"
-    )
+    (tmp_path / "k.py").write_text("import triton\nEPS = 1e-6\n@triton.jit\ndef k(x):\n    y = x + EPS\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert plain_globals_read_by_kernels() == ["k.py: k reads EPS"]

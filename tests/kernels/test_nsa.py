@@ -67,8 +67,17 @@ def test_forced_blocks_and_padding():
 def test_full_selection_is_causal_attention():
     """Selecting every block with only the selected branch = causal attention."""
     q, k, v, _ = make(1, 40, 40, 4, 2, 8)
-    o = nsa(q, k, v, None, None, None, block_counts=5, block_size=8,
-            block_indices=torch.arange(5).expand(1, 40, 2, 5))
+    o = nsa(
+        q,
+        k,
+        v,
+        None,
+        None,
+        None,
+        block_counts=5,
+        block_size=8,
+        block_indices=torch.arange(5).expand(1, 40, 2, 5),
+    )
     assert_close("o", o, attention_naive(q, k, v), 1e-10)
 
 
@@ -172,15 +181,30 @@ def test_triton_backward_uneven_tiles(tiles, poison, monkeypatch):
 
 def test_triton_decode_and_general_compression(poison):
     check_triton(1, 2, 40, 4, 2, 16, torch.float32, grads=False, block_counts=3, block_size=8, window_size=5)
-    check_triton(1, 26, 26, 2, 1, 16, torch.float32, grads=False, block_counts=2, block_size=8, cmp_block=8,
-                 cmp_stride=4)
+    check_triton(
+        1,
+        26,
+        26,
+        2,
+        1,
+        16,
+        torch.float32,
+        grads=False,
+        block_counts=2,
+        block_size=8,
+        cmp_block=8,
+        cmp_stride=4,
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("shape", [(2, 1000, 16, 1, 64), (1, 4096, 16, 4, 128), (2, 1000, 8, 8, 64)],
-                         ids=lambda s: "B{}-T{}-H{}/{}-D{}".format(*s))
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 1000, 16, 1, 64), (1, 4096, 16, 4, 128), (2, 1000, 8, 8, 64)],
+    ids=lambda s: "B{}-T{}-H{}/{}-D{}".format(*s),
+)
 def test_gpu_full_size(shape, dtype, poison):
     B, T, HQ, HKV, D = shape
     check_triton(B, T, T, HQ, HKV, D, dtype, device="cuda", block_counts=16, block_size=64, window_size=512)

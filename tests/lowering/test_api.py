@@ -51,8 +51,14 @@ def test_compile_reports_program_errors_as_diagnostics():
         lt2dsl.compile(text("loop T=2 < gdnn >"))
 
 
-@pytest.mark.parametrize(("kw", "match"), [({"backend": "cuda"}, "backend"), ({"dtype": "int8"}, "dtype"),
-                                            ({"dtype": torch.int64}, "floating-point")])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"backend": "cuda"}, "backend"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"dtype": torch.int64}, "floating-point"),
+    ],
+)
 def test_compile_rejects_bad_arguments(kw, match):
     with pytest.raises(ValueError, match=match):
         lt2dsl.compile(SRC, **kw)
@@ -191,8 +197,9 @@ def test_graph_passes_rewrite_the_graph_and_survive_moves():
 
 def test_whole_model_pickles_with_torch_save(tmp_path):
     """`torch.save(model)` must work (layers look their spec up instead of holding it)."""
-    m = lt2dsl.compile("loop T=2 < gdn; swa(window=8) >", dim=32, heads=2, vocab=64,
-                       dtype=torch.float32, backend="reference")
+    m = lt2dsl.compile(
+        "loop T=2 < gdn; swa(window=8) >", dim=32, heads=2, vocab=64, dtype=torch.float32, backend="reference"
+    )
     ids = torch.randint(0, 64, (1, 9))
     path = tmp_path / "m.pt"
     torch.save(m, path)

@@ -114,7 +114,14 @@ def test_heads_must_be_a_multiple_of_kv_heads():
     from lt2dsl.lowering.layers.attention import Attention
 
     cfg = lower("full").config
-    opts = {"heads": 3, "kv_heads": 2, "head_dim": 8, "gate": "none", "qk_norm": False,
-            "rope_theta": 1e4, "bias": False}
+    opts = {
+        "heads": 3,
+        "kv_heads": 2,
+        "head_dim": 8,
+        "gate": "none",
+        "qk_norm": False,
+        "rope_theta": 1e4,
+        "bias": False,
+    }
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         Attention(opts, cfg)

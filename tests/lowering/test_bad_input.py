@@ -13,16 +13,19 @@ def model():
     return lower(f"{call('gdn')}; {call('swa')}")
 
 
-@pytest.mark.parametrize(("ids", "match"), [
-    (torch.zeros(1, 4), r"integer dtype \(torch.long\).*float32"),
-    (torch.zeros(1, 4, dtype=torch.bool), "integer dtype"),
-    (torch.zeros(4, dtype=torch.long), r"shape \[B, T\].*\[4\]"),
-    (torch.zeros(1, 4, 2, dtype=torch.long), r"shape \[B, T\]"),
-    (torch.zeros(1, 0, dtype=torch.long), "T >= 1"),
-    (torch.tensor([[1, 64]]), r"\[0, 64\).*\[1, 64\]"),
-    (torch.tensor([[-1, 3]]), r"\[0, 64\)"),
-    ([[1, 2]], "torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [
+        (torch.zeros(1, 4), r"integer dtype \(torch.long\).*float32"),
+        (torch.zeros(1, 4, dtype=torch.bool), "integer dtype"),
+        (torch.zeros(4, dtype=torch.long), r"shape \[B, T\].*\[4\]"),
+        (torch.zeros(1, 4, 2, dtype=torch.long), r"shape \[B, T\]"),
+        (torch.zeros(1, 0, dtype=torch.long), "T >= 1"),
+        (torch.tensor([[1, 64]]), r"\[0, 64\).*\[1, 64\]"),
+        (torch.tensor([[-1, 3]]), r"\[0, 64\)"),
+        ([[1, 2]], "torch.Tensor"),
+    ],
+)
 def test_bad_token_ids(model, ids, match):
     with pytest.raises(ValueError, match=match):
         model(ids)

@@ -86,4 +86,3 @@ def test_output_projection_is_scaled_by_depth(kind):
     layer = model.blocks[0].mixers[0]
     out = layer.o_proj if hasattr(layer, "o_proj") else layer.out_proj
     assert abs(out.weight.std().item() / (0.02 / 4) - 1) < 0.15
-

@@ -117,8 +117,9 @@ def test_cache_bytes_follow_tokens_in_a_fused_model():
     assert k.untyped_storage().nbytes() == k.numel() * k.element_size()
 
 
-@pytest.mark.parametrize("body", ["full; full(kv_heads=1)", "par(full, full(kv_heads=1))", call("dsa"),
-                                  call("nsa")])
+@pytest.mark.parametrize(
+    "body", ["full; full(kv_heads=1)", "par(full, full(kv_heads=1))", call("dsa"), call("nsa")]
+)
 def test_triton_decode_through_reserved_caches(body):
     """backend="triton", fp32: decode steps hand the attention kernels strided views of reserved
     buffers (read in place, not copied), outgrown mid-way; same logits as one forward."""

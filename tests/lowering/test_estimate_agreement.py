@@ -32,13 +32,22 @@ EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.lt2"))
 LENGTHS = {"lt2_sparse_swa": 640}
 B = 2
 # Models with ~100 block applications take several seconds each on meta.
-SLOW = {"lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa", "lt2_linear_gdn", "lt2_sparse_dsa",
-        "lt2_sparse_nsa", "lt2_sparse_swa", "ouro_looped_transformer"}
+SLOW = {
+    "lt2_hybrid_full_gdn",
+    "lt2_hybrid_gdn_dsa",
+    "lt2_linear_gdn",
+    "lt2_sparse_dsa",
+    "lt2_sparse_nsa",
+    "lt2_sparse_swa",
+    "ouro_looped_transformer",
+}
 
 
 def example_params(slow: bool = True):
-    return [pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if slow and p.stem in SLOW else [])
-            for p in EXAMPLES]
+    return [
+        pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if slow and p.stem in SLOW else [])
+        for p in EXAMPLES
+    ]
 
 
 @cache
@@ -103,9 +112,14 @@ def counted(body: str, L: int, **settings):
     return model, counter.get_total_flops() / L
 
 
-@pytest.mark.parametrize("body", ["full(heads=4, kv_heads=2, gate=sdpa); swa(window=8)",
-                                  "loop T=3, final_norm=true, exit=gate < swa(window=8); full >",
-                                  "par(full, swa(window=4)); full(mlp=gelu(hidden=40))"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "full(heads=4, kv_heads=2, gate=sdpa); swa(window=8)",
+        "loop T=3, final_norm=true, exit=gate < swa(window=8); full >",
+        "par(full, swa(window=4)); full(mlp=gelu(hidden=40))",
+    ],
+)
 def test_attention_models_count_exactly(body):
     """Attention and MLPs are all matmuls: the counter and the estimate agree to the FLOP."""
     model, flops = counted(body, 24, tie_embeddings="false")

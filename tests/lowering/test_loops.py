@@ -211,8 +211,11 @@ def test_nested_loops_apply_inner_blocks_T_outer_times_T_inner():
 
 def test_output_projections_are_scaled_by_depth():
     """GPT-2 init: residual output projections std 0.02 / sqrt(2 · applications)."""
-    model = lower("loop T=4 < full(heads=8, head_dim=32); full(heads=8, head_dim=32) >", dim=256,
-                  mlp="swiglu(hidden=512)")
+    model = lower(
+        "loop T=4 < full(heads=8, head_dim=32); full(heads=8, head_dim=32) >",
+        dim=256,
+        mlp="swiglu(hidden=512)",
+    )
     std = 0.02 / (2 * 8) ** 0.5
     o = torch.cat([model.blocks[i].mixers[0].o_proj.weight.flatten() for i in range(2)])
     down = torch.cat([model.blocks[i].mlp.down_proj.weight.flatten() for i in range(2)])

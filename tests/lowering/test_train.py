@@ -23,8 +23,15 @@ def copy_batch(B: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def test_looped_hybrid_learns_to_copy():
-    model = lower("loop T=2 < gdn(heads=2, head_dim=32, expand_v=1); swa(window=64) >", dtype=torch.float32,
-                  dim=128, vocab=VOCAB, heads=4, head_dim=32, mlp="swiglu(hidden=256)")
+    model = lower(
+        "loop T=2 < gdn(heads=2, head_dim=32, expand_v=1); swa(window=64) >",
+        dtype=torch.float32,
+        dim=128,
+        vocab=VOCAB,
+        heads=4,
+        head_dim=32,
+        mlp="swiglu(hidden=256)",
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     gen = torch.Generator().manual_seed(0)
     losses = []

@@ -52,13 +52,28 @@ def resolved(body: str, **settings) -> n.Model:
     return load_or_raise(text(body, **settings)).model
 
 
-def lower(body: str, *, dtype=torch.float64, backend: str = "reference", seed: int = 0, device=None,
-          overrides: dict | None = None, fuse: bool = False, **settings):
+def lower(
+    body: str,
+    *,
+    dtype=torch.float64,
+    backend: str = "reference",
+    seed: int = 0,
+    device=None,
+    overrides: dict | None = None,
+    fuse: bool = False,
+    **settings,
+):
     """A tiny `LT2Model` of `body`, float64 reference by default, seeded init. Unfused unless
     asked: these tests pin the lowering's own graph; the fusion tests fuse it themselves."""
     torch.manual_seed(seed)
-    return compile_model(resolved(body, **settings), backend=backend, dtype=dtype, device=device,
-                         overrides=overrides, fuse=fuse)
+    return compile_model(
+        resolved(body, **settings),
+        backend=backend,
+        dtype=dtype,
+        device=device,
+        overrides=overrides,
+        fuse=fuse,
+    )
 
 
 def tokens(B: int, T: int, vocab: int = 64, seed: int = 1) -> torch.Tensor:

@@ -4,8 +4,22 @@ import time
 
 from lt2dsl.frontend import load
 
-KINDS = ["gdn", "dsa(topk=512)", "full(gate=sdpa)", "swa(window=256)", "gla", "kda", "mamba2", "retnet",
-         "mlstm", "linear", "deltanet", "nsa", "par(gdn, swa(window=128))", "tmm(heads=4)"]
+KINDS = [
+    "gdn",
+    "dsa(topk=512)",
+    "full(gate=sdpa)",
+    "swa(window=256)",
+    "gla",
+    "kda",
+    "mamba2",
+    "retnet",
+    "mlstm",
+    "linear",
+    "deltanet",
+    "nsa",
+    "par(gdn, swa(window=128))",
+    "tmm(heads=4)",
+]
 
 
 def big_program(blocks: int = 200) -> str:

@@ -20,12 +20,15 @@ def test_gva():
     assert codes("dim = 512\nkda(heads=4, v_heads=8)") == []
 
 
-@pytest.mark.parametrize(("text", "where"), [
-    ("dim = 512\nhead_dim = 100\ngla(expand_k=3/8)", (3, 14, 17)),
-    ("dim = 512\nhead_dim = 101\ngla", (2, 12, 15)),  # only the model setting is written
-    ("dim = 512\nretnet(head_dim=33, expand_v=1/2)", (2, 30, 33)),
-    ("dim = 512\nmlstm(qk_dim_factor=0.1, head_dim=16)", (2, 21, 24)),
-])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("dim = 512\nhead_dim = 100\ngla(expand_k=3/8)", (3, 14, 17)),
+        ("dim = 512\nhead_dim = 101\ngla", (2, 12, 15)),  # only the model setting is written
+        ("dim = 512\nretnet(head_dim=33, expand_v=1/2)", (2, 30, 33)),
+        ("dim = 512\nmlstm(qk_dim_factor=0.1, head_dim=16)", (2, 21, 24)),
+    ],
+)
 def test_derived_head_dims(text, where):
     assert at(one(text, "E0503")) == where
 

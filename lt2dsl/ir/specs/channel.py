@@ -16,8 +16,15 @@ def swiglu_hidden(dim: int) -> int:
 
 
 MLP_KINDS = {
-    "swiglu": (Option("hidden", "size", "hidden width [8/3·dim, rounded up to a multiple of 256]",
-                      min=1, positional=True),),
+    "swiglu": (
+        Option(
+            "hidden",
+            "size",
+            "hidden width [8/3·dim, rounded up to a multiple of 256]",
+            min=1,
+            positional=True,
+        ),
+    ),
     "gelu": (Option("hidden", "size", "hidden width [4·dim]", min=1, positional=True),),
 }
 NORM_KINDS = {
@@ -30,8 +37,11 @@ NORM_KINDS = {
 def mlp_weights(m: MlpSpec, dim: int) -> dict[str, tuple[int, ...]]:
     """swiglu: gate/up (hidden, D), down (D, hidden); gelu: up, down; none: nothing. No biases."""
     if m.type == "swiglu":
-        return {"gate_proj.weight": lin(m.hidden, dim), "up_proj.weight": lin(m.hidden, dim),
-                "down_proj.weight": lin(dim, m.hidden)}
+        return {
+            "gate_proj.weight": lin(m.hidden, dim),
+            "up_proj.weight": lin(m.hidden, dim),
+            "down_proj.weight": lin(dim, m.hidden),
+        }
     if m.type == "gelu":
         return {"up_proj.weight": lin(m.hidden, dim), "down_proj.weight": lin(dim, m.hidden)}
     return {}

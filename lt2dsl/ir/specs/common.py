@@ -33,12 +33,16 @@ COMMON = (
 
 ATTENTION = (
     Option("kv_heads", "int", "key/value heads (GQA); must divide `heads`", default=_kv_heads, min=1),
-    Option("gate", "enum", "output gate on SDPA (Qiu et al. 2025): elementwise `sdpa`, per-head `headwise`",
-           default="none", choices=("none", "sdpa", "headwise")),
+    Option(
+        "gate",
+        "enum",
+        "output gate on SDPA (Qiu et al. 2025): elementwise `sdpa`, per-head `headwise`",
+        default="none",
+        choices=("none", "sdpa", "headwise"),
+    ),
     Option("qk_norm", "bool", "per-head RMSNorm on q and k (Qwen3)", default=False),
     Option("rope_theta", "float", "RoPE base", default=10000.0, min=0, min_open=True),
-    Option("bias", "bool", "biases on the q, k, v and o projections (LLaMA's attention_bias)",
-           default=False),
+    Option("bias", "bool", "biases on the q, k, v and o projections (LLaMA's attention_bias)", default=False),
 )
 
 CONV = Option("conv", "int", "short causal depthwise conv width on q, k, v (0: none)", default=4, min=0)

@@ -9,8 +9,7 @@ from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
 from lt2dsl.ir.specs.common import COMMON, CONV, conv_flops, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
-PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_proj.weight",
-        "o_proj.weight"]
+PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_proj.weight", "o_proj.weight"]
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,14 @@ SPEC = DsaSpec(
     summary="DeepSeek sparse attention: lightning indexer + causal top-k over GQA attention",
     options=(
         *COMMON,
-        Option("topk", "size", "keys each query attends to (all heads share the choice)", default=2048,
-               min=1, positional=True),
+        Option(
+            "topk",
+            "size",
+            "keys each query attends to (all heads share the choice)",
+            default=2048,
+            min=1,
+            positional=True,
+        ),
         Option("index_heads", "int", "lightning-indexer heads H_I", default=4, min=1),
         Option("index_dim", "int", "lightning-indexer head dim d_I", default=64, min=1),
         *ATTENTION,

@@ -24,8 +24,12 @@ def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
         "o_proj.weight": lin(D, H * d),
     }
     if o["bias"]:
-        w |= {"q_proj.bias": (H * d,), "k_proj.bias": (HKV * d,), "v_proj.bias": (HKV * d,),
-              "o_proj.bias": (D,)}
+        w |= {
+            "q_proj.bias": (H * d,),
+            "k_proj.bias": (HKV * d,),
+            "v_proj.bias": (HKV * d,),
+            "o_proj.bias": (D,),
+        }
     g_out = {"sdpa": H * d, "headwise": H}.get(o["gate"])
     if g_out:
         w["g_proj.weight"] = lin(g_out, D)
@@ -82,6 +86,12 @@ SPEC = FullSpec(
 )
 
 SWA_OPTIONS = (
-    Option("window", "size", "keys each query sees, itself included (mixers.md §9)", default=512,
-           min=1, positional=True),
+    Option(
+        "window",
+        "size",
+        "keys each query sees, itself included (mixers.md §9)",
+        default=512,
+        min=1,
+        positional=True,
+    ),
 )

@@ -9,8 +9,15 @@ from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
 from lt2dsl.ir.specs.common import COMMON, CONV, _heads, conv_flops, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
-PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "a_proj.weight", "b_proj.weight",
-        "g_proj.weight", "o_proj.weight"]
+PROJ = [
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "a_proj.weight",
+    "b_proj.weight",
+    "g_proj.weight",
+    "o_proj.weight",
+]
 
 
 def dims(o: Opts) -> tuple[int, int, int, int]:
@@ -72,11 +79,17 @@ SPEC = GdnSpec(
     options=(
         *COMMON,
         Option("expand_v", "number", "value head dim = head_dim · expand_v", default=2, min=0, min_open=True),
-        Option("v_heads", "int", "value heads HV (grouped value heads when > heads)", default=lambda c, o:
-               o.get("heads", _heads(c, o)), min=1),
+        Option(
+            "v_heads",
+            "int",
+            "value heads HV (grouped value heads when > heads)",
+            default=lambda c, o: o.get("heads", _heads(c, o)),
+            min=1,
+        ),
         CONV,
-        Option("neg_eigval", "bool", "β ∈ (0, 2): allow negative eigenvalues of the transition",
-               default=False),
+        Option(
+            "neg_eigval", "bool", "β ∈ (0, 2): allow negative eigenvalues of the transition", default=False
+        ),
         Option("gate", "bool", "SiLU output gate through the gated RMSNorm", default=True),
     ),
     module="lt2dsl.lowering.layers.gdn:GatedDeltaNet",

@@ -9,8 +9,15 @@ from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
 from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
-PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "gk_proj.0.weight",
-        "gk_proj.1.weight", "o_proj.weight"]
+PROJ = [
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "g_proj.weight",
+    "gk_proj.0.weight",
+    "gk_proj.1.weight",
+    "o_proj.weight",
+]
 SUB = 16
 
 
@@ -56,8 +63,14 @@ SPEC = GlaSpec(
         *COMMON,
         Option("expand_k", "number", "key head dim = head_dim · expand_k", default=0.5, min=0, min_open=True),
         Option("gate_rank", "int", "rank of the low-rank decay gate", default=16, min=1),
-        Option("gate_norm", "number", "gate logit normalizer τ: log α = logσ(·)/τ", default=16, min=0,
-               min_open=True),
+        Option(
+            "gate_norm",
+            "number",
+            "gate logit normalizer τ: log α = logσ(·)/τ",
+            default=16,
+            min=0,
+            min_open=True,
+        ),
     ),
     module="lt2dsl.lowering.layers.gla:GatedLinearAttention",
     source="mixers.md §3 (arXiv 2312.06635); fla `fla/layers/gla.py`",

@@ -9,8 +9,17 @@ from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
 from lt2dsl.ir.specs.common import COMMON, CONV, _heads, conv_flops, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
-PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "f_proj.0.weight", "f_proj.1.weight",
-        "b_proj.weight", "g_proj.0.weight", "g_proj.1.weight", "o_proj.weight"]
+PROJ = [
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "f_proj.0.weight",
+    "f_proj.1.weight",
+    "b_proj.weight",
+    "g_proj.0.weight",
+    "g_proj.1.weight",
+    "o_proj.weight",
+]
 SUB = 16  # sub-chunk of the gated diagonal blocks
 
 
@@ -63,12 +72,23 @@ SPEC = KdaSpec(
     summary="Kimi delta attention: delta rule with channel-wise (per key dim) decay",
     options=(
         *COMMON,
-        Option("v_heads", "int", "value heads HV (grouped value heads when > heads)",
-               default=lambda c, o: o.get("heads", _heads(c, o)), min=1),
+        Option(
+            "v_heads",
+            "int",
+            "value heads HV (grouped value heads when > heads)",
+            default=lambda c, o: o.get("heads", _heads(c, o)),
+            min=1,
+        ),
         CONV,
         Option("safe_gate", "bool", "bounded gate g = lower_bound · σ(·) ∈ (lower_bound, 0)", default=False),
-        Option("lower_bound", "float", "lower bound of the per-step log decay with `safe_gate`",
-               default=-5.0, max=0, max_open=True),
+        Option(
+            "lower_bound",
+            "float",
+            "lower bound of the per-step log decay with `safe_gate`",
+            default=-5.0,
+            max=0,
+            max_open=True,
+        ),
     ),
     module="lt2dsl.lowering.layers.kda:KimiDeltaAttention",
     source="mixers.md §6 (arXiv 2510.26692); fla `fla/layers/kda.py`",

@@ -33,8 +33,12 @@ class LinearSpec(LayerSpec):
             "o_proj.weight": lin(D, H * K),
         }
         if o["feature_map"] == "hedgehog":
-            w |= {"q_fm.weight": (H, K, K), "q_fm.bias": (H, K), "k_fm.weight": (H, K, K),
-                  "k_fm.bias": (H, K)}
+            w |= {
+                "q_fm.weight": (H, K, K),
+                "q_fm.bias": (H, K),
+                "k_fm.weight": (H, K, K),
+                "k_fm.bias": (H, K),
+            }
         if not o["normalize"]:
             w["o_norm.weight"] = (K,)
         return w
@@ -46,8 +50,9 @@ class LinearSpec(LayerSpec):
         """Core per head: 2C(K'+V') + 4K'V' chunked, 4K'V' decode, V' = V (+1 normalizer)."""
         H, K = o["heads"], o["head_dim"]
         Kf, Vf = feature_dim(o), value_dim(o)
-        proj = proj_flops(self.weights(o, cfg), ["q_proj.weight", "k_proj.weight", "v_proj.weight",
-                                                 "o_proj.weight"])
+        proj = proj_flops(
+            self.weights(o, cfg), ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"]
+        )
         if o["feature_map"] == "hedgehog":
             proj += 2 * (2 * H * K * K)
         core = 4 * Kf * Vf if mode == "decode" else decay_core(Kf, Vf, chunk_of(L))
@@ -59,8 +64,14 @@ SPEC = LinearSpec(
     summary="vanilla linear attention: feature map φ, no decay, optional normalizer",
     options=(
         *COMMON,
-        Option("feature_map", "enum", "φ applied to q and k", default="elu1",
-               choices=("elu1", "relu", "identity", "hedgehog"), positional=True),
+        Option(
+            "feature_map",
+            "enum",
+            "φ applied to q and k",
+            default="elu1",
+            choices=("elu1", "relu", "identity", "hedgehog"),
+            positional=True,
+        ),
         Option("normalize", "bool", "divide by q̂ᵀz (else a per-head RMSNorm on the output)", default=True),
     ),
     module="lt2dsl.lowering.layers.linear:LinearAttention",

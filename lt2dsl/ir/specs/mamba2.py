@@ -32,8 +32,13 @@ class Mamba2Spec(LayerSpec):
         w = {"in_proj.weight": lin(2 * d_in + 2 * G * N + H, cfg.dim)}
         if o["conv"] > 0:
             w |= {"conv1d.weight": (xbc, 1, o["conv"]), "conv1d.bias": (xbc,)}
-        return w | {"dt_bias": (H,), "A_log": (H,), "D": (H,), "norm.weight": (d_in,),
-                    "out_proj.weight": lin(cfg.dim, d_in)}
+        return w | {
+            "dt_bias": (H,),
+            "A_log": (H,),
+            "D": (H,),
+            "norm.weight": (d_in,),
+            "out_proj.weight": lin(cfg.dim, d_in),
+        }
 
     def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
         """ssm state (B, H, N, P) in the state dtype + conv buffer (B, d_in + 2GN, W−1)."""
@@ -57,8 +62,9 @@ SPEC = Mamba2Spec(
     kind="mamba2",
     summary="Mamba2 / SSD: scalar-decay selective state space, x/B/C conv, gated RMSNorm",
     options=(
-        Option("heads", "int", "SSM heads = expand·dim / head_dim (derived when omitted)",
-               default=_heads, min=1),
+        Option(
+            "heads", "int", "SSM heads = expand·dim / head_dim (derived when omitted)", default=_heads, min=1
+        ),
         Option("head_dim", HEAD_DIM.type, "SSM head dim P", default=64, min=1),
         Option("mlp", "mlp", "channel mixer of this block"),
         Option("norm", "norm", "block norm"),

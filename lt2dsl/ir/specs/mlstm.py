@@ -9,8 +9,15 @@ from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
 from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core
 
-PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "ogate.weight", "igate.weight",
-        "fgate.weight", "out_proj.weight"]
+PROJ = [
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "ogate.weight",
+    "igate.weight",
+    "fgate.weight",
+    "out_proj.weight",
+]
 
 
 def dims(o: Opts) -> tuple[int, int, int]:
@@ -60,10 +67,22 @@ SPEC = MlstmSpec(
     summary="xLSTM mLSTM: matrix memory with exponential input gate, stabilizer and normalizer",
     options=(
         *COMMON,
-        Option("qk_dim_factor", "number", "key head dim = head_dim · qk_dim_factor", default=0.5, min=0,
-               min_open=True),
-        Option("gate_cap", "number", "soft cap of the gate pre-activations: cap·tanh(x/cap)", default=15,
-               min=0, min_open=True),
+        Option(
+            "qk_dim_factor",
+            "number",
+            "key head dim = head_dim · qk_dim_factor",
+            default=0.5,
+            min=0,
+            min_open=True,
+        ),
+        Option(
+            "gate_cap",
+            "number",
+            "soft cap of the gate pre-activations: cap·tanh(x/cap)",
+            default=15,
+            min=0,
+            min_open=True,
+        ),
     ),
     module="lt2dsl.lowering.layers.mlstm:MLSTM",
     source="mixers.md §8 (arXiv 2503.13427, xLSTM-7B); NX-AI/xlstm `xlstm_large/model.py`",

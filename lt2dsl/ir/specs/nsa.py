@@ -41,8 +41,11 @@ class NsaSpec(LayerSpec):
         if o["compress"] == "mlp":
             lb = o["cmp_block"]
             for t in ("k", "v"):
-                w |= {f"cmp_{t}.pos": (lb, d), f"cmp_{t}.proj.weight": lin(d, lb * d),
-                      f"cmp_{t}.proj.bias": (d,)}
+                w |= {
+                    f"cmp_{t}.pos": (lb, d),
+                    f"cmp_{t}.proj.weight": lin(d, lb * d),
+                    f"cmp_{t}.proj.bias": (d,),
+                }
         return w
 
     def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
@@ -60,8 +63,9 @@ class NsaSpec(LayerSpec):
     def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
         """Per query head: 4d·(n_cmp(t) + min(t, n·l') + min(t, w)) (mixers.md §10(d))."""
         w = self.weights(o, cfg)
-        proj = proj_flops(w, ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight",
-                              "o_proj.weight"])
+        proj = proj_flops(
+            w, ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_proj.weight"]
+        )
         lb, s, d = o["cmp_block"], o["stride"], o["head_dim"]
         if o["compress"] == "mlp":  # one φ application per stride tokens, for k and v
             proj += 2 * (2.0 * lb * d * d) * o["kv_heads"] / s
@@ -85,15 +89,26 @@ SPEC = NsaSpec(
     options=(
         *COMMON,
         Option("block", "size", "selection block size l'", default=64, min=1),
-        Option("select", "int", "selected blocks per query n (forced first and local ones included)",
-               default=16, min=1),
+        Option(
+            "select",
+            "int",
+            "selected blocks per query n (forced first and local ones included)",
+            default=16,
+            min=1,
+        ),
         Option("window", "size", "sliding-window branch size w (keys including self)", default=512, min=1),
         Option("cmp_block", "size", "compression block size l", default=32, min=1),
-        Option("stride", "size", "compression stride d (must divide `cmp_block` and `block`)",
-               default=16, min=1),
+        Option(
+            "stride", "size", "compression stride d (must divide `cmp_block` and `block`)", default=16, min=1
+        ),
         Option("kv_heads", "int", "key/value heads; must divide `heads`", default=1, min=1),
-        Option("compress", "enum", "compression φ: mean pooling (fla) or the paper's learned MLP",
-               default="mean", choices=("mean", "mlp")),
+        Option(
+            "compress",
+            "enum",
+            "compression φ: mean pooling (fla) or the paper's learned MLP",
+            default="mean",
+            choices=("mean", "mlp"),
+        ),
         Option("rope_theta", "float", "RoPE base", default=10000.0, min=0, min_open=True),
     ),
     module="lt2dsl.lowering.layers.nsa:NativeSparseAttention",

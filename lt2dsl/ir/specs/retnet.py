@@ -45,8 +45,10 @@ class RetNetSpec(LayerSpec):
 SPEC = RetNetSpec(
     kind="retnet",
     summary="multi-scale retention: fixed per-head decay γ_h = 1 − 2^(−5−h), xPos rotation",
-    options=(*COMMON, Option("expand_v", "number", "value head dim = head_dim · expand_v", default=2,
-                             min=0, min_open=True)),
+    options=(
+        *COMMON,
+        Option("expand_v", "number", "value head dim = head_dim · expand_v", default=2, min=0, min_open=True),
+    ),
     module="lt2dsl.lowering.layers.retnet:MultiScaleRetention",
     source="mixers.md §2 (arXiv 2307.08621); torchscale `multiscale_retention.py`",
 )

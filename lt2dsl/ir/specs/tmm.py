@@ -27,8 +27,12 @@ class TmmSpec(LayerSpec):
         n, h, D = o["max_len"], o["heads"], cfg.dim
         w = {"w": (o["kernel"], h, n), "bias": (h, n)}
         if h > 1:
-            w |= {"in_proj.weight": lin(D, D), "in_proj.bias": (D,), "out_proj.weight": lin(D, D),
-                  "out_proj.bias": (D,)}
+            w |= {
+                "in_proj.weight": lin(D, D),
+                "in_proj.bias": (D,),
+                "out_proj.weight": lin(D, D),
+                "out_proj.bias": (D,),
+            }
         return w
 
     def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
@@ -51,10 +55,16 @@ SPEC = TmmSpec(
     kind="tmm",
     summary="Toeplitz MLP mixer: causal Toeplitz token mixing computed by FFT in O(n log n)",
     options=(
-        Option("heads", "int", "Toeplitz heads (channels split into groups with own kernels)",
-               default=1, min=1),
-        Option("head_dim", "int", "unused by tmm (channels per head = dim / heads)",
-               default=lambda c, o: c.dim // o.get("heads", 1) if c else 1, min=1),
+        Option(
+            "heads", "int", "Toeplitz heads (channels split into groups with own kernels)", default=1, min=1
+        ),
+        Option(
+            "head_dim",
+            "int",
+            "unused by tmm (channels per head = dim / heads)",
+            default=lambda c, o: c.dim // o.get("heads", 1) if c else 1,
+            min=1,
+        ),
         Option("mlp", "mlp", "channel mixer of this block"),
         Option("norm", "norm", "block norm"),
         Option("name", "str", "a label for reports"),

@@ -58,8 +58,9 @@ def attention(
     if resolve_backend(backend, q) == "triton":
         from .ops import attention_triton
 
-        return attention_triton(q, k, v, causal=causal, window=window, gate=gate, scale=scale,
-                                cu_seqlens=cu_seqlens)
+        return attention_triton(
+            q, k, v, causal=causal, window=window, gate=gate, scale=scale, cu_seqlens=cu_seqlens
+        )
     kw = dict(causal=causal, window=window, scale=scale)
     if cu_seqlens is None:
         return attention_reference(q, k, v, gate=gate, **kw)

@@ -65,10 +65,19 @@ def attention_decode(
     if resolve_backend(backend, q) == "triton":
         from .ops import attn_decode_op
 
-        return attn_decode_op(q, k_cache, v_cache, cache_seqlens, None if gate is None else gate.contiguous(),
-                              scale, window or 0, ring)
-    return attention_decode_reference(q, k_cache, v_cache, cache_seqlens, window=window, ring=ring,
-                                      gate=gate, scale=scale)
+        return attn_decode_op(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            None if gate is None else gate.contiguous(),
+            scale,
+            window or 0,
+            ring,
+        )
+    return attention_decode_reference(
+        q, k_cache, v_cache, cache_seqlens, window=window, ring=ring, gate=gate, scale=scale
+    )
 
 
 def slot_positions(cache_seqlens: torch.Tensor, L: int, ring: bool) -> torch.Tensor:

@@ -25,9 +25,20 @@ def _cu(cu_q: Tensor | None, cu_k: Tensor | None):
 
 
 @torch.library.custom_op("lt2dsl::attn_fwd", mutates_args=())
-def attn_fwd_op(q: Tensor, k: Tensor, v: Tensor, gate: Tensor | None, scale: float, causal: bool, window: int,
-                cu_q: Tensor | None, cu_k: Tensor | None, kstride: int, koff: int, qoff: int
-                ) -> tuple[Tensor, Tensor]:
+def attn_fwd_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gate: Tensor | None,
+    scale: float,
+    causal: bool,
+    window: int,
+    cu_q: Tensor | None,
+    cu_k: Tensor | None,
+    kstride: int,
+    koff: int,
+    qoff: int,
+) -> tuple[Tensor, Tensor]:
     """Tiled attention forward; returns (o `[B, Tq, HQ, DV]`, lse `[HQ, B·Tq]` fp32 log2 units)."""
     return attn_fwd(q, k, v, gate, scale, causal, window or None, _cu(cu_q, cu_k), kstride, koff, qoff)
 
@@ -39,12 +50,40 @@ def _(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff):
 
 
 @torch.library.custom_op("lt2dsl::attn_bwd", mutates_args=())
-def attn_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, gate: Tensor | None,
-                scale: float, causal: bool, window: int, cu_q: Tensor | None, cu_k: Tensor | None,
-                kstride: int, koff: int, qoff: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def attn_bwd_op(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    gate: Tensor | None,
+    scale: float,
+    causal: bool,
+    window: int,
+    cu_q: Tensor | None,
+    cu_k: Tensor | None,
+    kstride: int,
+    koff: int,
+    qoff: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of `attn_fwd_op`'s o; dgate is an empty tensor when there is no gate."""
-    dq, dk, dv, dg = attn_bwd(do.contiguous(), q, k, v, o, lse, gate, scale, causal, window or None,
-                              _cu(cu_q, cu_k), kstride, koff, qoff)
+    dq, dk, dv, dg = attn_bwd(
+        do.contiguous(),
+        q,
+        k,
+        v,
+        o,
+        lse,
+        gate,
+        scale,
+        causal,
+        window or None,
+        _cu(cu_q, cu_k),
+        kstride,
+        koff,
+        qoff,
+    )
     return dq, dk, dv, (q.new_empty(0) if dg is None else dg)
 
 
@@ -87,19 +126,29 @@ def _fwd_flops(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, 
 
 
 @register_flop_formula(torch.ops.lt2dsl.attn_bwd)
-def _bwd_flops(do, q, k, v, o, lse, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff, *args,
-               **kwargs) -> int:
+def _bwd_flops(
+    do, q, k, v, o, lse, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff, *args, **kwargs
+) -> int:
     """Recompute QKᵀ plus dV, dP, dQ, dK: 2.5× the forward's matmul FLOPs."""
     B, Tq, HQ, K = q
     return 5 * B * HQ * (K + v[-1]) * visible_pairs(Tq, k[1], causal, window, kstride, koff, qoff)
 
 
 @torch.library.custom_op("lt2dsl::attn_decode", mutates_args=())
-def attn_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, gate: Tensor | None,
-                   scale: float, window: int, ring: bool) -> Tensor:
+def attn_decode_op(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_seqlens: Tensor,
+    gate: Tensor | None,
+    scale: float,
+    window: int,
+    ring: bool,
+) -> Tensor:
     """Flash-decoding forward (no autograd): see `decode.attention_decode`."""
-    return attention_decode_triton(q, k_cache, v_cache, cache_seqlens, window=window or None, ring=ring,
-                                   gate=gate, scale=scale)
+    return attention_decode_triton(
+        q, k_cache, v_cache, cache_seqlens, window=window or None, ring=ring, gate=gate, scale=scale
+    )
 
 
 @attn_decode_op.register_fake
@@ -127,8 +176,10 @@ def decode_eligible(q, k, v, causal: bool, cu_seqlens) -> bool:
 def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_seqlens=None) -> Tensor:
     """`attention(backend="triton")`: inputs already validated by the public op."""
     if q.dtype not in _SUPPORTED or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"the Triton attention takes fp16/bf16/fp32 q, k, v of one dtype, got "
-                         f"{q.dtype}/{k.dtype}/{v.dtype}; use backend='reference' for float64")
+        raise ValueError(
+            f"the Triton attention takes fp16/bf16/fp32 q, k, v of one dtype, got "
+            f"{q.dtype}/{k.dtype}/{v.dtype}; use backend='reference' for float64"
+        )
     gate = None if gate is None else gate.contiguous()
     Tq, Tk = q.shape[1], k.shape[1]
     if decode_eligible(q, k, v, causal, cu_seqlens) and (gate is None or not gate.requires_grad):

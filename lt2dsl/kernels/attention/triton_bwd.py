@@ -21,8 +21,20 @@ from .triton_fwd import LOG2E, _band, _seq_bounds, varlen_blocks
 
 
 @triton.jit
-def _bwd_pre_kernel(O, DO, GATE, DU, DG, DELTA, NROWS, HQ: tl.constexpr, DV: tl.constexpr,
-                    BDV: tl.constexpr, BM: tl.constexpr, GATE_MODE: tl.constexpr):
+def _bwd_pre_kernel(
+    O,
+    DO,
+    GATE,
+    DU,
+    DG,
+    DELTA,
+    NROWS,
+    HQ: tl.constexpr,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    GATE_MODE: tl.constexpr,
+):
     """D = Σ_v dO ⊙ o per row; with a gate also dU = dO ⊙ σ(g) and dg. Rows are (token, head)."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     h = tl.program_id(1)
@@ -46,18 +58,48 @@ def _bwd_pre_kernel(O, DO, GATE, DU, DG, DELTA, NROWS, HQ: tl.constexpr, DV: tl.
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_kt, stride_vt, start, end, qpos, Tk_n, W, KOFF,
-              qk_scale, offs_d, offs_dv, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr,
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr,
-              DOT_PREC: tl.constexpr):
+def _dq_inner(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_ptr,
+    v_ptr,
+    stride_kt,
+    stride_vt,
+    start,
+    end,
+    qpos,
+    Tk_n,
+    W,
+    KOFF,
+    qk_scale,
+    offs_d,
+    offs_dv,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BN: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """dq += ds k over key blocks [start, end), ds = p (dp − D)."""
     for n in range(start, end, BN):
         offs_n = n + tl.arange(0, BN)
         in_k = offs_n < Tk_n
-        kt = tl.load(k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
-                     mask=in_k[None, :] & (offs_d[:, None] < D), other=0.0)
-        vt = tl.load(v_ptr + offs_n[None, :] * stride_vt + offs_dv[:, None],
-                     mask=in_k[None, :] & (offs_dv[:, None] < DV), other=0.0)
+        kt = tl.load(
+            k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
+            mask=in_k[None, :] & (offs_d[:, None] < D),
+            other=0.0,
+        )
+        vt = tl.load(
+            v_ptr + offs_n[None, :] * stride_vt + offs_dv[:, None],
+            mask=in_k[None, :] & (offs_dv[:, None] < DV),
+            other=0.0,
+        )
         p = tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None])
         if MASK:
             kpos = offs_n * KSTRIDE + KOFF
@@ -75,16 +117,42 @@ def _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_kt, stride_vt, start, 
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DU, LSE, DELTA, DQ, CU_Q, CU_K, BLK_MAP,
-    Tq, Tk, qoff, W, KOFF, qk_scale, scale, NROWS,
-    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, VARLEN: tl.constexpr,
+    Q,
+    K,
+    V,
+    DU,
+    LSE,
+    DELTA,
+    DQ,
+    CU_Q,
+    CU_K,
+    BLK_MAP,
+    Tq,
+    Tk,
+    qoff,
+    W,
+    KOFF,
+    qk_scale,
+    scale,
+    NROWS,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr,
+    VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     """dQ of BM query rows of one head; same program layout and key band as the forward."""
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN)
+        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
+    )
     hk = h // GRP
     HKV = HQ // GRP
     rows = i_m * BM + tl.arange(0, BM)
@@ -93,10 +161,12 @@ def _bwd_dq_kernel(
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
-    q = tl.load(Q + row_off[:, None] * D + offs_d[None, :], mask=in_q[:, None] & (offs_d[None, :] < D),
-                other=0.0)
-    do = tl.load(DU + row_off[:, None] * DV + offs_dv[None, :],
-                 mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    q = tl.load(
+        Q + row_off[:, None] * D + offs_d[None, :], mask=in_q[:, None] & (offs_d[None, :] < D), other=0.0
+    )
+    do = tl.load(
+        DU + row_off[:, None] * DV + offs_dv[None, :], mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0
+    )
     lse = tl.load(LSE + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=float("inf"))
     delta = tl.load(DELTA + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=0.0)
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
@@ -105,22 +175,110 @@ def _bwd_dq_kernel(
     p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
     lo, full_lo, full_hi, hi = _band(p0, p1, Tk_n, W, KOFF, BN, CAUSAL, HAS_W, KSTRIDE)
     dq = tl.zeros([BM, BD], dtype=tl.float32)
-    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, HKV * D, HKV * DV, lo, tl.minimum(full_lo, hi), qpos,
-                   Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, True, CAUSAL, HAS_W, KSTRIDE,
-                   DOT_PREC)
-    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, HKV * D, HKV * DV, full_lo, full_hi, qpos,
-                   Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, False, CAUSAL, HAS_W, KSTRIDE,
-                   DOT_PREC)
-    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, HKV * D, HKV * DV, tl.maximum(full_lo, full_hi), hi,
-                   qpos, Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, True, CAUSAL, HAS_W, KSTRIDE,
-                   DOT_PREC)
-    tl.store(DQ + row_off[:, None] * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=in_q[:, None] & (offs_d[None, :] < D))
+    dq = _dq_inner(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_ptr,
+        v_ptr,
+        HKV * D,
+        HKV * DV,
+        lo,
+        tl.minimum(full_lo, hi),
+        qpos,
+        Tk_n,
+        W,
+        KOFF,
+        qk_scale,
+        offs_d,
+        offs_dv,
+        D,
+        DV,
+        BN,
+        True,
+        CAUSAL,
+        HAS_W,
+        KSTRIDE,
+        DOT_PREC,
+    )
+    dq = _dq_inner(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_ptr,
+        v_ptr,
+        HKV * D,
+        HKV * DV,
+        full_lo,
+        full_hi,
+        qpos,
+        Tk_n,
+        W,
+        KOFF,
+        qk_scale,
+        offs_d,
+        offs_dv,
+        D,
+        DV,
+        BN,
+        False,
+        CAUSAL,
+        HAS_W,
+        KSTRIDE,
+        DOT_PREC,
+    )
+    dq = _dq_inner(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_ptr,
+        v_ptr,
+        HKV * D,
+        HKV * DV,
+        tl.maximum(full_lo, full_hi),
+        hi,
+        qpos,
+        Tk_n,
+        W,
+        KOFF,
+        qk_scale,
+        offs_d,
+        offs_dv,
+        D,
+        DV,
+        BN,
+        True,
+        CAUSAL,
+        HAS_W,
+        KSTRIDE,
+        DOT_PREC,
+    )
+    tl.store(
+        DQ + row_off[:, None] * D + offs_d[None, :],
+        (dq * scale).to(DQ.dtype.element_ty),
+        mask=in_q[:, None] & (offs_d[None, :] < D),
+    )
 
 
 @triton.jit
-def _row_band(k0, k1, Tq_n, qo, W, KOFF, BM: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
-              KSTRIDE: tl.constexpr):
+def _row_band(
+    k0,
+    k1,
+    Tq_n,
+    qo,
+    W,
+    KOFF,
+    BM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr,
+):
     """Query-row ranges that see keys [k0, k1): (lo, full_lo, full_hi, hi), as `_band` for rows."""
     kmin = k0 * KSTRIDE + KOFF
     kmax = (k1 - 1) * KSTRIDE + KOFF
@@ -142,19 +300,47 @@ def _row_band(k0, k1, Tq_n, qo, W, KOFF, BM: tl.constexpr, CAUSAL: tl.constexpr,
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, start, end, kpos, in_k, Tq_n, qo, W,
-                qk_scale, offs_d, offs_dv, HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-                BM: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
-                DOT_PREC: tl.constexpr):
+def _dkdv_inner(
+    dk,
+    dv,
+    k,
+    v,
+    q_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    start,
+    end,
+    kpos,
+    in_k,
+    Tq_n,
+    qo,
+    W,
+    qk_scale,
+    offs_d,
+    offs_dv,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BM: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head."""
     for m in range(start, end, BM):
         rows = m + tl.arange(0, BM)
         in_q = rows < Tq_n
         roff = rows.to(tl.int64) * HQ
-        qt = tl.load(q_ptr + roff[None, :] * D + offs_d[:, None], mask=in_q[None, :] & (offs_d[:, None] < D),
-                     other=0.0)
-        do = tl.load(do_ptr + roff[:, None] * DV + offs_dv[None, :],
-                     mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        qt = tl.load(
+            q_ptr + roff[None, :] * D + offs_d[:, None], mask=in_q[None, :] & (offs_d[:, None] < D), other=0.0
+        )
+        do = tl.load(
+            do_ptr + roff[:, None] * DV + offs_dv[None, :],
+            mask=in_q[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
         lse = tl.load(lse_ptr + rows, mask=in_q, other=float("inf"))
         delta = tl.load(delta_ptr + rows, mask=in_q, other=0.0)
         pt = tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :])
@@ -175,17 +361,44 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, start, end, kpo
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DU, LSE, DELTA, DK, DV_OUT, CU_Q, CU_K, BLK_MAP,
-    Tq, Tk, qoff, W, KOFF, qk_scale, scale, NROWS,
-    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, VARLEN: tl.constexpr,
+    Q,
+    K,
+    V,
+    DU,
+    LSE,
+    DELTA,
+    DK,
+    DV_OUT,
+    CU_Q,
+    CU_K,
+    BLK_MAP,
+    Tq,
+    Tk,
+    qoff,
+    W,
+    KOFF,
+    qk_scale,
+    scale,
+    NROWS,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr,
+    VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it."""
     HKV = HQ // GRP
     b, hk, i_n, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        tl.program_id(0), tl.program_id(1), CU_K, CU_Q, BLK_MAP, Tk, Tq, qoff, HKV, VARLEN)
+        tl.program_id(0), tl.program_id(1), CU_K, CU_Q, BLK_MAP, Tk, Tq, qoff, HKV, VARLEN
+    )
     if VARLEN:  # _seq_bounds was called with q/k swapped to map key blocks; swap back
         bos_q, bos_k, Tq_n, Tk_n = bos_k, bos_q, Tk_n, Tq_n
         qo = Tk_n - Tq_n
@@ -198,33 +411,117 @@ def _bwd_dkdv_kernel(
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     k_off = ((bos_k + keys) * HKV + hk).to(tl.int64)
-    k = tl.load(K + k_off[:, None] * D + offs_d[None, :], mask=in_k[:, None] & (offs_d[None, :] < D),
-                other=0.0)
-    v = tl.load(V + k_off[:, None] * DV + offs_dv[None, :], mask=in_k[:, None] & (offs_dv[None, :] < DV),
-                other=0.0)
+    k = tl.load(
+        K + k_off[:, None] * D + offs_d[None, :], mask=in_k[:, None] & (offs_d[None, :] < D), other=0.0
+    )
+    v = tl.load(
+        V + k_off[:, None] * DV + offs_dv[None, :], mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0
+    )
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BDV], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = _row_band(i_n * BN, tl.minimum(i_n * BN + BN, Tk_n), Tq_n, qo, W, KOFF, BM,
-                                         CAUSAL, HAS_W, KSTRIDE)
+    lo, full_lo, full_hi, hi = _row_band(
+        i_n * BN, tl.minimum(i_n * BN + BN, Tk_n), Tq_n, qo, W, KOFF, BM, CAUSAL, HAS_W, KSTRIDE
+    )
     for g in range(GRP):
         h = hk * GRP + g
         q_ptr = Q + (bos_q.to(tl.int64) * HQ + h) * D
         do_ptr = DU + (bos_q.to(tl.int64) * HQ + h) * DV
         lse_ptr = LSE + h.to(tl.int64) * NROWS + bos_q
         delta_ptr = DELTA + h.to(tl.int64) * NROWS + bos_q
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, lo, tl.minimum(full_lo, hi),
-                             kpos, in_k, Tq_n, qo, W, qk_scale, offs_d, offs_dv, HQ, D, DV, BM, True, CAUSAL,
-                             HAS_W, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, full_lo, full_hi,
-                             kpos, in_k, Tq_n, qo, W, qk_scale, offs_d, offs_dv, HQ, D, DV, BM, False, CAUSAL,
-                             HAS_W, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, tl.maximum(full_lo, full_hi),
-                             hi, kpos, in_k, Tq_n, qo, W, qk_scale, offs_d, offs_dv, HQ, D, DV, BM, True,
-                             CAUSAL, HAS_W, DOT_PREC)
-    tl.store(DK + k_off[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
-             mask=in_k[:, None] & (offs_d[None, :] < D))
-    tl.store(DV_OUT + k_off[:, None] * DV + offs_dv[None, :], dv.to(DV_OUT.dtype.element_ty),
-             mask=in_k[:, None] & (offs_dv[None, :] < DV))
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_ptr,
+            do_ptr,
+            lse_ptr,
+            delta_ptr,
+            lo,
+            tl.minimum(full_lo, hi),
+            kpos,
+            in_k,
+            Tq_n,
+            qo,
+            W,
+            qk_scale,
+            offs_d,
+            offs_dv,
+            HQ,
+            D,
+            DV,
+            BM,
+            True,
+            CAUSAL,
+            HAS_W,
+            DOT_PREC,
+        )
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_ptr,
+            do_ptr,
+            lse_ptr,
+            delta_ptr,
+            full_lo,
+            full_hi,
+            kpos,
+            in_k,
+            Tq_n,
+            qo,
+            W,
+            qk_scale,
+            offs_d,
+            offs_dv,
+            HQ,
+            D,
+            DV,
+            BM,
+            False,
+            CAUSAL,
+            HAS_W,
+            DOT_PREC,
+        )
+        dk, dv = _dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_ptr,
+            do_ptr,
+            lse_ptr,
+            delta_ptr,
+            tl.maximum(full_lo, full_hi),
+            hi,
+            kpos,
+            in_k,
+            Tq_n,
+            qo,
+            W,
+            qk_scale,
+            offs_d,
+            offs_dv,
+            HQ,
+            D,
+            DV,
+            BM,
+            True,
+            CAUSAL,
+            HAS_W,
+            DOT_PREC,
+        )
+    tl.store(
+        DK + k_off[:, None] * D + offs_d[None, :],
+        (dk * scale).to(DK.dtype.element_ty),
+        mask=in_k[:, None] & (offs_d[None, :] < D),
+    )
+    tl.store(
+        DV_OUT + k_off[:, None] * DV + offs_dv[None, :],
+        dv.to(DV_OUT.dtype.element_ty),
+        mask=in_k[:, None] & (offs_dv[None, :] < DV),
+    )
 
 
 def bwd_config(D: int, dtype: torch.dtype) -> dict:
@@ -236,8 +533,9 @@ def bwd_config(D: int, dtype: torch.dtype) -> dict:
     where the peer saw it, so the GPU tests force every listed config (tests/kernels/test_attention.py).
     """
     if triton_interpreting():
-        return dict(kv=dict(BN=16, BM=16, num_warps=1, num_stages=1), q=dict(BM=16, BN=16, num_warps=1,
-                                                                              num_stages=1))
+        return dict(
+            kv=dict(BN=16, BM=16, num_warps=1, num_stages=1), q=dict(BM=16, BN=16, num_warps=1, num_stages=1)
+        )
     if dtype == torch.float32 or D > 128:
         small = dict(BN=32, BM=32, num_warps=4, num_stages=1)
         return dict(kv=small, q=small)
@@ -279,8 +577,22 @@ def forced_bwd_config(i: int):
     return forced_autotune_config([t for t in (_dkdv_tuned, _dq_tuned) if t is not None], i)
 
 
-def attn_bwd(do, q, k, v, o, lse, gate, scale: float, causal: bool, window, cu=None, kstride: int = 1,
-             koff: int = 0, qoff: int | None = None):
+def attn_bwd(
+    do,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    gate,
+    scale: float,
+    causal: bool,
+    window,
+    cu=None,
+    kstride: int = 1,
+    koff: int = 0,
+    qoff: int | None = None,
+):
     """Gradients (dq, dk, dv, dgate) of `attn_fwd`'s output `o` (the gated one) for upstream `do`."""
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
@@ -291,23 +603,46 @@ def attn_bwd(do, q, k, v, o, lse, gate, scale: float, causal: bool, window, cu=N
     dg = None if gate is None else new_empty(*gate.shape, like=gate)
     pre_bm = 16 if triton_interpreting() else 64
     _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
-        o, do, q if gate is None else gate, du, do if dg is None else dg, delta, nrows,
-        HQ=HQ, DV=DV, BDV=pow2(DV), BM=pre_bm, GATE_MODE=gate_mode)
+        o,
+        do,
+        q if gate is None else gate,
+        du,
+        do if dg is None else dg,
+        delta,
+        nrows,
+        HQ=HQ,
+        DV=DV,
+        BDV=pow2(DV),
+        BM=pre_bm,
+        GATE_MODE=gate_mode,
+    )
     cfg = bwd_config(max(D, DV), q.dtype)
     dq, dk, dv = (new_empty(*t.shape, like=t) for t in (q, k, v))
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
-    common = dict(HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), CAUSAL=causal,
-                  HAS_W=window is not None, KSTRIDE=kstride, VARLEN=cu is not None,
-                  DOT_PREC=dot_precision(q.dtype))
+    common = dict(
+        HQ=HQ,
+        GRP=HQ // HKV,
+        D=D,
+        DV=DV,
+        BD=pow2(D),
+        BDV=pow2(DV),
+        CAUSAL=causal,
+        HAS_W=window is not None,
+        KSTRIDE=kstride,
+        VARLEN=cu is not None,
+        DOT_PREC=dot_precision(q.dtype),
+    )
     scalars = (Tq, Tk, Tk - Tq if qoff is None else qoff, window or 0, koff, scale * LOG2E, scale, nrows)
     cq, ckv = cfg["q"], cfg["kv"]
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         cu_q = cu_k = blk_q = blk_k = dummy
         _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
-            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, **common)
+            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, **common
+        )
         _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
-            q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, **common)
+            q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, **common
+        )
         return dq, dk, dv, dg
     if cu is None:
         cu_q = cu_k = blk_q = blk_k = dummy
@@ -317,10 +652,41 @@ def attn_bwd(do, q, k, v, o, lse, gate, scale: float, causal: bool, window, cu=N
         blk_q, nq = varlen_blocks(cu[0], cq["BM"], q.device)
         blk_k, nk = varlen_blocks(cu[1], ckv["BN"], q.device)
         grid_q, grid_k = (max(nq, 1), HQ), (max(nk, 1), HKV)
-    _bwd_dkdv_kernel[grid_k](q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars,
-                             BM=ckv["BM"], BN=ckv["BN"], num_warps=ckv["num_warps"],
-                             num_stages=ckv["num_stages"], **common)
-    _bwd_dq_kernel[grid_q](q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars,
-                           BM=cq["BM"], BN=cq["BN"], num_warps=cq["num_warps"], num_stages=cq["num_stages"],
-                           **common)
+    _bwd_dkdv_kernel[grid_k](
+        q,
+        k,
+        v,
+        du,
+        lse,
+        delta,
+        dk,
+        dv,
+        cu_q,
+        cu_k,
+        blk_k,
+        *scalars,
+        BM=ckv["BM"],
+        BN=ckv["BN"],
+        num_warps=ckv["num_warps"],
+        num_stages=ckv["num_stages"],
+        **common,
+    )
+    _bwd_dq_kernel[grid_q](
+        q,
+        k,
+        v,
+        du,
+        lse,
+        delta,
+        dq,
+        cu_q,
+        cu_k,
+        blk_q,
+        *scalars,
+        BM=cq["BM"],
+        BN=cq["BN"],
+        num_warps=cq["num_warps"],
+        num_stages=cq["num_stages"],
+        **common,
+    )
     return dq, dk, dv, dg

@@ -20,12 +20,37 @@ from .triton_fwd import LOG2E, NEG_BIG
 
 
 @triton.jit
-def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_scale,
-                         SKB, SKL, SKH, SVB, SVL, SVH,
-                         Tq: tl.constexpr, HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr,
-                         DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-                         BN: tl.constexpr, NSPLIT: tl.constexpr, HAS_W: tl.constexpr, RING: tl.constexpr,
-                         DOT_PREC: tl.constexpr):
+def _decode_split_kernel(
+    Q,
+    K,
+    V,
+    SEQLENS,
+    O_PART,
+    LSE_PART,
+    L,
+    CHUNK,
+    W,
+    qk_scale,
+    SKB,
+    SKL,
+    SKH,
+    SVB,
+    SVL,
+    SVH,
+    Tq: tl.constexpr,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    BR: tl.constexpr,
+    BN: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    HAS_W: tl.constexpr,
+    RING: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Partial attention of rows (t, g) of kv head `hk` over slots [split·CHUNK, (split+1)·CHUNK)."""
     HKV = HQ // GRP
     pid, split = tl.program_id(0), tl.program_id(1)
@@ -37,8 +62,9 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
     qpos = n - Tq + t
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
     q_off = ((b * Tq + t) * HQ + hk * GRP + g).to(tl.int64)
-    q = tl.load(Q + q_off[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D),
-                other=0.0)
+    q = tl.load(
+        Q + q_off[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0
+    )
     # element strides (batch, slot, head) of the caches, whose last dim is contiguous: a view of a
     # larger reserved buffer or a head-major layout is read in place, never copied per step
     k_base = K + b.to(tl.int64) * SKB + hk.to(tl.int64) * SKH
@@ -53,8 +79,11 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
     for j0 in range(start, end, BN):
         j = j0 + tl.arange(0, BN)
         in_j = j < end
-        kt = tl.load(k_base + (j.to(tl.int64) * SKL)[None, :] + offs_d[:, None],
-                     mask=in_j[None, :] & (offs_d[:, None] < D), other=0.0)
+        kt = tl.load(
+            k_base + (j.to(tl.int64) * SKL)[None, :] + offs_d[:, None],
+            mask=in_j[None, :] & (offs_d[:, None] < D),
+            other=0.0,
+        )
         s = mm(q, kt, DOT_PREC) * qk_scale
         pos = j
         if RING:
@@ -67,8 +96,11 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + (j.to(tl.int64) * SVL)[:, None] + offs_dv[None, :],
-                    mask=in_j[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        v = tl.load(
+            v_base + (j.to(tl.int64) * SVL)[:, None] + offs_dv[None, :],
+            mask=in_j[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
         acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
         m_i = m_new
     part = (pid * NSPLIT + split).to(tl.int64) * BR + r
@@ -77,9 +109,21 @@ def _decode_split_kernel(Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_sca
 
 
 @triton.jit
-def _decode_combine_kernel(O_PART, LSE_PART, GATE, O, Tq: tl.constexpr, HQ: tl.constexpr, GRP: tl.constexpr,
-                           DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, NSPLIT: tl.constexpr,
-                           BS: tl.constexpr, GATE_MODE: tl.constexpr):
+def _decode_combine_kernel(
+    O_PART,
+    LSE_PART,
+    GATE,
+    O,
+    Tq: tl.constexpr,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+    BR: tl.constexpr,
+    NSPLIT: tl.constexpr,
+    BS: tl.constexpr,
+    GATE_MODE: tl.constexpr,
+):
     """Merge the NSPLIT partials of one (b, kv head, row) by their lse; apply σ(gate)."""
     HKV = HQ // GRP
     pid, r = tl.program_id(0), tl.program_id(1)
@@ -128,16 +172,54 @@ def attention_decode_triton(q, k_cache, v_cache, cache_seqlens, *, window, ring:
     lse_part = new_empty(B * HKV * nsplit * BR, like=q, dtype=torch.float32)
     seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32)
     _decode_split_kernel[(B * HKV, nsplit)](
-        q, k_cache, v_cache, seqlens, o_part, lse_part, L, chunk, window or 0, scale * LOG2E,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        Tq=Tq, HQ=HQ, GRP=grp, D=D, DV=DV, BD=pow2(D), BDV=BDV, BR=BR, BN=BN, NSPLIT=nsplit,
-        HAS_W=window is not None, RING=ring, DOT_PREC=dot_precision(q.dtype),
-        num_warps=1 if triton_interpreting() else 4, num_stages=1 if triton_interpreting() else 3)
+        q,
+        k_cache,
+        v_cache,
+        seqlens,
+        o_part,
+        lse_part,
+        L,
+        chunk,
+        window or 0,
+        scale * LOG2E,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        Tq=Tq,
+        HQ=HQ,
+        GRP=grp,
+        D=D,
+        DV=DV,
+        BD=pow2(D),
+        BDV=BDV,
+        BR=BR,
+        BN=BN,
+        NSPLIT=nsplit,
+        HAS_W=window is not None,
+        RING=ring,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=1 if triton_interpreting() else 4,
+        num_stages=1 if triton_interpreting() else 3,
+    )
     o = new_empty(B, Tq, HQ, DV, like=v_cache)
     gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
     _decode_combine_kernel[(B * HKV, Tq * grp)](
-        o_part, lse_part, q if gate is None else gate.contiguous(), o,
-        Tq=Tq, HQ=HQ, GRP=grp, DV=DV, BDV=BDV, BR=BR, NSPLIT=nsplit, BS=triton.next_power_of_2(nsplit),
-        GATE_MODE=gate_mode, num_warps=1 if triton_interpreting() else 4)
+        o_part,
+        lse_part,
+        q if gate is None else gate.contiguous(),
+        o,
+        Tq=Tq,
+        HQ=HQ,
+        GRP=grp,
+        DV=DV,
+        BDV=BDV,
+        BR=BR,
+        NSPLIT=nsplit,
+        BS=triton.next_power_of_2(nsplit),
+        GATE_MODE=gate_mode,
+        num_warps=1 if triton_interpreting() else 4,
+    )
     return o

@@ -41,8 +41,9 @@ def _seq_bounds(pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ: tl.constex
 
 
 @triton.jit
-def _band(p0, p1, Tk_n, W, KOFF, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
-          KSTRIDE: tl.constexpr):
+def _band(
+    p0, p1, Tk_n, W, KOFF, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr
+):
     """Key-block ranges for query positions p0..p1: (lo, full_lo, full_hi, hi).
 
     Blocks in [full_lo, full_hi) are visible to every row (no mask); [lo, full_lo) and
@@ -65,16 +66,42 @@ def _band(p0, p1, Tk_n, W, KOFF, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: 
 
 
 @triton.jit
-def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kt, stride_vt, start, end, qpos, Tk_n, W, KOFF,
-               qk_scale, offs_d, offs_dv,
-               D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr,
-               CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, DOT_PREC: tl.constexpr):
+def _fwd_inner(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_ptr,
+    v_ptr,
+    stride_kt,
+    stride_vt,
+    start,
+    end,
+    qpos,
+    Tk_n,
+    W,
+    KOFF,
+    qk_scale,
+    offs_d,
+    offs_dv,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BN: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Online-softmax update over key blocks [start, end); scores in log2 units."""
     for n in range(start, end, BN):
         offs_n = n + tl.arange(0, BN)
         in_k = offs_n < Tk_n
-        kt = tl.load(k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
-                     mask=in_k[None, :] & (offs_d[:, None] < D), other=0.0)
+        kt = tl.load(
+            k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
+            mask=in_k[None, :] & (offs_d[:, None] < D),
+            other=0.0,
+        )
         s = mm(q, kt, DOT_PREC) * qk_scale
         if MASK:
             kpos = offs_n * KSTRIDE + KOFF
@@ -88,8 +115,11 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kt, stride_vt, start, end,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                    mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        v = tl.load(
+            v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :],
+            mask=in_k[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
         acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
         m_i = m_new
     return acc, m_i, l_i
@@ -97,12 +127,36 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kt, stride_vt, start, end,
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, GATE, O, LSE, CU_Q, CU_K, BLK_MAP,
-    Tq, Tk, qoff, W, KOFF, qk_scale, NROWS,
-    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr, GATE_MODE: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    GATE,
+    O,
+    LSE,
+    CU_Q,
+    CU_K,
+    BLK_MAP,
+    Tq,
+    Tk,
+    qoff,
+    W,
+    KOFF,
+    qk_scale,
+    NROWS,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr,
+    GATE_MODE: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """o[b, rows, h] = softmax(q kᵀ · scale + mask) v, times σ(gate); lse in log2 units.
 
@@ -110,7 +164,8 @@ def _attn_fwd_kernel(
     O like Q with DV, LSE `[HQ, NROWS = B·Tq]` fp32 (+inf for a row that sees no key).
     """
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN)
+        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
+    )
     hk = h // GRP
     HKV = HQ // GRP
     rows = i_m * BM + tl.arange(0, BM)
@@ -129,28 +184,106 @@ def _attn_fwd_kernel(
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
     m_i = tl.full([BM], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, HKV * D, HKV * DV, lo, tl.minimum(full_lo, hi),
-                               qpos, Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, True,
-                               CAUSAL, HAS_W, KSTRIDE, DOT_PREC)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, HKV * D, HKV * DV, full_lo, full_hi,
-                               qpos, Tk_n, W, KOFF, qk_scale, offs_d, offs_dv, D, DV, BN, False,
-                               CAUSAL, HAS_W, KSTRIDE, DOT_PREC)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, HKV * D, HKV * DV,
-                               tl.maximum(full_lo, full_hi), hi, qpos, Tk_n, W, KOFF, qk_scale,
-                               offs_d, offs_dv, D, DV, BN, True, CAUSAL, HAS_W, KSTRIDE, DOT_PREC)
+    acc, m_i, l_i = _fwd_inner(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_ptr,
+        v_ptr,
+        HKV * D,
+        HKV * DV,
+        lo,
+        tl.minimum(full_lo, hi),
+        qpos,
+        Tk_n,
+        W,
+        KOFF,
+        qk_scale,
+        offs_d,
+        offs_dv,
+        D,
+        DV,
+        BN,
+        True,
+        CAUSAL,
+        HAS_W,
+        KSTRIDE,
+        DOT_PREC,
+    )
+    acc, m_i, l_i = _fwd_inner(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_ptr,
+        v_ptr,
+        HKV * D,
+        HKV * DV,
+        full_lo,
+        full_hi,
+        qpos,
+        Tk_n,
+        W,
+        KOFF,
+        qk_scale,
+        offs_d,
+        offs_dv,
+        D,
+        DV,
+        BN,
+        False,
+        CAUSAL,
+        HAS_W,
+        KSTRIDE,
+        DOT_PREC,
+    )
+    acc, m_i, l_i = _fwd_inner(
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_ptr,
+        v_ptr,
+        HKV * D,
+        HKV * DV,
+        tl.maximum(full_lo, full_hi),
+        hi,
+        qpos,
+        Tk_n,
+        W,
+        KOFF,
+        qk_scale,
+        offs_d,
+        offs_dv,
+        D,
+        DV,
+        BN,
+        True,
+        CAUSAL,
+        HAS_W,
+        KSTRIDE,
+        DOT_PREC,
+    )
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
     if GATE_MODE == 1:
-        g = tl.load(GATE + row_off[:, None] * DV + offs_dv[None, :],
-                    mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0).to(tl.float32)
+        g = tl.load(
+            GATE + row_off[:, None] * DV + offs_dv[None, :],
+            mask=in_q[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        ).to(tl.float32)
         o = o * tl.sigmoid(g)
     if GATE_MODE == 2:
         g = tl.load(GATE + row_off, mask=in_q, other=0.0).to(tl.float32)
         o = o * tl.sigmoid(g)[:, None]
-    tl.store(O + row_off[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty),
-             mask=in_q[:, None] & (offs_dv[None, :] < DV))
+    tl.store(
+        O + row_off[:, None] * DV + offs_dv[None, :],
+        o.to(O.dtype.element_ty),
+        mask=in_q[:, None] & (offs_dv[None, :] < DV),
+    )
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + h.to(tl.int64) * NROWS + bos_q + rows, lse, mask=in_q)
 
@@ -176,8 +309,19 @@ def varlen_blocks(cu: list[int], bm: int, device) -> torch.Tensor:
     return torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).reshape(-1, 2), len(pairs)
 
 
-def attn_fwd(q, k, v, gate, scale: float, causal: bool, window, cu=None, kstride: int = 1, koff: int = 0,
-             qoff: int | None = None):
+def attn_fwd(
+    q,
+    k,
+    v,
+    gate,
+    scale: float,
+    causal: bool,
+    window,
+    cu=None,
+    kstride: int = 1,
+    koff: int = 0,
+    qoff: int | None = None,
+):
     """Launch the forward. q `[B, Tq, HQ, D]`, k `[B, Tk, HKV, D]`, v `[B, Tk, HKV, DV]`.
 
     `cu` = (cu_q, cu_k) int lists for a packed batch (B == 1) or None. `qoff`: absolute position of
@@ -198,12 +342,38 @@ def attn_fwd(q, k, v, gate, scale: float, causal: bool, window, cu=None, kstride
         cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
     gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
     _attn_fwd_kernel[grid](
-        q, k, v, q if gate is None else gate, o, lse, cu_q, cu_k, blk,
-        Tq, Tk, Tk - Tq if qoff is None else qoff, window or 0, koff, scale * LOG2E, B * Tq,
-        HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BM=cfg["BM"], BN=cfg["BN"],
-        CAUSAL=causal, HAS_W=window is not None, KSTRIDE=kstride, GATE_MODE=gate_mode,
-        VARLEN=cu is not None, DOT_PREC=dot_precision(q.dtype),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        q,
+        k,
+        v,
+        q if gate is None else gate,
+        o,
+        lse,
+        cu_q,
+        cu_k,
+        blk,
+        Tq,
+        Tk,
+        Tk - Tq if qoff is None else qoff,
+        window or 0,
+        koff,
+        scale * LOG2E,
+        B * Tq,
+        HQ=HQ,
+        GRP=HQ // HKV,
+        D=D,
+        DV=DV,
+        BD=pow2(D),
+        BDV=pow2(DV),
+        BM=cfg["BM"],
+        BN=cfg["BN"],
+        CAUSAL=causal,
+        HAS_W=window is not None,
+        KSTRIDE=kstride,
+        GATE_MODE=gate_mode,
+        VARLEN=cu is not None,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return o, lse
 

@@ -47,9 +47,7 @@ def split_cu_seqlens(cu_seqlens, Tq: int, Tk: int):
         cu_q = cu_k = cu_seqlens
     cu_q, cu_k = [int(x) for x in cu_q.tolist()], [int(x) for x in cu_k.tolist()]
     if len(cu_q) != len(cu_k) or cu_q[0] != 0 or cu_k[0] != 0 or cu_q[-1] != Tq or cu_k[-1] != Tk:
-        raise ValueError(
-            f"cu_seqlens must start at 0 and end at T (Tq={Tq}, Tk={Tk}), got {cu_q} / {cu_k}"
-        )
+        raise ValueError(f"cu_seqlens must start at 0 and end at T (Tq={Tq}, Tk={Tk}), got {cu_q} / {cu_k}")
     for n in range(len(cu_q) - 1):
         if cu_q[n + 1] < cu_q[n] or cu_k[n + 1] - cu_k[n] < cu_q[n + 1] - cu_q[n]:
             raise ValueError("each sequence needs 0 <= Tq_n <= Tk_n in cu_seqlens")

@@ -80,8 +80,14 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def block(n: int, cap: int = 64) -> int:
-    """Tile width for a head dim: a power of two in [16, cap] (tl.dot needs ≥ 16)."""
-    return min(cap, max(16, triton.next_power_of_2(n)))
+    """Tile width for a head dim: a power of two in [32, cap].
+
+    At least 32, not tl.dot's 16: on the H200 (Triton 3.6) bf16 simple_gla with V = 16 (a 16-wide
+    value tile) gave a 71% wrong output (RetNet decay) and an illegal memory access (no decay),
+    while fp32 at the same shapes and every 32-wide case ran right; the delta-rule scans met the
+    same with 16-row key tiles. Columns past the head dim are masked loads of zeros.
+    """
+    return min(cap, max(32, triton.next_power_of_2(n)))
 
 
 class Varlen:

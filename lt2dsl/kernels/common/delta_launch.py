@@ -29,9 +29,10 @@ from lt2dsl.kernels.common.delta_grad import (
     delta_grad_final_kernel,
     delta_grad_k_kernel,
 )
+from lt2dsl.kernels.common.delta_split import delta_h_fwd_kernel, delta_o_fwd_kernel
 from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
 from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
-from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel
+from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel, delta_wy_rows_kernel
 from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
 BT = 64
@@ -104,16 +105,52 @@ if CANDIDATES:
     ]
 
 
+# Split forward (`delta_split`): W/U per chunk, the two-dot scan, the output per chunk. The scan
+# holds S `[K, BV]` in fp32 registers: BV 64 is the peer's tile (two programs per head at V = 128).
+# LT2_DELTA_SPLIT=0 runs the fused scan instead.
+SPLIT = os.environ.get("LT2_DELTA_SPLIT", "1") == "1"
+_H_CONFIGS = [
+    triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
+]
+_O_CONFIGS = [
+    triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=8, num_stages=1),
+]
+
 _wy_fwd = autotuned_on_gpu(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
+# UT transform with A from one dot and the substitution's rows loaded from a scratch copy
+# (`delta_wy_rows_kernel`); LT2_DELTA_WY=blocks selects the register-only kernel.
+WY_ROWS = os.environ.get("LT2_DELTA_WY", "rows") == "rows"
+_WY_ROWS_CONFIGS = [
+    triton.Config({}, num_warps=4, num_stages=1),
+    triton.Config({}, num_warps=8, num_stages=1),
+]
+_wy_rows = autotuned_on_gpu(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"])
 _qk_fwd = autotuned_on_gpu(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 _state_fwd = autotuned_on_gpu(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _state_bwd = autotuned_on_gpu(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = autotuned_on_gpu(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_k = autotuned_on_gpu(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _kda_fwd = autotuned_on_gpu(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
-TUNED = [t for t in (_wy_fwd, _qk_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k, _kda_fwd) if t is not None]
+_h_fwd = autotuned_on_gpu(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_o_fwd = autotuned_on_gpu(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+TUNED = [
+    t
+    for t in (_wy_fwd, _qk_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k, _kda_fwd, _h_fwd, _o_fwd, _wy_rows)
+    if t is not None
+]
 N_CONFIGS = max(
-    len(_STATE_CONFIGS), len(_CC_CONFIGS), len(_GRAD_CONFIGS), len(_PREP_CONFIGS), len(_KDA_FWD_CONFIGS)
+    len(_STATE_CONFIGS),
+    len(_CC_CONFIGS),
+    len(_GRAD_CONFIGS),
+    len(_PREP_CONFIGS),
+    len(_KDA_FWD_CONFIGS),
+    len(_H_CONFIGS),
+    len(_O_CONFIGS),
 )
 
 
@@ -198,14 +235,15 @@ class ChunkMeta:
         return (self.n_chunks, self.HV) if self.varlen else (self.NT, bh)
 
 
-def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta):
+def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool = True):
     """DeltaNet / GDN chunk preparation (KDA has its own): the gate cumsum `[B*T, HV]` (zeros for
     DeltaNet, whose state scans run the scalar-gate code), T = (I + A)^{-1} and the output scores
-    Aqk, both `[B*T, HV, 64]` fp32."""
+    Aqk, both `[B*T, HV, 64]` fp32. Without `scores` Aqk is None (the split forward forms P itself;
+    only the backward reads Aqk)."""
     B, T, H, K = k.shape
     HV = beta.shape[-1]
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
-    Aqk = empty(k, B * T, HV, BT, dtype=torch.float32)
+    Aqk = empty(k, B * T, HV, BT, dtype=torch.float32) if scores else None
     if gate == "scalar":
         gcum = empty(k, B * T, HV, dtype=torch.float32)
     else:
@@ -214,8 +252,8 @@ def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta):
                   DOT=dot_mode(k.dtype))  # fmt: skip
     grid = meta.chunk_grid(B * HV)
     launch(
-        _wy_fwd,
-        delta_wy_fwd_kernel,
+        _wy_rows if WY_ROWS else _wy_fwd,
+        delta_wy_rows_kernel if WY_ROWS else delta_wy_fwd_kernel,
         grid,
         k,
         g if g is not None else beta,
@@ -227,6 +265,8 @@ def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta):
         T,
         **common,
     )
+    if not scores:
+        return gcum, Ainv, None
     launch(
         _qk_fwd, delta_qk_fwd_kernel, grid, q, k, gcum, Aqk, meta.cu, meta.chunk_indices, T, scale, **common
     )
@@ -247,6 +287,8 @@ def _state_gate(gate: str) -> int:
 
 def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
     """Output `[B, T, HV, V]`, final state, and (if `save`) per-chunk states and U' for the backward."""
+    if SPLIT:
+        return split_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta, want_final, save)
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     o = empty(v, *v.shape)
@@ -294,6 +336,35 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
         PREC=split_mode(k.dtype),
         fixed={"BV": min(16, pow2(V))},
     )
+    return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
+
+
+def split_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
+    """`state_fwd` by the split kernels (`delta_split`); Aqk is read only for the per-channel gate."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    dt = k.dtype
+    un32 = empty(v, *v.shape, dtype=torch.float32)
+    vnew = empty(v, *v.shape) if save else un32
+    h = empty(k, ChunkMeta.max_chunks(B, T, meta.N, meta.varlen), HV, K, V)
+    o = empty(v, *v.shape)
+    ht = empty(v, meta.N, HV, K, V, dtype=torch.float32) if want_final else o
+    common = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=state_bk(K), GATE=_state_gate(gate), IS_VARLEN=meta.varlen,
+                  DOT=dot_mode(dt), PREC=split_mode(dt), fixed={"BV": min(32, pow2(V))})  # fmt: skip
+
+    def hgrid(m):
+        return (triton.cdiv(V, m["BV"]), meta.N * HV)
+
+    launch(_h_fwd, delta_h_fwd_kernel, hgrid, k, v, gcum, beta, Ainv, h0 if h0 is not None else o, h, un32,
+           vnew, ht, meta.cu, meta.chunk_offsets, T, USE_H0=h0 is not None, STORE_FINAL=want_final,
+           STORE_VNEW=save, **common)  # fmt: skip
+    cgrid = meta.chunk_grid(B * HV)
+
+    def ogrid(m):
+        return (triton.cdiv(V, m["BV"]), *cgrid)
+
+    launch(_o_fwd, delta_o_fwd_kernel, ogrid, q, k, gcum, Aqk if Aqk is not None else o, h, un32, o,
+           meta.cu, meta.chunk_indices, T, scale, **common)  # fmt: skip
     return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
 
 

@@ -21,8 +21,10 @@ def pick_backend(backend: str, q: torch.Tensor) -> str:
     if which == "triton" and (q.dtype not in TRITON_DTYPES or q.shape[-1] > MAX_TRITON_K):
         if backend == "auto":
             return "reference"
-        raise ValueError(f"backend='triton' supports {TRITON_DTYPES} and key head dims ≤ {MAX_TRITON_K}, "
-                         f"got {q.dtype} with K={q.shape[-1]}; use 'reference'")
+        raise ValueError(
+            f"backend='triton' supports {TRITON_DTYPES} and key head dims ≤ {MAX_TRITON_K}, "
+            f"got {q.dtype} with K={q.shape[-1]}; use 'reference'"
+        )
     return which
 
 

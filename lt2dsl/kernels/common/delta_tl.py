@@ -199,6 +199,12 @@ def inv_unit_lower64(Ad, A10, A20, A21, A30, A31, A32, DOT: tl.constexpr):
     substitution), all in fp32. Returns the ten lower blocks T00, T10, T11, T20, ... T33.
     """
     Td = inv_unit_lower16x4(Ad)
+    return inv_block_lower64(Td, A10, A20, A21, A30, A31, A32, DOT)
+
+
+@helper
+def inv_block_lower64(Td, A10, A20, A21, A30, A31, A32, DOT: tl.constexpr):
+    """`inv_unit_lower64` given the inverted diagonal blocks `Td` `[4, 16, 16]`."""
     T00 = pick4(Td, 0)
     T11 = pick4(Td, 1)
     T22 = pick4(Td, 2)

@@ -19,6 +19,7 @@ import torch
 import triton
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common import delta_launch
 from lt2dsl.kernels.common.delta_args import l2norm
 from lt2dsl.kernels.common.delta_launch import (
     BT,
@@ -95,7 +96,9 @@ def _chunk_fwd_impl(
     if gate == 2:
         gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta)
     else:
-        gcum, Ainv, Aqk = wy_fwd(q, k, g, beta, GATES[gate], scale, meta)
+        gcum, Ainv, Aqk = wy_fwd(
+            q, k, g, beta, GATES[gate], scale, meta, scores=save or not delta_launch.SPLIT
+        )
     o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
 
     # Outputs may not alias each other, so every absent one is its own empty tensor.

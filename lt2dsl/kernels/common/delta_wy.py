@@ -23,6 +23,7 @@ from lt2dsl.kernels.common.delta_state import load_tile
 from lt2dsl.kernels.common.delta_tl import (
     chunk_coords,
     helper,
+    inv_block_lower64,
     inv_unit_lower64,
     load_rows,
     load_vec16,
@@ -119,6 +120,95 @@ def delta_wy_fwd_kernel(
         _kkt_block(k3, k2, b3, b2, be3, False, USE_G, DOT),
         DOT,
     )
+    store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
+
+
+@helper
+def _scratch_block(base, I: tl.constexpr, J: tl.constexpr, n, HV: tl.constexpr, BT: tl.constexpr):
+    """Block (I, J) `[16, 16]` of the chunk's matrix in the scratch rows at `base` (0 past n)."""
+    o = tl.arange(0, 16)
+    rows = I * 16 + o
+    return tl.load(
+        base + rows[:, None] * (HV * BT) + J * 16 + o[None, :], mask=(rows < n)[:, None], other=0.0
+    )
+
+
+@triton.jit
+def delta_wy_rows_kernel(
+    k,
+    g,
+    beta,
+    gcum,
+    Ainv,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    USE_G: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """`delta_wy_fwd_kernel` with A from one `[64, K]` dot, parked in Ainv's rows as scratch.
+
+    The substitution for the diagonal blocks then loads row i of each block from there, where the
+    register version extracts it with a cross-thread reduction (two per step instead of one); the
+    blocks below the diagonal are loaded from the scratch as well. Barriers order the scratch
+    writes, reads and the final T over Ainv within the program.
+    """
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    t0 = bos + i_t * BT
+    n = eos - t0
+    t64 = t0.to(tl.int64)
+    ot = tl.arange(0, BT)
+    m_t = ot < n
+    b_beta = tl.load(beta + (t64 + ot) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+    b_k = load_tile(k + (t64 * H + i_h) * K, 0, n, H * K, 0, K, BT, BK)
+    strict = ot[:, None] > ot[None, :]
+    A = mm(b_k, tl.trans(b_k), DOT) * b_beta[:, None]
+    if USE_G:
+        # Padded rows load g = 0, so b stays at the chunk's last value there.
+        b = rcumsum(tl.load(g + (t64 + ot) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32), 0)
+        tl.store(gcum + (t64 + ot) * HV + i_hv, b, mask=m_t)
+        # kept entries have r > i, so the exponent is ≤ 0; the others are zeroed before exp
+        A = A * tl.exp(tl.where(strict, b[:, None] - b[None, :], 0.0))
+    A = tl.where(strict, A, 0.0)
+    base = Ainv + (t64 * HV + i_hv) * BT
+    tl.store(base + ot[:, None] * (HV * BT) + ot[None, :], A, mask=m_t[:, None])
+    tl.debug_barrier()
+
+    # Diagonal blocks, all four at once: R = T − I row by row, R_i = a + a R with a = −A_i (row i).
+    o16 = tl.arange(0, 16)
+    blk = tl.arange(0, 4)
+    diag = (
+        base + (16 * blk)[:, None, None] * (HV * BT + 1) + o16[None, :, None] * (HV * BT) + o16[None, None, :]
+    )
+    in_seq = (16 * blk[:, None, None] + o16[None, :, None]) < n
+    R = -tl.load(diag, mask=in_seq, other=0.0)
+    row = o16[None, :, None]
+    for i in tl.static_range(2, 16):
+        p_row = base + (16 * blk + i)[:, None] * (HV * BT) + 16 * blk[:, None] + o16[None, :]
+        a = -tl.load(p_row, mask=((16 * blk + i) < n)[:, None], other=0.0)
+        a = a + rsum(a[:, :, None] * R, 1)
+        R = tl.where(row == i, a[:, None, :], R)
+    Td = R + tl.where(o16[:, None] == o16[None, :], 1.0, 0.0)[None, :, :]
+    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = inv_block_lower64(
+        Td,
+        _scratch_block(base, 1, 0, n, HV, BT),
+        _scratch_block(base, 2, 0, n, HV, BT),
+        _scratch_block(base, 2, 1, n, HV, BT),
+        _scratch_block(base, 3, 0, n, HV, BT),
+        _scratch_block(base, 3, 1, n, HV, BT),
+        _scratch_block(base, 3, 2, n, HV, BT),
+        DOT,
+    )
+    tl.debug_barrier()
     store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
 
 

@@ -70,16 +70,31 @@ def dsa(
     if resolve_backend(backend, q) == "triton":
         from .ops import dsa_triton
 
-        o, idx = dsa_triton(q, k, v, q_idx, k_idx, w_idx, topk=topk, scale=scale, idx_scale=idx_scale,
-                            indices=indices, cu_seqlens=cu_seqlens)
+        o, idx = dsa_triton(
+            q,
+            k,
+            v,
+            q_idx,
+            k_idx,
+            w_idx,
+            topk=topk,
+            scale=scale,
+            idx_scale=idx_scale,
+            indices=indices,
+            cu_seqlens=cu_seqlens,
+        )
     else:
         kw = dict(topk=topk, scale=scale, idx_scale=idx_scale)
         if cu_seqlens is None:
             o, idx = dsa_reference(q, k, v, q_idx, k_idx, w_idx, indices=indices, **kw)
         else:
-            o, idx = run_by_sequence(dsa_reference, cu_seqlens,
-                                     dict(q=q, q_idx=q_idx, w_idx=w_idx, indices=indices),
-                                     dict(k=k, v=v, k_idx=k_idx), **kw)
+            o, idx = run_by_sequence(
+                dsa_reference,
+                cu_seqlens,
+                dict(q=q, q_idx=q_idx, w_idx=w_idx, indices=indices),
+                dict(k=k, v=v, k_idx=k_idx),
+                **kw,
+            )
     return (o, idx) if return_indices else o
 
 

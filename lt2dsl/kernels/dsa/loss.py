@@ -77,4 +77,3 @@ def _head_summed_probs(qs, kx, mask) -> torch.Tensor:
     s = torch.einsum("bihk,bjhk->bhij", qs, kx)
     p = masked_softmax(s, mask[:, None]).sum(1)
     return p / p.sum(-1, keepdim=True).clamp_min(1e-30)
-

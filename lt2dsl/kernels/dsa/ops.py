@@ -30,8 +30,9 @@ def _(q, k, v, indices, scale):
 
 
 @torch.library.custom_op("lt2dsl::dsa_attn_bwd", mutates_args=())
-def dsa_attn_bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, indices: Tensor,
-                    scale: float) -> tuple[Tensor, Tensor, Tensor]:
+def dsa_attn_bwd_op(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, indices: Tensor, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Sparse attention backward: (dq, dk, dv)."""
     return sparse_attn_bwd(do.contiguous(), q, k.contiguous(), v.contiguous(), o, lse, indices, scale)
 
@@ -90,8 +91,10 @@ def _indexer_flops(q_idx, k_idx, w_idx, topk, idx_scale, *args, **kwargs) -> int
 def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, indices, cu_seqlens):
     """`dsa(backend="triton")`: Triton indexer + top-k, then the sparse attention custom op."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or {k.dtype, v.dtype} != {q.dtype}:
-        raise ValueError(f"the Triton DSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
-                         "use backend='reference' for float64")
+        raise ValueError(
+            f"the Triton DSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
+            "use backend='reference' for float64"
+        )
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if cu_seqlens is not None and isinstance(cu_seqlens, tuple | list):
         raise ValueError("the Triton DSA takes one cu_seqlens (Tq == Tk per sequence)")
@@ -112,9 +115,16 @@ def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens):
     if cu_seqlens is None:
         return dsa_indexer_op(q_idx, k_idx, w_idx, topk, idx_scale)
     cu = cu_seqlens.tolist()
-    parts = [dsa_indexer_op(q_idx[:, a:b].contiguous(), k_idx[:, a:b].contiguous(),
-                            None if w_idx is None else w_idx[:, a:b].contiguous(), topk, idx_scale)
-             for a, b in itertools.pairwise(cu)]
+    parts = [
+        dsa_indexer_op(
+            q_idx[:, a:b].contiguous(),
+            k_idx[:, a:b].contiguous(),
+            None if w_idx is None else w_idx[:, a:b].contiguous(),
+            topk,
+            idx_scale,
+        )
+        for a, b in itertools.pairwise(cu)
+    ]
     return torch.cat(parts, dim=1)
 
 

@@ -75,8 +75,7 @@ def sparse_attention_reference(q, k, v, indices, scale: float, chunk: int = 256)
     return torch.cat(outs, dim=1)
 
 
-def dsa_reference(q, k, v, q_idx, k_idx, w_idx=None, *, topk: int, scale=None, idx_scale=None,
-                  indices=None):
+def dsa_reference(q, k, v, q_idx, k_idx, w_idx=None, *, topk: int, scale=None, idx_scale=None, indices=None):
     """Vectorised `dsa_naive`: returns (o `[B, Tq, HQ, V]` in v's dtype, indices `[B, Tq, topk]`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if indices is None:

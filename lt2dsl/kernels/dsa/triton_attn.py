@@ -26,23 +26,53 @@ from ..common.backend import triton_interpreting
 @triton.jit
 def _gather_rows(base, idx, offs, WIDTH: tl.constexpr, HKV: tl.constexpr, ok):
     """`[BK, B?]` rows of a `[T, HKV, WIDTH]` slab (already offset to batch and head) at positions idx."""
-    return tl.load(base + (idx.to(tl.int64) * HKV)[:, None] * WIDTH + offs[None, :],
-                   mask=ok[:, None] & (offs[None, :] < WIDTH), other=0.0)
+    return tl.load(
+        base + (idx.to(tl.int64) * HKV)[:, None] * WIDTH + offs[None, :],
+        mask=ok[:, None] & (offs[None, :] < WIDTH),
+        other=0.0,
+    )
 
 
 @triton.jit
 def _gather_strided(base, idx, offs, WIDTH: tl.constexpr, ROW_STRIDE, ok):
     """`[BK, B?]` rows at positions idx of a slab whose rows are ROW_STRIDE elements apart."""
-    return tl.load(base + (idx.to(tl.int64) * ROW_STRIDE)[:, None] + offs[None, :],
-                   mask=ok[:, None] & (offs[None, :] < WIDTH), other=0.0)
+    return tl.load(
+        base + (idx.to(tl.int64) * ROW_STRIDE)[:, None] + offs[None, :],
+        mask=ok[:, None] & (offs[None, :] < WIDTH),
+        other=0.0,
+    )
 
 
 @triton.jit
-def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
-                       SKB, SKT, SKH, SVB, SVT, SVH,
-                       HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-                       BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                       IDX_H: tl.constexpr, DOT_PREC: tl.constexpr):
+def _sparse_fwd_kernel(
+    Q,
+    K,
+    V,
+    IDX,
+    O,
+    LSE,
+    Tq,
+    Tk,
+    NIDX,
+    qk_scale,
+    NROWS,
+    SKB,
+    SKT,
+    SKH,
+    SVB,
+    SVT,
+    SVH,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    BR: tl.constexpr,
+    BK: tl.constexpr,
+    IDX_H: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
     HKV = HQ // GRP
     t, pid = tl.program_id(0), tl.program_id(1)
@@ -76,17 +106,44 @@ def _sparse_fwd_kernel(Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS,
         m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(O + row[:, None] * DV + offs_dv[None, :], o.to(O.dtype.element_ty),
-             mask=in_r[:, None] & (offs_dv[None, :] < DV))
+    tl.store(
+        O + row[:, None] * DV + offs_dv[None, :],
+        o.to(O.dtype.element_ty),
+        mask=in_r[:, None] & (offs_dv[None, :] < DV),
+    )
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
 
 
 @triton.jit
-def _sparse_bwd_kernel(Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NIDX, qk_scale, scale, NROWS,
-                       HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-                       BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                       IDX_H: tl.constexpr, DOT_PREC: tl.constexpr):
+def _sparse_bwd_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    IDX,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    DV_ACC,
+    Tq,
+    Tk,
+    NIDX,
+    qk_scale,
+    scale,
+    NROWS,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    BR: tl.constexpr,
+    BK: tl.constexpr,
+    IDX_H: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """dq of one query's G heads; dk, dv of its selected keys added atomically into fp32 buffers."""
     HKV = HQ // GRP
     t, pid = tl.program_id(0), tl.program_id(1)
@@ -97,8 +154,9 @@ def _sparse_bwd_kernel(Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NID
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
     row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
     q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
-    do = tl.load(DO + row[:, None] * DV + offs_dv[None, :], mask=in_r[:, None] & (offs_dv[None, :] < DV),
-                 other=0.0)
+    do = tl.load(
+        DO + row[:, None] * DV + offs_dv[None, :], mask=in_r[:, None] & (offs_dv[None, :] < DV), other=0.0
+    )
     qt, dot_ = tl.trans(q), tl.trans(do)
     lse = tl.load(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=float("inf"))
     delta = tl.load(DELTA + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=0.0)
@@ -117,13 +175,24 @@ def _sparse_bwd_kernel(Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NID
         dqt += mm(tl.trans(k), dst.to(k.dtype), DOT_PREC)
         dv_blk = mm(pt.to(do.dtype), do, DOT_PREC)
         dk_blk = mm(dst.to(q.dtype), q, DOT_PREC) * scale
-        kv_rows = (kv_off + idx.to(tl.int64) * HKV)
-        tl.atomic_add(DK + kv_rows[:, None] * D + offs_d[None, :], dk_blk,
-                      mask=ok[:, None] & (offs_d[None, :] < D), sem="relaxed")
-        tl.atomic_add(DV_ACC + kv_rows[:, None] * DV + offs_dv[None, :], dv_blk,
-                      mask=ok[:, None] & (offs_dv[None, :] < DV), sem="relaxed")
-    tl.store(DQ + row[None, :] * D + offs_d[:, None], (dqt * scale).to(DQ.dtype.element_ty),
-             mask=in_r[None, :] & (offs_d[:, None] < D))
+        kv_rows = kv_off + idx.to(tl.int64) * HKV
+        tl.atomic_add(
+            DK + kv_rows[:, None] * D + offs_d[None, :],
+            dk_blk,
+            mask=ok[:, None] & (offs_d[None, :] < D),
+            sem="relaxed",
+        )
+        tl.atomic_add(
+            DV_ACC + kv_rows[:, None] * DV + offs_dv[None, :],
+            dv_blk,
+            mask=ok[:, None] & (offs_dv[None, :] < DV),
+            sem="relaxed",
+        )
+    tl.store(
+        DQ + row[None, :] * D + offs_d[:, None],
+        (dqt * scale).to(DQ.dtype.element_ty),
+        mask=in_r[None, :] & (offs_d[:, None] < D),
+    )
 
 
 def _cfg(dtype: torch.dtype) -> dict:
@@ -146,11 +215,36 @@ def sparse_attn_fwd(q, k, v, indices, scale: float):
     lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
     cfg = _cfg(q.dtype)
     _sparse_fwd_kernel[(Tq, B * HKV)](
-        q, k, v, indices, o, lse, Tq, Tk, indices.shape[-1], scale * LOG2E, B * Tq,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BR=pow2(HQ // HKV), BK=cfg["BK"],
-        IDX_H=indices.shape[2] if indices.dim() == 4 else 1, DOT_PREC=dot_precision(q.dtype),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        q,
+        k,
+        v,
+        indices,
+        o,
+        lse,
+        Tq,
+        Tk,
+        indices.shape[-1],
+        scale * LOG2E,
+        B * Tq,
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        HQ=HQ,
+        GRP=HQ // HKV,
+        D=D,
+        DV=DV,
+        BD=pow2(D),
+        BDV=pow2(DV),
+        BR=pow2(HQ // HKV),
+        BK=cfg["BK"],
+        IDX_H=indices.shape[2] if indices.dim() == 4 else 1,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
     return o, lse
 
 
@@ -161,15 +255,41 @@ def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float):
     nrows = B * Tq
     delta = new_empty(HQ, nrows, like=q, dtype=torch.float32)
     pre_bm = 16 if triton_interpreting() else 64
-    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](o, do, o, do, do, delta, nrows, HQ=HQ, DV=DV,
-                                                      BDV=pow2(DV), BM=pre_bm, GATE_MODE=0)
+    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
+        o, do, o, do, do, delta, nrows, HQ=HQ, DV=DV, BDV=pow2(DV), BM=pre_bm, GATE_MODE=0
+    )
     dq = new_empty(*q.shape, like=q)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     cfg = _cfg(q.dtype)
     _sparse_bwd_kernel[(Tq, B * HKV)](
-        q, k, v, do, indices, lse, delta, dq, dk, dv, Tq, Tk, indices.shape[-1], scale * LOG2E, scale, nrows,
-        HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV), BR=pow2(HQ // HKV), BK=cfg["BK"],
-        IDX_H=indices.shape[2] if indices.dim() == 4 else 1, DOT_PREC=dot_precision(q.dtype),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        q,
+        k,
+        v,
+        do,
+        indices,
+        lse,
+        delta,
+        dq,
+        dk,
+        dv,
+        Tq,
+        Tk,
+        indices.shape[-1],
+        scale * LOG2E,
+        scale,
+        nrows,
+        HQ=HQ,
+        GRP=HQ // HKV,
+        D=D,
+        DV=DV,
+        BD=pow2(D),
+        BDV=pow2(DV),
+        BR=pow2(HQ // HKV),
+        BK=cfg["BK"],
+        IDX_H=indices.shape[2] if indices.dim() == 4 else 1,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
     return dq, dk.to(k.dtype), dv.to(v.dtype)

@@ -21,9 +21,25 @@ _INT64_MIN = -(2**63)
 
 
 @triton.jit
-def _indexer_kernel(QI, KI, WI, KEYS, t0, Tq, Tk, C, KW, idx_scale, HI: tl.constexpr, DI: tl.constexpr,
-                    BDI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_W: tl.constexpr,
-                    DOT_PREC: tl.constexpr):
+def _indexer_kernel(
+    QI,
+    KI,
+    WI,
+    KEYS,
+    t0,
+    Tq,
+    Tk,
+    C,
+    KW,
+    idx_scale,
+    HI: tl.constexpr,
+    DI: tl.constexpr,
+    BDI: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    HAS_W: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """KEYS[b, r, s] for chunk rows r (query t0 + r), keys s < KW; QI `[B, Tq, HI, DI]`, KI `[B, Tk, DI]`.
 
     KEYS is `[B, C, KW]`: KW ≤ Tk stops at the last key any row of the chunk can see."""
@@ -39,13 +55,17 @@ def _indexer_kernel(QI, KI, WI, KEYS, t0, Tq, Tk, C, KW, idx_scale, HI: tl.const
         tl.store(out, tl.full([BM, BN], -(2**63), tl.int64), mask=store_mask)
     else:
         offs = tl.arange(0, BDI)
-        kt = tl.load(KI + (b.to(tl.int64) * Tk + keys)[None, :] * DI + offs[:, None],
-                     mask=(keys < Tk)[None, :] & (offs[:, None] < DI), other=0.0)
+        kt = tl.load(
+            KI + (b.to(tl.int64) * Tk + keys)[None, :] * DI + offs[:, None],
+            mask=(keys < Tk)[None, :] & (offs[:, None] < DI),
+            other=0.0,
+        )
         score = tl.zeros([BM, BN], dtype=tl.float32)
         for j in range(HI):
             qrow = (b * Tq + t).to(tl.int64) * HI + j
-            q = tl.load(QI + qrow[:, None] * DI + offs[None, :], mask=in_q[:, None] & (offs[None, :] < DI),
-                        other=0.0)
+            q = tl.load(
+                QI + qrow[:, None] * DI + offs[None, :], mask=in_q[:, None] & (offs[None, :] < DI), other=0.0
+            )
             dots = tl.maximum(mm(q, kt, DOT_PREC) * idx_scale, 0.0)
             if HAS_W:
                 dots = dots * tl.load(WI + qrow, mask=in_q, other=0.0).to(tl.float32)[:, None]
@@ -55,6 +75,7 @@ def _indexer_kernel(QI, KI, WI, KEYS, t0, Tq, Tk, C, KW, idx_scale, HI: tl.const
         key = ordered * 2147483648 + (2147483647 - keys[None, :].to(tl.int64))
         ok = in_q[:, None] & (keys[None, :] <= pos[:, None]) & (keys < Tk)[None, :]
         tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
+
 
 def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, chunk: int | None = None):
     """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference)."""
@@ -78,10 +99,26 @@ def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, c
         kw = max(1, min(Tk, t0 + c + (Tk - Tq)))
         keys = torch.empty(B, c, kw, dtype=torch.int64, device=q_idx.device)
         _indexer_kernel[(triton.cdiv(c, BM), triton.cdiv(kw, BN), B)](
-            q_idx, k_idx, q_idx if w is None else w, keys, t0, Tq, Tk, c, kw, idx_scale,
-            HI=HI, DI=DI, BDI=pow2(DI), BM=BM, BN=BN, HAS_W=w is not None,
+            q_idx,
+            k_idx,
+            q_idx if w is None else w,
+            keys,
+            t0,
+            Tq,
+            Tk,
+            c,
+            kw,
+            idx_scale,
+            HI=HI,
+            DI=DI,
+            BDI=pow2(DI),
+            BM=BM,
+            BN=BN,
+            HAS_W=w is not None,
             DOT_PREC=dot_precision(q_idx.dtype),
-            num_warps=1 if triton_interpreting() else 8, num_stages=1 if triton_interpreting() else 2)
+            num_warps=1 if triton_interpreting() else 8,
+            num_stages=1 if triton_interpreting() else 2,
+        )
         kc = min(kk, kw)
         top, idx = torch.topk(keys, kc, dim=-1, sorted=True)
         out[:, t0 : t0 + c, :kc] = idx.masked_fill(top == _INT64_MIN, -1)

@@ -28,8 +28,16 @@ from lt2dsl.kernels.common.backend import resolve_backend
 from . import naive
 from .common import TRITON_DTYPES, rows_view
 
-__all__ = ["add_rmsnorm", "concat_biases", "concat_weights", "conv_silu", "gated_rmsnorm_linear", "gdn_gate",
-           "linear_split", "swiglu"]
+__all__ = [
+    "add_rmsnorm",
+    "concat_biases",
+    "concat_weights",
+    "conv_silu",
+    "gated_rmsnorm_linear",
+    "gdn_gate",
+    "linear_split",
+    "swiglu",
+]
 
 
 def use_triton(backend: str, *tensors: torch.Tensor | None) -> bool:
@@ -47,8 +55,9 @@ def _ops():
     return ops
 
 
-def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor | None, eps: float | None, *,
-                backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def add_rmsnorm(
+    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor | None, eps: float | None, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add and the next RMSNorm: (RMSNorm(x + r) · γ, x + r), one kernel.
 
     Args:
@@ -95,8 +104,9 @@ def concat_biases(sizes: Sequence[int], *bs: torch.Tensor | None) -> torch.Tenso
     return torch.cat(parts, dim=0)
 
 
-def linear_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 sizes: Sequence[int]) -> tuple[torch.Tensor, ...]:
+def linear_split(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sizes: Sequence[int]
+) -> tuple[torch.Tensor, ...]:
     """Several projections of one input as one GEMM: `F.linear(x, W_cat, b_cat).split(sizes, -1)`.
 
     The outputs are column slices (views) of one `[..., Σ sizes]` tensor.
@@ -104,8 +114,15 @@ def linear_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias).split(list(sizes), dim=-1)
 
 
-def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, hist: torch.Tensor | None,
-              *, head_dim: int = 0, backend: str = "auto") -> torch.Tensor:
+def conv_silu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    hist: torch.Tensor | None,
+    *,
+    head_dim: int = 0,
+    backend: str = "auto",
+) -> torch.Tensor:
     """Causal depthwise short conv + SiLU (+ L2Norm per head of `head_dim` channels), one kernel.
 
     Args:
@@ -123,17 +140,29 @@ def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     return _ops().conv_silu_op(x, w2, bias, None if hist is None else hist.detach(), head_dim)
 
 
-def gdn_gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, *,
-             beta_scale: float = 1.0, dtype: torch.dtype = torch.float32,
-             backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gate(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    *,
+    beta_scale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GDN gates from the raw projections, one kernel (mixers.md §5(a)).
 
     g = −exp(A_log) · softplus(a + dt_bias), β = beta_scale · σ(b), both `[B, T, HV]` in `dtype`
     (fp32; float64 for float64 models). a, b `[B, T, HV]`; A_log, dt_bias `[HV]`.
     """
     HV = a.shape[-1]
-    ok = (dtype == torch.float32 and b.shape == a.shape and A_log.shape == (HV,) and dt_bias.shape == (HV,)
-          and use_triton(backend, a, b, A_log, dt_bias))
+    ok = (
+        dtype == torch.float32
+        and b.shape == a.shape
+        and A_log.shape == (HV,)
+        and dt_bias.shape == (HV,)
+        and use_triton(backend, a, b, A_log, dt_bias)
+    )
     if not ok:
         return naive.gdn_gate_ref(a, b, A_log, dt_bias, beta_scale, dtype)
     g, beta = _ops().gdn_gate_op(rows_view(a, HV), rows_view(b, HV), A_log, dt_bias, float(beta_scale))
@@ -143,10 +172,20 @@ def gdn_gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: tor
 ACT_CODES = {None: 0, "silu": 1, "sigmoid": 2}
 
 
-def gated_rmsnorm_linear(o: torch.Tensor, gate: torch.Tensor | None, norm_weight: torch.Tensor,
-                         proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, *, eps: float,
-                         act: str | None, group: int, norm_before_gate: bool = True, n_flat: int = 1,
-                         backend: str = "auto") -> torch.Tensor:
+def gated_rmsnorm_linear(
+    o: torch.Tensor,
+    gate: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor | None,
+    *,
+    eps: float,
+    act: str | None,
+    group: int,
+    norm_before_gate: bool = True,
+    n_flat: int = 1,
+    backend: str = "auto",
+) -> torch.Tensor:
     """A mixer's output norm and projection: `proj(GatedRMSNorm(o, gate).flatten(-n_flat))`.
 
     Args:
@@ -162,17 +201,31 @@ def gated_rmsnorm_linear(o: torch.Tensor, gate: torch.Tensor | None, norm_weight
     gate = gate if act is not None else None
     L = proj_weight.shape[1]
     lead = o.shape[: o.dim() - n_flat]
-    ok = (o.shape[o.dim() - n_flat:].numel() == L and L % norm_weight.shape[0] == 0
-          and norm_weight.shape[0] % group == 0 and (gate is None or gate.shape == o.shape)
-          and o.dtype == norm_weight.dtype == proj_weight.dtype
-          and use_triton(backend, o, gate, norm_weight, proj_weight, proj_bias))
+    ok = (
+        o.shape[o.dim() - n_flat :].numel() == L
+        and L % norm_weight.shape[0] == 0
+        and norm_weight.shape[0] % group == 0
+        and (gate is None or gate.shape == o.shape)
+        and o.dtype == norm_weight.dtype == proj_weight.dtype
+        and use_triton(backend, o, gate, norm_weight, proj_weight, proj_bias)
+    )
     if not ok:
-        return naive.gated_rmsnorm_linear_ref(o, gate, norm_weight, proj_weight, proj_bias, eps, act, group,
-                                              norm_before_gate, n_flat)
+        return naive.gated_rmsnorm_linear_ref(
+            o, gate, norm_weight, proj_weight, proj_bias, eps, act, group, norm_before_gate, n_flat
+        )
     o2 = rows_view(o, L)
     g2 = None if gate is None else rows_view(gate, L)
-    out = _ops().gated_rmsnorm_linear_op(o2, g2, norm_weight, proj_weight, proj_bias, float(eps),
-                                         ACT_CODES[act], group, norm_before_gate or act is None)
+    out = _ops().gated_rmsnorm_linear_op(
+        o2,
+        g2,
+        norm_weight,
+        proj_weight,
+        proj_bias,
+        float(eps),
+        ACT_CODES[act],
+        group,
+        norm_before_gate or act is None,
+    )
     return out.view(*lead, proj_weight.shape[0])
 
 

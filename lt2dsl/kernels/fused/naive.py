@@ -22,22 +22,29 @@ def wide_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def add_rmsnorm_ref(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor | None,
-                    eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rmsnorm_ref(
+    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor | None, eps: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + r), x + r) over the last dim: `nn.RMSNorm` applied to the residual sum."""
     s = x + r
     return F.rms_norm(s, (s.shape[-1],), weight, eps), s
 
 
-def linear_split_ref(x: torch.Tensor, weights: list[torch.Tensor],
-                     biases: list[torch.Tensor] | None) -> tuple[torch.Tensor, ...]:
+def linear_split_ref(
+    x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor] | None
+) -> tuple[torch.Tensor, ...]:
     """One `F.linear` per projection (the unfused graph)."""
     bs = biases if biases is not None else [None] * len(weights)
     return tuple(F.linear(x, w, b) for w, b in zip(weights, bs))
 
 
-def conv_silu_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  hist: torch.Tensor | None, head_dim: int = 0) -> torch.Tensor:
+def conv_silu_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    hist: torch.Tensor | None,
+    head_dim: int = 0,
+) -> torch.Tensor:
     """Causal depthwise conv + SiLU (mixers.md §0 ShortConv), then L2Norm per head of `head_dim`.
 
     Args:
@@ -58,9 +65,14 @@ def conv_silu_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return l2norm(y.unflatten(-1, (-1, head_dim))).flatten(-2)
 
 
-def gdn_gate_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                 beta_scale: float = 1.0, dtype: torch.dtype = torch.float32
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gate_ref(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    beta_scale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GDN gates (mixers.md §5(a)) in `dtype`: g = −exp(A_log) · softplus(a + dt_bias), β = s · σ(b).
 
     a, b `[B, T, HV]` raw projections; A_log, dt_bias `[HV]`.
@@ -72,8 +84,15 @@ def gdn_gate_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias:
     return g, beta
 
 
-def gated_rmsnorm_ref(o: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                      act: str | None, group: int, norm_before_gate: bool = True) -> torch.Tensor:
+def gated_rmsnorm_ref(
+    o: torch.Tensor,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    act: str | None,
+    group: int,
+    norm_before_gate: bool = True,
+) -> torch.Tensor:
     """`GatedRMSNorm` (lowering/functional_recurrent.py): RMSNorm over groups of `group` channels
     of o's last dim (= weight's length), gated by act(gate) after (fla) or before (Mamba2) the norm."""
     dt = wide_dtype(weight)
@@ -91,10 +110,18 @@ def gated_rmsnorm_ref(o: torch.Tensor, gate: torch.Tensor | None, weight: torch.
     return y.to(weight.dtype)
 
 
-def gated_rmsnorm_linear_ref(o: torch.Tensor, gate: torch.Tensor | None, norm_weight: torch.Tensor,
-                             proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, eps: float,
-                             act: str | None, group: int, norm_before_gate: bool = True,
-                             n_flat: int = 1) -> torch.Tensor:
+def gated_rmsnorm_linear_ref(
+    o: torch.Tensor,
+    gate: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor | None,
+    eps: float,
+    act: str | None,
+    group: int,
+    norm_before_gate: bool = True,
+    n_flat: int = 1,
+) -> torch.Tensor:
     """`out_proj(GatedRMSNorm(o, gate).flatten(-n_flat))`: o `[..., dim]` → `[*o.shape[:-n_flat], D]`."""
     y = gated_rmsnorm_ref(o, gate, norm_weight, eps, act, group, norm_before_gate)
     if n_flat > 1:

@@ -38,8 +38,9 @@ def _(x, r, weight, eps):
 
 
 @torch.library.custom_op("lt2dsl::fused_add_rmsnorm_bwd", mutates_args=())
-def add_rmsnorm_bwd_op(dn: Tensor, ds: Tensor | None, s: Tensor, weight: Tensor,
-                       rstd: Tensor) -> tuple[Tensor, Tensor]:
+def add_rmsnorm_bwd_op(
+    dn: Tensor, ds: Tensor | None, s: Tensor, weight: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor]:
     """(dx = dr, dγ)."""
     return triton_norm.add_rmsnorm_bwd(dn, ds, s, weight, rstd)
 
@@ -72,8 +73,9 @@ add_rmsnorm_op.register_autograd(_add_rmsnorm_backward, setup_context=_add_rmsno
 
 
 @torch.library.custom_op("lt2dsl::fused_gated_rmsnorm", mutates_args=())
-def gated_rmsnorm_op(o2: Tensor, g2: Tensor | None, weight: Tensor, eps: float, act: int, group: int,
-                     norm_first: bool) -> Tensor:
+def gated_rmsnorm_op(
+    o2: Tensor, g2: Tensor | None, weight: Tensor, eps: float, act: int, group: int, norm_first: bool
+) -> Tensor:
     """y `[M, L]` (weight's dtype) of o2, g2 `[M, L]`; no autograd: the linear op recomputes it."""
     return triton_norm.gated_rmsnorm_fwd(o2, g2, weight, eps, act, group, norm_first)
 
@@ -84,8 +86,16 @@ def _(o2, g2, weight, eps, act, group, norm_first):
 
 
 @torch.library.custom_op("lt2dsl::fused_gated_rmsnorm_bwd", mutates_args=())
-def gated_rmsnorm_bwd_op(dy: Tensor, o2: Tensor, g2: Tensor | None, weight: Tensor, eps: float, act: int,
-                         group: int, norm_first: bool) -> tuple[Tensor, Tensor, Tensor]:
+def gated_rmsnorm_bwd_op(
+    dy: Tensor,
+    o2: Tensor,
+    g2: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    act: int,
+    group: int,
+    norm_first: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """(do `[M, L]`, dg `[M, L]` (empty without a gate), dw `[dim]`)."""
     do, dg, dw = triton_norm.gated_rmsnorm_bwd(dy, o2, g2, weight, eps, act, group, norm_first)
     return do, (dg if dg is not None else o2.new_empty(0)), dw
@@ -98,9 +108,17 @@ def _(dy, o2, g2, weight, eps, act, group, norm_first):
 
 
 @torch.library.custom_op("lt2dsl::fused_gated_rmsnorm_linear", mutates_args=())
-def gated_rmsnorm_linear_op(o2: Tensor, g2: Tensor | None, norm_weight: Tensor, proj_weight: Tensor,
-                            proj_bias: Tensor | None, eps: float, act: int, group: int,
-                            norm_first: bool) -> Tensor:
+def gated_rmsnorm_linear_op(
+    o2: Tensor,
+    g2: Tensor | None,
+    norm_weight: Tensor,
+    proj_weight: Tensor,
+    proj_bias: Tensor | None,
+    eps: float,
+    act: int,
+    group: int,
+    norm_first: bool,
+) -> Tensor:
     """`F.linear(GatedRMSNorm(o2, g2), W, b)`: `[M, L]` → `[M, D]`; the normed tile is not kept."""
     y = triton_norm.gated_rmsnorm_fwd(o2, g2, norm_weight, eps, act, group, norm_first)
     return F.linear(y, proj_weight, proj_bias)
@@ -126,8 +144,9 @@ def _gated_linear_backward(ctx, dout):
     d_pw = dout.t().mm(y)
     d_pb = dout.sum(0) if ctx.has_bias else None
     dy = dout.mm(proj_weight)
-    do, dg, dnw = torch.ops.lt2dsl.fused_gated_rmsnorm_bwd(dy, o2, g2, norm_weight, eps, act, group,
-                                                           norm_first)
+    do, dg, dnw = torch.ops.lt2dsl.fused_gated_rmsnorm_bwd(
+        dy, o2, g2, norm_weight, eps, act, group, norm_first
+    )
     return do, (dg if g2 is not None else None), dnw, d_pw, d_pb, None, None, None, None
 
 
@@ -155,16 +174,20 @@ def _(x, w2, bias, hist, head_dim):
 
 
 @torch.library.custom_op("lt2dsl::fused_conv_silu_bwd", mutates_args=())
-def conv_silu_bwd_op(dy: Tensor, x: Tensor, w2: Tensor, bias: Tensor | None, hist: Tensor | None,
-                     head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+def conv_silu_bwd_op(
+    dy: Tensor, x: Tensor, w2: Tensor, bias: Tensor | None, hist: Tensor | None, head_dim: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """(dx `[B, T, C]`, dw `[C, W]` fp32, db `[C]` fp32); the cached history gets no gradient."""
     return triton_conv.conv_silu_bwd(dy, x, w2, bias, hist, head_dim)
 
 
 @conv_silu_bwd_op.register_fake
 def _(dy, x, w2, bias, hist, head_dim):
-    return (x.new_empty(x.shape), w2.new_empty(w2.shape, dtype=torch.float32),
-            w2.new_empty(w2.shape[0], dtype=torch.float32))
+    return (
+        x.new_empty(x.shape),
+        w2.new_empty(w2.shape, dtype=torch.float32),
+        w2.new_empty(w2.shape[0], dtype=torch.float32),
+    )
 
 
 def _conv_setup(ctx, inputs, output):
@@ -200,8 +223,9 @@ def _conv_bwd_flops(dy_shape, x_shape, w_shape, *args, out_shape=None, **kwargs)
 
 
 @torch.library.custom_op("lt2dsl::fused_gdn_gate", mutates_args=())
-def gdn_gate_op(a2: Tensor, b2: Tensor, A_log: Tensor, dt_bias: Tensor,
-                beta_scale: float) -> tuple[Tensor, Tensor]:
+def gdn_gate_op(
+    a2: Tensor, b2: Tensor, A_log: Tensor, dt_bias: Tensor, beta_scale: float
+) -> tuple[Tensor, Tensor]:
     """g = −exp(A_log) · softplus(a + dt_bias), β = s · σ(b): `[M, HV]` fp32 each."""
     return triton_act.gdn_gate_fwd(a2, b2, A_log, dt_bias, beta_scale)
 
@@ -212,8 +236,9 @@ def _(a2, b2, A_log, dt_bias, beta_scale):
 
 
 @torch.library.custom_op("lt2dsl::fused_gdn_gate_bwd", mutates_args=())
-def gdn_gate_bwd_op(dg: Tensor, dbeta: Tensor, a2: Tensor, b2: Tensor, A_log: Tensor, dt_bias: Tensor,
-                    beta_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def gdn_gate_bwd_op(
+    dg: Tensor, dbeta: Tensor, a2: Tensor, b2: Tensor, A_log: Tensor, dt_bias: Tensor, beta_scale: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(da, db, dA_log, d dt_bias)."""
     return triton_act.gdn_gate_bwd(dg, dbeta, a2, b2, A_log, dt_bias, beta_scale)
 

@@ -47,8 +47,9 @@ def run(fn: Callable, inputs: Sequence[torch.Tensor | None], cotangents: Sequenc
     return outs, torch.autograd.grad(loss, wrt), cotangents
 
 
-def check_against_reference(name: str, triton_fn: Callable, ref_fn: Callable, inputs: Sequence, dtype,
-                            grad: bool = True, device=None) -> None:
+def check_against_reference(
+    name: str, triton_fn: Callable, ref_fn: Callable, inputs: Sequence, dtype, grad: bool = True, device=None
+) -> None:
     """Triton path in `dtype` against the reference in float64 (both on `device`, default the
     inputs'): outputs and input gradients."""
     tri_in = leaves(*inputs, dtype=dtype, device=device)

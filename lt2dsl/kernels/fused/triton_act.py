@@ -30,8 +30,9 @@ def _softplus(z):
 
 @triton.autotune(configs(4, 8), key=["BH"])
 @triton.jit
-def gdn_gate_fwd_kernel(a, b, A_log, dt_bias, g, beta, M, HV, sa, sb, beta_scale, BM: tl.constexpr,
-                        BH: tl.constexpr):
+def gdn_gate_fwd_kernel(
+    a, b, A_log, dt_bias, g, beta, M, HV, sa, sb, beta_scale, BM: tl.constexpr, BH: tl.constexpr
+):
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cols = tl.arange(0, BH)
     m_h = cols < HV
@@ -48,8 +49,26 @@ def gdn_gate_fwd_kernel(a, b, A_log, dt_bias, g, beta, M, HV, sa, sb, beta_scale
 
 @triton.autotune(configs(4, 8), key=["BH"])
 @triton.jit
-def gdn_gate_bwd_kernel(a, b, A_log, dt_bias, dg, dbeta, da, db, dA_part, ddt_part, M, HV, sa, sb,
-                        beta_scale, blocks_per_prog, BM: tl.constexpr, BH: tl.constexpr):
+def gdn_gate_bwd_kernel(
+    a,
+    b,
+    A_log,
+    dt_bias,
+    dg,
+    dbeta,
+    da,
+    db,
+    dA_part,
+    ddt_part,
+    M,
+    HV,
+    sa,
+    sb,
+    beta_scale,
+    blocks_per_prog,
+    BM: tl.constexpr,
+    BH: tl.constexpr,
+):
     pid = tl.program_id(0)
     cols = tl.arange(0, BH)
     m_h = cols < HV
@@ -82,21 +101,30 @@ def _gate_blocks(HV: int) -> tuple[int, int]:
     return max(1, min(256, 8192 // BH)), BH
 
 
-def gdn_gate_fwd(a2: torch.Tensor, b2: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                 beta_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gate_fwd(
+    a2: torch.Tensor, b2: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, beta_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """a2, b2 `[M, HV]` (unit column stride) → g, β `[M, HV]` fp32."""
     M, HV = a2.shape
     g = torch.empty(M, HV, dtype=torch.float32, device=a2.device)
     beta = torch.empty_like(g)
     BM, BH = _gate_blocks(HV)
     if M:
-        gdn_gate_fwd_kernel[(triton.cdiv(M, BM),)](a2, b2, A_log, dt_bias, g, beta, M, HV, a2.stride(0),
-                                                   b2.stride(0), beta_scale, BM=BM, BH=BH)
+        gdn_gate_fwd_kernel[(triton.cdiv(M, BM),)](
+            a2, b2, A_log, dt_bias, g, beta, M, HV, a2.stride(0), b2.stride(0), beta_scale, BM=BM, BH=BH
+        )
     return g, beta
 
 
-def gdn_gate_bwd(dg: torch.Tensor, dbeta: torch.Tensor, a2: torch.Tensor, b2: torch.Tensor,
-                 A_log: torch.Tensor, dt_bias: torch.Tensor, beta_scale: float):
+def gdn_gate_bwd(
+    dg: torch.Tensor,
+    dbeta: torch.Tensor,
+    a2: torch.Tensor,
+    b2: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    beta_scale: float,
+):
     """(da, db `[M, HV]` in a's / b's dtype, dA_log, d dt_bias `[HV]` in their dtypes)."""
     M, HV = a2.shape
     dg, dbeta = dg.contiguous(), dbeta.contiguous()
@@ -111,8 +139,26 @@ def gdn_gate_bwd(dg: torch.Tensor, dbeta: torch.Tensor, a2: torch.Tensor, b2: to
     dA_part = alloc(P, HV, dtype=torch.float32, device=a2.device)
     ddt_part = alloc(P, HV, dtype=torch.float32, device=a2.device)
     if M:
-        gdn_gate_bwd_kernel[(P,)](a2, b2, A_log, dt_bias, dg, dbeta, da, db, dA_part, ddt_part, M, HV,
-                                  a2.stride(0), b2.stride(0), beta_scale, per, BM=BM, BH=BH)
+        gdn_gate_bwd_kernel[(P,)](
+            a2,
+            b2,
+            A_log,
+            dt_bias,
+            dg,
+            dbeta,
+            da,
+            db,
+            dA_part,
+            ddt_part,
+            M,
+            HV,
+            a2.stride(0),
+            b2.stride(0),
+            beta_scale,
+            per,
+            BM=BM,
+            BH=BH,
+        )
     return da, db, dA_part.sum(0).to(A_log.dtype), ddt_part.sum(0).to(dt_bias.dtype)
 
 
@@ -154,8 +200,9 @@ def swiglu_fwd(a2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
     y = torch.empty(M, F, dtype=a2.dtype, device=a2.device)
     BM, BF = _swiglu_blocks(F)
     if M * F:
-        swiglu_fwd_kernel[(triton.cdiv(M, BM), triton.cdiv(F, BF))](a2, b2, y, M, F, a2.stride(0),
-                                                                     b2.stride(0), BM=BM, BF=BF)
+        swiglu_fwd_kernel[(triton.cdiv(M, BM), triton.cdiv(F, BF))](
+            a2, b2, y, M, F, a2.stride(0), b2.stride(0), BM=BM, BF=BF
+        )
     return y
 
 
@@ -167,6 +214,7 @@ def swiglu_bwd(dy: torch.Tensor, a2: torch.Tensor, b2: torch.Tensor) -> tuple[to
     db = torch.empty(M, F, dtype=b2.dtype, device=a2.device)
     BM, BF = _swiglu_blocks(F)
     if M * F:
-        swiglu_bwd_kernel[(triton.cdiv(M, BM), triton.cdiv(F, BF))](a2, b2, dy, da, db, M, F, a2.stride(0),
-                                                                     b2.stride(0), BM=BM, BF=BF)
+        swiglu_bwd_kernel[(triton.cdiv(M, BM), triton.cdiv(F, BF))](
+            a2, b2, dy, da, db, M, F, a2.stride(0), b2.stride(0), BM=BM, BF=BF
+        )
     return da, db

@@ -22,8 +22,26 @@ _EPS = tl.constexpr(L2_EPS)
 
 
 @triton.jit
-def _conv_tile(x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc, W: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr, HAS_H: tl.constexpr, HAS_B: tl.constexpr):
+def _conv_tile(
+    x,
+    h,
+    w,
+    bias,
+    i_b,
+    o_t,
+    o_c,
+    m_t,
+    m_c,
+    sxb,
+    sxt,
+    shb,
+    shc,
+    W: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    HAS_H: tl.constexpr,
+    HAS_B: tl.constexpr,
+):
     """pre `[BT, BC]` (fp32) of the conv at positions o_t, channels o_c of sequence i_b."""
     acc = tl.zeros([BT, BC], dtype=tl.float32)
     if HAS_B:
@@ -43,9 +61,26 @@ def _conv_tile(x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc, W: tl
 
 @triton.autotune(configs(4, 8), key=["BT", "BC", "W", "L2"])
 @triton.jit
-def conv_silu_fwd_kernel(x, h, w, bias, y, T, C, sxb, sxt, shb, shc, W: tl.constexpr, BT: tl.constexpr,
-                         BC: tl.constexpr, HD: tl.constexpr, HAS_H: tl.constexpr, HAS_B: tl.constexpr,
-                         L2: tl.constexpr):
+def conv_silu_fwd_kernel(
+    x,
+    h,
+    w,
+    bias,
+    y,
+    T,
+    C,
+    sxb,
+    sxt,
+    shb,
+    shc,
+    W: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    HD: tl.constexpr,
+    HAS_H: tl.constexpr,
+    HAS_B: tl.constexpr,
+    L2: tl.constexpr,
+):
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_t = i_t * BT + tl.arange(0, BT)
     o_c = i_c * HD + tl.arange(0, BC)
@@ -60,9 +95,27 @@ def conv_silu_fwd_kernel(x, h, w, bias, y, T, C, sxb, sxt, shb, shc, W: tl.const
 
 @triton.autotune(configs(4, 8), key=["BT", "BC", "W", "L2"])
 @triton.jit
-def conv_silu_bwd_pre_kernel(x, h, w, bias, dy, dpre, T, C, sxb, sxt, shb, shc, W: tl.constexpr,
-                             BT: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr, HAS_H: tl.constexpr,
-                             HAS_B: tl.constexpr, L2: tl.constexpr):
+def conv_silu_bwd_pre_kernel(
+    x,
+    h,
+    w,
+    bias,
+    dy,
+    dpre,
+    T,
+    C,
+    sxb,
+    sxt,
+    shb,
+    shc,
+    W: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    HD: tl.constexpr,
+    HAS_H: tl.constexpr,
+    HAS_B: tl.constexpr,
+    L2: tl.constexpr,
+):
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_t = i_t * BT + tl.arange(0, BT)
     o_c = i_c * HD + tl.arange(0, BC)
@@ -83,9 +136,27 @@ def conv_silu_bwd_pre_kernel(x, h, w, bias, dy, dpre, T, C, sxb, sxt, shb, shc, 
 
 @triton.autotune(configs(4, 8), key=["BT", "BC", "W"])
 @triton.jit
-def conv_silu_bwd_dx_kernel(x, h, w, dpre, dx, dw_part, db_part, T, C, sxb, sxt, shb, shc, n_t,
-                            W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr,
-                            HAS_H: tl.constexpr):
+def conv_silu_bwd_dx_kernel(
+    x,
+    h,
+    w,
+    dpre,
+    dx,
+    dw_part,
+    db_part,
+    T,
+    C,
+    sxb,
+    sxt,
+    shb,
+    shc,
+    n_t,
+    W: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    HD: tl.constexpr,
+    HAS_H: tl.constexpr,
+):
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_t = i_t * BT + tl.arange(0, BT)
     o_c = i_c * HD + tl.arange(0, BC)
@@ -138,8 +209,9 @@ def prepare(x: torch.Tensor, hist: torch.Tensor | None) -> tuple[torch.Tensor, t
     return x, hist
 
 
-def conv_silu_fwd(x: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None, hist: torch.Tensor | None,
-                  head_dim: int) -> torch.Tensor:
+def conv_silu_fwd(
+    x: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None, hist: torch.Tensor | None, head_dim: int
+) -> torch.Tensor:
     """x `[B, T, C]`, w2 `[C, W]` contiguous → y `[B, T, C]` contiguous in x's dtype."""
     x, hist = prepare(x, hist)
     B, T, C = x.shape
@@ -148,13 +220,34 @@ def conv_silu_fwd(x: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None, 
         return y
     BT, BC, HD = _blocks(T, C, head_dim)
     grid = (triton.cdiv(C, HD), triton.cdiv(T, BT), B)
-    conv_silu_fwd_kernel[grid](x, hist, w2, bias, y, T, C, *_strides(x, hist), W=w2.shape[1], BT=BT, BC=BC,
-                               HD=HD, HAS_H=hist is not None, HAS_B=bias is not None, L2=head_dim > 0)
+    conv_silu_fwd_kernel[grid](
+        x,
+        hist,
+        w2,
+        bias,
+        y,
+        T,
+        C,
+        *_strides(x, hist),
+        W=w2.shape[1],
+        BT=BT,
+        BC=BC,
+        HD=HD,
+        HAS_H=hist is not None,
+        HAS_B=bias is not None,
+        L2=head_dim > 0,
+    )
     return y
 
 
-def conv_silu_bwd(dy: torch.Tensor, x: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None,
-                  hist: torch.Tensor | None, head_dim: int):
+def conv_silu_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    w2: torch.Tensor,
+    bias: torch.Tensor | None,
+    hist: torch.Tensor | None,
+    head_dim: int,
+):
     """(dx `[B, T, C]` in x's dtype, dw `[C, W]` fp32, db `[C]` fp32)."""
     x, hist = prepare(x, hist)
     B, T, C = x.shape
@@ -167,14 +260,44 @@ def conv_silu_bwd(dy: torch.Tensor, x: torch.Tensor, w2: torch.Tensor, bias: tor
     BT, BC, HD = _blocks(T, C, head_dim)
     dpre = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     conv_silu_bwd_pre_kernel[(triton.cdiv(C, HD), triton.cdiv(T, BT), B)](
-        x, hist, w2, bias, dy, dpre, T, C, *strides, W=W, BT=BT, BC=BC, HD=HD, HAS_H=hist is not None,
-        HAS_B=bias is not None, L2=head_dim > 0)
+        x,
+        hist,
+        w2,
+        bias,
+        dy,
+        dpre,
+        T,
+        C,
+        *strides,
+        W=W,
+        BT=BT,
+        BC=BC,
+        HD=HD,
+        HAS_H=hist is not None,
+        HAS_B=bias is not None,
+        L2=head_dim > 0,
+    )
     # dx is channel-parallel: any channel tile works, so the plain (widest) one is used
     BT, BC, HD = _blocks(T, C, 0)
     n_t = triton.cdiv(T, BT)
     dw_part = torch.empty(B * n_t, C, W, dtype=torch.float32, device=x.device)
     db_part = torch.empty(B * n_t, C, dtype=torch.float32, device=x.device)
     conv_silu_bwd_dx_kernel[(triton.cdiv(C, HD), n_t, B)](
-        x, hist, w2, dpre, dx, dw_part, db_part, T, C, *strides, n_t, W=W, BT=BT, BC=BC, HD=HD,
-        HAS_H=hist is not None)
+        x,
+        hist,
+        w2,
+        dpre,
+        dx,
+        dw_part,
+        db_part,
+        T,
+        C,
+        *strides,
+        n_t,
+        W=W,
+        BT=BT,
+        BC=BC,
+        HD=HD,
+        HAS_H=hist is not None,
+    )
     return dx, dw_part.sum(0), db_part.sum(0)

@@ -50,8 +50,22 @@ def add_rmsnorm_fwd_kernel(x, r, w, s, n, rstd, stride_x, stride_r, D, eps, BD: 
 
 @triton.autotune(configs(8, 4, 16), key=["BD"])
 @triton.jit
-def add_rmsnorm_bwd_kernel(s, w, rstd, dn, ds, dx, dw_part, M, D, stride_dn, stride_ds, rows_per_prog,
-                           BD: tl.constexpr, HAS_DS: tl.constexpr):
+def add_rmsnorm_bwd_kernel(
+    s,
+    w,
+    rstd,
+    dn,
+    ds,
+    dx,
+    dw_part,
+    M,
+    D,
+    stride_dn,
+    stride_ds,
+    rows_per_prog,
+    BD: tl.constexpr,
+    HAS_DS: tl.constexpr,
+):
     pid = tl.program_id(0)
     cols = tl.arange(0, BD)
     m = cols < D
@@ -87,13 +101,15 @@ def add_rmsnorm_fwd(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps:
     n = torch.empty_like(s)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if M:
-        add_rmsnorm_fwd_kernel[(M,)](x2, r2, weight, s, n, rstd, x2.stride(0), r2.stride(0), D, eps,
-                                     BD=pow2(D))
+        add_rmsnorm_fwd_kernel[(M,)](
+            x2, r2, weight, s, n, rstd, x2.stride(0), r2.stride(0), D, eps, BD=pow2(D)
+        )
     return n, s, rstd
 
 
-def add_rmsnorm_bwd(dn: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor,
-                    rstd: torch.Tensor):
+def add_rmsnorm_bwd(
+    dn: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+):
     """Gradients (dx = dr `[..., D]` in s's dtype, dγ `[D]` in γ's dtype)."""
     D = s.shape[-1]
     M = rstd.shape[0]
@@ -108,9 +124,22 @@ def add_rmsnorm_bwd(dn: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, 
     # every program writes its partial row (no fill needed unless nothing runs)
     dw_part = (torch.empty if M else torch.zeros)(P, D, dtype=torch.float32, device=s.device)
     if M:
-        add_rmsnorm_bwd_kernel[(P,)](s, weight, rstd, dn2, ds2, dx, dw_part, M, D, dn2.stride(0),
-                                     0 if ds2 is None else ds2.stride(0), rows, BD=pow2(D),
-                                     HAS_DS=ds2 is not None)
+        add_rmsnorm_bwd_kernel[(P,)](
+            s,
+            weight,
+            rstd,
+            dn2,
+            ds2,
+            dx,
+            dw_part,
+            M,
+            D,
+            dn2.stride(0),
+            0 if ds2 is None else ds2.stride(0),
+            rows,
+            BD=pow2(D),
+            HAS_DS=ds2 is not None,
+        )
     return dx, dw_part.sum(0).to(weight.dtype)
 
 
@@ -121,8 +150,23 @@ def _rows_block(group: int) -> tuple[int, int]:
 
 @triton.autotune(configs(4, 8, 2), key=["BG", "BR", "ACT", "NORM_FIRST"])
 @triton.jit
-def gated_rmsnorm_fwd_kernel(o, g, w, y, n_rows, nsub, so, sg, group, nseg, eps, BR: tl.constexpr,
-                             BG: tl.constexpr, ACT: tl.constexpr, NORM_FIRST: tl.constexpr):
+def gated_rmsnorm_fwd_kernel(
+    o,
+    g,
+    w,
+    y,
+    n_rows,
+    nsub,
+    so,
+    sg,
+    group,
+    nseg,
+    eps,
+    BR: tl.constexpr,
+    BG: tl.constexpr,
+    ACT: tl.constexpr,
+    NORM_FIRST: tl.constexpr,
+):
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BG)
     m = (rows < n_rows)[:, None] & (cols < group)[None, :]
@@ -143,9 +187,27 @@ def gated_rmsnorm_fwd_kernel(o, g, w, y, n_rows, nsub, so, sg, group, nseg, eps,
 
 @triton.autotune(configs(4, 8, 2), key=["BG", "BR", "ACT", "NORM_FIRST"])
 @triton.jit
-def gated_rmsnorm_bwd_kernel(o, g, w, dy, do, dg, dw_part, n_rows, nsub, so, sg, group, nseg, eps,
-                             blocks_per_prog, BR: tl.constexpr, BG: tl.constexpr, ACT: tl.constexpr,
-                             NORM_FIRST: tl.constexpr):
+def gated_rmsnorm_bwd_kernel(
+    o,
+    g,
+    w,
+    dy,
+    do,
+    dg,
+    dw_part,
+    n_rows,
+    nsub,
+    so,
+    sg,
+    group,
+    nseg,
+    eps,
+    blocks_per_prog,
+    BR: tl.constexpr,
+    BG: tl.constexpr,
+    ACT: tl.constexpr,
+    NORM_FIRST: tl.constexpr,
+):
     pid, seg = tl.program_id(0), tl.program_id(1)
     cols = tl.arange(0, BG)
     mc = cols < group
@@ -188,8 +250,15 @@ def gated_rmsnorm_bwd_kernel(o, g, w, dy, do, dg, dw_part, n_rows, nsub, so, sg,
     tl.store(dw_part + pid * (nseg * group) + seg * group + cols, b_dw, mask=mc)
 
 
-def gated_rmsnorm_fwd(o2: torch.Tensor, g2: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                      act: int, group: int, norm_first: bool) -> torch.Tensor:
+def gated_rmsnorm_fwd(
+    o2: torch.Tensor,
+    g2: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    act: int,
+    group: int,
+    norm_first: bool,
+) -> torch.Tensor:
     """o2, g2 `[M, L]` (unit column stride) → y `[M, L]` contiguous in weight's dtype."""
     M, L = o2.shape
     dim = weight.shape[0]
@@ -199,13 +268,35 @@ def gated_rmsnorm_fwd(o2: torch.Tensor, g2: torch.Tensor | None, weight: torch.T
     BG, BR = _rows_block(group)
     if n_rows:
         gated_rmsnorm_fwd_kernel[(triton.cdiv(n_rows, BR),)](
-            o2, g2, weight, y, n_rows, nsub, o2.stride(0), 0 if g2 is None else g2.stride(0), group, nseg,
-            eps, BR=BR, BG=BG, ACT=act, NORM_FIRST=norm_first)
+            o2,
+            g2,
+            weight,
+            y,
+            n_rows,
+            nsub,
+            o2.stride(0),
+            0 if g2 is None else g2.stride(0),
+            group,
+            nseg,
+            eps,
+            BR=BR,
+            BG=BG,
+            ACT=act,
+            NORM_FIRST=norm_first,
+        )
     return y
 
 
-def gated_rmsnorm_bwd(dy: torch.Tensor, o2: torch.Tensor, g2: torch.Tensor | None, weight: torch.Tensor,
-                      eps: float, act: int, group: int, norm_first: bool):
+def gated_rmsnorm_bwd(
+    dy: torch.Tensor,
+    o2: torch.Tensor,
+    g2: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    act: int,
+    group: int,
+    norm_first: bool,
+):
     """(do `[M, L]` in o's dtype, dg `[M, L]` in g's dtype or None, dw `[dim]` in weight's dtype)."""
     M, L = o2.shape
     dim = weight.shape[0]
@@ -221,7 +312,24 @@ def gated_rmsnorm_bwd(dy: torch.Tensor, o2: torch.Tensor, g2: torch.Tensor | Non
     dw_part = (torch.empty if n_rows else torch.zeros)(P, dim, dtype=torch.float32, device=o2.device)
     if n_rows:
         gated_rmsnorm_bwd_kernel[(P, nseg)](
-            o2, g2, weight, dy, do, dg, dw_part, n_rows, nsub, o2.stride(0),
-            0 if g2 is None else g2.stride(0), group, nseg, eps, per, BR=BR, BG=BG, ACT=act,
-            NORM_FIRST=norm_first)
+            o2,
+            g2,
+            weight,
+            dy,
+            do,
+            dg,
+            dw_part,
+            n_rows,
+            nsub,
+            o2.stride(0),
+            0 if g2 is None else g2.stride(0),
+            group,
+            nseg,
+            eps,
+            per,
+            BR=BR,
+            BG=BG,
+            ACT=act,
+            NORM_FIRST=norm_first,
+        )
     return do, dg, dw_part.sum(0).to(weight.dtype)

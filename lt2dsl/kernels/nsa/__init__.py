@@ -72,25 +72,59 @@ def nsa(
     B, Tq, Tk, HQ, HKV, K, V = check_qkv(q, k, v, cu_seqlens)
     NSAGeometry.make(block_size, cmp_block, cmp_stride)
     # a dict literal, not locals(): Dynamo in torch 2.11 (the H200's) cannot trace locals()
-    _check_nsa_args(dict(q=q, k=k, v=v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_counts=block_counts,
-                         block_indices=block_indices, window_size=window_size, k_cmp=k_cmp, v_cmp=v_cmp))
-    kw = dict(block_counts=block_counts, block_size=block_size, window_size=window_size, scale=scale,
-              cmp_block=cmp_block, cmp_stride=cmp_stride)
+    _check_nsa_args(
+        dict(
+            q=q,
+            k=k,
+            v=v,
+            g_cmp=g_cmp,
+            g_slc=g_slc,
+            g_swa=g_swa,
+            block_counts=block_counts,
+            block_indices=block_indices,
+            window_size=window_size,
+            k_cmp=k_cmp,
+            v_cmp=v_cmp,
+        )
+    )
+    kw = dict(
+        block_counts=block_counts,
+        block_size=block_size,
+        window_size=window_size,
+        scale=scale,
+        cmp_block=cmp_block,
+        cmp_stride=cmp_stride,
+    )
     if resolve_backend(backend, q) == "triton":
         from .ops import nsa_triton
 
-        o, idx = nsa_triton(q, k, v, g_cmp, g_slc, g_swa, k_cmp=k_cmp, v_cmp=v_cmp,
-                            block_indices=block_indices, cu_seqlens=cu_seqlens, **kw)
+        o, idx = nsa_triton(
+            q,
+            k,
+            v,
+            g_cmp,
+            g_slc,
+            g_swa,
+            k_cmp=k_cmp,
+            v_cmp=v_cmp,
+            block_indices=block_indices,
+            cu_seqlens=cu_seqlens,
+            **kw,
+        )
     elif cu_seqlens is None:
-        o, idx = nsa_reference(q, k, v, g_cmp, g_slc, g_swa, k_cmp=k_cmp, v_cmp=v_cmp,
-                               block_indices=block_indices, **kw)
+        o, idx = nsa_reference(
+            q, k, v, g_cmp, g_slc, g_swa, k_cmp=k_cmp, v_cmp=v_cmp, block_indices=block_indices, **kw
+        )
     else:
         if k_cmp is not None or not isinstance(block_counts, int):
             raise ValueError("cu_seqlens with k_cmp/v_cmp or tensor block_counts is not supported")
-        o, idx = run_by_sequence(nsa_reference, cu_seqlens,
-                                 dict(q=q, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa,
-                                      block_indices=block_indices),
-                                 dict(k=k, v=v), **kw)
+        o, idx = run_by_sequence(
+            nsa_reference,
+            cu_seqlens,
+            dict(q=q, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_indices=block_indices),
+            dict(k=k, v=v),
+            **kw,
+        )
     return (o, idx) if return_block_indices else o
 
 

@@ -42,9 +42,24 @@ def _choose_blocks(p_slc, pos: int, n: int, geo: NSAGeometry) -> list[int]:
     return (forced + rest)[:n]
 
 
-def nsa_naive(q, k, v, g_cmp=None, g_slc=None, g_swa=None, *, block_counts=16, block_size=64,
-              window_size=0, scale=None, cmp_block=None, cmp_stride=None, k_cmp=None, v_cmp=None,
-              block_indices=None):
+def nsa_naive(
+    q,
+    k,
+    v,
+    g_cmp=None,
+    g_slc=None,
+    g_swa=None,
+    *,
+    block_counts=16,
+    block_size=64,
+    window_size=0,
+    scale=None,
+    cmp_block=None,
+    cmp_stride=None,
+    k_cmp=None,
+    v_cmp=None,
+    block_indices=None,
+):
     """NSA one query at a time. Shapes as in `lt2dsl.kernels.nsa`; returns (o, block_indices).
 
     o is `[B, Tq, HQ, V]` in v's dtype; block_indices `[B, Tq, HKV, S]` (−1 pads) are the blocks
@@ -68,8 +83,12 @@ def nsa_naive(q, k, v, g_cmp=None, g_slc=None, g_swa=None, *, block_counts=16, b
             ncv = sum(1 for c in range(kc.shape[1]) if c * geo.stride + geo.cmp - 1 <= pos)
             heads = []
             for hk in range(HKV):
-                o_cmp, probs = zip(*(_attend(q[b, i, h], kc[b, :ncv, hk], vc[b, :ncv, hk])
-                                     for h in range(hk * G, hk * G + G)))
+                o_cmp, probs = zip(
+                    *(
+                        _attend(q[b, i, h], kc[b, :ncv, hk], vc[b, :ncv, hk])
+                        for h in range(hk * G, hk * G + G)
+                    )
+                )
                 if block_indices is None:
                     n = S if isinstance(block_counts, int) else int(block_counts[b, i, hk])
                     p_sum = torch.stack(probs).mean(0) if ncv else kc.new_zeros(0)
@@ -77,8 +96,9 @@ def nsa_naive(q, k, v, g_cmp=None, g_slc=None, g_swa=None, *, block_counts=16, b
                     out_idx[b, i, hk, : len(chosen)] = torch.tensor(chosen, dtype=torch.long)
                 else:
                     chosen = [int(j) for j in block_indices[b, i, hk] if j >= 0]
-                toks = sorted({j * geo.sel + r for j in set(chosen) for r in range(geo.sel)
-                               if j * geo.sel + r <= pos})
+                toks = sorted(
+                    {j * geo.sel + r for j in set(chosen) for r in range(geo.sel) if j * geo.sel + r <= pos}
+                )
                 toks = torch.tensor(toks, dtype=torch.long, device=q.device)
                 lo = max(0, pos - window_size + 1)
                 for g in range(G):

@@ -26,8 +26,9 @@ Tensor = torch.Tensor
 
 
 @torch.library.custom_op("lt2dsl::nsa_group_probs", mutates_args=())
-def group_probs_op(q: Tensor, k_cmp: Tensor, lse: Tensor, scale: float, qoff: int, stride: int,
-                   koff: int) -> Tensor:
+def group_probs_op(
+    q: Tensor, k_cmp: Tensor, lse: Tensor, scale: float, qoff: int, stride: int, koff: int
+) -> Tensor:
     """`[B, HKV, Tq, NC]` compressed probabilities averaged over each GQA group (no gradient)."""
     return group_probs(q, k_cmp, lse, scale, qoff, stride, koff)
 
@@ -56,14 +57,39 @@ def block_tokens(block_indices: Tensor, sel: int) -> Tensor:
     return torch.where(block_indices[..., None] >= 0, tok, -1).flatten(-2).contiguous()
 
 
-def nsa_triton(q, k, v, g_cmp, g_slc, g_swa, *, block_counts, block_size, window_size, scale, cmp_block,
-               cmp_stride, k_cmp, v_cmp, block_indices, cu_seqlens):
+def nsa_triton(
+    q,
+    k,
+    v,
+    g_cmp,
+    g_slc,
+    g_swa,
+    *,
+    block_counts,
+    block_size,
+    window_size,
+    scale,
+    cmp_block,
+    cmp_stride,
+    k_cmp,
+    v_cmp,
+    block_indices,
+    cu_seqlens,
+):
     """Triton NSA; arguments as `lt2dsl.kernels.nsa.nsa`. Returns (o, block_indices)."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or {k.dtype, v.dtype} != {q.dtype}:
-        raise ValueError(f"the Triton NSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
-                         "use backend='reference' for float64")
-    kw = dict(block_counts=block_counts, block_size=block_size, window_size=window_size, scale=scale,
-              cmp_block=cmp_block, cmp_stride=cmp_stride)
+        raise ValueError(
+            f"the Triton NSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
+            "use backend='reference' for float64"
+        )
+    kw = dict(
+        block_counts=block_counts,
+        block_size=block_size,
+        window_size=window_size,
+        scale=scale,
+        cmp_block=cmp_block,
+        cmp_stride=cmp_stride,
+    )
     if cu_seqlens is not None:
         return _by_sequence(q, k, v, g_cmp, g_slc, g_swa, block_indices, cu_seqlens, kw)
     geo = NSAGeometry.make(block_size, cmp_block, cmp_stride)
@@ -91,8 +117,9 @@ def nsa_triton(q, k, v, g_cmp, g_slc, g_swa, *, block_counts, block_size, window
             seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
             o_swa = attn_decode_op(q, k, v, seqlens, None, scale, int(window_size), False)
         else:
-            o_swa = attn_fwd_op(q, k.contiguous(), v.contiguous(), None, scale, True, int(window_size), None,
-                                None, 1, 0, qoff)[0]
+            o_swa = attn_fwd_op(
+                q, k.contiguous(), v.contiguous(), None, scale, True, int(window_size), None, None, 1, 0, qoff
+            )[0]
         o = o + _gated(o_swa, g_swa)
     return o.to(v.dtype), block_indices
 
@@ -112,8 +139,9 @@ def _by_sequence(q, k, v, g_cmp, g_slc, g_swa, block_indices, cu_seqlens, kw):
         sl = slice(a, b)
         gs = [None if g is None else g[:, sl] for g in (g_cmp, g_slc, g_swa)]
         bi = None if block_indices is None else block_indices[:, sl]
-        o, i = nsa_triton(q[:, sl], k[:, sl], v[:, sl], *gs, k_cmp=None, v_cmp=None, block_indices=bi,
-                          cu_seqlens=None, **kw)
+        o, i = nsa_triton(
+            q[:, sl], k[:, sl], v[:, sl], *gs, k_cmp=None, v_cmp=None, block_indices=bi, cu_seqlens=None, **kw
+        )
         outs.append(o)
         idxs.append(i)
     return torch.cat(outs, dim=1), torch.cat(idxs, dim=1)

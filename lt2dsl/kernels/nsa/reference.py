@@ -57,9 +57,25 @@ def _branch(qc, kx, vx, mask):
     return torch.einsum("bhij,bjhv->bihv", p, vx), p
 
 
-def nsa_reference(q, k, v, g_cmp=None, g_slc=None, g_swa=None, *, block_counts=16, block_size=64,
-                  window_size=0, scale=None, cmp_block=None, cmp_stride=None, k_cmp=None, v_cmp=None,
-                  block_indices=None, chunk: int = 256):
+def nsa_reference(
+    q,
+    k,
+    v,
+    g_cmp=None,
+    g_slc=None,
+    g_swa=None,
+    *,
+    block_counts=16,
+    block_size=64,
+    window_size=0,
+    scale=None,
+    cmp_block=None,
+    cmp_stride=None,
+    k_cmp=None,
+    v_cmp=None,
+    block_indices=None,
+    chunk: int = 256,
+):
     """Vectorised `nsa_naive`; returns (o `[B, Tq, HQ, V]` in v's dtype, block_indices `[B, Tq, HKV, S]`)."""
     B, Tq, HQ, K = q.shape
     Tk, HKV = k.shape[1:3]

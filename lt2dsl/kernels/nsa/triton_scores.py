@@ -17,9 +17,26 @@ from ..common.backend import triton_interpreting
 
 
 @triton.jit
-def _group_probs_kernel(Q, KC, LSE, P, Tq, NC, qoff, KOFF, qk_scale, NROWS,
-                        HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, KSTRIDE: tl.constexpr, DOT_PREC: tl.constexpr):
+def _group_probs_kernel(
+    Q,
+    KC,
+    LSE,
+    P,
+    Tq,
+    NC,
+    qoff,
+    KOFF,
+    qk_scale,
+    NROWS,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    KSTRIDE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """P `[B, HKV, Tq, NC]` fp32 from Q `[B, Tq, HQ, D]`, KC `[B, NC, HKV, D]`, LSE `[HQ, B·Tq]`."""
     HKV = HQ // GRP
     i_m, pid, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -29,14 +46,20 @@ def _group_probs_kernel(Q, KC, LSE, P, Tq, NC, qoff, KOFF, qk_scale, NROWS,
     pos = rows + qoff
     cols = i_n * BN + tl.arange(0, BN)
     offs = tl.arange(0, BD)
-    kt = tl.load(KC + ((b * NC + cols) * HKV + hk).to(tl.int64)[None, :] * D + offs[:, None],
-                 mask=(cols < NC)[None, :] & (offs[:, None] < D), other=0.0)
+    kt = tl.load(
+        KC + ((b * NC + cols) * HKV + hk).to(tl.int64)[None, :] * D + offs[:, None],
+        mask=(cols < NC)[None, :] & (offs[:, None] < D),
+        other=0.0,
+    )
     ok = in_q[:, None] & (cols < NC)[None, :] & (cols[None, :] * KSTRIDE + KOFF <= pos[:, None])
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for g in range(GRP):
         h = hk * GRP + g
-        q = tl.load(Q + ((b * Tq + rows) * HQ + h).to(tl.int64)[:, None] * D + offs[None, :],
-                    mask=in_q[:, None] & (offs[None, :] < D), other=0.0)
+        q = tl.load(
+            Q + ((b * Tq + rows) * HQ + h).to(tl.int64)[:, None] * D + offs[None, :],
+            mask=in_q[:, None] & (offs[None, :] < D),
+            other=0.0,
+        )
         lse = tl.load(LSE + h.to(tl.int64) * NROWS + b * Tq + rows, mask=in_q, other=float("inf"))
         acc += tl.where(ok, tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None]), 0.0)
     out = P + ((b * HKV + hk) * Tq + rows).to(tl.int64)[:, None] * NC + cols[None, :]
@@ -50,7 +73,25 @@ def group_probs(q, k_cmp, lse, scale: float, qoff: int, stride: int, koff: int) 
     p = torch.empty(B, HKV, Tq, NC, device=q.device, dtype=torch.float32)
     BM, BN = (16, 16) if triton_interpreting() else (64, 64)
     grid = (triton.cdiv(Tq, BM), B * HKV, triton.cdiv(NC, BN))
-    _group_probs_kernel[grid](q, k_cmp, lse, p, Tq, NC, qoff, koff, scale * LOG2E, B * Tq,
-                              HQ=HQ, GRP=HQ // HKV, D=D, BD=pow2(D), BM=BM, BN=BN, KSTRIDE=stride,
-                              DOT_PREC=dot_precision(q.dtype), num_warps=1 if triton_interpreting() else 4)
+    _group_probs_kernel[grid](
+        q,
+        k_cmp,
+        lse,
+        p,
+        Tq,
+        NC,
+        qoff,
+        koff,
+        scale * LOG2E,
+        B * Tq,
+        HQ=HQ,
+        GRP=HQ // HKV,
+        D=D,
+        BD=pow2(D),
+        BM=BM,
+        BN=BN,
+        KSTRIDE=stride,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=1 if triton_interpreting() else 4,
+    )
     return p

@@ -34,15 +34,18 @@ from .manager import FuseAdjacent, Rule
 
 __all__ = ["COUNTERS", "RULES", "FuseAdjacent", "Rule", "fuse", "fuse_graph"]
 
-RULES: dict[str, Rule] = {r.name: r for r in (
-    gates.RULE,
-    conv.RULE_L2,
-    conv.RULE,
-    out_norm.RULE,
-    swiglu.RULE,
-    add_norm.RULE,
-    projections.RULE,
-)}
+RULES: dict[str, Rule] = {
+    r.name: r
+    for r in (
+        gates.RULE,
+        conv.RULE_L2,
+        conv.RULE,
+        out_norm.RULE,
+        swiglu.RULE,
+        add_norm.RULE,
+        projections.RULE,
+    )
+}
 
 # rule name -> how many times it fired in the last `fuse` call
 COUNTERS: dict[str, int] = dict.fromkeys(RULES, 0)

@@ -80,8 +80,9 @@ def match_l2(ctx: Ctx, node: Node) -> Match | None:
 def _fused_conv(ctx: Ctx, conv: Node, head_dim: int, backend: str) -> None:
     x, weight, bias, entry, key = conv.args[:5]
     with ctx.graph.inserting_before(conv):
-        new = ctx.graph.call_function(conv_silu_cached, (x, weight, bias, entry, key),
-                                      {"head_dim": head_dim, "backend": backend})
+        new = ctx.graph.call_function(
+            conv_silu_cached, (x, weight, bias, entry, key), {"head_dim": head_dim, "backend": backend}
+        )
     conv.replace_all_uses_with(new)
     ctx.erase(conv)
 
@@ -104,5 +105,3 @@ def rewrite(ctx: Ctx, m: Match) -> None:
 
 RULE_L2 = Rule("conv_silu_l2norm", ALGEBRA_L2, pattern_l2, replacement_l2, match_l2, rewrite_l2)
 RULE = Rule("conv_silu", ALGEBRA, pattern, replacement, match, rewrite)
-
-

@@ -30,8 +30,9 @@ def pattern(a, b, A_log, dt_bias, beta_scale: float = 1.0, dtype: torch.dtype = 
     return naive.gdn_gate_ref(a, b, A_log, dt_bias, beta_scale, dtype)
 
 
-def replacement(a, b, A_log, dt_bias, beta_scale: float = 1.0, dtype: torch.dtype = torch.float32,
-                backend: str = "auto"):
+def replacement(
+    a, b, A_log, dt_bias, beta_scale: float = 1.0, dtype: torch.dtype = torch.float32, backend: str = "auto"
+):
     return fused.gdn_gate(a, b, A_log, dt_bias, beta_scale=beta_scale, dtype=dtype, backend=backend)
 
 
@@ -52,12 +53,21 @@ def _decay(g) -> Match | None:
         neg, sp = sp, neg
     if not (is_call(neg, operator.neg, torch.neg) and only_user(neg, g)):
         return None
-    if not (is_call(sp, F.softplus, torch._C._nn.softplus) and len(sp.args) == 1 and not sp.kwargs
-            and only_user(sp, g)):
+    if not (
+        is_call(sp, F.softplus, torch._C._nn.softplus)
+        and len(sp.args) == 1
+        and not sp.kwargs
+        and only_user(sp, g)
+    ):
         return None
     exp, add = neg.args[0], sp.args[0]
-    if not (is_method(exp, "exp") and len(exp.args) == 1 and only_user(exp, neg) and is_add(add)
-            and only_user(add, sp)):
+    if not (
+        is_method(exp, "exp")
+        and len(exp.args) == 1
+        and only_user(exp, neg)
+        and is_add(add)
+        and only_user(add, sp)
+    ):
         return None
     A = _param_cast(exp.args[0], exp)
     a_cast, dt_cast = add.args

@@ -20,8 +20,15 @@ from lt2dsl.lowering import functional_recurrent as fr
 
 
 @torch.fx.wrap
-def conv_silu_cached(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, entry, key: str,
-                     head_dim: int = 0, backend: str = "auto") -> torch.Tensor:
+def conv_silu_cached(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    entry,
+    key: str,
+    head_dim: int = 0,
+    backend: str = "auto",
+) -> torch.Tensor:
     """`short_conv(x, weight, bias, entry, key)` (SiLU) through the fused kernel, L2-normalising
     each head of `head_dim` channels when > 0. x `[B, T, C]` → `[B, T, C]`."""
     W = weight.shape[-1]
@@ -39,7 +46,7 @@ def _next_hist(x: torch.Tensor, hist: torch.Tensor | None, W: int) -> torch.Tens
         if hist is None:
             hist = xt.new_zeros(xt.shape[0], xt.shape[1], W - 1)
         xt = torch.cat([hist.to(xt.dtype), xt], dim=-1)
-    return xt[..., xt.shape[-1] - (W - 1):].clone(memory_format=torch.contiguous_format)
+    return xt[..., xt.shape[-1] - (W - 1) :].clone(memory_format=torch.contiguous_format)
 
 
 def _normed(op, q, k, v, g, beta, entry, scale, backend, state_dtype):
@@ -49,8 +56,9 @@ def _normed(op, q, k, v, g, beta, entry, scale, backend, state_dtype):
 
 
 @torch.fx.wrap
-def gated_delta_rule_core_normed(q, k, v, g, beta, entry, *, scale: float, backend: str,
-                                 state_dtype: torch.dtype):
+def gated_delta_rule_core_normed(
+    q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype
+):
     """`gated_delta_rule_core` for q, k that are already L2-normalised."""
     return _normed(gated_delta_rule, q, k, v, g, beta, entry, scale, backend, state_dtype)
 

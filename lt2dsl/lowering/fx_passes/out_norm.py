@@ -24,17 +24,49 @@ from .manager import Ctx, Match, Rule, is_method, only_user
 ALGEBRA = "W_o flatten(rmsnorm(o) * act(g)) -> gated_rmsnorm_linear(o, g, W_o)"
 
 
-def pattern(o, gate, norm_weight, proj_weight, proj_bias, eps: float, act: str | None, group: int,
-            norm_before_gate: bool = True, n_flat: int = 1) -> torch.Tensor:
-    return naive.gated_rmsnorm_linear_ref(o, gate, norm_weight, proj_weight, proj_bias, eps, act, group,
-                                          norm_before_gate, n_flat)
+def pattern(
+    o,
+    gate,
+    norm_weight,
+    proj_weight,
+    proj_bias,
+    eps: float,
+    act: str | None,
+    group: int,
+    norm_before_gate: bool = True,
+    n_flat: int = 1,
+) -> torch.Tensor:
+    return naive.gated_rmsnorm_linear_ref(
+        o, gate, norm_weight, proj_weight, proj_bias, eps, act, group, norm_before_gate, n_flat
+    )
 
 
-def replacement(o, gate, norm_weight, proj_weight, proj_bias, eps: float, act: str | None, group: int,
-                norm_before_gate: bool = True, n_flat: int = 1, backend: str = "auto") -> torch.Tensor:
-    return fused.gated_rmsnorm_linear(o, gate, norm_weight, proj_weight, proj_bias, eps=eps, act=act,
-                                      group=group, norm_before_gate=norm_before_gate, n_flat=n_flat,
-                                      backend=backend)
+def replacement(
+    o,
+    gate,
+    norm_weight,
+    proj_weight,
+    proj_bias,
+    eps: float,
+    act: str | None,
+    group: int,
+    norm_before_gate: bool = True,
+    n_flat: int = 1,
+    backend: str = "auto",
+) -> torch.Tensor:
+    return fused.gated_rmsnorm_linear(
+        o,
+        gate,
+        norm_weight,
+        proj_weight,
+        proj_bias,
+        eps=eps,
+        act=act,
+        group=group,
+        norm_before_gate=norm_before_gate,
+        n_flat=n_flat,
+        backend=backend,
+    )
 
 
 def _flat_view(node) -> bool:
@@ -56,14 +88,28 @@ def match(ctx: Ctx, node: Node) -> Match | None:
     if proj is None or nxt.args != (nodes[-1],) or nxt.kwargs:
         return None
     gate = node.args[1] if len(node.args) == 2 and norm.act is not None else None
-    return {"norm": norm, "norm_node": node, "proj": proj, "proj_node": nxt, "o": node.args[0], "gate": gate,
-            "n_flat": n_flat, "nodes": [nxt, *reversed(nodes)]}
+    return {
+        "norm": norm,
+        "norm_node": node,
+        "proj": proj,
+        "proj_node": nxt,
+        "o": node.args[0],
+        "gate": gate,
+        "n_flat": n_flat,
+        "nodes": [nxt, *reversed(nodes)],
+    }
 
 
 def rewrite(ctx: Ctx, m: Match) -> None:
     norm, proj_node = m["norm"], m["proj_node"]
-    kw = {"eps": norm.eps, "act": norm.act, "group": norm.group, "norm_before_gate": norm.norm_before_gate,
-          "n_flat": m["n_flat"], "backend": ctx.backend}
+    kw = {
+        "eps": norm.eps,
+        "act": norm.act,
+        "group": norm.group,
+        "norm_before_gate": norm.norm_before_gate,
+        "n_flat": m["n_flat"],
+        "backend": ctx.backend,
+    }
     with ctx.graph.inserting_before(proj_node):
         nw = ctx.param(f"{m['norm_node'].target}.weight")
         pw = ctx.param(f"{proj_node.target}.weight")

@@ -46,8 +46,7 @@ def is_normed(ctx: Ctx, node: Node) -> bool:
     """An `nn.RMSNorm` / `nn.LayerNorm` call, or the normed output of a fused add-norm."""
     if ctx.module(node, (nn.RMSNorm, nn.LayerNorm)) is not None:
         return True
-    return (is_call(node, operator.getitem) and node.args[1] == 0
-            and is_call(node.args[0], fused.add_rmsnorm))
+    return is_call(node, operator.getitem) and node.args[1] == 0 and is_call(node.args[0], fused.add_rmsnorm)
 
 
 def match(ctx: Ctx, node: Node) -> Match | None:

@@ -29,8 +29,12 @@ def replacement(a: torch.Tensor, b: torch.Tensor, backend: str = "auto") -> torc
 
 
 def _silu(node) -> bool:
-    return (is_call(node, F.silu, torch.nn.functional.silu) and len(node.args) == 1
-            and not node.kwargs.get("inplace", False) and set(node.kwargs) <= {"inplace"})
+    return (
+        is_call(node, F.silu, torch.nn.functional.silu)
+        and len(node.args) == 1
+        and not node.kwargs.get("inplace", False)
+        and set(node.kwargs) <= {"inplace"}
+    )
 
 
 def match(ctx: Ctx, node: Node) -> Match | None:

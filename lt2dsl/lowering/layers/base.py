@@ -31,8 +31,14 @@ from lt2dsl.ir.registry import lookup
 
 # Setting names (and torch's own names) → torch dtypes: the lowering's one table.
 DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "fp64": torch.float64, "float64": torch.float64,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp64": torch.float64,
+    "float64": torch.float64,
 }
 
 

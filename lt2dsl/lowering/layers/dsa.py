@@ -109,8 +109,9 @@ class SparseAttention(MixerLayer):
 
     def _indexer(self, x: torch.Tensor, pos):
         """q_I `[B, T, HI, dI]`, k_I `[B, T, dI]` (first half rotated), w `[B, T, HI]` (× HI^{-1/2})."""
-        q_idx = fs.rope_prefix(self.idx_q(x).unflatten(-1, (self.HI, self.dI)), pos, self.theta,
-                               self.idx_rope_dims)
+        q_idx = fs.rope_prefix(
+            self.idx_q(x).unflatten(-1, (self.HI, self.dI)), pos, self.theta, self.idx_rope_dims
+        )
         k_idx = self.idx_k_norm(self.idx_k(x)).unsqueeze(2)
         k_idx = fs.rope_prefix(k_idx, pos, self.theta, self.idx_rope_dims).squeeze(2)
         return q_idx, k_idx, self.idx_w(x) * self.HI**-0.5
@@ -120,8 +121,9 @@ class SparseAttention(MixerLayer):
         g = self.g_proj(x)
         return g.unflatten(-1, (self.H, self.d)) if self.gate == "sdpa" else g.unsqueeze(-1)
 
-    def indexer_loss(self, x: torch.Tensor, pos: int = 0, *, sparse: bool = False,
-                     reduction: str = "sum") -> torch.Tensor:
+    def indexer_loss(
+        self, x: torch.Tensor, pos: int = 0, *, sparse: bool = False, reduction: str = "sum"
+    ) -> torch.Tensor:
         """The indexer's KL alignment loss Σ_t KL(p_t ‖ softmax(I[t, :])) (mixers.md §11(b)).
 
         p_t is the main attention's probability over the causal keys, summed over heads and
@@ -145,7 +147,14 @@ class SparseAttention(MixerLayer):
         q_idx, k_idx, w_idx = self._indexer(x.detach(), pos)
         indices = None
         if sparse:
-            indices = dsa_indexer(q_idx.detach(), k_idx.detach(), w_idx.detach(), topk=self.topk,
-                                  idx_scale=self.idx_scale, backend=self.backend)
-        return dsa_indexer_kl(q, k, q_idx, k_idx, w_idx, idx_scale=self.idx_scale, indices=indices,
-                              reduction=reduction)
+            indices = dsa_indexer(
+                q_idx.detach(),
+                k_idx.detach(),
+                w_idx.detach(),
+                topk=self.topk,
+                idx_scale=self.idx_scale,
+                backend=self.backend,
+            )
+        return dsa_indexer_kl(
+            q, k, q_idx, k_idx, w_idx, idx_scale=self.idx_scale, indices=indices, reduction=reduction
+        )

@@ -77,8 +77,9 @@ class GatedDeltaNet(MixerLayer):
         beta = torch.sigmoid(self.b_proj(x).to(gd))
         if self.opts["neg_eigval"]:
             beta = beta * 2.0
-        o = gated_delta_rule_core(q, k, v, g, beta, entry, scale=self.K**-0.5, backend=self.backend,
-                                  state_dtype=self.state_dtype())
+        o = gated_delta_rule_core(
+            q, k, v, g, beta, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
+        )
         gate = self.g_proj(x).unflatten(-1, (self.HV, self.V)) if self.opts["gate"] else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.flatten(-2))

@@ -57,7 +57,8 @@ class GatedLinearAttention(MixerLayer):
         v = self.v_proj(x).unflatten(-1, (self.H, self.V))
         gk = self.gk_proj(x).to(math_dtype(self)).unflatten(-1, (self.H, self.K))
         g = F.logsigmoid(gk) / self.opts["gate_norm"]
-        o = gla_core(q, k, v, g, entry, scale=self.K**-0.5, backend=self.backend,
-                     state_dtype=self.state_dtype())
+        o = gla_core(
+            q, k, v, g, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
+        )
         gate = self.g_proj(x).unflatten(-1, (self.H, self.V))
         return self.o_proj(self.g_norm(o, gate).flatten(-2))

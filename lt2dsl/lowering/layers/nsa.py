@@ -65,8 +65,13 @@ class NativeSparseAttention(MixerLayer):
         o, D = self.opts, cfg.dim
         self.H, self.HKV, self.d = o["heads"], o["kv_heads"], o["head_dim"]
         self.theta = float(o["rope_theta"])
-        self.geometry = dict(select=o["select"], block=o["block"], window=o["window"],
-                             cmp_block=o["cmp_block"], stride=o["stride"])
+        self.geometry = dict(
+            select=o["select"],
+            block=o["block"],
+            window=o["window"],
+            cmp_block=o["cmp_block"],
+            stride=o["stride"],
+        )
         self._check_options()
         self.q_proj = linear(D, self.H * self.d)
         self.k_proj = linear(D, self.HKV * self.d)
@@ -85,8 +90,9 @@ class NativeSparseAttention(MixerLayer):
         if self.d % 2:
             raise ValueError(f"nsa: head_dim must be even for RoPE, got {self.d}")
         if o["cmp_block"] % o["stride"] or o["block"] % o["stride"]:
-            raise ValueError(f"nsa: stride={o['stride']} must divide cmp_block={o['cmp_block']} "
-                             f"and block={o['block']}")
+            raise ValueError(
+                f"nsa: stride={o['stride']} must divide cmp_block={o['cmp_block']} and block={o['block']}"
+            )
 
     def reset_parameters(self) -> None:
         """Projections normal(0, 0.02) (the model rescales o_proj by depth); φ as mean pooling."""

@@ -57,8 +57,9 @@ def assert_same(gm, fgm, params, *args, tol: float = 1e-10, rms: bool = False) -
         torch.testing.assert_close(fg, g, rtol=tol, atol=tol, msg=lambda m, i=i: f"grad of param {i}: {m}")
 
 
-def check_fusion(body: str, rule: str, fused_op: str, absent: Sequence[Absent], *, B: int = 2, T: int = 9,
-                 **settings) -> torch.fx.GraphModule:
+def check_fusion(
+    body: str, rule: str, fused_op: str, absent: Sequence[Absent], *, B: int = 2, T: int = 9, **settings
+) -> torch.fx.GraphModule:
     """The four checks for `rule` on the tiny float64 model of `body`; returns the fused graph."""
     model = lower(body, **settings)
     gm = model.graph_module

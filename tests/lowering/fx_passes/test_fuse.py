@@ -37,7 +37,7 @@ def test_every_kind_fused_equals_unfused(kind):
 
 LOOPS = {
     "final_norm+exit": f"loop T=2, final_norm=true, exit=gate(threshold=0.5) "
-                       f"< {call('gdn')}; {call('dsa')} >",
+    f"< {call('gdn')}; {call('dsa')} >",
     "inject=concat": f"loop T=3, inject=concat < {call('kda')}; {call('swa')} >",
     "par": f"loop T=2 < par({call('gdn')}, {call('full')}); {call('mamba2')} >",
     "nested+repeat": f"loop T=2 < repeat 2 < {call('deltanet')} >; loop T=2 < {call('gla')} > >",
@@ -52,8 +52,10 @@ def test_loops_fused_equal_unfused(body):
     assert_same(model.graph_module, fgm, list(model.parameters()), tokens(2, 9))
 
 
-NORMS = {"sandwich-gelu": ("sandwich", "gelu(hidden=48)", 2, 0),
-         "layernorm": ("layernorm(eps=1e-5)", "swiglu(hidden=48)", 0, 1)}
+NORMS = {
+    "sandwich-gelu": ("sandwich", "gelu(hidden=48)", 2, 0),
+    "layernorm": ("layernorm(eps=1e-5)", "swiglu(hidden=48)", 0, 1),
+}
 
 
 @pytest.mark.parametrize(("norm", "mlp", "adds", "swiglus"), NORMS.values(), ids=NORMS.keys())
@@ -213,8 +215,15 @@ def test_gpu_fused_equals_unfused_bf16(kind):
     # outputs then differ by whole keys (6.7e-2 relative on the H200); the CPU tests check the
     # fused DSA graph with a real selection exactly, in float64.
     mixer = "dsa(topk=512, index_heads=2, index_dim=8)" if kind == "dsa" else call(kind)
-    model = lower(f"loop T=2 < {mixer} >", dtype=torch.bfloat16, backend="auto", device="cuda",
-                  dim=256, heads=4, head_dim=64)
+    model = lower(
+        f"loop T=2 < {mixer} >",
+        dtype=torch.bfloat16,
+        backend="auto",
+        device="cuda",
+        dim=256,
+        heads=4,
+        head_dim=64,
+    )
     ids = tokens(2, 300, vocab=model.config.vocab).cuda()
     params = list(model.parameters())
     out, grads = _out_grads(model.graph_module, params, ids)
@@ -228,8 +237,9 @@ def test_gpu_fused_equals_unfused_bf16(kind):
 @pytest.mark.parametrize("kind", ["swa", "gdn"])
 def test_gpu_torch_compile_fullgraph_inductor(kind):
     """torch.compile(fullgraph=True) with Inductor over a fused model on CUDA, forward and backward."""
-    model = lower(call(kind), dtype=torch.bfloat16, backend="auto", device="cuda", dim=256, heads=4,
-                  head_dim=64)
+    model = lower(
+        call(kind), dtype=torch.bfloat16, backend="auto", device="cuda", dim=256, heads=4, head_dim=64
+    )
     fgm = fused_copy(model.graph_module)
     params = list(model.parameters())
     ids = tokens(2, 256, vocab=model.config.vocab).cuda()

@@ -62,7 +62,8 @@ class Swiglu(nn.Module):
 
 def _qkv(x):
     return x[..., :K].unflatten(-1, (1, K)).expand(-1, -1, H, K), x[..., K:].unflatten(-1, (1, K)).expand(
-        -1, -1, HV, K)
+        -1, -1, HV, K
+    )
 
 
 class Gates(nn.Module):

@@ -82,8 +82,11 @@ CASES = {
     ],
 }
 
-PARAMS = [pytest.param(rule, *case, id=f"{rule}-{i}-{case[0][:24]}")
-          for rule, cases in CASES.items() for i, case in enumerate(cases)]
+PARAMS = [
+    pytest.param(rule, *case, id=f"{rule}-{i}-{case[0][:24]}")
+    for rule, cases in CASES.items()
+    for i, case in enumerate(cases)
+]
 
 
 def test_every_rule_has_cases():
@@ -97,6 +100,7 @@ def test_rule_four_checks(rule, body, fused_op, absent):
 
 def _inputs(rule: str, g: torch.Generator):
     """(args, kwargs) of the rule's pattern / replacement pair, float64."""
+
     def r(*s):
         return torch.randn(*s, generator=g, dtype=torch.float64)
 
@@ -107,8 +111,10 @@ def _inputs(rule: str, g: torch.Generator):
         "gdn_gate": ((r(B, T, 3) * 4, r(B, T, 3), r(3), r(3), 2.0, torch.float64), {}),
         "conv_silu_l2norm": ((r(B, T, 8), r(8, 1, 4), None, r(B, 8, 3), 4), {}),
         "conv_silu": ((r(B, T, 8), r(8, 1, 4), r(8), None), {}),
-        "gated_norm_proj": ((r(B, T, 2, 4), r(B, T, 2, 4), r(4), r(6, 8), r(6), 1e-5, "silu", 4),
-                            {"n_flat": 2}),
+        "gated_norm_proj": (
+            (r(B, T, 2, 4), r(B, T, 2, 4), r(4), r(6, 8), r(6), 1e-5, "silu", 4),
+            {"n_flat": 2},
+        ),
         "swiglu": ((r(B, T, 8), r(B, T, 8)), {}),
     }[rule]
 

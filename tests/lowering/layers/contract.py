@@ -57,8 +57,9 @@ def resolved(kind: str, cfg: ModelConfig, **given) -> dict:
     return opts
 
 
-def seeded_layer(cls: type[nn.Module], kind: str, cfg: ModelConfig, given: dict, dtype=F64, seed: int = 0,
-                 perturb=None) -> nn.Module:
+def seeded_layer(
+    cls: type[nn.Module], kind: str, cfg: ModelConfig, given: dict, dtype=F64, seed: int = 0, perturb=None
+) -> nn.Module:
     """`cls` built from the resolved options right after torch.manual_seed(seed), cast to dtype, with
     `perturb(name, p)` applied to each parameter without grad (to move the weights off their init)."""
     torch.manual_seed(seed)
@@ -235,6 +236,7 @@ class RecurrentContract(LayerContract):
     @classmethod
     def make(cls, cfg: ModelConfig | None = None, dtype=F64, **given) -> nn.Module:
         """A layer with every parameter moved off its init, so gates, norms and convs all matter."""
+
         def perturb(_, p):
             p.add_(0.2 * torch.randn_like(p))
 

@@ -75,8 +75,9 @@ def index_scores(layer, x):
     HI, dI = o["index_heads"], o["index_dim"]
     r = 2 * (dI // 4)
     qi = (x @ P["idx_q.weight"].T).unflatten(-1, (HI, dI))
-    ki = torch.nn.functional.layer_norm(x @ P["idx_k.weight"].T, (dI,), P["idx_k_norm.weight"],
-                                        P["idx_k_norm.bias"], eps=1e-6)[:, :, None]
+    ki = torch.nn.functional.layer_norm(
+        x @ P["idx_k.weight"].T, (dI,), P["idx_k_norm.weight"], P["idx_k_norm.bias"], eps=1e-6
+    )[:, :, None]
     qi = torch.cat([rope(qi[..., :r], o["rope_theta"]), qi[..., r:]], -1)
     ki = torch.cat([rope(ki[..., :r], o["rope_theta"]), ki[..., r:]], -1)[:, :, 0]
     w = x @ P["idx_w.weight"].T

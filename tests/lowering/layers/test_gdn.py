@@ -40,8 +40,13 @@ def recurrence(layer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
 
 class TestGdn(RecurrentContract, DecodesStateInPlace):
     KIND, CLS, CORE = "gdn", GatedDeltaNet, "gated_delta_rule_core"
-    VARIANTS = ({}, {"v_heads": 4, "expand_v": 1}, {"neg_eigval": True}, {"gate": False, "conv": 0},
-                {"conv": 2})
+    VARIANTS = (
+        {},
+        {"v_heads": 4, "expand_v": 1},
+        {"neg_eigval": True},
+        {"gate": False, "conv": 0},
+        {"conv": 2},
+    )
     GRADCHECK = (({"neg_eigval": True}, ("A_log", "dt_bias", "b_proj.weight")),)
     STATE_NAMES = ("state",)
     truth = staticmethod(recurrence)

@@ -53,8 +53,10 @@ def recurrence(layer: KimiDeltaAttention, x: torch.Tensor) -> torch.Tensor:
 class TestKda(RecurrentContract):
     KIND, CLS, CORE = "kda", KimiDeltaAttention, "kda_core"
     VARIANTS = ({}, {"v_heads": 4}, {"safe_gate": True}, {"safe_gate": True, "lower_bound": -2.0, "conv": 0})
-    GRADCHECK = tuple((given, ("A_log", "dt_bias", "f_proj.1.weight", "g_proj.1.bias"))
-                      for given in ({}, {"safe_gate": True}))
+    GRADCHECK = tuple(
+        (given, ("A_log", "dt_bias", "f_proj.1.weight", "g_proj.1.bias"))
+        for given in ({}, {"safe_gate": True})
+    )
     truth = staticmethod(recurrence)
 
 

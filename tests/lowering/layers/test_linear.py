@@ -46,13 +46,21 @@ def recurrence(layer: LinearAttention, x: torch.Tensor) -> torch.Tensor:
 
 class TestLinear(RecurrentContract, RunsUnderAutocast):
     KIND, CLS, CORE = "linear", LinearAttention, "simple_gla_core"
-    VARIANTS = ({}, {"feature_map": "hedgehog"}, {"feature_map": "relu", "normalize": False},
-                {"feature_map": "identity", "normalize": False},
-                {"feature_map": "hedgehog", "normalize": False})
+    VARIANTS = (
+        {},
+        {"feature_map": "hedgehog"},
+        {"feature_map": "relu", "normalize": False},
+        {"feature_map": "identity", "normalize": False},
+        {"feature_map": "hedgehog", "normalize": False},
+    )
     # the default (elu1, normalized) has no feature-map weights and no output norm
-    GRADCHECK = (({}, ("q_proj.weight",)),
-                 ({"feature_map": "hedgehog", "normalize": False},
-                  ("q_proj.weight", "k_fm.weight", "k_fm.bias", "o_norm.weight")))
+    GRADCHECK = (
+        ({}, ("q_proj.weight",)),
+        (
+            {"feature_map": "hedgehog", "normalize": False},
+            ("q_proj.weight", "k_fm.weight", "k_fm.bias", "o_norm.weight"),
+        ),
+    )
     TRACE_GIVEN = AUTOCAST_GIVEN = VARIANTS[1]
     truth = staticmethod(recurrence)
 

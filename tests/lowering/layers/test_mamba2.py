@@ -37,10 +37,15 @@ def recurrence(layer: Mamba2, x: torch.Tensor) -> torch.Tensor:
 
 class TestMamba2(RecurrentContract, RunsUnderAutocast):
     KIND, CLS, CORE = "mamba2", Mamba2, "simple_gla_core"
-    VARIANTS = ({"head_dim": 16, "state": 8}, {"head_dim": 16, "state": 8, "groups": 2},
-                {"head_dim": 16, "state": 8, "conv": 0}, {"head_dim": 32, "state": 4, "expand": 1})
-    GRADCHECK = (({"head_dim": 4, "state": 2, "groups": 2},
-                  ("A_log", "dt_bias", "D", "conv1d.bias", "norm.weight")),)
+    VARIANTS = (
+        {"head_dim": 16, "state": 8},
+        {"head_dim": 16, "state": 8, "groups": 2},
+        {"head_dim": 16, "state": 8, "conv": 0},
+        {"head_dim": 32, "state": 4, "expand": 1},
+    )
+    GRADCHECK = (
+        ({"head_dim": 4, "state": 2, "groups": 2}, ("A_log", "dt_bias", "D", "conv1d.bias", "norm.weight")),
+    )
     TRACE_GIVEN, AUTOCAST_GIVEN = VARIANTS[0], VARIANTS[1]
     truth = staticmethod(recurrence)
 

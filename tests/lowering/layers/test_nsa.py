@@ -53,8 +53,9 @@ def make_layer(dtype=F64, seed=0, cfg=None, randomize=True, **given) -> NativeSp
         else:
             p.normal_(0, 0.2)
 
-    return seeded_layer(NativeSparseAttention, "nsa", cfg or config(), given, dtype, seed,
-                        perturb if randomize else None)
+    return seeded_layer(
+        NativeSparseAttention, "nsa", cfg or config(), given, dtype, seed, perturb if randomize else None
+    )
 
 
 # ---- independent float64 truth (mixers.md §10(b)) ---------------------------------------------------
@@ -183,11 +184,18 @@ def test_learned_compression_starts_as_mean_pooling():
 
 def test_gradcheck_input_gates_and_compression():
     cfg = config(dim=8, heads=2, head_dim=4, kv_heads=1)
-    layer = make_layer(cfg=cfg, block=2, select=2, window=2, cmp_block=2, stride=1, kv_heads=1,
-                       compress="mlp")
+    layer = make_layer(
+        cfg=cfg, block=2, select=2, window=2, cmp_block=2, stride=1, kv_heads=1, compress="mlp"
+    )
     x = torch.randn(1, 7, 8, dtype=F64, requires_grad=True)
-    names = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "cmp_k.proj.weight",
-             "cmp_v.pos"]
+    names = [
+        "q_proj.weight",
+        "k_proj.weight",
+        "v_proj.weight",
+        "g_proj.weight",
+        "cmp_k.proj.weight",
+        "cmp_v.pos",
+    ]
     # fast mode checks random projections of the Jacobian: one numerical JVP per input, not per element
     assert gradcheck_params(layer, x, names, fast_mode=True)
 

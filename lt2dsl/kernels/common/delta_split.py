@@ -1,0 +1,163 @@
+"""Split chunked forward of the delta-rule family: W/U per chunk, a two-dot state scan, the output
+per chunk.
+
+The fused scan (`delta_state_fwd_kernel`) does five dots per chunk inside its sequential loop and
+reloads Q, K, T and P once per value tile. Here only the recurrence stays sequential (mixers.md
+§4–§6; b = chunk-local cumulative log decay, γ = e^b, T = (I + A)^{-1}):
+
+    W  = T Diag(β) (K ⊙ γ),   U = T Diag(β) V              `delta_wu_fwd_kernel`, per chunk
+    S_c stored;  U' = U − W S_c;  S ← Diag(γ_C) S + (K ⊙ e^{b_C − b})ᵀ U'    `delta_h_fwd_kernel`
+    O  = (sQ ⊙ γ) S_c + P U',   P = s (Q Kᵀ ⊙ Γ) lower with diagonal      `delta_o_fwd_kernel`
+
+U' = U − W S_c is the same innovation T Diag(β)(V − (K ⊙ γ) S_c) the fused scan forms, so the chunk
+states S_c and U' written here are exactly what the backward reads. P is formed in the output
+kernel from Q and K for the scalar gate (GDN, DeltaNet), and read from `Aqk` for KDA's per-channel
+gate, whose P comes from its intra-chunk kernel.
+
+Precision with 16-bit inputs: W, U, U' and S_c are stored in the input dtype (as K·S and Q·S
+already took S and the scaled keys in it); the dots into the state and the output (Kᵀ·U', P·U')
+and T·X take fp32-grade operands with PREC (TF32), as in the fused scan.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from lt2dsl.kernels.common.delta_state import (
+    gate_factors,
+    load_chunk_gate,
+    load_square,
+    load_tile,
+    store_tile,
+)
+from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xx, seq_coords
+
+
+@triton.jit
+def delta_h_fwd_kernel(
+    k,
+    v,
+    gcum,
+    beta,
+    Ainv,
+    h0,
+    h,
+    un32,
+    vnew,
+    ht,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    STORE_VNEW: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    DT = k.dtype.element_ty
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    k_base = (b64 * H + i_h) * K
+    v_base = (b64 * HV + i_hv) * V
+    s_base = i_nh.to(tl.int64) * K * V
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += load_tile(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
+    for i_t in range(NT):
+        r0 = i_t * BT
+        p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
+        store_tile(p_h, S, 0, K, V, i_v * BV, V, BK, BV)
+        b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
+        b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_beta = tl.load(
+            beta + (bos + r0 + tl.arange(0, BT)).to(tl.int64) * HV + i_hv,
+            mask=r0 + tl.arange(0, BT) < L,
+            other=0.0,
+        ).to(tl.float32)
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        if GATE == 1:
+            gam, to_end = gam[:, None], to_end[:, None]
+        ks = mm((b_k.to(tl.float32) * gam).to(DT), S.to(DT), DOT)
+        # U' = T Diag(β) (V − (K ⊙ γ) S); padded rows of T are 0, so their U' is 0 and adds nothing.
+        b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
+        un = mm_xx(b_T, (b_v - ks) * b_beta[:, None], DT, PREC, DOT)
+        store_tile(un32 + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
+        if STORE_VNEW:
+            store_tile(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
+        S = S * gam_c + mm_xx(tl.trans(b_k.to(tl.float32) * to_end), un, DT, PREC, DOT)
+    if STORE_FINAL:
+        store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
+
+
+@triton.jit
+def delta_o_fwd_kernel(
+    q,
+    k,
+    gcum,
+    Aqk,
+    h,
+    un32,
+    o,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
+    t0 = bos + i_t * BT
+    n = eos - t0
+    DT = q.dtype.element_ty
+    t64 = t0.to(tl.int64)
+    qk_base = (t64 * H + i_h) * K
+    v_base = (t64 * HV + i_hv) * V
+
+    b_q = load_tile(q + qk_base, 0, n, H * K, 0, K, BT, BK)
+    b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
+    gam, _, _ = gate_factors(b_g, b_glast, GATE)
+    if GATE == 1:
+        # P = s (Q Kᵀ ⊙ Γ) here: one more dot per chunk instead of a [BT, BT] fp32 round trip.
+        ot = tl.arange(0, BT)
+        keep = (ot[:, None] >= ot[None, :]) & (ot < n)[:, None]
+        b_k = load_tile(k + qk_base, 0, n, H * K, 0, K, BT, BK)
+        b_P = mm(b_q, tl.trans(b_k), DOT) * scale
+        # kept entries have r ≥ i, so the exponent is ≤ 0; the others are zeroed before exp
+        b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+        gam = gam[:, None]
+    else:
+        b_P = load_square(Aqk, t0, eos, i_hv, HV, BT, False)
+    b_S = load_tile(h + (i_g.to(tl.int64) * HV + i_hv) * K * V, 0, K, V, i_v * BV, V, BK, BV)
+    b_o = mm((b_q.to(tl.float32) * (gam * scale)).to(DT), b_S, DOT)
+    b_un = load_tile(un32 + v_base, 0, n, HV * V, i_v * BV, V, BT, BV)
+    b_o += mm_xx(b_P, b_un, DT, PREC, DOT)
+    store_tile(o + v_base, b_o, 0, n, HV * V, i_v * BV, V, BT, BV)
