@@ -71,7 +71,7 @@ def _jobs():
         delta_grad_k_kernel,
     )
     from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
-    from lt2dsl.kernels.common.delta_split import delta_h_fwd_kernel, delta_o_fwd_kernel
+    from lt2dsl.kernels.common.delta_split import delta_du0_kernel, delta_h_fwd_kernel, delta_o_fwd_kernel
     from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
     from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel, delta_wy_rows_kernel
     from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
@@ -137,6 +137,14 @@ def _jobs():
             jobs.append(
                 (f"h_fwd-g{gate}-c{i}", delta_h_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
+        for i, cfg in enumerate(L._DH_CONFIGS if gate else []):
+            cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
+                       USE_DU0=True, **cfg.kwargs)  # fmt: skip
+            jobs.append((f"dh_bwd-g{gate}-c{i}", delta_state_bwd_kernel, ptr, sc, cex, cfg.num_warps,
+                         cfg.num_stages))  # fmt: skip
+        for i, cfg in enumerate(L._DU0_CONFIGS if gate else []):
+            cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
+            jobs.append((f"du0-g{gate}-c{i}", delta_du0_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._O_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(

@@ -29,7 +29,7 @@ from lt2dsl.kernels.common.delta_grad import (
     delta_grad_final_kernel,
     delta_grad_k_kernel,
 )
-from lt2dsl.kernels.common.delta_split import delta_h_fwd_kernel, delta_o_fwd_kernel
+from lt2dsl.kernels.common.delta_split import delta_du0_kernel, delta_h_fwd_kernel, delta_o_fwd_kernel
 from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
 from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
 from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel, delta_wy_rows_kernel
@@ -136,11 +136,34 @@ _state_bwd = autotuned_on_gpu(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV"
 _grad_cc = autotuned_on_gpu(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_k = autotuned_on_gpu(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _kda_fwd = autotuned_on_gpu(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
+# The split backward's reverse scan (offline sm_90 at K = V = 128: BV 64 at 4 warps spills 504 B
+# per thread for GDN, 736 B for KDA, so it is not here).
+_DH_CONFIGS = [
+    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
+]
+_DU0_CONFIGS = _O_CONFIGS
 _h_fwd = autotuned_on_gpu(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _o_fwd = autotuned_on_gpu(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_dh_bwd = autotuned_on_gpu(delta_state_bwd_kernel, _DH_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_du0 = autotuned_on_gpu(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 TUNED = [
     t
-    for t in (_wy_fwd, _qk_fwd, _state_fwd, _state_bwd, _grad_cc, _grad_k, _kda_fwd, _h_fwd, _o_fwd, _wy_rows)
+    for t in (
+        _wy_fwd,
+        _qk_fwd,
+        _state_fwd,
+        _state_bwd,
+        _grad_cc,
+        _grad_k,
+        _kda_fwd,
+        _h_fwd,
+        _o_fwd,
+        _wy_rows,
+        _dh_bwd,
+        _du0,
+    )
     if t is not None
 ]
 N_CONFIGS = max(
@@ -376,12 +399,27 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     dh = empty(k, n_rows, HV, K, V)
     Y = empty(k, *do.shape, dtype=torch.float32)
     dh0 = empty(do, meta.N, HV, K, V, dtype=torch.float32) if want_dh0 else Y
+    gid = _state_gate(gate)
+    # The split backward (always when the forward kept no scores) takes Pᵀ dO from a chunk-parallel
+    # kernel and scans with wide value tiles; the fused one forms Pᵀ dO inside the scan.
+    split = SPLIT or Aqk is None or Aqk.numel() == 0
+    du0 = Y
+    if split:
+        du0 = empty(do, *do.shape, dtype=torch.float32)
+
+        def ugrid(m):
+            return (triton.cdiv(V, m["BV"]), *meta.chunk_grid(B * HV))
+
+        scores = Aqk if Aqk is not None and Aqk.numel() else do
+        launch(_du0, delta_du0_kernel, ugrid, q, k, gcum, scores, do, du0, meta.cu, meta.chunk_indices, T,
+               scale, H=H, HV=HV, K=K, V=V, BT=BT, BK=state_bk(K), GATE=gid, IS_VARLEN=meta.varlen,
+               DOT=dot_mode(k.dtype), PREC=split_mode(k.dtype), fixed={"BV": min(32, pow2(V))})  # fmt: skip
 
     def grid(m):
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
     launch(
-        _state_bwd,
+        _dh_bwd if split else _state_bwd,
         delta_state_bwd_kernel,
         grid,
         q,
@@ -395,6 +433,7 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
         dh,
         Y,
         dh0,
+        du0,
         meta.cu,
         meta.chunk_offsets,
         T,
@@ -405,13 +444,14 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
         V=V,
         BT=BT,
         BK=state_bk(K),
-        GATE=_state_gate(gate),
+        GATE=gid,
         USE_DHT=dht is not None,
         STORE_DH0=want_dh0,
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         PREC=split_mode(k.dtype),
-        fixed={"BV": min(16, pow2(V))},
+        USE_DU0=split,
+        fixed={"BV": min(32 if split else 16, pow2(V))},
     )
     return dh, Y, (dh0 if want_dh0 else None)
 

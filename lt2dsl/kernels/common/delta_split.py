@@ -161,3 +161,54 @@ def delta_o_fwd_kernel(
     b_un = load_tile(un32 + v_base, 0, n, HV * V, i_v * BV, V, BT, BV)
     b_o += mm_xx(b_P, b_un, DT, PREC, DOT)
     store_tile(o + v_base, b_o, 0, n, HV * V, i_v * BV, V, BT, BV)
+
+
+@triton.jit
+def delta_du0_kernel(
+    q,
+    k,
+    gcum,
+    Aqk,
+    do,
+    du0,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """The chunk-local part of dU', Pᵀ dO `[B*T, HV, V]` fp32, for every chunk at once (backward of
+    the output's intra-chunk term; the reverse scan adds (K ⊙ e^{b_C − b}) dS')."""
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    t0 = bos + i_t * BT
+    n = eos - t0
+    DT = q.dtype.element_ty
+    t64 = t0.to(tl.int64)
+    qk_base = (t64 * H + i_h) * K
+    v_base = (t64 * HV + i_hv) * V
+    if GATE == 1:
+        # Pᵀ[i, r] = s (k_i · q_r) e^{b_r − b_i} for r ≥ i: formed directly, no transposed result.
+        ot = tl.arange(0, BT)
+        keep = (ot[None, :] >= ot[:, None]) & (ot < n)[None, :]
+        b_g, _ = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
+        b_q = load_tile(q + qk_base, 0, n, H * K, 0, K, BT, BK)
+        b_k = load_tile(k + qk_base, 0, n, H * K, 0, K, BT, BK)
+        b_Pt = mm(b_k, tl.trans(b_q), DOT) * scale
+        b_Pt = tl.where(keep, b_Pt * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
+    else:
+        b_Pt = load_square(Aqk, t0, eos, i_hv, HV, BT, True)
+    b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+    store_tile(du0 + v_base, mm_xx(b_Pt, b_do, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)

@@ -73,7 +73,8 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
         alloc((N, HV, K, V) if want_final else (0,), f32),
         alloc(g_shape if save and gate else (0,), f32),
         alloc((B * T, HV, BT) if save else (0,), f32),
-        alloc((B * T, HV, BT) if save else (0,), f32),
+        # the split forward keeps no scores for the scalar gates (the backward forms Pᵀ dO itself)
+        alloc((B * T, HV, BT) if save and (gate == 2 or not delta_launch.SPLIT) else (0,), f32),
         alloc((n_rows, HV, K, V) if save else (0,), q.dtype),
         alloc((B, T, HV, V) if save else (0,), v.dtype),
     )
@@ -107,6 +108,7 @@ def _chunk_fwd_impl(
 
     if not save:
         return o, (ht if want_final else e()), e(), e(), e(), e(), e()
+    Aqk = Aqk if Aqk is not None else e()
     return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk, h, vnew)
 
 
