@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from lt2dsl.kernels.mlstm import chunk_mlstm_ref, mlstm, naive_recurrent_mlstm
 from tests.kernels.test_decay_common import DEVICE, TOL, poison, run_fwd_bwd  # noqa: F401
-from tests.kernels.utils import assert_close
+from tests.kernels.utils import assert_close, rel_rms
 
 F64 = torch.float64
 # Triton launchers allocate NaN-filled buffers in every test of this file
@@ -178,11 +178,22 @@ def check_against_float64(q, k, v, i, f, state0, eps=1e-6, cu_seqlens=None, tol=
     o, s, grads = run_fwd_bwd(tri, leaves, dh, dstate)
     o64, s64, grads64 = run_fwd_bwd(ref, [x.double() for x in leaves], dh, dstate)
     assert o.dtype == v.dtype and all(x.dtype == torch.float32 for x in s)
-    assert_close("h", o, o64, tol)
+    names = ["h", "final C", "final n", "final m", "dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0"]
+    bound = dict.fromkeys(names, tol)
+    if v.dtype == torch.float32 and v.is_cuda:
+        # The fp32 bound is relaxed to 4x what fp32 arithmetic itself reaches on these inputs (the
+        # torch reference run in fp32): with soft-capped input gates up to e^15 ("wide"), the
+        # normaliser max(|nᵀq|, e^-m) and the gate sums leave even that reference at 1.2e-4 in dq
+        # at T = 1000, D = 128 (measured on the CPU), above the 1e-4 kept everywhere else.
+        o32, s32, g32 = run_fwd_bwd(ref, leaves, dh, dstate)
+        for name, a, b in zip(names, [o32, *s32, *g32], [o64, *s64, *grads64]):
+            if a is not None:
+                bound[name] = max(tol, 4 * rel_rms(a, b))
+    assert_close("h", o, o64, bound["h"])
     for name, a, b in zip(["C", "n", "m"], s, s64):
-        assert_close(f"final {name}", a, b, tol)
+        assert_close(f"final {name}", a, b, bound[f"final {name}"])
     for name, a, b in zip(["dq", "dk", "dv", "di", "df", "dC0", "dn0", "dm0"], grads, grads64):
-        assert_close(name, a, b, tol)
+        assert_close(name, a, b, bound[name])
 
 
 def _inputs(B, T, H, K, V, dtype, gates, device=DEVICE, seed=0):
