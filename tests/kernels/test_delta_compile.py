@@ -64,6 +64,8 @@ def _jobs():
     if os.environ.get("LT2_AOT_CHECK") != "1":
         return []
     os.environ.pop("TRITON_INTERPRET", None)
+    import triton.language as tl
+
     from lt2dsl.kernels.common import delta_launch as L
     from lt2dsl.kernels.common.delta_grad import (
         delta_grad_cc_kernel,
@@ -71,14 +73,21 @@ def _jobs():
         delta_grad_k_kernel,
     )
     from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
-    from lt2dsl.kernels.common.delta_split import delta_du0_kernel, delta_h_fwd_kernel, delta_o_fwd_kernel
+    from lt2dsl.kernels.common.delta_split import (
+        delta_dh_bwd_kernel,
+        delta_du0_kernel,
+        delta_h_fwd_kernel,
+        delta_o_fwd_kernel,
+        delta_wu_fwd_kernel,
+        delta_y_kernel,
+    )
     from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
     from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel, delta_wy_rows_kernel
     from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
     from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
     P, D = "*bf16", 128
-    ptr = {n: P for n in ("q", "k", "v", "beta", "o", "h", "vnew", "do", "dv", "dh")}
+    ptr = {n: P for n in ("q", "k", "v", "beta", "o", "h", "vnew", "do", "dv", "dh", "w", "u")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i32", chunk_offsets="*i32")
     sc = {"T": "i32", "R": "i32", "NC": "i32", "scale": "fp32"}
     base = dict(H=16, HV=16, K=D, BT=64, IS_VARLEN=False)
@@ -132,16 +141,30 @@ def _jobs():
                 )
             )
         for i, cfg in enumerate(L._H_CONFIGS if gate else []):
-            cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, STORE_VNEW=True, DOT=0,
-                       PREC=True, **cfg.kwargs)  # fmt: skip
+            for wu in (True, False):
+                cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, STORE_VNEW=not wu,
+                           DOT=0, PREC=True, WU=wu, **cfg.kwargs)  # fmt: skip
+                jobs.append((f"h_fwd-g{gate}-wu{wu:d}-c{i}", delta_h_fwd_kernel, ptr, sc, cex, cfg.num_warps,
+                             cfg.num_stages))  # fmt: skip
+        for i, cfg in enumerate(L._WU_CONFIGS if gate else []):
+            cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(
-                (f"h_fwd-g{gate}-c{i}", delta_h_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
+                (f"wu-g{gate}-c{i}", delta_wu_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
         for i, cfg in enumerate(L._DH_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
                        USE_DU0=True, **cfg.kwargs)  # fmt: skip
             jobs.append((f"dh_bwd-g{gate}-c{i}", delta_state_bwd_kernel, ptr, sc, cex, cfg.num_warps,
                          cfg.num_stages))  # fmt: skip
+        for i, cfg in enumerate(L._DHW_CONFIGS if gate else []):
+            cex = dict(
+                base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, **cfg.kwargs
+            )
+            jobs.append((f"dhw_bwd-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex, cfg.num_warps,
+                         cfg.num_stages))  # fmt: skip
+        for i, cfg in enumerate(L._DU0_CONFIGS if gate == 1 else []):
+            cex = dict(HV=16, V=D, BT=64, IS_VARLEN=False, DOT=0, PREC=True, DT=tl.bfloat16, **cfg.kwargs)
+            jobs.append((f"y-c{i}", delta_y_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._DU0_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append((f"du0-g{gate}-c{i}", delta_du0_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))

@@ -76,14 +76,22 @@ def test_varlen(info):
 
 
 @pytest.mark.parametrize(
-    "split,rows",
-    [(True, True), (True, False), (False, True), (False, False)],
-    ids=["split-rows", "split-blocks", "fused-rows", "fused-blocks"],
+    "split,wu,rows",
+    [
+        (True, True, True),
+        (True, False, True),
+        (True, True, False),
+        (False, False, True),
+        (False, False, False),
+    ],
+    ids=["split-wu-rows", "split-T-rows", "split-wu-blocks", "fused-rows", "fused-blocks"],
 )
-def test_forward_variants(info, split, rows, monkeypatch):
-    """Both state-scan forms (split: two-dot scan + output per chunk; fused) and both UT-transform
-    kernels (rows from a scratch copy; registers only) against float64, grouped heads and two chunks."""
+def test_forward_variants(info, split, wu, rows, monkeypatch):
+    """Every forward form against float64, grouped heads and two chunks: the split scan with W, U
+    formed first (wu) or T applied in the scan, the fused scan; both UT-transform kernels (rows from
+    a scratch copy; registers only)."""
     monkeypatch.setattr(delta_launch, "SPLIT", split)
+    monkeypatch.setattr(delta_launch, "WU", wu)
     monkeypatch.setattr(delta_launch, "WY_ROWS", rows)
     x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=2, T=100, H=1, HV=2, K=32, V=48, device=DEV)
     compare_backends(info, x, FP32_TOL)

@@ -31,7 +31,60 @@ from lt2dsl.kernels.common.delta_state import (
     load_tile,
     store_tile,
 )
-from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xx, seq_coords
+from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xx, seq_coords, to_dt
+
+
+@triton.jit
+def delta_wu_fwd_kernel(
+    k,
+    v,
+    gcum,
+    beta,
+    Ainv,
+    w,
+    u,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+    STORE_U: tl.constexpr = True,
+):
+    """W = T Diag(β) (K ⊙ γ) `[B*T, HV, K]` and (STORE_U) U = T Diag(β) V `[B*T, HV, V]` of one chunk,
+    stored in the input dtype."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    t0 = bos + i_t * BT
+    n = eos - t0
+    DT = k.dtype.element_ty
+    t64 = t0.to(tl.int64)
+    ot = tl.arange(0, BT)
+    b_beta = tl.load(beta + (t0 + ot).to(tl.int64) * HV + i_hv, mask=ot < n, other=0.0).to(tl.float32)
+    b_T = load_square(Ainv, t0, eos, i_hv, HV, BT, False)
+    b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
+    gam, _, _ = gate_factors(b_g, b_glast, GATE)
+    if GATE == 1:
+        gam = gam[:, None]
+    b_k = load_tile(k + (t64 * H + i_h) * K, 0, n, H * K, 0, K, BT, BK).to(tl.float32)
+    b_w = mm_xx(b_T, b_k * gam * b_beta[:, None], DT, PREC, DOT)
+    store_tile(w + (t64 * HV + i_hv) * K, b_w, 0, n, HV * K, 0, K, BT, BK)
+    if STORE_U:
+        v_base = (t64 * HV + i_hv) * V
+        for i_v in range(tl.cdiv(V, BV)):
+            b_v = load_tile(v + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            b_u = mm_xx(b_T, b_v * b_beta[:, None], DT, PREC, DOT)
+            store_tile(u + v_base, b_u, 0, n, HV * V, i_v * BV, V, BT, BV)
 
 
 @triton.jit
@@ -41,6 +94,8 @@ def delta_h_fwd_kernel(
     gcum,
     beta,
     Ainv,
+    w,
+    u,
     h0,
     h,
     un32,
@@ -63,6 +118,7 @@ def delta_h_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     PREC: tl.constexpr,
+    WU: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -72,6 +128,7 @@ def delta_h_fwd_kernel(
     L = eos - bos
     b64 = bos.to(tl.int64)
     k_base = (b64 * H + i_h) * K
+    w_base = (b64 * HV + i_hv) * K
     v_base = (b64 * HV + i_hv) * V
     s_base = i_nh.to(tl.int64) * K * V
 
@@ -83,20 +140,26 @@ def delta_h_fwd_kernel(
         p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
         store_tile(p_h, S, 0, K, V, i_v * BV, V, BK, BV)
         b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
-        b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-        b_beta = tl.load(
-            beta + (bos + r0 + tl.arange(0, BT)).to(tl.int64) * HV + i_hv,
-            mask=r0 + tl.arange(0, BT) < L,
-            other=0.0,
-        ).to(tl.float32)
         b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
         gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
         if GATE == 1:
             gam, to_end = gam[:, None], to_end[:, None]
-        ks = mm((b_k.to(tl.float32) * gam).to(DT), S.to(DT), DOT)
-        # U' = T Diag(β) (V − (K ⊙ γ) S); padded rows of T are 0, so their U' is 0 and adds nothing.
-        b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
-        un = mm_xx(b_T, (b_v - ks) * b_beta[:, None], DT, PREC, DOT)
+        if WU:
+            # U' = U − W S; padded rows of W and U are 0, so their U' is 0 and adds nothing.
+            b_w = load_tile(w + w_base, r0, L, HV * K, 0, K, BT, BK)
+            b_u = load_tile(u + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            un = b_u - mm(b_w, to_dt(S, DT), DOT)
+        else:
+            b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            b_beta = tl.load(
+                beta + (bos + r0 + tl.arange(0, BT)).to(tl.int64) * HV + i_hv,
+                mask=r0 + tl.arange(0, BT) < L,
+                other=0.0,
+            ).to(tl.float32)
+            ks = mm(to_dt(b_k.to(tl.float32) * gam, DT), to_dt(S, DT), DOT)
+            # U' = T Diag(β) (V − (K ⊙ γ) S); padded rows of T are 0, so their U' is 0.
+            b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
+            un = mm_xx(b_T, (b_v - ks) * b_beta[:, None], DT, PREC, DOT)
         store_tile(un32 + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
         if STORE_VNEW:
             store_tile(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
@@ -157,8 +220,8 @@ def delta_o_fwd_kernel(
     else:
         b_P = load_square(Aqk, t0, eos, i_hv, HV, BT, False)
     b_S = load_tile(h + (i_g.to(tl.int64) * HV + i_hv) * K * V, 0, K, V, i_v * BV, V, BK, BV)
-    b_o = mm((b_q.to(tl.float32) * (gam * scale)).to(DT), b_S, DOT)
-    b_un = load_tile(un32 + v_base, 0, n, HV * V, i_v * BV, V, BT, BV)
+    b_o = mm(to_dt(b_q.to(tl.float32) * (gam * scale), DT), b_S, DOT)
+    b_un = load_tile(un32 + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
     b_o += mm_xx(b_P, b_un, DT, PREC, DOT)
     store_tile(o + v_base, b_o, 0, n, HV * V, i_v * BV, V, BT, BV)
 
@@ -212,3 +275,108 @@ def delta_du0_kernel(
         b_Pt = load_square(Aqk, t0, eos, i_hv, HV, BT, True)
     b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
     store_tile(du0 + v_base, mm_xx(b_Pt, b_do, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)
+
+
+@triton.jit
+def delta_dh_bwd_kernel(
+    q,
+    k,
+    w,
+    gcum,
+    do,
+    du0,
+    dht,
+    dh,
+    du,
+    dh0,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Reverse scan of the split backward: the forward scan's two-dot shape, with W.
+
+    dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS' (Pᵀ dO from `delta_du0_kernel`), stored in `du` (fp32);
+    dS ← Diag(γ_C) dS' + (sQ ⊙ γ)ᵀ dO − Wᵀ dU', since (K ⊙ γ)ᵀ Diag(β) Tᵀ = Wᵀ. Y = Tᵀ dU' for the
+    gradient kernels is formed afterwards for all chunks at once (`delta_y_kernel`), off the
+    sequential path. Wᵀ is loaded transposed from memory (no register transpose of a raw tile).
+    """
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    DT = q.dtype.element_ty
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    qk_base = (b64 * H + i_h) * K
+    w_base = (b64 * HV + i_hv) * K
+    v_base = (b64 * HV + i_hv) * V
+    s_base = i_nh.to(tl.int64) * K * V
+    ok = tl.arange(0, BK)
+    ot = tl.arange(0, BT)
+
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        dS += load_tile(dht + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
+    for j in range(NT):
+        i_t = NT - 1 - j
+        r0 = i_t * BT
+        p_h = dh + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
+        store_tile(p_h, dS, 0, K, V, i_v * BV, V, BK, BV)
+        b_k = load_tile(k + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_dof = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        if GATE == 1:
+            gam, to_end = gam[:, None], to_end[:, None]
+        kds = mm(to_dt(b_k.to(tl.float32) * to_end, DT), to_dt(dS, DT), DOT)
+        b_du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
+        store_tile(du + v_base, b_du, r0, L, HV * V, i_v * BV, V, BT, BV)
+        p_wt = w + w_base + (r0 + ot)[None, :].to(tl.int64) * (HV * K) + ok[:, None]
+        b_wt = tl.load(p_wt, mask=(r0 + ot < L)[None, :] & (ok < K)[:, None], other=0.0).to(tl.float32)
+        dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_dof, DT, PREC, DOT)
+        dS -= mm_xx(b_wt, b_du, DT, PREC, DOT)
+    if STORE_DH0:
+        store_tile(dh0 + s_base, dS, 0, K, V, i_v * BV, V, BK, BV)
+
+
+@triton.jit
+def delta_y_kernel(
+    Ainv,
+    Y,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    HV: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+    DT: tl.constexpr,
+):
+    """Y = Tᵀ dU' in place over `Y` `[B*T, HV, V]` fp32 (which holds dU'), per (V tile, chunk)."""
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    t0 = bos + i_t * BT
+    n = eos - t0
+    base = Y + (t0.to(tl.int64) * HV + i_hv) * V
+    b_du = load_tile(base, 0, n, HV * V, i_v * BV, V, BT, BV)
+    b_Tt = load_square(Ainv, t0, eos, i_hv, HV, BT, True)
+    store_tile(base, mm_xx(b_Tt, b_du, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)

@@ -27,6 +27,9 @@ import triton.language as tl
 from lt2dsl.kernels.common.backend import triton_interpreting
 
 DOT_NATIVE, DOT_IEEE, DOT_INTERP = 0, 1, 2
+# Triton's CPU interpreter casts fp32 to bf16 by truncation (twice the GPU's rounding error, and
+# biased); `to_dt` rounds to nearest even there, so the CPU tests see the GPU's precision.
+INTERP = tl.constexpr(triton_interpreting())
 
 
 def helper(fn):
@@ -46,6 +49,18 @@ def helper(fn):
 
     jitted.__class__ = _Helper
     return jitted
+
+
+@helper
+def to_dt(x, DT: tl.constexpr):
+    """x.to(DT), rounding to nearest even under the interpreter too (see INTERP)."""
+    if INTERP and tl.bfloat16 == DT:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = bits.to(tl.float32, bitcast=True).to(DT)
+    else:
+        out = x.to(DT)
+    return out
 
 
 @helper
