@@ -97,6 +97,27 @@ def test_forward_variants(info, split, wu, rows, monkeypatch):
     compare_backends(info, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["split", "fused"])
+def test_autotuned_kernels_are_idempotent(info, split, monkeypatch):
+    """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
+    times on the same buffers: a kernel that reads a buffer it writes (the first split backward's
+    in-place Y = Tᵀ dU') gives NaN gradients on the GPU only, for the first call of each shape."""
+    monkeypatch.setattr(delta_launch, "SPLIT", split)
+    plain = delta_launch.launch
+    seen = set()
+
+    def twice(tuned, kernel, grid, *args, **kw):
+        if kernel in delta_launch.AUTOTUNED_KERNELS:
+            seen.add(kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel))
+            plain(tuned, kernel, grid, *args, **kw)
+        return plain(tuned, kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(delta_launch, "launch", twice)
+    x = make_inputs(info.gate, dtype=torch.float32, seed=9, B=1, T=100, H=1, HV=2, K=32, V=32, device=DEV)
+    compare_backends(info, x, FP32_TOL)
+    assert seen, "no autotuned kernel was launched"
+
+
 def test_bf16(info):
     x = make_inputs(info.gate, B=1, T=63, H=1, HV=2, K=32, V=32, dtype=torch.bfloat16, device=DEV)
     compare_backends(info, x, BF16_TOL)

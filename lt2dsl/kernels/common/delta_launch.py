@@ -116,12 +116,17 @@ if CANDIDATES:
 # holds S `[K, BV]` in fp32 registers: BV 64 is the peer's tile (two programs per head at V = 128).
 # LT2_DELTA_SPLIT=0 runs the fused scan instead.
 SPLIT = os.environ.get("LT2_DELTA_SPLIT", "1") == "1"
-# W = T Diag(β)(K ⊙ γ) and U = T Diag(β) V per chunk, stored in the input dtype, so the scan does two
-# dots per chunk (U' = U − W S, the state update), as the peer's does. Emulating the GPU's roundings
-# at T = 8192 (B=1, H=1, D=128): output 2.6e-3, final state 1.8e-3 relative RMS against float64,
-# against 0.9e-3 and 0.3e-3 when the scan applies T itself to fp32 operands (LT2_DELTA_WU=0). Both
-# are well inside the 1e-2 budget of 16-bit inputs.
-WU = os.environ.get("LT2_DELTA_WU", "1") == "1"
+# LT2_DELTA_WU=1: W = T Diag(β)(K ⊙ γ) and U = T Diag(β) V per chunk first, stored in the input
+# dtype, and a two-dot scan (U' = U − W S, the state update) as the peer's. Off by default: on the
+# H200 (fourth session) its W/U kernel cost 334 µs and the GDN forward took 1.421 ms against 1.226
+# with the scan applying T itself (three dots, fp32-grade U'). Emulating the GPU's roundings at
+# T = 8192 it is also less precise (output 2.6e-3, final state 1.8e-3 relative RMS against float64,
+# against 0.9e-3 and 0.3e-3), both inside the 1e-2 budget of 16-bit inputs.
+WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
+# The split backward's reverse scan with W (dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − Wᵀ dU', two dots
+# on its sequential path; W recomputed per chunk, Y = Tᵀ dU' formed per chunk afterwards);
+# LT2_DELTA_WBWD=0 runs the scan that applies T itself.
+WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
 _WU_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=4, num_stages=1),
     triton.Config({"BV": 128}, num_warps=8, num_stages=1),
@@ -138,7 +143,18 @@ _O_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=8, num_stages=1),
 ]
 
-_wy_fwd = autotuned_on_gpu(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
+# Kernels the GPU autotunes. The autotuner runs each several times on the same buffers, so none
+# of them may read a buffer it writes (`test_delta_triton.test_autotuned_kernels_are_idempotent`).
+AUTOTUNED_KERNELS: set = set()
+
+
+def _tuned(kernel, configs, key):
+    """`autotuned_on_gpu`, recording the kernel in AUTOTUNED_KERNELS (on the CPU too)."""
+    AUTOTUNED_KERNELS.add(kernel)
+    return autotuned_on_gpu(kernel, configs, key)
+
+
+_wy_fwd = _tuned(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 # UT transform with A from one dot and the substitution's rows loaded from a scratch copy
 # (`delta_wy_rows_kernel`); LT2_DELTA_WY=blocks selects the register-only kernel.
 WY_ROWS = os.environ.get("LT2_DELTA_WY", "rows") == "rows"
@@ -146,13 +162,13 @@ _WY_ROWS_CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=1),
     triton.Config({}, num_warps=8, num_stages=1),
 ]
-_wy_rows = autotuned_on_gpu(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"])
-_qk_fwd = autotuned_on_gpu(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
-_state_fwd = autotuned_on_gpu(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_state_bwd = autotuned_on_gpu(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_grad_cc = autotuned_on_gpu(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_grad_k = autotuned_on_gpu(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_kda_fwd = autotuned_on_gpu(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
+_wy_rows = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"])
+_qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
+_state_fwd = _tuned(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
 # The split backward's reverse scan (offline sm_90 at K = V = 128: BV 64 at 4 warps spills 504 B
 # per thread for GDN, 736 B for KDA, so it is not here).
 _DH_CONFIGS = [
@@ -163,13 +179,13 @@ _DH_CONFIGS = [
 _DU0_CONFIGS = _O_CONFIGS
 # The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles.
 _DHW_CONFIGS = _H_CONFIGS
-_wu_fwd = autotuned_on_gpu(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_h_fwd = autotuned_on_gpu(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_o_fwd = autotuned_on_gpu(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_dhw_bwd = autotuned_on_gpu(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_y_bwd = autotuned_on_gpu(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"])
-_dh_bwd = autotuned_on_gpu(delta_state_bwd_kernel, _DH_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_du0 = autotuned_on_gpu(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_wu_fwd = _tuned(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"])
+_dh_bwd = _tuned(delta_state_bwd_kernel, _DH_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 TUNED = [
     t
     for t in (
@@ -387,8 +403,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
 def split_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
     """`state_fwd` by the split kernels (`delta_split`); Aqk is read only for the per-channel gate.
 
-    With WU (default) W and U are formed per chunk first and the scan does two dots per chunk;
-    without, the scan applies T itself (three dots, U' kept in fp32 for the output).
+    With WU, W and U are formed per chunk first and the scan does two dots per chunk; without (the
+    default), the scan applies T itself (three dots, U' kept in fp32 for the output).
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -454,7 +470,7 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     launch(_du0, delta_du0_kernel, ugrid, q, k, gcum, scores, do, du0, meta.cu, meta.chunk_indices, T, scale,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     dht_ = dht if dht is not None else do
-    if not WU:
+    if not WBWD:
         launch(_dh_bwd, delta_state_bwd_kernel, grid, q, k, gcum, beta, Ainv, Aqk, do, dht_, dh, Y, dh0, du0,
                meta.cu, meta.chunk_offsets, T, scale, USE_DHT=dht is not None, STORE_DH0=want_dh0,
                USE_DU0=True, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
@@ -463,11 +479,15 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     w = empty(k, B * T, HV, K)
     launch(_wu_fwd, delta_wu_fwd_kernel, cgrid, k, do, gcum, beta, Ainv, w, do, meta.cu, meta.chunk_indices,
            T, STORE_U=False, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
-    launch(_dhw_bwd, delta_dh_bwd_kernel, grid, q, k, w, gcum, do, du0, dht_, dh, Y, dh0, meta.cu,
+    # dU' goes to `du`, then Y = Tᵀ dU' into du0's buffer (read by the scan before): no autotuned
+    # kernel reads a buffer it writes (each runs several times while autotuning).
+    du = Y
+    launch(_dhw_bwd, delta_dh_bwd_kernel, grid, q, k, w, gcum, do, du0, dht_, dh, du, dh0, meta.cu,
            meta.chunk_offsets, T, scale, USE_DHT=dht is not None, STORE_DH0=want_dh0,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     tdt = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
-    launch(_y_bwd, delta_y_kernel, ugrid, Ainv, Y, meta.cu, meta.chunk_indices, T, HV=HV, V=V, BT=BT,
+    Y = du0
+    launch(_y_bwd, delta_y_kernel, ugrid, Ainv, du, Y, meta.cu, meta.chunk_indices, T, HV=HV, V=V, BT=BT,
            IS_VARLEN=meta.varlen, DOT=dot_mode(dt), PREC=split_mode(dt), DT=tdt,
            fixed={"BV": min(32, pow2(V))})  # fmt: skip
     return dh, Y, (dh0 if want_dh0 else None)

@@ -357,6 +357,7 @@ def delta_dh_bwd_kernel(
 @triton.jit
 def delta_y_kernel(
     Ainv,
+    du,
     Y,
     cu_seqlens,
     chunk_indices,
@@ -370,13 +371,14 @@ def delta_y_kernel(
     PREC: tl.constexpr,
     DT: tl.constexpr,
 ):
-    """Y = Tᵀ dU' in place over `Y` `[B*T, HV, V]` fp32 (which holds dU'), per (V tile, chunk)."""
+    """Y = Tᵀ dU' `[B*T, HV, V]` fp32 per (V tile, chunk). Out of place: the autotuner runs a
+    kernel several times on the same buffers, so no autotuned kernel may read what it writes."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     t0 = bos + i_t * BT
     n = eos - t0
-    base = Y + (t0.to(tl.int64) * HV + i_hv) * V
-    b_du = load_tile(base, 0, n, HV * V, i_v * BV, V, BT, BV)
+    off = (t0.to(tl.int64) * HV + i_hv) * V
+    b_du = load_tile(du + off, 0, n, HV * V, i_v * BV, V, BT, BV)
     b_Tt = load_square(Ainv, t0, eos, i_hv, HV, BT, True)
-    store_tile(base, mm_xx(b_Tt, b_du, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)
+    store_tile(Y + off, mm_xx(b_Tt, b_du, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)

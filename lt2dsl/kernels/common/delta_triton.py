@@ -97,9 +97,8 @@ def _chunk_fwd_impl(
     if gate == 2:
         gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta)
     else:
-        gcum, Ainv, Aqk = wy_fwd(
-            q, k, g, beta, GATES[gate], scale, meta, scores=save or not delta_launch.SPLIT
-        )
+        # P is read by the fused scan only: the split forward and backward form it themselves
+        gcum, Ainv, Aqk = wy_fwd(q, k, g, beta, GATES[gate], scale, meta, scores=not delta_launch.SPLIT)
     o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
 
     # Outputs may not alias each other, so every absent one is its own empty tensor.
