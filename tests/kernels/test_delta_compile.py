@@ -151,11 +151,6 @@ def _jobs():
             jobs.append(
                 (f"wu-g{gate}-c{i}", delta_wu_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
-        for i, cfg in enumerate(L._DH_CONFIGS if gate else []):
-            cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
-                       USE_DU0=True, **cfg.kwargs)  # fmt: skip
-            jobs.append((f"dh_bwd-g{gate}-c{i}", delta_state_bwd_kernel, ptr, sc, cex, cfg.num_warps,
-                         cfg.num_stages))  # fmt: skip
         for i, cfg in enumerate(L._DHW_CONFIGS if gate else []):
             cex = dict(
                 base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, **cfg.kwargs

@@ -97,12 +97,15 @@ def test_forward_variants(info, split, wu, rows, monkeypatch):
     compare_backends(info, x, FP32_TOL)
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["split", "fused"])
-def test_autotuned_kernels_are_idempotent(info, split, monkeypatch):
+@pytest.mark.parametrize(
+    "split,wbwd", [(True, False), (True, True), (False, False)], ids=["split", "split-wbwd", "fused"]
+)
+def test_autotuned_kernels_are_idempotent(info, split, wbwd, monkeypatch):
     """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
     times on the same buffers: a kernel that reads a buffer it writes (the first split backward's
     in-place Y = Tᵀ dU') gives NaN gradients on the GPU only, for the first call of each shape."""
     monkeypatch.setattr(delta_launch, "SPLIT", split)
+    monkeypatch.setattr(delta_launch, "WBWD", wbwd)
     plain = delta_launch.launch
     seen = set()
 

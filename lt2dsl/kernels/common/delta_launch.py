@@ -123,10 +123,21 @@ SPLIT = os.environ.get("LT2_DELTA_SPLIT", "1") == "1"
 # T = 8192 it is also less precise (output 2.6e-3, final state 1.8e-3 relative RMS against float64,
 # against 0.9e-3 and 0.3e-3), both inside the 1e-2 budget of 16-bit inputs.
 WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
-# The split backward's reverse scan with W (dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − Wᵀ dU', two dots
-# on its sequential path; W recomputed per chunk, Y = Tᵀ dU' formed per chunk afterwards);
-# LT2_DELTA_WBWD=0 runs the scan that applies T itself.
-WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
+# LT2_DELTA_WBWD=1: the W-based backward (`delta_split`: Pᵀ dO for all chunks in parallel, a
+# reverse scan with two dots on its sequential path, dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − Wᵀ dU', W
+# recomputed per chunk, Y = Tᵀ dU' formed per chunk afterwards). On the H200 it took GDN's
+# forward+backward from 5.27 to 4.74 ms, but its first version wrote Y in place, which the
+# autotuner's repeated runs corrupted (NaN dk on the first call of each shape); the out-of-place
+# fix has passed the CPU tests only, so it stays opt-in until a GPU run checks it. Off: the fused
+# reverse scan, which reads the scores P the forward then keeps (BENCHMARKS.md, fourth session).
+WBWD = os.environ.get("LT2_DELTA_WBWD", "0") == "1"
+
+
+def use_w_backward(Aqk) -> bool:
+    """Whether the backward runs the W-based scan: opted in, or no scores were kept to run the other."""
+    return WBWD or Aqk is None or Aqk.numel() == 0
+
+
 _WU_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=4, num_stages=1),
     triton.Config({"BV": 128}, num_warps=8, num_stages=1),
@@ -169,13 +180,6 @@ _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V"
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
-# The split backward's reverse scan (offline sm_90 at K = V = 128: BV 64 at 4 warps spills 504 B
-# per thread for GDN, 736 B for KDA, so it is not here).
-_DH_CONFIGS = [
-    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
-    triton.Config({"BV": 64}, num_warps=8, num_stages=2),
-    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
-]
 _DU0_CONFIGS = _O_CONFIGS
 # The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles.
 _DHW_CONFIGS = _H_CONFIGS
@@ -184,7 +188,6 @@ _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"])
-_dh_bwd = _tuned(delta_state_bwd_kernel, _DH_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 TUNED = [
     t
@@ -199,8 +202,10 @@ TUNED = [
         _h_fwd,
         _o_fwd,
         _wy_rows,
-        _dh_bwd,
         _du0,
+        _wu_fwd,
+        _dhw_bwd,
+        _y_bwd,
     )
     if t is not None
 ]
@@ -448,12 +453,10 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     Y = empty(k, *do.shape, dtype=torch.float32)
     dh0 = empty(do, meta.N, HV, K, V, dtype=torch.float32) if want_dh0 else Y
     gid = _state_gate(gate)
-    # The split backward (always when the forward kept no scores) takes Pᵀ dO from a chunk-parallel
-    # kernel and scans with wide value tiles; the fused one forms Pᵀ dO inside the scan.
-    split = SPLIT or Aqk is None or Aqk.numel() == 0
-    if not split:
+    if not use_w_backward(Aqk):
         _fused_state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, dh, Y, dh0, scale, gid, meta, want_dh0)
         return dh, Y, (dh0 if want_dh0 else None)
+    # The W-based backward: Pᵀ dO for all chunks in parallel, the two-dot reverse scan, Y after.
     dt = k.dtype
     common = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=state_bk(K), GATE=gid, IS_VARLEN=meta.varlen,
                   DOT=dot_mode(dt), PREC=split_mode(dt))  # fmt: skip
@@ -470,11 +473,6 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     launch(_du0, delta_du0_kernel, ugrid, q, k, gcum, scores, do, du0, meta.cu, meta.chunk_indices, T, scale,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     dht_ = dht if dht is not None else do
-    if not WBWD:
-        launch(_dh_bwd, delta_state_bwd_kernel, grid, q, k, gcum, beta, Ainv, Aqk, do, dht_, dh, Y, dh0, du0,
-               meta.cu, meta.chunk_offsets, T, scale, USE_DHT=dht is not None, STORE_DH0=want_dh0,
-               USE_DU0=True, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
-        return dh, Y, (dh0 if want_dh0 else None)
     # W recomputed (one chunk-parallel pass) rather than kept from the forward
     w = empty(k, B * T, HV, K)
     launch(_wu_fwd, delta_wu_fwd_kernel, cgrid, k, do, gcum, beta, Ainv, w, do, meta.cu, meta.chunk_indices,
@@ -501,9 +499,9 @@ def _fused_state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, dh, Y, dh0, scale, gi
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
     launch(_state_bwd, delta_state_bwd_kernel, grid, q, k, gcum, beta, Ainv, Aqk, do,
-           dht if dht is not None else do, dh, Y, dh0, Y, meta.cu, meta.chunk_offsets, T, scale, H=H, HV=HV,
+           dht if dht is not None else do, dh, Y, dh0, meta.cu, meta.chunk_offsets, T, scale, H=H, HV=HV,
            K=K, V=V, BT=BT, BK=state_bk(K), GATE=gid, USE_DHT=dht is not None, STORE_DH0=want_dh0,
-           IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype), PREC=split_mode(k.dtype), USE_DU0=False,
+           IS_VARLEN=meta.varlen, DOT=dot_mode(k.dtype), PREC=split_mode(k.dtype),
            fixed={"BV": min(16, pow2(V))})  # fmt: skip
 
 

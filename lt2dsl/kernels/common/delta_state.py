@@ -224,7 +224,6 @@ def delta_state_bwd_kernel(
     dh,
     Y,
     dh0,
-    du0,
     cu_seqlens,
     chunk_offsets,
     T,
@@ -242,7 +241,6 @@ def delta_state_bwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     PREC: tl.constexpr,
-    USE_DU0: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -276,13 +274,10 @@ def delta_state_bwd_kernel(
         gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
         if GATE == 1:
             gam, to_end = gam[:, None], to_end[:, None]
+        b_Pt = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, True)
         kds = mm((b_k.to(tl.float32) * to_end).to(DT), dS.to(DT), DOT)
-        # dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS', then Y = Tᵀ dU'. With USE_DU0 the chunk-local Pᵀ dO
-        # comes from `delta_split.delta_du0_kernel`, computed for all chunks in parallel.
-        if USE_DU0:
-            du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
-        else:
-            du = mm_xx(load_square(Aqk, bos + r0, eos, i_hv, HV, BT, True), b_dof, DT, PREC, DOT) + kds
+        # dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS', then Y = Tᵀ dU'.
+        du = mm_xx(b_Pt, b_dof, DT, PREC, DOT) + kds
         b_Tt = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, True)
         b_y = mm_xx(b_Tt, du, DT, PREC, DOT)
         store_tile(Y + v_base, b_y, r0, L, HV * V, i_v * BV, V, BT, BV)
