@@ -45,6 +45,24 @@ def test_chunked_forward_backward(info, shape):
     compare_backends(info, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("case", ["T63-gva", "odd-dims", "varlen"])
+def test_w_backward(info, case, monkeypatch):
+    """The opt-in W-based backward (LT2_DELTA_WBWD) on the shapes of the default one."""
+    monkeypatch.setattr(delta_launch, "WBWD", True)
+    if case == "varlen":
+        x = make_inputs(info.gate, B=1, T=150, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
+        cu = torch.tensor([0, 40, 41, 150], device=DEV)
+        compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
+        return
+    shape = (
+        dict(B=2, T=63, H=1, HV=2, K=32, V=32)
+        if case == "T63-gva"
+        else dict(B=1, T=40, H=1, HV=1, K=24, V=20)
+    )
+    x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape, device=DEV)
+    compare_backends(info, x, FP32_TOL)
+
+
 @pytest.mark.parametrize("case", ["T100", "varlen", "strong-decay"])
 def test_kda_interleaved_diagonals(case, monkeypatch):
     """KDA's intra-chunk kernels with the four sub-chunks' diagonal steps taken together (the
