@@ -178,6 +178,9 @@ def _jobs():
             jobs.append(
                 (f"grad_k-g{gate}-c{i}", delta_grad_k_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
+        for bv in (32, 64):  # the LT2_DELTA_CANDIDATES tiles: BK 64 at 8 warps
+            cex = dict(base, V=D, BK=64, BV=bv, GATE=gate, DOT=0, PREC=True)
+            jobs.append((f"grad_k-g{gate}-bk64-bv{bv}", delta_grad_k_kernel, ptr, sc, cex, 8, 2))
         cex = dict(
             H=16,
             HV=16,

@@ -94,6 +94,16 @@ KDA_BK, KDA_WARPS = 32, 4
 # session that checks and times them.
 CANDIDATES = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
 KDA_GRAD_INTERLEAVE = CANDIDATES
+# The per-(K tile, chunk) gradient kernel reads dO, U', Y (fp32) and the two 64 x 64 scratch
+# matrices once per K tile: at BK = 32 that is four times per chunk, ~3.7 GB at B=4, T=8192, H=16,
+# D=128 (1.47 ms on the H200, the backward's largest kernel). The candidate halves it with BK = 64
+# at 8 warps (offline at sm_90: 0–80 B of spills per thread; at 4 warps 472 B). Not yet run on a GPU.
+if CANDIDATES:
+    GRAD_BK = 64
+    _GRAD_CONFIGS = [
+        triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+    ]
 # KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128: 255 registers,
 # 0 B of spills at BK 16 and 24 B at BK 32 (8 warps). These two passed the forced-config test on
 # the H200; the 4-warp variants (88 and 32 B of spills) were in the list of the timed run but never
