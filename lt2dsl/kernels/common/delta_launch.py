@@ -158,6 +158,13 @@ _H_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=8, num_stages=2),
     triton.Config({"BV": 32}, num_warps=4, num_stages=1),
 ]
+if CANDIDATES:
+    # deeper pipelining of the scan's chunk loads, as the peer's scan autotunes (offline sm_90 at
+    # K = V = 128: no spills at BV 32 / 4 warps, 16 B at BV 64 / 8 warps); not yet run on a GPU
+    _H_CONFIGS += [
+        triton.Config({"BV": 32}, num_warps=4, num_stages=3),
+        triton.Config({"BV": 64}, num_warps=8, num_stages=3),
+    ]
 _O_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=4, num_stages=2),
     triton.Config({"BV": 128}, num_warps=8, num_stages=2),
@@ -191,8 +198,8 @@ _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE
 _grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
 _DU0_CONFIGS = _O_CONFIGS
-# The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles.
-_DHW_CONFIGS = _H_CONFIGS
+# The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles (not its candidates).
+_DHW_CONFIGS = _H_CONFIGS[:4]
 _wu_fwd = _tuned(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"])
