@@ -50,8 +50,8 @@ def test_w_backward(info, case, monkeypatch):
     """The opt-in W-based backward (LT2_DELTA_WBWD) on the shapes of the default one."""
     monkeypatch.setattr(delta_launch, "WBWD", True)
     if case == "varlen":
-        x = make_inputs(info.gate, B=1, T=150, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
-        cu = torch.tensor([0, 40, 41, 150], device=DEV)
+        x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
+        cu = torch.tensor([0, 40, 41, 100], device=DEV)
         compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
         return
     shape = (
@@ -111,7 +111,7 @@ def test_forward_variants(info, split, wu, rows, monkeypatch):
     monkeypatch.setattr(delta_launch, "SPLIT", split)
     monkeypatch.setattr(delta_launch, "WU", wu)
     monkeypatch.setattr(delta_launch, "WY_ROWS", rows)
-    x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=2, T=100, H=1, HV=2, K=32, V=48, device=DEV)
+    x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=1, T=80, H=1, HV=2, K=32, V=48, device=DEV)
     compare_backends(info, x, FP32_TOL)
 
 
@@ -134,7 +134,7 @@ def test_autotuned_kernels_are_idempotent(info, split, wbwd, monkeypatch):
         return plain(tuned, kernel, grid, *args, **kw)
 
     monkeypatch.setattr(delta_launch, "launch", twice)
-    x = make_inputs(info.gate, dtype=torch.float32, seed=9, B=1, T=100, H=1, HV=2, K=32, V=32, device=DEV)
+    x = make_inputs(info.gate, dtype=torch.float32, seed=9, B=1, T=80, H=1, HV=2, K=32, V=32, device=DEV)
     compare_backends(info, x, FP32_TOL)
     assert seen, "no autotuned kernel was launched"
 
