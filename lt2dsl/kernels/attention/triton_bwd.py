@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_triton import cast, dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
 from .triton_fwd import LOG2E, _band, _seq_bounds, varlen_blocks
@@ -48,13 +48,13 @@ def _bwd_pre_kernel(
     tl.store(DELTA + h.to(tl.int64) * NROWS + rows, delta, mask=in_r)
     if GATE_MODE == 1:
         sg = tl.sigmoid(tl.load(GATE + ptr, mask=m2, other=0.0).to(tl.float32))
-        tl.store(DG + ptr, (do * o * (1.0 - sg)).to(DG.dtype.element_ty), mask=m2)
-        tl.store(DU + ptr, (do * sg).to(DU.dtype.element_ty), mask=m2)
+        tl.store(DG + ptr, cast(do * o * (1.0 - sg), DG.dtype.element_ty), mask=m2)
+        tl.store(DU + ptr, cast(do * sg, DU.dtype.element_ty), mask=m2)
     if GATE_MODE == 2:
         gptr = rows.to(tl.int64) * HQ + h
         sg = tl.sigmoid(tl.load(GATE + gptr, mask=in_r, other=0.0).to(tl.float32))
-        tl.store(DG + gptr, (delta * (1.0 - sg)).to(DG.dtype.element_ty), mask=in_r)
-        tl.store(DU + ptr, (do * sg[:, None]).to(DU.dtype.element_ty), mask=m2)
+        tl.store(DG + gptr, cast(delta * (1.0 - sg), DG.dtype.element_ty), mask=in_r)
+        tl.store(DU + ptr, cast(do * sg[:, None], DU.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -111,7 +111,7 @@ def _dq_inner(
             p = tl.where(ok, p, 0.0)
         dp = mm(do, vt, DOT_PREC)
         ds = p * (dp - delta[:, None])
-        dq += mm(ds.to(kt.dtype), tl.trans(kt), DOT_PREC)
+        dq += mm(cast(ds, kt.dtype), tl.trans(kt), DOT_PREC)
     return dq
 
 
@@ -261,7 +261,7 @@ def _bwd_dq_kernel(
     )
     tl.store(
         DQ + row_off[:, None] * D + offs_d[None, :],
-        (dq * scale).to(DQ.dtype.element_ty),
+        cast(dq * scale, DQ.dtype.element_ty),
         mask=in_q[:, None] & (offs_d[None, :] < D),
     )
 
@@ -352,10 +352,10 @@ def _dkdv_inner(
             if HAS_W:
                 ok = ok & (kpos[:, None] > qpos[None, :] - W)
             pt = tl.where(ok, pt, 0.0)
-        dv += mm(pt.to(do.dtype), do, DOT_PREC)
+        dv += mm(cast(pt, do.dtype), do, DOT_PREC)
         dpt = mm(v, tl.trans(do), DOT_PREC)
         dst = pt * (dpt - delta[None, :])
-        dk += mm(dst.to(qt.dtype), tl.trans(qt), DOT_PREC)
+        dk += mm(cast(dst, qt.dtype), tl.trans(qt), DOT_PREC)
     return dk, dv
 
 
@@ -514,12 +514,12 @@ def _bwd_dkdv_kernel(
         )
     tl.store(
         DK + k_off[:, None] * D + offs_d[None, :],
-        (dk * scale).to(DK.dtype.element_ty),
+        cast(dk * scale, DK.dtype.element_ty),
         mask=in_k[:, None] & (offs_d[None, :] < D),
     )
     tl.store(
         DV_OUT + k_off[:, None] * DV + offs_dv[None, :],
-        dv.to(DV_OUT.dtype.element_ty),
+        cast(dv, DV_OUT.dtype.element_ty),
         mask=in_k[:, None] & (offs_dv[None, :] < DV),
     )
 

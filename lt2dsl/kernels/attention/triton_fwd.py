@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_triton import cast, dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import triton_interpreting
 
@@ -120,7 +120,7 @@ def _fwd_inner(
             mask=in_k[:, None] & (offs_dv[None, :] < DV),
             other=0.0,
         )
-        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
+        acc = acc * alpha[:, None] + mm(cast(p, v.dtype), v, DOT_PREC)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -281,7 +281,7 @@ def _attn_fwd_kernel(
         o = o * tl.sigmoid(g)[:, None]
     tl.store(
         O + row_off[:, None] * DV + offs_dv[None, :],
-        o.to(O.dtype.element_ty),
+        cast(o, O.dtype.element_ty),
         mask=in_q[:, None] & (offs_dv[None, :] < DV),
     )
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
