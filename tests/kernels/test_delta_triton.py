@@ -253,6 +253,19 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.lt2dsl.delta_recurrent_inplace, dec)
 
 
+@pytest.mark.parametrize(
+    "split,wbwd,save", [(True, False, True), (True, True, True), (False, False, True), (True, False, False)]
+)
+def test_opcheck_scalar_gate_forms(split, wbwd, save, monkeypatch):
+    """The chunked op's fake outputs match the real ones in every forward/backward form: whether the
+    scores P are kept depends on the form (the fused scans read them, the split ones do not)."""
+    monkeypatch.setattr(delta_launch, "SPLIT", split)
+    monkeypatch.setattr(delta_launch, "WBWD", wbwd)
+    x = make_inputs("scalar", B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32, device=DEV)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 1, 0.25, True, save)
+    torch.library.opcheck(torch.ops.lt2dsl.delta_chunk_fwd, args)
+
+
 def test_backend_choice():
     x = make_inputs("scalar", B=1, T=4, H=1, HV=1, K=8, V=8, device=DEV)
     with pytest.raises(ValueError, match="float64"):
