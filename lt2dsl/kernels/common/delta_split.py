@@ -1,22 +1,26 @@
-"""Split chunked forward of the delta-rule family: W/U per chunk, a two-dot state scan, the output
-per chunk.
+"""Split chunked forms of the delta-rule family: the state scan apart from the output.
 
 The fused scan (`delta_state_fwd_kernel`) does five dots per chunk inside its sequential loop and
-reloads Q, K, T and P once per value tile. Here only the recurrence stays sequential (mixers.md
-§4–§6; b = chunk-local cumulative log decay, γ = e^b, T = (I + A)^{-1}):
+reloads Q, K, T and P once per 16-wide value tile. Here only the recurrence stays sequential
+(mixers.md §4–§6; b = chunk-local cumulative log decay, γ = e^b, T = (I + A)^{-1}):
 
-    W  = T Diag(β) (K ⊙ γ),   U = T Diag(β) V              `delta_wu_fwd_kernel`, per chunk
-    S_c stored;  U' = U − W S_c;  S ← Diag(γ_C) S + (K ⊙ e^{b_C − b})ᵀ U'    `delta_h_fwd_kernel`
-    O  = (sQ ⊙ γ) S_c + P U',   P = s (Q Kᵀ ⊙ Γ) lower with diagonal      `delta_o_fwd_kernel`
+    S_c stored;  U' = T Diag(β)(V − (K ⊙ γ) S_c);  S ← Diag(γ_C) S + (K ⊙ e^{b_C − b})ᵀ U'
+                                                                     `delta_h_fwd_kernel` (default)
+    O = (sQ ⊙ γ) S_c + P U',   P = s (Q Kᵀ ⊙ Γ) lower with diagonal   `delta_o_fwd_kernel`, per chunk
 
-U' = U − W S_c is the same innovation T Diag(β)(V − (K ⊙ γ) S_c) the fused scan forms, so the chunk
-states S_c and U' written here are exactly what the backward reads. P is formed in the output
-kernel from Q and K for the scalar gate (GDN, DeltaNet), and read from `Aqk` for KDA's per-channel
-gate, whose P comes from its intra-chunk kernel.
+With WU (`LT2_DELTA_WU=1`), W = T Diag(β)(K ⊙ γ) and U = T Diag(β) V come first, per chunk
+(`delta_wu_fwd_kernel`), and the scan's innovation is U' = U − W S_c: two dots on the sequential
+path instead of three, as the peer's scan, but slower overall on the H200 (the W/U pass) and less
+precise (W, U in the input dtype). Either way U' is the same innovation, so the chunk states S_c
+and U' written here are what the backward reads. P is formed in the output kernel from Q and K
+for the scalar gate (GDN, DeltaNet), and read from `Aqk` for KDA's per-channel gate.
 
-Precision with 16-bit inputs: W, U, U' and S_c are stored in the input dtype (as K·S and Q·S
-already took S and the scaled keys in it); the dots into the state and the output (Kᵀ·U', P·U')
-and T·X take fp32-grade operands with PREC (TF32), as in the fused scan.
+The W-based backward (opt-in, `LT2_DELTA_WBWD=1`): `delta_du0_kernel` (Pᵀ dO per chunk),
+`delta_dh_bwd_kernel` (reverse scan with Wᵀ), `delta_y_kernel` (Y = Tᵀ dU' per chunk).
+
+Precision with 16-bit inputs: S_c and U' are stored in the input dtype for the backward, U' also
+in fp32 for the output (default); K·S and Q·S take S and the scaled keys in the input dtype; the
+dots into the state and the output (Kᵀ·U', P·U') and T·X take fp32-grade operands with PREC (TF32).
 """
 
 from __future__ import annotations
