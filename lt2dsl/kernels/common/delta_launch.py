@@ -1,9 +1,11 @@
 """Host-side launchers of the delta-rule Triton kernels: buffers, grids, autotune configs.
 
-Forward (chunked): `delta_wy_fwd_kernel` (or KDA's `kda_intra_fwd_kernel`) prepares T = (I + A)^{-1}
-per chunk, then `delta_state_fwd_kernel` scans the chunks and writes the output. Backward: the
-reverse scan `delta_state_bwd_kernel`, then the per-chunk gradient kernels (`delta_grad`, plus
-KDA's `kda_grad_intra_kernel`). Decode: `delta_recurrent_kernel`.
+Forward (chunked): `delta_wy_rows_kernel` (or KDA's `kda_intra_fwd_kernel`) prepares T = (I + A)^{-1}
+per chunk, then the split forward (`delta_split`: `delta_h_fwd_kernel` scans the chunks,
+`delta_o_fwd_kernel` writes the output per chunk; `LT2_DELTA_SPLIT=0`: the fused
+`delta_state_fwd_kernel`). Backward: the reverse scan `delta_state_bwd_kernel` (or, opted in, the
+W-based one of `delta_split`), then the per-chunk gradient kernels (`delta_grad`, plus KDA's
+`kda_grad_intra_kernel`). Decode: `delta_recurrent_kernel`.
 
 Autotune lists are short on purpose (each config is a compile on the GPU). Hopper miscompiles per
 config (/work/shared/bench/README.md): no kernel transposes a `tl.dot` result, so the Triton
