@@ -284,14 +284,15 @@ def test_reference_chunk_sizes_agree(chunk):
     assert_close("o", sparse_attention_reference(q, k, v, idx, 8**-0.5, chunk=chunk), o2, 1e-10)
 
 
+
 def test_value_slices_of_fused_projections_are_realigned():
     """A column slice of the fused projections' output (row stride 6472, not a multiple of 16) is
-    copied before the Triton kernel; an aligned view (a KV-cache slice) is passed as it is."""
-    from lt2dsl.kernels.dsa.ops import _rows_aligned
+    copied before a strided Triton kernel; an aligned view (a KV-cache slice) is passed as it is."""
+    from lt2dsl.kernels.common.attn_utils import rows_contiguous
 
     out = torch.randn(2, 5, 6472)
     v = out[..., 4096:6144].unflatten(-1, (16, 128))
-    assert v.stride(1) == 6472 and _rows_aligned(v).is_contiguous()
+    assert v.stride(1) == 6472 and rows_contiguous(v).is_contiguous()
     cache = torch.randn(2, 64, 4, 128)
     view = cache[:, :5]
-    assert _rows_aligned(view).data_ptr() == view.data_ptr()
+    assert rows_contiguous(view).data_ptr() == view.data_ptr()

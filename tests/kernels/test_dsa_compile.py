@@ -1,6 +1,7 @@
 """Compile DSA's sparse-attention forward for sm_90 (H200) without a GPU and read its loads.
 
-Why the DSA op copies k, v whose strides are not multiples of 16 elements (`dsa.ops._rows_aligned`):
+Why strided kernels get k, v copied when their strides are not multiples of 16 elements
+(`attn_utils.rows_contiguous`):
 Triton vectorises a gather only along rows whose stride it can prove 16-divisible. With the value
 rows 6472 elements apart (a column slice of the fused projections' GEMM output) the value gather
 compiles to scalar 16-bit loads. Runs only with LT2_AOT_CHECK=1 (it switches the interpreter off

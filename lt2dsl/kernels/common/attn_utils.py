@@ -26,9 +26,17 @@ def new_empty(*shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> t
 
 
 def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself when its last dim is contiguous (kernels that take the other strides read it in
-    place: the lowering's KV caches are views), else a contiguous copy."""
-    return t if t.stride(-1) == 1 else t.contiguous()
+    """`t` itself when its last dim is contiguous and its other strides are multiples of 16
+    elements (kernels that take those strides read it in place: the lowering's KV caches are
+    views), else a contiguous copy.
+
+    Triton vectorises loads only along rows whose strides it can prove 16-divisible: a column
+    slice of the fused projections' GEMM output (DSA's v, rows 6472 elements apart at dim 2048)
+    compiled to scalar loads (`tests/kernels/test_dsa_compile.py`), and the fused DSA block ran
+    1.5x slower than the unfused one on the H200.
+    """
+    aligned = all(s % 16 == 0 for s in t.stride()[:-1])
+    return t if t.stride(-1) == 1 and aligned else t.contiguous()
 
 
 def compute_dtype(*ts: torch.Tensor) -> torch.dtype:

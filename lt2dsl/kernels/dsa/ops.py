@@ -103,21 +103,8 @@ def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, ind
         local = _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens)
     glob = local if cu_seqlens is None else _to_global(local, cu_seqlens)
     # k, v as they are (the kernel takes their strides): in decode they are views of the KV cache
-    o = dsa_attn_fwd_op(q.contiguous(), _rows_aligned(k), _rows_aligned(v), glob.contiguous(), scale)[0]
+    o = dsa_attn_fwd_op(q.contiguous(), k, v, glob.contiguous(), scale)[0]
     return o, local
-
-
-def _rows_aligned(x: torch.Tensor) -> torch.Tensor:
-    """x, or a contiguous copy when a stride is not a multiple of 16 elements.
-
-    Triton specialises integer arguments it can prove divisible by 16; a row stride that is not
-    (a column slice of the fused projections' GEMM output, 6468 or 6472 columns for DSA at dim
-    2048) leaves the kernel's loads unvectorised. The fused DSA block ran 1.5x slower than the
-    unfused one on the H200 with such a value slice (fourth session); this copy is the suspected
-    fix, not yet measured. KV-cache views (decode) have aligned strides and are not copied.
-    """
-    ok = x.stride(-1) == 1 and all(s % 16 == 0 for s in x.stride()[:-1])
-    return x if ok else x.contiguous()
 
 
 def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens):
