@@ -14,9 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import cast, dot_precision, mm, pow2
+from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
+from ..common.tl_util import cast
 from .triton_fwd import LOG2E, _band, _seq_bounds, varlen_blocks
 
 

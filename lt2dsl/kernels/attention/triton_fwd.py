@@ -15,9 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import cast, dot_precision, mm, pow2
+from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import triton_interpreting
+from ..common.tl_util import cast
 
 LOG2E = 1.4426950408889634
 # running-max start: finite, so a fully masked first block gives p = 0, not NaN. A constexpr,

@@ -8,22 +8,6 @@ import triton.language as tl
 
 from .backend import triton_interpreting
 
-# Triton's CPU interpreter casts fp32 to bf16 by truncation (twice the GPU's rounding error, and
-# biased); `cast` rounds to nearest even there, so the CPU tests see the GPU's bf16 precision.
-INTERP = tl.constexpr(triton_interpreting())
-
-
-@triton.jit
-def cast(x, DT: tl.constexpr):
-    """x.to(DT), rounding to nearest even under the interpreter too (see INTERP)."""
-    if INTERP and tl.bfloat16 == DT:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        out = bits.to(tl.float32, bitcast=True).to(DT)
-    else:
-        out = x.to(DT)
-    return out
-
 
 @triton.jit
 def mm(a, b, DOT_PREC: tl.constexpr):

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from .backend import triton_interpreting
 from .decay_utils import chunk_indices, chunk_offsets
+from .tl_util import cast as cast  # re-exported: the decay kernels import it from here
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CHUNK = 64
@@ -127,18 +128,6 @@ def mma(a, b, PREC: tl.constexpr):
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         out = tl.dot(a, b, input_precision=PREC)
-    return out
-
-
-@device_fn
-def cast(x, dtype: tl.constexpr):
-    """x.to(dtype) with round-to-nearest-even, also under the interpreter."""
-    if INTERPRET and dtype == tl.bfloat16:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        out = bits.to(tl.float32, bitcast=True).to(dtype)
-    else:
-        out = x.to(dtype)
     return out
 
 

@@ -35,7 +35,8 @@ from lt2dsl.kernels.common.delta_state import (
     load_tile,
     store_tile,
 )
-from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xx, seq_coords, to_dt
+from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xx, seq_coords
+from lt2dsl.kernels.common.tl_util import cast
 
 
 @triton.jit
@@ -152,7 +153,7 @@ def delta_h_fwd_kernel(
             # U' = U − W S; padded rows of W and U are 0, so their U' is 0 and adds nothing.
             b_w = load_tile(w + w_base, r0, L, HV * K, 0, K, BT, BK)
             b_u = load_tile(u + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-            un = b_u - mm(b_w, to_dt(S, DT), DOT)
+            un = b_u - mm(b_w, cast(S, DT), DOT)
         else:
             b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
             b_beta = tl.load(
@@ -160,7 +161,7 @@ def delta_h_fwd_kernel(
                 mask=r0 + tl.arange(0, BT) < L,
                 other=0.0,
             ).to(tl.float32)
-            ks = mm(to_dt(b_k.to(tl.float32) * gam, DT), to_dt(S, DT), DOT)
+            ks = mm(cast(b_k.to(tl.float32) * gam, DT), cast(S, DT), DOT)
             # U' = T Diag(β) (V − (K ⊙ γ) S); padded rows of T are 0, so their U' is 0.
             b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
             un = mm_xx(b_T, (b_v - ks) * b_beta[:, None], DT, PREC, DOT)
@@ -224,7 +225,7 @@ def delta_o_fwd_kernel(
     else:
         b_P = load_square(Aqk, t0, eos, i_hv, HV, BT, False)
     b_S = load_tile(h + (i_g.to(tl.int64) * HV + i_hv) * K * V, 0, K, V, i_v * BV, V, BK, BV)
-    b_o = mm(to_dt(b_q.to(tl.float32) * (gam * scale), DT), b_S, DOT)
+    b_o = mm(cast(b_q.to(tl.float32) * (gam * scale), DT), b_S, DOT)
     b_un = load_tile(un32 + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
     b_o += mm_xx(b_P, b_un, DT, PREC, DOT)
     store_tile(o + v_base, b_o, 0, n, HV * V, i_v * BV, V, BT, BV)
@@ -347,7 +348,7 @@ def delta_dh_bwd_kernel(
         gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
         if GATE == 1:
             gam, to_end = gam[:, None], to_end[:, None]
-        kds = mm(to_dt(b_k.to(tl.float32) * to_end, DT), to_dt(dS, DT), DOT)
+        kds = mm(cast(b_k.to(tl.float32) * to_end, DT), cast(dS, DT), DOT)
         b_du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
         store_tile(du + v_base, b_du, r0, L, HV * V, i_v * BV, V, BT, BV)
         p_wt = w + w_base + (r0 + ot)[None, :].to(tl.int64) * (HV * K) + ok[:, None]

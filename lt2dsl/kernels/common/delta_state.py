@@ -34,7 +34,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_tl import helper, mm, mm_xx, seq_coords, to_dt
+from lt2dsl.kernels.common.delta_tl import helper, mm, mm_xx, seq_coords
+from lt2dsl.kernels.common.tl_util import cast
 
 
 @helper
@@ -65,9 +66,9 @@ def store_tile(
     ocol = c0 + tl.arange(0, BC)
     p = base + orow[:, None] * STRIDE + ocol[None, :]
     if D % BC == 0:
-        tl.store(p, to_dt(x, base.dtype.element_ty), mask=(orow < n_rows)[:, None])
+        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[:, None])
     else:
-        tl.store(p, to_dt(x, base.dtype.element_ty), mask=(orow < n_rows)[:, None] & (ocol < D)[None, :])
+        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[:, None] & (ocol < D)[None, :])
 
 
 @helper

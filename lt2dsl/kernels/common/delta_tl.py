@@ -21,46 +21,11 @@ Conventions of every kernel in the family:
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.backend import triton_interpreting
+from lt2dsl.kernels.common.tl_util import helper
 
 DOT_NATIVE, DOT_IEEE, DOT_INTERP = 0, 1, 2
-# Triton's CPU interpreter casts fp32 to bf16 by truncation (twice the GPU's rounding error, and
-# biased); `to_dt` rounds to nearest even there, so the CPU tests see the GPU's precision.
-INTERP = tl.constexpr(triton_interpreting())
-
-
-def helper(fn):
-    """`triton.jit` for device helpers called from kernels.
-
-    Under TRITON_INTERPRET=1 Triton re-patches `triton.language` on every helper call (≈2 ms each,
-    most of the CPU test time); the kernel launch has patched it already, so the helper here runs
-    its rewritten Python directly. Compiled (GPU) code is unaffected.
-    """
-    jitted = triton.jit(fn)
-    if not triton_interpreting() or not hasattr(jitted, "rewrite"):
-        return jitted
-
-    class _Helper(type(jitted)):
-        def __call__(self, *args, **kwargs):
-            return self.rewrite()(*args, **kwargs)
-
-    jitted.__class__ = _Helper
-    return jitted
-
-
-@helper
-def to_dt(x, DT: tl.constexpr):
-    """x.to(DT), rounding to nearest even under the interpreter too (see INTERP)."""
-    if INTERP and tl.bfloat16 == DT:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        out = bits.to(tl.float32, bitcast=True).to(DT)
-    else:
-        out = x.to(DT)
-    return out
 
 
 @helper
