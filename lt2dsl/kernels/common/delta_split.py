@@ -35,7 +35,7 @@ from lt2dsl.kernels.common.delta_state import (
     load_tile,
     store_tile,
 )
-from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xx, seq_coords
+from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xx, seq_coords
 from lt2dsl.kernels.common.tl_util import cast
 
 
@@ -215,12 +215,8 @@ def delta_o_fwd_kernel(
     gam, _, _ = gate_factors(b_g, b_glast, GATE)
     if GATE == 1:
         # P = s (Q Kᵀ ⊙ Γ) here: one more dot per chunk instead of a [BT, BT] fp32 round trip.
-        ot = tl.arange(0, BT)
-        keep = (ot[:, None] >= ot[None, :]) & (ot < n)[:, None]
         b_k = load_tile(k + qk_base, 0, n, H * K, 0, K, BT, BK)
-        b_P = mm(b_q, tl.trans(b_k), DOT) * scale
-        # kept entries have r ≥ i, so the exponent is ≤ 0; the others are zeroed before exp
-        b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+        b_P = causal_scores(b_q, b_k, b_g, n, scale, BT, True, False, DOT)
         gam = gam[:, None]
     else:
         b_P = load_square(Aqk, t0, eos, i_hv, HV, BT, False)
@@ -268,14 +264,10 @@ def delta_du0_kernel(
     qk_base = (t64 * H + i_h) * K
     v_base = (t64 * HV + i_hv) * V
     if GATE == 1:
-        # Pᵀ[i, r] = s (k_i · q_r) e^{b_r − b_i} for r ≥ i: formed directly, no transposed result.
-        ot = tl.arange(0, BT)
-        keep = (ot[None, :] >= ot[:, None]) & (ot < n)[None, :]
         b_g, _ = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
         b_q = load_tile(q + qk_base, 0, n, H * K, 0, K, BT, BK)
         b_k = load_tile(k + qk_base, 0, n, H * K, 0, K, BT, BK)
-        b_Pt = mm(b_k, tl.trans(b_q), DOT) * scale
-        b_Pt = tl.where(keep, b_Pt * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
+        b_Pt = causal_scores(b_k, b_q, b_g, n, scale, BT, True, True, DOT)
     else:
         b_Pt = load_square(Aqk, t0, eos, i_hv, HV, BT, True)
     b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)

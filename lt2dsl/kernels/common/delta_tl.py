@@ -66,6 +66,26 @@ def split16(x, DT: tl.constexpr):
 
 
 @helper
+def causal_scores(x, y, b, n, scale, BT: tl.constexpr, USE_G: tl.constexpr, TRANSPOSED: tl.constexpr,
+                  DOT: tl.constexpr):  # fmt: skip
+    """The chunk's output scores P[r, i] = s (q_r · k_i) e^{b_r − b_i} for i ≤ r < n, else 0, from
+    x = Q, y = K `[BT, BK]`; with TRANSPOSED, Pᵀ[i, r] from x = K, y = Q (formed directly, so no dot
+    result is transposed). Kept exponents are ≤ 0; the others are zeroed before exp, and rows past
+    n (whose b may be anything) are dropped."""
+    o = tl.arange(0, BT)
+    if TRANSPOSED:
+        keep = (o[None, :] >= o[:, None]) & (o < n)[None, :]
+        diff = b[None, :] - b[:, None]
+    else:
+        keep = (o[:, None] >= o[None, :]) & (o < n)[:, None]
+        diff = b[:, None] - b[None, :]
+    p = mm(x, tl.trans(y), DOT) * scale
+    if USE_G:
+        p = p * tl.exp(tl.where(keep, diff, 0.0))
+    return tl.where(keep, p, 0.0)
+
+
+@helper
 def mm_xx(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
     """a @ b for two computed fp32 tiles: TF32 on the tensor cores with PREC (8x finer than bf16;
     exact fp32 under the interpreter), else DT operands."""

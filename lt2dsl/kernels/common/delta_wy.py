@@ -21,6 +21,7 @@ import triton.language as tl
 
 from lt2dsl.kernels.common.delta_state import load_tile
 from lt2dsl.kernels.common.delta_tl import (
+    causal_scores,
     chunk_coords,
     helper,
     inv_block_lower64,
@@ -241,13 +242,9 @@ def delta_qk_fwd_kernel(
     b_k = load_tile(k + base, 0, eos - t0, H * K, 0, K, BT, BK)
     o = tl.arange(0, BT)
     m_t = t0 + o < eos
-    # rows past eos are dropped here too: their b (loaded as 0) would make e^{b_r − b_i} overflow
-    keep = (o[:, None] >= o[None, :]) & m_t[:, None]
-    p = mm(b_q, tl.trans(b_k), DOT) * scale
+    b = tl.zeros([BT], dtype=tl.float32)
     if USE_G:
         b = tl.load(gcum + (t0 + o).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
-        # kept entries have r ≥ i, so the exponent is ≤ 0; the others are zeroed before exp
-        p = p * tl.exp(tl.where(keep, b[:, None] - b[None, :], 0.0))
-    p = tl.where(keep, p, 0.0)
+    p = causal_scores(b_q, b_k, b, eos - t0, scale, BT, USE_G, False, DOT)
     ptr = Aqk + (t0.to(tl.int64) * HV + i_hv) * BT + o[:, None] * (HV * BT) + o[None, :]
     tl.store(ptr, p, mask=m_t[:, None])
