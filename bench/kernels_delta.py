@@ -8,10 +8,9 @@ Selection: `ONLY=substring,substring` keeps the cases whose group contains one o
 Shapes: training at B·T = 32k tokens, H = 16, D = 128, bf16, T ∈ {2k, 8k, 32k} (B = 16, 4, 1;
 B = 4, T = 8192 is the peer's reading in /work/shared/bench/README.md), forward and
 forward+backward; one decode step (T = 1) at batch 1, 8, 64, state updated in place (ours) or
-returned (the peer's fused_recurrent). At T = 8192, `lt2dsl-fused` is the earlier forward (one
-fused state scan, register-only UT transform) and `lt2dsl-wu` the split forward with W and U formed
-per chunk first (the peer's two-dot scan) instead of the scan applying T itself, and
-`lt2dsl-wbwd` (forward+backward) the W-based backward (LT2_DELTA_WBWD); BF16DOTS=1 adds
+returned (the peer's fused_recurrent). At T = 8192, `lt2dsl-wu` is the forward with W and U formed
+per chunk first (the peer's two-dot scan, LT2_DELTA_WU) instead of the scan applying T itself,
+and `lt2dsl-wbwd` (forward+backward) the W-based backward (LT2_DELTA_WBWD); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
@@ -146,9 +145,6 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
 
         out.append(Case(group=group, impl="lt2dsl", make=ours, **extra))
         if T == 8192 and op != "kda":
-            # the previous forward (fused scan, register UT transform) and the split one with it
-            out.append(Case(group=group, impl="lt2dsl-fused", make=_flags(ours, SPLIT=False, WY_ROWS=False),
-                            **extra))  # fmt: skip
             out.append(Case(group=group, impl="lt2dsl-wu", make=_flags(ours, WU=True), **extra))
             if backward:  # the W-based backward (opt-in until checked on the GPU)
                 out.append(Case(group=group, impl="lt2dsl-wbwd", make=_flags(ours, WBWD=True), **extra))
@@ -167,7 +163,7 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
 
 def _flags(make, **flags):
     """Wrap a case so every call runs with these `delta_launch` switches (e.g. BF16_DOTS=True: 16-bit
-    dot operands throughout; SPLIT=False: the fused state scan)."""
+    dot operands throughout; WU=True: W and U per chunk first)."""
     import lt2dsl.kernels.common.delta_launch as launch
 
     def wrapped():

@@ -81,8 +81,8 @@ def _jobs():
         delta_wu_fwd_kernel,
         delta_y_kernel,
     )
-    from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
-    from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel, delta_wy_rows_kernel
+    from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel
+    from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_rows_kernel
     from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
     from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
@@ -95,39 +95,14 @@ def _jobs():
     for gate in (0, 1):
         cfg = L._PREP_CONFIGS[0]
         cex = dict(base, BK=D, USE_G=bool(gate), DOT=0)
-        jobs.append((f"wy-g{gate}", delta_wy_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         jobs.append((f"qk-g{gate}", delta_qk_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, rcfg in enumerate(L._WY_ROWS_CONFIGS):
             jobs.append((f"wy_rows-g{gate}-c{i}", delta_wy_rows_kernel, ptr, sc, cex, rcfg.num_warps, 1))
     for gate in (0, 1, 2):
         # DeltaNet's state scans run the scalar-gate code (GATE 1): no GATE 0 state-scan job
         for i, cfg in enumerate(L._STATE_CONFIGS if gate else []):
-            fwd = dict(
-                base,
-                V=D,
-                BK=D,
-                GATE=gate,
-                USE_H0=True,
-                STORE_FINAL=True,
-                STORE_H=True,
-                STORE_VNEW=True,
-                DOT=0,
-                PREC=True,
-                **cfg.kwargs,
-            )
             bwd = dict(
                 base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, **cfg.kwargs
-            )
-            jobs.append(
-                (
-                    f"state_fwd-g{gate}-c{i}",
-                    delta_state_fwd_kernel,
-                    ptr,
-                    sc,
-                    fwd,
-                    cfg.num_warps,
-                    cfg.num_stages,
-                )
             )
             jobs.append(
                 (

@@ -93,36 +93,20 @@ def test_varlen(info):
     compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize(
-    "split,wu,rows",
-    [
-        (True, True, True),
-        (True, False, True),
-        (True, True, False),
-        (False, False, True),
-        (False, False, False),
-    ],
-    ids=["split-wu-rows", "split-T-rows", "split-wu-blocks", "fused-rows", "fused-blocks"],
-)
-def test_forward_variants(info, split, wu, rows, monkeypatch):
-    """Every forward form against float64, grouped heads and two chunks: the split scan with W, U
-    formed first (wu) or T applied in the scan, the fused scan; both UT-transform kernels (rows from
-    a scratch copy; registers only)."""
-    monkeypatch.setattr(delta_launch, "SPLIT", split)
+@pytest.mark.parametrize("wu", [False, True], ids=["scan-T", "wu"])
+def test_forward_variants(info, wu, monkeypatch):
+    """Both forward forms against float64, grouped heads and two chunks: the scan applying T
+    itself (default) and W, U formed first (LT2_DELTA_WU)."""
     monkeypatch.setattr(delta_launch, "WU", wu)
-    monkeypatch.setattr(delta_launch, "WY_ROWS", rows)
     x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=1, T=80, H=1, HV=2, K=32, V=48, device=DEV)
     compare_backends(info, x, FP32_TOL)
 
 
-@pytest.mark.parametrize(
-    "split,wbwd", [(True, False), (True, True), (False, False)], ids=["split", "split-wbwd", "fused"]
-)
-def test_autotuned_kernels_are_idempotent(info, split, wbwd, monkeypatch):
+@pytest.mark.parametrize("wbwd", [False, True], ids=["fused-bwd", "w-bwd"])
+def test_autotuned_kernels_are_idempotent(info, wbwd, monkeypatch):
     """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
     times on the same buffers: a kernel that reads a buffer it writes (the first split backward's
     in-place Y = Tᵀ dU') gives NaN gradients on the GPU only, for the first call of each shape."""
-    monkeypatch.setattr(delta_launch, "SPLIT", split)
     monkeypatch.setattr(delta_launch, "WBWD", wbwd)
     plain = delta_launch.launch
     seen = set()
@@ -253,13 +237,10 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.lt2dsl.delta_recurrent_inplace, dec)
 
 
-@pytest.mark.parametrize(
-    "split,wbwd,save", [(True, False, True), (True, True, True), (False, False, True), (True, False, False)]
-)
-def test_opcheck_scalar_gate_forms(split, wbwd, save, monkeypatch):
-    """The chunked op's fake outputs match the real ones in every forward/backward form: whether the
-    scores P are kept depends on the form (the fused scans read them, the split ones do not)."""
-    monkeypatch.setattr(delta_launch, "SPLIT", split)
+@pytest.mark.parametrize("wbwd,save", [(False, True), (True, True), (False, False)])
+def test_opcheck_scalar_gate_forms(wbwd, save, monkeypatch):
+    """The chunked op's fake outputs match the real ones in every backward form: whether the scores
+    P are kept depends on it (the fused reverse scan reads them, the W-based one does not)."""
     monkeypatch.setattr(delta_launch, "WBWD", wbwd)
     x = make_inputs("scalar", B=1, T=20, H=1, HV=2, K=16, V=16, dtype=torch.float32, device=DEV)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], None, 1, 0.25, True, save)

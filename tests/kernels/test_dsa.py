@@ -284,7 +284,6 @@ def test_reference_chunk_sizes_agree(chunk):
     assert_close("o", sparse_attention_reference(q, k, v, idx, 8**-0.5, chunk=chunk), o2, 1e-10)
 
 
-
 def test_value_slices_of_fused_projections_are_realigned():
     """A column slice of the fused projections' output (row stride 6472, not a multiple of 16) is
     copied before a strided Triton kernel; an aligned view (a KV-cache slice) is passed as it is."""

@@ -1,11 +1,12 @@
 """Host-side launchers of the delta-rule Triton kernels: buffers, grids, autotune configs.
 
 Forward (chunked): `delta_wy_rows_kernel` (or KDA's `kda_intra_fwd_kernel`) prepares T = (I + A)^{-1}
-per chunk, then the split forward (`delta_split`: `delta_h_fwd_kernel` scans the chunks,
-`delta_o_fwd_kernel` writes the output per chunk; `LT2_DELTA_SPLIT=0`: the fused
-`delta_state_fwd_kernel`). Backward: the reverse scan `delta_state_bwd_kernel` (or, opted in, the
-W-based one of `delta_split`), then the per-chunk gradient kernels (`delta_grad`, plus KDA's
-`kda_grad_intra_kernel`). Decode: `delta_recurrent_kernel`.
+per chunk, then `delta_split.delta_h_fwd_kernel` scans the chunks and `delta_o_fwd_kernel` writes
+the output per chunk (the earlier fused scan and register-only UT transform, slower on the H200,
+were removed after the fourth session's measurements; BENCHMARKS.md). Backward: the reverse scan
+`delta_state_bwd_kernel` (or, opted in, the W-based one of `delta_split`), then the per-chunk
+gradient kernels (`delta_grad`, plus KDA's `kda_grad_intra_kernel`). Decode:
+`delta_recurrent_kernel`.
 
 Autotune lists are short on purpose (each config is a compile on the GPU). Hopper miscompiles per
 config (/work/shared/bench/README.md): no kernel transposes a `tl.dot` result, so the Triton
@@ -39,9 +40,9 @@ from lt2dsl.kernels.common.delta_split import (
     delta_wu_fwd_kernel,
     delta_y_kernel,
 )
-from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel, delta_state_fwd_kernel
+from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel
 from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
-from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_fwd_kernel, delta_wy_rows_kernel
+from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_rows_kernel
 from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
 BT = 64
@@ -60,17 +61,14 @@ def empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> 
 
 # Configs were chosen by compiling for sm_90 offline and reading registers / spills from the
 # cubins (`cuobjdump --dump-resource-usage`): only configs without or with minimal spills remain.
-# State scans: one program per (V tile, sequence x head); BV = 16 gives B*HV*V/16 programs (512 at
-# B=4, H=16, V=128, about two per SM) and is the spill-free size at 4 warps for a 64-row chunk.
-# LT2_DELTA_STATE_STAGES overrides the pipelining depth of the chunk loop (H200 investigation of
-# the multi-chunk crash of the scalar/no-gate path, see BENCHMARKS.md).
-_STATE_STAGES = int(os.environ.get("LT2_DELTA_STATE_STAGES", "2"))
+# The reverse state scan: one program per (V tile, sequence x head); BV = 16 gives B*HV*V/16
+# programs (512 at B=4, H=16, V=128, about two per SM) and is the spill-free size at 4 warps.
 _STATE_CONFIGS = [
-    triton.Config({"BV": 16}, num_warps=4, num_stages=_STATE_STAGES),
+    triton.Config({"BV": 16}, num_warps=4, num_stages=2),
     # (BV 16 at 8 warps is gone: on the H200 it gave KDA's forward output 31% wrong in fp32, wrong
     # dk in bf16 for all three rules, and illegal memory accesses in fp32; every other config here
     # was right on the same shapes. BENCHMARKS.md, third session.)
-    triton.Config({"BV": 32}, num_warps=8, num_stages=_STATE_STAGES),
+    triton.Config({"BV": 32}, num_warps=8, num_stages=2),
     # unpipelined: 37-41 KB of shared memory at K = V = 128 instead of ~137 KB (one program per
     # SM), so two programs (the register limit at 4 warps) share an SM and hide each other's latency
     triton.Config({"BV": 16}, num_warps=4, num_stages=1),
@@ -129,10 +127,8 @@ if CANDIDATES:
     ]
 
 
-# Split forward (`delta_split`): W/U per chunk, the two-dot scan, the output per chunk. The scan
-# holds S `[K, BV]` in fp32 registers: BV 64 is the peer's tile (two programs per head at V = 128).
-# LT2_DELTA_SPLIT=0 runs the fused scan instead.
-SPLIT = os.environ.get("LT2_DELTA_SPLIT", "1") == "1"
+# The forward scan (`delta_split`) holds S `[K, BV]` in fp32 registers: BV 64 is the peer's tile
+# (two programs per head at V = 128).
 # LT2_DELTA_WU=1: W = T Diag(β)(K ⊙ γ) and U = T Diag(β) V per chunk first, stored in the input
 # dtype, and a two-dot scan (U' = U − W S, the state update) as the peer's. Off by default: on the
 # H200 (fourth session) its W/U kernel cost 334 µs and the GDN forward took 1.421 ms against 1.226
@@ -189,17 +185,13 @@ def _tuned(kernel, configs, key):
     return autotuned_on_gpu(kernel, configs, key)
 
 
-_wy_fwd = _tuned(delta_wy_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 # UT transform with A from one dot and the substitution's rows loaded from a scratch copy
-# (`delta_wy_rows_kernel`); LT2_DELTA_WY=blocks selects the register-only kernel.
-WY_ROWS = os.environ.get("LT2_DELTA_WY", "rows") == "rows"
 _WY_ROWS_CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=1),
     triton.Config({}, num_warps=8, num_stages=1),
 ]
 _wy_rows = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"])
 _qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
-_state_fwd = _tuned(delta_state_fwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
@@ -216,9 +208,7 @@ _du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 TUNED = [
     t
     for t in (
-        _wy_fwd,
         _qk_fwd,
-        _state_fwd,
         _state_bwd,
         _grad_cc,
         _grad_k,
@@ -328,8 +318,8 @@ class ChunkMeta:
 def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool = True):
     """DeltaNet / GDN chunk preparation (KDA has its own): the gate cumsum `[B*T, HV]` (zeros for
     DeltaNet, whose state scans run the scalar-gate code), T = (I + A)^{-1} and the output scores
-    Aqk, both `[B*T, HV, 64]` fp32. Without `scores` Aqk is None (the split forward forms P itself;
-    only the backward reads Aqk)."""
+    Aqk, both `[B*T, HV, 64]` fp32. Without `scores` Aqk is None (the forward forms P itself; only
+    the fused reverse scan reads Aqk)."""
     B, T, H, K = k.shape
     HV = beta.shape[-1]
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
@@ -342,8 +332,8 @@ def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool
                   DOT=dot_mode(k.dtype))  # fmt: skip
     grid = meta.chunk_grid(B * HV)
     launch(
-        _wy_rows if WY_ROWS else _wy_fwd,
-        delta_wy_rows_kernel if WY_ROWS else delta_wy_fwd_kernel,
+        _wy_rows,
+        delta_wy_rows_kernel,
         grid,
         k,
         g if g is not None else beta,
@@ -376,61 +366,8 @@ def _state_gate(gate: str) -> int:
 
 
 def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
-    """Output `[B, T, HV, V]`, final state, and (if `save`) per-chunk states and U' for the backward."""
-    if SPLIT:
-        return split_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta, want_final, save)
-    B, T, H, K = k.shape
-    HV, V = v.shape[2], v.shape[3]
-    o = empty(v, *v.shape)
-    ht = empty(v, meta.N, HV, K, V, dtype=torch.float32) if want_final else o
-    n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
-    h = empty(k, n_rows, HV, K, V) if save else o
-    vnew = empty(v, *v.shape) if save else o
-
-    def grid(m):
-        return (triton.cdiv(V, m["BV"]), meta.N * HV)
-
-    launch(
-        _state_fwd,
-        delta_state_fwd_kernel,
-        grid,
-        q,
-        k,
-        v,
-        gcum,
-        beta,
-        Ainv,
-        Aqk,
-        h0 if h0 is not None else o,
-        o,
-        h,
-        vnew,
-        ht,
-        meta.cu,
-        meta.chunk_offsets,
-        T,
-        scale,
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BT=BT,
-        BK=state_bk(K),
-        GATE=_state_gate(gate),
-        USE_H0=h0 is not None,
-        STORE_FINAL=want_final,
-        STORE_H=save,
-        STORE_VNEW=save,
-        IS_VARLEN=meta.varlen,
-        DOT=dot_mode(k.dtype),
-        PREC=split_mode(k.dtype),
-        fixed={"BV": min(16, pow2(V))},
-    )
-    return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
-
-
-def split_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
-    """`state_fwd` by the split kernels (`delta_split`); Aqk is read only for the per-channel gate.
+    """Output `[B, T, HV, V]`, final state, and (if `save`) per-chunk states and U' for the backward,
+    by the kernels of `delta_split`; Aqk is read only for the per-channel gate.
 
     With WU, W and U are formed per chunk first and the scan does two dots per chunk; without (the
     default), the scan applies T itself (three dots, U' kept in fp32 for the output).

@@ -1,32 +1,23 @@
-"""Sequential-over-chunks kernels of the delta-rule family: forward state scan and its reverse.
+"""Shared tile helpers of the delta-rule scans, and the reverse (gradient) state scan.
 
-One program per (V tile, sequence x value head) walks the chunks of its sequence in order, keeping
-the state tile S `[K, BV]` in fp32 registers. Per chunk (mixers.md §4–§6, b = chunk-local cumulative
-log decay, γ = e^b, GATE 0 none / 1 scalar per token / 2 per key channel):
-
-    U' = T Diag(β) (V − (K ⊙ γ) S)                  T from `delta_wy` / `kda.chunk_intra`
-    O  = (sQ ⊙ γ) S + P U'                           P = s (Q Kᵀ ⊙ Γ), lower with diagonal
-    S ← Diag(γ_C) S + (K ⊙ e^{b_C − b})ᵀ U'
-
-The forward fuses the output into the scan, so neither the per-chunk states nor U' touch memory
-unless the backward needs them (STORE_H / STORE_VNEW). P is read from `Aqk`, written per chunk by
-`delta_wy` (DeltaNet, GDN) or `kda.chunk_intra` (KDA). DeltaNet runs as GATE 1 with b = 0.
-
-The reverse kernel carries dS (gradient of the state after the chunk) from the last chunk back:
+The forward scan and output are in `delta_split`. The reverse kernel carries dS (gradient of the
+state after the chunk) from the last chunk back, one program per (V tile, sequence x value head),
+dS `[K, BV]` in fp32 registers (mixers.md §4–§6, b = chunk-local cumulative log decay, γ = e^b,
+GATE 0 none / 1 scalar per token / 2 per key channel; DeltaNet runs as GATE 1 with b = 0):
 
     dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS,   Y = Tᵀ dU'                 (stored: dh = dS, Y)
     dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − (K ⊙ γ)ᵀ Diag(β) Y
 
-Hopper: both gate kinds run one code shape, that of KDA's scan, which ran correctly on the H200.
-An earlier scalar-gate variant (P formed here as s Q Kᵀ, K and Q fed raw to K·S, Q·S and Kᵀ·U') hit
-an illegal memory access from the second chunk on under Triton 3.6 (BENCHMARKS.md). Here every dot
-operand is a tile from memory or derived elementwise in fp32 (K ⊙ γ, sQ ⊙ γ), no raw q/k tile is
-transposed, and the key tile is at least 32 rows (`delta_launch.state_bk`).
+P is read from `Aqk` (`delta_wy.delta_qk_fwd_kernel`, or KDA's intra-chunk kernel).
 
-Precision: with 16-bit inputs, the dots on computed fp32 tiles (T·X, P·U', Kᵀ·U') run in TF32
-(`mm_xx` in `delta_tl`); K·S and Q·S take S and the scaled keys rounded to the input dtype, which
-the tests hold to the 16-bit budget. Transposed operands are loaded (or elementwise-derived) tiles,
-never a transposed dot result: see the Hopper note in `delta_tl`.
+Hopper: both gate kinds run one code shape, that of KDA's scan, which ran correctly on the H200.
+An earlier scalar-gate forward (P formed in the scan as s Q Kᵀ, K and Q fed raw to K·S, Q·S and
+Kᵀ·U') hit an illegal memory access from the second chunk on under Triton 3.6 (BENCHMARKS.md).
+Here every dot operand is a tile from memory or derived elementwise in fp32 (K ⊙ γ, sQ ⊙ γ), no raw
+q/k tile is transposed, and the key tile is at least 32 rows (`delta_launch.state_bk`).
+
+Precision: with 16-bit inputs, the dots on computed fp32 tiles (Tᵀ·dU', Pᵀ·dO, Qᵀ·dO, Kᵀ·Y) run in
+TF32 (`mm_xx` in `delta_tl`); K·dS takes dS and the scaled keys rounded to the input dtype.
 """
 
 from __future__ import annotations
@@ -129,87 +120,6 @@ def load_square(ptr, t0, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr, TRANSPOS
     if TRANSPOSED:
         x = tl.trans(x)
     return x
-
-
-@triton.jit
-def delta_state_fwd_kernel(
-    q,
-    k,
-    v,
-    gcum,
-    beta,
-    Ainv,
-    Aqk,
-    h0,
-    o,
-    h,
-    vnew,
-    ht,
-    cu_seqlens,
-    chunk_offsets,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    USE_H0: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
-    STORE_H: tl.constexpr,
-    STORE_VNEW: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    DT = q.dtype.element_ty
-    L = eos - bos
-    b64 = bos.to(tl.int64)
-    qk_base = (b64 * H + i_h) * K
-    v_base = (b64 * HV + i_hv) * V
-    s_base = i_nh.to(tl.int64) * K * V
-
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        S += load_tile(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
-    for i_t in range(NT):
-        r0 = i_t * BT
-        if STORE_H:
-            p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
-            store_tile(p_h, S, 0, K, V, i_v * BV, V, BK, BV)
-        b_k = load_tile(k + qk_base, r0, L, H * K, 0, K, BT, BK)
-        b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
-        b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-        b_beta = tl.load(
-            beta + (bos + r0 + tl.arange(0, BT)).to(tl.int64) * HV + i_hv,
-            mask=r0 + tl.arange(0, BT) < L,
-            other=0.0,
-        ).to(tl.float32)
-        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
-        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-        if GATE == 1:
-            gam, to_end = gam[:, None], to_end[:, None]
-        S_lo = S.to(DT)
-        ks = mm((b_k.to(tl.float32) * gam).to(DT), S_lo, DOT)
-        qs = mm((b_q.to(tl.float32) * (gam * scale)).to(DT), S_lo, DOT)
-        # U' = T Diag(β) (V − (K ⊙ γ) S): the true innovations of the chunk's tokens.
-        b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
-        u = mm_xx(b_T, (b_v - ks) * b_beta[:, None], DT, PREC, DOT)
-        if STORE_VNEW:
-            store_tile(vnew + v_base, u, r0, L, HV * V, i_v * BV, V, BT, BV)
-        b_P = load_square(Aqk, bos + r0, eos, i_hv, HV, BT, False)
-        b_o = qs + mm_xx(b_P, u, DT, PREC, DOT)
-        store_tile(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
-        S = S * gam_c + mm_xx(tl.trans(b_k.to(tl.float32) * to_end), u, DT, PREC, DOT)
-    if STORE_FINAL:
-        store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
 
 
 @triton.jit

@@ -73,13 +73,8 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
         alloc((N, HV, K, V) if want_final else (0,), f32),
         alloc(g_shape if save and gate else (0,), f32),
         alloc((B * T, HV, BT) if save else (0,), f32),
-        # the split forward keeps no scores for the scalar gates (the backward forms Pᵀ dO itself)
-        alloc(
-            (B * T, HV, BT)
-            if save and (gate == 2 or not delta_launch.SPLIT or not delta_launch.WBWD)
-            else (0,),
-            f32,
-        ),
+        # scores P: KDA's always; the scalar gates' only for the fused reverse scan (the default)
+        alloc((B * T, HV, BT) if save and (gate == 2 or not delta_launch.WBWD) else (0,), f32),
         alloc((n_rows, HV, K, V) if save else (0,), q.dtype),
         alloc((B, T, HV, V) if save else (0,), v.dtype),
     )
@@ -102,9 +97,9 @@ def _chunk_fwd_impl(
     if gate == 2:
         gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta)
     else:
-        # P is read by the fused scans (forward, and the default backward); the split forward and
-        # the W-based backward form it themselves
-        scores = not delta_launch.SPLIT or (save and not delta_launch.WBWD)
+        # P is read by the default (fused) reverse scan only; the forward and the W-based backward
+        # form it themselves
+        scores = save and not delta_launch.WBWD
         gcum, Ainv, Aqk = wy_fwd(q, k, g, beta, GATES[gate], scale, meta, scores=scores)
     o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
 

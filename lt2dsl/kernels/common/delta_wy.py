@@ -1,17 +1,17 @@
 """Chunk preparation for DeltaNet / GDN: gate cumulative sums and the UT transform T = (I + A)^{-1}.
 
 One program per (chunk, batch x value head). With b the chunk-local cumulative log decay (fp32) and
-A[r, i] = β_r (k_r · k_i) e^{b_r − b_i} for r > i (mixers.md §5 (b) step 1), the kernel stores
+A[r, i] = β_r (k_r · k_i) e^{b_r − b_i} for r > i (mixers.md §5 (b) step 1), `delta_wy_rows_kernel`
+stores
 
 * gcum `[B*T, HV]` fp32: b (GDN only),
 * Ainv `[B*T, HV, 64]` fp32: T = (I + A)^{-1}, row r of a chunk at that chunk's token r.
 
-`delta_qk_fwd_kernel` then writes the chunk's output scores P[r, i] = s (q_r · k_i) e^{b_r − b_i}
-(r ≥ i, else 0) in the same layout, read by the state scans forward and backward. It is its own
+`delta_qk_fwd_kernel` writes the chunk's output scores P[r, i] = s (q_r · k_i) e^{b_r − b_i} (r ≥ i,
+else 0) in the same layout, for the fused reverse scan (the forward forms P itself). It is its own
 kernel: folded into this one, the q tiles push it to ~900 B of spills per thread on sm_90.
 
-The state kernels then form U' = T Diag(β)(V − Diag(γ) K S) per chunk on the fly, so the WY
-pseudo-keys/values W, U are never written to memory.
+The forward scan forms U' = T Diag(β)(V − Diag(γ) K S) per chunk on the fly (`delta_split`).
 """
 
 from __future__ import annotations
@@ -25,103 +25,11 @@ from lt2dsl.kernels.common.delta_tl import (
     chunk_coords,
     helper,
     inv_block_lower64,
-    inv_unit_lower64,
-    load_rows,
-    load_vec16,
     mm,
     rcumsum,
     rsum,
-    stack4,
     store_lower64,
-    store_vec16,
 )
-
-
-@helper
-def _kkt_block(kI, kJ, bI, bJ, betaI, DIAG: tl.constexpr, USE_G: tl.constexpr, DOT: tl.constexpr):
-    """β_r (k_r · k_i) e^{b_r − b_i} for r in sub-chunk I, i in J `[16, 16]`; strictly lower if DIAG."""
-    a = mm(kI, tl.trans(kJ), DOT) * betaI[:, None]
-    o = tl.arange(0, 16)
-    if DIAG:
-        keep = o[:, None] > o[None, :]
-    else:
-        keep = tl.full([16, 16], 1, tl.int1)
-    if USE_G:
-        # Kept entries have r ≥ i, so the exponent is ≤ 0; the others are zeroed before exp.
-        a = a * tl.exp(tl.where(keep, bI[:, None] - bJ[None, :], 0.0))
-    return tl.where(keep, a, 0.0)
-
-
-@triton.jit
-def delta_wy_fwd_kernel(
-    k,
-    g,
-    beta,
-    gcum,
-    Ainv,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    USE_G: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-):
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    t0 = bos + i_t * BT
-
-    pk = k + i_h * K
-    k0 = load_rows(pk, t0, 0, eos, H * K, K, BK)
-    k1 = load_rows(pk, t0, 1, eos, H * K, K, BK)
-    k2 = load_rows(pk, t0, 2, eos, H * K, K, BK)
-    k3 = load_rows(pk, t0, 3, eos, H * K, K, BK)
-    be0 = load_vec16(beta + i_hv, t0, 0, eos, HV)
-    be1 = load_vec16(beta + i_hv, t0, 1, eos, HV)
-    be2 = load_vec16(beta + i_hv, t0, 2, eos, HV)
-    be3 = load_vec16(beta + i_hv, t0, 3, eos, HV)
-    b0 = tl.zeros([16], dtype=tl.float32)
-    b1 = b0
-    b2 = b0
-    b3 = b0
-    if USE_G:
-        # Padded rows load g = 0, so b stays at the chunk's last value there: e^{b_r − b_i} ≤ 1 holds.
-        g0 = load_vec16(g + i_hv, t0, 0, eos, HV)
-        g1 = load_vec16(g + i_hv, t0, 1, eos, HV)
-        g2 = load_vec16(g + i_hv, t0, 2, eos, HV)
-        g3 = load_vec16(g + i_hv, t0, 3, eos, HV)
-        b0 = rcumsum(g0, 0)
-        b1 = rcumsum(g1, 0) + rsum(g0, 0)
-        b2 = rcumsum(g2, 0) + (rsum(g0, 0) + rsum(g1, 0))
-        b3 = rcumsum(g3, 0) + (rsum(g0, 0) + rsum(g1, 0) + rsum(g2, 0))
-        store_vec16(gcum + i_hv, b0, t0, 0, eos, HV)
-        store_vec16(gcum + i_hv, b1, t0, 1, eos, HV)
-        store_vec16(gcum + i_hv, b2, t0, 2, eos, HV)
-        store_vec16(gcum + i_hv, b3, t0, 3, eos, HV)
-
-    Ad = stack4(
-        _kkt_block(k0, k0, b0, b0, be0, True, USE_G, DOT),
-        _kkt_block(k1, k1, b1, b1, be1, True, USE_G, DOT),
-        _kkt_block(k2, k2, b2, b2, be2, True, USE_G, DOT),
-        _kkt_block(k3, k3, b3, b3, be3, True, USE_G, DOT),
-    )
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = inv_unit_lower64(
-        Ad,
-        _kkt_block(k1, k0, b1, b0, be1, False, USE_G, DOT),
-        _kkt_block(k2, k0, b2, b0, be2, False, USE_G, DOT),
-        _kkt_block(k2, k1, b2, b1, be2, False, USE_G, DOT),
-        _kkt_block(k3, k0, b3, b0, be3, False, USE_G, DOT),
-        _kkt_block(k3, k1, b3, b1, be3, False, USE_G, DOT),
-        _kkt_block(k3, k2, b3, b2, be3, False, USE_G, DOT),
-        DOT,
-    )
-    store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
 
 
 @helper
@@ -153,12 +61,13 @@ def delta_wy_rows_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """`delta_wy_fwd_kernel` with A from one `[64, K]` dot, parked in Ainv's rows as scratch.
+    """T = (I + A)^{-1} with A from one `[64, K]` dot, parked in Ainv's rows as scratch.
 
-    The substitution for the diagonal blocks then loads row i of each block from there, where the
-    register version extracts it with a cross-thread reduction (two per step instead of one); the
-    blocks below the diagonal are loaded from the scratch as well. Barriers order the scratch
-    writes, reads and the final T over Ainv within the program.
+    The substitution for the diagonal blocks then loads row i of each block from there (a register
+    version extracting it with a cross-thread reduction, two per step instead of one, was 0.22 ms
+    slower on the H200 at B=4, T=8192, H=16); the blocks below the diagonal are loaded from the
+    scratch as well. Barriers order the scratch writes, reads and the final T over Ainv within the
+    program.
     """
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
