@@ -27,6 +27,10 @@ def make_inputs(B, T, H, HV, K, V, dtype=F64, decay="gla", seed=0, device="cpu")
         g = F.logsigmoid(rnd(B, T, HV, K)) / 16
     elif decay == "strong":  # down to −8 per step: e^{−b} overflows fp32 within one 64-chunk
         g = -8 * torch.rand(B, T, HV, K, generator=gen, dtype=F64)
+    elif decay == "patchy":  # GLA gates with a strong patch: sub-chunks and channel slices of both kinds
+        g = F.logsigmoid(rnd(B, T, HV, K)) / 16
+        g[:, 20:40, :, : max(1, K // 2)] = -8 * torch.rand(B, min(T, 40) - min(T, 20), HV, max(1, K // 2),
+                                                           generator=gen, dtype=F64)  # fmt: skip
     else:
         g = F.logsigmoid(rnd(B, T, HV, K) + 1)
     cast = [x.to(dtype).to(device) for x in (q, k, v)]
@@ -156,11 +160,28 @@ def _inputs(B, T, H, HV, K, V, dtype, decay, device=DEVICE, seed=0):
 
 @pytest.mark.parametrize(
     ("B", "T", "dtype", "decay"),
-    [(1, 100, torch.float32, "strong"), (2, 63, torch.bfloat16, "gla"), (2, 1, torch.float32, "mixed")],
+    [
+        (1, 100, torch.float32, "strong"),
+        (2, 63, torch.bfloat16, "gla"),
+        (2, 1, torch.float32, "mixed"),
+        (1, 90, torch.float32, "patchy"),
+        (1, 70, torch.bfloat16, "patchy"),
+    ],
 )
 def test_triton_matches_float64(B, T, dtype, decay):
     q, k, v, g, h0 = _inputs(B, T, 1, 2, 32, 16, dtype, decay)
     check_against_float64(q, k, v, g, h0, tol=TOL[dtype])
+
+
+@pytest.mark.parametrize("span", ["dot", "elementwise"])
+def test_triton_diagonal_block_forms(monkeypatch, span):
+    """The diagonal sub-chunk blocks as one dot (moderate decay) or elementwise (strong decay): both
+    forms on the same inputs, forced through the span limit."""
+    from lt2dsl.kernels.gla import chunk
+
+    monkeypatch.setattr(chunk, "diag_span", lambda dtype: 1e4 if span == "dot" else -1.0)
+    q, k, v, g, h0 = _inputs(1, 75, 1, 1, 32, 16, torch.float32, "mixed")
+    check_against_float64(q, k, v, g, h0, tol=1e-4)
 
 
 def test_triton_varlen():
@@ -220,6 +241,7 @@ GPU_CASES = [
     (8192, 128, torch.bfloat16, "gla"),
     (8192, 128, torch.float32, "gla"),
     (8192, 128, torch.bfloat16, "strong"),
+    (1000, 128, torch.bfloat16, "patchy"),
 ]
 
 

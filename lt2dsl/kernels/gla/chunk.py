@@ -4,8 +4,11 @@ Chunk BT = 64, sub-chunk BC = 16; b is the chunk-local cumulative log decay `[B,
 Forward: A = intra-chunk scores `[B, T, HV, BT]` (fp32, `intra_A_kernel`), then
 o = s (Q ⊙ e^{b}) h[c] + A V (`fwd_o_kernel`); the states h come from common/decay_chunk_h.py.
 A block of query sub-chunk i and key sub-chunk j < i is (Q_i ⊙ e^{b_i − b_n})(K_j ⊙ e^{b_n − b_j})ᵀ
-with b_n the decay at the first row of sub-chunk i; diagonal 16 × 16 blocks are elementwise with
-e^{b_r − b_j} (r ≥ j). Every exponent is ≤ 0, so strong decays cannot overflow.
+with b_n the decay at the first row of sub-chunk i; every exponent is ≤ 0. A diagonal 16 × 16 block
+is a dot through the same reference row when the decay over its sub-chunk, max over channels of
+b_n − b_last, is at most `diag_span` (the key factor e^{b_n − b} then stays ≤ e^{span}); stronger
+decays take the elementwise form with e^{b_r − b_j} (r ≥ j) ≤ 1, so they cannot overflow. The test
+is per program and channel slice (a branch, not a per-element select): ordinary gates take the dot.
 Backward: dA = dO Vᵀ (`bwd_dA_kernel`), dv = Aᵀ dO + (K ⊙ e^{b_C − b}) dh[c] (`bwd_dv_kernel`),
 dq/dk inside the chunk from dA by the same sub-chunk split (`bwd_dqk_intra_kernel`; for dk the
 reference point is the last row of the key sub-chunk), then the state terms and
@@ -56,7 +59,7 @@ def intra_A_kernel(
     q, k, g, A, cu_seqlens, chunk_idx, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     """Row block of query sub-chunk i_i: A[rows of i_i, 0:(i_i + 1)·BC] (`[BC, BC]` blocks)."""
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -86,22 +89,38 @@ def intra_A_kernel(
             b_kg = cast(b_kT * tl.exp(b_gn[:, None] - b_gkT), b_kT.dtype)
             b_A += mma(b_qg, b_kg, PREC)
         store_tile(A, b_A * scale, r0, j * BC, T, BT, HV * BT, 1, BC, BC)
-    # diagonal block, elementwise: A[r, c] = Σ q_r k_c e^{b_r − b_c} for c ≤ r
+    # diagonal block: A[r, c] = Σ q_r k_c e^{b_r − b_c} for c ≤ r
     b_A = tl.zeros([BC, BC], dtype=tl.float32)
     o_j = tl.arange(0, BC)
+    r_last = tl.minimum(r0 + BC, T) - 1
     for i_k in range(tl.cdiv(K, BK)):
         m_k = i_k * BK + o_k < K
-        b_q = load_tile(q, r0, i_k * BK, T, K, H * K, 1, BC, BK).to(tl.float32)
+        b_q = load_tile(q, r0, i_k * BK, T, K, H * K, 1, BC, BK)
         b_g = load_tile(g, r0, i_k * BK, T, K, HV * K, 1, BC, BK)
-        for jj in tl.static_range(BC):
-            p = i_k * BK + o_k
-            # the row test as a vector: the interpreter rejects a 0-d mask combined with a vector
-            m = m_k & (p * 0 + r0 + jj < T)
-            b_kj = tl.load(k + (r0 + jj) * H * K + p, mask=m, other=0.0).to(tl.float32)
-            b_gj = tl.load(g + (r0 + jj) * HV * K + p, mask=m, other=0.0)
-            expo = tl.where(((o_r >= r0 + jj) & (o_r < T))[:, None], b_g - b_gj[None, :], float("-inf"))
-            col = tl.sum(b_q * b_kj[None, :] * tl.exp(expo), axis=1)
-            b_A += tl.where(o_j[None, :] == jj, col[:, None], 0.0)
+        b_gn = tl.load(g + r0 * HV * K + i_k * BK + o_k, mask=m_k, other=0.0)
+        b_gl = tl.load(g + r_last * HV * K + i_k * BK + o_k, mask=m_k, other=0.0)
+        if tl.max(b_gn - b_gl, axis=0) <= SPAN:
+            # the decay over this sub-chunk is moderate: one dot through the reference row r0,
+            # (Q ⊙ e^{b − b_n})(K ⊙ e^{b_n − b})ᵀ, the second factor ≤ e^{SPAN}
+            b_kT = load_tile(k, i_k * BK, r0, K, T, 1, H * K, BK, BC)
+            b_gkT = load_tile(g, i_k * BK, r0, K, T, 1, HV * K, BK, BC)
+            expo = tl.where((o_r < T)[:, None], b_g - b_gn[None, :], 0.0)
+            b_qg = cast(b_q * tl.exp(expo), b_q.dtype)
+            b_kg = cast(b_kT * tl.exp(b_gn[:, None] - b_gkT), b_kT.dtype)
+            b_A += mma(b_qg, b_kg, PREC)
+        else:
+            # strong decay: elementwise with e^{b_r − b_c} ≤ 1, one column at a time
+            b_qf = b_q.to(tl.float32)
+            for jj in tl.static_range(BC):
+                p = i_k * BK + o_k
+                # the row test as a vector: the interpreter rejects a 0-d mask combined with a vector
+                m = m_k & (p * 0 + r0 + jj < T)
+                b_kj = tl.load(k + (r0 + jj) * H * K + p, mask=m, other=0.0).to(tl.float32)
+                b_gj = tl.load(g + (r0 + jj) * HV * K + p, mask=m, other=0.0)
+                expo = tl.where(((o_r >= r0 + jj) & (o_r < T))[:, None], b_g - b_gj[None, :], float("-inf"))
+                col = tl.sum(b_qf * b_kj[None, :] * tl.exp(expo), axis=1)
+                b_A += tl.where(o_j[None, :] == jj, col[:, None], 0.0)
+    b_A = tl.where(o_r[:, None] >= (r0 + o_j)[None, :], b_A, 0.0)
     store_tile(A, b_A * scale, r0, i_i * BC, T, BT, HV * BT, 1, BC, BC)
 
 
@@ -202,7 +221,7 @@ def bwd_dqk_intra_kernel(
     q, k, g, dA, dq, dk, cu_seqlens, chunk_idx, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     """Intra-chunk dq, dk `[B, T, HV, K]` (fp32) of sub-chunk i_i and K block i_k."""
     i_ki, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -226,25 +245,34 @@ def bwd_dqk_intra_kernel(
     # dq_r = Σ_{j ≤ r} dA[r, j] k_j ⊙ e^{b_r − b_j}; earlier sub-chunks through the reference row r0
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_gn = tl.load(g + r0 * HV * K + o_k, mask=m_k, other=0.0)
+    r_last = tl.minimum(r0 + BC, T) - 1
+    b_gm = tl.load(g + r_last * HV * K + o_k, mask=m_k, other=0.0)
+    # moderate decay over this sub-chunk: its diagonal block is a dot too (see intra_A_kernel)
+    fast = tl.max(b_gn - b_gm, axis=0) <= SPAN
     for j in range(0, i_i):
         b_k = load_tile(k, i_c * BT + j * BC, i_k * BK, T, K, H * K, 1, BC, BK)
         b_gk = load_tile(g, i_c * BT + j * BC, i_k * BK, T, K, HV * K, 1, BC, BK)
         b_dAij = load_tile(dA, r0, j * BC, T, BT, HV * BT, 1, BC, BC)
         b_kg = cast(b_k * tl.exp(b_gn[None, :] - b_gk), b_k.dtype)
         b_dq += mma(cast(b_dAij, b_k.dtype), b_kg, PREC)
+    if fast:
+        b_k = load_tile(k, r0, i_k * BK, T, K, H * K, 1, BC, BK)
+        # dA is zero above the diagonal (bwd_dA_kernel), so the block needs no mask
+        b_dAii = load_tile(dA, r0, i_i * BC, T, BT, HV * BT, 1, BC, BC)
+        b_kg = cast(b_k * tl.exp(b_gn[None, :] - b_g), b_k.dtype)
+        b_dq += mma(cast(b_dAii, b_k.dtype), b_kg, PREC)
     b_dq *= tl.exp(tl.where((o_r < T)[:, None], b_g - b_gn[None, :], 0.0))
-    for jj in tl.static_range(BC):
-        m = m_k & (o_k * 0 + r0 + jj < T)
-        b_kj = tl.load(k + (r0 + jj) * H * K + o_k, mask=m, other=0.0).to(tl.float32)
-        b_gj = tl.load(g + (r0 + jj) * HV * K + o_k, mask=m, other=0.0)
-        b_dAj = tl.load(dA + o_r * HV * BT + i_i * BC + jj, mask=o_r < T, other=0.0)
-        expo = tl.where(((o_r >= r0 + jj) & (o_r < T))[:, None], b_g - b_gj[None, :], float("-inf"))
-        b_dq += b_dAj[:, None] * b_kj[None, :] * tl.exp(expo)
+    if not fast:
+        for jj in tl.static_range(BC):
+            m = m_k & (o_k * 0 + r0 + jj < T)
+            b_kj = tl.load(k + (r0 + jj) * H * K + o_k, mask=m, other=0.0).to(tl.float32)
+            b_gj = tl.load(g + (r0 + jj) * HV * K + o_k, mask=m, other=0.0)
+            b_dAj = tl.load(dA + o_r * HV * BT + i_i * BC + jj, mask=o_r < T, other=0.0)
+            expo = tl.where(((o_r >= r0 + jj) & (o_r < T))[:, None], b_g - b_gj[None, :], float("-inf"))
+            b_dq += b_dAj[:, None] * b_kj[None, :] * tl.exp(expo)
 
     # dk_c = Σ_{r ≥ c} dA[r, c] q_r ⊙ e^{b_r − b_c}; later sub-chunks through the last row of this one
     b_dk = tl.zeros([BC, BK], dtype=tl.float32)
-    r_last = tl.minimum(r0 + BC, T) - 1
-    b_gm = tl.load(g + r_last * HV * K + o_k, mask=m_k, other=0.0)
     for j in range(i_i + 1, NC):
         s0 = i_c * BT + j * BC
         b_q = load_tile(q, s0, i_k * BK, T, K, H * K, 1, BC, BK)
@@ -255,16 +283,23 @@ def bwd_dqk_intra_kernel(
         m_q = (s0 + tl.arange(0, BC) < T)[:, None]
         b_qg = cast(b_q * tl.exp(tl.where(m_q, b_gq - b_gm[None, :], float("-inf"))), b_q.dtype)
         b_dk += mma(cast(b_dAT, b_q.dtype), b_qg, PREC)
+    if fast:
+        b_q = load_tile(q, r0, i_k * BK, T, K, H * K, 1, BC, BK)
+        b_dAT = load_tile(dA, i_i * BC, r0, BT, T, 1, HV * BT, BC, BC)
+        # e^{b_r − b_m} ≥ 1 up to e^{SPAN}; rows past T load g = 0: exponent 0 there
+        b_qg = cast(b_q * tl.exp(tl.where((o_r < T)[:, None], b_g - b_gm[None, :], 0.0)), b_q.dtype)
+        b_dk += mma(cast(b_dAT, b_q.dtype), b_qg, PREC)
     b_dk *= tl.where((o_r < T)[:, None], tl.exp(b_gm[None, :] - b_g), 0.0)
-    o_j = i_i * BC + tl.arange(0, BC)
-    for jj in tl.static_range(BC):
-        m = m_k & (o_k * 0 + r0 + jj < T)
-        b_qj = tl.load(q + (r0 + jj) * H * K + o_k, mask=m, other=0.0).to(tl.float32)
-        b_gj = tl.load(g + (r0 + jj) * HV * K + o_k, mask=m, other=0.0)
-        b_dAj = tl.load(dA + (r0 + jj) * HV * BT + o_j, mask=o_j * 0 + r0 + jj < T, other=0.0)
-        m_e = (o_r <= r0 + jj) & (o_r * 0 + r0 + jj < T)
-        expo = tl.where(m_e[:, None], b_gj[None, :] - b_g, float("-inf"))
-        b_dk += b_dAj[:, None] * b_qj[None, :] * tl.exp(expo)
+    if not fast:
+        o_j = i_i * BC + tl.arange(0, BC)
+        for jj in tl.static_range(BC):
+            m = m_k & (o_k * 0 + r0 + jj < T)
+            b_qj = tl.load(q + (r0 + jj) * H * K + o_k, mask=m, other=0.0).to(tl.float32)
+            b_gj = tl.load(g + (r0 + jj) * HV * K + o_k, mask=m, other=0.0)
+            b_dAj = tl.load(dA + (r0 + jj) * HV * BT + o_j, mask=o_j * 0 + r0 + jj < T, other=0.0)
+            m_e = (o_r <= r0 + jj) & (o_r * 0 + r0 + jj < T)
+            expo = tl.where(m_e[:, None], b_gj[None, :] - b_g, float("-inf"))
+            b_dk += b_dAj[:, None] * b_qj[None, :] * tl.exp(expo)
 
     dq += (bos * HV + i_hv) * K
     dk += (bos * HV + i_hv) * K
@@ -334,6 +369,13 @@ def _meta(q, v, vl):
                 PREC=dot_precision(q.dtype))  # fmt: skip
 
 
+def diag_span(dtype: torch.dtype) -> float:
+    """Largest decay Σ −g over one 16-token sub-chunk (max over channels) for which its diagonal
+    block is a dot through a reference row: one factor then grows to e^{span}. fp16 holds e^{11}
+    at most (kept at e^{8}, room for |k| up to ~20); bf16 and fp32 keep fp32's exponent range."""
+    return 8.0 if dtype == torch.float16 else 40.0
+
+
 def _intra_A(q, k, v, g_cum, scale, vl):
     """Intra-chunk scores A `[B, T, HV, BT]` (fp32, lower triangle of each chunk valid)."""
     B, T, H, K = q.shape
@@ -341,7 +383,7 @@ def _intra_A(q, k, v, g_cum, scale, vl):
     A = new_empty(q, B, T, HV, vl.chunk, dtype=torch.float32)
     meta = _meta(q, v, vl)
     grid = (vl.chunk // BC, vl.NT, vl.grid_rows(B) * HV)
-    intra_A_kernel[grid](q, k, g_cum, A, vl.cu, vl.idx, scale, T, BC=BC, **meta)
+    intra_A_kernel[grid](q, k, g_cum, A, vl.cu, vl.idx, scale, T, BC=BC, SPAN=diag_span(q.dtype), **meta)
     return A
 
 
@@ -381,7 +423,9 @@ def chunk_gla_bwd(q, k, v, g, A, scale, h0, do, dht, cu_seqlens):
     dq_in = new_empty(q, B, T, HV, K, dtype=torch.float32)
     dk_in = new_empty(q, B, T, HV, K, dtype=torch.float32)
     grid = (NK * (vl.chunk // BC), vl.NT, rows)
-    bwd_dqk_intra_kernel[grid](q, k, g_cum, dA, dq_in, dk_in, vl.cu, vl.idx, scale, T, BC=BC, **meta)
+    bwd_dqk_intra_kernel[grid](
+        q, k, g_cum, dA, dq_in, dk_in, vl.cu, vl.idx, scale, T, BC=BC, SPAN=diag_span(q.dtype), **meta
+    )
     # per value head; summed over each GVA group below
     dq = new_empty(q, B, T, HV, K, dtype=q.dtype if HV == H else torch.float32)
     dk = new_empty(q, B, T, HV, K, dtype=q.dtype if HV == H else torch.float32)
