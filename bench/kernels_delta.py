@@ -10,7 +10,8 @@ B = 4, T = 8192 is the peer's reading in /work/shared/bench/README.md), forward 
 forward+backward; one decode step (T = 1) at batch 1, 8, 64, state updated in place (ours) or
 returned (the peer's fused_recurrent). At T = 8192, `lt2dsl-wu` is the forward with W and U formed
 per chunk first (the peer's two-dot scan, LT2_DELTA_WU) instead of the scan applying T itself,
-and `lt2dsl-wbwd` (forward+backward) the W-based backward (LT2_DELTA_WBWD); BF16DOTS=1 adds
+and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DELTA_WBWD=0)
+instead of the default W-based one; BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
@@ -146,8 +147,8 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
         out.append(Case(group=group, impl="lt2dsl", make=ours, **extra))
         if T == 8192 and op != "kda":
             out.append(Case(group=group, impl="lt2dsl-wu", make=_flags(ours, WU=True), **extra))
-            if backward:  # the W-based backward (opt-in until checked on the GPU)
-                out.append(Case(group=group, impl="lt2dsl-wbwd", make=_flags(ours, WBWD=True), **extra))
+            if backward:  # the fused reverse-scan backward (LT2_DELTA_WBWD=0)
+                out.append(Case(group=group, impl="lt2dsl-scanbwd", make=_flags(ours, WBWD=False), **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)

@@ -153,9 +153,6 @@ def _jobs():
             jobs.append(
                 (f"grad_k-g{gate}-c{i}", delta_grad_k_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
-        for bv in (32, 64):  # the LT2_DELTA_CANDIDATES tiles: BK 64 at 8 warps
-            cex = dict(base, V=D, BK=64, BV=bv, GATE=gate, DOT=0, PREC=True)
-            jobs.append((f"grad_k-g{gate}-bk64-bv{bv}", delta_grad_k_kernel, ptr, sc, cex, 8, 2))
         cex = dict(
             H=16,
             HV=16,
@@ -175,22 +172,13 @@ def _jobs():
     import triton.language as tl
 
     kda = dict(base, BK=L.KDA_BK, DOT=0, CT=tl.float32)
-    kda_fwd = dict(kda, BK=L.KDA_FWD_BK)
+    kda_fwd = dict(kda, BK=L.KDA_FWD_BK, SPAN=L.KDA_DIAG_SPAN)
     jobs.append(("kda_intra_fwd", kda_intra_fwd_kernel, ptr, sc, kda_fwd, L.KDA_FWD_WARPS, 1))
-    kda_fwd_x4 = dict(kda_fwd, INTERLEAVE=True)  # the LT2_DELTA_CANDIDATES variant
-    jobs.append(("kda_intra_fwd_interleave", kda_intra_fwd_kernel, ptr, sc, kda_fwd_x4, L.KDA_FWD_WARPS, 1))
-    jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda, L.KDA_WARPS, 1))
-    jobs.append(
-        (
-            "kda_grad_intra_interleave",
-            kda_grad_intra_kernel,
-            ptr,
-            sc,
-            dict(kda, INTERLEAVE=True),
-            L.KDA_WARPS,
-            1,
-        )
-    )
+    for bk, warps in ((16, 8), (32, 4), (16, 4)):
+        cex = dict(kda_fwd, BK=bk)
+        jobs.append((f"kda_intra_fwd-bk{bk}-w{warps}", kda_intra_fwd_kernel, ptr, sc, cex, warps, 1))
+    kda_grad = dict(kda, SPAN=L.KDA_DIAG_SPAN)
+    jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda_grad, L.KDA_WARPS, 1))
     return jobs
 
 

@@ -46,9 +46,10 @@ def test_chunked_forward_backward(info, shape):
 
 
 @pytest.mark.parametrize("case", ["T63-gva", "odd-dims", "varlen"])
-def test_w_backward(info, case, monkeypatch):
-    """The opt-in W-based backward (LT2_DELTA_WBWD) on the shapes of the default one."""
-    monkeypatch.setattr(delta_launch, "WBWD", True)
+def test_fused_reverse_scan_backward(info, case, monkeypatch):
+    """The backward through the fused reverse scan (LT2_DELTA_WBWD=0) on the shapes of the default,
+    W-based one."""
+    monkeypatch.setattr(delta_launch, "WBWD", False)
     if case == "varlen":
         x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
         cu = torch.tensor([0, 40, 41, 100], device=DEV)
@@ -63,21 +64,29 @@ def test_w_backward(info, case, monkeypatch):
     compare_backends(info, x, FP32_TOL)
 
 
-@pytest.mark.parametrize("case", ["T100", "varlen", "strong-decay"])
-def test_kda_interleaved_diagonals(case, monkeypatch):
-    """KDA's intra-chunk kernels with the four sub-chunks' diagonal steps taken together (the
-    GPU candidates of `LT2_DELTA_CANDIDATES`) equal the reference, forward and gradients."""
-    monkeypatch.setattr(delta_launch, "KDA_FWD_INTERLEAVE", True)
-    monkeypatch.setattr(delta_launch, "KDA_GRAD_INTERLEAVE", True)
+@pytest.mark.parametrize("form", ["dot", "elementwise"])
+@pytest.mark.parametrize("case", ["T90-gva", "varlen"])
+def test_kda_diagonal_block_forms(form, case, monkeypatch):
+    """KDA's diagonal sub-chunk blocks, forward and gradients, as dots (moderate decay) or
+    elementwise (strong decay): both forms on the same inputs, forced through the span limit."""
+    monkeypatch.setattr(delta_launch, "KDA_DIAG_SPAN", 1e4 if form == "dot" else -1.0)
     kda = OPS["kda"]
     if case == "varlen":
         cu = torch.tensor([0, 1, 40, 100], device=DEV)
         x = make_inputs(kda.gate, B=1, T=100, H=1, HV=2, K=16, V=16, dtype=torch.float32, N=3, device=DEV)
         compare_backends(kda, x, FP32_TOL, cu_seqlens=cu)
         return
-    decay = 30.0 if case == "strong-decay" else None
-    kw = {} if decay is None else {"decay": decay}
-    x = make_inputs(kda.gate, B=1, T=100, H=1, HV=1, K=32, V=16, dtype=torch.float32, device=DEV, **kw)
+    x = make_inputs(kda.gate, B=1, T=90, H=1, HV=2, K=32, V=16, dtype=torch.float32, device=DEV)
+    compare_backends(kda, x, FP32_TOL)
+
+
+def test_kda_mixed_decay_forms():
+    """Strong decay in some sub-chunks and channel slices only: one call takes both diagonal forms."""
+    kda = OPS["kda"]
+    x = make_inputs(kda.gate, B=1, T=100, H=1, HV=1, K=32, V=16, dtype=torch.float32, device=DEV)
+    g = x["g"].clone()
+    g[:, 20:40, :, :16] *= 30.0
+    x["g"] = g
     compare_backends(kda, x, FP32_TOL)
 
 

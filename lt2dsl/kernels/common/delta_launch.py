@@ -87,44 +87,24 @@ _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
 GRAD_BK = 32
 # KDA's intra-chunk gradient kernel (read-modify-writes dq, dk, dg: not autotuned). Offline sm_90
 # compiles at K = 128: BK 32 at 4 warps spills 72 B per thread; BK 16 spills 520-780 B.
-# INTERLEAVE (the four sub-chunks' diagonal steps together) is the LT2_DELTA_CANDIDATES variant.
 KDA_BK, KDA_WARPS = 32, 4
-# Candidates not yet checked on the H200: LT2_DELTA_CANDIDATES=1 adds them to the autotune lists
-# (and so to the forced-config GPU test), or selects them where a kernel is not autotuned, for the
-# session that checks and times them.
-CANDIDATES = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
-KDA_GRAD_INTERLEAVE = CANDIDATES
-# The per-(K tile, chunk) gradient kernel reads dO, U', Y (fp32) and the two 64 x 64 scratch
-# matrices once per K tile: at BK = 32 that is four times per chunk, ~3.7 GB at B=4, T=8192, H=16,
-# D=128 (1.47 ms on the H200, the backward's largest kernel). The candidate halves it with BK = 64
-# at 8 warps (offline at sm_90: 0–80 B of spills per thread; at 4 warps 472 B). Not yet run on a GPU.
-if CANDIDATES:
-    GRAD_BK = 64
-    _GRAD_CONFIGS = [
-        triton.Config({"BV": 32}, num_warps=8, num_stages=2),
-        triton.Config({"BV": 64}, num_warps=8, num_stages=2),
-    ]
-# KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128: 255 registers,
-# 0 B of spills at BK 16 and 24 B at BK 32 (8 warps). These two passed the forced-config test on
-# the H200; the 4-warp variants (88 and 32 B of spills) were in the list of the timed run but never
-# forced there, so they are out until they are.
+# Tried on the H200 (fifth session) and dropped: BK = 64 at 8 warps for the per-(K tile, chunk)
+# gradient kernel (half its reads of dO, U', Y; GDN fwd+bwd 4.762 ms against 4.74 without it) and
+# 3-stage pipelined scan configs (GDN forward 1.235 ms against 1.226).
+# KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128 (255 registers
+# each; spills per thread): see tests/kernels/test_delta_compile.py. Each config is checked on the
+# H200 by the forced-config test (`test_gpu_every_autotune_config`).
 _KDA_FWD_CONFIGS = [
     triton.Config({"BK": 32}, num_warps=8, num_stages=1),
     triton.Config({"BK": 16}, num_warps=8, num_stages=1),
+    triton.Config({"BK": 32}, num_warps=4, num_stages=1),
+    triton.Config({"BK": 16}, num_warps=4, num_stages=1),
 ]
-KDA_FWD_BK, KDA_FWD_WARPS, KDA_FWD_INTERLEAVE = 32, 8, False
-# The INTERLEAVE candidate steps the four sub-chunks' diagonal columns together (239-254
-# registers, no spills offline).
-# The 4-warp configs are candidates again: with only the 8-warp ones the kernel measured 5.5 ms on
-# the H200 (fourth session profile), against ~3.5 ms inferred for the third session's timed run
-# with the 4-warp ones in the list (KDA forward 5.32 ms less its 1.8 ms scan).
-if CANDIDATES:
-    _KDA_FWD_CONFIGS += [
-        triton.Config({"BK": 32, "INTERLEAVE": True}, num_warps=8, num_stages=1),
-        triton.Config({"BK": 16, "INTERLEAVE": True}, num_warps=8, num_stages=1),
-        triton.Config({"BK": 32}, num_warps=4, num_stages=1),
-        triton.Config({"BK": 16}, num_warps=4, num_stages=1),
-    ]
+KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
+# Largest decay over a 16-token sub-chunk (max over channels) whose diagonal blocks the intra-chunk
+# kernels form as dots (chunk_intra.py, chunk_grad.py): the key factor then stays ≤ e^{40}, far
+# inside the fp32 and bf16 range of the dot operands.
+KDA_DIAG_SPAN = 40.0
 
 
 # The forward scan (`delta_split`) holds S `[K, BV]` in fp32 registers: BV 64 is the peer's tile
@@ -136,18 +116,19 @@ if CANDIDATES:
 # T = 8192 it is also less precise (output 2.6e-3, final state 1.8e-3 relative RMS against float64,
 # against 0.9e-3 and 0.3e-3), both inside the 1e-2 budget of 16-bit inputs.
 WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
-# LT2_DELTA_WBWD=1: the W-based backward (`delta_split`: Pᵀ dO for all chunks in parallel, a
-# reverse scan with two dots on its sequential path, dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − Wᵀ dU', W
-# recomputed per chunk, Y = Tᵀ dU' formed per chunk afterwards). On the H200 it took GDN's
-# forward+backward from 5.27 to 4.74 ms, but its first version wrote Y in place, which the
-# autotuner's repeated runs corrupted (NaN dk on the first call of each shape); the out-of-place
-# fix has passed the CPU tests only, so it stays opt-in until a GPU run checks it. Off: the fused
-# reverse scan, which reads the scores P the forward then keeps (BENCHMARKS.md, fourth session).
-WBWD = os.environ.get("LT2_DELTA_WBWD", "0") == "1"
+# The W-based backward (default; `delta_split`: Pᵀ dO for all chunks in parallel, a reverse scan
+# with two dots on its sequential path, dS ← Diag(γ_C) dS + (sQ ⊙ γ)ᵀ dO − Wᵀ dU', W recomputed per
+# chunk, Y = Tᵀ dU' formed per chunk afterwards). On the H200 GDN's forward+backward took 4.76 ms
+# with it against 5.27 with the fused reverse scan, and it passed the GPU tests of GDN and DeltaNet
+# (full sizes, bf16 and fp32, the forced autotune configs; fifth session). Its first version wrote
+# Y in place, which the autotuner's repeated runs corrupted; `test_autotuned_kernels_are_idempotent`
+# guards that. LT2_DELTA_WBWD=0 selects the fused reverse scan, which reads the scores P the forward
+# then keeps.
+WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
 
 
 def use_w_backward(Aqk) -> bool:
-    """Whether the backward runs the W-based scan: opted in, or no scores were kept to run the other."""
+    """Whether the backward runs the W-based scan: the default, and forced when no scores were kept."""
     return WBWD or Aqk is None or Aqk.numel() == 0
 
 
@@ -161,13 +142,6 @@ _H_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=8, num_stages=2),
     triton.Config({"BV": 32}, num_warps=4, num_stages=1),
 ]
-if CANDIDATES:
-    # deeper pipelining of the scan's chunk loads, as the peer's scan autotunes (offline sm_90 at
-    # K = V = 128: no spills at BV 32 / 4 warps, 16 B at BV 64 / 8 warps); not yet run on a GPU
-    _H_CONFIGS += [
-        triton.Config({"BV": 32}, num_warps=4, num_stages=3),
-        triton.Config({"BV": 64}, num_warps=8, num_stages=3),
-    ]
 _O_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=4, num_stages=2),
     triton.Config({"BV": 128}, num_warps=8, num_stages=2),
@@ -495,9 +469,9 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
+        SPAN=KDA_DIAG_SPAN,
         fixed={
             "BK": min(KDA_FWD_BK, pow2(K)),
-            "INTERLEAVE": KDA_FWD_INTERLEAVE,
             "num_warps": KDA_FWD_WARPS,
             "num_stages": 1,
         },
@@ -661,7 +635,7 @@ def _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta: ChunkMeta)
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
-        INTERLEAVE=KDA_GRAD_INTERLEAVE,
+        SPAN=KDA_DIAG_SPAN,
         fixed={"num_warps": KDA_WARPS, "num_stages": 1},
     )
     return dbeta_intra.sum(0)

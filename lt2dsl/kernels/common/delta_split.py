@@ -15,8 +15,9 @@ precise (W, U in the input dtype). Either way U' is the same innovation, so the 
 and U' written here are what the backward reads. P is formed in the output kernel from Q and K
 for the scalar gate (GDN, DeltaNet), and read from `Aqk` for KDA's per-channel gate.
 
-The W-based backward (opt-in, `LT2_DELTA_WBWD=1`): `delta_du0_kernel` (Pᵀ dO per chunk),
-`delta_dh_bwd_kernel` (reverse scan with Wᵀ), `delta_y_kernel` (Y = Tᵀ dU' per chunk).
+The W-based backward (the default; `LT2_DELTA_WBWD=0` selects delta_state's fused reverse scan):
+`delta_du0_kernel` (Pᵀ dO per chunk), `delta_dh_bwd_kernel` (reverse scan with Wᵀ),
+`delta_y_kernel` (Y = Tᵀ dU' per chunk).
 
 Precision with 16-bit inputs: S_c and U' are stored in the input dtype for the backward, U' also
 in fp32 for the output (default); K·S and Q·S take S and the scaled keys in the input dtype; the

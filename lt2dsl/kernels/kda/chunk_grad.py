@@ -10,8 +10,9 @@ Aqk[r, i] = s Σ_c q_rc k_ic e^{b_rc − b_ic} and Akk[r, i] = β_r Σ_c k_rc k_
     db   += q ⊙ (intra dq) − k ⊙ (the two column sums above) + k ⊙ β Z,   dβ += Σ_c k ⊙ Z
 
 then dg = reverse cumulative sum of db inside the chunk. Each channel is independent, so programs
-tile K. The gated products use the 16-token sub-chunks and reference points of `chunk_intra`, so
-every exponent stays ≤ 0.
+tile K. The gated products use the 16-token sub-chunks and reference points of `chunk_intra`: off
+the diagonal every exponent stays ≤ 0, and a diagonal block is a dot through its sub-chunk's start
+when the sub-chunk's decay is at most SPAN (elementwise with exponents ≤ 0 otherwise).
 """
 
 from __future__ import annotations
@@ -115,45 +116,12 @@ def diag_grads(
 
 
 @helper
-def diag_grads_x4(
-    b0, b1, b2, b3, be0, be1, be2, be3, pq, pk, pb, pMA, pMB, t0, eos, b_last, ok, m_k,
-    KS: tl.constexpr, GS: tl.constexpr, MS: tl.constexpr,
-):  # fmt: skip
-    """`diag_grads` of the four sub-chunks in one loop over j: four independent bodies per step
-    (16 steps instead of 4 x 16 dependent ones). Returns the 16 accumulators, sub-chunk-major."""
-    o = tl.arange(0, 16)
-    r0, r1, r2, r3 = t0 + o, t0 + 16 + o, t0 + 32 + o, t0 + 48 + o
-    z = tl.zeros(b0.shape, dtype=tl.float32)
-    dq0, z0, dka0, dkb0 = z, z, z, z
-    dq1, z1, dka1, dkb1 = z, z, z, z
-    dq2, z2, dka2, dkb2 = z, z, z, z
-    dq3, z3, dka3, dkb3 = z, z, z, z
-    for j in range(16):
-        dq0, z0, dka0, dkb0 = grad_column(
-            b0, be0, pq, pk, pb, pMA, pMB, t0, 0, j, eos, b_last, ok, m_k, o, r0, r0 < eos, KS, GS, MS,
-            dq0, z0, dka0, dkb0,
-        )  # fmt: skip
-        dq1, z1, dka1, dkb1 = grad_column(
-            b1, be1, pq, pk, pb, pMA, pMB, t0, 1, j, eos, b_last, ok, m_k, o, r1, r1 < eos, KS, GS, MS,
-            dq1, z1, dka1, dkb1,
-        )  # fmt: skip
-        dq2, z2, dka2, dkb2 = grad_column(
-            b2, be2, pq, pk, pb, pMA, pMB, t0, 2, j, eos, b_last, ok, m_k, o, r2, r2 < eos, KS, GS, MS,
-            dq2, z2, dka2, dkb2,
-        )  # fmt: skip
-        dq3, z3, dka3, dkb3 = grad_column(
-            b3, be3, pq, pk, pb, pMA, pMB, t0, 3, j, eos, b_last, ok, m_k, o, r3, r3 < eos, KS, GS, MS,
-            dq3, z3, dka3, dkb3,
-        )  # fmt: skip
-    return (dq0, z0, dka0, dkb0, dq1, z1, dka1, dkb1, dq2, z2, dka2, dkb2, dq3, z3, dka3, dkb3)
-
-
-@helper
 def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr):
-    """Contributions of block (I, J), I > J, to (dq_I / s, Z_I, dk_J from Aqk / s, dk_J from Akk).
+    """Contributions of block (I, J), I ≥ J, to (dq_I / s, Z_I, dk_J from Aqk / s, dk_J from Akk).
 
-    `ref` is the cumulative decay at the token before sub-chunk I: e^{b_I − ref} and e^{ref − b_J}
-    are both ≤ 1. MAt, MBt are the blocks loaded transposed (no dot result is transposed).
+    `ref` is the cumulative decay at the token before sub-chunk I: e^{b_I − ref} ≤ 1, and for
+    I > J also e^{ref − b_J} ≤ 1 (I = J: see `diag_pair`). MAt, MBt are the blocks loaded
+    transposed (no dot result is transposed).
     """
     eI = tl.exp(bI - ref[None, :])
     eJ = tl.exp(ref[None, :] - bJ)
@@ -176,6 +144,27 @@ def off_pair(
         load_m(MA, t0, eos, i_hv, I, J, HV, BT, True), load_m(MB, t0, eos, i_hv, I, J, HV, BT, True),
         qI, kI, bI, beI, ref, kJ, bJ, CT, DOT,
     )  # fmt: skip
+
+
+@helper
+def diag_pair(
+    MA, MB, pq, pk, pb, pMA, pMB, t0, I: tl.constexpr, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr,
+    qI, kI, bI, beI, c, c_next, b_last, ok, m_k, KS: tl.constexpr, GS: tl.constexpr, MS: tl.constexpr,
+    CT: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr,
+):  # fmt: skip
+    """The diagonal block (I, I)'s parts of (dq / s, Z, dk from Aqk / s, dk from Akk).
+
+    With c the decay before sub-chunk I and c_next after it: when max over channels of c − c_next
+    is at most SPAN, the block is `off_grads` through the reference c, whose key-side factor
+    e^{c − b} is then ≤ e^{SPAN} (the scratch blocks are zero above the diagonal, so no mask);
+    stronger decays take the elementwise steps of `diag_grads`, every exponent ≤ 0.
+    """
+    if tl.max(c - c_next, axis=0) <= SPAN:
+        dq, z, dka, dkb = off_pair(MA, MB, t0, eos, i_hv, I, I, HV, BT, qI, kI, bI, beI, c, kI, bI, CT, DOT)
+    else:
+        dq, z, dka, dkb = diag_grads(qI, kI, bI, beI, pq, pk, pb, pMA, pMB, t0, I, eos, b_last, ok, m_k,
+                                     KS, GS, MS)  # fmt: skip
+    return dq, z, dka, dkb
 
 
 @helper
@@ -227,7 +216,7 @@ def kda_grad_intra_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     CT: tl.constexpr,
-    INTERLEAVE: tl.constexpr = False,
+    SPAN: tl.constexpr = 40.0,  # delta_launch.KDA_DIAG_SPAN
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -259,20 +248,16 @@ def kda_grad_intra_kernel(
     c3 = brow(pb, t0 + 47, eos, ok, m_k, b_last, HV * K)
 
     MS: tl.constexpr = HV * BT
-    if INTERLEAVE:
-        dq0, z0, dka0, dkb0, dq1, z1, dka1, dkb1, dq2, z2, dka2, dkb2, dq3, z3, dka3, dkb3 = diag_grads_x4(
-            b0, b1, b2, b3, be0, be1, be2, be3, pq, pk, pb, pMA, pMB, t0, eos, b_last, ok, m_k,
-            H * K, HV * K, MS,
-        )  # fmt: skip
-    else:
-        dq0, z0, dka0, dkb0 = diag_grads(q0, k0, b0, be0, pq, pk, pb, pMA, pMB, t0, 0, eos, b_last, ok, m_k,
-                                         H * K, HV * K, MS)  # fmt: skip
-        dq1, z1, dka1, dkb1 = diag_grads(q1, k1, b1, be1, pq, pk, pb, pMA, pMB, t0, 1, eos, b_last, ok, m_k,
-                                         H * K, HV * K, MS)  # fmt: skip
-        dq2, z2, dka2, dkb2 = diag_grads(q2, k2, b2, be2, pq, pk, pb, pMA, pMB, t0, 2, eos, b_last, ok, m_k,
-                                         H * K, HV * K, MS)  # fmt: skip
-        dq3, z3, dka3, dkb3 = diag_grads(q3, k3, b3, be3, pq, pk, pb, pMA, pMB, t0, 3, eos, b_last, ok, m_k,
-                                         H * K, HV * K, MS)  # fmt: skip
+    c0 = tl.zeros([BK], dtype=tl.float32)
+    dq0, z0, dka0, dkb0 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 0, eos, i_hv, HV, BT, q0, k0, b0, be0,
+                                    c0, c1, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT, SPAN)  # fmt: skip
+    dq1, z1, dka1, dkb1 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 1, eos, i_hv, HV, BT, q1, k1, b1, be1,
+                                    c1, c2, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT, SPAN)  # fmt: skip
+    dq2, z2, dka2, dkb2 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 2, eos, i_hv, HV, BT, q2, k2, b2, be2,
+                                    c2, c3, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT, SPAN)  # fmt: skip
+    dq3, z3, dka3, dkb3 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 3, eos, i_hv, HV, BT, q3, k3, b3, be3,
+                                    c3, b_last, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT,
+                                    SPAN)  # fmt: skip
 
     xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 1, 0, HV, BT, q1, k1, b1, be1, c1, k0, b0, CT, DOT)
     dq1 += xq

@@ -12,8 +12,16 @@ Splitting the factor as K ⊙ e^{−b} overflows once −b > 88, so each 64-chun
 * below the diagonal (query sub-chunk I after key sub-chunk J) the reference point is the
   cumulative decay at the last token before sub-chunk I, b* ≥ b_r (r ∈ I) and b* ≤ b_i (i ∈ J), so
   both factors (Q ⊙ e^{b − b*}) and (K ⊙ e^{b* − b}) are ≤ 1 and the block is one `tl.dot`;
-* the four diagonal 16 x 16 blocks are formed elementwise in fp32 with e^{b_r − b_i}, r ≥ i, one
-  column i at a time from row i of k and g loaded from memory (`diag16`).
+* a diagonal 16 x 16 block goes through the same reference c (b before its sub-chunk) when the
+  sub-chunk's decay is moderate, max over channels of c − b_last ≤ SPAN: the key factor
+  K ⊙ e^{c − b} is then ≤ e^{SPAN} and the block is one `tl.dot`. Stronger decays take the
+  elementwise form in fp32 with e^{b_r − b_i} ≤ 1 (r ≥ i), one column i at a time from row i of k
+  and g loaded from memory (`diag16`). The test is one branch per sub-chunk and channel slice;
+  ordinary gates take the dots.
+
+The q and k rows of a sub-chunk scaled to its reference are formed once for its diagonal block and
+the blocks left of it; the keys of a sub-chunk are kept referenced to its end and rescaled by a
+per-channel vector for each later sub-chunk (`sub_chunk`).
 
 Channels are walked in slices of BK (every quantity above is a sum over channels). One program per
 (chunk, batch x value head) writes gcum `[B*T, HV, K]`, Ainv and Aqk `[B*T, HV, 64]` (fp32).
@@ -51,11 +59,48 @@ def last_row16(x):
 
 
 @helper
-def off_block(xI, bI, refI, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr):
-    """Σ_c x_rc k_ic e^{b_rc − b_ic} for r in sub-chunk I, i in an earlier sub-chunk J `[16, 16]`."""
-    xs = (xI * tl.exp(bI - refI[None, :])).to(CT)
-    ks = (kJ * tl.exp(refI[None, :] - bJ)).to(CT)
-    return mm(xs, tl.trans(ks), DOT)
+def scaled(x, b, ref, CT: tl.constexpr):
+    """x ⊙ e^{b − ref} in the dot dtype: ≤ |x| when ref is a decay before b's rows."""
+    return (x * tl.exp(b - ref[None, :])).to(CT)
+
+
+@helper
+def keys_to(k, b, ref, CT: tl.constexpr):
+    """(K ⊙ e^{ref − b})ᵀ in the dot dtype, `[BK, 16]`: ≤ |K| when ref is a decay after b's rows."""
+    return tl.trans((k * tl.exp(ref[None, :] - b)).to(CT))
+
+
+@helper
+def rescale(x, d, CT: tl.constexpr):
+    """x ⊙ e^{d} per channel (d ≤ 0 here), in the dot dtype."""
+    return (x.to(tl.float32) * tl.exp(d)[None, :]).to(CT)
+
+
+@helper
+def sub_chunk(
+    pq, pk, pg, pgc, t0, I: tl.constexpr, eos, c, KS: tl.constexpr, GS: tl.constexpr, ok, m_k,
+    CT: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr,
+):  # fmt: skip
+    """Sub-chunk I given c (the decay b before it): stores its gcum rows and returns its q and k
+    rows scaled to c (xs, ks: ≤ |q|, |k|), its diagonal blocks for both (entries above the diagonal
+    are junk, masked by the caller), its keys referenced to its end, K ⊙ e^{c' − b} (≤ |K|), and c'
+    (b after it). The diagonal blocks are dots with K ⊙ e^{c − b} (≤ e^{SPAN}) when the sub-chunk's
+    decay, max over channels of c − c', is at most SPAN; elementwise (`diag16`) otherwise."""
+    gI = rows16(pg, t0, I, eos, GS, ok, m_k)
+    b = rcumsum(gI, 0) + c[None, :]
+    store_rows16(pgc, b, t0, I, eos, GS, ok, m_k)
+    c_next = c + rsum(gI, 0)
+    k = rows16(pk, t0, I, eos, KS, ok, m_k)
+    x = rows16(pq, t0, I, eos, KS, ok, m_k)
+    xs, ks = scaled(x, b, c, CT), scaled(k, b, c, CT)
+    if tl.max(c - c_next, axis=0) <= SPAN:
+        kd = keys_to(k, b, c, CT)
+        A = mm(xs, kd, DOT)
+        Kk = mm(ks, kd, DOT)
+    else:
+        A, Kk = diag16(x, k, b, c, pk, pg, t0, I, eos, KS, GS, ok, m_k)
+    ke = (k * tl.exp(c_next[None, :] - b)).to(CT)
+    return xs, ks, A, Kk, ke, c_next
 
 
 @helper
@@ -126,32 +171,6 @@ def diag16(xq, xk, bI, c, pk, pg, t0, I: tl.constexpr, eos, KS: tl.constexpr, GS
     return Aq, Ak
 
 
-@helper
-def diag16x4(
-    x0, x1, x2, x3, k0, k1, k2, k3, b0, b1, b2, b3, c0, c1, c2, c3, pk, pg, t0, eos,
-    KS: tl.constexpr, GS: tl.constexpr, ok, m_k,
-):  # fmt: skip
-    """`diag16` of the four sub-chunks in one column loop: step i does column i of all four, four
-    independent bodies (the one-sub-chunk loop is 64 dependent steps per channel slice)."""
-    z = tl.zeros([16, 16], dtype=tl.float32)
-    A0, A1, A2, A3, K0, K1, K2, K3 = z, z, z, z, z, z, z, z
-    r0, r1, r2, r3 = c0, c1, c2, c3
-    for i in range(16):
-        g_i, k_i = token_row(pk, pg, t0 + i, eos, KS, GS, ok, m_k)
-        r0 += g_i
-        A0, K0 = diag_column(x0, k0, b0, r0, k_i, i, A0, K0)
-        g_i, k_i = token_row(pk, pg, t0 + 16 + i, eos, KS, GS, ok, m_k)
-        r1 += g_i
-        A1, K1 = diag_column(x1, k1, b1, r1, k_i, i, A1, K1)
-        g_i, k_i = token_row(pk, pg, t0 + 32 + i, eos, KS, GS, ok, m_k)
-        r2 += g_i
-        A2, K2 = diag_column(x2, k2, b2, r2, k_i, i, A2, K2)
-        g_i, k_i = token_row(pk, pg, t0 + 48 + i, eos, KS, GS, ok, m_k)
-        r3 += g_i
-        A3, K3 = diag_column(x3, k3, b3, r3, k_i, i, A3, K3)
-    return A0, A1, A2, A3, K0, K1, K2, K3
-
-
 @triton.jit
 def kda_intra_fwd_kernel(
     q,
@@ -173,7 +192,7 @@ def kda_intra_fwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     CT: tl.constexpr,
-    INTERLEAVE: tl.constexpr = False,
+    SPAN: tl.constexpr = 40.0,  # delta_launch.KDA_DIAG_SPAN
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -194,73 +213,48 @@ def kda_intra_fwd_kernel(
     for i_k in range(tl.cdiv(K, BK)):
         ok = i_k * BK + tl.arange(0, BK)
         m_k = ok < K
-        # Chunk-local cumsum per sub-chunk plus the carry of the ones before; padded rows load
-        # g = 0, so b stays at the chunk's last value there. c1..c3: b before sub-chunks 1..3,
-        # the reference points of the off-diagonal blocks.
-        g0 = rows16(pg, t0, 0, eos, HV * K, ok, m_k)
-        g1 = rows16(pg, t0, 1, eos, HV * K, ok, m_k)
-        g2 = rows16(pg, t0, 2, eos, HV * K, ok, m_k)
-        g3 = rows16(pg, t0, 3, eos, HV * K, ok, m_k)
-        c0 = tl.zeros([BK], dtype=tl.float32)
-        c1 = rsum(g0, 0)
-        c2 = c1 + rsum(g1, 0)
-        c3 = c2 + rsum(g2, 0)
-        b0 = rcumsum(g0, 0)
-        b1 = rcumsum(g1, 0) + c1[None, :]
-        b2 = rcumsum(g2, 0) + c2[None, :]
-        b3 = rcumsum(g3, 0) + c3[None, :]
-        store_rows16(pgc, b0, t0, 0, eos, HV * K, ok, m_k)
-        store_rows16(pgc, b1, t0, 1, eos, HV * K, ok, m_k)
-        store_rows16(pgc, b2, t0, 2, eos, HV * K, ok, m_k)
-        store_rows16(pgc, b3, t0, 3, eos, HV * K, ok, m_k)
-        x0 = rows16(pq, t0, 0, eos, H * K, ok, m_k)
-        x1 = rows16(pq, t0, 1, eos, H * K, ok, m_k)
-        x2 = rows16(pq, t0, 2, eos, H * K, ok, m_k)
-        x3 = rows16(pq, t0, 3, eos, H * K, ok, m_k)
-        k0 = rows16(pk, t0, 0, eos, H * K, ok, m_k)
-        k1 = rows16(pk, t0, 1, eos, H * K, ok, m_k)
-        k2 = rows16(pk, t0, 2, eos, H * K, ok, m_k)
-        k3 = rows16(pk, t0, 3, eos, H * K, ok, m_k)
-
-        if INTERLEAVE:
-            A0, A1, A2, A3, K0, K1, K2, K3 = diag16x4(
-                x0, x1, x2, x3, k0, k1, k2, k3, b0, b1, b2, b3, c0, c1, c2, c3, pk, pg, t0, eos,
-                H * K, HV * K, ok, m_k,
-            )  # fmt: skip
-            d0 += A0
-            d1 += A1
-            d2 += A2
-            d3 += A3
-            e0 += K0
-            e1 += K1
-            e2 += K2
-            e3 += K3
-        else:
-            dq_, dk_ = diag16(x0, k0, b0, c0, pk, pg, t0, 0, eos, H * K, HV * K, ok, m_k)
-            d0 += dq_
-            e0 += dk_
-            dq_, dk_ = diag16(x1, k1, b1, c1, pk, pg, t0, 1, eos, H * K, HV * K, ok, m_k)
-            d1 += dq_
-            e1 += dk_
-            dq_, dk_ = diag16(x2, k2, b2, c2, pk, pg, t0, 2, eos, H * K, HV * K, ok, m_k)
-            d2 += dq_
-            e2 += dk_
-            dq_, dk_ = diag16(x3, k3, b3, c3, pk, pg, t0, 3, eos, H * K, HV * K, ok, m_k)
-            d3 += dq_
-            e3 += dk_
-
-        q10 += off_block(x1, b1, c1, k0, b0, CT, DOT)
-        a10 += off_block(k1, b1, c1, k0, b0, CT, DOT)
-        q20 += off_block(x2, b2, c2, k0, b0, CT, DOT)
-        a20 += off_block(k2, b2, c2, k0, b0, CT, DOT)
-        q21 += off_block(x2, b2, c2, k1, b1, CT, DOT)
-        a21 += off_block(k2, b2, c2, k1, b1, CT, DOT)
-        q30 += off_block(x3, b3, c3, k0, b0, CT, DOT)
-        a30 += off_block(k3, b3, c3, k0, b0, CT, DOT)
-        q31 += off_block(x3, b3, c3, k1, b1, CT, DOT)
-        a31 += off_block(k3, b3, c3, k1, b1, CT, DOT)
-        q32 += off_block(x3, b3, c3, k2, b2, CT, DOT)
-        a32 += off_block(k3, b3, c3, k2, b2, CT, DOT)
+        # One sub-chunk I at a time, so few tiles are live at once. c: b before sub-chunk I (the
+        # running chunk-local cumsum; padded rows load g = 0, so b stays at the chunk's last value
+        # there). After I, only K_I ⊙ e^{c_{I+1} − b_I} (≤ |K_I|) is kept: a later sub-chunk J
+        # scales it by the vector e^{c_J − c_{I+1}} ≤ 1 for its off-diagonal blocks.
+        c = tl.zeros([BK], dtype=tl.float32)
+        xs, ks, A, Kk, ke0, c = sub_chunk(pq, pk, pg, pgc, t0, 0, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+                                          SPAN)  # fmt: skip
+        d0 += A
+        e0 += Kk
+        c1 = c
+        xs, ks, A, Kk, ke1, c = sub_chunk(pq, pk, pg, pgc, t0, 1, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+                                          SPAN)  # fmt: skip
+        d1 += A
+        e1 += Kk
+        kr = tl.trans(ke0)
+        q10 += mm(xs, kr, DOT)
+        a10 += mm(ks, kr, DOT)
+        c2 = c
+        xs, ks, A, Kk, ke2, c = sub_chunk(pq, pk, pg, pgc, t0, 2, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+                                          SPAN)  # fmt: skip
+        d2 += A
+        e2 += Kk
+        kr = tl.trans(rescale(ke0, c2 - c1, CT))
+        q20 += mm(xs, kr, DOT)
+        a20 += mm(ks, kr, DOT)
+        kr = tl.trans(ke1)
+        q21 += mm(xs, kr, DOT)
+        a21 += mm(ks, kr, DOT)
+        c3 = c
+        xs, ks, A, Kk, ke3, c = sub_chunk(pq, pk, pg, pgc, t0, 3, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+                                          SPAN)  # fmt: skip
+        d3 += A
+        e3 += Kk
+        kr = tl.trans(rescale(ke0, c3 - c1, CT))
+        q30 += mm(xs, kr, DOT)
+        a30 += mm(ks, kr, DOT)
+        kr = tl.trans(rescale(ke1, c3 - c2, CT))
+        q31 += mm(xs, kr, DOT)
+        a31 += mm(ks, kr, DOT)
+        kr = tl.trans(ke2)
+        q32 += mm(xs, kr, DOT)
+        a32 += mm(ks, kr, DOT)
 
     o = tl.arange(0, 16)
     strict = o[:, None] > o[None, :]
