@@ -186,9 +186,18 @@ def count_launches(fn: Callable[[], torch.Tensor], backward: bool) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         _run(fn, backward, do)
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    names = [e.name for e in events]
     copies = sum(n.startswith(("Memcpy", "Memset")) for n in names)
-    return {"launches": len(names) - copies, "copies": copies}
+    # device time per kernel name, largest first: where a fused graph loses to the unfused one
+    per: dict[str, list[float]] = {}
+    for e in events:
+        c = per.setdefault(e.name[:80], [0, 0.0])
+        c[0] += 1
+        c[1] += e.device_time_total
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
+    kernels = [{"name": n, "calls": c, "us": round(us, 1)} for n, (c, us) in top]
+    return {"launches": len(names) - copies, "copies": copies, "kernels": kernels}
 
 
 def check_fused(subject: Subject) -> float:
