@@ -30,13 +30,18 @@ def route_stabiliser(logf, ig, m0, dm, cu_seqlens):
     Runs in float64 on sequences padded to one length (a `[N, Tmax, H]` view of a packed batch).
     """
     lf, ii, dmp, m0p, unpad = _pad_sequences(logf, ig, dm, m0, cu_seqlens)
-    Fc = lf.cumsum(1)
-    u = torch.cat([m0p[:, None], ii - Fc], dim=1)  # position 0 stands for m_0
-    idx = torch.cummax(u, dim=1).indices[:, 1:]
-    routed = torch.zeros_like(u).scatter_add_(1, idx, dmp)
-    dF = dmp - routed[:, 1:]
-    dlogf = dF.flip(1).cumsum(1).flip(1)
-    return unpad(dlogf).float(), unpad(routed[:, 1:]).float(), routed[:, 0].float()
+    # The scans run along the innermost dim (`[N, H, T]`): along T of `[N, T, H]` torch's CUDA scans
+    # take one thread per (n, h) column, and these three took 1.2 ms of a 6.8 ms mLSTM block
+    # forward+backward on the H200 (B=4, T=2048, H=16; 131k elements).
+    lf, ii, dmp = (x.transpose(1, 2).contiguous() for x in (lf, ii, dmp))
+    Fc = lf.cumsum(-1)
+    u = torch.cat([m0p[..., None], ii - Fc], dim=-1)  # position 0 stands for m_0
+    idx = torch.cummax(u, dim=-1).indices[..., 1:]
+    routed = torch.zeros_like(u).scatter_add_(-1, idx, dmp)
+    dF = dmp - routed[..., 1:]
+    dlogf = dF.flip(-1).cumsum(-1).flip(-1)
+    dig = routed[..., 1:]
+    return unpad(dlogf.transpose(1, 2)).float(), unpad(dig.transpose(1, 2)).float(), routed[..., 0].float()
 
 
 def _pad_sequences(logf, ig, dm, m0, cu_seqlens):
