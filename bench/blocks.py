@@ -6,8 +6,10 @@ Three implementations of the same lowered graph (bf16, backend="auto": the mixer
 * `compile`: `torch.compile` (Inductor, default mode) of the unfused graph.
 Each is timed forward (under `torch.no_grad`, as a prefill) and forward+backward (parameters and
 input get gradients) with `triton.testing.do_bench` (median), and its CUDA kernel launches are
-counted from one `torch.profiler` trace of a warm call. Blocks: B=4, T=2048, dim 2048, 16 heads of
-128, SwiGLU 5632, each kind with its defaults (DSA as in the hybrid example); the model:
+counted from one `torch.profiler` trace of a warm call, which also gives the call's kernel time
+(all device time; the wall time above it is the GPU waiting on the host) and the time per kernel
+name (`kernels` in the JSON). Blocks: B=4, T=2048, dim 2048, 16 heads of 128, SwiGLU 5632, each
+kind with its defaults (DSA as in the hybrid example); the model:
 `examples/lt2_hybrid_gdn_dsa.lt2` (GDN+DSA, dim 2048, loop T=4) at B=1, T=4096, launches also per
 block application. Before timing, fused outputs are checked against the unfused ones (relative
 RMS error, bf16).
@@ -195,9 +197,11 @@ def count_launches(fn: Callable[[], torch.Tensor], backward: bool) -> dict:
         c = per.setdefault(e.name[:80], [0, 0.0])
         c[0] += 1
         c[1] += e.device_time_total
-    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:15]
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])
     kernels = [{"name": n, "calls": c, "us": round(us, 1)} for n, (c, us) in top]
-    return {"launches": len(names) - copies, "copies": copies, "kernels": kernels}
+    # all device time of the call: the wall time minus this is the GPU waiting on the host
+    kernel_ms = sum(us for _, (_, us) in top) / 1000
+    return {"launches": len(names) - copies, "copies": copies, "kernel_ms": kernel_ms, "kernels": kernels}
 
 
 def check_fused(subject: Subject) -> float:
@@ -270,12 +274,13 @@ def tables(rows: list[dict]) -> str:
         by.setdefault((r["group"], r["backward"]), {})[r["impl"]] = r
     head = (
         "| subject | mode | unfused ms | fused ms | compile ms | fused vs unfused | fused vs compile "
-        "| launches/block unfused | fused | compile |"
+        "| launches/block unfused | fused | compile | kernel ms unfused | fused | compile |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 13]
     for (group, bw), impls in by.items():
         ms = [impls.get(i, {}).get("ms") for i in IMPLS]
         lb = [impls.get(i, {}).get("launches_per_block") for i in IMPLS]
+        km = [impls.get(i, {}).get("kernel_ms") for i in IMPLS]
         cells = [
             group,
             "fwd+bwd" if bw else "fwd",
@@ -283,6 +288,7 @@ def tables(rows: list[dict]) -> str:
             _ratio(ms[0], ms[1]),
             _ratio(ms[2], ms[1]),
             *(_num(x, ".0f") for x in lb),
+            *(_num(x, ".3f") for x in km),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
