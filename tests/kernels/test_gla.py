@@ -166,6 +166,9 @@ def _inputs(B, T, H, HV, K, V, dtype, decay, device=DEVICE, seed=0):
         (2, 1, torch.float32, "mixed"),
         (1, 90, torch.float32, "patchy"),
         (1, 70, torch.bfloat16, "patchy"),
+        # fp16 operands hold e^11 at most: the diagonal blocks take the dot only up to e^8
+        (1, 90, torch.float16, "mixed"),
+        (1, 70, torch.float16, "patchy"),
     ],
 )
 def test_triton_matches_float64(B, T, dtype, decay):
@@ -242,6 +245,7 @@ GPU_CASES = [
     (8192, 128, torch.float32, "gla"),
     (8192, 128, torch.bfloat16, "strong"),
     (1000, 128, torch.bfloat16, "patchy"),
+    (1000, 128, torch.float16, "mixed"),
 ]
 
 
