@@ -80,6 +80,16 @@ def test_kda_diagonal_block_forms(form, case, monkeypatch):
     compare_backends(kda, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kda_16bit_dots(dtype, monkeypatch):
+    """With LT2_DELTA_BF16_DOTS the dots take 16-bit operands: fp16 holds e^11 at most, so the
+    diagonal blocks' dot form stops at e^8 there (decays here straddle that limit)."""
+    monkeypatch.setattr(delta_launch, "BF16_DOTS", True)
+    kda = OPS["kda"]
+    x = make_inputs(kda.gate, B=1, T=90, H=1, HV=2, K=32, V=16, dtype=dtype, decay=4.0, device=DEV)
+    compare_backends(kda, x, 2 * BF16_TOL if dtype == torch.bfloat16 else BF16_TOL)
+
+
 def test_kda_mixed_decay_forms():
     """Strong decay in some sub-chunks and channel slices only: one call takes both diagonal forms."""
     kda = OPS["kda"]

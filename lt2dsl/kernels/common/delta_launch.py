@@ -107,6 +107,12 @@ KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
 KDA_DIAG_SPAN = 40.0
 
 
+def kda_diag_span(dtype: torch.dtype) -> float:
+    """KDA_DIAG_SPAN, capped at e^8 when the dots take fp16 operands (LT2_DELTA_BF16_DOTS with fp16
+    inputs): fp16 holds e^11 at most."""
+    return min(KDA_DIAG_SPAN, 8.0) if compute_dtype(dtype) == tl.float16 else KDA_DIAG_SPAN
+
+
 # The forward scan (`delta_split`) holds S `[K, BV]` in fp32 registers: BV 64 is the peer's tile
 # (two programs per head at V = 128).
 # LT2_DELTA_WU=1: W = T Diag(β)(K ⊙ γ) and U = T Diag(β) V per chunk first, stored in the input
@@ -469,7 +475,7 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
-        SPAN=KDA_DIAG_SPAN,
+        SPAN=kda_diag_span(k.dtype),
         fixed={
             "BK": min(KDA_FWD_BK, pow2(K)),
             "num_warps": KDA_FWD_WARPS,
@@ -635,7 +641,7 @@ def _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta: ChunkMeta)
         IS_VARLEN=meta.varlen,
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
-        SPAN=KDA_DIAG_SPAN,
+        SPAN=kda_diag_span(k.dtype),
         fixed={"num_warps": KDA_WARPS, "num_stages": 1},
     )
     return dbeta_intra.sum(0)
