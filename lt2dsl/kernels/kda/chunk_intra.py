@@ -46,19 +46,6 @@ from lt2dsl.kernels.common.delta_tl import (
 
 
 @helper
-def load3(ptr, rows3, m3, ok, m_k, STRIDE: tl.constexpr):
-    """`[4, 16, BK]` tile of a `[rows, STRIDE]` buffer at rows `rows3` `[4, 16, 1]`, columns `ok`."""
-    p = ptr + rows3.to(tl.int64) * STRIDE + ok[None, None, :]
-    return tl.load(p, mask=m3 & m_k[None, None, :], other=0.0).to(tl.float32)
-
-
-@helper
-def last_row16(x):
-    """Row 15 of a `[16, N]` tile."""
-    return rsum(tl.where(tl.arange(0, 16)[:, None] == 15, x, 0.0), 0)
-
-
-@helper
 def scaled(x, b, ref, CT: tl.constexpr):
     """x ⊙ e^{b − ref} in the dot dtype: ≤ |x| when ref is a decay before b's rows."""
     return (x * tl.exp(b - ref[None, :])).to(CT)
