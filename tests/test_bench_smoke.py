@@ -52,3 +52,12 @@ def test_blocks_bench_smoke(tmp_path):
     # the subjects start unfused: the rules fire on every one (a fused subject once hid this)
     assert data["fired"] and all(sum(f.values()) > 0 for f in data["fired"].values()), data["fired"]
     assert (tmp_path / "out" / "blocks.md").exists()
+
+
+def test_decode_host_bench_runs(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path), STEPS="1", REPEATS="2", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "bench/decode_host.py"]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = json.loads((tmp_path / "decode_host.json").read_text())
+    assert row["model"] == "lt2_hybrid_gdn_dsa" and len(row["repeats_ms"]) == 2 and row["min_ms"] > 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from .triton_bwd import attn_bwd
 from .triton_decode import attention_decode_triton
 from .triton_fwd import attn_fwd
@@ -24,7 +26,7 @@ def _cu(cu_q: Tensor | None, cu_k: Tensor | None):
     return None if cu_q is None else (cu_q.tolist(), cu_k.tolist())
 
 
-@torch.library.custom_op("lt2dsl::attn_fwd", mutates_args=())
+@custom_op("lt2dsl::attn_fwd", mutates_args=())
 def attn_fwd_op(
     q: Tensor,
     k: Tensor,
@@ -49,7 +51,7 @@ def _(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff):
     return q.new_empty(B, Tq, HQ, v.shape[-1], dtype=v.dtype), q.new_empty(HQ, B * Tq, dtype=torch.float32)
 
 
-@torch.library.custom_op("lt2dsl::attn_bwd", mutates_args=())
+@custom_op("lt2dsl::attn_bwd", mutates_args=())
 def attn_bwd_op(
     do: Tensor,
     q: Tensor,
@@ -134,7 +136,7 @@ def _bwd_flops(
     return 5 * B * HQ * (K + v[-1]) * visible_pairs(Tq, k[1], causal, window, kstride, koff, qoff)
 
 
-@torch.library.custom_op("lt2dsl::attn_decode", mutates_args=())
+@custom_op("lt2dsl::attn_decode", mutates_args=())
 def attn_decode_op(
     q: Tensor,
     k_cache: Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from . import decay_recurrent  # noqa: F401  (registers lt2dsl::decay_fused_recurrent[_])
+from .decay_recurrent import decay_fused_recurrent, decay_fused_recurrent_
 from .decay_triton import CHUNK, TRITON_DTYPES
 
 # calls with at most this many tokens per sequence and no gradient use the token-recurrent kernel
@@ -50,9 +50,9 @@ def run_decay_triton(chunk_op, q, k, v, g, h0, initial_state, scale, want_final,
     # with cu_seqlens, T is the packed length, so T ≤ 64 bounds every sequence without a host sync
     if not needs_grad(q, k, v, g, h0) and q.shape[1] <= RECURRENT_MAX_T:
         if inplace and initial_state.dtype == torch.float32 and initial_state.is_contiguous():
-            o = torch.ops.lt2dsl.decay_fused_recurrent_(q, k, v, g, initial_state, cu, scale)
+            o = decay_fused_recurrent_(q, k, v, g, initial_state, cu, scale)
             return o, initial_state
-        o, ht = torch.ops.lt2dsl.decay_fused_recurrent(q, k, v, g, h0, cu, scale)
+        o, ht = decay_fused_recurrent(q, k, v, g, h0, cu, scale)
     else:
         # chunk ops may return extra tensors saved for their backward (gla: the scores A)
         o, ht = chunk_op(q, k, v, g, h0, cu, scale)[:2]

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from .decay_triton import new_empty, tuned
 
 # One config, never benchmarked: the in-place variant overwrites its own input state, so an
@@ -84,7 +86,7 @@ def _launch(q, k, v, g, scale, h0, ht, cu_seqlens):
     return o
 
 
-@torch.library.custom_op("lt2dsl::decay_fused_recurrent", mutates_args=())
+@custom_op("lt2dsl::decay_fused_recurrent", mutates_args=())
 def decay_fused_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -106,7 +108,7 @@ def _(q, k, v, g, h0, cu_seqlens, scale):
     return torch.empty_like(v), q.new_empty(N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
 
 
-@torch.library.custom_op("lt2dsl::decay_fused_recurrent_", mutates_args=("state",))
+@custom_op("lt2dsl::decay_fused_recurrent_", mutates_args=("state",))
 def decay_fused_recurrent_(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -20,6 +20,7 @@ import triton
 from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common import delta_launch
+from lt2dsl.kernels.common.custom_op import custom_op, dispatch_needed
 from lt2dsl.kernels.common.delta_args import l2norm
 from lt2dsl.kernels.common.delta_launch import (
     BT,
@@ -39,18 +40,6 @@ GATES = ("none", "scalar", "channel")
 RECURRENT_MAX_T = 64
 
 Tensor = torch.Tensor
-
-
-def _use_ops() -> bool:
-    """Dispatch through the registered ops when something must see them: torch.compile tracing, or
-    a dispatch mode such as FlopCounterMode / FakeTensorMode. Plain eager calls run the same
-    implementation directly: the custom-op dispatch costs tens of µs of host time per call,
-    most of a decode step."""
-    if torch.compiler.is_compiling():
-        return True
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    return _get_current_dispatch_mode() is not None
 
 
 def _none(x: Tensor) -> Tensor | None:
@@ -113,7 +102,7 @@ def _chunk_fwd_impl(
     return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk, h, vnew)
 
 
-delta_chunk_fwd = torch.library.custom_op("lt2dsl::delta_chunk_fwd", _chunk_fwd_impl, mutates_args=())
+delta_chunk_fwd = custom_op("lt2dsl::delta_chunk_fwd", _chunk_fwd_impl, mutates_args=())
 
 
 @delta_chunk_fwd.register_fake
@@ -160,7 +149,7 @@ def _chunk_bwd_impl(
     return dq, dk, dv, dg, dbeta.view(beta.shape).to(beta.dtype), dh0
 
 
-delta_chunk_bwd = torch.library.custom_op("lt2dsl::delta_chunk_bwd", _chunk_bwd_impl, mutates_args=())
+delta_chunk_bwd = custom_op("lt2dsl::delta_chunk_bwd", _chunk_bwd_impl, mutates_args=())
 
 
 @delta_chunk_bwd.register_fake
@@ -272,7 +261,7 @@ def _recurrent_impl(
     return o, (ht if ht is not None else q.new_empty(0))
 
 
-delta_recurrent = torch.library.custom_op("lt2dsl::delta_recurrent", _recurrent_impl, mutates_args=())
+delta_recurrent = custom_op("lt2dsl::delta_recurrent", _recurrent_impl, mutates_args=())
 
 
 @delta_recurrent.register_fake
@@ -297,7 +286,7 @@ def _recurrent_inplace_impl(
     return _recurrent(q, k, v, g, beta, state, state, cu_seqlens, gate, scale, l2norm_qk)
 
 
-delta_recurrent_inplace = torch.library.custom_op(
+delta_recurrent_inplace = custom_op(
     "lt2dsl::delta_recurrent_inplace", _recurrent_inplace_impl, mutates_args=("state",)
 )
 
@@ -358,8 +347,8 @@ def delta_triton(
         q, k = l2norm(q), l2norm(k)
     h0 = initial_state.contiguous() if initial_state is not None else None
     args = (q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state)
-    if _use_ops():
-        o, ht, *_ = torch.ops.lt2dsl.delta_chunk_fwd(*args, needs_grad)
+    if dispatch_needed((), {}):  # torch.compile, a dispatch mode, autocast
+        o, ht, *_ = delta_chunk_fwd.op(*args, needs_grad)
     elif needs_grad:
         o, ht = _ChunkFunction.apply(*args)
     else:
@@ -372,15 +361,12 @@ def delta_triton(
 
 
 def _decode(gid, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, l2n):
-    """Decode kernel; eager calls skip the custom-op dispatch (the host time is most of a step)."""
-    compiling = _use_ops()
+    """Decode kernel (eager calls skip the custom-op dispatch: `custom_op.EagerOp`)."""
     if inplace and initial_state.dtype == torch.float32 and initial_state.is_contiguous():
-        f = torch.ops.lt2dsl.delta_recurrent_inplace if compiling else _recurrent_inplace_impl
-        o = f(q, k, v, g, beta, initial_state, cu_seqlens, gid, scale, l2n)
+        o = delta_recurrent_inplace(q, k, v, g, beta, initial_state, cu_seqlens, gid, scale, l2n)
         return o, initial_state
     h0 = initial_state.contiguous() if initial_state is not None else None
-    f = torch.ops.lt2dsl.delta_recurrent if compiling else _recurrent_impl
-    o, ht = f(q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state, l2n)
+    o, ht = delta_recurrent(q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state, l2n)
     if inplace:
         initial_state.copy_(ht)
         ht = initial_state

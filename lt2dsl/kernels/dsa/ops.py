@@ -11,13 +11,15 @@ import itertools
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from .triton_attn import sparse_attn_bwd, sparse_attn_fwd
 from .triton_indexer import dsa_indexer_triton
 
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("lt2dsl::dsa_attn_fwd", mutates_args=())
+@custom_op("lt2dsl::dsa_attn_fwd", mutates_args=())
 def dsa_attn_fwd_op(q: Tensor, k: Tensor, v: Tensor, indices: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     """Sparse attention forward: (o `[B, Tq, HQ, V]`, lse `[HQ, B·Tq]`)."""
     return sparse_attn_fwd(q, k, v, indices, scale)
@@ -29,7 +31,7 @@ def _(q, k, v, indices, scale):
     return q.new_empty(B, Tq, HQ, v.shape[-1], dtype=v.dtype), q.new_empty(HQ, B * Tq, dtype=torch.float32)
 
 
-@torch.library.custom_op("lt2dsl::dsa_attn_bwd", mutates_args=())
+@custom_op("lt2dsl::dsa_attn_bwd", mutates_args=())
 def dsa_attn_bwd_op(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, indices: Tensor, scale: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -70,7 +72,7 @@ def _bwd_flops(do, q, k, v, o, lse, indices, scale, *args, **kwargs) -> int:
     return 5 * B * Tq * HQ * (K + v[-1]) * indices[-1]
 
 
-@torch.library.custom_op("lt2dsl::dsa_indexer", mutates_args=())
+@custom_op("lt2dsl::dsa_indexer", mutates_args=())
 def dsa_indexer_op(q_idx: Tensor, k_idx: Tensor, w_idx: Tensor | None, topk: int, idx_scale: float) -> Tensor:
     """Lightning indexer + top-k: `[B, Tq, topk]` indices (no gradient: the choice is discrete)."""
     return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from . import triton_act, triton_conv, triton_norm
 
 Tensor = torch.Tensor
@@ -25,7 +27,7 @@ def _like(t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
 # ---- add + RMSNorm ------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("lt2dsl::fused_add_rmsnorm", mutates_args=())
+@custom_op("lt2dsl::fused_add_rmsnorm", mutates_args=())
 def add_rmsnorm_op(x: Tensor, r: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """(RMSNorm(x + r) · γ, x + r, rstd `[M]` fp32)."""
     return triton_norm.add_rmsnorm_fwd(x, r, weight, eps)
@@ -37,7 +39,7 @@ def _(x, r, weight, eps):
     return _like(x), _like(x), x.new_empty(M, dtype=torch.float32)
 
 
-@torch.library.custom_op("lt2dsl::fused_add_rmsnorm_bwd", mutates_args=())
+@custom_op("lt2dsl::fused_add_rmsnorm_bwd", mutates_args=())
 def add_rmsnorm_bwd_op(
     dn: Tensor, ds: Tensor | None, s: Tensor, weight: Tensor, rstd: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -72,7 +74,7 @@ add_rmsnorm_op.register_autograd(_add_rmsnorm_backward, setup_context=_add_rmsno
 # ---- gated RMSNorm + output projection ----------------------------------------------------------
 
 
-@torch.library.custom_op("lt2dsl::fused_gated_rmsnorm", mutates_args=())
+@custom_op("lt2dsl::fused_gated_rmsnorm", mutates_args=())
 def gated_rmsnorm_op(
     o2: Tensor, g2: Tensor | None, weight: Tensor, eps: float, act: int, group: int, norm_first: bool
 ) -> Tensor:
@@ -85,7 +87,7 @@ def _(o2, g2, weight, eps, act, group, norm_first):
     return _like(o2, weight.dtype).contiguous()
 
 
-@torch.library.custom_op("lt2dsl::fused_gated_rmsnorm_bwd", mutates_args=())
+@custom_op("lt2dsl::fused_gated_rmsnorm_bwd", mutates_args=())
 def gated_rmsnorm_bwd_op(
     dy: Tensor,
     o2: Tensor,
@@ -107,7 +109,7 @@ def _(dy, o2, g2, weight, eps, act, group, norm_first):
     return _like(o2).contiguous(), dg, _like(weight)
 
 
-@torch.library.custom_op("lt2dsl::fused_gated_rmsnorm_linear", mutates_args=())
+@custom_op("lt2dsl::fused_gated_rmsnorm_linear", mutates_args=())
 def gated_rmsnorm_linear_op(
     o2: Tensor,
     g2: Tensor | None,
@@ -162,7 +164,7 @@ def _gated_linear_flops(o_shape, g_shape, nw_shape, pw_shape, *args, out_shape=N
 # ---- short conv + SiLU (+ L2Norm) ---------------------------------------------------------------
 
 
-@torch.library.custom_op("lt2dsl::fused_conv_silu", mutates_args=())
+@custom_op("lt2dsl::fused_conv_silu", mutates_args=())
 def conv_silu_op(x: Tensor, w2: Tensor, bias: Tensor | None, hist: Tensor | None, head_dim: int) -> Tensor:
     """y `[B, T, C]` = [L2Norm_head](SiLU(causal depthwise conv(x) + b)), hist the W−1 inputs before x."""
     return triton_conv.conv_silu_fwd(x, w2, bias, hist, head_dim)
@@ -173,7 +175,7 @@ def _(x, w2, bias, hist, head_dim):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("lt2dsl::fused_conv_silu_bwd", mutates_args=())
+@custom_op("lt2dsl::fused_conv_silu_bwd", mutates_args=())
 def conv_silu_bwd_op(
     dy: Tensor, x: Tensor, w2: Tensor, bias: Tensor | None, hist: Tensor | None, head_dim: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -222,7 +224,7 @@ def _conv_bwd_flops(dy_shape, x_shape, w_shape, *args, out_shape=None, **kwargs)
 # ---- GDN gates ----------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("lt2dsl::fused_gdn_gate", mutates_args=())
+@custom_op("lt2dsl::fused_gdn_gate", mutates_args=())
 def gdn_gate_op(
     a2: Tensor, b2: Tensor, A_log: Tensor, dt_bias: Tensor, beta_scale: float
 ) -> tuple[Tensor, Tensor]:
@@ -235,7 +237,7 @@ def _(a2, b2, A_log, dt_bias, beta_scale):
     return _like(a2, torch.float32).contiguous(), _like(a2, torch.float32).contiguous()
 
 
-@torch.library.custom_op("lt2dsl::fused_gdn_gate_bwd", mutates_args=())
+@custom_op("lt2dsl::fused_gdn_gate_bwd", mutates_args=())
 def gdn_gate_bwd_op(
     dg: Tensor, dbeta: Tensor, a2: Tensor, b2: Tensor, A_log: Tensor, dt_bias: Tensor, beta_scale: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -269,7 +271,7 @@ gdn_gate_op.register_autograd(_gate_backward, setup_context=_gate_setup)
 # ---- SwiGLU -------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("lt2dsl::fused_swiglu", mutates_args=())
+@custom_op("lt2dsl::fused_swiglu", mutates_args=())
 def swiglu_op(a2: Tensor, b2: Tensor) -> Tensor:
     """SiLU(a) ⊙ b over `[M, F]`."""
     return triton_act.swiglu_fwd(a2, b2)
@@ -280,7 +282,7 @@ def _(a2, b2):
     return _like(a2).contiguous()
 
 
-@torch.library.custom_op("lt2dsl::fused_swiglu_bwd", mutates_args=())
+@custom_op("lt2dsl::fused_swiglu_bwd", mutates_args=())
 def swiglu_bwd_op(dy: Tensor, a2: Tensor, b2: Tensor) -> tuple[Tensor, Tensor]:
     """(da, db)."""
     return triton_act.swiglu_bwd(dy, a2, b2)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from ..common.decay_ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
 from ..common.decay_triton import CHUNK
 from .chunk import chunk_gla_bwd, chunk_gla_fwd
@@ -18,7 +20,7 @@ from .chunk import chunk_gla_bwd, chunk_gla_fwd
 _SUBCHUNK_FLOPS = 3 * 16
 
 
-@torch.library.custom_op("lt2dsl::gla_chunk_fwd", mutates_args=())
+@custom_op("lt2dsl::gla_chunk_fwd", mutates_args=())
 def gla_chunk_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -41,7 +43,7 @@ def _(q, k, v, g, h0, cu_seqlens, scale):
     return torch.empty_like(v), ht, q.new_empty(B, T, HV, CHUNK, dtype=torch.float32)
 
 
-@torch.library.custom_op("lt2dsl::gla_chunk_bwd", mutates_args=())
+@custom_op("lt2dsl::gla_chunk_bwd", mutates_args=())
 def gla_chunk_bwd(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from ..common.decay_triton import new_empty, tuned
 
 # One config, never benchmarked: the in-place variant overwrites its own input state, so an
@@ -100,7 +102,7 @@ def _new_state(q, v, N):
     )
 
 
-@torch.library.custom_op("lt2dsl::mlstm_fused_recurrent", mutates_args=())
+@custom_op("lt2dsl::mlstm_fused_recurrent", mutates_args=())
 def mlstm_fused_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -130,7 +132,7 @@ def _(q, k, v, i, f, C0, n0, m0, cu_seqlens, scale, eps):
             q.new_empty(N, H, dtype=f32))  # fmt: skip
 
 
-@torch.library.custom_op("lt2dsl::mlstm_fused_recurrent_", mutates_args=("C", "n", "m"))
+@custom_op("lt2dsl::mlstm_fused_recurrent_", mutates_args=("C", "n", "m"))
 def mlstm_fused_recurrent_(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -10,16 +10,18 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from ..common.decay_ops import check_triton_dtype, empty_grad, needs_grad
 from ..common.decay_triton import CHUNK
-from . import fused_recurrent  # noqa: F401  (registers lt2dsl::mlstm_fused_recurrent[_])
 from .chunk import chunk_mlstm_fwd
 from .chunk_bwd import chunk_mlstm_bwd
+from .fused_recurrent import mlstm_fused_recurrent, mlstm_fused_recurrent_
 
 RECURRENT_MAX_T = 64
 
 
-@torch.library.custom_op("lt2dsl::mlstm_chunk_fwd", mutates_args=())
+@custom_op("lt2dsl::mlstm_chunk_fwd", mutates_args=())
 def mlstm_chunk_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -52,7 +54,7 @@ def _(q, k, v, i, f, C0, n0, m0, cu_seqlens, scale, eps):
     return torch.empty_like(v), *state, q.new_empty(B, T, H, dtype=f32), q.new_empty(B, T, H, dtype=f32)
 
 
-@torch.library.custom_op("lt2dsl::mlstm_chunk_bwd", mutates_args=())
+@custom_op("lt2dsl::mlstm_chunk_bwd", mutates_args=())
 def mlstm_chunk_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -154,11 +156,11 @@ def mlstm_triton(q, k, v, i, f, scale, eps, initial_state, want_final, inplace, 
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     if not needs_grad(q, k, v, i, f, C0, n0, m0) and q.shape[1] <= RECURRENT_MAX_T:
         if inplace and all(s.dtype == torch.float32 and s.is_contiguous() for s in initial_state):
-            h = torch.ops.lt2dsl.mlstm_fused_recurrent_(q, k, v, i, f, *initial_state, cu, scale, eps)
+            h = mlstm_fused_recurrent_(q, k, v, i, f, *initial_state, cu, scale, eps)
             return h, initial_state
-        h, Ct, nt, mt = torch.ops.lt2dsl.mlstm_fused_recurrent(q, k, v, i, f, C0, n0, m0, cu, scale, eps)
+        h, Ct, nt, mt = mlstm_fused_recurrent(q, k, v, i, f, C0, n0, m0, cu, scale, eps)
     else:
-        h, Ct, nt, mt, _, _ = torch.ops.lt2dsl.mlstm_chunk_fwd(q, k, v, i, f, C0, n0, m0, cu, scale, eps)
+        h, Ct, nt, mt, _, _ = mlstm_chunk_fwd(q, k, v, i, f, C0, n0, m0, cu, scale, eps)
     if inplace:
         with torch.no_grad():
             for dst, src in zip(initial_state, (Ct, nt, mt)):

@@ -16,6 +16,8 @@ import itertools
 
 import torch
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from ..attention.ops import attn_decode_op, attn_fwd_op, decode_eligible
 from ..common.attn_utils import topk_select
 from ..dsa.ops import dsa_attn_fwd_op
@@ -25,7 +27,7 @@ from .triton_scores import group_probs
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("lt2dsl::nsa_group_probs", mutates_args=())
+@custom_op("lt2dsl::nsa_group_probs", mutates_args=())
 def group_probs_op(
     q: Tensor, k_cmp: Tensor, lse: Tensor, scale: float, qoff: int, stride: int, koff: int
 ) -> Tensor:

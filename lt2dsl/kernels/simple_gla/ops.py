@@ -13,11 +13,13 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from ..common.decay_ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
 from .chunk import chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
 
-@torch.library.custom_op("lt2dsl::simple_gla_chunk_fwd", mutates_args=())
+@custom_op("lt2dsl::simple_gla_chunk_fwd", mutates_args=())
 def simple_gla_chunk_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -37,7 +39,7 @@ def _(q, k, v, g, h0, cu_seqlens, scale):
     return torch.empty_like(v), q.new_empty(N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
 
 
-@torch.library.custom_op("lt2dsl::simple_gla_chunk_bwd", mutates_args=())
+@custom_op("lt2dsl::simple_gla_chunk_bwd", mutates_args=())
 def simple_gla_chunk_bwd(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -101,10 +101,10 @@ def toeplitz_mix(
     B, T, C = x.shape
     w3, b2 = normalize_weights(w, bias, C, T)
     if pick_backend(backend, x) == "triton":
-        from .ops import check_dtype
+        from .ops import check_dtype, toeplitz_fft
 
         check_dtype(x)
-        return torch.ops.lt2dsl.toeplitz_fft(x, w3.contiguous(), None if b2 is None else b2.contiguous())
+        return toeplitz_fft(x, w3.contiguous(), None if b2 is None else b2.contiguous())
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
 
 
@@ -133,10 +133,8 @@ def toeplitz_mix_step(
         raise ValueError("`x_cache` must hold at least the newest input: [B, t, C] with t ≥ 1")
     w3, b2 = normalize_weights(w, bias, C, t)
     if pick_backend(backend, x_cache) == "triton":
-        from .ops import check_dtype
+        from .ops import check_dtype, toeplitz_step
 
         check_dtype(x_cache)
-        return torch.ops.lt2dsl.toeplitz_step(
-            x_cache, w3.contiguous(), None if b2 is None else b2.contiguous()
-        )
+        return toeplitz_step(x_cache, w3.contiguous(), None if b2 is None else b2.contiguous())
     return toeplitz_step_ref(x_cache, w3, b2).to(x_cache.dtype)

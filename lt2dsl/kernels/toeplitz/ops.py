@@ -11,6 +11,8 @@ import math
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
+from lt2dsl.kernels.common.custom_op import custom_op
+
 from .decode import toeplitz_step_triton
 from .fft_fast import toeplitz_fft_bwd, toeplitz_fft_fwd
 from .fft_ref import fft_size
@@ -18,7 +20,7 @@ from .fft_ref import fft_size
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@torch.library.custom_op("lt2dsl::toeplitz_fft", mutates_args=())
+@custom_op("lt2dsl::toeplitz_fft", mutates_args=())
 def toeplitz_fft(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y `[B, T, C]` for w `[kernel, heads, n]` and bias `[heads, n]` (or None)."""
     return toeplitz_fft_fwd(x, w, bias)
@@ -29,7 +31,7 @@ def _(x, w, bias):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("lt2dsl::toeplitz_fft_bwd", mutates_args=())
+@custom_op("lt2dsl::toeplitz_fft_bwd", mutates_args=())
 def toeplitz_fft_bwd_op(
     dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,7 +80,7 @@ def _bwd_flops(dy_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * fft_flops(dy_shape)
 
 
-@torch.library.custom_op("lt2dsl::toeplitz_step", mutates_args=())
+@custom_op("lt2dsl::toeplitz_step", mutates_args=())
 def toeplitz_step(x_cache: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y_t `[B, C]` from the cached inputs `[B, t, C]`."""
     return toeplitz_step_triton(x_cache, w, bias)
