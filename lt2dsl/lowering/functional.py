@@ -54,14 +54,36 @@ def rope_freqs(
     return ang.cos(), ang.sin()
 
 
+# (dim, theta, device, dtype) -> (cos, sin) `[n, dim/2]` for positions 0 … n−1
+_ROPE_TABLES: dict = {}
+
+
+def rope_table(
+    dim: int, theta: float, end: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin `[n ≥ end, dim/2]` of `rope_freqs` for positions 0 … n−1, cached per (dim, theta,
+    device, dtype) and regrown (doubling) when `end` passes it: a decode step then slices its row
+    instead of launching the seven small ops that compute it (×2 per attention layer and step)."""
+    key = (dim, theta, str(device), dtype)
+    hit = _ROPE_TABLES.get(key)
+    if hit is None or hit[0].shape[0] < end:
+        n = max(end, 2 * hit[0].shape[0] if hit is not None else 4096)
+        # plain tensors even when first built under inference_mode: training reuses the table
+        with torch.inference_mode(False), torch.no_grad():
+            hit = _ROPE_TABLES[key] = rope_freqs(dim, theta, torch.arange(n, device=device), dtype)
+    return hit
+
+
 @torch.fx.wrap
 def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
     float64, so float64 tests and gradchecks see no fp32 rounding)."""
     T, d = x.shape[1], x.shape[-1]
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    positions = torch.arange(pos, pos + T, device=x.device)
-    cos, sin = rope_freqs(d, theta, positions, dt)
+    if torch.compiler.is_compiling():  # traced code keeps no cache of its own
+        cos, sin = rope_freqs(d, theta, torch.arange(pos, pos + T, device=x.device), dt)
+    else:
+        cos, sin = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt))
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     xf = x.to(dt)
     x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]

@@ -48,11 +48,18 @@ def use_triton(backend: str, *tensors: torch.Tensor | None) -> bool:
     return all(t is None or t.dtype in TRITON_DTYPES for t in tensors)
 
 
-def _ops():
-    # registers the custom ops on first use (importing Triton only when a kernel runs)
-    from . import ops
+_OPS = None
 
-    return ops
+
+def _ops():
+    # registers the custom ops on first use (importing Triton only when a kernel runs); kept, so a
+    # decode step's ~700 fused-op calls skip the import machinery
+    global _OPS
+    if _OPS is None:
+        from . import ops
+
+        _OPS = ops
+    return _OPS
 
 
 def add_rmsnorm(
