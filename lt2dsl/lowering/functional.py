@@ -54,23 +54,30 @@ def rope_freqs(
     return ang.cos(), ang.sin()
 
 
-# (dim, theta, device, dtype) -> (cos, sin) `[n, dim/2]` for positions 0 … n−1
+def rope_rows(dim: int, theta: float, positions: torch.Tensor, dtype: torch.dtype):
+    """(cos, cos) and (−sin, sin) side by side, `[T, dim]`: the half-split rotation is then
+    x ⊙ c + rotate(x) ⊙ s with rotate(x) = (x₂, x₁), one multiply and one `addcmul`."""
+    cos, sin = rope_freqs(dim, theta, positions, dtype)
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
+# (dim, theta, device, dtype) -> `rope_rows` for positions 0 … n−1
 _ROPE_TABLES: dict = {}
 
 
 def rope_table(
     dim: int, theta: float, end: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin `[n ≥ end, dim/2]` of `rope_freqs` for positions 0 … n−1, cached per (dim, theta,
-    device, dtype) and regrown (doubling) when `end` passes it: a decode step then slices its row
-    instead of launching the seven small ops that compute it (×2 per attention layer and step)."""
+    """`rope_rows` `[n ≥ end, dim]` for positions 0 … n−1, cached per (dim, theta, device, dtype)
+    and regrown (doubling) when `end` passes it: a decode step then slices its row instead of
+    launching the small ops that compute it (×2 per attention layer and step)."""
     key = (dim, theta, str(device), dtype)
     hit = _ROPE_TABLES.get(key)
     if hit is None or hit[0].shape[0] < end:
         n = max(end, 2 * hit[0].shape[0] if hit is not None else 4096)
         # plain tensors even when first built under inference_mode: training reuses the table
         with torch.inference_mode(False), torch.no_grad():
-            hit = _ROPE_TABLES[key] = rope_freqs(dim, theta, torch.arange(n, device=device), dtype)
+            hit = _ROPE_TABLES[key] = rope_rows(dim, theta, torch.arange(n, device=device), dtype)
     return hit
 
 
@@ -81,14 +88,13 @@ def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     T, d = x.shape[1], x.shape[-1]
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     if torch.compiler.is_compiling():  # traced code keeps no cache of its own
-        cos, sin = rope_freqs(d, theta, torch.arange(pos, pos + T, device=x.device), dt)
+        c, s = rope_rows(d, theta, torch.arange(pos, pos + T, device=x.device), dt)
     else:
-        cos, sin = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt))
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+        c, s = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt))
+    c, s = c[None, :, None, :], s[None, :, None, :]
     xf = x.to(dt)
-    x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return out.to(x.dtype)
+    rotated = torch.cat([xf[..., d // 2 :], xf[..., : d // 2]], dim=-1)
+    return torch.addcmul(xf * c, rotated, s).to(x.dtype)
 
 
 @torch.fx.wrap

@@ -11,7 +11,7 @@ def test_table_rows_equal_the_direct_computation_and_regrow():
     lf._ROPE_TABLES.clear()
     cos, sin = lf.rope_table(16, 10000.0, 10, torch.device("cpu"), torch.float32)
     assert cos.shape[0] >= 10
-    c2, s2 = lf.rope_freqs(16, 10000.0, torch.arange(3, 7), torch.float32)
+    c2, s2 = lf.rope_rows(16, 10000.0, torch.arange(3, 7), torch.float32)
     assert torch.equal(cos[3:7], c2) and torch.equal(sin[3:7], s2)
     n = cos.shape[0]
     big, _ = lf.rope_table(16, 10000.0, n + 1, torch.device("cpu"), torch.float32)  # regrown
@@ -24,7 +24,7 @@ def test_apply_rope_matches_the_uncached_rotation():
     cos, sin = lf.rope_freqs(8, 500.0, torch.arange(7, 12), torch.float64)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     ref = torch.cat([x[..., :4] * cos - x[..., 4:] * sin, x[..., 4:] * cos + x[..., :4] * sin], dim=-1)
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(out, ref, rtol=1e-14, atol=1e-14)
 
 
 def test_table_built_under_inference_mode_serves_training():
