@@ -42,11 +42,14 @@ def conv_silu_cached(
 def _next_hist(x: torch.Tensor, hist: torch.Tensor | None, W: int) -> torch.Tensor:
     """The last W−1 inputs `[B, C, W−1]` after x (older ones from `hist`, zeros before the start)."""
     xt = x.detach().transpose(1, 2)  # [B, C, T]
-    if xt.shape[-1] < W - 1:
+    T = xt.shape[-1]
+    if T < W - 1:
         if hist is None:
             hist = xt.new_zeros(xt.shape[0], xt.shape[1], W - 1)
-        xt = torch.cat([hist.to(xt.dtype), xt], dim=-1)
-    return xt[..., xt.shape[-1] - (W - 1) :].clone(memory_format=torch.contiguous_format)
+        # exactly the newest W−1 inputs, already a fresh contiguous tensor: a decode step's
+        # history update is this one cat (it was a cat and a clone)
+        return torch.cat([hist[..., T:].to(xt.dtype), xt], dim=-1)
+    return xt[..., T - (W - 1) :].clone(memory_format=torch.contiguous_format)
 
 
 def _normed(op, q, k, v, g, beta, entry, scale, backend, state_dtype):
