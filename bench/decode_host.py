@@ -12,7 +12,9 @@ Usage:
     PYTHONPATH=. python bench/decode_host.py
 Environment: MODEL (example stem, default `lt2_hybrid_gdn_dsa`), STEPS (per repeat, 5), REPEATS
 (7), CONTEXT (prefill length, 8). Toy sizes (dim 64, 2 heads of 32, vocab 256; the rest of the
-example as written). Prints min and median ms per step and writes $OUT/decode_host.json.
+example as written). Prints min and median ms per step, and the step's kernel-launching aten ops
+(top-level aten ops that launch at least one kernel on a GPU: views, allocations and no-op casts
+aside; the stubbed GEMMs and Triton kernels not included), and writes $OUT/decode_host.json.
 """
 
 from __future__ import annotations
@@ -39,6 +41,40 @@ def stub_kernels_and_gemms() -> None:
 
     interp.InterpretedFunction.run = lambda self, *args, **kwargs: None
     F.linear = lambda x, w, b=None: x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+# aten ops that launch no kernel: views and allocations
+_NO_KERNEL = {
+    "aten::view", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::expand",
+    "aten::as_strided", "aten::unflatten", "aten::transpose", "aten::t", "aten::permute", "aten::split",
+    "aten::split_with_sizes", "aten::narrow", "aten::chunk", "aten::unbind", "aten::movedim", "aten::alias",
+    "aten::_unsafe_view", "aten::detach", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
+    "aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided", "aten::resize_",
+    "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense",
+}  # fmt: skip
+# ops that launch a kernel only when they copy (a child op shows the copy)
+_COPY_CHILD = {
+    "aten::to": {"aten::_to_copy"},
+    "aten::contiguous": {"aten::clone"},
+    "aten::reshape": {"aten::clone", "aten::_reshape_copy"},
+    "aten::flatten": {"aten::clone", "aten::_reshape_copy"},
+}
+
+
+def launching_ops(step) -> int:
+    """Top-level aten ops of one call of `step` that launch at least one kernel on a GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+
+    def launches(e) -> bool:
+        if e.name in _COPY_CHILD:
+            return any(ch.name in _COPY_CHILD[e.name] for ch in e.cpu_children)
+        return e.name not in _NO_KERNEL
+
+    top = [e for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None]
+    return sum(1 for e in top if launches(e))
 
 
 def main() -> None:
@@ -72,14 +108,19 @@ def main() -> None:
             for _ in range(steps):
                 model(tok, cache)
             per_step.append(1000 * (time.perf_counter() - t0) / steps)
+        ops = launching_ops(lambda: model(tok, cache))
     row = {
         "model": stem,
+        "launching_aten_ops": ops,
         "min_ms": min(per_step),
         "median_ms": statistics.median(per_step),
         "repeats_ms": per_step,
         "torch": torch.__version__,
     }
-    print(f"{stem}: host per decode step {row['min_ms']:.1f} ms min, {row['median_ms']:.1f} ms median")
+    print(
+        f"{stem}: host per decode step {row['min_ms']:.1f} ms min, {row['median_ms']:.1f} ms median; "
+        f"{ops} kernel-launching aten ops per step"
+    )
     out = os.environ.get("OUT", ".")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "decode_host.json"), "w") as f:

@@ -61,3 +61,4 @@ def test_decode_host_bench_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     row = json.loads((tmp_path / "decode_host.json").read_text())
     assert row["model"] == "lt2_hybrid_gdn_dsa" and len(row["repeats_ms"]) == 2 and row["min_ms"] > 0
+    assert row["launching_aten_ops"] > 0
