@@ -182,7 +182,7 @@ def test_triton_diagonal_block_forms(monkeypatch, span):
     forms on the same inputs, forced through the span limit."""
     from lt2dsl.kernels.gla import chunk
 
-    monkeypatch.setattr(chunk, "diag_span", lambda dtype: 1e4 if span == "dot" else -1.0)
+    monkeypatch.setattr(chunk, "diag_span", lambda fp16: 1e4 if span == "dot" else -1.0)
     q, k, v, g, h0 = _inputs(1, 75, 1, 1, 32, 16, torch.float32, "mixed")
     check_against_float64(q, k, v, g, h0, tol=1e-4)
 

@@ -43,6 +43,7 @@ from lt2dsl.kernels.common.delta_split import (
 from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel
 from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
 from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_rows_kernel
+from lt2dsl.kernels.common.tl_util import DIAG_SPAN, diag_span
 from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
 BT = 64
@@ -101,16 +102,14 @@ _KDA_FWD_CONFIGS = [
     triton.Config({"BK": 16}, num_warps=4, num_stages=1),
 ]
 KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
-# Largest decay over a 16-token sub-chunk (max over channels) whose diagonal blocks the intra-chunk
-# kernels form as dots (chunk_intra.py, chunk_grad.py): the key factor then stays ≤ e^{40}, far
-# inside the fp32 and bf16 range of the dot operands.
-KDA_DIAG_SPAN = 40.0
+# The diagonal-block span of KDA's intra-chunk kernels (chunk_intra.py, chunk_grad.py; the rule is
+# tl_util.diag_span); a module attribute so tests can force either form.
+KDA_DIAG_SPAN = DIAG_SPAN
 
 
 def kda_diag_span(dtype: torch.dtype) -> float:
-    """KDA_DIAG_SPAN, capped at e^8 when the dots take fp16 operands (LT2_DELTA_BF16_DOTS with fp16
-    inputs): fp16 holds e^11 at most."""
-    return min(KDA_DIAG_SPAN, 8.0) if compute_dtype(dtype) == tl.float16 else KDA_DIAG_SPAN
+    """KDA_DIAG_SPAN for inputs of `dtype`: the dots take fp16 operands with LT2_DELTA_BF16_DOTS."""
+    return diag_span(compute_dtype(dtype) == tl.float16, KDA_DIAG_SPAN)
 
 
 # The forward scan (`delta_split`) holds S `[K, BV]` in fp32 registers: BV 64 is the peer's tile

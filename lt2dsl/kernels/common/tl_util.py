@@ -41,3 +41,15 @@ def cast(x, DT: tl.constexpr):
     else:
         out = x.to(DT)
     return out
+
+
+# Largest decay Σ −g over a 16-token sub-chunk (max over channels) for which the per-channel-decay
+# kernels (GLA, KDA) form its diagonal block as a dot through the sub-chunk's start: the key factor
+# K ⊙ e^{c − b} then stays ≤ e^{span}, inside the fp32 / bf16 range of the dot operands.
+DIAG_SPAN = 40.0
+
+
+def diag_span(fp16_operands: bool, limit: float = DIAG_SPAN) -> float:
+    """`limit`, capped at e^8 when the dot operands are fp16 (which holds e^11 at most: room for
+    |k| up to ~20)."""
+    return min(limit, 8.0) if fp16_operands else limit

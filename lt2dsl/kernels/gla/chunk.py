@@ -6,7 +6,7 @@ o = s (Q ⊙ e^{b}) h[c] + A V (`fwd_o_kernel`); the states h come from common/d
 A block of query sub-chunk i and key sub-chunk j < i is (Q_i ⊙ e^{b_i − b_n})(K_j ⊙ e^{b_n − b_j})ᵀ
 with b_n the decay at the first row of sub-chunk i; every exponent is ≤ 0. A diagonal 16 × 16 block
 is a dot through the same reference row when the decay over its sub-chunk, max over channels of
-b_n − b_last, is at most `diag_span` (the key factor e^{b_n − b} then stays ≤ e^{span}); stronger
+b_n − b_last, is at most `tl_util.diag_span` (the key factor e^{b_n − b} then stays ≤ e^{span}); stronger
 decays take the elementwise form with e^{b_r − b_j} (r ≥ j) ≤ 1, so they cannot overflow. The test
 is per program and channel slice (a branch, not a per-element select): ordinary gates take the dot.
 Backward: dA = dO Vᵀ (`bwd_dA_kernel`), dv = Aᵀ dO + (K ⊙ e^{b_C − b}) dh[c] (`bwd_dv_kernel`),
@@ -36,6 +36,7 @@ from ..common.decay_triton import (
     store_tile,
     tuned,
 )
+from ..common.tl_util import diag_span
 
 BC = 16
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
@@ -369,13 +370,6 @@ def _meta(q, v, vl):
                 PREC=dot_precision(q.dtype))  # fmt: skip
 
 
-def diag_span(dtype: torch.dtype) -> float:
-    """Largest decay Σ −g over one 16-token sub-chunk (max over channels) for which its diagonal
-    block is a dot through a reference row: one factor then grows to e^{span}. fp16 holds e^{11}
-    at most (kept at e^{8}, room for |k| up to ~20); bf16 and fp32 keep fp32's exponent range."""
-    return 8.0 if dtype == torch.float16 else 40.0
-
-
 def _intra_A(q, k, v, g_cum, scale, vl):
     """Intra-chunk scores A `[B, T, HV, BT]` (fp32, lower triangle of each chunk valid)."""
     B, T, H, K = q.shape
@@ -383,7 +377,8 @@ def _intra_A(q, k, v, g_cum, scale, vl):
     A = new_empty(q, B, T, HV, vl.chunk, dtype=torch.float32)
     meta = _meta(q, v, vl)
     grid = (vl.chunk // BC, vl.NT, vl.grid_rows(B) * HV)
-    intra_A_kernel[grid](q, k, g_cum, A, vl.cu, vl.idx, scale, T, BC=BC, SPAN=diag_span(q.dtype), **meta)
+    span = diag_span(q.dtype == torch.float16)
+    intra_A_kernel[grid](q, k, g_cum, A, vl.cu, vl.idx, scale, T, BC=BC, SPAN=span, **meta)
     return A
 
 
@@ -423,9 +418,9 @@ def chunk_gla_bwd(q, k, v, g, A, scale, h0, do, dht, cu_seqlens):
     dq_in = new_empty(q, B, T, HV, K, dtype=torch.float32)
     dk_in = new_empty(q, B, T, HV, K, dtype=torch.float32)
     grid = (NK * (vl.chunk // BC), vl.NT, rows)
-    bwd_dqk_intra_kernel[grid](
-        q, k, g_cum, dA, dq_in, dk_in, vl.cu, vl.idx, scale, T, BC=BC, SPAN=diag_span(q.dtype), **meta
-    )
+    span = diag_span(q.dtype == torch.float16)
+    args = (q, k, g_cum, dA, dq_in, dk_in, vl.cu, vl.idx, scale, T)
+    bwd_dqk_intra_kernel[grid](*args, BC=BC, SPAN=span, **meta)
     # per value head; summed over each GVA group below
     dq = new_empty(q, B, T, HV, K, dtype=q.dtype if HV == H else torch.float32)
     dk = new_empty(q, B, T, HV, K, dtype=q.dtype if HV == H else torch.float32)
