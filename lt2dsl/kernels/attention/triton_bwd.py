@@ -18,7 +18,7 @@ from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
 from ..common.tl_util import cast
-from .triton_fwd import LOG2E, _band, _seq_bounds, varlen_blocks
+from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, launch_order, order_grid, varlen_blocks
 
 
 @triton.jit
@@ -149,10 +149,12 @@ def _bwd_dq_kernel(
     KSTRIDE: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ORDER: tl.constexpr,
 ):
     """dQ of BM query rows of one head; same program layout and key band as the forward."""
+    pid_m, pid_bh = _program_ids(ORDER)
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
+        pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
     )
     hk = h // GRP
     HKV = HQ // GRP
@@ -394,11 +396,13 @@ def _bwd_dkdv_kernel(
     KSTRIDE: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ORDER: tl.constexpr,
 ):
     """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it."""
     HKV = HQ // GRP
+    pid_n, pid_bh = _program_ids(ORDER)
     b, hk, i_n, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        tl.program_id(0), tl.program_id(1), CU_K, CU_Q, BLK_MAP, Tk, Tq, qoff, HKV, VARLEN
+        pid_n, pid_bh, CU_K, CU_Q, BLK_MAP, Tk, Tq, qoff, HKV, VARLEN
     )
     if VARLEN:  # _seq_bounds was called with q/k swapped to map key blocks; swap back
         bos_q, bos_k, Tq_n, Tk_n = bos_k, bos_q, Tk_n, Tq_n
@@ -561,7 +565,7 @@ Q_CONFIGS = [
     triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=2),
     triton.Config({"BM": 64, "BN": 32}, num_warps=4, num_stages=3),
 ]
-_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC"]
+_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC", "ORDER"]
 
 
 def _as_dict(c: triton.Config) -> dict:
@@ -635,19 +639,22 @@ def attn_bwd(
     )
     scalars = (Tq, Tk, Tk - Tq if qoff is None else qoff, window or 0, koff, scale * LOG2E, scale, nrows)
     cq, ckv = cfg["q"], cfg["kv"]
+    # dQ's longest programs are its last query blocks, dK/dV's its first key blocks
+    o_q, o_k = launch_order(causal, cu is not None, "last"), launch_order(causal, cu is not None, "first")
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         cu_q = cu_k = blk_q = blk_k = dummy
-        _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
-            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, **common
+        _dkdv_tuned[lambda m: order_grid(o_k, triton.cdiv(Tk, m["BN"]), B * HKV)](
+            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, ORDER=o_k, **common
         )
-        _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
-            q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, **common
+        _dq_tuned[lambda m: order_grid(o_q, triton.cdiv(Tq, m["BM"]), B * HQ)](
+            q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, ORDER=o_q, **common
         )
         return dq, dk, dv, dg
     if cu is None:
         cu_q = cu_k = blk_q = blk_k = dummy
-        grid_q, grid_k = (triton.cdiv(Tq, cq["BM"]), B * HQ), (triton.cdiv(Tk, ckv["BN"]), B * HKV)
+        grid_q = order_grid(o_q, triton.cdiv(Tq, cq["BM"]), B * HQ)
+        grid_k = order_grid(o_k, triton.cdiv(Tk, ckv["BN"]), B * HKV)
     else:
         cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
         blk_q, nq = varlen_blocks(cu[0], cq["BM"], q.device)
@@ -668,6 +675,7 @@ def attn_bwd(
         *scalars,
         BM=ckv["BM"],
         BN=ckv["BN"],
+        ORDER=o_k,
         num_warps=ckv["num_warps"],
         num_stages=ckv["num_stages"],
         **common,
@@ -686,6 +694,7 @@ def attn_bwd(
         *scalars,
         BM=cq["BM"],
         BN=cq["BN"],
+        ORDER=o_q,
         num_warps=cq["num_warps"],
         num_stages=cq["num_stages"],
         **common,

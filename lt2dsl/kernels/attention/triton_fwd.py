@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
-from ..common.backend import triton_interpreting
+from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
 from ..common.tl_util import cast
 
 LOG2E = 1.4426950408889634
@@ -39,6 +39,37 @@ def _seq_bounds(pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ: tl.constex
         return 0, pid_bh, i_m, bos_q, bos_k, tq, tk, tk - tq
     b = pid_bh // HQ
     return b, pid_bh % HQ, pid_m, b * Tq, b * Tk, Tq, Tk, qoff
+
+
+@triton.jit
+def _program_ids(ORDER: tl.constexpr):
+    """(block index, batch·head) of this program.
+
+    ORDER 0: blocks vary fastest (grid `(blocks, B·H)`). ORDER 1 / 2: heads vary fastest (grid
+    `(B·H, blocks)`) and the blocks go in descending / ascending order, so a causal launch hands out
+    its longest programs first (every head's last query blocks, or first key blocks) and the short
+    ones fill the tail of the last wave instead of one long block idling the GPU behind it.
+    """
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    if ORDER != 0:
+        pid_m = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+    if ORDER == 1:
+        pid_m = tl.num_programs(1) - 1 - pid_m
+    return pid_m, pid_bh
+
+
+def launch_order(causal: bool, varlen: bool, longest: str) -> int:
+    """ORDER of `_program_ids`: a causal fixed-length launch puts its longest blocks first (`longest`
+    is "last" for query blocks, "first" for key blocks); anything else keeps ORDER 0."""
+    if not causal or varlen:
+        return 0
+    return 1 if longest == "last" else 2
+
+
+def order_grid(order: int, n_blocks: int, n_heads: int) -> tuple[int, int]:
+    return (n_blocks, n_heads) if order == 0 else (n_heads, n_blocks)
 
 
 @triton.jit
@@ -103,7 +134,7 @@ def _fwd_inner(
             mask=in_k[None, :] & (offs_d[:, None] < D),
             other=0.0,
         )
-        s = mm(q, kt, DOT_PREC) * qk_scale
+        qk = mm(q, kt, DOT_PREC)
         if MASK:
             kpos = offs_n * KSTRIDE + KOFF
             ok = in_k[None, :] & (qpos[:, None] >= 0)
@@ -111,10 +142,15 @@ def _fwd_inner(
                 ok = ok & (kpos[None, :] <= qpos[:, None])
             if HAS_W:
                 ok = ok & (kpos[None, :] > qpos[:, None] - W)
-            s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+            s = tl.where(ok, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+        else:
+            # scale > 0, so max(qk)·scale = max(qk·scale); the exponent is then one FMA per score
+            # (a scaled copy of the tile with two uses would not contract into one)
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
             v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :],
@@ -158,14 +194,16 @@ def _attn_fwd_kernel(
     GATE_MODE: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ORDER: tl.constexpr,
 ):
     """o[b, rows, h] = softmax(q kᵀ · scale + mask) v, times σ(gate); lse in log2 units.
 
     Q `[B, Tq, HQ, D]`, K `[B, Tk, HKV, D]`, V `[B, Tk, HKV, DV]`, GATE `[B, Tq, HQ, DV]` or `[B, Tq, HQ]`,
     O like Q with DV, LSE `[HQ, NROWS = B·Tq]` fp32 (+inf for a row that sees no key).
     """
+    pid_m, pid_bh = _program_ids(ORDER)
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        tl.program_id(0), tl.program_id(1), CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
+        pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
     )
     hk = h // GRP
     HKV = HQ // GRP
@@ -290,18 +328,40 @@ def _attn_fwd_kernel(
 
 
 def fwd_config(D: int, dtype: torch.dtype) -> dict:
-    """Tile sizes and launch settings of the forward.
+    """Tile sizes and launch settings of the forward where it is not autotuned.
 
-    GPU configs (one per case, no autotune: each config costs compile minutes on the H200):
-    16-bit D ≤ 64: BM=128, BN=64, 4 warps, 3 stages; 16-bit D ≤ 128: BM=128, BN=64, 8 warps, 3 stages
-    (the Triton fused-attention tutorial's Hopper choice); fp32 or D > 128: BM=64, BN=32, 4 warps,
-    2 stages (shared memory). None of them transposes a dot accumulator (the Hopper miscompile).
+    Interpreter: 16 × 16. fp32 or D > 128: BM=64, BN=32, 4 warps, 2 stages (shared memory).
+    16-bit D ≤ 128 (variable-length batches, whose block map is built for one BM): the first entry of
+    `FWD_CONFIGS`, the Triton fused-attention tutorial's Hopper choice. None of the configs transposes
+    a dot accumulator (the Hopper miscompile).
     """
     if triton_interpreting():
         return dict(BM=16, BN=16, num_warps=1, num_stages=1)
     if dtype == torch.float32 or D > 128:
         return dict(BM=64, BN=32, num_warps=4, num_stages=2)
-    return dict(BM=128, BN=64, num_warps=4 if D <= 64 else 8, num_stages=3)
+    c = FWD_CONFIGS[0]
+    return dict(c.kwargs, num_warps=4 if D <= 64 else c.num_warps, num_stages=c.num_stages)
+
+
+# 16-bit, D ≤ 128, fixed-length: autotuned on the GPU among these. 128 keys per step halve the
+# per-step work that does not scale with the keys (the accumulator's rescale by alpha, the row max
+# and sum's cross-lane reductions); 3 stages of 128 × 128 K and V tiles may not fit in shared memory
+# (the autotuner skips a config that does not). BM = 128 at 4 warps spills its accumulator at D = 128
+# (tests/kernels/test_attention_compile.py prints each config's registers, stack and shared memory).
+FWD_CONFIGS = [
+    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 64, "BN": 128}, num_warps=4, num_stages=3),
+]
+_FWD_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "GATE_MODE", "DOT_PREC", "ORDER"]
+_fwd_tuned = autotuned_on_gpu(_attn_fwd_kernel, FWD_CONFIGS, _FWD_KEY)
+N_FWD_CONFIGS = len(FWD_CONFIGS)
+
+
+def forced_fwd_config(i: int):
+    """The autotuned forward runs config i of `FWD_CONFIGS` (see `forced_autotune_config`)."""
+    return forced_autotune_config([t for t in (_fwd_tuned,) if t is not None], i)
 
 
 def varlen_blocks(cu: list[int], bm: int, device) -> torch.Tensor:
@@ -335,14 +395,21 @@ def attn_fwd(
     lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
     cfg = fwd_config(max(D, DV), q.dtype)
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
-    if cu is None:
-        grid, cu_q, cu_k, blk = (triton.cdiv(Tq, cfg["BM"]), B * HQ), dummy, dummy, dummy
+    order = launch_order(causal, cu is not None, "last")
+    tuned = _fwd_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
+    if tuned:
+        kernel, cu_q, cu_k, blk, launch = _fwd_tuned, dummy, dummy, dummy, {}
+        grid = lambda m: order_grid(order, triton.cdiv(Tq, m["BM"]), B * HQ)  # noqa: E731
     else:
-        blk, n = varlen_blocks(cu[0], cfg["BM"], q.device)
-        grid = (max(n, 1), HQ)
-        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
+        kernel, launch = _attn_fwd_kernel, cfg
+        if cu is None:
+            grid, cu_q, cu_k, blk = order_grid(order, triton.cdiv(Tq, cfg["BM"]), B * HQ), dummy, dummy, dummy
+        else:
+            blk, n = varlen_blocks(cu[0], cfg["BM"], q.device)
+            grid = (max(n, 1), HQ)
+            cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
     gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
-    _attn_fwd_kernel[grid](
+    kernel[grid](
         q,
         k,
         v,
@@ -365,18 +432,27 @@ def attn_fwd(
         DV=DV,
         BD=pow2(D),
         BDV=pow2(DV),
-        BM=cfg["BM"],
-        BN=cfg["BN"],
         CAUSAL=causal,
         HAS_W=window is not None,
         KSTRIDE=kstride,
         GATE_MODE=gate_mode,
         VARLEN=cu is not None,
         DOT_PREC=dot_precision(q.dtype),
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        ORDER=order,
+        **launch,
     )
     return o, lse
 
 
-__all__ = ["LOG2E", "attn_fwd", "dot_precision", "fwd_config", "varlen_blocks"]
+__all__ = [
+    "FWD_CONFIGS",
+    "LOG2E",
+    "N_FWD_CONFIGS",
+    "attn_fwd",
+    "dot_precision",
+    "forced_fwd_config",
+    "fwd_config",
+    "launch_order",
+    "order_grid",
+    "varlen_blocks",
+]
