@@ -38,7 +38,7 @@ def _jobs():
         cex = dict(common, GATE_MODE=1, ORDER=1, **c.kwargs)
         jobs.append((f"fwd{i}", F._attn_fwd_kernel, cex, c.num_warps, c.num_stages))
     for name, kernel, configs, order in (
-        ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, 2),
+        ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, 0),
         ("dq", B._bwd_dq_kernel, B.Q_CONFIGS, 1),
     ):
         for i, c in enumerate(configs):

@@ -18,7 +18,7 @@ from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
 from ..common.tl_util import cast
-from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, launch_order, order_grid, varlen_blocks
+from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, launch_order, varlen_blocks
 
 
 @triton.jit
@@ -639,22 +639,22 @@ def attn_bwd(
     )
     scalars = (Tq, Tk, Tk - Tq if qoff is None else qoff, window or 0, koff, scale * LOG2E, scale, nrows)
     cq, ckv = cfg["q"], cfg["kv"]
-    # dQ's longest programs are its last query blocks, dK/dV's its first key blocks
-    o_q, o_k = launch_order(causal, cu is not None, "last"), launch_order(causal, cu is not None, "first")
+    # dQ's longest programs are its last query blocks (launched first, as in the forward); dK/dV's
+    # are its first key blocks, which the plain order already launches first
+    o_q, o_k = launch_order(causal, cu is not None), 0
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         cu_q = cu_k = blk_q = blk_k = dummy
-        _dkdv_tuned[lambda m: order_grid(o_k, triton.cdiv(Tk, m["BN"]), B * HKV)](
+        _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
             q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, ORDER=o_k, **common
         )
-        _dq_tuned[lambda m: order_grid(o_q, triton.cdiv(Tq, m["BM"]), B * HQ)](
+        _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
             q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, ORDER=o_q, **common
         )
         return dq, dk, dv, dg
     if cu is None:
         cu_q = cu_k = blk_q = blk_k = dummy
-        grid_q = order_grid(o_q, triton.cdiv(Tq, cq["BM"]), B * HQ)
-        grid_k = order_grid(o_k, triton.cdiv(Tk, ckv["BN"]), B * HKV)
+        grid_q, grid_k = (triton.cdiv(Tq, cq["BM"]), B * HQ), (triton.cdiv(Tk, ckv["BN"]), B * HKV)
     else:
         cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
         blk_q, nq = varlen_blocks(cu[0], cq["BM"], q.device)

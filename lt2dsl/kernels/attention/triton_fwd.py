@@ -43,33 +43,23 @@ def _seq_bounds(pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ: tl.constex
 
 @triton.jit
 def _program_ids(ORDER: tl.constexpr):
-    """(block index, batch·head) of this program.
+    """(block index, batch·head) of this program on a `(blocks, B·H)` grid.
 
-    ORDER 0: blocks vary fastest (grid `(blocks, B·H)`). ORDER 1 / 2: heads vary fastest (grid
-    `(B·H, blocks)`) and the blocks go in descending / ascending order, so a causal launch hands out
-    its longest programs first (every head's last query blocks, or first key blocks) and the short
-    ones fill the tail of the last wave instead of one long block idling the GPU behind it.
+    ORDER 1 numbers a head's blocks backwards, so a causal launch starts each head with its longest
+    query blocks and ends on its shortest, which fill the last wave's tail. The blocks of one head
+    stay adjacent in launch order, so the programs running at once share a few heads' K and V in
+    L2: a heads-fastest order (every head's longest block first) streamed all heads' K and V at
+    once and was 12–17% slower on the H200 (BENCHMARKS.md, sixth session).
     """
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    if ORDER != 0:
-        pid_m = tl.program_id(1)
-        pid_bh = tl.program_id(0)
     if ORDER == 1:
-        pid_m = tl.num_programs(1) - 1 - pid_m
-    return pid_m, pid_bh
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    return pid_m, tl.program_id(1)
 
 
-def launch_order(causal: bool, varlen: bool, longest: str) -> int:
-    """ORDER of `_program_ids`: a causal fixed-length launch puts its longest blocks first (`longest`
-    is "last" for query blocks, "first" for key blocks); anything else keeps ORDER 0."""
-    if not causal or varlen:
-        return 0
-    return 1 if longest == "last" else 2
-
-
-def order_grid(order: int, n_blocks: int, n_heads: int) -> tuple[int, int]:
-    return (n_blocks, n_heads) if order == 0 else (n_heads, n_blocks)
+def launch_order(causal: bool, varlen: bool) -> int:
+    """ORDER of `_program_ids` for query-block launches: reversed for a causal fixed-length batch."""
+    return 1 if causal and not varlen else 0
 
 
 @triton.jit
@@ -395,15 +385,15 @@ def attn_fwd(
     lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
     cfg = fwd_config(max(D, DV), q.dtype)
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
-    order = launch_order(causal, cu is not None, "last")
+    order = launch_order(causal, cu is not None)
     tuned = _fwd_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         kernel, cu_q, cu_k, blk, launch = _fwd_tuned, dummy, dummy, dummy, {}
-        grid = lambda m: order_grid(order, triton.cdiv(Tq, m["BM"]), B * HQ)  # noqa: E731
+        grid = lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)  # noqa: E731
     else:
         kernel, launch = _attn_fwd_kernel, cfg
         if cu is None:
-            grid, cu_q, cu_k, blk = order_grid(order, triton.cdiv(Tq, cfg["BM"]), B * HQ), dummy, dummy, dummy
+            grid, cu_q, cu_k, blk = (triton.cdiv(Tq, cfg["BM"]), B * HQ), dummy, dummy, dummy
         else:
             blk, n = varlen_blocks(cu[0], cfg["BM"], q.device)
             grid = (max(n, 1), HQ)
@@ -453,6 +443,5 @@ __all__ = [
     "forced_fwd_config",
     "fwd_config",
     "launch_order",
-    "order_grid",
     "varlen_blocks",
 ]
