@@ -231,6 +231,47 @@ def test_triton_varlen():
     check_against_float64(*x, s0, eps=0.1, cu_seqlens=cu, tol=1e-4)
 
 
+@pytest.mark.parametrize("lens", [[300], [0, 70, 1, 129, 64]], ids=["fixed", "varlen"])
+@pytest.mark.parametrize("with_m0", [False, True])
+def test_stabiliser_scan_equals_chunk_loop(lens, with_m0):
+    """`fwd_stab_kernel` (a max-plus scan, BC chunks per step) against the chunk-by-chunk loop
+    m ← max(m + b_C, max_j(ĩ_j + b_C − b_j)) in float64: 16-token chunks, so sequences cross
+    several scan blocks; a zero-length sequence writes no chunk."""
+    import triton
+
+    from lt2dsl.kernels.common.decay_triton import Varlen, chunk_local_cumsum
+    from lt2dsl.kernels.mlstm.chunk import fwd_stab_kernel
+
+    H, BT, BC = 2, 16, 4
+    gen = torch.Generator().manual_seed(0)
+    T = sum(lens)
+    cu = None if len(lens) == 1 else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    vl = Varlen(cu, 1, T, chunk=BT)
+    logf = F.logsigmoid(torch.randn(1, T, H, generator=gen, dtype=F64) + 1).float().to(DEVICE)
+    ig = (4 * torch.randn(1, T, H, generator=gen, dtype=F64)).float().to(DEVICE)
+    b = chunk_local_cumsum(logf, vl)
+    m0 = (3 * torch.randn(len(lens), H, generator=gen, dtype=F64)).float().to(DEVICE)
+    ms = torch.full((vl.n_chunks, H), float("nan"), device=DEVICE)
+    mt = torch.full((len(lens), H), float("nan"), device=DEVICE)
+    fwd_stab_kernel[(vl.N * H,)](
+        b, ig, ms, m0 if with_m0 else None, mt, vl.cu, vl.offsets, T, H=H, BT=BT, BC=BC,
+        HAS_H0=with_m0, IS_VARLEN=cu is not None,
+    )  # fmt: skip
+    want_ms, want_mt = [], []
+    bos = 0
+    for n, L in enumerate(lens):
+        m = m0[n].double().cpu() if with_m0 else torch.zeros(H, dtype=F64)
+        for c in range(triton.cdiv(L, BT)):
+            want_ms.append(m.clone())
+            tok = slice(bos + c * BT, bos + min(c * BT + BT, L))
+            bc = b[0, tok].double().cpu()
+            m = torch.maximum(m + bc[-1], (ig[0, tok].double().cpu() + bc[-1] - bc).amax(0))
+        want_mt.append(m)
+        bos += L
+    assert_close("ms", ms.cpu(), torch.stack(want_ms), 1e-6)
+    assert_close("mt", mt.cpu(), torch.stack(want_mt), 1e-6)
+
+
 def test_triton_decode_in_place():
     """Decode through the fused recurrent kernel writes (C, n, m) in place."""
     (q, k, v, i, f), s0 = _inputs(2, 12, 2, 32, 16, torch.float32, "wide")

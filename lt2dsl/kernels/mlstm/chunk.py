@@ -1,9 +1,10 @@
 """Triton chunked forward of the stabilised mLSTM (`mlstm`), mixers.md §8(b).
 
 Chunk BT = 64; b = chunk-local cumsum of logσ(f̃) `[B, T, H]`, ĩ the input gate (fp32).
-`fwd_state_kernel` carries (C, n, m) across chunks (m: the recurrent stabiliser at every chunk
-start); `fwd_o_kernel` computes per token m_r = max(b_r + m_c, max_{j≤r}(b_r − b_j + ĩ_j)), the
-weights W_rj = e^{b_r − b_j + ĩ_j − m_r}, w_r = e^{b_r + m_c − m_r} (all exponents ≤ 0) and
+`fwd_stab_kernel` forms the recurrent stabiliser m at every chunk start (a max-plus scan over
+chunks), then `fwd_state_kernel` carries (C, n) across chunks; `fwd_o_kernel` computes per token
+m_r = max(b_r + m_c, max_{j≤r}(b_r − b_j + ĩ_j)), the weights W_rj = e^{b_r − b_j + ĩ_j − m_r},
+w_r = e^{b_r + m_c − m_r} (all exponents ≤ 0) and
 h_r = num_r / (max(|a_r|, e^{−m_r}) + ε), num_r = w_r q̃_rᵀC_c + Σ_j W_rj (q̃_r·k_j) v_j,
 a_r = w_r q̃_r·n_c + Σ_j W_rj (q̃_r·k_j). m_r and a_r are stored for the backward (chunk_bwd.py).
 """
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..common.backend import triton_interpreting
 from ..common.decay_triton import (
     Varlen,
     block,
@@ -47,57 +49,108 @@ _CONFIGS = [
 _KEY = ["H", "K", "V", "BK", "BV"]
 
 
+@triton.jit
+def _maxplus(b1, a1, b2, a2):
+    """Compose the chunk maps m ↦ max(m + b1, a1) then m ↦ max(m + b2, a2) (associative)."""
+    return b1 + b2, tl.maximum(a1 + b2, a2)
+
+
+@triton.jit(do_not_specialize=["T"])
+def fwd_stab_kernel(
+    b, ig, ms, m0, mt, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """The stabiliser entering every chunk (`ms`) and the final one (`mt`) of one (sequence, head).
+
+    Over chunks, m ← max(m + b_C, max_j(ĩ_j + b_C − b_j)): a map m ↦ max(m + β, α) per chunk, so BC
+    chunks at a time are one associative scan of (β, α) pairs. Done apart from the state scan, whose
+    sequential loop then only loads m (no block-wide max on its critical path).
+    """
+    i_nh = tl.program_id(0)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    b += bos * H + i_h
+    ig += bos * H + i_h
+    NC = tl.cdiv(T, BT)
+    b_m = tl.sum(tl.zeros([1], dtype=tl.float32))
+    if HAS_H0:
+        b_m += tl.load(m0 + i_nh).to(tl.float32)
+    if NC > 0:
+        tl.store(ms + boc * H + i_h, b_m)
+    o_c = tl.arange(0, BC)
+    o_t = tl.arange(0, BT)
+    for c0 in range(0, NC, BC):
+        cs = c0 + o_c
+        in_c = cs < NC
+        tok = cs[:, None] * BT + o_t[None, :]
+        valid = tok < T
+        b_last = tl.load(b + (tl.minimum(cs * BT + BT, T) - 1) * H, mask=in_c, other=0.0)
+        b_b = tl.load(b + tok * H, mask=valid, other=0.0)
+        b_i = tl.load(ig + tok * H, mask=valid, other=0.0)
+        alpha = tl.max(tl.where(valid, b_i + b_last[:, None] - b_b, float("-inf")), axis=1)
+        sb, sa = tl.associative_scan((tl.where(in_c, b_last, 0.0), alpha), 0, _maxplus)
+        m_after = tl.maximum(b_m + sb, sa)
+        tl.store(ms + (boc + cs + 1) * H + i_h, m_after, mask=cs + 1 < NC)
+        # chunks past NC are the identity (β = 0, α = −inf): the last entry is the block's composition
+        b_m = tl.max(tl.where(o_c == BC - 1, m_after, float("-inf")), axis=0)
+    tl.store(mt + i_nh, b_m)
+
+
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def fwd_state_kernel(
-    k, v, b, ig, Cs, ns, ms, C0, n0, m0, Ct, nt, mt, cu_seqlens, chunk_offsets, T,
+    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
+    """(C, n) entering every chunk and the final (C, n), with the stabilisers `ms`, `mt` read from
+    `fwd_stab_kernel`: the key weights and the decay of a chunk are then elementwise in loaded
+    values, off the loop-carried path."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
     k += (bos * H + i_h) * K
     v += (bos * H + i_h) * V
-    b += bos * H + i_h
-    ig += bos * H + i_h
     o_k = i_k * BK + tl.arange(0, BK)
-    o_t = tl.arange(0, BT)
     p_state = i_nh.to(tl.int64) * K * V
     b_C = tl.zeros([BK, BV], dtype=tl.float32)
     b_n = tl.zeros([BK], dtype=tl.float32)
-    b_m = tl.sum(tl.zeros([1], dtype=tl.float32))
     if HAS_H0:
         b_C += load_tile(C0 + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
         b_n += tl.load(n0 + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
-        b_m += tl.load(m0 + i_nh).to(tl.float32)
     for i_t in range(tl.cdiv(T, BT)):
         i_s = (boc + i_t) * H + i_h
         store_tile(Cs + i_s * K * V, b_C, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
         if i_v == 0:
             tl.store(ns + i_s * K + o_k, b_n, mask=o_k < K)
-            if i_k == 0:
-                tl.store(ms + i_s, b_m)
-        valid = i_t * BT + o_t < T
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        b_b = load_vec(b, i_t * BT, T, H, BT)
-        b_blast = tl.load(b + last * H)
-        b_a = tl.where(valid, load_vec(ig, i_t * BT, T, H, BT) + b_blast - b_b, float("-inf"))
-        m_new = tl.maximum(b_blast + b_m, tl.max(b_a, axis=0))
-        decay = tl.exp(b_blast + b_m - m_new)
-        w = tl.exp(b_a - m_new)
+        w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
         b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
         b_v = load_tile(v, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
         b_kw = b_kT.to(tl.float32) * w[None, :]
         b_C = decay * b_C + mma(cast(b_kw, b_kT.dtype), b_v, PREC)
         b_n = decay * b_n + tl.sum(b_kw, axis=1)
-        b_m = m_new
     store_tile(Ct + p_state, b_C, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
     if i_v == 0:
         tl.store(nt + i_nh.to(tl.int64) * K + o_k, b_n, mask=o_k < K)
-        if i_k == 0:
-            tl.store(mt + i_nh, b_m)
+
+
+@device_fn
+def _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr):
+    """(w_k `[BT]` = e^{b_C − b_j + ĩ_j − m_{c+1}}, decay = e^{b_C + m_c − m_{c+1}}, m_c) of chunk i_c."""
+    o_t = i_c * BT + tl.arange(0, BT)
+    last = tl.minimum(i_c * BT + BT, T) - 1
+    b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
+    b_i = load_vec(ig + bos * H + i_h, i_c * BT, T, H, BT)
+    b_blast = tl.load(b + (bos + last) * H + i_h)
+    b_mc = tl.load(ms + i_tg * H + i_h)
+    if (i_c + 1) * BT >= T:
+        b_mnext = tl.load(mt + i_n * H + i_h)
+    else:
+        b_mnext = tl.load(ms + (i_tg + 1) * H + i_h)
+    expo = tl.where(o_t < T, b_blast - b_b + b_i - b_mnext, float("-inf"))
+    return tl.exp(expo), tl.exp(b_blast + b_mc - b_mnext), b_mc
 
 
 @tuned(_CONFIGS, key=_KEY)
@@ -117,39 +170,59 @@ def fwd_o_kernel(
     b_mc = tl.load(ms + i_s)
     b_num = tl.zeros([BT, BV], dtype=tl.float32)
     b_S = tl.zeros([BT, BT], dtype=tl.float32)
-    b_qn = tl.zeros([BT], dtype=tl.float32)
+    b_qn = tl.zeros([BT, 16], dtype=tl.float32)
+    o_16 = tl.arange(0, 16)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
         b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
         b_C = load_tile(Cs + i_s * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_n = tl.load(ns + i_s * K + o_k, mask=o_k < K, other=0.0)
         b_num += mma(b_q, cast(b_C, b_q.dtype), PREC)
         b_S += mma(b_q, b_kT, PREC)
-        b_qn += tl.sum(b_q.to(tl.float32) * b_n[None, :], axis=1)
+        # q·n on the tensor cores as q [BT, BK] · N [BK, 16]: column 0 of N is n rounded to q's
+        # dtype, column 1 the rounding's remainder (q·n to ~fp32 grade for 16-bit q). An fp32 copy
+        # of q for an elementwise product and row sum cost registers: 219 per thread at 4 warps
+        # against simple_gla's 146 (offline sm_90 compile), two programs per SM instead of three.
+        b_n = tl.load(ns + i_s * K + o_k, mask=o_k < K, other=0.0)
+        n_hi = b_n.to(b_q.dtype).to(tl.float32)
+        b_N = tl.where(
+            o_16[None, :] == 0, n_hi[:, None], tl.where(o_16[None, :] == 1, (b_n - n_hi)[:, None], 0.0)
+        )
+        b_qn += mma(b_q, cast(b_N, b_q.dtype), PREC)
     b_m, b_W, b_w = _weights(b, ig, bos, i_c, i_h, b_mc, T, H, BT)
     b_P = b_S * scale * b_W
     b_v = load_tile(v + (bos * H + i_h) * V, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
     b_num = b_w[:, None] * b_num * scale + mma(cast(b_P, b_v.dtype), b_v, PREC)
-    b_a = b_w * b_qn * scale + tl.sum(b_P, axis=1)
-    b_den = tl.maximum(tl.abs(b_a), tl.exp(-b_m)) + eps
-    store_tile(o + (bos * H + i_h) * V, b_num / b_den[:, None], i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+    b_a = b_w * tl.sum(b_qn, axis=1) * scale + tl.sum(b_P, axis=1)
+    b_inv = 1.0 / (tl.maximum(tl.abs(b_a), tl.exp(-b_m)) + eps)
+    store_tile(o + (bos * H + i_h) * V, b_num * b_inv[:, None], i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
     if i_v == 0:
         store_vec(m_tok + bos * H + i_h, b_m, i_c * BT, T, H, BT)
         store_vec(a_tok + bos * H + i_h, b_a, i_c * BT, T, H, BT)
 
 
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
 @device_fn
 def _weights(b, ig, bos, i_c, i_h, b_mc, T, H, BT: tl.constexpr):
-    """(m_r `[BT]`, W `[BT, BT]`: W_rj = e^{b_r − b_j + ĩ_j − m_r} for j ≤ r, w_r = e^{b_r + m_c − m_r})."""
+    """(m_r `[BT]`, W `[BT, BT]`: W_rj = e^{b_r − b_j + ĩ_j − m_r} for j ≤ r, w_r = e^{b_r + m_c − m_r}).
+
+    m_r = max(b_r + m_c, max_{j≤r}(b_r − b_j + ĩ_j)) = b_r + M_r, M_r = max(m_c, max_{j≤r}(ĩ_j − b_j)):
+    a running max along the chunk (a scan of a `[BT]` vector), so W_rj = e^{(ĩ_j − b_j) − M_r} and
+    w_r = e^{m_c − M_r} need no row max over a `[BT, BT]` tile (exponents ≤ 0 as before).
+    """
     o_t = i_c * BT + tl.arange(0, BT)
     valid = o_t < T
     b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
     b_i = load_vec(ig + bos * H + i_h, i_c * BT, T, H, BT)
+    b_u = tl.where(valid, b_i - b_b, float("-inf"))
+    b_M = tl.maximum(tl.associative_scan(b_u, 0, _max), b_mc)
     m_D = (o_t[:, None] >= o_t[None, :]) & valid[:, None] & valid[None, :]
-    logD = tl.where(m_D, b_b[:, None] - b_b[None, :] + b_i[None, :], float("-inf"))
-    b_m = tl.maximum(b_b + b_mc, tl.max(logD, axis=1))
-    return b_m, tl.exp(logD - b_m[:, None]), tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0)
+    b_W = tl.exp(tl.where(m_D, b_u[None, :] - b_M[:, None], float("-inf")))
+    return b_b + b_M, b_W, tl.where(valid, tl.exp(b_mc - b_M), 0.0)
 
 
 def _meta(q, v, vl):
@@ -171,9 +244,13 @@ def _states(k, v, b, ig, state0, vl):
     nt = new_empty(k, vl.N, H, K, dtype=torch.float32)
     mt = new_empty(k, vl.N, H, dtype=torch.float32)
     C0, n0, m0 = (None, None, None) if state0 is None else state0
+    fwd_stab_kernel[(vl.N * H,)](
+        b, ig, ms, m0, mt, vl.cu, vl.offsets, T, H=H, BT=vl.chunk, BC=16 if triton_interpreting() else 64,
+        HAS_H0=state0 is not None, IS_VARLEN=vl.is_varlen,
+    )  # fmt: skip
     grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), vl.N * H)
     fwd_state_kernel[grid](
-        k, v, b, ig, Cs, ns, ms, C0, n0, m0, Ct, nt, mt, vl.cu, vl.offsets, T,
+        k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, vl.cu, vl.offsets, T,
         HAS_H0=state0 is not None, **meta,
     )  # fmt: skip
     return (Cs, ns, ms), (Ct, nt, mt)

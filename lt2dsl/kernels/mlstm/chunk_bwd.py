@@ -28,8 +28,22 @@ from ..common.decay_triton import (
     store_vec,
     tuned,
 )
-from .chunk import _CONFIGS, _KEY, _gates, _meta, _states, _weights
+from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states
 from .stabiliser import add_at_sequence_ends, route_stabiliser
+
+
+@device_fn
+def _weights_m(b, ig, m_tok, b_mc, bos, i_c, i_h, T, H, BT: tl.constexpr):
+    """(W `[BT, BT]`, w `[BT]`) of `chunk._weights` from the forward's stored m_r (no running max;
+    the untransposed twin of `_weights_T`)."""
+    o_t = i_c * BT + tl.arange(0, BT)
+    valid = o_t < T
+    b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
+    b_i = load_vec(ig + bos * H + i_h, i_c * BT, T, H, BT)
+    b_m = load_vec(m_tok + bos * H + i_h, i_c * BT, T, H, BT)
+    m_D = (o_t[:, None] >= o_t[None, :]) & valid[:, None] & valid[None, :]
+    b_W = tl.exp(tl.where(m_D, b_b[:, None] - b_b[None, :] + b_i[None, :] - b_m[:, None], float("-inf")))
+    return b_W, tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0)
 
 
 @device_fn
@@ -42,23 +56,6 @@ def _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT: tl.constexpr):
     b_m = load_vec(m_tok + bos * H + i_h, i_c * BT, T, H, BT)
     m_D = (o_t[:, None] <= o_t[None, :]) & valid[:, None] & valid[None, :]
     return tl.exp(tl.where(m_D, b_b[None, :] - b_b[:, None] + b_i[:, None] - b_m[None, :], float("-inf")))
-
-
-@device_fn
-def _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr):
-    """(w_k `[BT]` = e^{b_C − b_j + ĩ_j − m_{c+1}}, decay = e^{b_C + m_c − m_{c+1}}, m_c) of chunk i_c."""
-    o_t = i_c * BT + tl.arange(0, BT)
-    last = tl.minimum(i_c * BT + BT, T) - 1
-    b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
-    b_i = load_vec(ig + bos * H + i_h, i_c * BT, T, H, BT)
-    b_blast = tl.load(b + (bos + last) * H + i_h)
-    b_mc = tl.load(ms + i_tg * H + i_h)
-    if (i_c + 1) * BT >= T:
-        b_mnext = tl.load(mt + i_n * H + i_h)
-    else:
-        b_mnext = tl.load(ms + (i_tg + 1) * H + i_h)
-    expo = tl.where(o_t < T, b_blast - b_b + b_i - b_mnext, float("-inf"))
-    return tl.exp(expo), tl.exp(b_blast + b_mc - b_mnext), b_mc
 
 
 @tuned(_CONFIGS, key=_KEY)
@@ -213,7 +210,7 @@ def bwd_dqk_kernel(
     b_n = tl.load(ns + i_s * K + o_k, mask=o_k < K, other=0.0)
     b_dn = tl.load(dns + i_s * K + o_k, mask=o_k < K, other=0.0)
     b_mc = tl.load(ms + i_s)
-    b_m, b_W, b_wq = _weights(b, ig, bos, i_c, i_h, b_mc, T, H, BT)
+    b_W, b_wq = _weights_m(b, ig, m_tok, b_mc, bos, i_c, i_h, T, H, BT)
     b_WT = _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT)
     b_wk, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
     b_ds = (b_ds + b_da[:, None]) * b_W * scale
