@@ -641,7 +641,7 @@ def attn_bwd(
     cq, ckv = cfg["q"], cfg["kv"]
     # dQ's longest programs are its last query blocks (launched first, as in the forward); dK/dV's
     # are its first key blocks, which the plain order already launches first
-    o_q, o_k = launch_order(causal, cu is not None), 0
+    o_q, o_k = launch_order(causal, window, cu is not None), 0
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         cu_q = cu_k = blk_q = blk_k = dummy

@@ -57,9 +57,10 @@ def _program_ids(ORDER: tl.constexpr):
     return pid_m, tl.program_id(1)
 
 
-def launch_order(causal: bool, varlen: bool) -> int:
-    """ORDER of `_program_ids` for query-block launches: reversed for a causal fixed-length batch."""
-    return 1 if causal and not varlen else 0
+def launch_order(causal: bool, window, varlen: bool) -> int:
+    """ORDER of `_program_ids` for query-block launches: reversed for a causal fixed-length batch
+    without a window (a window gives every block about the same number of keys)."""
+    return 1 if causal and window is None and not varlen else 0
 
 
 @triton.jit
@@ -385,7 +386,7 @@ def attn_fwd(
     lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
     cfg = fwd_config(max(D, DV), q.dtype)
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
-    order = launch_order(causal, cu is not None)
+    order = launch_order(causal, window, cu is not None)
     tuned = _fwd_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         kernel, cu_q, cu_k, blk, launch = _fwd_tuned, dummy, dummy, dummy, {}
