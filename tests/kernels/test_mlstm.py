@@ -359,26 +359,6 @@ def test_gpu_full_size(T, D, dtype, gates):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D", [64, 128])
-def test_gpu_qn_dot_output_kernel(D, monkeypatch):
-    """The opt-in tensor-core q·n of the output kernel (LT2_MLSTM_QN_DOT) on the H200 in bf16."""
-    from lt2dsl.kernels.mlstm import chunk
-
-    monkeypatch.setattr(chunk, "QN_DOT", True)
-    x, s0 = _inputs(2, 1000, 16, D, D, torch.bfloat16, "xlstm")
-    check_against_float64(*x, s0, tol=TOL[torch.bfloat16], final_grads=False)
-
-
-def test_qn_dot_output_kernel(monkeypatch):
-    from lt2dsl.kernels.mlstm import chunk
-
-    monkeypatch.setattr(chunk, "QN_DOT", True)
-    for dtype in (torch.float32, torch.bfloat16):
-        x, s0 = _inputs(1, 70, 2, 16, 16, dtype, "wide")
-        check_against_float64(*x, s0, eps=0.1, tol=TOL[dtype])
-
-
-@pytest.mark.gpu
 def test_gpu_varlen():
     lens = [1000, 37, 4000, 1]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)

@@ -11,8 +11,6 @@ a_r = w_r q̃_r·n_c + Σ_j W_rj (q̃_r·k_j). m_r and a_r are stored for the ba
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -44,9 +42,6 @@ from ..common.decay_triton import (
 # tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
 # triangular solve), a pattern absent here. Every config is checked on the H200 by
 # `test_gpu_every_autotune_config` (force_config).
-# The output kernel's q·n as a tensor-core dot (see fwd_o_kernel); a module attribute so the GPU
-# tests and the benchmark can switch it per call.
-QN_DOT = os.environ.get("LT2_MLSTM_QN_DOT", "0") == "1"
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     triton.Config({}, num_warps=8, num_stages=3),
@@ -164,7 +159,7 @@ def fwd_o_kernel(
     q, k, v, b, ig, Cs, ns, ms, o, m_tok, a_tok, cu_seqlens, chunk_idx, scale, eps, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PREC: tl.constexpr, QN_DOT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -176,8 +171,6 @@ def fwd_o_kernel(
     b_num = tl.zeros([BT, BV], dtype=tl.float32)
     b_S = tl.zeros([BT, BT], dtype=tl.float32)
     b_qn = tl.zeros([BT], dtype=tl.float32)
-    b_qn16 = tl.zeros([BT, 16], dtype=tl.float32)
-    o_16 = tl.arange(0, 16)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
@@ -186,21 +179,11 @@ def fwd_o_kernel(
         b_n = tl.load(ns + i_s * K + o_k, mask=o_k < K, other=0.0)
         b_num += mma(b_q, cast(b_C, b_q.dtype), PREC)
         b_S += mma(b_q, b_kT, PREC)
-        if QN_DOT:
-            # q·n on the tensor cores as q [BT, BK] · N [BK, 16]: column 0 of N is n rounded to
-            # q's dtype, column 1 the remainder (~fp32 grade for 16-bit q); 168 instead of 204
-            # registers per thread at 4 warps (offline sm_90). Opt-in (LT2_MLSTM_QN_DOT=1): on the
-            # H200 its bf16 output was wrong at D = 64 (relative RMS 0.88; D = 128 passed).
-            n_hi = b_n.to(b_q.dtype).to(tl.float32)
-            n_lo = b_n - n_hi
-            b_N = tl.where(
-                o_16[None, :] == 0, n_hi[:, None], tl.where(o_16[None, :] == 1, n_lo[:, None], 0.0)
-            )
-            b_qn16 += mma(b_q, cast(b_N, b_q.dtype), PREC)
-        else:
-            b_qn += tl.sum(b_q.to(tl.float32) * b_n[None, :], axis=1)
-    if QN_DOT:
-        b_qn = tl.sum(b_qn16, axis=1)
+        # q·n as an elementwise product and row sum. As a tensor-core dot, q [BT, BK] · N [BK, 16]
+        # with n and its bf16 rounding's remainder in two columns of N, it took 2 registers more
+        # and gave wrong bf16 output on the H200 at D = 64 (relative RMS 0.88 and 1.13 in two
+        # runs; D = 128 passed): Triton 3.6, sixth session. Removed.
+        b_qn += tl.sum(b_q.to(tl.float32) * b_n[None, :], axis=1)
     b_m, b_W, b_w = _weights(b, ig, bos, i_c, i_h, b_mc, T, H, BT)
     b_P = b_S * scale * b_W
     b_v = load_tile(v + (bos * H + i_h) * V, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
@@ -287,7 +270,5 @@ def chunk_mlstm_fwd(q, k, v, i, f, scale, eps, state0, cu_seqlens):
     m_tok = new_empty(q, B, T, H, dtype=torch.float32)
     a_tok = new_empty(q, B, T, H, dtype=torch.float32)
     grid = (triton.cdiv(v.shape[3], meta["BV"]), vl.NT, vl.grid_rows(B) * H)
-    fwd_o_kernel[grid](
-        q, k, v, b, ig, Cs, ns, ms, o, m_tok, a_tok, vl.cu, vl.idx, scale, eps, T, QN_DOT=QN_DOT, **meta
-    )  # fmt: skip
+    fwd_o_kernel[grid](q, k, v, b, ig, Cs, ns, ms, o, m_tok, a_tok, vl.cu, vl.idx, scale, eps, T, **meta)
     return o, final, m_tok, a_tok
