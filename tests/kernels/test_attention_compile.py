@@ -1,10 +1,10 @@
-"""Compile the attention kernels for sm_90 (H200) without a GPU, at every autotune config.
+"""Compile the attention kernels for sm_90 (H200) without a GPU, at every config they may run with.
 
 The interpreter cannot tell whether a config fits: this runs Triton's real pipeline down to a cubin
-for the forward, dK/dV and dQ kernels at each config they may be tuned to (bf16, D = 128, causal,
-elementwise gate), asserting shared memory within Hopper's per-block limit (or a clean
-OutOfResources, which the autotuner skips) and register spills small. Runs only with
-LT2_AOT_CHECK=1, in its own pytest process; no device is used:
+for the forward (its fixed bf16 tiles at D = 64 and 128) and the dK/dV and dQ kernels at each
+autotune config (bf16, D = 128, causal, elementwise gate), asserting shared memory within Hopper's
+per-block limit (or a clean OutOfResources, which the autotuner skips) and small register spills.
+Runs only with LT2_AOT_CHECK=1, in its own pytest process; no device is used:
 
     LT2_AOT_CHECK=1 TRITON_DEFAULT_FP_FUSION=1 python -m pytest -q -s tests/kernels/test_attention_compile.py
 """
@@ -28,15 +28,18 @@ def _jobs():
     if os.environ.get("LT2_AOT_CHECK") != "1":
         return []
     os.environ.pop("TRITON_INTERPRET", None)
+    import torch
+
     from lt2dsl.kernels.attention import triton_bwd as B
     from lt2dsl.kernels.attention import triton_fwd as F
 
     common = dict(HQ=16, GRP=1, D=128, DV=128, BD=128, BDV=128, CAUSAL=True, HAS_W=False, KSTRIDE=1)
     common.update(VARLEN=False, DOT_PREC="tf32")
     jobs = []
-    for i, c in enumerate(F.FWD_CONFIGS):
-        cex = dict(common, GATE_MODE=1, ORDER=1, **c.kwargs)
-        jobs.append((f"fwd{i}", F._attn_fwd_kernel, cex, c.num_warps, c.num_stages))
+    for D in (64, 128):
+        c = F.fwd_config(D, torch.bfloat16)
+        cex = dict(common, D=D, DV=D, BD=D, BDV=D, GATE_MODE=1, ORDER=1, BM=c["BM"], BN=c["BN"])
+        jobs.append((f"fwd-D{D}", F._attn_fwd_kernel, cex, c["num_warps"], c["num_stages"]))
     for name, kernel, configs, order in (
         ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, 0),
         ("dq", B._bwd_dq_kernel, B.Q_CONFIGS, 1),

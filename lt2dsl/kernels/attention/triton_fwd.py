@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
-from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
+from ..common.backend import triton_interpreting
 from ..common.tl_util import cast
 
 LOG2E = 1.4426950408889634
@@ -319,40 +319,20 @@ def _attn_fwd_kernel(
 
 
 def fwd_config(D: int, dtype: torch.dtype) -> dict:
-    """Tile sizes and launch settings of the forward where it is not autotuned.
+    """Tile sizes and launch settings of the forward.
 
-    Interpreter: 16 × 16. fp32 or D > 128: BM=64, BN=32, 4 warps, 2 stages (shared memory).
-    16-bit D ≤ 128 (variable-length batches, whose block map is built for one BM): the first entry of
-    `FWD_CONFIGS`, the Triton fused-attention tutorial's Hopper choice. None of the configs transposes
-    a dot accumulator (the Hopper miscompile).
+    GPU configs (one per case, no autotune): 16-bit D ≤ 64: BM=128, BN=64, 4 warps, 3 stages; 16-bit
+    D ≤ 128: BM=128, BN=64, 8 warps, 3 stages (the Triton fused-attention tutorial's Hopper choice);
+    fp32 or D > 128: BM=64, BN=32, 4 warps, 2 stages (shared memory). None of them transposes a dot
+    accumulator (the Hopper miscompile). Autotuning among 128-key steps (BM 128 × BN 128 at 2 and 3
+    stages, BM 64 × BN 128 at 4 warps) gained nothing on the H200 (B=4, T=8192, H=16, D=128: the
+    tuner's pick flipped between BN 64 and 128 by run, forward 2.62 ms either way; sixth session).
     """
     if triton_interpreting():
         return dict(BM=16, BN=16, num_warps=1, num_stages=1)
     if dtype == torch.float32 or D > 128:
         return dict(BM=64, BN=32, num_warps=4, num_stages=2)
-    c = FWD_CONFIGS[0]
-    return dict(c.kwargs, num_warps=4 if D <= 64 else c.num_warps, num_stages=c.num_stages)
-
-
-# 16-bit, D ≤ 128, fixed-length: autotuned on the GPU among these. 128 keys per step halve the
-# per-step work that does not scale with the keys (the accumulator's rescale by alpha, the row max
-# and sum's cross-lane reductions); 3 stages of 128 × 128 K and V tiles may not fit in shared memory
-# (the autotuner skips a config that does not). BM = 128 at 4 warps spills its accumulator at D = 128
-# (tests/kernels/test_attention_compile.py prints each config's registers, stack and shared memory).
-FWD_CONFIGS = [
-    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=2),
-    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 64, "BN": 128}, num_warps=4, num_stages=3),
-]
-_FWD_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "GATE_MODE", "DOT_PREC", "ORDER"]
-_fwd_tuned = autotuned_on_gpu(_attn_fwd_kernel, FWD_CONFIGS, _FWD_KEY)
-N_FWD_CONFIGS = len(FWD_CONFIGS)
-
-
-def forced_fwd_config(i: int):
-    """The autotuned forward runs config i of `FWD_CONFIGS` (see `forced_autotune_config`)."""
-    return forced_autotune_config([t for t in (_fwd_tuned,) if t is not None], i)
+    return dict(BM=128, BN=64, num_warps=4 if D <= 64 else 8, num_stages=3)
 
 
 def varlen_blocks(cu: list[int], bm: int, device) -> torch.Tensor:
@@ -387,20 +367,14 @@ def attn_fwd(
     cfg = fwd_config(max(D, DV), q.dtype)
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
     order = launch_order(causal, window, cu is not None)
-    tuned = _fwd_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
-    if tuned:
-        kernel, cu_q, cu_k, blk, launch = _fwd_tuned, dummy, dummy, dummy, {}
-        grid = lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)  # noqa: E731
+    if cu is None:
+        grid, cu_q, cu_k, blk = (triton.cdiv(Tq, cfg["BM"]), B * HQ), dummy, dummy, dummy
     else:
-        kernel, launch = _attn_fwd_kernel, cfg
-        if cu is None:
-            grid, cu_q, cu_k, blk = (triton.cdiv(Tq, cfg["BM"]), B * HQ), dummy, dummy, dummy
-        else:
-            blk, n = varlen_blocks(cu[0], cfg["BM"], q.device)
-            grid = (max(n, 1), HQ)
-            cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
+        blk, n = varlen_blocks(cu[0], cfg["BM"], q.device)
+        grid = (max(n, 1), HQ)
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
     gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
-    kernel[grid](
+    _attn_fwd_kernel[grid](
         q,
         k,
         v,
@@ -430,18 +404,15 @@ def attn_fwd(
         VARLEN=cu is not None,
         DOT_PREC=dot_precision(q.dtype),
         ORDER=order,
-        **launch,
+        **cfg,
     )
     return o, lse
 
 
 __all__ = [
-    "FWD_CONFIGS",
     "LOG2E",
-    "N_FWD_CONFIGS",
     "attn_fwd",
     "dot_precision",
-    "forced_fwd_config",
     "fwd_config",
     "launch_order",
     "varlen_blocks",
