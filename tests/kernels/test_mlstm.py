@@ -340,6 +340,53 @@ def test_stabiliser_routing_matches_autograd():
     assert_close("dm0", dm0, m0.grad, 1e-6)
 
 
+@pytest.mark.parametrize("lens", [None, [0, 37, 1, 50]], ids=["fixed", "varlen"])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_triton_route_equals_torch_path(lens, with_state):
+    """`route_and_finish` (one Triton kernel, 16-token blocks under the interpreter) against the
+    PyTorch stabiliser path it replaces: the K-block sums, dm_T at the sequence ends, the routing and
+    df̃ = dlogf σ(−f̃). A spike in ĩ makes one long run route to a single index."""
+    from lt2dsl.kernels.mlstm.stabiliser import add_at_sequence_ends, route_stabiliser
+    from lt2dsl.kernels.mlstm.stabiliser_triton import route_and_finish
+
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, NK = (2, 70, 3, 2) if lens is None else (1, sum(lens), 3, 2)
+    cu = None if lens is None else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    N = B if lens is None else len(lens)
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen)).to(DEVICE)
+
+    f, ig, dm = rnd(B, T, H) + 2, rnd(B, T, H, scale=3), rnd(B, T, H)
+    ig[:, 40] += 60
+    dlf_k, di_k = rnd(NK, B, T, H), rnd(NK, B, T, H)
+    m0, dm_T = (rnd(N, H, scale=3), rnd(N, H)) if with_state else (None, None)
+    df, di, dm0 = route_and_finish(f, ig, dm, dm_T, m0, dlf_k, di_k, cu)
+    dm_ref = dm if dm_T is None else add_at_sequence_ends(dm, dm_T, cu, T)
+    dlf_r, di_r, dm0_r = route_stabiliser(F.logsigmoid(f), ig, m0, dm_ref, cu)
+    assert_close("df", df, (dlf_k.sum(0) + dlf_r) * torch.sigmoid(-f), 1e-6)
+    assert_close("di", di, di_k.sum(0) + di_r, 1e-6)
+    assert_close("dm0", dm0, dm0_r, 1e-6)
+
+
+@pytest.mark.parametrize("case", ["fixed", "varlen"])
+def test_triton_with_triton_route_matches_float64(case, monkeypatch):
+    """The whole backward with the stabiliser path in Triton (LT2_MLSTM_TRITON_ROUTE), eps large
+    enough that the path carries real gradient."""
+    from lt2dsl.kernels.mlstm import chunk_bwd
+
+    monkeypatch.setattr(chunk_bwd, "TRITON_ROUTE", True)
+    if case == "fixed":
+        x, s0 = _inputs(1, 63, 2, 32, 16, torch.float32, "plain")
+        check_against_float64(*x, s0, eps=0.5, tol=1e-4)
+        return
+    lens = [5, 70, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE)
+    x, _ = _inputs(1, sum(lens), 2, 16, 16, torch.float32, "wide")
+    s0 = tuple(s.float().to(DEVICE) for s in make_state(len(lens), 2, 16, 16))
+    check_against_float64(*x, s0, eps=0.1, cu_seqlens=cu, tol=1e-4)
+
+
 # full size on the H200 (B = 2, H = 16), few shapes: each new shape compiles every kernel again
 GPU_CASES = [
     (1000, 64, torch.bfloat16, "xlstm"),

@@ -9,6 +9,8 @@ routed through m_r = F_r + max(m_0, max_{j≤r}(ĩ_j − F_j)) by `route_stabili
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -30,6 +32,11 @@ from ..common.decay_triton import (
 )
 from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states
 from .stabiliser import add_at_sequence_ends, route_stabiliser
+from .stabiliser_triton import route_and_finish
+
+# The stabiliser path as one Triton kernel (stabiliser_triton.py) instead of ~20 PyTorch ops:
+# opt-in until it has run on the GPU; a module attribute so tests can switch it.
+TRITON_ROUTE = os.environ.get("LT2_MLSTM_TRITON_ROUTE", "0") == "1"
 
 
 @device_fn
@@ -290,17 +297,22 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
         q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di,
         vl.cu, vl.idx, scale, T, NTOT, **meta,
     )  # fmt: skip
-    dlf, di = dlf.sum(0), di.sum(0)
     # the stabiliser path: ε through every m_r, and the returned final (C, n, m)
+    dm_T = None
     if has_dht or dmt is not None:
         dm_T = torch.zeros_like(mt) if dmt is None else dmt.float()
         if has_dht:
             dm_T = dm_T - (dCt * Ct).sum((-2, -1)) - (dnt * nt).sum(-1)
-        dm = add_at_sequence_ends(dm, dm_T, cu_seqlens, T)
     m0 = None if state0 is None else state0[2]
-    dlf_r, di_r, dm0 = route_stabiliser(F.logsigmoid(f.float()), ig, m0, dm, cu_seqlens)
-    df = (dlf + dlf_r) * torch.sigmoid(-f.float())
-    di = di + di_r
+    if TRITON_ROUTE:
+        df, di, dm0 = route_and_finish(f, ig, dm, dm_T, m0, dlf, di, cu_seqlens)
+    else:
+        dlf, di = dlf.sum(0), di.sum(0)
+        if dm_T is not None:
+            dm = add_at_sequence_ends(dm, dm_T, cu_seqlens, T)
+        dlf_r, di_r, dm0 = route_stabiliser(F.logsigmoid(f.float()), ig, m0, dm, cu_seqlens)
+        df = (dlf + dlf_r) * torch.sigmoid(-f.float())
+        di = di + di_r
     if state0 is not None:
         C0, n0, _ = state0
         dm0 = dm0 + (dC0 * C0).sum((-2, -1)) + (dn0 * n0).sum(-1)
