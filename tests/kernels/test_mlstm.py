@@ -369,13 +369,20 @@ def test_triton_route_equals_torch_path(lens, with_state):
     assert_close("dm0", dm0, dm0_r, 1e-6)
 
 
-@pytest.mark.parametrize("case", ["fixed", "varlen"])
-def test_triton_with_triton_route_matches_float64(case, monkeypatch):
-    """The whole backward with the stabiliser path in Triton (LT2_MLSTM_TRITON_ROUTE), eps large
-    enough that the path carries real gradient."""
-    from lt2dsl.kernels.mlstm import chunk_bwd
+@pytest.mark.parametrize("staged", ["route", "state_split", "both"])
+@pytest.mark.parametrize("case", ["fixed", "bf16", "varlen"])
+def test_triton_staged_kernels_match_float64(case, staged, monkeypatch):
+    """The staged kernels (off by default until they run on a GPU) against float64: the stabiliser
+    path in Triton (LT2_MLSTM_TRITON_ROUTE), the normaliser scanned in programs of its own
+    (LT2_MLSTM_STATE_SPLIT), or both; eps large enough that the stabiliser path carries gradient."""
+    from lt2dsl.kernels.mlstm import chunk, chunk_bwd
 
-    monkeypatch.setattr(chunk_bwd, "TRITON_ROUTE", True)
+    monkeypatch.setattr(chunk_bwd, "TRITON_ROUTE", staged in ("route", "both"))
+    monkeypatch.setattr(chunk, "STATE_SPLIT", staged in ("state_split", "both"))
+    if case == "bf16":
+        x, s0 = _inputs(2, 100, 1, 32, 16, torch.bfloat16, "xlstm")
+        check_against_float64(*x, s0, tol=1e-2, final_grads=False)
+        return
     if case == "fixed":
         x, s0 = _inputs(1, 63, 2, 32, 16, torch.float32, "plain")
         check_against_float64(*x, s0, eps=0.5, tol=1e-4)

@@ -11,6 +11,8 @@ a_r = w_r q̃_r·n_c + Σ_j W_rj (q̃_r·k_j). m_r and a_r are stored for the ba
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -42,6 +44,9 @@ from ..common.decay_triton import (
 # tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
 # triangular solve), a pattern absent here. Every config is checked on the H200 by
 # `test_gpu_every_autotune_config` (force_config).
+# The state scan with the normaliser in programs of its own (`fwd_state_split_kernel`): staged,
+# off until it has run on a GPU; a module attribute so tests can switch it.
+STATE_SPLIT = os.environ.get("LT2_MLSTM_STATE_SPLIT", "0") == "1"
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     triton.Config({}, num_warps=8, num_stages=3),
@@ -133,6 +138,49 @@ def fwd_state_kernel(
         b_n = decay * b_n + tl.sum(b_kw, axis=1)
     store_tile(Ct + p_state, b_C, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
     if i_v == 0:
+        tl.store(nt + i_nh.to(tl.int64) * K + o_k, b_n, mask=o_k < K)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def fwd_state_split_kernel(
+    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """`fwd_state_kernel` with the normaliser in programs of its own: the grid's value axis has one
+    more entry, and its programs scan n alone (no dot), so the C programs' sequential loop has no
+    cross-warp row sum of k ⊙ w per chunk. Staged: LT2_MLSTM_STATE_SPLIT=1 until it runs on a GPU.
+    """
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    k += (bos * H + i_h) * K
+    v += (bos * H + i_h) * V
+    o_k = i_k * BK + tl.arange(0, BK)
+    p_state = i_nh.to(tl.int64) * K * V
+    if i_v < tl.cdiv(V, BV):
+        b_C = tl.zeros([BK, BV], dtype=tl.float32)
+        if HAS_H0:
+            b_C += load_tile(C0 + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
+        for i_t in range(tl.cdiv(T, BT)):
+            store_tile(Cs + ((boc + i_t) * H + i_h) * K * V, b_C, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+            w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
+            b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+            b_v = load_tile(v, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+            b_kw = b_kT.to(tl.float32) * w[None, :]
+            b_C = decay * b_C + mma(cast(b_kw, b_kT.dtype), b_v, PREC)
+        store_tile(Ct + p_state, b_C, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+    else:
+        b_n = tl.zeros([BK], dtype=tl.float32)
+        if HAS_H0:
+            b_n += tl.load(n0 + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
+        for i_t in range(tl.cdiv(T, BT)):
+            tl.store(ns + ((boc + i_t) * H + i_h) * K + o_k, b_n, mask=o_k < K)
+            w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
+            b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+            b_n = decay * b_n + tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1)
         tl.store(nt + i_nh.to(tl.int64) * K + o_k, b_n, mask=o_k < K)
 
 
@@ -243,8 +291,9 @@ def _states(k, v, b, ig, state0, vl):
         b, ig, ms, m0, mt, vl.cu, vl.offsets, T, H=H, BT=vl.chunk, BC=16 if triton_interpreting() else 64,
         HAS_H0=state0 is not None, IS_VARLEN=vl.is_varlen,
     )  # fmt: skip
-    grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), vl.N * H)
-    fwd_state_kernel[grid](
+    kernel = fwd_state_split_kernel if STATE_SPLIT else fwd_state_kernel
+    grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]) + int(STATE_SPLIT), vl.N * H)
+    kernel[grid](
         k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, vl.cu, vl.offsets, T,
         HAS_H0=state0 is not None, **meta,
     )  # fmt: skip
