@@ -42,6 +42,7 @@ def _jobs():
         "stab": chunk.fwd_stab_kernel,
         "output": chunk.fwd_o_kernel,
         "dh": chunk_bwd.bwd_dh_kernel,
+        "dh-split": chunk_bwd.bwd_dh_split_kernel,
         "dv": chunk_bwd.bwd_dv_kernel,
         "dqk": chunk_bwd.bwd_dqk_kernel,
         "route": stabiliser_triton.route_kernel,

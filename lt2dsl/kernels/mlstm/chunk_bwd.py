@@ -30,6 +30,7 @@ from ..common.decay_triton import (
     store_vec,
     tuned,
 )
+from . import chunk
 from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states
 from .stabiliser import add_at_sequence_ends, route_stabiliser
 from .stabiliser_triton import route_and_finish
@@ -144,6 +145,69 @@ def bwd_dh_kernel(
         store_tile(dC0 + p_state, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
         if i_v == 0:
             tl.store(dn0 + i_nh.to(tl.int64) * K + o_k, b_dn, mask=o_k < K)
+
+
+@tuned(_CONFIGS, key=_KEY)
+@triton.jit(do_not_specialize=["T"])
+def bwd_dh_split_kernel(
+    q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, cu_seqlens, chunk_offsets, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """`bwd_dh_kernel` with dn in programs of its own (one more entry on the grid's value axis), as
+    `chunk.fwd_state_split_kernel`: staged with it (LT2_MLSTM_STATE_SPLIT=1)."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    q += (bos * H + i_h) * K
+    dnum += (bos * H + i_h) * V
+    o_k = i_k * BK + tl.arange(0, BK)
+    p_state = i_nh.to(tl.int64) * K * V
+    is_c = i_v < tl.cdiv(V, BV)
+    b_mnext = tl.load(mt + i_nh)
+    if is_c:
+        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
+        if HAS_DHT:
+            b_dC += load_tile(dCt + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
+        for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
+            i_s = (boc + i_t) * H + i_h
+            store_tile(dCs + i_s * K * V, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+            b_wq, decay, b_mc = _query_weights(b, m_tok, ms, b_mnext, bos, i_t, i_s, i_h, T, H, BT)
+            b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+            b_dnum = load_tile(dnum, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+            b_qw = b_qT.to(tl.float32) * (b_wq * scale)[None, :]
+            b_dC = decay * b_dC + mma(cast(b_qw, b_qT.dtype), cast(b_dnum, b_qT.dtype), PREC)
+            b_mnext = b_mc
+        if STORE_DH0:
+            store_tile(dC0 + p_state, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+    else:
+        b_dn = tl.zeros([BK], dtype=tl.float32)
+        if HAS_DHT:
+            b_dn += tl.load(dnt + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
+        for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
+            i_s = (boc + i_t) * H + i_h
+            tl.store(dns + i_s * K + o_k, b_dn, mask=o_k < K)
+            b_wq, decay, b_mc = _query_weights(b, m_tok, ms, b_mnext, bos, i_t, i_s, i_h, T, H, BT)
+            b_da = load_vec(da + bos * H + i_h, i_t * BT, T, H, BT)
+            b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+            b_dn = decay * b_dn + tl.sum(b_qT.to(tl.float32) * (b_wq * scale * b_da)[None, :], axis=1)
+            b_mnext = b_mc
+        if STORE_DH0:
+            tl.store(dn0 + i_nh.to(tl.int64) * K + o_k, b_dn, mask=o_k < K)
+
+
+@device_fn
+def _query_weights(b, m_tok, ms, b_mnext, bos, i_t, i_s, i_h, T, H, BT: tl.constexpr):
+    """(w_q `[BT]` = e^{b_r + m_c − m_r}, decay = e^{b_C + m_c − m_{c+1}}, m_c) of chunk i_t."""
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    b_mc = tl.load(ms + i_s)
+    b_b = load_vec(b + bos * H + i_h, i_t * BT, T, H, BT)
+    b_blast = tl.load(b + (bos + last) * H + i_h)
+    b_m = load_vec(m_tok + bos * H + i_h, i_t * BT, T, H, BT)
+    valid = i_t * BT + tl.arange(0, BT) < T
+    b_wq = tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0)
+    return b_wq, tl.exp(b_blast + b_mc - b_mnext), b_mc
 
 
 @tuned(_CONFIGS, key=_KEY)
@@ -279,8 +343,9 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     dns = new_empty(q, vl.n_chunks, H, K, dtype=torch.float32)
     dC0 = new_empty(q, vl.N, H, K, V, dtype=torch.float32) if state0 is not None else None
     dn0 = new_empty(q, vl.N, H, K, dtype=torch.float32) if state0 is not None else None
-    grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), vl.N * H)
-    bwd_dh_kernel[grid](
+    split = chunk.STATE_SPLIT
+    grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]) + int(split), vl.N * H)
+    (bwd_dh_split_kernel if split else bwd_dh_kernel)[grid](
         q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, vl.cu, vl.offsets, scale, T,
         HAS_DHT=has_dht, STORE_DH0=state0 is not None, **meta,
     )  # fmt: skip
