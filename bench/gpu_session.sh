@@ -53,6 +53,8 @@ for s in ${STAGES:-env}; do
                    $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or staged or route" ;;
     bench_decay_staged) LT2_MLSTM_TRITON_ROUTE=1 LT2_MLSTM_STATE_SPLIT=1 TAG=staged ONLY="${ONLY_DECAY-${ONLY:-}}" \
                    stage bench_decay_staged "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
+    profile_staged) LT2_MLSTM_TRITON_ROUTE=1 LT2_MLSTM_STATE_SPLIT=1 TAG=staged \
+                   stage profile_staged "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_delta) ONLY="${ONLY_DELTA-${ONLY:-}}" stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
     bench_blocks) ONLY="${ONLY_BLOCKS-${ONLY:-}}" stage bench_blocks "${LIM_BLOCKS:-${BENCH_LIMIT:-400}}" python3 bench/blocks.py ;;
     bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 bench/decode.py ;;

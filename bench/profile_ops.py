@@ -85,7 +85,9 @@ def main() -> None:
             us, n = r["us_per_call"], r["launches_per_call"]
             print(f"   {us:9.1f} us  x{n:<5.0f} {r['kernel'][:90]}", flush=True)
         torch.cuda.empty_cache()
-    with open(os.path.join(os.environ.get("OUT", "."), "profile_ops.json"), "w") as f:
+    tag = os.environ.get("TAG")
+    name = "profile_ops" + (f"_{tag}" if tag else "") + ".json"
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as f:
         json.dump(report, f, indent=1)
 
 
