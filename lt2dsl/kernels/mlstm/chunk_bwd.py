@@ -262,20 +262,16 @@ def bwd_dqk_kernel(
     i_s = i_tg * H + i_h
     o_k = i_k * BK + tl.arange(0, BK)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_cdc = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
-        b_vT = load_tile(v, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
         b_dnum = load_tile(dnum, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
-        b_dnumT = load_tile(dnum, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
         # Cᵀ, dCᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
         b_CT = load_tile(Cs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
         b_dCT = load_tile(dCs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_ds += mma(b_dnum, b_vT, PREC)
-        b_dsT += mma(b_v, b_dnumT, PREC)
+        b_ds += mma(b_dnum, tl.trans(b_v), PREC)
         b_dq += mma(b_dnum, cast(b_CT, b_v.dtype), PREC)
         b_dk += mma(b_v, cast(b_dCT, b_v.dtype), PREC)
         b_cdc += tl.sum(b_CT.to(tl.float32) * b_dCT.to(tl.float32), axis=0)
@@ -286,32 +282,36 @@ def bwd_dqk_kernel(
     b_dn = tl.load(dns + i_s * K + o_k, mask=o_k < K, other=0.0)
     b_mc = tl.load(ms + i_s)
     b_W, b_wq = _weights_m(b, ig, m_tok, b_mc, bos, i_c, i_h, T, H, BT)
-    b_WT = _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT)
     b_wk, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
     b_ds = (b_ds + b_da[:, None]) * b_W * scale
-    b_dsT = (b_dsT + b_da[None, :]) * b_WT * scale
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
     b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-    b_dq_state = (b_dq + b_da[:, None] * b_n[None, :]) * (b_wq * scale)[:, None]
-    b_dq = b_dq_state + mma(cast(b_ds, b_k.dtype), b_k, PREC)
-    b_dk_inter = (b_dk + b_dn[None, :]) * b_wk[:, None]
-    b_dk = b_dk_inter + mma(cast(b_dsT, b_q.dtype), b_q, PREC)
-    # this K block's scores q_r·k_j, to form the intra-chunk part of dF from fp32 dS directly
     b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+    # q·dq − k·dk without the cancellation of two rounded sums: Σ_j S_rj − Σ_s S_sr + state terms,
+    # the intra-chunk part from fp32 dS and this K block's scores q_r·k_j; formed first, so the
+    # [BT, BT] product is dead before the dq and dk dots
     b_Sd = b_ds * mma(b_q, b_kT, PREC)
-    dq += (bos * H + i_h) * K
-    dk += (bos * H + i_h) * K
-    store_tile(dq, b_dq, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-    store_tile(dk, b_dk, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
-    b_kdk = tl.sum(b_kf * b_dk, axis=1)
-    # q·dq − k·dk without the cancellation of two rounded sums: Σ_j S_rj − Σ_s S_sr + state terms
     b_dF = tl.sum(b_Sd, axis=1) - tl.sum(b_Sd, axis=0)
-    b_dF += tl.sum(b_qf * b_dq_state, axis=1) - tl.sum(b_kf * b_dk_inter, axis=1)
+    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
+    b_dq_state = (b_dq + b_da[:, None] * b_n[None, :]) * (b_wq * scale)[:, None]
+    b_dF += tl.sum(b_qf * b_dq_state, axis=1)
+    b_ds16 = cast(b_ds, b_k.dtype)
+    b_dq = b_dq_state + mma(b_ds16, b_k, PREC)
+    dq += (bos * H + i_h) * K
+    store_tile(dq, b_dq, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_dk_inter = (b_dk + b_dn[None, :]) * b_wk[:, None]
+    b_kdk_inter = tl.sum(b_kf * b_dk_inter, axis=1)
+    b_dF -= b_kdk_inter
+    # dSᵀ by a transpose through shared memory, not a second accumulator and dot as simple_gla's:
+    # the [BT, BT] fp32 tile it saves kept this kernel spilling at 4 warps
+    b_dk = b_dk_inter + mma(tl.trans(b_ds16), b_q, PREC)
+    dk += (bos * H + i_h) * K
+    store_tile(dk, b_dk, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_kdk = tl.sum(b_kf * b_dk, axis=1)
     # everything after this chunk: ⟨C_{c+1}, dC[c]⟩ + ⟨n_{c+1}, dn[c]⟩ (this K block's share)
-    b_z = decay * (tl.sum(b_cdc) + tl.sum(b_n * b_dn)) + tl.sum(b_kf * b_dk_inter)
+    b_z = decay * (tl.sum(b_cdc) + tl.sum(b_n * b_dn)) + tl.sum(b_kdk_inter)
     b_dlf = tl.sum(b_dF) - tl.cumsum(b_dF, axis=0) + b_dF + b_z
     off = i_k.to(tl.int64) * NTOT * H + bos * H + i_h
     store_vec(dlf + off, b_dlf, i_c * BT, T, H, BT)
