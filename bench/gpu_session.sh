@@ -47,14 +47,7 @@ for s in ${STAGES:-env}; do
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     bench_decay) ONLY="${ONLY_DECAY-${ONLY:-}}" stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
-    # the staged mLSTM kernels (off by default until they pass here): their GPU tests, and the decay
-    # benchmark again with them on (writes kernels_decay_staged.json beside the plain run's)
-    tests_mlstm_staged) LT2_MLSTM_TRITON_ROUTE=1 LT2_MLSTM_STATE_SPLIT=1 stage tests_mlstm_staged ${LIM_STAGED:-200} \
-                   $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or staged or route" ;;
-    bench_decay_staged) LT2_MLSTM_TRITON_ROUTE=1 LT2_MLSTM_STATE_SPLIT=1 TAG=staged ONLY="${ONLY_DECAY-${ONLY:-}}" \
-                   stage bench_decay_staged "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
-    profile_staged) LT2_MLSTM_TRITON_ROUTE=1 LT2_MLSTM_STATE_SPLIT=1 TAG=staged \
-                   stage profile_staged "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
+    tests_mlstm) stage tests_mlstm ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser or route" ;;
     bench_delta) ONLY="${ONLY_DELTA-${ONLY:-}}" stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
     bench_blocks) ONLY="${ONLY_BLOCKS-${ONLY:-}}" stage bench_blocks "${LIM_BLOCKS:-${BENCH_LIMIT:-400}}" python3 bench/blocks.py ;;
     bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 bench/decode.py ;;

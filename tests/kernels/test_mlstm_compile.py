@@ -38,11 +38,9 @@ def _jobs():
     base.update(HAS_DHT=True, STORE_DH0=True, BC=64, NK=2, BL=1024, HAS_M0=True, HAS_DMT=True)
     kernels = {
         "state": chunk.fwd_state_kernel,
-        "state-split": chunk.fwd_state_split_kernel,
         "stab": chunk.fwd_stab_kernel,
         "output": chunk.fwd_o_kernel,
         "dh": chunk_bwd.bwd_dh_kernel,
-        "dh-split": chunk_bwd.bwd_dh_split_kernel,
         "dv": chunk_bwd.bwd_dv_kernel,
         "dqk": chunk_bwd.bwd_dqk_kernel,
         "route": stabiliser_triton.route_kernel,

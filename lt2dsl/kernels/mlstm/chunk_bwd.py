@@ -4,15 +4,13 @@ With every stabiliser held fixed, num and a (chunk.py) are linear attention with
 ones, so the kernels are simple_gla's with dnum_r = dh_r / den_r and da_r = −(dh_r·h_r)/den_r ·
 sign(a_r)[|a_r| > e^{−m_r}]; dlogf and dĩ follow as in simple_gla (dĩ_j = k_j·dk_j). The stabilisers
 cancel exactly except through ε: h = N̂ / (max(|Â|, 1) + ε e^{m}), which adds ∂L/∂m_r = ε·dden_r,
-routed through m_r = F_r + max(m_0, max_{j≤r}(ĩ_j − F_j)) by `route_stabiliser` (stabiliser.py).
+routed through m_r = F_r + max(m_0, max_{j≤r}(ĩ_j − F_j)) by `route_and_finish`
+(stabiliser_triton.py; its PyTorch reference `route_stabiliser` is in stabiliser.py).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -30,14 +28,8 @@ from ..common.decay_triton import (
     store_vec,
     tuned,
 )
-from . import chunk
 from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states
-from .stabiliser import add_at_sequence_ends, route_stabiliser
 from .stabiliser_triton import route_and_finish
-
-# The stabiliser path as one Triton kernel (stabiliser_triton.py) instead of ~20 PyTorch ops:
-# opt-in until it has run on the GPU; a module attribute so tests can switch it.
-TRITON_ROUTE = os.environ.get("LT2_MLSTM_TRITON_ROUTE", "0") == "1"
 
 
 @device_fn
@@ -149,69 +141,6 @@ def bwd_dh_kernel(
 
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
-def bwd_dh_split_kernel(
-    q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, cu_seqlens, chunk_offsets, scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
-    """`bwd_dh_kernel` with dn in programs of its own (one more entry on the grid's value axis), as
-    `chunk.fwd_state_split_kernel`: staged with it (LT2_MLSTM_STATE_SPLIT=1)."""
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    q += (bos * H + i_h) * K
-    dnum += (bos * H + i_h) * V
-    o_k = i_k * BK + tl.arange(0, BK)
-    p_state = i_nh.to(tl.int64) * K * V
-    is_c = i_v < tl.cdiv(V, BV)
-    b_mnext = tl.load(mt + i_nh)
-    if is_c:
-        b_dC = tl.zeros([BK, BV], dtype=tl.float32)
-        if HAS_DHT:
-            b_dC += load_tile(dCt + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
-        for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
-            i_s = (boc + i_t) * H + i_h
-            store_tile(dCs + i_s * K * V, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-            b_wq, decay, b_mc = _query_weights(b, m_tok, ms, b_mnext, bos, i_t, i_s, i_h, T, H, BT)
-            b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
-            b_dnum = load_tile(dnum, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
-            b_qw = b_qT.to(tl.float32) * (b_wq * scale)[None, :]
-            b_dC = decay * b_dC + mma(cast(b_qw, b_qT.dtype), cast(b_dnum, b_qT.dtype), PREC)
-            b_mnext = b_mc
-        if STORE_DH0:
-            store_tile(dC0 + p_state, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-    else:
-        b_dn = tl.zeros([BK], dtype=tl.float32)
-        if HAS_DHT:
-            b_dn += tl.load(dnt + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
-        for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
-            i_s = (boc + i_t) * H + i_h
-            tl.store(dns + i_s * K + o_k, b_dn, mask=o_k < K)
-            b_wq, decay, b_mc = _query_weights(b, m_tok, ms, b_mnext, bos, i_t, i_s, i_h, T, H, BT)
-            b_da = load_vec(da + bos * H + i_h, i_t * BT, T, H, BT)
-            b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
-            b_dn = decay * b_dn + tl.sum(b_qT.to(tl.float32) * (b_wq * scale * b_da)[None, :], axis=1)
-            b_mnext = b_mc
-        if STORE_DH0:
-            tl.store(dn0 + i_nh.to(tl.int64) * K + o_k, b_dn, mask=o_k < K)
-
-
-@device_fn
-def _query_weights(b, m_tok, ms, b_mnext, bos, i_t, i_s, i_h, T, H, BT: tl.constexpr):
-    """(w_q `[BT]` = e^{b_r + m_c − m_r}, decay = e^{b_C + m_c − m_{c+1}}, m_c) of chunk i_t."""
-    last = tl.minimum(i_t * BT + BT, T) - 1
-    b_mc = tl.load(ms + i_s)
-    b_b = load_vec(b + bos * H + i_h, i_t * BT, T, H, BT)
-    b_blast = tl.load(b + (bos + last) * H + i_h)
-    b_m = load_vec(m_tok + bos * H + i_h, i_t * BT, T, H, BT)
-    valid = i_t * BT + tl.arange(0, BT) < T
-    b_wq = tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0)
-    return b_wq, tl.exp(b_blast + b_mc - b_mnext), b_mc
-
-
-@tuned(_CONFIGS, key=_KEY)
-@triton.jit(do_not_specialize=["T"])
 def bwd_dv_kernel(
     q, k, b, ig, dnum, m_tok, ms, mt, dCs, dv, cu_seqlens, chunk_idx, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -262,16 +191,20 @@ def bwd_dqk_kernel(
     i_s = i_tg * H + i_h
     o_k = i_k * BK + tl.arange(0, BK)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_cdc = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         b_v = load_tile(v, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+        b_vT = load_tile(v, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
         b_dnum = load_tile(dnum, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
+        b_dnumT = load_tile(dnum, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
         # Cᵀ, dCᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
         b_CT = load_tile(Cs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
         b_dCT = load_tile(dCs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_ds += mma(b_dnum, tl.trans(b_v), PREC)
+        b_ds += mma(b_dnum, b_vT, PREC)
+        b_dsT += mma(b_v, b_dnumT, PREC)
         b_dq += mma(b_dnum, cast(b_CT, b_v.dtype), PREC)
         b_dk += mma(b_v, cast(b_dCT, b_v.dtype), PREC)
         b_cdc += tl.sum(b_CT.to(tl.float32) * b_dCT.to(tl.float32), axis=0)
@@ -282,36 +215,32 @@ def bwd_dqk_kernel(
     b_dn = tl.load(dns + i_s * K + o_k, mask=o_k < K, other=0.0)
     b_mc = tl.load(ms + i_s)
     b_W, b_wq = _weights_m(b, ig, m_tok, b_mc, bos, i_c, i_h, T, H, BT)
+    b_WT = _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT)
     b_wk, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
     b_ds = (b_ds + b_da[:, None]) * b_W * scale
+    b_dsT = (b_dsT + b_da[None, :]) * b_WT * scale
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
     b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-    b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
-    # q·dq − k·dk without the cancellation of two rounded sums: Σ_j S_rj − Σ_s S_sr + state terms,
-    # the intra-chunk part from fp32 dS and this K block's scores q_r·k_j; formed first, so the
-    # [BT, BT] product is dead before the dq and dk dots
-    b_Sd = b_ds * mma(b_q, b_kT, PREC)
-    b_dF = tl.sum(b_Sd, axis=1) - tl.sum(b_Sd, axis=0)
-    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
     b_dq_state = (b_dq + b_da[:, None] * b_n[None, :]) * (b_wq * scale)[:, None]
-    b_dF += tl.sum(b_qf * b_dq_state, axis=1)
-    b_ds16 = cast(b_ds, b_k.dtype)
-    b_dq = b_dq_state + mma(b_ds16, b_k, PREC)
-    dq += (bos * H + i_h) * K
-    store_tile(dq, b_dq, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_dq = b_dq_state + mma(cast(b_ds, b_k.dtype), b_k, PREC)
     b_dk_inter = (b_dk + b_dn[None, :]) * b_wk[:, None]
-    b_kdk_inter = tl.sum(b_kf * b_dk_inter, axis=1)
-    b_dF -= b_kdk_inter
-    # dSᵀ by a transpose through shared memory, not a second accumulator and dot as simple_gla's:
-    # the [BT, BT] fp32 tile it saves kept this kernel spilling at 4 warps
-    b_dk = b_dk_inter + mma(tl.trans(b_ds16), b_q, PREC)
+    b_dk = b_dk_inter + mma(cast(b_dsT, b_q.dtype), b_q, PREC)
+    # this K block's scores q_r·k_j, to form the intra-chunk part of dF from fp32 dS directly
+    b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+    b_Sd = b_ds * mma(b_q, b_kT, PREC)
+    dq += (bos * H + i_h) * K
     dk += (bos * H + i_h) * K
+    store_tile(dq, b_dq, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
     store_tile(dk, b_dk, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_qf, b_kf = b_q.to(tl.float32), b_k.to(tl.float32)
     b_kdk = tl.sum(b_kf * b_dk, axis=1)
+    # q·dq − k·dk without the cancellation of two rounded sums: Σ_j S_rj − Σ_s S_sr + state terms
+    b_dF = tl.sum(b_Sd, axis=1) - tl.sum(b_Sd, axis=0)
+    b_dF += tl.sum(b_qf * b_dq_state, axis=1) - tl.sum(b_kf * b_dk_inter, axis=1)
     # everything after this chunk: ⟨C_{c+1}, dC[c]⟩ + ⟨n_{c+1}, dn[c]⟩ (this K block's share)
-    b_z = decay * (tl.sum(b_cdc) + tl.sum(b_n * b_dn)) + tl.sum(b_kdk_inter)
+    b_z = decay * (tl.sum(b_cdc) + tl.sum(b_n * b_dn)) + tl.sum(b_kf * b_dk_inter)
     b_dlf = tl.sum(b_dF) - tl.cumsum(b_dF, axis=0) + b_dF + b_z
     off = i_k.to(tl.int64) * NTOT * H + bos * H + i_h
     store_vec(dlf + off, b_dlf, i_c * BT, T, H, BT)
@@ -343,9 +272,8 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     dns = new_empty(q, vl.n_chunks, H, K, dtype=torch.float32)
     dC0 = new_empty(q, vl.N, H, K, V, dtype=torch.float32) if state0 is not None else None
     dn0 = new_empty(q, vl.N, H, K, dtype=torch.float32) if state0 is not None else None
-    split = chunk.STATE_SPLIT
-    grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]) + int(split), vl.N * H)
-    (bwd_dh_split_kernel if split else bwd_dh_kernel)[grid](
+    grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), vl.N * H)
+    bwd_dh_kernel[grid](
         q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, vl.cu, vl.offsets, scale, T,
         HAS_DHT=has_dht, STORE_DH0=state0 is not None, **meta,
     )  # fmt: skip
@@ -369,15 +297,7 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
         if has_dht:
             dm_T = dm_T - (dCt * Ct).sum((-2, -1)) - (dnt * nt).sum(-1)
     m0 = None if state0 is None else state0[2]
-    if TRITON_ROUTE:
-        df, di, dm0 = route_and_finish(f, ig, dm, dm_T, m0, dlf, di, cu_seqlens)
-    else:
-        dlf, di = dlf.sum(0), di.sum(0)
-        if dm_T is not None:
-            dm = add_at_sequence_ends(dm, dm_T, cu_seqlens, T)
-        dlf_r, di_r, dm0 = route_stabiliser(F.logsigmoid(f.float()), ig, m0, dm, cu_seqlens)
-        df = (dlf + dlf_r) * torch.sigmoid(-f.float())
-        di = di + di_r
+    df, di, dm0 = route_and_finish(f, ig, dm, dm_T, m0, dlf, di, cu_seqlens)
     if state0 is not None:
         C0, n0, _ = state0
         dm0 = dm0 + (dC0 * C0).sum((-2, -1)) + (dn0 * n0).sum(-1)
