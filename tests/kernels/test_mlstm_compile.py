@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("LT2_AOT_CHECK") != "1", reason="offline sm_90 compile check: set LT2_AOT_CHECK=1"
 )
 
-BF16 = {"q", "k", "v", "Cs", "dnum", "dCs", "dv", "dq", "dk", "o", "do"}
+BF16 = {"q", "k", "v", "Cs", "dnum", "dCs", "dv", "dq", "dk", "o", "do", "ds_scr"}
 
 
 def _jobs():

@@ -176,13 +176,18 @@ def bwd_dv_kernel(
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def bwd_dqk_kernel(
-    q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di,
+    q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di, ds_scr,
     cu_seqlens, chunk_idx, scale, T, NTOT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """dq, dk and this K block's share of dlogf (held-stabiliser part) and dĩ."""
+    """dq, dk and this K block's share of dlogf (held-stabiliser part) and dĩ.
+
+    dSᵀ for dk is dS read back transposed from this program's `[BT, BT]` slot of `ds_scr` (the
+    16-bit dS the dq dot takes): one accumulator, one dot and two tile loads per value block fewer
+    than forming it by a second dot as simple_gla does. Not `tl.trans`: transposing a 16-bit cast
+    of a dot accumulator at BK = 64 is the Hopper miscompile of Triton 3.4–3.7.0."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
@@ -191,7 +196,6 @@ def bwd_dqk_kernel(
     i_s = i_tg * H + i_h
     o_k = i_k * BK + tl.arange(0, BK)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_cdc = tl.zeros([BK], dtype=tl.float32)
@@ -199,12 +203,10 @@ def bwd_dqk_kernel(
         b_v = load_tile(v, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
         b_vT = load_tile(v, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
         b_dnum = load_tile(dnum, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
-        b_dnumT = load_tile(dnum, i_v * BV, i_c * BT, V, T, 1, H * V, BV, BT)
         # Cᵀ, dCᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
         b_CT = load_tile(Cs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
         b_dCT = load_tile(dCs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
         b_ds += mma(b_dnum, b_vT, PREC)
-        b_dsT += mma(b_v, b_dnumT, PREC)
         b_dq += mma(b_dnum, cast(b_CT, b_v.dtype), PREC)
         b_dk += mma(b_v, cast(b_dCT, b_v.dtype), PREC)
         b_cdc += tl.sum(b_CT.to(tl.float32) * b_dCT.to(tl.float32), axis=0)
@@ -215,18 +217,22 @@ def bwd_dqk_kernel(
     b_dn = tl.load(dns + i_s * K + o_k, mask=o_k < K, other=0.0)
     b_mc = tl.load(ms + i_s)
     b_W, b_wq = _weights_m(b, ig, m_tok, b_mc, bos, i_c, i_h, T, H, BT)
-    b_WT = _weights_T(b, ig, m_tok, bos, i_c, i_h, T, H, BT)
     b_wk, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
     b_ds = (b_ds + b_da[:, None]) * b_W * scale
-    b_dsT = (b_dsT + b_da[None, :]) * b_WT * scale
+    b_ds16 = cast(b_ds, ds_scr.dtype.element_ty)
+    p_scr = ds_scr + ((i_bh * tl.num_programs(1) + i_t) * tl.num_programs(0) + i_k).to(tl.int64) * BT * BT
+    store_tile(p_scr, b_ds16, 0, 0, BT, BT, BT, 1, BT, BT)
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
     b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
     b_dq_state = (b_dq + b_da[:, None] * b_n[None, :]) * (b_wq * scale)[:, None]
-    b_dq = b_dq_state + mma(cast(b_ds, b_k.dtype), b_k, PREC)
+    b_dq = b_dq_state + mma(b_ds16, b_k, PREC)
     b_dk_inter = (b_dk + b_dn[None, :]) * b_wk[:, None]
-    b_dk = b_dk_inter + mma(cast(b_dsT, b_q.dtype), b_q, PREC)
+    # every thread's part of dS is in memory before any thread reads its transpose
+    tl.debug_barrier()
+    b_dsT16 = load_tile(p_scr, 0, 0, BT, BT, 1, BT, BT, BT)
+    b_dk = b_dk_inter + mma(b_dsT16, b_q, PREC)
     # this K block's scores q_r·k_j, to form the intra-chunk part of dF from fp32 dS directly
     b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
     b_Sd = b_ds * mma(b_q, b_kT, PREC)
@@ -286,8 +292,10 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     dq, dk = new_empty(q, *q.shape), new_empty(k, *k.shape)
     dlf = new_empty(q, NK, B, T, H, dtype=torch.float32)
     di = new_empty(q, NK, B, T, H, dtype=torch.float32)
+    # one [BT, BT] slot per program for dS on its way to its transpose (16-bit inputs: 16-bit)
+    ds_scr = q.new_empty(NK * vl.NT * rows, BT, BT)
     bwd_dqk_kernel[(NK, vl.NT, rows)](
-        q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di,
+        q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di, ds_scr,
         vl.cu, vl.idx, scale, T, NTOT, **meta,
     )  # fmt: skip
     # the stabiliser path: ε through every m_r, and the returned final (C, n, m)
