@@ -106,12 +106,13 @@ def route_kernel(
     tl.store(dm0 + i_nh, tl.load(r_base, cache_modifier=".cg").to(tl.float32))
 
 
-def route_and_finish(f, ig, dm, dm_T, m0, dlf_k, di_k, cu_seqlens):
+def route_and_finish(f, ig, dm, dm_T, m0, dlf_k, di_k, cu_seqlens, *, block=None, num_warps=4):
     """(df̃ `[B, T, H]`, dĩ `[B, T, H]`, dm_0 `[N, H]`) fp32 from the chunk kernels' outputs.
 
     f: the forget-gate pre-activations `[B, T, H]`; ig: ĩ fp32; dm: ∂L/∂m_r fp32; dm_T `[N, H]` or
     None (added at every sequence's last token); m0 `[N, H]` or None (then 0); dlf_k, di_k
-    `[NK, B, T, H]` fp32 per-K-block parts.
+    `[NK, B, T, H]` fp32 per-K-block parts. `block` (tokens per step) and `num_warps` are for
+    `bench/mlstm_route.py`.
     """
     B, T, H = f.shape
     NK = dlf_k.shape[0]
@@ -127,7 +128,7 @@ def route_and_finish(f, ig, dm, dm_T, m0, dlf_k, di_k, cu_seqlens):
         dummy if m0 is None else m0.float().contiguous(),
         dlf_k.contiguous(), di_k.contiguous(), R, df, di, dm0,
         cu_seqlens, T, B * T,
-        H=H, NK=NK, BL=16 if triton_interpreting() else 1024,
+        H=H, NK=NK, BL=block or (16 if triton_interpreting() else 1024), num_warps=num_warps,
         HAS_M0=m0 is not None, HAS_DMT=dm_T is not None, IS_VARLEN=cu_seqlens is not None,
     )  # fmt: skip
     return df, di, dm0
