@@ -150,10 +150,10 @@ def _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr
     b_i = load_vec(ig + bos * H + i_h, i_c * BT, T, H, BT)
     b_blast = tl.load(b + (bos + last) * H + i_h)
     b_mc = tl.load(ms + i_tg * H + i_h)
-    if (i_c + 1) * BT >= T:
-        b_mnext = tl.load(mt + i_n * H + i_h)
-    else:
-        b_mnext = tl.load(ms + (i_tg + 1) * H + i_h)
+    # a pointer select, not a branch: control flow in the scans' loop bodies keeps Triton's
+    # pipeliner from prefetching the next chunk's loads
+    last_chunk = (i_c + 1) * BT >= T
+    b_mnext = tl.load(tl.where(last_chunk, mt + i_n * H + i_h, ms + (i_tg + 1) * H + i_h))
     expo = tl.where(o_t < T, b_blast - b_b + b_i - b_mnext, float("-inf"))
     return tl.exp(expo), tl.exp(b_blast + b_mc - b_mnext), b_mc
 

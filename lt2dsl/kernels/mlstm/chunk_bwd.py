@@ -113,11 +113,12 @@ def bwd_dh_kernel(
         b_dC += load_tile(dCt + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
         b_dn += tl.load(dnt + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
     b_mnext = tl.load(mt + i_nh)
+    n_lim = tl.where(i_v == 0, K, 0)
     for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
         i_s = (boc + i_t) * H + i_h
         store_tile(dCs + i_s * K * V, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        if i_v == 0:
-            tl.store(dns + i_s * K + o_k, b_dn, mask=o_k < K)
+        # a mask, not a branch, in the loop (as `chunk._key_weights`): the first V block stores dn
+        tl.store(dns + i_s * K + o_k, b_dn, mask=o_k < n_lim)
         last = tl.minimum(i_t * BT + BT, T) - 1
         b_mc = tl.load(ms + i_s)
         b_b = load_vec(b + bos * H + i_h, i_t * BT, T, H, BT)

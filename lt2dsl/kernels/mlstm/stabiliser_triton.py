@@ -6,7 +6,7 @@ token, the float64 routing of ∂L/∂m_r through m_r = F_r + max(m_0, max_{j≤
 df̃ = (dlogf) σ(−f̃), in one program per (sequence, head). In PyTorch the same path is ~20 kernels
 (three float64 scans among them: ~150 µs of a 2.9 ms mLSTM forward+backward on the H200, B=4,
 T=8192, H=16). On the H200 the
-kernel takes ~160 µs there: one program per (sequence, head), each walking T twice.
+kernel takes ~100 µs there: one program per (sequence, head), each walking T twice.
 
 Per sequence: pass 1 walks the tokens forward in blocks, F by a cumulative sum carried across
 blocks, the running argmax of u = ĩ − F (ties to the later index, as torch.cummax) by an
@@ -106,13 +106,15 @@ def route_kernel(
     tl.store(dm0 + i_nh, tl.load(r_base, cache_modifier=".cg").to(tl.float32))
 
 
-def route_and_finish(f, ig, dm, dm_T, m0, dlf_k, di_k, cu_seqlens, *, block=None, num_warps=4):
+def route_and_finish(f, ig, dm, dm_T, m0, dlf_k, di_k, cu_seqlens, *, block=None, num_warps=None):
     """(df̃ `[B, T, H]`, dĩ `[B, T, H]`, dm_0 `[N, H]`) fp32 from the chunk kernels' outputs.
 
     f: the forget-gate pre-activations `[B, T, H]`; ig: ĩ fp32; dm: ∂L/∂m_r fp32; dm_T `[N, H]` or
     None (added at every sequence's last token); m0 `[N, H]` or None (then 0); dlf_k, di_k
-    `[NK, B, T, H]` fp32 per-K-block parts. `block` (tokens per step) and `num_warps` are for
-    `bench/mlstm_route.py`.
+    `[NK, B, T, H]` fp32 per-K-block parts. `block` (tokens per step) and `num_warps` override the
+    defaults, 2048 tokens and 16 warps: one program per (sequence, head) leaves most of the GPU
+    idle, so each program is made wide (H200, B=4, T=8192, H=16: 167 µs at 1024 tokens and 4
+    warps, 100 µs at 2048 and 16; `bench/mlstm_route.py`).
     """
     B, T, H = f.shape
     NK = dlf_k.shape[0]
@@ -128,7 +130,8 @@ def route_and_finish(f, ig, dm, dm_T, m0, dlf_k, di_k, cu_seqlens, *, block=None
         dummy if m0 is None else m0.float().contiguous(),
         dlf_k.contiguous(), di_k.contiguous(), R, df, di, dm0,
         cu_seqlens, T, B * T,
-        H=H, NK=NK, BL=block or (16 if triton_interpreting() else 1024), num_warps=num_warps,
+        H=H, NK=NK, BL=block or (16 if triton_interpreting() else 2048),
+        num_warps=num_warps or (1 if triton_interpreting() else 16),
         HAS_M0=m0 is not None, HAS_DMT=dm_T is not None, IS_VARLEN=cu_seqlens is not None,
     )  # fmt: skip
     return df, di, dm0
