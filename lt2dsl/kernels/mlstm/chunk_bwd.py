@@ -10,12 +10,15 @@ routed through m_r = F_r + max(m_0, max_{j≤r}(ĩ_j − F_j)) by `route_and_fin
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ..common.decay_triton import (
     Varlen,
+    block,
     cast,
     chunk_span,
     device_fn,
@@ -174,7 +177,7 @@ def bwd_dv_kernel(
     store_tile(dv + (bos * H + i_h) * V, b_dv, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
 
 
-@tuned(_CONFIGS, key=_KEY)
+@tuned([*_CONFIGS, triton.Config({}, num_warps=8, num_stages=2)], key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def bwd_dqk_kernel(
     q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di, ds_scr,
@@ -289,7 +292,12 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     bwd_dv_kernel[(triton.cdiv(V, meta["BV"]), vl.NT, rows)](
         q, k, b, ig, dnum, m_tok, ms, mt, dCs, dv, vl.cu, vl.idx, scale, T, **meta
     )
-    NK = triton.cdiv(K, meta["BK"])
+    # LT2_MLSTM_DQK_BK: an A/B switch for the key tile of dq/dk alone (128: one program per chunk
+    # forms dS once instead of once per 64-wide K block; 242 registers at 8 warps offline)
+    meta_qk = dict(
+        meta, BK=min(meta["BK"] * 2, block(K, int(os.environ.get("LT2_MLSTM_DQK_BK", "0")) or meta["BK"]))
+    )
+    NK = triton.cdiv(K, meta_qk["BK"])
     dq, dk = new_empty(q, *q.shape), new_empty(k, *k.shape)
     dlf = new_empty(q, NK, B, T, H, dtype=torch.float32)
     di = new_empty(q, NK, B, T, H, dtype=torch.float32)
@@ -297,7 +305,7 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     ds_scr = q.new_empty(NK * vl.NT * rows, BT, BT)
     bwd_dqk_kernel[(NK, vl.NT, rows)](
         q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di, ds_scr,
-        vl.cu, vl.idx, scale, T, NTOT, **meta,
+        vl.cu, vl.idx, scale, T, NTOT, **meta_qk,
     )  # fmt: skip
     # the stabiliser path: ε through every m_r, and the returned final (C, n, m)
     dm_T = None
