@@ -369,6 +369,27 @@ def test_triton_route_equals_torch_path(lens, with_state):
     assert_close("dm0", dm0, dm0_r, 1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_keys_take_one_key_block(dtype):
+    """K = 128: dq/dk run with one 128-wide key tile (the other kernels with two of 64)."""
+    x, s0 = _inputs(1, 70, 1, 128, 32, dtype, "xlstm")
+    if dtype == torch.float32:
+        check_against_float64(*x, s0, eps=0.1, tol=1e-4)
+    else:
+        check_against_float64(*x, s0, tol=1e-2, final_grads=False)
+
+
+def test_dqk_config_rule():
+    """4 warps only with key tiles up to 64 wide, 8 warps at 2 stages only with 128-wide ones."""
+    import triton
+
+    from lt2dsl.kernels.mlstm.chunk_bwd import _dqk_config_ok
+
+    w4s2, w8s2, w8s3 = (triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 2), (8, 2), (8, 3)))
+    assert [_dqk_config_ok(c, {"BK": 64}) for c in (w4s2, w8s2, w8s3)] == [True, False, True]
+    assert [_dqk_config_ok(c, {"BK": 128}) for c in (w4s2, w8s2, w8s3)] == [False, True, True]
+
+
 @pytest.mark.parametrize("case", ["fixed", "bf16", "varlen"])
 def test_stabiliser_path_matches_float64(case):
     """eps large enough that the stabiliser path (`route_and_finish`, one Triton kernel) carries
@@ -416,7 +437,7 @@ def test_gpu_varlen():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", range(2))
+@pytest.mark.parametrize("config", range(3))
 def test_gpu_every_autotune_config(config):
     """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
     from lt2dsl.kernels.common.decay_triton import force_config
