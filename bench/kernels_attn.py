@@ -136,9 +136,9 @@ def _dsa_cases(T: int) -> list[Case]:
         q, k, v, qi, ki, wi = _dsa_inputs(T)
         return (lambda: dsa(q, k, v, qi, ki, wi, topk=TOPK, backend="triton")), [q, k, v]
 
-    def ours_indexer():
+    def ours_indexer(ordered=True):
         _, _, _, qi, ki, wi = _dsa_inputs(T)
-        return (lambda: dsa_indexer(qi, ki, wi, topk=TOPK, backend="triton")), []
+        return (lambda: dsa_indexer(qi, ki, wi, topk=TOPK, backend="triton", ordered=ordered)), []
 
     def ours_fixed_selection():
         q, k, v, qi, ki, wi = _dsa_inputs(T)
@@ -162,6 +162,15 @@ def _dsa_cases(T: int) -> list[Case]:
     cases = [_case(group, "lt2dsl", ours, sparse, bw) for bw in (False, True)]
     cases += [_case(group, "lt2dsl-attn", ours_fixed_selection, sparse, bw) for bw in (False, True)]
     cases += [Case(group=group, impl="lt2dsl-index", make=ours_indexer, flops=2 * B * HI * DI * T * T / 2)]
+    # the selection as a set (what the attention takes; differs from the above with LT2_DSA_RADIX=1)
+    cases += [
+        Case(
+            group=group,
+            impl="lt2dsl-index-set",
+            make=lambda: ours_indexer(ordered=False),
+            flops=2 * B * HI * DI * T * T / 2,
+        )
+    ]
     cases += [_case(group, "sdpa-full", sdpa_full, _causal_flops(T), bw) for bw in (False, True)]
     cases += [_case(group, "fla-naive", peer, sparse, bw) for bw in (False, True)]
     return cases
@@ -231,7 +240,8 @@ def cases() -> list[Case]:
 
 def main() -> None:
     ceilings = harness.measure_ceilings()
-    rows = harness.run_cases("kernels_attn", cases(), ceilings)
+    tag = os.environ.get("TAG")
+    rows = harness.run_cases("kernels_attn" + (f"_{tag}" if tag else ""), cases(), ceilings)
     from lt2dsl.kernels.attention import triton_bwd
 
     for name in ("_dkdv_tuned", "_dq_tuned"):

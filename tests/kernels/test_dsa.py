@@ -251,6 +251,23 @@ def test_gpu_full_size(shape, dtype, poison):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_heavy
+@pytest.mark.parametrize("T", [4096, 1000])
+def test_gpu_radix_indexer_equals_torch_topk(T, monkeypatch):
+    """`LT2_DSA_RADIX` on the H200 at full size: the same rank-ordered selection as the int64-key
+    path (both score in the same kernel code), and the same sets unordered."""
+    from lt2dsl.kernels.dsa import triton_indexer
+
+    _, _, _, qi, ki, wi = make(2, T, T, 1, 1, 8, HI=4, DI=64, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setattr(triton_indexer, "RADIX", False)
+    ref = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=2048)
+    monkeypatch.setattr(triton_indexer, "RADIX", True)
+    assert torch.equal(triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=2048), ref)
+    got = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=2048, ordered=False)
+    assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
+
+
+@pytest.mark.gpu
 def test_gpu_peer_reference_same_function():
     """Same function as the peer's `naive_dsa` (fla) on the same inputs (no score ties: positive inputs)."""
     naive = pytest.importorskip("fla.ops.dsa.naive")
@@ -295,3 +312,73 @@ def test_value_slices_of_fused_projections_are_realigned():
     cache = torch.randn(2, 64, 4, 128)
     view = cache[:, :5]
     assert rows_contiguous(view).data_ptr() == view.data_ptr()
+
+
+def _reference_selection(keys: torch.Tensor, Tq: int, Tk: int, t0: int, topk: int) -> torch.Tensor:
+    """Per chunk row: the top-k of keys[b, r, :n] by (unsigned key, lower index), as sorted sets."""
+    B, C, KW = keys.shape
+    u = keys.to(torch.int64) & 0xFFFFFFFF
+    s = torch.arange(KW, device=keys.device)
+    n = torch.clamp(t0 + torch.arange(C, device=keys.device) + (Tk - Tq) + 1, max=KW)
+    k64 = torch.where(s[None, None, :] < n[None, :, None], (u << 31) + (2**31 - 1 - s), -1)
+    top = k64.topk(min(topk, KW), dim=-1).values
+    idx = torch.where(top >= 0, 2**31 - 1 - (top & (2**31 - 1)), -1)
+    return torch.nn.functional.pad(idx, (0, topk - idx.shape[-1]), value=-1).sort(-1).values
+
+
+@pytest.mark.parametrize("spread", ["wide", "narrow", "ties"])
+@pytest.mark.parametrize("topk", [1, 7, 64, 200])
+def test_radix_select_equals_sorted_keys(spread, topk):
+    """The radix selection on synthetic 32-bit keys: spread over the whole range, sharing their top
+    22 bits (the last 10-bit pass decides), or drawn from 5 values (ties at the threshold go to the
+    lower indices); rows shorter and longer than k, a chunk that starts mid-sequence."""
+    from lt2dsl.kernels.dsa.triton_topk import select_topk
+
+    g = torch.Generator().manual_seed(topk)
+    B, C, Tq, Tk, t0 = 2, 12, 40, 150, 20
+    KW = t0 + C + (Tk - Tq)
+    if spread == "wide":
+        u = torch.randint(0, 2**32, (B, C, KW), generator=g, dtype=torch.int64)
+    elif spread == "narrow":
+        u = 0x9ABCD000 + torch.randint(0, 2**10, (B, C, KW), generator=g, dtype=torch.int64)
+    else:
+        u = torch.tensor([0, 5, 2**31, 2**31 + 5, 2**32 - 1])[torch.randint(0, 5, (B, C, KW), generator=g)]
+    keys = torch.where(u >= 2**31, u - 2**32, u).to(torch.int32).to(DEVICE)
+    out = torch.full((B, Tq, topk), -1, dtype=torch.long, device=DEVICE)
+    select_topk(keys, out, t0, Tk, topk)
+    assert torch.equal(out[:, :t0], torch.full_like(out[:, :t0], -1))
+    got = out[:, t0 : t0 + C]
+    # index order within a row, −1 after the selected entries
+    valid = got >= 0
+    assert torch.equal(valid, valid.cummin(-1).values)
+    assert bool((got[..., 1:] > got[..., :-1])[valid[..., 1:]].all())
+    assert torch.equal(got.sort(-1).values, _reference_selection(keys, Tq, Tk, t0, topk))
+
+
+@pytest.mark.parametrize("Tq,Tk", [(48, 48), (30, 50), (2, 90)])
+@pytest.mark.parametrize("chunk", [16, None])
+def test_radix_indexer_equals_reference(Tq, Tk, chunk, monkeypatch):
+    """`LT2_DSA_RADIX`: rank order equal to the reference's exactly; unordered, the same sets."""
+    from lt2dsl.kernels.dsa import triton_indexer
+
+    monkeypatch.setattr(triton_indexer, "RADIX", True)
+    _, _, _, qi, ki, wi = make(2, Tq, Tk, 1, 1, 8, HI=3, DI=16, dtype=torch.float32, device=DEVICE)
+    for kk in (1, 5, 40, 120):
+        ref = dsa_indexer(qi, ki, wi, topk=kk)
+        got = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=kk, chunk=chunk)
+        assert torch.equal(got, ref), (kk, chunk)
+        got = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=kk, chunk=chunk, ordered=False)
+        assert torch.equal(got.sort(-1).values, ref.sort(-1).values), (kk, chunk)
+
+
+def test_radix_indexer_ties_at_zero_go_to_the_lower_index(monkeypatch):
+    """Every index score ReLU'd to 0 but a few: the zeros tie and the lowest indices fill the rest."""
+    from lt2dsl.kernels.dsa import triton_indexer
+
+    monkeypatch.setattr(triton_indexer, "RADIX", True)
+    _, _, _, qi, ki, wi = make(1, 40, 40, 1, 1, 8, HI=2, DI=16, dtype=torch.float32, device=DEVICE)
+    qi, ki, wi = -qi.abs(), ki.abs(), wi.abs()
+    ki[:, 7] = -ki[:, 7]  # key 7 scores > 0 for every query that sees it
+    for kk in (1, 6):
+        ref = dsa_indexer(qi, ki, wi, topk=kk)
+        assert torch.equal(triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=kk), ref)

@@ -61,3 +61,29 @@ def test_value_gather_is_vectorised_only_with_an_aligned_row_stride():
           f"stride 6472: {loose_all} ({loose_scalar} scalar)")  # fmt: skip
     assert aligned_scalar == 0
     assert loose_scalar > 0 and loose_all > aligned_all
+
+
+def test_radix_topk_kernels_compile_without_spills():
+    """The staged radix selection (`LT2_DSA_RADIX`) and the 32-bit key variant of the score kernel,
+    at the launch configs they use on the GPU: registers, shared memory, no stack."""
+    from tests.kernels.test_delta_compile import MAX_STACK, SMEM_LIMIT, _compile
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
+    from lt2dsl.kernels.dsa.triton_topk import _select_kernel
+
+    ints = {n: "i32" for n in ("t0", "Tq", "Tk", "C", "KW", "K")}
+    sel = _compile(_select_kernel, {"KEYS": "*i32", "OUT": "*i64"}, ints, {"BLK": 4096}, 16, 1)
+    score_cex = dict(HI=4, DI=64, BDI=64, BM=64, BN=128, HAS_W=True, DOT_PREC="tf32", U32=True)
+    score = _compile(
+        _indexer_kernel,
+        {"QI": "*bf16", "KI": "*bf16", "WI": "*bf16", "KEYS": "*i32"},
+        dict(ints, idx_scale="fp32"),
+        score_cex,
+        8,
+        2,
+    )
+    for name, (smem, regs, stack) in (("select", sel), ("score-u32", score)):
+        print(f"{name}: {smem} B shared, {regs} registers, {stack} B stack")
+        assert smem <= SMEM_LIMIT
+        assert stack <= MAX_STACK

@@ -82,6 +82,7 @@ def dsa(
             idx_scale=idx_scale,
             indices=indices,
             cu_seqlens=cu_seqlens,
+            ordered=return_indices,
         )
     else:
         kw = dict(topk=topk, scale=scale, idx_scale=idx_scale)
@@ -98,13 +99,18 @@ def dsa(
     return (o, idx) if return_indices else o
 
 
-def dsa_indexer(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, backend: str = "reference"):
-    """The lightning indexer alone: `[B, Tq, topk]` causal top-k key indices (rank order, −1 pads)."""
+def dsa_indexer(
+    q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, backend: str = "reference", ordered: bool = True
+):
+    """The lightning indexer alone: `[B, Tq, topk]` causal top-k key indices (rank order, −1 pads).
+
+    `ordered=False` lets the Triton backend return each query's selection in any order (the same
+    set; the −1 pads still last), skipping the rank sort when only the set matters."""
     _check_indexer(q_idx, k_idx, w_idx, q_idx.shape[0], q_idx.shape[1], k_idx.shape[1])
     if resolve_backend(backend, q_idx) == "triton":
         from .ops import _indexer
 
-        return _indexer(q_idx, k_idx, w_idx, topk, idx_scale, None)
+        return _indexer(q_idx, k_idx, w_idx, topk, idx_scale, None, ordered)
     return dsa_indexer_reference(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
 
 

@@ -73,13 +73,16 @@ def _bwd_flops(do, q, k, v, o, lse, indices, scale, *args, **kwargs) -> int:
 
 
 @custom_op("lt2dsl::dsa_indexer", mutates_args=())
-def dsa_indexer_op(q_idx: Tensor, k_idx: Tensor, w_idx: Tensor | None, topk: int, idx_scale: float) -> Tensor:
-    """Lightning indexer + top-k: `[B, Tq, topk]` indices (no gradient: the choice is discrete)."""
-    return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
+def dsa_indexer_op(
+    q_idx: Tensor, k_idx: Tensor, w_idx: Tensor | None, topk: int, idx_scale: float, ordered: bool = True
+) -> Tensor:
+    """Lightning indexer + top-k: `[B, Tq, topk]` indices (no gradient: the choice is discrete);
+    rank order, or with `ordered=False` possibly any order (the set is the same)."""
+    return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, ordered=ordered)
 
 
 @dsa_indexer_op.register_fake
-def _(q_idx, k_idx, w_idx, topk, idx_scale):
+def _(q_idx, k_idx, w_idx, topk, idx_scale, ordered=True):
     return q_idx.new_empty(*q_idx.shape[:2], topk, dtype=torch.long)
 
 
@@ -90,8 +93,11 @@ def _indexer_flops(q_idx, k_idx, w_idx, topk, idx_scale, *args, **kwargs) -> int
     return 2 * B * Tq * k_idx[1] * HI * DI
 
 
-def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, indices, cu_seqlens):
-    """`dsa(backend="triton")`: Triton indexer + top-k, then the sparse attention custom op."""
+def dsa_triton(
+    q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, indices, cu_seqlens, ordered=True
+):
+    """`dsa(backend="triton")`: Triton indexer + top-k, then the sparse attention custom op; the
+    returned selection is in rank order only if `ordered` (the attention does not need it)."""
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or {k.dtype, v.dtype} != {q.dtype}:
         raise ValueError(
             f"the Triton DSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
@@ -102,20 +108,20 @@ def dsa_triton(q, k, v, q_idx, k_idx, w_idx, *, topk: int, scale, idx_scale, ind
         raise ValueError("the Triton DSA takes one cu_seqlens (Tq == Tk per sequence)")
     local = indices
     if local is None:
-        local = _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens)
+        local = _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens, ordered)
     glob = local if cu_seqlens is None else _to_global(local, cu_seqlens)
     # k, v as they are (the kernel takes their strides): in decode they are views of the KV cache
     o = dsa_attn_fwd_op(q.contiguous(), k, v, glob.contiguous(), scale)[0]
     return o, local
 
 
-def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens):
+def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens, ordered=True):
     """Indexer per packed sequence (indices local to each sequence, as the peer)."""
     idx_scale = q_idx.shape[-1] ** -0.5 if idx_scale is None else float(idx_scale)
     q_idx, k_idx = q_idx.contiguous(), k_idx.contiguous()
     w_idx = None if w_idx is None else w_idx.contiguous()
     if cu_seqlens is None:
-        return dsa_indexer_op(q_idx, k_idx, w_idx, topk, idx_scale)
+        return dsa_indexer_op(q_idx, k_idx, w_idx, topk, idx_scale, ordered)
     cu = cu_seqlens.tolist()
     parts = [
         dsa_indexer_op(
@@ -124,6 +130,7 @@ def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens):
             None if w_idx is None else w_idx[:, a:b].contiguous(),
             topk,
             idx_scale,
+            ordered,
         )
         for a, b in itertools.pairwise(cu)
     ]

@@ -10,14 +10,20 @@ entirely after the query block are skipped and left at −2^63. Queries go in ch
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.backend import triton_interpreting
+from .triton_topk import rank_order, select_topk
 
 _INT64_MIN = -(2**63)
+# The radix selection (triton_topk.py) instead of int64 keys and torch.topk: staged, off until it
+# has been timed on the GPU; a module attribute so tests can switch it.
+RADIX = os.environ.get("LT2_DSA_RADIX", "0") == "1"
 
 
 @triton.jit
@@ -39,10 +45,13 @@ def _indexer_kernel(
     BN: tl.constexpr,
     HAS_W: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    U32: tl.constexpr,
 ):
     """KEYS[b, r, s] for chunk rows r (query t0 + r), keys s < KW; QI `[B, Tq, HI, DI]`, KI `[B, Tk, DI]`.
 
-    KEYS is `[B, C, KW]`: KW ≤ Tk stops at the last key any row of the chunk can see."""
+    KEYS is `[B, C, KW]`: KW ≤ Tk stops at the last key any row of the chunk can see. U32: KEYS is
+    int32 storage of the unsigned key ordered(I) alone (`triton_topk`), and entries past a row's
+    position are left unwritten (the selection reads a row's causal prefix only)."""
     i_m, i_n, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = i_m * BM + tl.arange(0, BM)
     t = t0 + rows
@@ -52,7 +61,8 @@ def _indexer_kernel(
     out = KEYS + (b.to(tl.int64) * C + rows)[:, None] * KW + keys[None, :]
     store_mask = (rows < C)[:, None] & (keys < KW)[None, :]
     if i_n * BN > t0 + i_m * BM + BM - 1 + (Tk - Tq):  # the whole block is in every row's future
-        tl.store(out, tl.full([BM, BN], -(2**63), tl.int64), mask=store_mask)
+        if not U32:
+            tl.store(out, tl.full([BM, BN], -(2**63), tl.int64), mask=store_mask)
     else:
         offs = tl.arange(0, BDI)
         kt = tl.load(
@@ -70,15 +80,26 @@ def _indexer_kernel(
             if HAS_W:
                 dots = dots * tl.load(WI + qrow, mask=in_q, other=0.0).to(tl.float32)[:, None]
             score += dots
-        bits = score.to(tl.int32, bitcast=True)
-        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-        key = ordered * 2147483648 + (2147483647 - keys[None, :].to(tl.int64))
-        ok = in_q[:, None] & (keys[None, :] <= pos[:, None]) & (keys < Tk)[None, :]
-        tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
+        if U32:
+            # + 0.0 turns −0 into +0 (the reference sees a tie); unsigned order is float order
+            bits = (score + 0.0).to(tl.uint32, bitcast=True)
+            flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+            tl.store(out, (bits ^ flip).to(tl.int32, bitcast=True), mask=store_mask)
+        else:
+            bits = score.to(tl.int32, bitcast=True)
+            ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+            key = ordered * 2147483648 + (2147483647 - keys[None, :].to(tl.int64))
+            ok = in_q[:, None] & (keys[None, :] <= pos[:, None]) & (keys < Tk)[None, :]
+            tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
 
 
-def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, chunk: int | None = None):
-    """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference)."""
+def dsa_indexer_triton(
+    q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, chunk: int | None = None, ordered: bool = True
+):
+    """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference).
+
+    With the radix selection (`RADIX`), `ordered=False` returns the same set per query in index
+    order (what the sparse attention needs) without the rank sort."""
     B, Tq, HI, DI = q_idx.shape
     Tk = k_idx.shape[1]
     if q_idx.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -87,8 +108,9 @@ def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, c
     q_idx, k_idx = q_idx.contiguous(), k_idx.to(q_idx.dtype).contiguous()
     w = None if w_idx is None else w_idx.contiguous()
     BM, BN = (16, 16) if triton_interpreting() else (64, 128)
-    if chunk is None:
-        chunk = max(BM, min(Tq, (2**27 // max(B * Tk, 1)) // BM * BM))
+    radix = RADIX
+    if chunk is None:  # the key buffer near 1 GiB: 2^27 int64 keys or 2^28 unsigned 32-bit ones
+        chunk = max(BM, min(Tq, (2 ** (28 if radix else 27) // max(B * Tk, 1)) // BM * BM))
     out = torch.empty(B, Tq, topk, dtype=torch.long, device=q_idx.device)
     kk = min(topk, Tk)
     out.fill_(-1)
@@ -97,7 +119,7 @@ def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, c
         # Causal: no row of this chunk sees a key past its last row's position, so the keys and
         # the top-k stop there (half the selection work of a prefill, on average).
         kw = max(1, min(Tk, t0 + c + (Tk - Tq)))
-        keys = torch.empty(B, c, kw, dtype=torch.int64, device=q_idx.device)
+        keys = torch.empty(B, c, kw, dtype=torch.int32 if radix else torch.int64, device=q_idx.device)
         _indexer_kernel[(triton.cdiv(c, BM), triton.cdiv(kw, BN), B)](
             q_idx,
             k_idx,
@@ -116,9 +138,15 @@ def dsa_indexer_triton(q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, c
             BN=BN,
             HAS_W=w is not None,
             DOT_PREC=dot_precision(q_idx.dtype),
+            U32=radix,
             num_warps=1 if triton_interpreting() else 8,
             num_stages=1 if triton_interpreting() else 2,
         )
+        if radix:
+            select_topk(keys, out, t0, Tk, topk)
+            if ordered:
+                out[:, t0 : t0 + c] = rank_order(keys, out[:, t0 : t0 + c])
+            continue
         kc = min(kk, kw)
         top, idx = torch.topk(keys, kc, dim=-1, sorted=True)
         out[:, t0 : t0 + c, :kc] = idx.masked_fill(top == _INT64_MIN, -1)

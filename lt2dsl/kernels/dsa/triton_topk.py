@@ -1,0 +1,124 @@
+"""Exact causal top-k of the index scores by a radix select per query row (staged: `LT2_DSA_RADIX=1`).
+
+`torch.topk` over `[B, chunk, Tk]` int64 keys (score, then the lower index) was 131.7 of the
+indexer's 131.7 + scores ms at B=4, T=32k, top-k 2048 on the H200: eight 8-bit passes over 8-byte
+keys and a full sort. Here the score kernel writes each score once as a 32-bit unsigned key
+(`ordered(I)`: unsigned order = float order) and one program per query row finds the k-th largest
+key by three histogram passes over 11, 11 and 10 bits (`tl.histogram`, masked to the keys that
+share the digits found so far), then writes the selected indices in index order: every key above
+the threshold, and of the keys equal to it the lowest indices first, so the selected set is exactly
+the reference's (largest score, then the lower index: `common.attn_utils.rank_keys`). A row reads
+only its causal prefix (keys s ≤ its position), 4 bytes a key per pass.
+
+Rank order (what `dsa_indexer` and `dsa(..., return_indices=True)` return) is a sort of the k
+selected entries by (key, −index) afterwards; the sparse attention takes the selection in any
+order and skips that sort.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common.backend import triton_interpreting
+
+
+@triton.jit
+def _digit_histogram(KEYS, n, SHIFT: tl.constexpr, WIDTH: tl.constexpr, prefix, HAS_PREFIX: tl.constexpr,
+                     BLK: tl.constexpr, NB: tl.constexpr):  # fmt: skip
+    """Histogram `[NB]` of the digit (key >> SHIFT) & (2^WIDTH − 1) over keys[0:n] whose bits above
+    SHIFT + WIDTH equal `prefix`."""
+    hist = tl.zeros([NB], dtype=tl.int32)
+    offs = tl.arange(0, BLK)
+    for s0 in range(0, n, BLK):
+        m = s0 + offs < n
+        key = tl.load(KEYS + s0 + offs, mask=m, other=0).to(tl.uint32, bitcast=True)
+        if HAS_PREFIX:
+            m = m & ((key >> (SHIFT + WIDTH)) == prefix)
+        digit = ((key >> SHIFT) & ((1 << WIDTH) - 1)).to(tl.int32)
+        hist += tl.histogram(digit, NB, mask=m)
+    return hist
+
+
+@triton.jit
+def _pick(hist, rem, NB: tl.constexpr):
+    """(b, above): the bin holding the rem-th largest key (rem ≥ 1) and how many keys lie above it."""
+    bins = tl.arange(0, NB)
+    at_or_above = tl.cumsum(hist, 0, reverse=True)
+    b = tl.max(tl.where(at_or_above >= rem, bins, -1), 0)
+    above = tl.sum(tl.where(bins == b, at_or_above - hist, 0), 0)
+    return b, above
+
+
+@triton.jit
+def _select_kernel(
+    KEYS,
+    OUT,
+    t0,
+    Tq,
+    Tk,
+    C,
+    KW,
+    K,
+    BLK: tl.constexpr,
+):
+    """OUT[b, t0 + r, :] for chunk row r: the indices of the top-K keys among KEYS[b, r, 0:n],
+    n = min(pos + 1, KW), in index order; −1 past the count (OUT is filled with −1 beforehand)."""
+    r, b = tl.program_id(0), tl.program_id(1)
+    t = t0 + r
+    pos = t + (Tk - Tq)
+    n = tl.minimum(pos + 1, KW)
+    keys = KEYS + (b.to(tl.int64) * C + r) * KW
+    out = OUT + (b.to(tl.int64) * Tq + t) * K
+    # the threshold key thr and how many keys equal to it are taken (rem); with n ≤ K every key is
+    thr = tl.zeros([], dtype=tl.uint32)
+    rem = n
+    if n > K:
+        h = _digit_histogram(keys, n, 21, 11, 0, False, BLK, 2048)
+        d0, above = _pick(h, K, 2048)
+        rem = K - above
+        p = d0.to(tl.uint32)
+        h = _digit_histogram(keys, n, 10, 11, p, True, BLK, 2048)
+        d1, above = _pick(h, rem, 2048)
+        rem = rem - above
+        p = (p << 11) | d1.to(tl.uint32)
+        h = _digit_histogram(keys, n, 0, 10, p, True, BLK, 1024)
+        d2, above = _pick(h, rem, 1024)
+        rem = rem - above
+        thr = (p << 10) | d2.to(tl.uint32)
+    offs = tl.arange(0, BLK)
+    n_sel = tl.zeros([], dtype=tl.int32)
+    n_eq = tl.zeros([], dtype=tl.int32)
+    for s0 in range(0, n, BLK):
+        s = s0 + offs
+        m = s < n
+        key = tl.load(keys + s, mask=m, other=0).to(tl.uint32, bitcast=True)
+        eq = (m & (key == thr)).to(tl.int32)
+        eq_before = n_eq + tl.cumsum(eq, 0) - eq
+        sel = (m & ((key > thr) | ((eq > 0) & (eq_before < rem)))).to(tl.int32)
+        slot = n_sel + tl.cumsum(sel, 0) - sel
+        tl.store(out + slot, s.to(tl.int64), mask=(sel > 0) & (slot < K))
+        n_sel += tl.sum(sel, 0)
+        n_eq += tl.sum(eq, 0)
+
+
+def select_topk(keys: torch.Tensor, out: torch.Tensor, t0: int, Tk: int, topk: int) -> None:
+    """Fill out[:, t0 : t0 + C] (`[B, Tq, topk]` int64, pre-filled with −1) from the chunk's
+    ordered keys `[B, C, KW]` (int32 storage of the unsigned keys), index order."""
+    B, C, KW = keys.shape
+    Tq = out.shape[1]
+    interp = triton_interpreting()
+    _select_kernel[(C, B)](
+        keys, out, t0, Tq, Tk, C, KW, topk,
+        BLK=64 if interp else 4096, num_warps=1 if interp else 16,
+    )  # fmt: skip
+
+
+def rank_order(keys: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """`idx` (`[B, C, k]`, −1 pads, any order) sorted by (key, −index) descending, −1 last."""
+    u = keys.gather(-1, idx.clamp_min(0)).to(torch.int64) & 0xFFFFFFFF
+    # unsigned key · 2^31 + (2^31 − 1 − s) fits an int64 and orders as (score, lower index)
+    k64 = torch.where(idx >= 0, (u << 31) + (2**31 - 1 - idx), -1)
+    k64 = k64.sort(dim=-1, descending=True).values
+    return torch.where(k64 >= 0, 2**31 - 1 - (k64 & (2**31 - 1)), -1)
