@@ -49,6 +49,7 @@ for s in ${STAGES:-env}; do
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     # the staged radix top-k of DSA's indexer (LT2_DSA_RADIX): its GPU tests, then the DSA rows with it
     tests_dsa_radix) LT2_DSA_RADIX=1 stage tests_dsa_radix ${LIM_RADIX:-200} $PYT -n ${NPROC:-6} tests/kernels/test_dsa.py -k "gpu or radix" ;;
+    dsa_radix) stage dsa_radix ${LIM_RADIX:-200} python3 bench/dsa_radix.py ;;
     bench_dsa_radix) LT2_DSA_RADIX=1 TAG=radix ONLY="${ONLY_ATTN-dsa}" stage bench_dsa_radix "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     bench_decay) ONLY="${ONLY_DECAY-${ONLY:-}}" stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
     tests_mlstm) stage tests_mlstm ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser or route" ;;
