@@ -330,7 +330,7 @@ def _reference_selection(keys: torch.Tensor, Tq: int, Tk: int, t0: int, topk: in
 @pytest.mark.parametrize("topk", [1, 7, 64, 200])
 def test_radix_select_equals_sorted_keys(spread, topk):
     """The radix selection on synthetic 32-bit keys: spread over the whole range, sharing their top
-    22 bits (the last 10-bit pass decides), or drawn from 5 values (ties at the threshold go to the
+    22 bits (the last two 8-bit passes decide), or drawn from 5 values (ties at the threshold go to the
     lower indices); rows shorter and longer than k, a chunk that starts mid-sequence."""
     from lt2dsl.kernels.dsa.triton_topk import select_topk
 

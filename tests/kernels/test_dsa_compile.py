@@ -73,7 +73,7 @@ def test_radix_topk_kernels_compile_without_spills():
     from lt2dsl.kernels.dsa.triton_topk import _select_kernel
 
     ints = {n: "i32" for n in ("t0", "Tq", "Tk", "C", "KW", "K")}
-    sel = _compile(_select_kernel, {"KEYS": "*i32", "OUT": "*i64"}, ints, {"BLK": 4096}, 16, 1)
+    sel = _compile(_select_kernel, {"KEYS": "*i32", "OUT": "*i64"}, ints, {"BLK": 2048}, 4, 1)
     score_cex = dict(HI=4, DI=64, BDI=64, BM=64, BN=128, HAS_W=True, DOT_PREC="tf32", U32=True)
     score = _compile(
         _indexer_kernel,

@@ -1,18 +1,21 @@
 """Exact causal top-k of the index scores by a radix select per query row (staged: `LT2_DSA_RADIX=1`).
 
-`torch.topk` over `[B, chunk, Tk]` int64 keys (score, then the lower index) was 131.7 of the
-indexer's 131.7 + scores ms at B=4, T=32k, top-k 2048 on the H200: eight 8-bit passes over 8-byte
-keys and a full sort. Here the score kernel writes each score once as a 32-bit unsigned key
-(`ordered(I)`: unsigned order = float order) and one program per query row finds the k-th largest
-key by three histogram passes over 11, 11 and 10 bits (`tl.histogram`, masked to the keys that
-share the digits found so far), then writes the selected indices in index order: every key above
-the threshold, and of the keys equal to it the lowest indices first, so the selected set is exactly
-the reference's (largest score, then the lower index: `common.attn_utils.rank_keys`). A row reads
-only its causal prefix (keys s ≤ its position), 4 bytes a key per pass.
+The default selection sorts `[B, chunk, Tk]` int64 keys (score, then the lower index) with
+`torch.topk`: 78 of the indexer's 86 ms at B=4, T=32k, 4 index heads of 128, top-k 2048 on the
+H200 (the scores alone: 7.5 ms). Here the score kernel writes each score once as a 32-bit
+unsigned key (`ordered(I)`: unsigned order = float order) and one program per query row finds the
+k-th largest key by four histogram passes over its 8-bit digits (`tl.histogram`, masked to the keys
+that share the digits found so far), then writes the selected indices in index order: every key
+above the threshold, and of the keys equal to it the lowest indices first, so the selected set is
+exactly the reference's (largest score, then the lower index: `common.attn_utils.rank_keys`). A
+row reads only its causal prefix (keys s ≤ its position), 4 bytes a key per pass.
 
-Rank order (what `dsa_indexer` and `dsa(..., return_indices=True)` return) is a sort of the k
-selected entries by (key, −index) afterwards; the sparse attention takes the selection in any
-order and skips that sort.
+Measured on the H200 (`bench/dsa_radix.py`): the first version, three passes of 11/11/10 bits,
+selected exactly what `torch.topk` does but took 313 ms: a 2048-bin `tl.histogram` pass ran ~10×
+slower than a 256-bin one (12.7 against 1.5 ms over 2 GB of keys; a plain counting pass 0.47 ms).
+The 8-bit passes here are CPU-tested, not yet timed. Rank order (what `dsa_indexer` and
+`dsa(..., return_indices=True)` return) is a sort of the k selected entries by (key, −index)
+afterwards; the sparse attention takes the selection in any order and skips that sort.
 """
 
 from __future__ import annotations
@@ -75,18 +78,24 @@ def _select_kernel(
     thr = tl.zeros([], dtype=tl.uint32)
     rem = n
     if n > K:
-        h = _digit_histogram(keys, n, 21, 11, 0, False, BLK, 2048)
-        d0, above = _pick(h, K, 2048)
+        # 8-bit digits: on the H200 a 256-bin tl.histogram pass runs at ~1.3 TB/s of keys, a
+        # 2048-bin one ~10x slower (bench/dsa_radix.py's first run took 313 ms with 11-bit digits)
+        h = _digit_histogram(keys, n, 24, 8, 0, False, BLK, 256)
+        d, above = _pick(h, K, 256)
         rem = K - above
-        p = d0.to(tl.uint32)
-        h = _digit_histogram(keys, n, 10, 11, p, True, BLK, 2048)
-        d1, above = _pick(h, rem, 2048)
+        p = d.to(tl.uint32)
+        h = _digit_histogram(keys, n, 16, 8, p, True, BLK, 256)
+        d, above = _pick(h, rem, 256)
         rem = rem - above
-        p = (p << 11) | d1.to(tl.uint32)
-        h = _digit_histogram(keys, n, 0, 10, p, True, BLK, 1024)
-        d2, above = _pick(h, rem, 1024)
+        p = (p << 8) | d.to(tl.uint32)
+        h = _digit_histogram(keys, n, 8, 8, p, True, BLK, 256)
+        d, above = _pick(h, rem, 256)
         rem = rem - above
-        thr = (p << 10) | d2.to(tl.uint32)
+        p = (p << 8) | d.to(tl.uint32)
+        h = _digit_histogram(keys, n, 0, 8, p, True, BLK, 256)
+        d, above = _pick(h, rem, 256)
+        rem = rem - above
+        thr = (p << 8) | d.to(tl.uint32)
     offs = tl.arange(0, BLK)
     n_sel = tl.zeros([], dtype=tl.int32)
     n_eq = tl.zeros([], dtype=tl.int32)
@@ -111,7 +120,7 @@ def select_topk(keys: torch.Tensor, out: torch.Tensor, t0: int, Tk: int, topk: i
     interp = triton_interpreting()
     _select_kernel[(C, B)](
         keys, out, t0, Tq, Tk, C, KW, topk,
-        BLK=64 if interp else 4096, num_warps=1 if interp else 16,
+        BLK=64 if interp else 2048, num_warps=1 if interp else 4,
     )  # fmt: skip
 
 
