@@ -47,6 +47,11 @@ def main() -> None:
         outs[name] = run()
         rows[name] = _ms(run, reps)
         print(f"{name:12s} {rows[name]:9.3f} ms", flush=True)
+    # the scores alone: the selection replaced by nothing (what is left is the score kernel)
+    select, triton_indexer.select_topk = triton_indexer.select_topk, lambda *a: None
+    rows["scores only"] = _ms(lambda: triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=K, ordered=False), 5)
+    triton_indexer.select_topk = select
+    print(f"{'scores only':12s} {rows['scores only']:9.3f} ms", flush=True)
     same_ranked = torch.equal(outs["radix"], outs["torch.topk"])
     same_set = torch.equal(outs["radix-set"].sort(-1).values, outs["torch.topk"].sort(-1).values)
     print(f"radix == torch.topk (rank order): {same_ranked}; same sets: {same_set}")
