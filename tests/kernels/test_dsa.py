@@ -355,6 +355,20 @@ def test_radix_select_equals_sorted_keys(spread, topk):
     assert torch.equal(got.sort(-1).values, _reference_selection(keys, Tq, Tk, t0, topk))
 
 
+@pytest.mark.parametrize("radix", [False, True])
+def test_unordered_selection_is_the_same_set(radix, monkeypatch):
+    """`ordered=False` (what `dsa` uses unless it returns the indices): each query's set, −1 pads
+    included, equals the rank-ordered selection's."""
+    from lt2dsl.kernels.dsa import triton_indexer
+
+    monkeypatch.setattr(triton_indexer, "RADIX", radix)
+    _, _, _, qi, ki, wi = make(2, 30, 50, 1, 1, 8, HI=3, DI=16, dtype=torch.float32, device=DEVICE)
+    for kk in (1, 7, 60):
+        ref = dsa_indexer(qi, ki, wi, topk=kk)
+        got = dsa_indexer(qi, ki, wi, topk=kk, backend="triton", ordered=False)
+        assert torch.equal(got.sort(-1).values, ref.sort(-1).values), kk
+
+
 @pytest.mark.parametrize("Tq,Tk", [(48, 48), (30, 50), (2, 90)])
 @pytest.mark.parametrize("chunk", [16, None])
 def test_radix_indexer_equals_reference(Tq, Tk, chunk, monkeypatch):

@@ -105,7 +105,7 @@ def dsa_indexer(
     """The lightning indexer alone: `[B, Tq, topk]` causal top-k key indices (rank order, −1 pads).
 
     `ordered=False` lets the Triton backend return each query's selection in any order (the same
-    set; the −1 pads still last), skipping the rank sort when only the set matters."""
+    set, −1 pads possibly among the indices), skipping the rank sort when only the set matters."""
     _check_indexer(q_idx, k_idx, w_idx, q_idx.shape[0], q_idx.shape[1], k_idx.shape[1])
     if resolve_backend(backend, q_idx) == "triton":
         from .ops import _indexer

@@ -77,7 +77,7 @@ def dsa_indexer_op(
     q_idx: Tensor, k_idx: Tensor, w_idx: Tensor | None, topk: int, idx_scale: float, ordered: bool = True
 ) -> Tensor:
     """Lightning indexer + top-k: `[B, Tq, topk]` indices (no gradient: the choice is discrete);
-    rank order, or with `ordered=False` possibly any order (the set is the same)."""
+    rank order, or with `ordered=False` any order, −1 pads possibly among them (the same set)."""
     return dsa_indexer_triton(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, ordered=ordered)
 
 

@@ -98,8 +98,9 @@ def dsa_indexer_triton(
 ):
     """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference).
 
-    With the radix selection (`RADIX`), `ordered=False` returns the same set per query in index
-    order (what the sparse attention needs) without the rank sort."""
+    `ordered=False` returns the same set per query in no particular order, −1 pads possibly
+    among the indices (what the sparse attention takes): `torch.topk` skips its final sort, the
+    radix selection (`RADIX`) its rank sort (its rows come in index order, −1 pads last)."""
     B, Tq, HI, DI = q_idx.shape
     Tk = k_idx.shape[1]
     if q_idx.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -148,6 +149,6 @@ def dsa_indexer_triton(
                 out[:, t0 : t0 + c] = rank_order(keys, out[:, t0 : t0 + c])
             continue
         kc = min(kk, kw)
-        top, idx = torch.topk(keys, kc, dim=-1, sorted=True)
+        top, idx = torch.topk(keys, kc, dim=-1, sorted=ordered)
         out[:, t0 : t0 + c, :kc] = idx.masked_fill(top == _INT64_MIN, -1)
     return out
