@@ -44,6 +44,12 @@ for s in ${STAGES:-env}; do
     tests_custom) eval "stage tests_custom ${LIM_CUSTOM:-200} $PYT -n ${NPROC_CUSTOM:-${NPROC:-6}} ${TESTS_CUSTOM:-}" ;;
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
     probe_delta) stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
+    # the staged weight kernels of the mLSTM scans (LT2_MLSTM_PREW): their GPU tests, then the decay
+    # benchmark and the profile with them on (tagged 'prew', beside the plain run's files)
+    tests_mlstm_prew) LT2_MLSTM_PREW=1 stage tests_mlstm_prew ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser" ;;
+    bench_decay_prew) LT2_MLSTM_PREW=1 TAG=prew ONLY="${ONLY_DECAY-mlstm B=4 T=8192,simple_gla B=4 T=8192}" \
+                   stage bench_decay_prew "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
+    profile_prew) LT2_MLSTM_PREW=1 TAG=prew stage profile_prew "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     route_mlstm) stage route_mlstm 120 python3 bench/mlstm_route.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;

@@ -11,6 +11,8 @@ a_r = w_r q̃_r·n_c + Σ_j W_rj (q̃_r·k_j). m_r and a_r are stored for the ba
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -42,6 +44,13 @@ from ..common.decay_triton import (
 # tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
 # triangular solve), a pattern absent here. Every config is checked on the H200 by
 # `test_gpu_every_autotune_config` (force_config).
+# Per-token key weights and per-chunk decays formed by a parallel kernel before the scans
+# (`fwd_weights_kernel`; the backward's dh scan likewise gets its query weights and the normaliser's
+# per-chunk terms): staged, off until it has run on a GPU (LT2_MLSTM_PREW=1); a module attribute so
+# tests can switch it. Offline sm_90 the scans' loops then match simple_gla's: their exponentials,
+# scalar loads (not pipelined) and cross-warp sums are what set them apart from it (see
+# tests/kernels/test_mlstm_compile.py).
+PREW = os.environ.get("LT2_MLSTM_PREW", "0") == "1"
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     triton.Config({}, num_warps=8, num_stages=3),
@@ -100,16 +109,17 @@ def fwd_stab_kernel(
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def fwd_state_kernel(
-    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, cu_seqlens, chunk_offsets, T,
+    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, wk, dec, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, PREW: tl.constexpr,
 ):  # fmt: skip
     """(C, n) entering every chunk and the final (C, n), with the stabilisers `ms`, `mt` read from
     `fwd_stab_kernel` (the key weights and a chunk's decay are elementwise in loaded values, off the
     loop-carried path). The grid's value axis has one entry more than V's blocks: those programs
     scan n alone, so the C programs' loop has no cross-warp row sum of k ⊙ w per chunk (144 -> 104
-    registers at 4 warps offline; 586 -> 496 µs for two calls on the H200, B=4, T=8192, H=16)."""
+    registers at 4 warps offline; 586 -> 496 µs for two calls on the H200, B=4, T=8192, H=16).
+    PREW: the key weights and decays come from `fwd_weights_kernel` (wk, dec)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
@@ -123,7 +133,7 @@ def fwd_state_kernel(
             b_C += load_tile(C0 + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
         for i_t in range(tl.cdiv(T, BT)):
             store_tile(Cs + ((boc + i_t) * H + i_h) * K * V, b_C, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-            w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
+            w, decay = _chunk_weights(b, ig, ms, mt, wk, dec, bos, i_n, i_t, boc + i_t, i_h, T, H, BT, PREW)
             b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
             b_v = load_tile(v, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
             b_kw = b_kT.to(tl.float32) * w[None, :]
@@ -135,10 +145,38 @@ def fwd_state_kernel(
             b_n += tl.load(n0 + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
         for i_t in range(tl.cdiv(T, BT)):
             tl.store(ns + ((boc + i_t) * H + i_h) * K + o_k, b_n, mask=o_k < K)
-            w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
+            w, decay = _chunk_weights(b, ig, ms, mt, wk, dec, bos, i_n, i_t, boc + i_t, i_h, T, H, BT, PREW)
             b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
             b_n = decay * b_n + tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1)
         tl.store(nt + i_nh.to(tl.int64) * K + o_k, b_n, mask=o_k < K)
+
+
+@device_fn
+def _chunk_weights(
+    b, ig, ms, mt, wk, dec, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr, PREW: tl.constexpr
+):
+    """(w_k `[BT]`, decay) of chunk i_c: loaded from `fwd_weights_kernel`'s output, or formed here."""
+    if PREW:
+        w = load_vec(wk + bos * H + i_h, i_c * BT, T, H, BT)
+        decay = tl.load(dec + i_tg * H + i_h)
+    else:
+        w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
+    return w, decay
+
+
+@triton.jit(do_not_specialize=["T"])
+def fwd_weights_kernel(
+    b, ig, ms, mt, wk, dec, cu_seqlens, chunk_idx, T,
+    H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """One chunk: wk[token] = w_k of `_key_weights` (`[B·T, H]`, 0 past the sequence) and its decay
+    dec[chunk] (`[chunks, H]`), for the scans to load (PREW)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
+    store_vec(wk + bos * H + i_h, w, i_c * BT, T, H, BT)
+    tl.store(dec + i_tg * H + i_h, decay)
 
 
 @device_fn
@@ -233,7 +271,8 @@ def _meta(q, v, vl):
 
 
 def _states(k, v, b, ig, state0, vl):
-    """Per-chunk (C, n, m) entering every chunk and the final (C, n, m)."""
+    """Per-chunk (C, n, m) entering every chunk, the final (C, n, m), and with PREW the per-chunk
+    decays `[chunks, H]` (None without)."""
     B, T, H, K = k.shape
     V = v.shape[3]
     meta = _meta(k, v, vl)
@@ -248,13 +287,20 @@ def _states(k, v, b, ig, state0, vl):
         b, ig, ms, m0, mt, vl.cu, vl.offsets, T, H=H, BT=vl.chunk, BC=16 if triton_interpreting() else 64,
         HAS_H0=state0 is not None, IS_VARLEN=vl.is_varlen,
     )  # fmt: skip
+    wk = dec = None
+    if PREW:
+        wk = new_empty(k, *b.shape, dtype=torch.float32)
+        dec = new_empty(k, vl.n_chunks, H, dtype=torch.float32)
+        fwd_weights_kernel[(vl.NT, vl.grid_rows(B) * H)](
+            b, ig, ms, mt, wk, dec, vl.cu, vl.idx, T, H=H, BT=vl.chunk, IS_VARLEN=vl.is_varlen
+        )
     # one more program on the value axis: the normaliser's own scan
     grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]) + 1, vl.N * H)
     fwd_state_kernel[grid](
-        k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, vl.cu, vl.offsets, T,
-        HAS_H0=state0 is not None, **meta,
+        k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, b if wk is None else wk, ms if dec is None else dec,
+        vl.cu, vl.offsets, T, HAS_H0=state0 is not None, PREW=PREW, **meta,
     )  # fmt: skip
-    return (Cs, ns, ms), (Ct, nt, mt)
+    return (Cs, ns, ms), (Ct, nt, mt), dec
 
 
 def _gates(i, f, vl):
@@ -267,7 +313,7 @@ def chunk_mlstm_fwd(q, k, v, i, f, scale, eps, state0, cu_seqlens):
     B, T, H, K = q.shape
     vl = Varlen(cu_seqlens, B, T)
     ig, b = _gates(i, f, vl)
-    (Cs, ns, ms), final = _states(k, v, b, ig, state0, vl)
+    (Cs, ns, ms), final, _ = _states(k, v, b, ig, state0, vl)
     # Value tiles of 64: a 128-wide tile (Q Kᵀ and Q·n formed once per chunk instead of per tile)
     # passed the CPU interpreter and compiled without spills for sm_90, but on the H200 its bf16
     # output was wrong (relative RMS 0.28 at T = 8192, D = 128; fp32 passed), fifth session.

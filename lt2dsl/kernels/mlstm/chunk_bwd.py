@@ -95,12 +95,17 @@ def bwd_prep_kernel(
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def bwd_dh_kernel(
-    q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, cu_seqlens, chunk_offsets, scale, T,
+    q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, wq, dnl, dec,
+    cu_seqlens, chunk_offsets, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+    PREW: tl.constexpr,
 ):  # fmt: skip
-    """Gradients w.r.t. the (C, n) leaving every chunk, walking the chunks backwards."""
+    """Gradients w.r.t. the (C, n) leaving every chunk, walking the chunks backwards. PREW: the
+    query weights (scale included), the normaliser's per-chunk terms and the decays come from
+    `bwd_weights_kernel` and `chunk.fwd_weights_kernel` (wq, dnl, dec), so the loop has no
+    exponential, no scalar stabiliser load and no cross-warp sum."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
@@ -120,25 +125,59 @@ def bwd_dh_kernel(
         store_tile(dCs + i_s * K * V, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
         # a mask, not a branch, in the loop (as `chunk._key_weights`): the first V block stores dn
         tl.store(dns + i_s * K + o_k, b_dn, mask=o_k < n_lim)
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        b_mc = tl.load(ms + i_s)
-        b_b = load_vec(b + bos * H + i_h, i_t * BT, T, H, BT)
-        b_blast = tl.load(b + (bos + last) * H + i_h)
-        b_m = load_vec(m_tok + bos * H + i_h, i_t * BT, T, H, BT)
-        valid = i_t * BT + tl.arange(0, BT) < T
-        b_wq = tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0) * scale
-        b_da = load_vec(da + bos * H + i_h, i_t * BT, T, H, BT)
-        decay = tl.exp(b_blast + b_mc - b_mnext)
         b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
         b_dnum = load_tile(dnum, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
-        b_qw = b_qT.to(tl.float32) * b_wq[None, :]
-        b_dC = decay * b_dC + mma(cast(b_qw, b_qT.dtype), cast(b_dnum, b_qT.dtype), PREC)
-        b_dn = decay * b_dn + tl.sum(b_qw * b_da[None, :], axis=1)
-        b_mnext = b_mc
+        if PREW:
+            b_wq = load_vec(wq + bos * H + i_h, i_t * BT, T, H, BT)
+            decay = tl.load(dec + i_s)
+            b_qw = b_qT.to(tl.float32) * b_wq[None, :]
+            b_dC = decay * b_dC + mma(cast(b_qw, b_qT.dtype), cast(b_dnum, b_qT.dtype), PREC)
+            b_dn = decay * b_dn + tl.load(dnl + i_s * K + o_k, mask=o_k < K, other=0.0)
+        else:
+            last = tl.minimum(i_t * BT + BT, T) - 1
+            b_mc = tl.load(ms + i_s)
+            b_b = load_vec(b + bos * H + i_h, i_t * BT, T, H, BT)
+            b_blast = tl.load(b + (bos + last) * H + i_h)
+            b_m = load_vec(m_tok + bos * H + i_h, i_t * BT, T, H, BT)
+            valid = i_t * BT + tl.arange(0, BT) < T
+            b_wq = tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0) * scale
+            b_da = load_vec(da + bos * H + i_h, i_t * BT, T, H, BT)
+            decay = tl.exp(b_blast + b_mc - b_mnext)
+            b_qw = b_qT.to(tl.float32) * b_wq[None, :]
+            b_dC = decay * b_dC + mma(cast(b_qw, b_qT.dtype), cast(b_dnum, b_qT.dtype), PREC)
+            b_dn = decay * b_dn + tl.sum(b_qw * b_da[None, :], axis=1)
+            b_mnext = b_mc
     if STORE_DH0:
         store_tile(dC0 + p_state, b_dC, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
         if i_v == 0:
             tl.store(dn0 + i_nh.to(tl.int64) * K + o_k, b_dn, mask=o_k < K)
+
+
+@triton.jit(do_not_specialize=["T"])
+def bwd_weights_kernel(
+    q, b, m_tok, da, ms, wq, dnl, cu_seqlens, chunk_idx, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """One chunk, for the dh scan (PREW): wq[token] = e^{b_r + m_c − m_r} · scale (0 past the
+    sequence) and dnl[chunk] = Σ_r (q_r wq_r) da_r `[K]`, the normaliser's term of this chunk,
+    associated as `bwd_dh_kernel` forms it without PREW."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_s = i_tg * H + i_h
+    b_mc = tl.load(ms + i_s)
+    b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
+    b_m = load_vec(m_tok + bos * H + i_h, i_c * BT, T, H, BT)
+    valid = i_c * BT + tl.arange(0, BT) < T
+    b_wq = tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0) * scale
+    store_vec(wq + bos * H + i_h, b_wq, i_c * BT, T, H, BT)
+    b_da = load_vec(da + bos * H + i_h, i_c * BT, T, H, BT)
+    q += (bos * H + i_h) * K
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_qT = load_tile(q, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+        b_qw = b_qT.to(tl.float32) * b_wq[None, :]
+        tl.store(dnl + i_s * K + o_k, tl.sum(b_qw * b_da[None, :], axis=1), mask=o_k < K)
 
 
 @tuned(_CONFIGS, key=_KEY)
@@ -273,7 +312,7 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     vl = Varlen(cu_seqlens, B, T)
     meta = _meta(q, v, vl)
     ig, b = _gates(i, f, vl)
-    (Cs, ns, ms), (Ct, nt, mt) = _states(k, v, b, ig, state0, vl)
+    (Cs, ns, ms), (Ct, nt, mt), dec = _states(k, v, b, ig, state0, vl)
     da, dm = (new_empty(q, B, T, H, dtype=torch.float32) for _ in range(2))
     dnum = new_empty(do, *do.shape)
     NTOT, BT = B * T, vl.chunk
@@ -288,12 +327,22 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     dns = new_empty(q, vl.n_chunks, H, K, dtype=torch.float32)
     dC0 = new_empty(q, vl.N, H, K, V, dtype=torch.float32) if state0 is not None else None
     dn0 = new_empty(q, vl.N, H, K, dtype=torch.float32) if state0 is not None else None
+    rows = vl.grid_rows(B) * H
+    wq = dnl = None
+    if dec is not None:  # chunk.PREW
+        wq = new_empty(q, B, T, H, dtype=torch.float32)
+        dnl = new_empty(q, vl.n_chunks, H, K, dtype=torch.float32)
+        bwd_weights_kernel[(vl.NT, rows)](
+            q, b, m_tok, da, ms, wq, dnl, vl.cu, vl.idx, scale, T,
+            H=H, K=K, BT=BT, BK=meta["BK"], IS_VARLEN=vl.is_varlen,
+        )  # fmt: skip
     grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), vl.N * H)
     bwd_dh_kernel[grid](
-        q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0, vl.cu, vl.offsets, scale, T,
-        HAS_DHT=has_dht, STORE_DH0=state0 is not None, **meta,
+        q, b, dnum, m_tok, da, ms, mt, dCs, dns, dCt, dnt, dC0, dn0,
+        da if wq is None else wq, dns if dnl is None else dnl, ms if dec is None else dec,
+        vl.cu, vl.offsets, scale, T, HAS_DHT=has_dht, STORE_DH0=state0 is not None, PREW=dec is not None,
+        **meta,
     )  # fmt: skip
-    rows = vl.grid_rows(B) * H
     dv = new_empty(v, *v.shape)
     bwd_dv_kernel[(triton.cdiv(V, meta["BV"]), vl.NT, rows)](
         q, k, b, ig, dnum, m_tok, ms, mt, dCs, dv, vl.cu, vl.idx, scale, T, **meta
