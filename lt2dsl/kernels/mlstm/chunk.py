@@ -109,7 +109,7 @@ def fwd_stab_kernel(
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def fwd_state_kernel(
-    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, wk, dec, cu_seqlens, chunk_offsets, T,
+    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, wk, dec, nl, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, PREW: tl.constexpr,
@@ -119,7 +119,8 @@ def fwd_state_kernel(
     loop-carried path). The grid's value axis has one entry more than V's blocks: those programs
     scan n alone, so the C programs' loop has no cross-warp row sum of k ⊙ w per chunk (144 -> 104
     registers at 4 warps offline; 586 -> 496 µs for two calls on the H200, B=4, T=8192, H=16).
-    PREW: the key weights and decays come from `fwd_weights_kernel` (wk, dec)."""
+    PREW: the key weights, decays and the normaliser's per-chunk terms come from
+    `fwd_weights_kernel` (wk, dec, nl)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
@@ -145,9 +146,14 @@ def fwd_state_kernel(
             b_n += tl.load(n0 + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
         for i_t in range(tl.cdiv(T, BT)):
             tl.store(ns + ((boc + i_t) * H + i_h) * K + o_k, b_n, mask=o_k < K)
-            w, decay = _chunk_weights(b, ig, ms, mt, wk, dec, bos, i_n, i_t, boc + i_t, i_h, T, H, BT, PREW)
-            b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
-            b_n = decay * b_n + tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1)
+            if PREW:
+                i_s = (boc + i_t) * H + i_h
+                b_nl = tl.load(nl + i_s * K + o_k, mask=o_k < K, other=0.0)
+                b_n = tl.load(dec + i_s) * b_n + b_nl
+            else:
+                w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
+                b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+                b_n = decay * b_n + tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1)
         tl.store(nt + i_nh.to(tl.int64) * K + o_k, b_n, mask=o_k < K)
 
 
@@ -166,17 +172,25 @@ def _chunk_weights(
 
 @triton.jit(do_not_specialize=["T"])
 def fwd_weights_kernel(
-    b, ig, ms, mt, wk, dec, cu_seqlens, chunk_idx, T,
-    H: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    k, b, ig, ms, mt, wk, dec, nl, cu_seqlens, chunk_idx, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """One chunk: wk[token] = w_k of `_key_weights` (`[B·T, H]`, 0 past the sequence) and its decay
-    dec[chunk] (`[chunks, H]`), for the scans to load (PREW)."""
+    """One chunk, for the scans to load (PREW): wk[token] = w_k of `_key_weights` (`[B·T, H]`, 0
+    past the sequence), its decay dec[chunk] (`[chunks, H]`) and the normaliser's term of the chunk
+    nl[chunk] = Σ_j k_j w_j (`[chunks, H, K]`), so the normaliser's scan is a vector FMA a chunk."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
     w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
     store_vec(wk + bos * H + i_h, w, i_c * BT, T, H, BT)
     tl.store(dec + i_tg * H + i_h, decay)
+    k += (bos * H + i_h) * K
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+        tl.store(
+            nl + (i_tg * H + i_h) * K + o_k, tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1), mask=o_k < K
+        )
 
 
 @device_fn
@@ -287,18 +301,20 @@ def _states(k, v, b, ig, state0, vl):
         b, ig, ms, m0, mt, vl.cu, vl.offsets, T, H=H, BT=vl.chunk, BC=16 if triton_interpreting() else 64,
         HAS_H0=state0 is not None, IS_VARLEN=vl.is_varlen,
     )  # fmt: skip
-    wk = dec = None
+    wk = dec = nl = None
     if PREW:
         wk = new_empty(k, *b.shape, dtype=torch.float32)
         dec = new_empty(k, vl.n_chunks, H, dtype=torch.float32)
+        nl = new_empty(k, vl.n_chunks, H, K, dtype=torch.float32)
         fwd_weights_kernel[(vl.NT, vl.grid_rows(B) * H)](
-            b, ig, ms, mt, wk, dec, vl.cu, vl.idx, T, H=H, BT=vl.chunk, IS_VARLEN=vl.is_varlen
-        )
+            k, b, ig, ms, mt, wk, dec, nl, vl.cu, vl.idx, T,
+            H=H, K=K, BT=vl.chunk, BK=meta["BK"], IS_VARLEN=vl.is_varlen,
+        )  # fmt: skip
     # one more program on the value axis: the normaliser's own scan
     grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]) + 1, vl.N * H)
     fwd_state_kernel[grid](
         k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, b if wk is None else wk, ms if dec is None else dec,
-        vl.cu, vl.offsets, T, HAS_H0=state0 is not None, PREW=PREW, **meta,
+        ns if nl is None else nl, vl.cu, vl.offsets, T, HAS_H0=state0 is not None, PREW=PREW, **meta,
     )  # fmt: skip
     return (Cs, ns, ms), (Ct, nt, mt), dec
 
