@@ -47,9 +47,9 @@ from ..common.decay_triton import (
 # Per-token key weights and per-chunk decays formed by a parallel kernel before the scans
 # (`fwd_weights_kernel`; the backward's dh scan likewise gets its query weights and the normaliser's
 # per-chunk terms): staged, off until it has run on a GPU (LT2_MLSTM_PREW=1); a module attribute so
-# tests can switch it. Offline sm_90 the scans' loops then match simple_gla's: their exponentials,
-# scalar loads (not pipelined) and cross-warp sums are what set them apart from it (see
-# tests/kernels/test_mlstm_compile.py).
+# tests can switch it. Offline sm_90 the scans' loops then match simple_gla's in barriers and
+# unpipelined loads: their exponentials, scalar stabiliser loads and cross-warp sums are what set
+# them apart from it (`bench/ptx_stats.py` counts them).
 PREW = os.environ.get("LT2_MLSTM_PREW", "0") == "1"
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
