@@ -118,7 +118,8 @@ def bwd_dh_kernel(
     if HAS_DHT:
         b_dC += load_tile(dCt + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
         b_dn += tl.load(dnt + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
-    b_mnext = tl.load(mt + i_nh)
+    if not PREW:  # the stabiliser after each chunk, carried backwards (PREW loads the decays)
+        b_mnext = tl.load(mt + i_nh)
     n_lim = tl.where(i_v == 0, K, 0)
     for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
         i_s = (boc + i_t) * H + i_h
