@@ -45,12 +45,16 @@ from ..common.decay_triton import (
 # triangular solve), a pattern absent here. Every config is checked on the H200 by
 # `test_gpu_every_autotune_config` (force_config).
 # Per-token key weights and per-chunk decays formed by a parallel kernel before the scans
-# (`fwd_weights_kernel`; the backward's dh scan likewise gets its query weights and the normaliser's
-# per-chunk terms): staged, off until it has run on a GPU (LT2_MLSTM_PREW=1); a module attribute so
-# tests can switch it. Offline sm_90 the scans' loops then match simple_gla's in barriers and
-# unpipelined loads: their exponentials, scalar stabiliser loads and cross-warp sums are what set
-# them apart from it (`bench/ptx_stats.py` counts them).
-PREW = os.environ.get("LT2_MLSTM_PREW", "0") == "1"
+# (`fwd_weights_kernel`; the backward's dh scan likewise gets its query weights, decays and the
+# normaliser's per-chunk terms from `chunk_bwd.bwd_weights_kernel`). Offline sm_90 the scans' loops
+# then match simple_gla's in barriers and unpipelined loads: their exponentials, scalar stabiliser
+# loads and cross-warp sums are what set them apart from it (`bench/ptx_stats.py` counts them).
+# On the H200 (eighth session) the state scan with the weight kernel made the forward slower (0.730
+# against 0.615 ms) while fwd+bwd stayed level, so the two scans are switched apart for an A/B:
+# LT2_MLSTM_PREW=1 both, =bwd the dh scan only, =0 neither. Module attributes, so tests can switch.
+_PREW_MODE = os.environ.get("LT2_MLSTM_PREW", "0")
+PREW = _PREW_MODE == "1"
+DH_PREW = _PREW_MODE in ("1", "bwd")
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     triton.Config({}, num_warps=8, num_stages=3),

@@ -29,6 +29,7 @@ from ..common.decay_triton import (
     store_vec,
     tuned,
 )
+from . import chunk
 from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states
 from .stabiliser_triton import route_and_finish
 
@@ -104,8 +105,8 @@ def bwd_dh_kernel(
 ):  # fmt: skip
     """Gradients w.r.t. the (C, n) leaving every chunk, walking the chunks backwards. PREW: the
     query weights (scale included), the normaliser's per-chunk terms and the decays come from
-    `bwd_weights_kernel` and `chunk.fwd_weights_kernel` (wq, dnl, dec), so the loop has no
-    exponential, no scalar stabiliser load and no cross-warp sum."""
+    `bwd_weights_kernel` (wq, dnl, dec), so the loop has no exponential, no scalar stabiliser load
+    and no cross-warp sum."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
@@ -156,17 +157,19 @@ def bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def bwd_weights_kernel(
-    q, b, m_tok, da, ms, wq, dnl, cu_seqlens, chunk_idx, scale, T,
+    q, b, ig, m_tok, da, ms, mt, wq, dnl, dec, cu_seqlens, chunk_idx, scale, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
     """One chunk, for the dh scan (PREW): wq[token] = e^{b_r + m_c − m_r} · scale (0 past the
-    sequence) and dnl[chunk] = Σ_r (q_r wq_r) da_r `[K]`, the normaliser's term of this chunk,
-    associated as `bwd_dh_kernel` forms it without PREW."""
+    sequence), the chunk's decay dec[chunk] = e^{b_C + m_c − m_{c+1}} (as `chunk._key_weights`) and
+    dnl[chunk] = Σ_r (q_r wq_r) da_r `[K]`, the normaliser's term of this chunk, associated as
+    `bwd_dh_kernel` forms it without PREW."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
     i_s = i_tg * H + i_h
-    b_mc = tl.load(ms + i_s)
+    _, decay, b_mc = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
+    tl.store(dec + i_s, decay)
     b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
     b_m = load_vec(m_tok + bos * H + i_h, i_c * BT, T, H, BT)
     valid = i_c * BT + tl.arange(0, BT) < T
@@ -313,7 +316,7 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     vl = Varlen(cu_seqlens, B, T)
     meta = _meta(q, v, vl)
     ig, b = _gates(i, f, vl)
-    (Cs, ns, ms), (Ct, nt, mt), dec = _states(k, v, b, ig, state0, vl)
+    (Cs, ns, ms), (Ct, nt, mt), _ = _states(k, v, b, ig, state0, vl)
     da, dm = (new_empty(q, B, T, H, dtype=torch.float32) for _ in range(2))
     dnum = new_empty(do, *do.shape)
     NTOT, BT = B * T, vl.chunk
@@ -329,12 +332,13 @@ def chunk_mlstm_bwd(q, k, v, i, f, scale, eps, state0, cu_seqlens, o, m_tok, a_t
     dC0 = new_empty(q, vl.N, H, K, V, dtype=torch.float32) if state0 is not None else None
     dn0 = new_empty(q, vl.N, H, K, dtype=torch.float32) if state0 is not None else None
     rows = vl.grid_rows(B) * H
-    wq = dnl = None
-    if dec is not None:  # chunk.PREW
+    wq = dnl = dec = None
+    if chunk.DH_PREW:
         wq = new_empty(q, B, T, H, dtype=torch.float32)
         dnl = new_empty(q, vl.n_chunks, H, K, dtype=torch.float32)
+        dec = new_empty(q, vl.n_chunks, H, dtype=torch.float32)
         bwd_weights_kernel[(vl.NT, rows)](
-            q, b, m_tok, da, ms, wq, dnl, vl.cu, vl.idx, scale, T,
+            q, b, ig, m_tok, da, ms, mt, wq, dnl, dec, vl.cu, vl.idx, scale, T,
             H=H, K=K, BT=BT, BK=meta["BK"], IS_VARLEN=vl.is_varlen,
         )  # fmt: skip
     grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]), vl.N * H)
