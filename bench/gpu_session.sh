@@ -58,10 +58,8 @@ for s in ${STAGES:-env}; do
     route_mlstm) stage route_mlstm 120 python3 bench/mlstm_route.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
-    # the staged radix top-k of DSA's indexer (LT2_DSA_RADIX): its GPU tests, then the DSA rows with it
-    tests_dsa_radix) LT2_DSA_RADIX=1 stage tests_dsa_radix ${LIM_RADIX:-200} $PYT -n ${NPROC:-6} tests/kernels/test_dsa.py -k "gpu or radix" ;;
+    # DSA's indexer selections (rank order and the radix set) timed alone
     dsa_radix) stage dsa_radix ${LIM_RADIX:-200} python3 bench/dsa_radix.py ;;
-    bench_dsa_radix) LT2_DSA_RADIX=1 TAG=radix ONLY="${ONLY_ATTN-dsa}" stage bench_dsa_radix "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     bench_decay) ONLY="${ONLY_DECAY-${ONLY:-}}" stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
     tests_mlstm) stage tests_mlstm ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser or route" ;;
     # KDA with the peer alone: the peer's KDA backward autotunes dozens of configs on its first call

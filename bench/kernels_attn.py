@@ -162,7 +162,7 @@ def _dsa_cases(T: int) -> list[Case]:
     cases = [_case(group, "lt2dsl", ours, sparse, bw) for bw in (False, True)]
     cases += [_case(group, "lt2dsl-attn", ours_fixed_selection, sparse, bw) for bw in (False, True)]
     cases += [Case(group=group, impl="lt2dsl-index", make=ours_indexer, flops=2 * B * HI * DI * T * T / 2)]
-    # the selection as a set (what the attention takes; differs from the above with LT2_DSA_RADIX=1)
+    # the selection as a set (the radix select: what the attention takes)
     cases += [
         Case(
             group=group,

@@ -253,16 +253,13 @@ def test_gpu_full_size(shape, dtype, poison):
 @pytest.mark.gpu
 @pytest.mark.gpu_heavy
 @pytest.mark.parametrize("T", [4096, 1000])
-def test_gpu_radix_indexer_equals_torch_topk(T, monkeypatch):
-    """`LT2_DSA_RADIX` on the H200 at full size: the same rank-ordered selection as the int64-key
-    path (both score in the same kernel code), and the same sets unordered."""
+def test_gpu_radix_set_equals_torch_topk(T):
+    """On the H200 at full size: the radix selection (`ordered=False`) picks the same sets as the
+    int64-key `torch.topk` (rank order); both score in the same kernel code."""
     from lt2dsl.kernels.dsa import triton_indexer
 
     _, _, _, qi, ki, wi = make(2, T, T, 1, 1, 8, HI=4, DI=64, dtype=torch.bfloat16, device="cuda")
-    monkeypatch.setattr(triton_indexer, "RADIX", False)
     ref = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=2048)
-    monkeypatch.setattr(triton_indexer, "RADIX", True)
-    assert torch.equal(triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=2048), ref)
     got = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=2048, ordered=False)
     assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
 
@@ -355,13 +352,9 @@ def test_radix_select_equals_sorted_keys(spread, topk):
     assert torch.equal(got.sort(-1).values, _reference_selection(keys, Tq, Tk, t0, topk))
 
 
-@pytest.mark.parametrize("radix", [False, True])
-def test_unordered_selection_is_the_same_set(radix, monkeypatch):
-    """`ordered=False` (what `dsa` uses unless it returns the indices): each query's set, −1 pads
-    included, equals the rank-ordered selection's."""
-    from lt2dsl.kernels.dsa import triton_indexer
-
-    monkeypatch.setattr(triton_indexer, "RADIX", radix)
+def test_unordered_selection_is_the_same_set():
+    """`ordered=False` (the radix selection, what `dsa` uses unless it returns the indices): each
+    query's set, −1 pads included, equals the rank-ordered selection's."""
     _, _, _, qi, ki, wi = make(2, 30, 50, 1, 1, 8, HI=3, DI=16, dtype=torch.float32, device=DEVICE)
     for kk in (1, 7, 60):
         ref = dsa_indexer(qi, ki, wi, topk=kk)
@@ -371,28 +364,32 @@ def test_unordered_selection_is_the_same_set(radix, monkeypatch):
 
 @pytest.mark.parametrize("Tq,Tk", [(48, 48), (30, 50), (2, 90)])
 @pytest.mark.parametrize("chunk", [16, None])
-def test_radix_indexer_equals_reference(Tq, Tk, chunk, monkeypatch):
-    """`LT2_DSA_RADIX`: rank order equal to the reference's exactly; unordered, the same sets."""
+def test_triton_indexer_equals_reference(Tq, Tk, chunk):
+    """Rank order (int64 keys, `torch.topk`) equal to the reference's exactly; the set (radix
+    selection, index order, −1 pads last) the same sets."""
     from lt2dsl.kernels.dsa import triton_indexer
 
-    monkeypatch.setattr(triton_indexer, "RADIX", True)
     _, _, _, qi, ki, wi = make(2, Tq, Tk, 1, 1, 8, HI=3, DI=16, dtype=torch.float32, device=DEVICE)
     for kk in (1, 5, 40, 120):
         ref = dsa_indexer(qi, ki, wi, topk=kk)
         got = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=kk, chunk=chunk)
         assert torch.equal(got, ref), (kk, chunk)
         got = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=kk, chunk=chunk, ordered=False)
+        valid = got >= 0
+        assert torch.equal(valid, valid.cummin(-1).values), (kk, chunk)
         assert torch.equal(got.sort(-1).values, ref.sort(-1).values), (kk, chunk)
 
 
-def test_radix_indexer_ties_at_zero_go_to_the_lower_index(monkeypatch):
-    """Every index score ReLU'd to 0 but a few: the zeros tie and the lowest indices fill the rest."""
+@pytest.mark.parametrize("ordered", [True, False])
+def test_indexer_ties_at_zero_go_to_the_lower_index(ordered):
+    """Every index score ReLU'd to 0 but a few: the zeros tie and the lowest indices fill the rest,
+    in both selections."""
     from lt2dsl.kernels.dsa import triton_indexer
 
-    monkeypatch.setattr(triton_indexer, "RADIX", True)
     _, _, _, qi, ki, wi = make(1, 40, 40, 1, 1, 8, HI=2, DI=16, dtype=torch.float32, device=DEVICE)
     qi, ki, wi = -qi.abs(), ki.abs(), wi.abs()
     ki[:, 7] = -ki[:, 7]  # key 7 scores > 0 for every query that sees it
     for kk in (1, 6):
         ref = dsa_indexer(qi, ki, wi, topk=kk)
-        assert torch.equal(triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=kk), ref)
+        got = triton_indexer.dsa_indexer_triton(qi, ki, wi, topk=kk, ordered=ordered)
+        assert torch.equal(got if ordered else got.sort(-1).values, ref if ordered else ref.sort(-1).values)

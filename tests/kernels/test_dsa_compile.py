@@ -64,7 +64,7 @@ def test_value_gather_is_vectorised_only_with_an_aligned_row_stride():
 
 
 def test_radix_topk_kernels_compile_without_spills():
-    """The staged radix selection (`LT2_DSA_RADIX`) and the 32-bit key variant of the score kernel,
+    """The radix selection (`ordered=False`) and the 32-bit key variant of the score kernel,
     at the launch configs they use on the GPU: registers, shared memory, no stack."""
     from tests.kernels.test_delta_compile import MAX_STACK, SMEM_LIMIT, _compile
 

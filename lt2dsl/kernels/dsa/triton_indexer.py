@@ -1,16 +1,22 @@
-"""Triton lightning indexer: index scores as sortable int64 keys, then `torch.topk` per query chunk.
+"""Triton lightning indexer: index scores as sortable keys, then the top-k per query chunk.
 
 Kernel: one program per (query block, key block, batch) computes
-I[t, s] = Σ_j w[t, j] · ReLU(idx_scale · q_idx[t, j] · k_idx[s]) with one `tl.dot` per indexer head
-and writes the key `ordered(I) · 2^31 + (2^31 − 1 − s)` (−2^63 for s > t): the largest key is the
-highest score with the lower index on ties, the rule of `common.attn_utils.rank_keys`. Key blocks
-entirely after the query block are skipped and left at −2^63. Queries go in chunks so the
-`[B, chunk, Tk]` int64 key buffer stays near 1 GiB.
+I[t, s] = Σ_j w[t, j] · ReLU(idx_scale · q_idx[t, j] · k_idx[s]) with one `tl.dot` per indexer head.
+Two selections, each the faster for its output (H200, B=4, T=32k, 4 index heads of 128, top-k
+2048, `bench/dsa_radix.py`, eighth session):
+
+* the set (what the sparse attention takes; `ordered=False`): 32-bit keys `ordered(I)` and the
+  radix select of `triton_topk` (59.0 ms against 74.0 for `torch.topk(sorted=False)` over int64 keys);
+* rank order (`dsa_indexer`, `dsa(..., return_indices=True)`): the int64 key
+  `ordered(I) · 2^31 + (2^31 − 1 − s)` (−2^63 for s > t) and `torch.topk(sorted=True)` (86.4 ms
+  against 90.8 for the radix select followed by a sort of its k entries).
+
+Either way the largest key is the highest score with the lower index on ties, the rule of
+`common.attn_utils.rank_keys`. Key blocks entirely after the query block are skipped. Queries go in
+chunks so the `[B, chunk, Tk]` key buffer stays near 1 GiB.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -18,12 +24,9 @@ import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.backend import triton_interpreting
-from .triton_topk import rank_order, select_topk
+from .triton_topk import select_topk
 
 _INT64_MIN = -(2**63)
-# The radix selection (triton_topk.py) instead of int64 keys and torch.topk: staged, off until it
-# has been timed on the GPU; a module attribute so tests can switch it.
-RADIX = os.environ.get("LT2_DSA_RADIX", "0") == "1"
 
 
 @triton.jit
@@ -98,9 +101,8 @@ def dsa_indexer_triton(
 ):
     """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference).
 
-    `ordered=False` returns the same set per query in no particular order, −1 pads possibly
-    among the indices (what the sparse attention takes): `torch.topk` skips its final sort, the
-    radix selection (`RADIX`) its rank sort (its rows come in index order, −1 pads last)."""
+    `ordered=False` returns the same set per query, by the radix selection: index order, −1 pads
+    last (what the sparse attention takes)."""
     B, Tq, HI, DI = q_idx.shape
     Tk = k_idx.shape[1]
     if q_idx.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -109,7 +111,7 @@ def dsa_indexer_triton(
     q_idx, k_idx = q_idx.contiguous(), k_idx.to(q_idx.dtype).contiguous()
     w = None if w_idx is None else w_idx.contiguous()
     BM, BN = (16, 16) if triton_interpreting() else (64, 128)
-    radix = RADIX
+    radix = not ordered
     if chunk is None:  # the key buffer near 1 GiB: 2^27 int64 keys or 2^28 unsigned 32-bit ones
         chunk = max(BM, min(Tq, (2 ** (28 if radix else 27) // max(B * Tk, 1)) // BM * BM))
     out = torch.empty(B, Tq, topk, dtype=torch.long, device=q_idx.device)
@@ -145,10 +147,8 @@ def dsa_indexer_triton(
         )
         if radix:
             select_topk(keys, out, t0, Tk, topk)
-            if ordered:
-                out[:, t0 : t0 + c] = rank_order(keys, out[:, t0 : t0 + c])
             continue
         kc = min(kk, kw)
-        top, idx = torch.topk(keys, kc, dim=-1, sorted=ordered)
+        top, idx = torch.topk(keys, kc, dim=-1)
         out[:, t0 : t0 + c, :kc] = idx.masked_fill(top == _INT64_MIN, -1)
     return out

@@ -1,6 +1,6 @@
-"""Exact causal top-k of the index scores by a radix select per query row (staged: `LT2_DSA_RADIX=1`).
+"""Exact causal top-k of the index scores by a radix select per query row, as a set (`ordered=False`).
 
-The default selection sorts `[B, chunk, Tk]` int64 keys (score, then the lower index) with
+The rank-ordered selection sorts `[B, chunk, Tk]` int64 keys (score, then the lower index) with
 `torch.topk`: 78 of the indexer's 86 ms at B=4, T=32k, 4 index heads of 128, top-k 2048 on the
 H200 (the scores alone: 7.5 ms). Here the score kernel writes each score once as a 32-bit
 unsigned key (`ordered(I)`: unsigned order = float order) and one program per query row finds the
@@ -13,9 +13,10 @@ row reads only its causal prefix (keys s ≤ its position), 4 bytes a key per pa
 Measured on the H200 (`bench/dsa_radix.py`): the first version, three passes of 11/11/10 bits,
 selected exactly what `torch.topk` does but took 313 ms: a 2048-bin `tl.histogram` pass ran ~10×
 slower than a 256-bin one (12.7 against 1.5 ms over 2 GB of keys; a plain counting pass 0.47 ms).
-The 8-bit passes here are CPU-tested, not yet timed. Rank order (what `dsa_indexer` and
-`dsa(..., return_indices=True)` return) is a sort of the k selected entries by (key, −index)
-afterwards; the sparse attention takes the selection in any order and skips that sort.
+With four 8-bit passes (eighth session, same benchmark): 59.0 ms against 74.0 for `torch.topk`
+(sorted=False) over the int64 keys, the same sets. Rank order (what `dsa_indexer` and
+`dsa(..., return_indices=True)` return) stays with `torch.topk`: the radix select followed by a
+sort of its k entries took 90.8 ms against 86.4.
 """
 
 from __future__ import annotations
@@ -122,12 +123,3 @@ def select_topk(keys: torch.Tensor, out: torch.Tensor, t0: int, Tk: int, topk: i
         keys, out, t0, Tq, Tk, C, KW, topk,
         BLK=64 if interp else 2048, num_warps=1 if interp else 4,
     )  # fmt: skip
-
-
-def rank_order(keys: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """`idx` (`[B, C, k]`, −1 pads, any order) sorted by (key, −index) descending, −1 last."""
-    u = keys.gather(-1, idx.clamp_min(0)).to(torch.int64) & 0xFFFFFFFF
-    # unsigned key · 2^31 + (2^31 − 1 − s) fits an int64 and orders as (score, lower index)
-    k64 = torch.where(idx >= 0, (u << 31) + (2**31 - 1 - idx), -1)
-    k64 = k64.sort(dim=-1, descending=True).values
-    return torch.where(k64 >= 0, 2**31 - 1 - (k64 & (2**31 - 1)), -1)
