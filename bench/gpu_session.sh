@@ -55,6 +55,7 @@ for s in ${STAGES:-env}; do
                    stage bench_mlstm_ab_$m "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py; done ;;
     tests_mlstm_dhprew) LT2_MLSTM_PREW=bwd stage tests_mlstm_dhprew ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser" ;;
     profile_prew) LT2_MLSTM_PREW=1 TAG=prew stage profile_prew "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
+    mlstm_ab) stage mlstm_ab ${LIM_AB:-300} python3 bench/mlstm_prew_ab.py ;;
     route_mlstm) stage route_mlstm 120 python3 bench/mlstm_route.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
