@@ -2,7 +2,7 @@
 only, both (`chunk.PREW`, `chunk.DH_PREW`; LT2_MLSTM_PREW=0 / bwd / 1), interleaved over rounds
 with `simple_gla` at the same shape (B=4, T=8192, H=16, D=128, bf16), so clock drift between
 processes does not decide it. Each mode's outputs and gradients are checked equal to mode 0's
-within bf16 noise.
+within bf16 noise (3e-2 relative: two bf16-grade results).
 
     python3 bench/mlstm_prew_ab.py    # writes mlstm_prew_ab.json to $OUT (default ".")
 """
@@ -57,7 +57,8 @@ def main() -> None:
             ref = out
         err = max(((a - b).norm() / b.norm().clamp_min(1e-30)).item() for a, b in zip(out, ref))
         print(f"mode {mode:3s}: max relative difference to mode 0 {err:.1e}", flush=True)
-        assert err < 1e-2, (mode, err)
+        # two bf16-grade results (each checked against float64 by the GPU tests) differ by their sum
+        assert err < 3e-2, (mode, err)
     times: dict[str, list[float]] = {}
     for _ in range(3):
         for mode, (prew, dh) in MODES.items():
