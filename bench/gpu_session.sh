@@ -44,18 +44,6 @@ for s in ${STAGES:-env}; do
     tests_custom) eval "stage tests_custom ${LIM_CUSTOM:-200} $PYT -n ${NPROC_CUSTOM:-${NPROC:-6}} ${TESTS_CUSTOM:-}" ;;
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
     probe_delta) stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
-    # the staged weight kernels of the mLSTM scans (LT2_MLSTM_PREW): their GPU tests, then the decay
-    # benchmark and the profile with them on (tagged 'prew', beside the plain run's files)
-    tests_mlstm_prew) LT2_MLSTM_PREW=1 stage tests_mlstm_prew ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser" ;;
-    bench_decay_prew) LT2_MLSTM_PREW=1 TAG=prew ONLY="${ONLY_DECAY-mlstm B=4 T=8192,simple_gla B=4 T=8192}" \
-                   stage bench_decay_prew "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
-    # mLSTM with the weight kernels for neither scan, the dh scan only, both (LT2_MLSTM_PREW=0/bwd/1),
-    # one process each, tagged prew0 / prewbwd / prew1
-    bench_mlstm_ab) for m in 0 bwd 1; do LT2_MLSTM_PREW=$m TAG=prew$m ONLY="${ONLY_DECAY-mlstm B=4 T=8192,simple_gla B=4 T=8192}" \
-                   stage bench_mlstm_ab_$m "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py; done ;;
-    tests_mlstm_dhprew) LT2_MLSTM_PREW=bwd stage tests_mlstm_dhprew ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser" ;;
-    profile_prew) LT2_MLSTM_PREW=1 TAG=prew stage profile_prew "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
-    mlstm_ab) stage mlstm_ab ${LIM_AB:-300} python3 bench/mlstm_prew_ab.py ;;
     route_mlstm) stage route_mlstm 120 python3 bench/mlstm_route.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
@@ -85,8 +73,7 @@ for s in ${STAGES:-}; do
     grep -E ' FAILED|^(FAILED|ERROR) ' <<< "$body" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | cut -c1-200 | head -${FAIL_LINES:-40}
     grep -E '[0-9]+ (passed|failed)' <<< "$body" | tail -1 ;; esac
 done
-st=${STAGES:-}
-for s in ${st/bench_mlstm_ab/bench_mlstm_ab_0 bench_mlstm_ab_bwd bench_mlstm_ab_1}; do
+for s in ${STAGES:-}; do
   case $s in bench_*|probe_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done

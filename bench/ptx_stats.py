@@ -79,12 +79,9 @@ def main() -> None:
                                         dict(d, G_MODE=1, HAS_H0=False, STORE_HT=False)))  # fmt: skip
     _row("simple_gla dh scan", stats(decay_chunk_h.chunk_bwd_dh_kernel, {"q", "do", "dh"},
                                      dict(d, G_MODE=1, HAS_DHT=False, STORE_DH0=False)))  # fmt: skip
-    for prew in (False, True):
-        tag = " (PREW)" if prew else ""
-        _row("mlstm state scan" + tag, stats(chunk.fwd_state_kernel, {"k", "v", "Cs"},
-                                             dict(d, HAS_H0=False, PREW=prew)))  # fmt: skip
-        _row("mlstm dh scan" + tag, stats(chunk_bwd.bwd_dh_kernel, {"q", "dnum", "dCs"},
-                                          dict(d, HAS_DHT=False, STORE_DH0=False, PREW=prew)))  # fmt: skip
+    _row("mlstm state scan", stats(chunk.fwd_state_kernel, {"k", "v", "Cs"}, dict(d, HAS_H0=False)))
+    _row("mlstm dh scan", stats(chunk_bwd.bwd_dh_kernel, {"q", "dnum", "dCs"},
+                                dict(d, HAS_DHT=False, STORE_DH0=False)))  # fmt: skip
     g = dict(d, BK=128, GATE=1, USE_H0=False, STORE_FINAL=False, STORE_VNEW=False, DOT=0, PREC=True)
     bf = {"k", "v", "w", "u", "h", "vnew", "h0"}
     _row("gdn state scan", stats(delta_h_fwd_kernel, bf, dict(g, WU=False)))

@@ -38,13 +38,10 @@ def _jobs():
     base.update(HAS_DHT=True, STORE_DH0=True, BC=64, NK=2, BL=1024, HAS_M0=True, HAS_DMT=True)
     kernels = {
         "state": chunk.fwd_state_kernel,
-        "state-prew": chunk.fwd_state_kernel,
-        "weights": chunk.fwd_weights_kernel,
         "dh-weights": chunk_bwd.bwd_weights_kernel,
         "stab": chunk.fwd_stab_kernel,
         "output": chunk.fwd_o_kernel,
         "dh": chunk_bwd.bwd_dh_kernel,
-        "dh-prew": chunk_bwd.bwd_dh_kernel,
         "dv": chunk_bwd.bwd_dv_kernel,
         "dqk": chunk_bwd.bwd_dqk_kernel,
         "route": stabiliser_triton.route_kernel,
@@ -54,9 +51,7 @@ def _jobs():
     for name, kernel in kernels.items():
         fn = unwrap(kernel)
         cex = {n: v for n, v in base.items() if n in fn.arg_names}
-        if "PREW" in fn.arg_names:
-            cex["PREW"] = name.endswith("-prew")
-        configs = [(4, 1)] if name in ("stab", "route", "weights", "dh-weights") else tuned
+        configs = [(4, 1)] if name in ("stab", "route", "dh-weights") else tuned
         if name == "dqk":  # 128-wide key tiles at K = 128, the configs `_dqk_config_ok` keeps there
             cex, configs = dict(cex, BK=128), [(8, 3), (8, 2)]
         jobs += [(f"{name}-w{w}s{s}", fn, cex, w, s) for w, s in configs]

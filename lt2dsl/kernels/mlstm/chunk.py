@@ -11,8 +11,6 @@ a_r = w_r q̃_r·n_c + Σ_j W_rj (q̃_r·k_j). m_r and a_r are stored for the ba
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -44,17 +42,6 @@ from ..common.decay_triton import (
 # tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
 # triangular solve), a pattern absent here. Every config is checked on the H200 by
 # `test_gpu_every_autotune_config` (force_config).
-# Per-token key weights and per-chunk decays formed by a parallel kernel before the scans
-# (`fwd_weights_kernel`; the backward's dh scan likewise gets its query weights, decays and the
-# normaliser's per-chunk terms from `chunk_bwd.bwd_weights_kernel`). Offline sm_90 the scans' loops
-# then match simple_gla's in barriers and unpipelined loads: their exponentials, scalar stabiliser
-# loads and cross-warp sums are what set them apart from it (`bench/ptx_stats.py` counts them).
-# On the H200 (eighth session) the state scan with the weight kernel made the forward slower (0.730
-# against 0.615 ms) while fwd+bwd stayed level, so the two scans are switched apart for an A/B:
-# LT2_MLSTM_PREW=1 both, =bwd the dh scan only, =0 neither. Module attributes, so tests can switch.
-_PREW_MODE = os.environ.get("LT2_MLSTM_PREW", "0")
-PREW = _PREW_MODE == "1"
-DH_PREW = _PREW_MODE in ("1", "bwd")
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     triton.Config({}, num_warps=8, num_stages=3),
@@ -113,18 +100,19 @@ def fwd_stab_kernel(
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def fwd_state_kernel(
-    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, wk, dec, nl, cu_seqlens, chunk_offsets, T,
+    k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, PREW: tl.constexpr,
+    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """(C, n) entering every chunk and the final (C, n), with the stabilisers `ms`, `mt` read from
     `fwd_stab_kernel` (the key weights and a chunk's decay are elementwise in loaded values, off the
     loop-carried path). The grid's value axis has one entry more than V's blocks: those programs
     scan n alone, so the C programs' loop has no cross-warp row sum of k ⊙ w per chunk (144 -> 104
     registers at 4 warps offline; 586 -> 496 µs for two calls on the H200, B=4, T=8192, H=16).
-    PREW: the key weights, decays and the normaliser's per-chunk terms come from
-    `fwd_weights_kernel` (wk, dec, nl)."""
+    Forming the key weights, decays and the normaliser's per-chunk terms in a parallel kernel first
+    (as the dh scan's `chunk_bwd.bwd_weights_kernel`) made the forward slower on the H200: 0.80
+    against 0.65 ms, fwd+bwd 2.90 against 2.87 (BENCHMARKS.md, eighth session)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
@@ -138,7 +126,7 @@ def fwd_state_kernel(
             b_C += load_tile(C0 + p_state, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
         for i_t in range(tl.cdiv(T, BT)):
             store_tile(Cs + ((boc + i_t) * H + i_h) * K * V, b_C, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-            w, decay = _chunk_weights(b, ig, ms, mt, wk, dec, bos, i_n, i_t, boc + i_t, i_h, T, H, BT, PREW)
+            w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
             b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
             b_v = load_tile(v, i_t * BT, i_v * BV, T, V, H * V, 1, BT, BV)
             b_kw = b_kT.to(tl.float32) * w[None, :]
@@ -150,51 +138,10 @@ def fwd_state_kernel(
             b_n += tl.load(n0 + i_nh.to(tl.int64) * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)
         for i_t in range(tl.cdiv(T, BT)):
             tl.store(ns + ((boc + i_t) * H + i_h) * K + o_k, b_n, mask=o_k < K)
-            if PREW:
-                i_s = (boc + i_t) * H + i_h
-                b_nl = tl.load(nl + i_s * K + o_k, mask=o_k < K, other=0.0)
-                b_n = tl.load(dec + i_s) * b_n + b_nl
-            else:
-                w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
-                b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
-                b_n = decay * b_n + tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1)
+            w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_t, boc + i_t, i_h, T, H, BT)
+            b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+            b_n = decay * b_n + tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1)
         tl.store(nt + i_nh.to(tl.int64) * K + o_k, b_n, mask=o_k < K)
-
-
-@device_fn
-def _chunk_weights(
-    b, ig, ms, mt, wk, dec, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr, PREW: tl.constexpr
-):
-    """(w_k `[BT]`, decay) of chunk i_c: loaded from `fwd_weights_kernel`'s output, or formed here."""
-    if PREW:
-        w = load_vec(wk + bos * H + i_h, i_c * BT, T, H, BT)
-        decay = tl.load(dec + i_tg * H + i_h)
-    else:
-        w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
-    return w, decay
-
-
-@triton.jit(do_not_specialize=["T"])
-def fwd_weights_kernel(
-    k, b, ig, ms, mt, wk, dec, nl, cu_seqlens, chunk_idx, T,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
-):  # fmt: skip
-    """One chunk, for the scans to load (PREW): wk[token] = w_k of `_key_weights` (`[B·T, H]`, 0
-    past the sequence), its decay dec[chunk] (`[chunks, H]`) and the normaliser's term of the chunk
-    nl[chunk] = Σ_j k_j w_j (`[chunks, H, K]`), so the normaliser's scan is a vector FMA a chunk."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
-    w, decay, _ = _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT)
-    store_vec(wk + bos * H + i_h, w, i_c * BT, T, H, BT)
-    tl.store(dec + i_tg * H + i_h, decay)
-    k += (bos * H + i_h) * K
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
-        tl.store(
-            nl + (i_tg * H + i_h) * K + o_k, tl.sum(b_kT.to(tl.float32) * w[None, :], axis=1), mask=o_k < K
-        )
 
 
 @device_fn
@@ -289,8 +236,7 @@ def _meta(q, v, vl):
 
 
 def _states(k, v, b, ig, state0, vl):
-    """Per-chunk (C, n, m) entering every chunk, the final (C, n, m), and with PREW the per-chunk
-    decays `[chunks, H]` (None without)."""
+    """Per-chunk (C, n, m) entering every chunk and the final (C, n, m)."""
     B, T, H, K = k.shape
     V = v.shape[3]
     meta = _meta(k, v, vl)
@@ -305,22 +251,12 @@ def _states(k, v, b, ig, state0, vl):
         b, ig, ms, m0, mt, vl.cu, vl.offsets, T, H=H, BT=vl.chunk, BC=16 if triton_interpreting() else 64,
         HAS_H0=state0 is not None, IS_VARLEN=vl.is_varlen,
     )  # fmt: skip
-    wk = dec = nl = None
-    if PREW:
-        wk = new_empty(k, *b.shape, dtype=torch.float32)
-        dec = new_empty(k, vl.n_chunks, H, dtype=torch.float32)
-        nl = new_empty(k, vl.n_chunks, H, K, dtype=torch.float32)
-        fwd_weights_kernel[(vl.NT, vl.grid_rows(B) * H)](
-            k, b, ig, ms, mt, wk, dec, nl, vl.cu, vl.idx, T,
-            H=H, K=K, BT=vl.chunk, BK=meta["BK"], IS_VARLEN=vl.is_varlen,
-        )  # fmt: skip
     # one more program on the value axis: the normaliser's own scan
     grid = (triton.cdiv(K, meta["BK"]), triton.cdiv(V, meta["BV"]) + 1, vl.N * H)
     fwd_state_kernel[grid](
-        k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, b if wk is None else wk, ms if dec is None else dec,
-        ns if nl is None else nl, vl.cu, vl.offsets, T, HAS_H0=state0 is not None, PREW=PREW, **meta,
+        k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, vl.cu, vl.offsets, T, HAS_H0=state0 is not None, **meta,
     )  # fmt: skip
-    return (Cs, ns, ms), (Ct, nt, mt), dec
+    return (Cs, ns, ms), (Ct, nt, mt)
 
 
 def _gates(i, f, vl):
@@ -333,7 +269,7 @@ def chunk_mlstm_fwd(q, k, v, i, f, scale, eps, state0, cu_seqlens):
     B, T, H, K = q.shape
     vl = Varlen(cu_seqlens, B, T)
     ig, b = _gates(i, f, vl)
-    (Cs, ns, ms), final, _ = _states(k, v, b, ig, state0, vl)
+    (Cs, ns, ms), final = _states(k, v, b, ig, state0, vl)
     # Value tiles of 64: a 128-wide tile (Q Kᵀ and Q·n formed once per chunk instead of per tile)
     # passed the CPU interpreter and compiled without spills for sm_90, but on the H200 its bf16
     # output was wrong (relative RMS 0.28 at T = 8192, D = 128; fp32 passed), fifth session.
