@@ -97,12 +97,7 @@ def _jobs():
         cex = dict(base, BK=D, USE_G=bool(gate), DOT=0)
         jobs.append((f"qk-g{gate}", delta_qk_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, rcfg in enumerate(L._WY_ROWS_CONFIGS):
-            # (defaulted constexprs named, or the harness would type them as pointers)
-            plain = dict(cex, V=16, BV=16, PREC=False, WU=False)
-            jobs.append((f"wy_rows-g{gate}-c{i}", delta_wy_rows_kernel, ptr, sc, plain, rcfg.num_warps, 1))
-            # LT2_DELTA_WU: the same kernel forms W and U too
-            wu = dict(cex, V=D, BV=64, PREC=True, WU=True)
-            jobs.append((f"wy_rows_wu-g{gate}-c{i}", delta_wy_rows_kernel, ptr, sc, wu, rcfg.num_warps, 1))
+            jobs.append((f"wy_rows-g{gate}-c{i}", delta_wy_rows_kernel, ptr, sc, cex, rcfg.num_warps, 1))
     for gate in (0, 1, 2):
         # DeltaNet's state scans run the scalar-gate code (GATE 1): no GATE 0 state-scan job
         for i, cfg in enumerate(L._STATE_CONFIGS if gate else []):

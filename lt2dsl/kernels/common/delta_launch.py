@@ -294,12 +294,11 @@ class ChunkMeta:
         return (self.n_chunks, self.HV) if self.varlen else (self.NT, bh)
 
 
-def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool = True, v=None):
+def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool = True):
     """DeltaNet / GDN chunk preparation (KDA has its own): the gate cumsum `[B*T, HV]` (zeros for
     DeltaNet, whose state scans run the scalar-gate code), T = (I + A)^{-1} and the output scores
-    Aqk, both `[B*T, HV, 64]` fp32, and with `v` (WU) W `[B*T, HV, K]` and U `[B, T, HV, V]` in the
-    input dtype, formed by the same kernel. Without `scores` Aqk is None (the forward forms P
-    itself; only the fused reverse scan reads Aqk); without `v` W and U are None."""
+    Aqk, both `[B*T, HV, 64]` fp32. Without `scores` Aqk is None (the forward forms P itself; only
+    the fused reverse scan reads Aqk)."""
     B, T, H, K = k.shape
     HV = beta.shape[-1]
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
@@ -311,35 +310,26 @@ def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool
     common = dict(H=H, HV=HV, K=K, BT=BT, BK=pow2(K), USE_G=gate == "scalar", IS_VARLEN=meta.varlen,
                   DOT=dot_mode(k.dtype))  # fmt: skip
     grid = meta.chunk_grid(B * HV)
-    w = u = None
-    wu = {}
-    if v is not None:
-        w, u = empty(k, B * T, HV, K), empty(v, *v.shape)
-        wu = dict(V=v.shape[3], BV=min(64, pow2(v.shape[3])), PREC=split_mode(k.dtype), WU=True)
     launch(
         _wy_rows,
         delta_wy_rows_kernel,
         grid,
         k,
-        v if v is not None else k,
         g if g is not None else beta,
         beta,
         gcum,
         Ainv,
-        w if w is not None else Ainv,
-        u if u is not None else Ainv,
         meta.cu,
         meta.chunk_indices,
         T,
         **common,
-        **wu,
     )
     if not scores:
-        return gcum, Ainv, None, w, u
+        return gcum, Ainv, None
     launch(
         _qk_fwd, delta_qk_fwd_kernel, grid, q, k, gcum, Aqk, meta.cu, meta.chunk_indices, T, scale, **common
     )
-    return gcum, Ainv, Aqk, w, u
+    return gcum, Ainv, Aqk
 
 
 def state_bk(K: int) -> int:
@@ -354,13 +344,12 @@ def _state_gate(gate: str) -> int:
     return GATE_IDS["scalar"] if gate == "none" else GATE_IDS[gate]
 
 
-def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save, wu_in=None):
+def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
     """Output `[B, T, HV, V]`, final state, and (if `save`) per-chunk states and U' for the backward,
     by the kernels of `delta_split`; Aqk is read only for the per-channel gate.
 
-    With WU, W and U are formed per chunk first (`wu_in` = (W, U) from `wy_fwd`, else a pass of
-    their own) and the scan does two dots per chunk; without (the default), the scan applies T
-    itself (three dots, U' kept in fp32 for the output).
+    With WU, W and U are formed per chunk first and the scan does two dots per chunk; without (the
+    default), the scan applies T itself (three dots, U' kept in fp32 for the output).
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -375,9 +364,7 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
                   DOT=dot_mode(dt), PREC=split_mode(dt), fixed={"BV": min(32, pow2(V))})  # fmt: skip
     cgrid = meta.chunk_grid(B * HV)
     w = u = o
-    if wu and wu_in is not None:
-        w, u = wu_in
-    elif wu:
+    if wu:
         w, u = empty(k, B * T, HV, K), empty(v, *v.shape)
         launch(_wu_fwd, delta_wu_fwd_kernel, cgrid, k, v, gcum, beta, Ainv, w, u, meta.cu, meta.chunk_indices,
                T, **common)  # fmt: skip
@@ -397,9 +384,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
     return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
 
 
-def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta, want_dh0, w=None):
-    """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU', and the initial-state gradient; `w`
-    is the WU forward's W, else the W-based scan forms it in a pass of its own."""
+def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta, want_dh0):
+    """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU', and the initial-state gradient."""
     B, T, H, K = k.shape
     HV, V = do.shape[2], do.shape[3]
     n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
@@ -427,10 +413,10 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     launch(_du0, delta_du0_kernel, ugrid, q, k, gcum, scores, do, du0, meta.cu, meta.chunk_indices, T, scale,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     dht_ = dht if dht is not None else do
-    if w is None:  # the default forward keeps no W: one chunk-parallel pass forms it
-        w = empty(k, B * T, HV, K)
-        launch(_wu_fwd, delta_wu_fwd_kernel, cgrid, k, do, gcum, beta, Ainv, w, do, meta.cu,
-               meta.chunk_indices, T, STORE_U=False, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
+    # W recomputed (one chunk-parallel pass) rather than kept from the forward
+    w = empty(k, B * T, HV, K)
+    launch(_wu_fwd, delta_wu_fwd_kernel, cgrid, k, do, gcum, beta, Ainv, w, do, meta.cu, meta.chunk_indices,
+           T, STORE_U=False, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     # dU' goes to `du`, then Y = Tᵀ dU' into du0's buffer (read by the scan before): no autotuned
     # kernel reads a buffer it writes (each runs several times while autotuning).
     du = Y

@@ -66,8 +66,6 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
         alloc((B * T, HV, BT) if save and (gate == 2 or not delta_launch.WBWD) else (0,), f32),
         alloc((n_rows, HV, K, V) if save else (0,), q.dtype),
         alloc((B, T, HV, V) if save else (0,), v.dtype),
-        # W = T Diag(β)(K ⊙ γ) of the WU forward (GDN, DeltaNet), so the backward need not form it again
-        alloc((B * T, HV, K) if save and gate != 2 and delta_launch.WU else (0,), q.dtype),
     )
 
 
@@ -83,32 +81,25 @@ def _chunk_fwd_impl(
     scale: float,
     want_final: bool,
     save: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     meta = ChunkMeta(q.shape[0], q.shape[1], v.shape[2], cu_seqlens)
-    w = None
     if gate == 2:
         gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta)
     else:
         # P is read by the default (fused) reverse scan only; the forward and the W-based backward
         # form it themselves
         scores = save and not delta_launch.WBWD
-        # WU: W and U formed by the UT transform's kernel
-        vw = v if delta_launch.WU else None
-        gcum, Ainv, Aqk, w, u = wy_fwd(q, k, g, beta, GATES[gate], scale, meta, scores=scores, v=vw)
-    wu_in = (w, u) if gate != 2 and delta_launch.WU else None
-    o, ht, h, vnew = state_fwd(
-        q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save, wu_in=wu_in
-    )
+        gcum, Ainv, Aqk = wy_fwd(q, k, g, beta, GATES[gate], scale, meta, scores=scores)
+    o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
 
     # Outputs may not alias each other, so every absent one is its own empty tensor.
     def e():
         return q.new_empty(0)
 
     if not save:
-        return o, (ht if want_final else e()), e(), e(), e(), e(), e(), e()
+        return o, (ht if want_final else e()), e(), e(), e(), e(), e()
     Aqk = Aqk if Aqk is not None else e()
-    w = w if wu_in is not None else e()
-    return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk, h, vnew, w)
+    return (o, ht if want_final else e(), gcum if gate else e(), Ainv, Aqk, h, vnew)
 
 
 delta_chunk_fwd = custom_op("lt2dsl::delta_chunk_fwd", _chunk_fwd_impl, mutates_args=())
@@ -135,7 +126,6 @@ def _chunk_bwd_impl(
     Aqk: Tensor,
     h: Tensor,
     vnew: Tensor,
-    w: Tensor,
     do: Tensor,
     dht: Tensor | None,
     gate: int,
@@ -146,9 +136,7 @@ def _chunk_bwd_impl(
     meta = ChunkMeta(B, T, HV, cu_seqlens)
     if gate == 0:  # DeltaNet's state scans run the scalar-gate code with b = 0
         gcum = torch.zeros(B * T, HV, dtype=torch.float32, device=q.device)
-    dh, Y, dh0 = state_bwd(
-        q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None, w=_none(w)
-    )
+    dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None)
     dq, dk, dv, dbeta, dg = grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta)
     # Value heads sharing a q/k head add their gradients (grouped value heads).
     if HV == H:
@@ -165,7 +153,7 @@ delta_chunk_bwd = custom_op("lt2dsl::delta_chunk_bwd", _chunk_bwd_impl, mutates_
 
 
 @delta_chunk_bwd.register_fake
-def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, w, do, dht, gate, scale):
+def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, gate, scale):
     return (
         torch.empty_like(q),
         torch.empty_like(k),
@@ -178,21 +166,21 @@ def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, w, do, dht, ga
 
 def _setup_context(ctx, inputs, output):
     q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save = inputs
-    _, _, gcum, Ainv, Aqk, h, vnew, w = output
-    ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, w)
+    _, _, gcum, Ainv, Aqk, h, vnew = output
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew)
     ctx.gate, ctx.scale, ctx.save = gate, scale, save
     ctx.set_materialize_grads(False)
 
 
 def _grads(ctx, do, dht, bwd):
     """Input gradients from the saved forward tensors; `bwd` is the op or its eager implementation."""
-    q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, w = ctx.saved_tensors
+    q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew = ctx.saved_tensors
     if not ctx.save:
         raise RuntimeError("delta_chunk_fwd ran with save=False; call it with save=True to train")
     do = torch.zeros_like(v) if do is None else do.contiguous()
     dht = None if dht is None or dht.numel() == 0 else dht.contiguous()
     dq, dk, dv, dg, dbeta, dh0 = bwd(
-        q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, w, do, dht, ctx.gate, ctx.scale
+        q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, ctx.gate, ctx.scale
     )
     return dq, dk, dv, _none(dg), dbeta, _none(dh0)
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import load_square, load_tile, store_tile
+from lt2dsl.kernels.common.delta_state import load_tile
 from lt2dsl.kernels.common.delta_tl import (
     causal_scores,
     chunk_coords,
     helper,
     inv_block_lower64,
     mm,
-    mm_xx,
     rcumsum,
     rsum,
     store_lower64,
@@ -46,13 +45,10 @@ def _scratch_block(base, I: tl.constexpr, J: tl.constexpr, n, HV: tl.constexpr, 
 @triton.jit
 def delta_wy_rows_kernel(
     k,
-    v,
     g,
     beta,
     gcum,
     Ainv,
-    w,
-    u,
     cu_seqlens,
     chunk_indices,
     T,
@@ -64,10 +60,6 @@ def delta_wy_rows_kernel(
     USE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
-    V: tl.constexpr = 16,
-    BV: tl.constexpr = 16,
-    PREC: tl.constexpr = False,
-    WU: tl.constexpr = False,
 ):
     """T = (I + A)^{-1} with A from one `[64, K]` dot, parked in Ainv's rows as scratch.
 
@@ -75,9 +67,7 @@ def delta_wy_rows_kernel(
     version extracting it with a cross-thread reduction, two per step instead of one, was 0.22 ms
     slower on the H200 at B=4, T=8192, H=16); the blocks below the diagonal are loaded from the
     scratch as well. Barriers order the scratch writes, reads and the final T over Ainv within the
-    program. WU: then W = T Diag(β)(K ⊙ γ) `[B*T, HV, K]` and U = T Diag(β) V `[B*T, HV, V]` in the
-    input dtype, from T read back and the K rows still in registers (what `delta_split.
-    delta_wu_fwd_kernel` forms in a pass of its own, reading T, K, β and the gates again).
+    program.
     """
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -130,20 +120,6 @@ def delta_wy_rows_kernel(
     )
     tl.debug_barrier()
     store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
-    if WU:
-        tl.debug_barrier()
-        DT = k.dtype.element_ty
-        b_T = load_square(Ainv, t0, eos, i_hv, HV, BT, False)
-        scl = b_beta
-        if USE_G:
-            scl = b_beta * tl.exp(b)
-        b_w = mm_xx(b_T, b_k.to(tl.float32) * scl[:, None], DT, PREC, DOT)
-        store_tile(w + (t64 * HV + i_hv) * K, b_w, 0, n, HV * K, 0, K, BT, BK)
-        v_base = (t64 * HV + i_hv) * V
-        for i_v in range(tl.cdiv(V, BV)):
-            b_v = load_tile(v + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-            b_u = mm_xx(b_T, b_v * b_beta[:, None], DT, PREC, DOT)
-            store_tile(u + v_base, b_u, 0, n, HV * V, i_v * BV, V, BT, BV)
 
 
 @triton.jit
