@@ -199,14 +199,19 @@ def bwd_dv_kernel(
 
 
 def _dqk_config_ok(config, args) -> bool:
-    """8 warps at 2 stages only with the 128-wide key tile: with 64-wide tiles (K = 128 in two
-    blocks) it gave a 1.6e-2 dq error (bf16, T=8192) on the H200 where the other configs passed.
-    4 warps only with tiles up to 64 wide: at 128 it spills 1.3 KB per thread (offline sm_90)."""
-    wide = args.get("BK", 0) >= 128
-    return (config.num_warps, config.num_stages) != ((4, 2) if wide else (8, 2))
+    """4 warps only with key tiles up to 64 wide: at 128 it spills 1.3 KB per thread (offline sm_90).
+
+    8 warps at 2 stages is not a candidate at all. With 64-wide tiles it gave a 1.6e-2 dq error
+    (bf16, T = 8192, D = 128) on the H200 where the other configs passed (seventh session, call 3);
+    with 128-wide tiles the same test failed once more (dq 1.33e-2, eighth session, call 5) while
+    passing in other runs, as an autotuner choosing between it and 8 warps at 3 stages would. The
+    CPU interpreter's emulation of that test's 32 heads stays at 4e-3 (max |error| under 10, against
+    265 on the GPU), so the error is the GPU's, not the precision policy's; 8 warps at 3 stages is
+    the config the passing runs picked. Not yet re-run on the GPU without it."""
+    return not (args.get("BK", 0) >= 128 and config.num_warps == 4)
 
 
-@tuned([*_CONFIGS, triton.Config({}, num_warps=8, num_stages=2)], key=_KEY, prune=_dqk_config_ok)
+@tuned(_CONFIGS, key=_KEY, prune=_dqk_config_ok)
 @triton.jit(do_not_specialize=["T"])
 def bwd_dqk_kernel(
     q, k, v, b, ig, dnum, m_tok, da, Cs, ns, ms, mt, dCs, dns, dq, dk, dlf, di, ds_scr,
