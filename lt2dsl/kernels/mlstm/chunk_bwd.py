@@ -44,7 +44,13 @@ def _weights_m(b, ig, m_tok, b_mc, bos, i_c, i_h, T, H, BT: tl.constexpr):
     b_m = load_vec(m_tok + bos * H + i_h, i_c * BT, T, H, BT)
     m_D = (o_t[:, None] >= o_t[None, :]) & valid[:, None] & valid[None, :]
     b_W = tl.exp(tl.where(m_D, b_b[:, None] - b_b[None, :] + b_i[None, :] - b_m[:, None], float("-inf")))
-    return b_W, tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0)
+    return b_W, _query_weights(b_b, b_m, b_mc, valid)
+
+
+@device_fn
+def _query_weights(b_b, b_m, b_mc, valid):
+    """w_r = e^{b_r + m_c − m_r} (0 past the sequence): a token's weight on the chunk's entering state."""
+    return tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0)
 
 
 @device_fn
@@ -152,8 +158,7 @@ def bwd_weights_kernel(
     tl.store(dec + i_s, decay)
     b_b = load_vec(b + bos * H + i_h, i_c * BT, T, H, BT)
     b_m = load_vec(m_tok + bos * H + i_h, i_c * BT, T, H, BT)
-    valid = i_c * BT + tl.arange(0, BT) < T
-    b_wq = tl.where(valid, tl.exp(b_b + b_mc - b_m), 0.0) * scale
+    b_wq = _query_weights(b_b, b_m, b_mc, i_c * BT + tl.arange(0, BT) < T) * scale
     store_vec(wq + bos * H + i_h, b_wq, i_c * BT, T, H, BT)
     b_da = load_vec(da + bos * H + i_h, i_c * BT, T, H, BT)
     q += (bos * H + i_h) * K
