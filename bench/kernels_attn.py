@@ -48,10 +48,8 @@ def _case(group, impl, make, flops, backward):
 def _full_cases(T: int) -> list[Case]:
     from lt2dsl.kernels.attention import attention
 
-    def ours(gate, dq="split"):
+    def ours(gate):
         def make():
-            # the backward reads LT2_ATTN_DQ when it runs, inside this case's timing
-            os.environ["LT2_ATTN_DQ"] = dq
             q, k, v = _rnd(B, T, H, D), _rnd(B, T, H, D), _rnd(B, T, H, D)
             g = _rnd(B, T, H, D) if gate else None
             leaves = [q, k, v] + ([g] if gate else [])
@@ -86,9 +84,7 @@ def _full_cases(T: int) -> list[Case]:
         for bw in (False, True)
         for impl, mk in (
             ("lt2dsl+gate", ours(True)),
-            ("lt2dsl+gate-atomic-dq", ours(True, "atomic")),
             ("lt2dsl", ours(False)),
-            ("lt2dsl-atomic-dq", ours(False, "atomic")),
             ("sdpa", sdpa),
             ("sdpa-default", sdpa_default),
             ("fla", peer),

@@ -157,13 +157,6 @@ def poison(monkeypatch):
     monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
 
 
-@pytest.fixture(params=["split", "atomic"])
-def dq_mode(request, monkeypatch):
-    """The backward's two dQ forms: its own kernel, or fp32 atomics from the dK/dV kernel."""
-    monkeypatch.setenv("LT2_ATTN_DQ", request.param)
-    return request.param
-
-
 def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device=DEVICE, cu=None):
     """Triton forward and all gradients against the float64 reference."""
     tol = 1e-4 if dtype == torch.float32 else 1e-2
@@ -182,12 +175,12 @@ def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device
 
 
 @pytest.mark.parametrize("case", list(TRITON_CASES))
-def test_triton_matches_reference(case, poison, dq_mode):
+def test_triton_matches_reference(case, poison):
     check_triton_case(*TRITON_CASES[case])
 
 
 @pytest.mark.parametrize("case", ["gqa", "window7-elem", "w>T-D24", "bf16-w16-head"])
-def test_triton_backward_uneven_tiles(case, poison, monkeypatch, dq_mode):
+def test_triton_backward_uneven_tiles(case, poison, monkeypatch):
     """The GPU's autotuned backward tiles are uneven (dK/dV 128 keys x 32 rows, dQ 128 rows x 32
     keys); the row and key bands must hold for any pair: here 32 x 16 and 16 x 32."""
     from lt2dsl.kernels.attention import triton_bwd
@@ -204,7 +197,7 @@ def test_triton_window_one_is_identity(poison):
     assert_close("o", attention(q, k, v, window=1, backend="triton"), v.repeat_interleave(2, 2), 1e-6)
 
 
-def test_triton_varlen(poison, dq_mode):
+def test_triton_varlen(poison):
     cu = torch.tensor([0, 13, 14, 50], device=DEVICE)
     check_triton_case(1, 50, 50, 4, 2, 16, True, 5, "head", torch.float32, cu=cu)
 
@@ -246,29 +239,9 @@ def test_gpu_full_size(shape, dtype, mode, poison):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", GPU_SHAPES[2:], ids=lambda s: "B{}-T{}-H{}/{}-D{}".format(*s))
-@pytest.mark.parametrize("mode", ["full", "w512-elem", "head"])
-def test_gpu_full_size_atomic_dq(shape, mode, poison, monkeypatch):
-    """The atomic dQ at T = 8192 in bf16: the autotuner times each config on the same accumulator,
-    which must be zeroed again before the real run."""
-    monkeypatch.setenv("LT2_ATTN_DQ", "atomic")
-    B, T, HQ, HKV, D = shape
-    window, gate = {"full": (None, None), "w512-elem": (512, "elem"), "head": (None, "head")}[mode]
-    check_triton_case(B, T, T, HQ, HKV, D, True, window, gate, torch.bfloat16, device="cuda")
-
-
-def test_dq_mode_is_checked(monkeypatch):
-    from lt2dsl.kernels.attention.triton_bwd import atomic_dq
-
-    monkeypatch.setenv("LT2_ATTN_DQ", "atomics")
-    with pytest.raises(ValueError, match="LT2_ATTN_DQ"):
-        atomic_dq()
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("config", range(N_BWD_CONFIGS))
 @pytest.mark.parametrize("mode", ["full", "w512-elem"])
-def test_gpu_every_backward_config(config, mode, poison, dq_mode):
+def test_gpu_every_backward_config(config, mode, poison):
     """Each backward tile config the autotuner may pick on this GPU, forced one at a time (Hopper
     miscompiles are per config: /work/shared/bench/README.md)."""
     from lt2dsl.kernels.attention.triton_bwd import forced_bwd_config
@@ -281,7 +254,7 @@ def test_gpu_every_backward_config(config, mode, poison, dq_mode):
 @pytest.mark.gpu
 @pytest.mark.gpu_heavy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_gpu_prefill_and_varlen(dtype, poison, dq_mode):
+def test_gpu_prefill_and_varlen(dtype, poison):
     check_triton_case(2, 300, 1500, 16, 4, 128, True, None, "elem", dtype, device="cuda")
     cu = torch.tensor([0, 1, 700, 701, 3000], device="cuda")
     check_triton_case(1, 3000, 3000, 8, 2, 64, True, 256, "head", dtype, device="cuda", cu=cu)

@@ -45,13 +45,8 @@ def _jobs():
         ("dq", B._bwd_dq_kernel, B.Q_CONFIGS, 1),
     ):
         for i, c in enumerate(configs):
-            # an argument left out of the constexprs compiles as a pointer: ATOMIC_DQ must be given
-            extra = dict(ATOMIC_DQ=False) if name == "dkdv" else {}
-            cex = dict(common, ORDER=order, **extra, **c.kwargs)
+            cex = dict(common, ORDER=order, **c.kwargs)
             jobs.append((f"{name}{i}", kernel, cex, c.num_warps, c.num_stages))
-    for i, c in enumerate(B.KV_CONFIGS):
-        cex = dict(common, ORDER=0, ATOMIC_DQ=True, **c.kwargs)
-        jobs.append((f"dkdv-atomic{i}", B._bwd_dkdv_kernel, cex, c.num_warps, c.num_stages))
     return jobs
 
 
@@ -64,7 +59,7 @@ def test_config_compiles_and_fits(job):
 
     name, fn, cex, warps, stages = job
     ptrs = {n: "*bf16" for n in ("Q", "K", "V", "GATE", "O", "DU", "DQ", "DK", "DV_OUT")}
-    ptrs.update(DQA="*fp32", LSE="*fp32", DELTA="*fp32", CU_Q="*i32", CU_K="*i32", BLK_MAP="*i32")
+    ptrs.update(LSE="*fp32", DELTA="*fp32", CU_Q="*i32", CU_K="*i32", BLK_MAP="*i32")
     scalars = {n: "i32" for n in INTS}
     scalars.update(qk_scale="fp32", scale="fp32")
     try:

@@ -10,8 +10,6 @@ k qᵀ and v dOᵀ from transposed loads, so no dot result is transposed before 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -314,7 +312,6 @@ def _dkdv_inner(
     do_ptr,
     lse_ptr,
     delta_ptr,
-    dqa_ptr,
     start,
     end,
     kpos,
@@ -325,7 +322,6 @@ def _dkdv_inner(
     qk_scale,
     offs_d,
     offs_dv,
-    NROWS,
     HQ: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
@@ -334,11 +330,8 @@ def _dkdv_inner(
     CAUSAL: tl.constexpr,
     HAS_W: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
 ):
-    """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head; with ATOMIC_DQ
-    also dqᵀ += kᵀ dsᵀ, added into the fp32 [D, rows] accumulator (k is a load and dsᵀ feeds the dot
-    untransposed: no transposed dot result reaches a dot)."""
+    """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head."""
     for m in range(start, end, BM):
         rows = m + tl.arange(0, BM)
         in_q = rows < Tq_n
@@ -365,15 +358,7 @@ def _dkdv_inner(
         dv += mm(cast(pt, do.dtype), do, DOT_PREC)
         dpt = mm(v, tl.trans(do), DOT_PREC)
         dst = pt * (dpt - delta[None, :])
-        dst16 = cast(dst, qt.dtype)
-        dk += mm(dst16, tl.trans(qt), DOT_PREC)
-        if ATOMIC_DQ:
-            tl.atomic_add(
-                dqa_ptr + offs_d[:, None] * NROWS + rows[None, :],
-                mm(tl.trans(k), dst16, DOT_PREC),
-                mask=(offs_d[:, None] < D) & in_q[None, :],
-                sem="relaxed",
-            )
+        dk += mm(cast(dst, qt.dtype), tl.trans(qt), DOT_PREC)
     return dk, dv
 
 
@@ -387,7 +372,6 @@ def _bwd_dkdv_kernel(
     DELTA,
     DK,
     DV_OUT,
-    DQA,
     CU_Q,
     CU_K,
     BLK_MAP,
@@ -413,10 +397,8 @@ def _bwd_dkdv_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     ORDER: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr = False,
 ):
-    """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it; with
-    ATOMIC_DQ also each query head's dQ, added into DQA ([HQ, D, rows] fp32, zeroed, unscaled)."""
+    """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it."""
     HKV = HQ // GRP
     pid_n, pid_bh = _program_ids(ORDER)
     b, hk, i_n, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
@@ -451,7 +433,6 @@ def _bwd_dkdv_kernel(
         do_ptr = DU + (bos_q.to(tl.int64) * HQ + h) * DV
         lse_ptr = LSE + h.to(tl.int64) * NROWS + bos_q
         delta_ptr = DELTA + h.to(tl.int64) * NROWS + bos_q
-        dqa_ptr = DQA + h.to(tl.int64) * D * NROWS + bos_q
         dk, dv = _dkdv_inner(
             dk,
             dv,
@@ -461,7 +442,6 @@ def _bwd_dkdv_kernel(
             do_ptr,
             lse_ptr,
             delta_ptr,
-            dqa_ptr,
             lo,
             tl.minimum(full_lo, hi),
             kpos,
@@ -472,7 +452,6 @@ def _bwd_dkdv_kernel(
             qk_scale,
             offs_d,
             offs_dv,
-            NROWS,
             HQ,
             D,
             DV,
@@ -481,7 +460,6 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
-            ATOMIC_DQ,
         )
         dk, dv = _dkdv_inner(
             dk,
@@ -492,7 +470,6 @@ def _bwd_dkdv_kernel(
             do_ptr,
             lse_ptr,
             delta_ptr,
-            dqa_ptr,
             full_lo,
             full_hi,
             kpos,
@@ -503,7 +480,6 @@ def _bwd_dkdv_kernel(
             qk_scale,
             offs_d,
             offs_dv,
-            NROWS,
             HQ,
             D,
             DV,
@@ -512,7 +488,6 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
-            ATOMIC_DQ,
         )
         dk, dv = _dkdv_inner(
             dk,
@@ -523,7 +498,6 @@ def _bwd_dkdv_kernel(
             do_ptr,
             lse_ptr,
             delta_ptr,
-            dqa_ptr,
             tl.maximum(full_lo, full_hi),
             hi,
             kpos,
@@ -534,7 +508,6 @@ def _bwd_dkdv_kernel(
             qk_scale,
             offs_d,
             offs_dv,
-            NROWS,
             HQ,
             D,
             DV,
@@ -543,7 +516,6 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
-            ATOMIC_DQ,
         )
     tl.store(
         DK + k_off[:, None] * D + offs_d[None, :],
@@ -555,43 +527,6 @@ def _bwd_dkdv_kernel(
         cast(dv, DV_OUT.dtype.element_ty),
         mask=in_k[:, None] & (offs_dv[None, :] < DV),
     )
-
-
-@triton.jit
-def _dq_from_acc_kernel(
-    DQA,
-    DQ,
-    NROWS,
-    scale,
-    HQ: tl.constexpr,
-    D: tl.constexpr,
-    BD: tl.constexpr,
-    BM: tl.constexpr,
-):
-    """dQ = scale · DQA, from the [HQ, D, rows] fp32 accumulator to dQ's [rows, HQ, D] layout."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    h = tl.program_id(1)
-    offs_d = tl.arange(0, BD)
-    in_d = offs_d < D
-    acc = tl.load(
-        DQA + (h * D + offs_d[:, None]).to(tl.int64) * NROWS + rows[None, :],
-        mask=in_d[:, None] & (rows[None, :] < NROWS),
-        other=0.0,
-    )
-    tl.store(
-        DQ + ((rows.to(tl.int64) * HQ + h) * D)[:, None] + offs_d[None, :],
-        cast(tl.trans(acc) * scale, DQ.dtype.element_ty),
-        mask=(rows[:, None] < NROWS) & in_d[None, :],
-    )
-
-
-def atomic_dq() -> bool:
-    """dQ from the dK/dV kernel by fp32 atomics (`LT2_ATTN_DQ=atomic`, FlashAttention-2's backward:
-    five dots per tile instead of seven) or by its own kernel (`split`, the default: deterministic)."""
-    mode = os.environ.get("LT2_ATTN_DQ", "split")
-    if mode not in ("split", "atomic"):
-        raise ValueError(f"LT2_ATTN_DQ must be 'split' or 'atomic', got {mode!r}")
-    return mode == "atomic"
 
 
 def bwd_config(D: int, dtype: torch.dtype) -> dict:
@@ -638,26 +573,13 @@ def _as_dict(c: triton.Config) -> dict:
 
 
 _dkdv_tuned = autotuned_on_gpu(_bwd_dkdv_kernel, KV_CONFIGS, _KEY)
-# the atomic form tunes apart (its tiles hold one more accumulator) and zeroes DQA between the
-# tuner's timing runs, which add into it
-_dkdv_atomic_tuned = autotuned_on_gpu(
-    _bwd_dkdv_kernel, KV_CONFIGS, [*_KEY, "ATOMIC_DQ"], reset_to_zero=["DQA"]
-)
 _dq_tuned = autotuned_on_gpu(_bwd_dq_kernel, Q_CONFIGS, _KEY)
 N_BWD_CONFIGS = max(len(KV_CONFIGS), len(Q_CONFIGS))
 
 
 def forced_bwd_config(i: int):
     """The autotuned backward kernels run config i of their lists (see `forced_autotune_config`)."""
-    tuned = (_dkdv_tuned, _dq_tuned, _dkdv_atomic_tuned)
-    return forced_autotune_config([t for t in tuned if t is not None], i)
-
-
-def _dq_from_acc(dqa: torch.Tensor, dq: torch.Tensor, scale: float) -> torch.Tensor:
-    HQ, D, nrows = dqa.shape
-    bm = 16 if triton_interpreting() else 64
-    _dq_from_acc_kernel[(triton.cdiv(nrows, bm), HQ)](dqa, dq, nrows, scale, HQ=HQ, D=D, BD=pow2(D), BM=bm)
-    return dq
+    return forced_autotune_config([t for t in (_dkdv_tuned, _dq_tuned) if t is not None], i)
 
 
 def attn_bwd(
@@ -702,8 +624,6 @@ def attn_bwd(
     cfg = bwd_config(max(D, DV), q.dtype)
     dq, dk, dv = (new_empty(*t.shape, like=t) for t in (q, k, v))
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
-    atomic = atomic_dq()
-    dqa = torch.zeros(HQ, D, nrows, dtype=torch.float32, device=q.device) if atomic else dummy
     common = dict(
         HQ=HQ,
         GRP=HQ // HKV,
@@ -725,29 +645,8 @@ def attn_bwd(
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         cu_q = cu_k = blk_q = blk_k = dummy
-        kv_grid = lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)  # noqa: E731
-        if atomic:
-            _dkdv_atomic_tuned[kv_grid](
-                q,
-                k,
-                v,
-                du,
-                lse,
-                delta,
-                dk,
-                dv,
-                dqa,
-                cu_q,
-                cu_k,
-                blk_k,
-                *scalars,
-                ORDER=o_k,
-                ATOMIC_DQ=True,
-                **common,
-            )
-            return _dq_from_acc(dqa, dq, scale), dk, dv, dg
-        _dkdv_tuned[kv_grid](
-            q, k, v, du, lse, delta, dk, dv, dqa, cu_q, cu_k, blk_k, *scalars, ORDER=o_k, **common
+        _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
+            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, ORDER=o_k, **common
         )
         _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
             q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, ORDER=o_q, **common
@@ -770,7 +669,6 @@ def attn_bwd(
         delta,
         dk,
         dv,
-        dqa,
         cu_q,
         cu_k,
         blk_k,
@@ -778,13 +676,10 @@ def attn_bwd(
         BM=ckv["BM"],
         BN=ckv["BN"],
         ORDER=o_k,
-        ATOMIC_DQ=atomic,
         num_warps=ckv["num_warps"],
         num_stages=ckv["num_stages"],
         **common,
     )
-    if atomic:
-        return _dq_from_acc(dqa, dq, scale), dk, dv, dg
     _bwd_dq_kernel[grid_q](
         q,
         k,

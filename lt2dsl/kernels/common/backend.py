@@ -65,17 +65,14 @@ def _fmt(expected: Sequence[int | None]) -> str:
     return "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
 
 
-def autotuned_on_gpu(
-    kernel, configs: Sequence, key: Sequence[str], reset_to_zero: Sequence[str] | None = None
-):
+def autotuned_on_gpu(kernel, configs: Sequence, key: Sequence[str]):
     """`triton.autotune(configs, key)` of `kernel` for the GPU; None under the interpreter, where the
-    caller launches the plain kernel with one fixed config. `reset_to_zero` names outputs the kernel
-    adds into: the tuner zeroes them before each timing run and once more before the real one."""
+    caller launches the plain kernel with one fixed config."""
     if triton_interpreting():
         return None
     import triton
 
-    return triton.autotune(configs=list(configs), key=list(key), reset_to_zero=reset_to_zero)(kernel)
+    return triton.autotune(configs=list(configs), key=list(key))(kernel)
 
 
 @contextmanager
