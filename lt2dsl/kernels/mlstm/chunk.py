@@ -47,6 +47,13 @@ _CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "K", "V", "BK", "BV"]
+# The output kernel at 4 warps, 2 stages gave a few wrong outputs on the H200, not every run: at
+# B=2, T=8192, H=16, D=128, bf16 its h error reached 7.1-7.3 (0.45 with 8 warps) in two of three runs
+# and spread through every gradient (dq 1.24e-2 > 1e-2: the failures of `test_gpu_full_size` and
+# `test_gpu_every_autotune_config`), while 8 warps, 3 stages repeated exactly in eight runs
+# (bench/mlstm_config_probe.py, ninth session). The autotuner picked the 4-warp config in some
+# runs, so it is not a candidate.
+_O_CONFIGS = [triton.Config({}, num_warps=8, num_stages=3)]
 
 
 @triton.jit
@@ -161,7 +168,7 @@ def _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr
     return tl.exp(expo), tl.exp(b_blast + b_mc - b_mnext), b_mc
 
 
-@tuned(_CONFIGS, key=_KEY)
+@tuned(_O_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def fwd_o_kernel(
     q, k, v, b, ig, Cs, ns, ms, o, m_tok, a_tok, cu_seqlens, chunk_idx, scale, eps, T,
