@@ -45,6 +45,9 @@ for s in ${STAGES:-env}; do
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
     probe_delta) stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
     route_mlstm) stage route_mlstm 120 python3 bench/mlstm_route.py ;;
+    # every op's fwd+bwd run again per forced config: races show as run-to-run differences
+    determinism) stage determinism ${LIM_DETERMINISM:-330} python3 bench/determinism_probe.py ;;
+    mlstm_o_configs) stage mlstm_o_configs ${LIM_MLSTM_O:-170} python3 bench/mlstm_o_configs.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     # DSA's indexer selections (rank order and the radix set) timed alone

@@ -62,3 +62,20 @@ def test_decode_host_bench_runs(tmp_path):
     row = json.loads((tmp_path / "decode_host.json").read_text())
     assert row["model"] == "lt2_hybrid_gdn_dsa" and len(row["repeats_ms"]) == 2 and row["min_ms"] > 0
     assert row["launching_aten_ops"] > 0
+
+
+def test_determinism_probe_helpers():
+    """The probe's pieces on the CPU: families resolve to cases, a re-run's difference is 0 for
+    identical results, relative to the largest magnitude otherwise, and inf with a NaN."""
+    import torch
+
+    from bench import determinism_probe as dp
+
+    for module, groups, impls, _forced, _n in dp._families():
+        found = [c for c in module.cases() if c.backward and c.impl in impls and c.group.startswith(groups)]
+        assert found, module.__name__
+    x = torch.randn(5, 3, requires_grad=True)
+    first, again = dp._run(lambda: (x * 2).sin(), [x]), dp._run(lambda: (x * 2).sin(), [x])
+    assert len(first) == 2 and all(dp._rel_diff(a, b) == 0.0 for a, b in zip(again, first))
+    assert dp._rel_diff(torch.tensor([1.0, 2.5]), torch.tensor([1.0, 2.0])) == 0.25
+    assert dp._rel_diff(torch.tensor([float("nan")]), torch.tensor([1.0])) == float("inf")
