@@ -47,14 +47,12 @@ _CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "K", "V", "BK", "BV"]
-# The output kernel at 4 warps, 2 stages gives wrong outputs on the H200 (Triton 3.6), by a different
-# amount each run (a race in the compiled code): at B=2, T=8192, H=16, D=128, bf16 its h error
-# reached 7-52 where every other config gives 0.45, in seven of eight runs over two calls, and spread
-# through every gradient (the failures of `test_gpu_full_size` and `test_gpu_every_autotune_config`
-# that came and went). The autotuner picked it in some runs, being the fastest (0.61 against 0.72 ms
-# of forward). Of the correct configs (4w1s, 4w3s, 8w2s, 8w3s) 8 warps, 3 stages is the fastest
-# (bench/mlstm_config_probe.py, bench/mlstm_o_configs.py; ninth session).
-_O_CONFIGS = [triton.Config({}, num_warps=8, num_stages=3)]
+# The output kernel's 4-warp, 2-stage config gave wrong outputs on the H200 (ninth session: h errors
+# of 7-52 where every other config gives 0.45, in seven of eight runs) while q·n was formed from the
+# dots' q tile; see `fwd_o_kernel`. With q·n in a loop of its own every config was right in four runs
+# of four and the GPU tests passed (call 6), so it is a candidate again; 8 warps, 3 stages stays the
+# fastest (0.714 against 0.758 ms of forward: the race's 0.61 was not a speed to win back).
+_O_CONFIGS = _CONFIGS
 
 
 @triton.jit
@@ -188,18 +186,22 @@ def fwd_o_kernel(
     b_S = tl.zeros([BT, BT], dtype=tl.float32)
     b_qn = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
         b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
         b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
         b_C = load_tile(Cs + i_s * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_n = tl.load(ns + i_s * K + o_k, mask=o_k < K, other=0.0)
         b_num += mma(b_q, cast(b_C, b_q.dtype), PREC)
         b_S += mma(b_q, b_kT, PREC)
-        # q·n as an elementwise product and row sum. As a tensor-core dot, q [BT, BK] · N [BK, 16]
-        # with n and its bf16 rounding's remainder in two columns of N, it took 2 registers more
-        # and gave wrong bf16 output on the H200 at D = 64 (relative RMS 0.88 and 1.13 in two
-        # runs; D = 128 passed): Triton 3.6, sixth session. Removed.
-        b_qn += tl.sum(b_q.to(tl.float32) * b_n[None, :], axis=1)
+    # q·n in a loop of its own, from its own loads. Read from the q tile the dots take, it gave that
+    # tile a non-dot use, and Triton's pipeliner then kept one shared-memory copy of q at 2 stages
+    # and prefetched the next K step's q into it while the asynchronous dots still read it: the 4-warp,
+    # 2-stage race of the ninth session (seen in the sm_90 TTGIR, 3.9: q 1 buffer, k and C 2;
+    # `warp_group_dot_wait {pendings = 2}` before the copy). As a tensor-core dot, q [BT, BK] ·
+    # N [BK, 16] gave wrong bf16 output at D = 64 in the sixth session, likely the same fault.
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_qe = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+        b_n = tl.load(ns + i_s * K + o_k, mask=o_k < K, other=0.0)
+        b_qn += tl.sum(b_qe.to(tl.float32) * b_n[None, :], axis=1)
     b_m, b_W, b_w = _weights(b, ig, bos, i_c, i_h, b_mc, T, H, BT)
     b_P = b_S * scale * b_W
     b_v = load_tile(v + (bos * H + i_h) * V, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
