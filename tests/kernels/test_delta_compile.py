@@ -2,10 +2,11 @@
 
 The CPU interpreter accepts code the compiler rejects, and cannot tell whether a kernel fits:
 this test runs Triton's real pipeline (down to a cubin with the bundled ptxas) for every kernel at
-its autotune configs, then asserts shared memory within Hopper's 227 KiB per block and register
-spills small (`cuobjdump --dump-resource-usage`). It takes about two minutes, so it runs only with
-LT2_AOT_CHECK=1, in its own pytest process (it switches the interpreter off for the kernels it
-imports); no device is used:
+its autotune configs, then asserts shared memory within Hopper's 227 KiB per block, register
+spills small (`cuobjdump --dump-resource-usage`) and no pipelining race in the TTGIR
+(`ttgir_checks.pipeline_hazards`; the other compile tests share `_compile`). It takes about two
+minutes, so it runs only with LT2_AOT_CHECK=1, in its own pytest process (it switches the
+interpreter off for the kernels it imports); no device is used:
 
     LT2_AOT_CHECK=1 TRITON_DEFAULT_FP_FUSION=1 python -m pytest -q tests/kernels/test_delta_compile.py
 """
@@ -18,6 +19,8 @@ import subprocess
 import tempfile
 
 import pytest
+
+from tests.kernels.ttgir_checks import pipeline_hazards
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("LT2_AOT_CHECK") != "1", reason="offline sm_90 compile check: set LT2_AOT_CHECK=1"
@@ -50,6 +53,11 @@ def _compile(fn, ptr_types: dict, scalars: dict, constexprs: dict, num_warps: in
     src = ASTSource(fn=fn, signature=sig, constexprs=cex, attrs=attrs)
     opts = {"num_warps": num_warps, "num_stages": num_stages}
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    hazards = pipeline_hazards(kernel.asm["ttgir"])
+    assert not hazards, (
+        f"{fn.__name__} at {num_warps} warps, {num_stages} stages: single-buffered operands of "
+        f"asynchronous dots with dots left pending (the ninth session's race): {hazards}"
+    )
     tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
