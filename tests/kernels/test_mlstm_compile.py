@@ -54,7 +54,7 @@ def _jobs():
         configs = [(4, 1)] if name in ("stab", "route", "dh-weights") else tuned
         if name == "output":
             configs = [(c.num_warps, c.num_stages) for c in chunk._O_CONFIGS]
-        if name == "dqk":  # 128-wide key tiles at K = 128, the config `_dqk_config_ok` keeps there
+        if name == "dqk":  # 128-wide key tiles at K = 128, at its one config
             cex, configs = dict(cex, BK=128), [(8, 3)]
         jobs += [(f"{name}-w{w}s{s}", fn, cex, w, s) for w, s in configs]
     return jobs

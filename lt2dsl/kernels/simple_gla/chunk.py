@@ -48,6 +48,11 @@ _CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "HV", "K", "V", "BK", "BV", "HAS_G"]
+# dq/dk/dg: at 2 stages (4 or 8 warps) Triton's pipeliner keeps one shared buffer for the hᵀ and dhᵀ
+# tiles (they also feed the elementwise dg term) and prefetches into it while asynchronous wgmma
+# dots still read it: the race found in mLSTM's output kernel (ninth session; the sm_90 TTGIR check
+# in tests/kernels/ttgir_checks.py flags it). 8 warps, 3 stages double-buffers them.
+_DQKG_CONFIGS = [triton.Config({}, num_warps=8, num_stages=3)]
 
 
 @device_fn
@@ -148,7 +153,7 @@ def bwd_dv_kernel(
     store_tile(dv + (bos * HV + i_hv) * V, b_dv, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
 
 
-@tuned(_CONFIGS, key=_KEY)
+@tuned(_DQKG_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def bwd_dqkg_kernel(
     q, k, v, g, h, do, dh, dq, dk, dg, cu_seqlens, chunk_idx, scale, T, BTOT,
