@@ -27,7 +27,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MATRIX = [(2, 2), (2, 3), (4, 1), (4, 2), (4, 3), (8, 2), (8, 3)]
-TYPES = {"torch.bfloat16": "*bf16", "torch.float32": "*fp32", "torch.int32": "*i32", "torch.int64": "*i64"}
+TYPES = {
+    "torch.bfloat16": "*bf16",
+    "torch.float16": "*fp16",
+    "torch.float32": "*fp32",
+    "torch.float64": "*fp64",
+    "torch.int32": "*i32",
+    "torch.int64": "*i64",
+    "torch.bool": "*i1",
+}
 
 
 def _exercise():
