@@ -34,7 +34,17 @@ EXPECTED = {
         "bwd_dqk_intra_kernel",
         "bwd_dqkg_kernel",
     },
-    "mlstm": {"fwd_state_kernel", "fwd_o_kernel", "bwd_dh_kernel", "bwd_dv_kernel", "bwd_dqk_kernel"},
+    "mlstm": {
+        "fwd_stab_kernel",
+        "fwd_state_kernel",
+        "fwd_o_kernel",
+        "bwd_weights_kernel",
+        "bwd_prep_kernel",
+        "bwd_dh_kernel",
+        "bwd_dv_kernel",
+        "bwd_dqk_kernel",
+        "route_kernel",
+    },
     "common": {"chunk_fwd_h_kernel", "chunk_bwd_dh_kernel"},
     "toeplitz": {"mix_kernel", "dw_kernel"},
 }
