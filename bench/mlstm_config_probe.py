@@ -26,7 +26,7 @@ NAMES = ["h", "dq", "dk", "dv", "di", "df"]
 def main() -> None:
     import lt2dsl.kernels.mlstm.chunk
     import lt2dsl.kernels.mlstm.chunk_bwd  # noqa: F401  (registers the autotuned kernels)
-    from lt2dsl.kernels import mlstm
+    from bench.mlstm_cpu_emulation import fwd_bwd
     from lt2dsl.kernels.common.decay_triton import AUTOTUNED
     from tests.kernels.test_mlstm import _inputs
 
@@ -35,16 +35,7 @@ def main() -> None:
     x, s0 = _inputs(B, T, H, D, D, torch.bfloat16, "xlstm", device=dev)
     dh = torch.randn(*x[2].shape, generator=torch.Generator().manual_seed(11), dtype=torch.float64).to(dev)
 
-    def run(backend, leaves):
-        leaves = [t.detach().clone().requires_grad_() for t in leaves]
-        q, k, v, i, f, C, n, m = leaves
-        o, _ = mlstm(
-            q, k, v, i, f, initial_state=(C, n, m), backend=backend, eps=1e-6, output_final_state=True
-        )
-        (o.double() * dh).sum().backward()
-        return [o.detach()] + [t.grad for t in leaves[:5]]
-
-    ref = run("reference", [t.double() for t in (*x, *s0)])
+    ref = fwd_bwd("reference", [t.double() for t in (*x, *s0)], dh)
     kernels = [at for at in AUTOTUNED if "mlstm" in at.base_fn.__module__]
 
     def pin(choice):
@@ -54,7 +45,7 @@ def main() -> None:
             at.cache.clear()
 
     def errors():
-        got = run("triton", [*x, *s0])
+        got = fwd_bwd("triton", [*x, *s0], dh)
         out = {}
         for n, u, r in zip(NAMES, got, ref):
             d = u.double() - r

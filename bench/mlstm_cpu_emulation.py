@@ -28,22 +28,24 @@ def _path(w: int) -> str:
     return os.path.join(os.environ.get("OUT", "."), f"mlstm_emulation_{w}.json")
 
 
+def fwd_bwd(backend: str, leaves, dh) -> list:
+    """The GPU test's call: (h, dq, dk, dv, dĩ, df̃) of `mlstm` on leaves (q, k, v, i, f, C, n, m)
+    with upstream gradient dh, the final state outside the loss."""
+    from lt2dsl.kernels import mlstm
+
+    leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    q, k, v, i, f, C, n, m = leaves
+    o, _ = mlstm(q, k, v, i, f, initial_state=(C, n, m), backend=backend, eps=1e-6, output_final_state=True)
+    (o.double() * dh).sum().backward()
+    return [o.detach()] + [t.grad for t in leaves[:5]]
+
+
 def run_slices(worker: int, workers: int) -> None:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from lt2dsl.kernels import mlstm
     from tests.kernels.test_mlstm import _inputs  # the GPU test's own inputs
 
     x, s0 = _inputs(B, T, H, D, D, torch.bfloat16, "xlstm", device="cpu")
     dh = torch.randn(*x[2].shape, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
-
-    def run(backend, leaves, dhs):
-        leaves = [t.detach().clone().requires_grad_() for t in leaves]
-        q, k, v, i, f, C, n, m = leaves
-        o, _ = mlstm(
-            q, k, v, i, f, initial_state=(C, n, m), backend=backend, eps=1e-6, output_final_state=True
-        )
-        (o.double() * dhs).sum().backward()
-        return [o.detach()] + [t.grad for t in leaves[:5]]
 
     out = {}
     for idx in range(worker, B * H, workers):
@@ -53,7 +55,7 @@ def run_slices(worker: int, workers: int) -> None:
         ]
         dhs = dh[b : b + 1, :, h : h + 1].contiguous()
         t0 = time.time()
-        got, ref = run("triton", sl, dhs), run("reference", [t.double() for t in sl], dhs)
+        got, ref = fwd_bwd("triton", sl, dhs), fwd_bwd("reference", [t.double() for t in sl], dhs)
         # per tensor: squared error, squared reference, max |error|
         out[idx] = {
             n: [
