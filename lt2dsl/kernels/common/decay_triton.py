@@ -149,6 +149,21 @@ def load_tile(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr):
 
 
 @device_fn
+def load_tile_apart(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr):
+    """`load_tile` as a load of its own, for the elementwise use of a tile that also feeds `tl.dot`.
+
+    A dot operand with a second, non-dot use gets one shared buffer from Triton's pipeliner at 2
+    stages, refilled while asynchronous wgmma dots still read it (the ninth session's race;
+    tests/kernels/ttgir_checks.py). An identical second `load_tile` is merged back into the first by
+    CSE (seen in the sm_90 TTGIR); the cache modifier keeps this one apart. Its read hits L2.
+    """
+    rows = r0 + tl.arange(0, BR)
+    cols = c0 + tl.arange(0, BC)
+    mask = (rows < R)[:, None] & (cols < C)[None, :]
+    return tl.load(ptr + rows[:, None] * sr + cols[None, :] * sc, mask=mask, other=0.0, cache_modifier=".cg")
+
+
+@device_fn
 def store_tile(ptr, val, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr):
     """Store a `[BR, BC]` tile at (r0, c0) of an R × C matrix, dropping what falls outside."""
     rows = r0 + tl.arange(0, BR)

@@ -31,6 +31,7 @@ from ..common.decay_triton import (
     chunk_span,
     dot_precision,
     load_tile,
+    load_tile_apart,
     mma,
     new_empty,
     store_tile,
@@ -51,11 +52,12 @@ _CONFIGS = [
     # the 16-row sub-chunk tiles of the intra kernels leave 4 warps half idle
     triton.Config({}, num_warps=2, num_stages=2),
 ]
-# dq/dk/dg: at 4 (and 8) warps, 2 stages Triton's pipeliner keeps one shared buffer for the hᵀ and
-# dhᵀ tiles (they also feed the elementwise dg term) and prefetches into it while asynchronous wgmma
-# dots still read it (the ninth session's race; tests/kernels/ttgir_checks.py). At 2 warps the dots
-# are synchronous mma, not wgmma: no race.
-_DQKG_CONFIGS = [triton.Config({}, num_warps=2, num_stages=2)]
+# dq/dk/dg: while Σ hᵀ ⊙ dhᵀ (the dg term) read the hᵀ and dhᵀ tiles that the dots take, Triton's
+# pipeliner kept one shared buffer for each at 4 warps, 2 stages and refilled it while asynchronous
+# wgmma dots still read it (the ninth session's race; tests/kernels/ttgir_checks.py). The sum now
+# reads loads of its own (`load_tile_apart`). 8 warps, 2 stages compiles without spills for sm_90 at
+# D = 128 (4 warps spills 56 bytes, 2 warps 1.9 KB).
+_DQKG_CONFIGS = [triton.Config({}, num_warps=4, num_stages=2), triton.Config({}, num_warps=8, num_stages=2)]
 _KEY = ["H", "HV", "K", "V", "BK", "BV"]
 
 
@@ -341,7 +343,9 @@ def bwd_dqkg_kernel(
         b_dhT = load_tile(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
         b_dq += mma(b_do, cast(b_hT, b_do.dtype), PREC)
         b_dk += mma(b_v, cast(b_dhT, b_v.dtype), PREC)
-        b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+        b_hT2 = load_tile_apart(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_dhT2 = load_tile_apart(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_hdh += tl.sum(b_hT2.to(tl.float32) * b_dhT2.to(tl.float32), axis=0)
 
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K

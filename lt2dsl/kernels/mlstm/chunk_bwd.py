@@ -21,6 +21,7 @@ from ..common.decay_triton import (
     chunk_span,
     device_fn,
     load_tile,
+    load_tile_apart,
     load_vec,
     mma,
     new_empty,
@@ -203,14 +204,13 @@ def bwd_dv_kernel(
     store_tile(dv + (bos * H + i_h) * V, b_dv, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
 
 
-# dq/dk: 8 warps, 3 stages only. At 2 stages (4 or 8 warps) Triton's pipeliner keeps one shared
-# buffer for the Cᵀ and dCᵀ tiles (they also feed the elementwise ⟨C, dC⟩ term) and prefetches into
-# it while asynchronous wgmma dots still read it: the race found in the output kernel (ninth
-# session; tests/kernels/ttgir_checks.py flags it here too). It explains this kernel's failures with
-# 8 warps, 2 stages (dq 1.6e-2 and 1.33e-2 at T = 8192 in bf16, seventh and eighth sessions, where
-# the CPU emulation of the same inputs stays at 4e-3); 4 warps also spill 1.3 KB per thread at
-# 128-wide key tiles.
-_DQK_CONFIGS = [triton.Config({}, num_warps=8, num_stages=3)]
+# dq/dk: while ⟨C, dC⟩ read the Cᵀ and dCᵀ tiles that the dots take, Triton's pipeliner kept one
+# shared buffer for each at 2 stages and refilled it while asynchronous wgmma dots still read it:
+# the race of the output kernel (ninth session; tests/kernels/ttgir_checks.py). It explains this
+# kernel's failures at 8 warps, 2 stages (dq 1.6e-2 and 1.33e-2 at T = 8192 in bf16, seventh and
+# eighth sessions, where the CPU emulation of the same inputs stays at 4e-3). The sum now reads
+# loads of its own (`load_tile_apart`). 4 warps spill 1.3 KB per thread at 128-wide key tiles.
+_DQK_CONFIGS = [triton.Config({}, num_warps=8, num_stages=2), triton.Config({}, num_warps=8, num_stages=3)]
 
 
 @tuned(_DQK_CONFIGS, key=_KEY)
@@ -249,7 +249,9 @@ def bwd_dqk_kernel(
         b_ds += mma(b_dnum, b_vT, PREC)
         b_dq += mma(b_dnum, cast(b_CT, b_v.dtype), PREC)
         b_dk += mma(b_v, cast(b_dCT, b_v.dtype), PREC)
-        b_cdc += tl.sum(b_CT.to(tl.float32) * b_dCT.to(tl.float32), axis=0)
+        b_CT2 = load_tile_apart(Cs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_dCT2 = load_tile_apart(dCs + i_s * K * V, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_cdc += tl.sum(b_CT2.to(tl.float32) * b_dCT2.to(tl.float32), axis=0)
 
     # the ones column of the normaliser: dS gains da_r in every entry of row r
     b_da = load_vec(da + bos * H + i_h, i_c * BT, T, H, BT)

@@ -28,6 +28,7 @@ from ..common.decay_triton import (
     device_fn,
     dot_precision,
     load_tile,
+    load_tile_apart,
     load_vec,
     mma,
     new_empty,
@@ -48,11 +49,12 @@ _CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "HV", "K", "V", "BK", "BV", "HAS_G"]
-# dq/dk/dg: at 2 stages (4 or 8 warps) Triton's pipeliner keeps one shared buffer for the hᵀ and dhᵀ
-# tiles (they also feed the elementwise dg term) and prefetches into it while asynchronous wgmma
-# dots still read it: the race found in mLSTM's output kernel (ninth session; the sm_90 TTGIR check
-# in tests/kernels/ttgir_checks.py flags it). 8 warps, 3 stages double-buffers them.
-_DQKG_CONFIGS = [triton.Config({}, num_warps=8, num_stages=3)]
+# dq/dk/dg: while Σ hᵀ ⊙ dhᵀ (the dg term) read the hᵀ and dhᵀ tiles that the dots take, Triton's
+# pipeliner kept one shared buffer for each at 2 stages and prefetched into it while asynchronous
+# wgmma dots still read it: the race of mLSTM's output kernel (ninth session; flagged by the sm_90
+# TTGIR check in tests/kernels/ttgir_checks.py). The sum now reads loads of its own (`load_tile_apart`),
+# so every config double-buffers the dot operands.
+_DQKG_CONFIGS = _CONFIGS
 
 
 @device_fn
@@ -188,7 +190,10 @@ def bwd_dqkg_kernel(
         b_dsT += mma(b_v, b_doT, PREC)
         b_dq += mma(b_do, cast(b_hT, b_do.dtype), PREC)
         b_dk += mma(b_v, cast(b_dhT, b_v.dtype), PREC)
-        b_hdh += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+        if HAS_G:
+            b_hT2 = load_tile_apart(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+            b_dhT2 = load_tile_apart(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+            b_hdh += tl.sum(b_hT2.to(tl.float32) * b_dhT2.to(tl.float32), axis=0)
 
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
