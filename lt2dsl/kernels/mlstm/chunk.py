@@ -48,11 +48,17 @@ _CONFIGS = [
 ]
 _KEY = ["H", "K", "V", "BK", "BV"]
 # The output kernel's 4-warp, 2-stage config gave wrong outputs on the H200 (ninth session: h errors
-# of 7-52 where every other config gives 0.45, in seven of eight runs) while q·n was formed from the
-# dots' q tile; see `fwd_o_kernel`. With q·n in a loop of its own every config was right in four runs
-# of four and the GPU tests passed (call 6), so it is a candidate again; 8 warps, 3 stages stays the
-# fastest (0.714 against 0.758 ms of forward: the race's 0.61 was not a speed to win back).
+# of 7-52 where every other config gives 0.45) while q·n was formed from the dots' q tile; see
+# `fwd_o_kernel`. With q·n in a loop of its own every config is right (ninth session's call 6, tenth
+# session's call 1: six runs of six per config at 0.45).
 _O_CONFIGS = _CONFIGS
+# Value-tile cap of the output kernel (16-bit inputs). A 128-wide tile forms Q Kᵀ, the weights and
+# q·n once per chunk instead of once per 64-wide tile. In the fifth session it gave wrong bf16
+# output on the H200 while q·n still came from the dots' q tile, the race above, which
+# `tests/kernels/test_decay_compile.py` now rules out for every candidate. On the H200 (tenth
+# session, `bench/mlstm_o_configs.py`) the mLSTM forward took 0.576 ms at 4 warps, 2 stages
+# (0.571 at 3 stages, 0.670 at 8 warps) against 0.722 with 64-wide tiles, h right in six runs of six.
+O_BV_CAP = 128
 
 
 @triton.jit
@@ -280,10 +286,9 @@ def chunk_mlstm_fwd(q, k, v, i, f, scale, eps, state0, cu_seqlens):
     vl = Varlen(cu_seqlens, B, T)
     ig, b = _gates(i, f, vl)
     (Cs, ns, ms), final = _states(k, v, b, ig, state0, vl)
-    # Value tiles of 64: a 128-wide tile (Q Kᵀ and Q·n formed once per chunk instead of per tile)
-    # passed the CPU interpreter and compiled without spills for sm_90, but on the H200 its bf16
-    # output was wrong (relative RMS 0.28 at T = 8192, D = 128; fp32 passed), fifth session.
-    meta = _meta(q, v, vl)
+    # fp32 tiles at 128 wide would not fit shared memory at 3 stages
+    cap = 64 if q.dtype == torch.float32 else O_BV_CAP
+    meta = {**_meta(q, v, vl), "BV": block(v.shape[3], cap)}
     o = new_empty(v, *v.shape)
     m_tok = new_empty(q, B, T, H, dtype=torch.float32)
     a_tok = new_empty(q, B, T, H, dtype=torch.float32)
