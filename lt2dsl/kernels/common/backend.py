@@ -65,14 +65,24 @@ def _fmt(expected: Sequence[int | None]) -> str:
     return "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
 
 
-def autotuned_on_gpu(kernel, configs: Sequence, key: Sequence[str]):
+def autotuned_on_gpu(kernel, configs: Sequence, key: Sequence[str], keep=None):
     """`triton.autotune(configs, key)` of `kernel` for the GPU; None under the interpreter, where the
-    caller launches the plain kernel with one fixed config."""
+    caller launches the plain kernel with one fixed config.
+
+    `keep(config, launch_args) -> bool` drops candidates for a launch before timing (a launch never
+    ends up with none: a forced config is kept)."""
     if triton_interpreting():
         return None
     import triton
 
-    return triton.autotune(configs=list(configs), key=list(key))(kernel)
+    by = None
+    if keep is not None:
+
+        def prune(cands, named_args, **kwargs):
+            return [c for c in cands if keep(c, {**named_args, **kwargs})] or cands
+
+        by = {"early_config_prune": prune}
+    return triton.autotune(configs=list(configs), key=list(key), prune_configs_by=by)(kernel)
 
 
 @contextmanager
