@@ -195,6 +195,8 @@ if CANDIDATES:
 
 def _no_fp32_2warp(config, args) -> bool:
     return config.num_warps > 2 or args.get("DOT") != DOT_IEEE
+
+
 # The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles (not its candidates).
 _DHW_CONFIGS = _H_CONFIGS[:4]
 _wu_fwd = _tuned(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
