@@ -49,6 +49,10 @@ for s in ${STAGES:-env}; do
     determinism) stage determinism ${LIM_DETERMINISM:-330} python3 bench/determinism_probe.py ;;
     mlstm_o_configs) stage mlstm_o_configs ${LIM_MLSTM_O:-170} python3 bench/mlstm_o_configs.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
+    # per-kernel counters (stall reasons, occupancy) of one forward of ours and of the peer's
+    ncu_pair) stage ncu_pair "${LIM_NCU:-240}" bash -c 'ncu --clock-control none --profile-from-start off \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+                --csv --page details python3 bench/ncu_pair.py > "$1/ncu_pair.csv"' _ "$OUT" ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     # DSA's indexer selections (rank order and the radix set) timed alone
     dsa_radix) stage dsa_radix ${LIM_RADIX:-200} python3 bench/dsa_radix.py ;;

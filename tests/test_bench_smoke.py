@@ -79,3 +79,11 @@ def test_determinism_probe_helpers():
     assert len(first) == 2 and all(dp._rel_diff(a, b) == 0.0 for a, b in zip(again, first))
     assert dp._rel_diff(torch.tensor([1.0, 2.5]), torch.tensor([1.0, 2.0])) == 0.25
     assert dp._rel_diff(torch.tensor([float("nan")]), torch.tensor([1.0])) == float("inf")
+
+
+def test_ncu_pair_driver_smoke():
+    env = dict(os.environ, SMOKE="1", OP="gdn", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "bench/ncu_pair.py"]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "profiled: lt2dsl" in out.stdout
