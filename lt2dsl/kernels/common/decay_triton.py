@@ -140,12 +140,12 @@ def mma(a, b, PREC: tl.constexpr):
 
 
 @device_fn
-def load_tile(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr):
+def load_tile(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr, CACHE: tl.constexpr = ""):
     """`[BR, BC]` tile at (r0, c0) of an R × C matrix with strides (sr, sc), zeros outside."""
     rows = r0 + tl.arange(0, BR)
     cols = c0 + tl.arange(0, BC)
     mask = (rows < R)[:, None] & (cols < C)[None, :]
-    return tl.load(ptr + rows[:, None] * sr + cols[None, :] * sc, mask=mask, other=0.0)
+    return tl.load(ptr + rows[:, None] * sr + cols[None, :] * sc, mask=mask, other=0.0, cache_modifier=CACHE)
 
 
 @device_fn
@@ -157,10 +157,7 @@ def load_tile_apart(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexp
     tests/kernels/ttgir_checks.py). An identical second `load_tile` is merged back into the first by
     CSE (seen in the sm_90 TTGIR); the cache modifier keeps this one apart. Its read hits L2.
     """
-    rows = r0 + tl.arange(0, BR)
-    cols = c0 + tl.arange(0, BC)
-    mask = (rows < R)[:, None] & (cols < C)[None, :]
-    return tl.load(ptr + rows[:, None] * sr + cols[None, :] * sc, mask=mask, other=0.0, cache_modifier=".cg")
+    return load_tile(ptr, r0, c0, R, C, sr, sc, BR, BC, ".cg")
 
 
 @device_fn
