@@ -104,7 +104,7 @@ def _jobs():
         cfg = L._PREP_CONFIGS[0]
         cex = dict(base, BK=D, USE_G=bool(gate), DOT=0)
         jobs.append((f"qk-g{gate}", delta_qk_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
-        for i, rcfg in enumerate(L._WY_ROWS_CONFIGS_16):
+        for i, rcfg in enumerate(L._WY_ROWS_CONFIGS):
             jobs.append((f"wy_rows-g{gate}-c{i}", delta_wy_rows_kernel, ptr, sc, cex, rcfg.num_warps, 1))
     for gate in (0, 1, 2):
         # DeltaNet's state scans run the scalar-gate code (GATE 1): no GATE 0 state-scan job

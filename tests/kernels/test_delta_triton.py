@@ -275,15 +275,21 @@ def test_backend_choice():
 
 
 def test_two_warp_configs_are_for_16_bit_inputs():
-    """2-warp configs spill kilobytes with fp32 inputs' FMA dots: the UT transform has them only in its
-    16-bit list, and candidate lists prune them for fp32 launches (DOT_IEEE)."""
+    """2-warp configs spill kilobytes with fp32 inputs' FMA dots: the autotuner's prune drops them for
+    fp32 launches (DOT_IEEE), keeps them for 16-bit ones, and never leaves a launch without a config."""
     import triton
 
     from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_NATIVE
 
-    assert all(c.num_warps > 2 for c in delta_launch._WY_ROWS_CONFIGS)
-    assert any(c.num_warps == 2 for c in delta_launch._WY_ROWS_CONFIGS_16)
+    assert any(c.num_warps == 2 for c in delta_launch._WY_ROWS_CONFIGS)
     two, four = triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)
     keep = delta_launch._no_fp32_2warp
     assert not keep(two, {"DOT": DOT_IEEE})
     assert keep(two, {"DOT": DOT_NATIVE}) and keep(four, {"DOT": DOT_IEEE})
+
+    from lt2dsl.kernels.common.backend import config_pruner
+
+    prune = config_pruner(keep)
+    assert prune([two, four], {}, DOT=DOT_IEEE) == [four]
+    assert prune([two, four], {}, DOT=DOT_NATIVE) == [two, four]
+    assert prune([two], {}, DOT=DOT_IEEE) == [two]  # a forced 2-warp config still runs

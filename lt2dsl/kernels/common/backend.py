@@ -75,14 +75,18 @@ def autotuned_on_gpu(kernel, configs: Sequence, key: Sequence[str], keep=None):
         return None
     import triton
 
-    by = None
-    if keep is not None:
-
-        def prune(cands, named_args, **kwargs):
-            return [c for c in cands if keep(c, {**named_args, **kwargs})] or cands
-
-        by = {"early_config_prune": prune}
+    by = None if keep is None else {"early_config_prune": config_pruner(keep)}
     return triton.autotune(configs=list(configs), key=list(key), prune_configs_by=by)(kernel)
+
+
+def config_pruner(keep):
+    """Triton's `early_config_prune` from `keep(config, launch_args)`; all of `cands` if none is kept
+    (a config forced by `forced_autotune_config` still runs)."""
+
+    def prune(cands, named_args, **kwargs):
+        return [c for c in cands if keep(c, {**named_args, **kwargs})] or cands
+
+    return prune
 
 
 @contextmanager

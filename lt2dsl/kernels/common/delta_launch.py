@@ -168,14 +168,20 @@ def _tuned(kernel, configs, key, keep=None):
 _WY_ROWS_CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=1),
     triton.Config({}, num_warps=8, num_stages=1),
+    # 2 warps, for 16-bit inputs (`_no_fp32_2warp`): the 16 x 16 substitution and block products
+    # leave wider programs mostly idle, and 2-warp programs fit more per SM (255 registers, up to
+    # 24 B of spills per thread offline at K = 128; with fp32 keys 2.4-12 KB). The H200's autotuner
+    # picks it: 375 -> 271 µs per GDN forward at B=4, T=8192, H=16 (BENCHMARKS.md, tenth session).
+    triton.Config({}, num_warps=2, num_stages=1),
 ]
-# 16-bit inputs also try 2 warps: the 16 x 16 substitution and block products leave wider programs
-# mostly idle, and 2-warp programs fit more per SM (255 registers, up to 24 B of spills per thread
-# offline at K = 128; with fp32 keys 2.4-12 KB, so fp32 keeps the list above). The H200's autotuner
-# picks it: 375 -> 271 µs per GDN forward at B=4, T=8192, H=16 (BENCHMARKS.md, tenth session).
-_WY_ROWS_CONFIGS_16 = [*_WY_ROWS_CONFIGS, triton.Config({}, num_warps=2, num_stages=1)]
-_wy_rows = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"])
-_wy_rows16 = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS_16, ["H", "HV", "K"])
+
+
+def _no_fp32_2warp(config, args) -> bool:
+    """2-warp configs only for 16-bit inputs: with fp32 (DOT_IEEE: FMA dots) they spill kilobytes."""
+    return config.num_warps > 2 or args.get("DOT") != DOT_IEEE
+
+
+_wy_rows = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"], _no_fp32_2warp)
 _qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
@@ -191,11 +197,6 @@ CANDIDATES = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
 if CANDIDATES:
     _O_CONFIGS.append(triton.Config({"BV": 64}, num_warps=2, num_stages=1))  # output, Pᵀ dO, Y
     _WU_CONFIGS.append(triton.Config({"BV": 64}, num_warps=2, num_stages=2))
-
-
-def _no_fp32_2warp(config, args) -> bool:
-    return config.num_warps > 2 or args.get("DOT") != DOT_IEEE
-
 
 # The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles (not its candidates).
 _DHW_CONFIGS = _H_CONFIGS[:4]
@@ -216,7 +217,6 @@ TUNED = [
         _h_fwd,
         _o_fwd,
         _wy_rows,
-        _wy_rows16,
         _du0,
         _wu_fwd,
         _dhw_bwd,
@@ -333,7 +333,7 @@ def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool
                   DOT=dot_mode(k.dtype))  # fmt: skip
     grid = meta.chunk_grid(B * HV)
     launch(
-        _wy_rows if k.dtype == torch.float32 else _wy_rows16,
+        _wy_rows,
         delta_wy_rows_kernel,
         grid,
         k,
