@@ -46,11 +46,13 @@ def autotune_configs(configs: list[triton.Config]) -> list[triton.Config]:
     return configs[:1] if triton_interpreting() else configs
 
 
-def tuned(configs: list[triton.Config], key: list[str], prune=None):
+def tuned(configs: list[triton.Config], key: list[str], prune=None, reset_to_zero=None):
     """`triton.autotune` over `configs` (one under the interpreter), recorded in AUTOTUNED.
 
     `prune(config, args)` -> bool drops a candidate for the launch's arguments (constexprs
-    included); a launch never ends up with no candidate (a pinned one is kept)."""
+    included); a launch never ends up with no candidate (a pinned one is kept). `reset_to_zero`
+    names the outputs a kernel accumulates into (atomics): zeroed before each timing run, so the
+    autotuner's repeated launches do not add up in them."""
 
     def early_prune(cands, named_args, **kwargs):
         keep = [c for c in cands if prune(c, {**named_args, **kwargs})]
@@ -58,7 +60,9 @@ def tuned(configs: list[triton.Config], key: list[str], prune=None):
 
     def wrap(fn):
         by = None if prune is None else {"early_config_prune": early_prune}
-        at = triton.autotune(configs=autotune_configs(configs), key=key, prune_configs_by=by)(fn)
+        at = triton.autotune(
+            configs=autotune_configs(configs), key=key, prune_configs_by=by, reset_to_zero=reset_to_zero
+        )(fn)
         at.all_configs = list(at.configs)
         AUTOTUNED.append(at)
         return at
