@@ -27,6 +27,16 @@ def _observed(t: torch.Tensor, grad: bool) -> bool:
     return type(t) not in _PLAIN or (grad and t.requires_grad)
 
 
+def eager_autograd_ok(*tensors) -> bool:
+    """Whether a call may skip the registered op and use a plain `torch.autograd.Function`: not
+    compiling, no dispatch mode or autocast, plain tensors only (autograd may record it)."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    if torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"):
+        return False
+    return all(t is None or type(t) in _PLAIN for t in tensors)
+
+
 def dispatch_needed(args: tuple, kwargs: dict) -> bool:
     """Whether a call must go through the registered op: under `torch.compile` or a dispatch mode
     (fake tensors, `FlopCounterMode`), with autocast on, for tensor subclasses, or when autograd

@@ -5,7 +5,8 @@ one per head (w `[heads, n]`, channels split into equal groups) or the kernel va
 (w `[kernel, heads, n]`: output channel c mixes input channels c − k + 1 … c, zero-padded below 0,
 with the kernels of c's own head; the window reads across head boundaries, as §13(a)'s formula
 does). n is the maximum length. Files: `naive.py` (dense masked product and the step form, the truth),
-`fft_ref.py` (FFT in PyTorch), `fft_fast.py` (cuFFT with fused Triton pre/post passes), `decode.py`
+`fft_ref.py` (FFT in PyTorch), `fft_fast.py` (cuFFT with fused Triton pre/post passes),
+`blocked.py` (16-bit inputs: blocked DFTs on tensor cores; `blocked_ref.py` is its math), `decode.py`
 (Triton step kernel), `ops.py` (torch.library registration). Decode: `toeplitz_mix_step` over the
 cached inputs, O(t) per token.
 """
@@ -16,8 +17,11 @@ import torch
 
 from ..common.backend import check_float, check_shape
 from ..common.decay_utils import pick_backend
+from .blocked_ref import block_size
 from .fft_ref import fft_size, fft_toeplitz_mix
 from .naive import naive_toeplitz_mix, toeplitz_step_ref
+
+METHODS = ("auto", "fft", "blocked")
 
 __all__ = [
     "fft_size",
@@ -83,6 +87,7 @@ def toeplitz_mix(
     bias: torch.Tensor | None = None,
     *,
     backend: str = "reference",
+    method: str = "auto",
 ) -> torch.Tensor:
     """Causal Toeplitz mixing along time, y_t = Σ_{s ≤ t} w[t − s] x_s + b[t], by FFT.
 
@@ -90,8 +95,12 @@ def toeplitz_mix(
         x (torch.Tensor): `[B, T, C]`.
         w (torch.Tensor): `[n]`, `[heads, n]` or `[kernel, heads, n]` with n ≥ T (n = max_len).
         bias (torch.Tensor, Optional): position bias `[n]` or `[heads, n]`. Default: `None`.
-        backend (str, Optional): "reference" (torch.fft), "triton" (cuFFT with fused Triton
-            pre/post passes) or "auto". Default: "reference".
+        backend (str, Optional): "reference" (torch.fft), "triton" or "auto". Default: "reference".
+        method (str, Optional): for backend "triton": "fft" (cuFFT in fp32 with fused Triton
+            passes; every dtype and variant), "blocked" (blocked DFTs on tensor cores with bf16
+            spectra, `blocked.py`: 16-bit x, kernel size 1, one head or heads of a multiple of 32
+            channels; about the dense bf16 product's accuracy) or "auto" (blocked where it applies,
+            else fft). Default: "auto".
 
     Returns:
         y (torch.Tensor): `[B, T, C]` in the dtype of `x`.
@@ -100,11 +109,29 @@ def toeplitz_mix(
     check_float("x", x)
     B, T, C = x.shape
     w3, b2 = normalize_weights(w, bias, C, T)
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {METHODS}, got {method!r}")
     if pick_backend(backend, x) == "triton":
-        from .ops import check_dtype, toeplitz_fft
+        from .blocked import eligible
+        from .ops import check_dtype, toeplitz_blocked, toeplitz_fft
 
         check_dtype(x)
-        return toeplitz_fft(x, w3.contiguous(), None if b2 is None else b2.contiguous())
+        b2c = None if b2 is None else b2.contiguous()
+        use_blocked = eligible(x, w3.shape[0], w3.shape[1])
+        if method == "blocked" and not use_blocked:
+            raise ValueError(
+                "method='blocked' needs x in bf16/fp16, w of kernel size 1 ([n] or [heads, n]) and "
+                f"one head or heads of a multiple of 32 channels; got {x.dtype}, w {list(w.shape)}, C={C}"
+            )
+        if use_blocked and method != "fft":
+            from ..common.custom_op import eager_autograd_ok
+            from .blocked import BlockedFunction
+
+            w1 = w3[0].contiguous()
+            if torch.is_grad_enabled() and eager_autograd_ok(x, w1, b2c):
+                return BlockedFunction.apply(x, w1, b2c, block_size(T))
+            return toeplitz_blocked(x, w1, b2c, block_size(T))
+        return toeplitz_fft(x, w3.contiguous(), b2c)
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
 
 

@@ -5,8 +5,10 @@ Per channel c (of head η = c // (D/heads)), with the kernel variant's k taps,
 a causal, input-independent lower-triangular Toeplitz product over time with a position bias.
 With `heads` = 1, u = x and the output is y: the prototype's single Toeplitz layer. With `heads` > 1,
 u = in_proj(x) and the output is out_proj(y), both D -> D with biases: the multi-head TMM. The
-product is `lt2dsl.kernels.toeplitz_mix` (FFT in fp32, or float64 for a float64 layer) over a
-whole sequence, and `toeplitz_mix_step` over the cached inputs for one decode token.
+product is `lt2dsl.kernels.toeplitz_mix` over a whole sequence (on CUDA: blocked DFTs on tensor
+cores for a bf16/fp16 layer with kernel size 1 and heads of a multiple of 32 channels, else FFT in
+fp32; float64 for a float64 layer), and `toeplitz_mix_step` over the cached inputs for one decode
+token.
 
 Init (§13(a)): Kaiming-normal on w with fan-in n = max_len (std √(2/n)), zero position bias;
 in_proj / out_proj weights normal(0, 0.02) with zero biases. The model rescales out_proj by depth.
