@@ -49,6 +49,8 @@ for s in ${STAGES:-env}; do
     determinism) stage determinism ${LIM_DETERMINISM:-330} python3 bench/determinism_probe.py ;;
     mlstm_o_configs) stage mlstm_o_configs ${LIM_MLSTM_O:-170} python3 bench/mlstm_o_configs.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
+    # the blocked Toeplitz path: each pass at each candidate config, host time per call
+    toeplitz_probe) stage toeplitz_probe "${LIM_TPROBE:-200}" python3 bench/toeplitz_probe.py ;;
     # per-kernel counters (stall reasons, occupancy) of one forward of ours and of the peer's
     ncu_pair) stage ncu_pair "${LIM_NCU:-240}" bash -c 'ncu --clock-control none --profile-from-start off \
                 --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \

@@ -62,7 +62,9 @@ def _exercise():
     i, f = torch.randn(B, T, H).requires_grad_(), (torch.randn(B, T, H) + 3).requires_grad_()
     back(mlstm(q, k, v, i, f, backend="triton"))
     x = rnd(B, T, 4 * D)
-    back(toeplitz_mix(x, torch.randn(4, T, requires_grad=True), backend="triton"))  # 4 heads
+    w4 = torch.randn(4, T, requires_grad=True)  # 4 heads
+    back(toeplitz_mix(x, w4, backend="triton"))  # blocked DFTs (bf16 x)
+    back(toeplitz_mix(x, w4, backend="triton", method="fft"))
     k1, v1 = rnd(B, T, 1, D), rnd(B, T, 1, D)
     qi, ki, wi = rnd(B, T, 4, D), rnd(B, T, D), rnd(B, T, 4)
     back(dsa(q, k1, v1, qi, ki, wi, topk=16, backend="triton"))
