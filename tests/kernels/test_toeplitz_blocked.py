@@ -138,6 +138,19 @@ def test_triton_blocked_block_major_layout(poison, monkeypatch, B, T, C, heads, 
     check(x, w, b, S, 1e-2)
 
 
+@pytest.mark.parametrize(("B", "T", "C", "heads", "S"), [(2, 100, 64, 2, 16), (1, 1100, 32, 1, 16)])
+def test_triton_blocked_gathered_tiles(poison, monkeypatch, B, T, C, heads, S):
+    """Where the precomputed pass-2 tiles would exceed TILE_BYTES, the products gather their
+    Toeplitz tiles from the packed spectra (`mix_kernel`): the same results."""
+    from lt2dsl.kernels.toeplitz import blocked
+
+    monkeypatch.setattr(blocked, "TILE_BYTES", 0)
+    blocked._TABLES.clear()
+    x, w, b = data(B, T, C, heads, dtype=torch.bfloat16)
+    check(x, w, b, S, 1e-2)
+    blocked._TABLES.clear()
+
+
 def test_autograd_function_path_equals_the_registered_op(poison):
     """Eager calls that autograd records take BlockedFunction (less host time); same results."""
     x, w, b = data(1, 70, 32, 1, dtype=torch.bfloat16)
@@ -262,9 +275,14 @@ def test_gpu_full_size(poison, T, C, heads, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_every_autotune_config(poison):
+@pytest.mark.parametrize("gathered", [False, True])
+def test_gpu_every_autotune_config(poison, monkeypatch, gathered):
     from lt2dsl.kernels.common.decay_triton import force_config, max_configs
+    from lt2dsl.kernels.toeplitz import blocked
 
+    if gathered:  # pass 2 gathers its Toeplitz tiles (`mix_kernel`), as for tables too big to keep
+        monkeypatch.setattr(blocked, "TILE_BYTES", 0)
+    blocked._TABLES.clear()
     x, w, b = data(2, 1000, 256, 1, dtype=torch.bfloat16)
     for config in range(max_configs()):
         force_config(config)
@@ -273,6 +291,7 @@ def test_gpu_every_autotune_config(poison):
             check(x, w, b, 64, 1e-2, device="cuda")
         finally:
             force_config(None)
+    blocked._TABLES.clear()
 
 
 @pytest.mark.gpu
