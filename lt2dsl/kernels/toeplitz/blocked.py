@@ -1,22 +1,26 @@
 """The causal Toeplitz product for 16-bit inputs as blocked DFTs on tensor cores (mixers.md §13).
 
 The math and a PyTorch copy of each pass are in `blocked_ref.py`. Forward, x `[B, T, C]` bf16/fp16:
-1. `spectra_kernel`: X `[B, 2S, M, C]` = F · x_J for every block J (one `[2S, S]` DFT matrix, read
-   once per program);
-2. `mix_kernel`: per bin k and block tile, Z_k = T(V_k) · X_k along the block axis, the complex
-   causal Toeplitz tiles gathered from the packed kernel spectra `[heads, S, 2, M]`;
+0. `window_dft_kernel`: the packed 2S-point spectra V `[heads, S, 2, M]` of the kernel windows, and
+   `tiles_kernel`: from them, the real-form Toeplitz tiles of pass 2 (`[2·TILE, 2·TILE]` per bin
+   and tile offset); both depend on w alone and are cached while w is unchanged (`kernel_tables`);
+1. `spectra_kernel`: X = F · x_J for every block J (one `[2S, S]` DFT matrix, read once per program);
+2. `mix_tiles_kernel`: per bin k, Z_k = T(V_k) · X_k along the block axis, one dot per pair of block
+   tiles (`mix_kernel` gathers the Toeplitz tiles from V instead where the tiles would take more
+   than TILE_BYTES);
 3. `samples_kernel`: y_I = G · Z_I, plus the position bias, cast to x's dtype.
-Backward: dZ = Gᵀ dy (pass 1), dX = T(V)ᵀ dZ (pass 2, anti-causal), dx = Fᵀ dX (pass 3); the
-kernel spectra's gradient dV_k[D] = Σ_{I−J=D} Σ_c (dZ_k[I] ⋆ X_k[J]) comes from `corr_kernel`, whose
-per-tile correlation matrices are summed along their diagonals in registers; dw follows from dV by
-the (small, exact) adjoint of the window DFT.
+Backward: dZ = Gᵀ dy (pass 1), dX = T(V)ᵀ dZ (pass 2, anti-causal, the tiles read transposed),
+dx = Fᵀ dX (pass 3); the kernel spectra's gradient dV_k[D] = Σ_{I−J=D} Σ_c (dZ_k[I] ⋆ X_k[J])
+comes from `corr_kernel`, whose per-tile correlation matrices are summed along their diagonals in
+registers; dw follows from dV by the (small, exact) adjoint of the window DFT.
 
 Why this form: one kernel shared by the channels makes each bin's block-axis product a matrix
 product over all channels at once, so every pass is a tensor-core GEMM; between passes only the
 spectra travel (2S reals per block: twice x's size), against ~1.2 GB of fp32 spectra for a
-65536-point FFT convolution of the same data. Dot operands are 16-bit with fp32 accumulation, the
-spectra are stored in bf16 (any 16-bit input), so the result carries a few bf16 roundings more than
-the dense bf16 product does; fp32 inputs take the fp32 cuFFT path (`fft_fast.py`).
+65536-point FFT convolution of the same data (BENCHMARKS.md, eighth session). Dot operands are
+16-bit with fp32 accumulation and the spectra are stored in bf16 (any 16-bit input), so the result
+carries a few bf16 roundings more than the dense bf16 product does (relative RMS 3.8e-3 against
+2.3e-3 at T = 32k); fp32 inputs, and `method="fft"`, take the fp32 cuFFT path (`fft_fast.py`).
 """
 
 from __future__ import annotations
