@@ -27,23 +27,25 @@ def _observed(t: torch.Tensor, grad: bool) -> bool:
     return type(t) not in _PLAIN or (grad and t.requires_grad)
 
 
-def eager_autograd_ok(*tensors) -> bool:
-    """Whether a call may skip the registered op and use a plain `torch.autograd.Function`: not
-    compiling, no dispatch mode or autocast, plain tensors only (autograd may record it)."""
+def _traced() -> bool:
+    """Compiling, under a dispatch mode (fake tensors, `FlopCounterMode`) or with autocast on: the
+    registered op must see the call."""
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return False
-    if torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"):
-        return False
-    return all(t is None or type(t) in _PLAIN for t in tensors)
+        return True
+    return torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu")
+
+
+def eager_autograd_ok(*tensors) -> bool:
+    """Whether a call may skip the registered op for a plain `torch.autograd.Function`: nothing
+    traces it (`_traced`) and every tensor is plain (autograd may record it)."""
+    return not _traced() and all(t is None or type(t) in _PLAIN for t in tensors)
 
 
 def dispatch_needed(args: tuple, kwargs: dict) -> bool:
     """Whether a call must go through the registered op: under `torch.compile` or a dispatch mode
     (fake tensors, `FlopCounterMode`), with autocast on, for tensor subclasses, or when autograd
     must record it (grad enabled and an input requiring grad)."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return True
-    if torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"):
+    if _traced():
         return True
     grad = torch.is_grad_enabled()
     for a in (*args, *kwargs.values()) if kwargs else args:

@@ -113,7 +113,7 @@ def toeplitz_mix(
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}")
     if pick_backend(backend, x) == "triton":
         from .blocked import eligible
-        from .ops import check_dtype, toeplitz_blocked, toeplitz_fft
+        from .ops import BlockedFunction, check_dtype, toeplitz_blocked, toeplitz_fft
 
         check_dtype(x)
         b2c = None if b2 is None else b2.contiguous()
@@ -125,12 +125,11 @@ def toeplitz_mix(
             )
         if use_blocked and method != "fft":
             from ..common.custom_op import eager_autograd_ok
-            from .blocked import BlockedFunction
 
-            w1 = w3[0].contiguous()
+            w1, S = w3[0].contiguous(), block_size(T)
             if torch.is_grad_enabled() and eager_autograd_ok(x, w1, b2c):
-                return BlockedFunction.apply(x, w1, b2c, block_size(T))
-            return toeplitz_blocked(x, w1, b2c, block_size(T))
+                return BlockedFunction.apply(x, w1, b2c, S)
+            return toeplitz_blocked(x, w1, b2c, S)
         return toeplitz_fft(x, w3.contiguous(), b2c)
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
 

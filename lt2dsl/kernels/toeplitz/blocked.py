@@ -25,7 +25,6 @@ carries a few bf16 roundings more than the dense bf16 product does (relative RMS
 
 from __future__ import annotations
 
-import math
 import os
 import weakref
 from typing import ClassVar
@@ -36,7 +35,7 @@ import triton.language as tl
 
 from ..common.decay_triton import cast, mma, new_empty, tuned
 from ..common.tl_util import helper
-from .blocked_ref import dft_matrices, window_lags
+from .blocked_ref import dft_matrices, packed_dft, window_lags
 
 BLOCKED_DTYPES = (torch.bfloat16, torch.float16)
 # 16-wide column tiles met wrong results in other kernels on the H200 (decay_triton.block)
@@ -415,7 +414,7 @@ class Plan:
                 G.to(torch.bfloat16).contiguous(),  # pass 3 reads bf16 spectra
                 G.t().to(dtype).contiguous(),  # pass 1 of the backward reads dy (x's dtype)
                 F.t().to(torch.bfloat16).contiguous(),
-                _packed_window_dft(self.S, device),
+                packed_dft(self.S, 2 * self.S, device).float(),  # the 2S-long kernel windows
             )
         self.F, self.G, self.Gt, self.Ft, self.F2 = Plan._cache[key]
 
@@ -429,18 +428,6 @@ class Plan:
         """Element strides (batch, row r, block J) of a spectra buffer."""
         R, M = 2 * self.S, self.M
         return (R * M * C, M * C, C) if self.layout == "bin" else (R * M * C, C, R * C)
-
-
-def _packed_window_dft(S: int, device) -> torch.Tensor:
-    """`[2S, 2S]` fp32: packed rows (Re/Im of bins 1 … S−1; bins 0 and S real) of a 2S-point DFT."""
-    j = torch.arange(2 * S, dtype=torch.float64, device=device)
-    k = torch.arange(S, dtype=torch.float64, device=device)
-    ang = math.pi * k[:, None] * j[None, :] / S
-    W = torch.empty(2 * S, 2 * S, dtype=torch.float64, device=device)
-    W[0::2] = torch.cos(ang)
-    W[1::2] = -torch.sin(ang)
-    W[1] = torch.cos(math.pi * j)
-    return W.float()
 
 
 _BEST: dict = {}
@@ -654,23 +641,4 @@ def blocked_bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bo
     return dx, dw, db
 
 
-class BlockedFunction(torch.autograd.Function):
-    """The blocked op as a plain autograd.Function, for eager calls that autograd records: the
-    registered op's dispatch costs ~80 µs of host time a call (measured on the H200), and the op
-    is host-bound at the benchmark shape. Same forward and backward as `lt2dsl::toeplitz_blocked`."""
-
-    @staticmethod
-    def forward(ctx, x, w, bias, S):
-        ctx.save_for_backward(x, w)
-        ctx.has_bias, ctx.S = bias is not None, S
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return blocked_fwd(x, w, bias, S)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        dx, dw, db = blocked_bwd(dy.contiguous(), x, w, ctx.has_bias, ctx.S)
-        return dx, dw.to(w.dtype), db.to(ctx.bias_dtype) if ctx.has_bias else None, None
-
-
-__all__ = ["BLOCKED_DTYPES", "BlockedFunction", "blocked_bwd", "blocked_fwd", "eligible"]
+__all__ = ["BLOCKED_DTYPES", "blocked_bwd", "blocked_fwd", "eligible"]

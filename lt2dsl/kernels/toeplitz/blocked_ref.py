@@ -31,15 +31,22 @@ def block_size(T: int) -> int:
     return 64 if T <= 8192 else 128
 
 
-def dft_matrices(S: int, dtype=torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(F `[2S, S]`, G `[S, 2S]`): the packed real DFT of a zero-padded block and its inverse."""
-    i = torch.arange(S, dtype=torch.float64, device=device)
+def packed_dft(S: int, n: int, device=None) -> torch.Tensor:
+    """`[2S, n]` float64: rows Re/Im of bins 0 … S−1 of a 2S-point DFT over its first n samples,
+    the real Nyquist bin S in the imaginary row of the real bin 0 (2S reals per transform)."""
+    i = torch.arange(n, dtype=torch.float64, device=device)
     k = torch.arange(S, dtype=torch.float64, device=device)
     ang = math.pi * k[:, None] * i[None, :] / S  # 2π k i / 2S
-    F = torch.empty(2 * S, S, dtype=torch.float64, device=device)
+    F = torch.empty(2 * S, n, dtype=torch.float64, device=device)
     F[0::2] = torch.cos(ang)
     F[1::2] = -torch.sin(ang)
     F[1] = torch.cos(math.pi * i)  # the Nyquist bin S, real
+    return F
+
+
+def dft_matrices(S: int, dtype=torch.float64, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F `[2S, S]`, G `[S, 2S]`): the packed real DFT of a zero-padded block and its inverse."""
+    F = packed_dft(S, S, device)
     c = torch.full((2 * S,), 2.0, dtype=torch.float64, device=device)
     c[:2] = 1.0
     G = F.t() * c[None, :] / (2 * S)
