@@ -83,7 +83,7 @@ for s in ${STAGES:-}; do
     grep -E '[0-9]+ (passed|failed)' <<< "$body" | tail -1 ;; esac
 done
 for s in ${STAGES:-}; do
-  case $s in bench_*|probe_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
+  case $s in bench_*|probe_*|profile|toeplitz_probe) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
 [ -s "$LT2_FAIL_LOG" ] && { echo "---- failure reasons ($LT2_FAIL_LOG)"; grep -E "^(==|E )" "$LT2_FAIL_LOG" | cut -c1-200 | head -${FAIL_LINES:-40}; }

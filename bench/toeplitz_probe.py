@@ -56,7 +56,7 @@ def main() -> None:
     timed("kernel spectra (window DFT)", lambda: bl.kernel_spectra(w, plan))
     timed("pass 2 tiles table", lambda: bl.block_tiles(V, plan))
     layouts = os.environ.get("PROBE_LAYOUTS", "bin").split(",")
-    tiles = [int(t) for t in os.environ.get("PROBE_TILES", "64,32").split(",")]
+    tiles = [int(t) for t in os.environ.get("PROBE_TILES", "32").split(",")]
     for layout in layouts:
         p = bl.Plan(T, S, x.dtype, x.device, layout=layout)
         X = bl.to_spectra(x, p.F, p, C)
@@ -95,17 +95,25 @@ def main() -> None:
         rows.append({"pass": f"op fwd+bwd (tiles of {tile})", "us": ms * 1e3})
     bl.TILE = tiles[0]
     bl._TABLES.clear()
-    rows.append({"pass": "op forward", "us": do_bench(fwd, warmup=10, rep=50, return_mode="median") * 1e3})
-    for _ in range(5):
-        fwd()
-    torch.cuda.synchronize()
-    n = 20  # few enough that the launch queue never fills and blocks the host
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fwd()
-    host = (time.perf_counter() - t0) / n
-    torch.cuda.synchronize()
-    rows.append({"pass": "op forward: host time per call", "us": host * 1e6})
+    from lt2dsl.kernels.common import launch
+
+    # the launches through Triton's own path (LT2_FAST_LAUNCH=0) and through the kept
+    # CompiledKernel, side by side in this process
+    for fast in (False, True):
+        launch.FAST = fast
+        tag = "fast launch" if fast else "triton launch"
+        ms = do_bench(fwd, warmup=10, rep=50, return_mode="median")
+        rows.append({"pass": f"op forward ({tag})", "us": ms * 1e3})
+        for _ in range(5):
+            fwd()
+        torch.cuda.synchronize()
+        n = 20  # few enough that the launch queue never fills and blocks the host
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fwd()
+        host = (time.perf_counter() - t0) / n
+        torch.cuda.synchronize()
+        rows.append({"pass": f"op forward: host time per call ({tag})", "us": host * 1e6})
     dy = torch.randn_like(x)
 
     def fb():

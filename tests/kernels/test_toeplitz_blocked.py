@@ -151,6 +151,21 @@ def test_triton_blocked_gathered_tiles(poison, monkeypatch, B, T, C, heads, S):
     blocked._TABLES.clear()
 
 
+@pytest.mark.parametrize("OT", [2, 4])
+@pytest.mark.parametrize(("B", "T", "C", "heads", "S"), [(2, 100, 64, 2, 16), (1, 1100, 32, 1, 16)])
+def test_triton_blocked_several_output_tiles_a_program(poison, monkeypatch, OT, B, T, C, heads, S):
+    """Pass 2 with OT output tiles a program (the interpreter runs only the first config, OT = 1):
+    1100 samples are 3 tiles of 32 blocks, so the last group has tiles past the end."""
+    import triton
+
+    from lt2dsl.kernels.toeplitz import blocked
+
+    pinned = [triton.Config({"BC": 32, "OT": OT}, num_warps=4)]
+    monkeypatch.setattr(blocked.mix_tiles_kernel, "configs", pinned)
+    x, w, b = data(B, T, C, heads, dtype=torch.bfloat16)
+    check(x, w, b, S, 1e-2)
+
+
 def test_autograd_function_path_equals_the_registered_op(poison):
     """Eager calls that autograd records take BlockedFunction (less host time); same results."""
     x, w, b = data(1, 70, 32, 1, dtype=torch.bfloat16)
@@ -289,6 +304,25 @@ def test_gpu_every_autotune_config(poison, monkeypatch, gathered):
         finally:
             force_config(None)
     blocked._TABLES.clear()
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_calls_on_the_kept_kernels(poison):
+    """From the second call of a shape on, the passes launch their kept CompiledKernels
+    (`common.launch`): new inputs each call, an input 2 bytes off a 16-byte boundary (a new
+    specialization) in between, and every result against float64."""
+    from lt2dsl.kernels.common import launch
+
+    launch.clear()
+    before = launch.COUNTS["fast"]
+    for seed, offset in [(0, 0), (1, 0), (2, 1), (3, 1), (4, 0)]:
+        x, w, b = data(2, 1000, 256, 1, dtype=torch.bfloat16, seed=seed)
+        buf = torch.empty(x.numel() + 8, dtype=x.dtype, device="cuda")
+        xd = buf[offset : offset + x.numel()].view(x.shape).copy_(x)
+        assert (xd.data_ptr() % 16 == 0) == (offset == 0)
+        y = toeplitz_mix(xd, w.float().cuda(), b.float().cuda(), backend="triton", method="blocked")
+        assert_close("y", y.cpu(), dense(x, w, b), 1e-2)
+    assert launch.COUNTS["fast"] - before >= 6  # three passes, calls 2 and 4 at least
 
 
 @pytest.mark.gpu

@@ -64,7 +64,7 @@ def normalize_weights(
             )
         heads = b2.shape[0]
         w3 = w3.expand(w3.shape[0], heads, n)
-    if b2 is not None:
+    if b2 is not None and b2.shape[0] != heads:
         b2 = b2.expand(heads, n)
     if heads < 1 or C % heads != 0:
         raise ValueError(f"channels C={C} must be divisible by heads={heads} (w is [kernel, heads, n])")
@@ -126,7 +126,12 @@ def toeplitz_mix(
         if use_blocked and method != "fft":
             from ..common.custom_op import eager_autograd_ok
 
-            w1, S = w3[0].contiguous(), block_size(T)
+            # (w as given where it is already [heads, n]: indexing w3 costs host time)
+            if w.dim() < 3 and w3.shape[1] == (w.shape[0] if w.dim() == 2 else 1):
+                w1 = w.contiguous().view(w3.shape[1], -1)
+            else:
+                w1 = w3[0].contiguous()
+            S = block_size(T)
             if torch.is_grad_enabled() and eager_autograd_ok(x, w1, b2c):
                 return BlockedFunction.apply(x, w1, b2c, S)
             return toeplitz_blocked(x, w1, b2c, S)

@@ -5,14 +5,19 @@ The math and a PyTorch copy of each pass are in `blocked_ref.py`. Forward, x `[B
    `tiles_kernel`: from them, the real-form Toeplitz tiles of pass 2 (`[2·TILE, 2·TILE]` per bin
    and tile offset); both depend on w alone and are cached while w is unchanged (`kernel_tables`);
 1. `spectra_kernel`: X = F · x_J for every block J (one `[2S, S]` DFT matrix, read once per program);
-2. `mix_tiles_kernel`: per bin k, Z_k = T(V_k) · X_k along the block axis, one dot per pair of block
-   tiles (`mix_kernel` gathers the Toeplitz tiles from V instead where the tiles would take more
-   than TILE_BYTES);
+2. `mix_tiles_kernel`: per bin k, Z_k = T(V_k) · X_k along the block axis; a program owns OT output
+   block tiles and runs one dot per input block tile against their stacked Toeplitz tiles
+   (`mix_kernel` gathers the Toeplitz tiles from V instead where the tiles would take more than
+   TILE_BYTES);
 3. `samples_kernel`: y_I = G · Z_I, plus the position bias, cast to x's dtype.
 Backward: dZ = Gᵀ dy (pass 1), dX = T(V)ᵀ dZ (pass 2, anti-causal, the tiles read transposed),
 dx = Fᵀ dX (pass 3); the kernel spectra's gradient dV_k[D] = Σ_{I−J=D} Σ_c (dZ_k[I] ⋆ X_k[J])
 comes from `corr_kernel`, whose per-tile correlation matrices are summed along their diagonals in
 registers; dw follows from dV by the (small, exact) adjoint of the window DFT.
+
+Every launch goes through `common.launch` (the autotuner's pick and the compiled kernel kept per
+shape and argument specialization): at the benchmark shape the GPU work is ~0.27 ms in three
+launches, and Triton's own launch path cost 34–44 µs of host time each on the H200 machine.
 
 Why this form: one kernel shared by the channels makes each bin's block-axis product a matrix
 product over all channels at once, so every pass is a tensor-core GEMM; between passes only the
@@ -34,6 +39,7 @@ import triton
 import triton.language as tl
 
 from ..common.decay_triton import cast, mma, new_empty, tuned
+from ..common.launch import launch
 from ..common.tl_util import helper
 from .blocked_ref import dft_matrices, packed_dft, window_lags
 
@@ -89,19 +95,22 @@ def _mix_configs():
 
 
 def _tiled_configs():
+    # OT output tiles a program: each input tile loaded once for OT outputs (pass 2 was bound by
+    # its loads at OT = 1: 24 KB a 1-MFLOP step)
     return [
-        triton.Config({"BC": bc}, num_warps=w, num_stages=s)
-        for bc, w, s in [
-            (32, 4, 3),
-            (64, 4, 3),
-            (128, 8, 3),
-            (128, 4, 3),
-            (256, 8, 2),
-            (64, 8, 4),
-            (128, 8, 2),
-            (256, 4, 3),
-            (256, 8, 3),
-            (128, 4, 4),
+        triton.Config({"BC": bc, "OT": ot}, num_warps=w, num_stages=s)
+        for bc, ot, w, s in [
+            (32, 1, 4, 3),
+            (128, 1, 4, 3),
+            (128, 1, 8, 3),
+            (64, 2, 4, 3),
+            (128, 2, 8, 3),
+            (128, 2, 4, 3),
+            (128, 2, 8, 2),
+            (256, 2, 8, 2),
+            (64, 4, 8, 3),
+            (128, 4, 8, 2),
+            (64, 4, 4, 3),
         ]
     ]
 
@@ -220,40 +229,51 @@ def tiles_kernel(V, A, M, NT, S: tl.constexpr, BT: tl.constexpr):
 @triton.jit
 def mix_tiles_kernel(
     X, A, Z, M, C, CH, NT, s_b, s_r, s_J,
-    S: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, TRANSPOSE: tl.constexpr,
+    S: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, OT: tl.constexpr, TRANSPOSE: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2 from the precomputed tiles (`tiles_kernel`): one `[2BT, 2BT] × [2BT, BC]` dot per block
-    tile pair, rows (Re, Im) of BT blocks each; the transpose reads each tile transposed."""
-    i_bc, i_t0, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    # causal: the last block tiles have the most work, so they start first
-    It = i_t0 if TRANSPOSE else NT - 1 - i_t0
+    """Pass 2 from the precomputed tiles (`tiles_kernel`): a program owns OT consecutive output
+    block tiles and, per input block tile, runs one `[OT·2BT, 2BT] × [2BT, BC]` dot: the OT tiles
+    it needs stacked (each `[2BT, 2BT]`, rows (Re, Im) of BT blocks), zeros where the lag is out
+    of range, so every input tile is loaded once for OT outputs. The transpose reads the tiles
+    transposed and runs anti-causally."""
+    i_bc, i_g0, k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    R2: tl.constexpr = 2 * BT
+    # causal: the last output tiles have the most work, so they start first
+    It0 = (i_g0 if TRANSPOSE else tl.cdiv(NT, OT) - 1 - i_g0) * OT
     n_c = tl.cdiv(C, BC)
     i_b, i_c = i_bc // n_c, i_bc % n_c
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
     h = (i_c * BC) // CH
     base = i_b.to(tl.int64) * s_b + (2 * k).to(tl.int64) * s_r
-    o_r = tl.arange(0, 2 * BT)
-    part = (o_r // BT).to(tl.int64) * s_r
-    p_a = A + ((h * S + k) * NT).to(tl.int64) * (4 * BT * BT)
-    acc = tl.zeros([2 * BT, BC], dtype=tl.float32)
+    o_r = tl.arange(0, R2)  # input rows
+    o_q = tl.arange(0, OT * R2)  # output rows: tile It0 + q // R2, row q % R2
+    q_t = It0 + o_q // R2
+    q_r = o_q % R2
+    p_in = X + base + ((o_r // BT).to(tl.int64) * s_r)[:, None] + o_c[None, :]
+    p_a = A + ((h * S + k) * NT).to(tl.int64) * (R2 * R2)
+    acc = tl.zeros([OT * R2, BC], dtype=tl.float32)
     if TRANSPOSE:
-        n_d = NT - It
+        lo = It0
+        hi = NT
     else:
-        n_d = It + 1
-    for d in range(0, n_d):
+        lo = 0
+        hi = tl.minimum(It0 + OT, NT)
+    for Jt in range(lo, hi):
         if TRANSPOSE:
-            Jt = It + d
-            b_a = tl.load(p_a + d * (4 * BT * BT) + o_r[None, :] * (2 * BT) + o_r[:, None])
+            d = Jt - q_t
+            off = o_r[None, :] * R2 + q_r[:, None]
         else:
-            Jt = It - d
-            b_a = tl.load(p_a + d * (4 * BT * BT) + o_r[:, None] * (2 * BT) + o_r[None, :])
+            d = q_t - Jt
+            off = q_r[:, None] * R2 + o_r[None, :]
+        m_a = ((d >= 0) & (d < NT))[:, None] & (o_r < R2)[None, :]
+        b_a = tl.load(p_a + d[:, None].to(tl.int64) * (R2 * R2) + off, mask=m_a, other=0.0)
         rows = Jt * BT + o_r % BT
-        p_x = X + base + part[:, None] + rows[:, None].to(tl.int64) * s_J + o_c[None, :]
-        b_x = tl.load(p_x, mask=(rows < M)[:, None] & m_c[None, :], other=0.0)
+        m_x = (rows < M)[:, None] & m_c[None, :]
+        b_x = tl.load(p_in + rows[:, None].to(tl.int64) * s_J, mask=m_x, other=0.0)
         acc += mma(b_a, b_x, "tf32")
-    rows = It * BT + o_r % BT
-    p_z = Z + base + part[:, None] + rows[:, None].to(tl.int64) * s_J + o_c[None, :]
+    rows = q_t * BT + q_r % BT
+    p_z = Z + base + ((q_r // BT).to(tl.int64) * s_r + rows.to(tl.int64) * s_J)[:, None] + o_c[None, :]
     tl.store(p_z, cast(acc, Z.dtype.element_ty), mask=(rows < M)[:, None] & m_c[None, :])
 
 
@@ -430,25 +450,6 @@ class Plan:
         return (R * M * C, M * C, C) if self.layout == "bin" else (R * M * C, C, R * C)
 
 
-_BEST: dict = {}
-
-
-def _launch(at, grid, key: tuple, *args, **kwargs) -> None:
-    """`at[grid](*args, **kwargs)` for an autotuned kernel, skipping the autotuner's per-call
-    argument hashing once it has picked a config for `key` (a host cost of ~10 µs a launch, and
-    the op is host-bound at the benchmark shape). A pinned config (`force_config`) is honoured."""
-    if len(at.configs) == 1:
-        cfg = at.configs[0]
-    else:
-        cfg = _BEST.get((id(at), key))
-        if cfg is None:
-            at[grid](*args, **kwargs)
-            _BEST[(id(at), key)] = at.best_config
-            return
-    meta = cfg.all_kwargs()
-    at.fn[grid({**kwargs, **meta})](*args, **kwargs, **meta)
-
-
 def kernel_spectra(w: torch.Tensor, plan: Plan) -> torch.Tensor:
     """Packed V `[heads, S, 2, M]` fp32 of w `[heads, n]` (the windows u_D through `plan.F2`)."""
     heads, n = w.shape
@@ -456,7 +457,7 @@ def kernel_spectra(w: torch.Tensor, plan: Plan) -> torch.Tensor:
     V = new_empty(w, heads, 2 * S, M, dtype=torch.float32)
     BR, BD = 64, 32
     grid = (triton.cdiv(2 * S, BR), triton.cdiv(M, BD), heads)
-    window_dft_kernel[grid](w, plan.F2, V, plan.T, M, n, S=S, BR=BR, BD=BD)
+    launch(window_dft_kernel, grid, (), w, plan.F2, V, plan.T, M, n, S=S, BR=BR, BD=BD)
     return V.view(heads, S, 2, M)
 
 
@@ -511,7 +512,7 @@ def block_tiles(V: torch.Tensor, plan: Plan) -> torch.Tensor | None:
     if heads * S * NT * (2 * TILE) ** 2 * 2 > TILE_BYTES:
         return None
     A = new_empty(V, heads, S, NT, 2 * TILE, 2 * TILE, dtype=torch.bfloat16)
-    tiles_kernel[(NT, S, heads)](V, A, M, NT, S=S, BT=TILE)
+    launch(tiles_kernel, (NT, S, heads), (), V, A, M, NT, S=S, BT=TILE)
     return A
 
 
@@ -548,7 +549,7 @@ def to_spectra(x: torch.Tensor, mat: torch.Tensor, plan: Plan, CH: int) -> torch
     B, T, C = x.shape
     out = plan.new_spectra(x, B, C)
     key = (plan.M, C, CH, plan.S, plan.layout, x.dtype)
-    _launch(
+    launch(
         spectra_kernel, _grid_io(B, plan.M, C), key, x, mat, out, T, plan.M, C, CH, *plan.strides(C), S=plan.S
     )
     return out
@@ -561,7 +562,7 @@ def from_spectra(z, mat, plan: Plan, CH: int, bias, dtype) -> torch.Tensor:
     out = new_empty(z, B, plan.T, C, dtype=dtype)
     n_bias = 0 if bias is None else bias.shape[-1]
     key = (M, C, CH, plan.S, plan.layout, bias is None, dtype)
-    _launch(
+    launch(
         samples_kernel, _grid_io(B, M, C), key,
         z, mat, bias, out, plan.T, M, C, CH, n_bias, *plan.strides(C), S=plan.S, HAS_BIAS=bias is not None,
     )  # fmt: skip
@@ -578,9 +579,9 @@ def mix(X: torch.Tensor, V: torch.Tensor, A, plan: Plan, CH: int, transpose: boo
         NT = A.shape[2]
 
         def grid(meta):
-            return (B * triton.cdiv(C, meta["BC"]), NT, plan.S)
+            return (B * triton.cdiv(C, meta["BC"]), triton.cdiv(NT, meta["OT"]), plan.S)
 
-        _launch(
+        launch(
             mix_tiles_kernel, grid, key,
             X, A, Z, M, C, CH, NT, *plan.strides(C), S=plan.S, BT=TILE, TRANSPOSE=transpose,
         )  # fmt: skip
@@ -590,7 +591,7 @@ def mix(X: torch.Tensor, V: torch.Tensor, A, plan: Plan, CH: int, transpose: boo
     def grid(meta):
         return (triton.cdiv(M, meta["BI"]), plan.S, B * triton.cdiv(C, meta["BC"]))
 
-    _launch(mix_kernel, grid, key, X, tab, Z, M, C, CH, *plan.strides(C), S=plan.S, TRANSPOSE=transpose)
+    launch(mix_kernel, grid, key, X, tab, Z, M, C, CH, *plan.strides(C), S=plan.S, TRANSPOSE=transpose)
     return Z
 
 
@@ -605,8 +606,9 @@ def spectra_grad(dZ: torch.Tensor, X: torch.Tensor, plan: Plan, heads: int) -> t
     def grid(meta):
         return (triton.cdiv(M, meta["BD"]), plan.S, heads * nsplit)
 
-    # no _launch: the autotuner must zero dV between its timing runs (reset_to_zero)
-    corr_kernel[grid](dZ, X, dV, M, C, CH, B, heads, nsplit, *plan.strides(C), S=plan.S)
+    key = (M, C, CH, plan.S, plan.layout, B, heads)
+    # the first call of a key autotunes, zeroing dV between timing runs (reset_to_zero)
+    launch(corr_kernel, grid, key, dZ, X, dV, M, C, CH, B, heads, nsplit, *plan.strides(C), S=plan.S)
     return dV.sum(0)
 
 

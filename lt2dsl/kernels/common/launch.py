@@ -1,0 +1,119 @@
+"""Kernel launches with less host time: the autotuner's pick and the compiled kernel, kept.
+
+`kernel[grid](...)` costs 34–44 µs of host time on the H200 machine (BENCHMARKS.md, eleventh
+session): the autotuner hashes its key arguments, then the JIT binds and specializes every
+argument, builds its cache key, looks it up, checks the globals the kernel read and launches.
+For an op whose GPU work is a few hundred µs in three launches (the blocked Toeplitz mixer) that
+host time is the limit. `launch` does the autotuner's pick once per caller key and keeps the
+`CompiledKernel` per argument specialization; a later call with the same specialization goes
+straight to `CompiledKernel.__getitem__`'s launcher, the call `JITFunction.run` itself ends in
+(Triton 3.6 and 3.9 alike), hooks and launch metadata included.
+
+The specialization key covers what Triton specializes on: each tensor's dtype and 16-byte
+alignment, each integer's `== 1`, divisibility by 16 and 32/64-bit range, None and bools by value,
+the constexpr keyword arguments by value, and the device. A call whose key is new takes the full
+path once. Under the CPU interpreter every call takes the full path. `LT2_FAST_LAUNCH=0` turns the
+fast path off (A/B timing).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton.compiler.compiler import CompiledKernel
+
+from .backend import triton_interpreting
+
+FAST = os.environ.get("LT2_FAST_LAUNCH", "1") != "0" and hasattr(CompiledKernel, "__getitem__")
+
+_BEST: dict = {}
+_COMPILED: dict = {}
+# launches by path, for tests: "fast" (a kept CompiledKernel) or "full" (Triton's own)
+COUNTS = {"fast": 0, "full": 0}
+_I32 = 2**31
+
+
+def _spec(args: tuple) -> tuple:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif a is None or isinstance(a, bool):
+            out.append(a)
+        elif isinstance(a, int):
+            out.append((a == 1, a % 16 == 0, -_I32 <= a < _I32))
+        else:
+            out.append(type(a))
+    return tuple(out)
+
+
+def _config(at, grid, key: tuple, args: tuple, kwargs: dict):
+    """The config for this caller key, or None when this call ran the autotuner (and launched)."""
+    if len(at.configs) == 1:
+        return at.configs[0]  # pinned (`force_config`) or a single candidate
+    cfg = _BEST.get((id(at), key))
+    if cfg is None:
+        at[grid](*args, **kwargs)
+        _BEST[(id(at), key)] = at.best_config
+    return cfg
+
+
+def _tail(fn, n_args: int, kwargs: dict, meta: dict) -> tuple:
+    """The values of the parameters after the positional ones, in signature order."""
+    params = fn.signature.parameters
+    out = []
+    for name in fn.arg_names[n_args:]:
+        if name in kwargs:
+            out.append(kwargs[name])
+        elif name in meta:
+            out.append(meta[name])
+        else:
+            out.append(params[name].default)
+    return tuple(out)
+
+
+def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)` for a jitted or autotuned kernel, with less host time.
+
+    `key` names the caller's shape class (what the autotuner's key arguments would): one pick per
+    key. `grid` is a tuple or a callable of the meta-parameters (the keyword arguments and the
+    config's). A pinned config (`decay_triton.force_config`) is honoured."""
+    at = kernel if isinstance(kernel, triton.runtime.Autotuner) else None
+    if at is not None:
+        cfg = _config(at, grid, key, args, kwargs)
+        if cfg is None:
+            COUNTS["full"] += 1
+            return
+        meta, opts, fn, cid = cfg.kwargs, cfg.all_kwargs(), at.fn, id(cfg)
+    else:
+        meta, opts, fn, cid = {}, {}, kernel, None
+    g = grid({**kwargs, **meta}) if callable(grid) else grid
+    if not FAST or triton_interpreting():
+        COUNTS["full"] += 1
+        fn[g](*args, **kwargs, **opts)
+        return
+    ck = (id(fn), key, cid, torch.cuda.current_device(), _spec(args), tuple(kwargs.items()))
+    hit = _COMPILED.get(ck)
+    if hit is None:
+        COUNTS["full"] += 1
+        compiled = fn[g](*args, **kwargs, **opts)
+        if isinstance(compiled, CompiledKernel):
+            if len(_COMPILED) > 4096:
+                _COMPILED.clear()
+            _COMPILED[ck] = (compiled, _tail(fn, len(args), kwargs, meta))
+        return
+    COUNTS["fast"] += 1
+    compiled, tail = hit
+    g3 = (g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
+    compiled[g3](*args, *tail)
+
+
+def clear() -> None:
+    """Forget the picks and compiled kernels (tests that swap a kernel's configs)."""
+    _BEST.clear()
+    _COMPILED.clear()
+
+
+__all__ = ["clear", "launch"]
