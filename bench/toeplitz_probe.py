@@ -97,11 +97,12 @@ def main() -> None:
     bl._TABLES.clear()
     from lt2dsl.kernels.common import launch
 
-    # the launches through Triton's own path (LT2_FAST_LAUNCH=0) and through the kept
-    # CompiledKernel, side by side in this process
-    for fast in (False, True):
-        launch.FAST = fast
-        tag = "fast launch" if fast else "triton launch"
+    # the launches through Triton's own path (LT2_FAST_LAUNCH=0), the kept CompiledKernel's runner
+    # and torch's static launcher, side by side in this process
+    for mode in ("0", "runner", "static"):
+        launch.MODE = mode
+        launch._COMPILED.clear()  # kept kernels rebuilt for this path; the autotuner picks stay
+        tag = {"0": "triton launch", "runner": "kept kernel, runner", "static": "kept kernel, static"}[mode]
         ms = do_bench(fwd, warmup=10, rep=50, return_mode="median")
         rows.append({"pass": f"op forward ({tag})", "us": ms * 1e3})
         for _ in range(5):

@@ -47,10 +47,13 @@ def _unaligned(n: int) -> torch.Tensor:
     return torch.randn(n + 1, device=DEVICE)[1:]
 
 
+@pytest.mark.parametrize("mode", ["static", "runner"])
 @pytest.mark.parametrize("kernel", [_axpy, _tuned], ids=["jit", "autotuned"])
-def test_every_specialization_launches_right(kernel):
+def test_every_specialization_launches_right(monkeypatch, kernel, mode):
     """Sizes 1 (Triton's `== 1` case), 16 (divisible) and 17, aligned and unaligned pointers,
-    both constexpr values, each called twice: the second call of a key takes the kept kernel."""
+    both constexpr values, each called twice: the second call of a key takes the kept kernel,
+    launched by torch's static launcher or the CompiledKernel's runner."""
+    monkeypatch.setattr(L, "MODE", mode)
     L.clear()
     for n in (1, 16, 17, 100):
         for make in (lambda n: torch.randn(n, device=DEVICE), _unaligned):
@@ -72,6 +75,8 @@ def test_repeated_calls_take_the_fast_path():
     for _ in range(3):
         out = _run(_tuned, x, y, 2.0)
     assert L.COUNTS["fast"] - before["fast"] == 3 and L.COUNTS["full"] == before["full"]
+    if L.MODE == "static" and L._static_launcher() is not None:  # torch's C++ launcher took it
+        assert L.COUNTS["static"] - before["static"] == 3
     torch.testing.assert_close(out, 2.0 * x + y)
     x1 = _unaligned(100)  # a new specialization: Triton's own path once
     _run(_tuned, x1, y, 2.0)

@@ -12,8 +12,14 @@ straight to `CompiledKernel.__getitem__`'s launcher, the call `JITFunction.run` 
 The specialization key covers what Triton specializes on: each tensor's dtype and 16-byte
 alignment, each integer's `== 1`, divisibility by 16 and 32/64-bit range, None and bools by value,
 the constexpr keyword arguments by value, and the device. A call whose key is new takes the full
-path once. Under the CPU interpreter every call takes the full path. `LT2_FAST_LAUNCH=0` turns the
-fast path off (A/B timing).
+path once. Under the CPU interpreter every call takes the full path.
+
+The kept kernel is launched, where it can be, by torch's static CUDA launcher (the C++ launcher
+`torch.compile` uses for Triton kernels, `torch._C._StaticCudaLauncher`) on Triton's own loaded
+function handle; where that launcher does not take the kernel (launch hooks, scratch memory,
+cooperative or PDL launches, a torch without it) by the CompiledKernel's runner.
+`LT2_FAST_LAUNCH` = "static" (the default), "runner" (the CompiledKernel's runner only) or "0"
+(Triton's own launch every time) selects the path, for A/B timing.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ from triton.compiler.compiler import CompiledKernel
 
 from .backend import triton_interpreting
 
-FAST = os.environ.get("LT2_FAST_LAUNCH", "1") != "0" and hasattr(CompiledKernel, "__getitem__")
+MODE = os.environ.get("LT2_FAST_LAUNCH", "static")
+if not hasattr(CompiledKernel, "__getitem__"):
+    MODE = "0"
 
 _BEST: dict = {}
 _COMPILED: dict = {}
-# launches by path, for tests: "fast" (a kept CompiledKernel) or "full" (Triton's own)
-COUNTS = {"fast": 0, "full": 0}
+# launches by path, for tests: "fast" (a kept CompiledKernel), "full" (Triton's own); "static"
+# counts the kept kernels launched by torch's static launcher
+COUNTS = {"fast": 0, "full": 0, "static": 0}
 _I32 = 2**31
 
 
@@ -74,6 +83,67 @@ def _tail(fn, n_args: int, kwargs: dict, meta: dict) -> tuple:
     return tuple(out)
 
 
+def _static_launcher():
+    try:
+        from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    except ImportError:
+        try:
+            from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+        except ImportError:
+            return None
+    return StaticallyLaunchedCudaKernel
+
+
+def _kept_positions(compiled) -> list[int]:
+    """Indices of the arguments the compiled kernel takes (not constexpr, not specialized away),
+    by the rule torch's static launcher builds its argument types with."""
+    src = compiled.src
+    names = src.fn.arg_names
+
+    def index(k):
+        return names.index(k) if isinstance(k, str) else (k[0] if isinstance(k, tuple) else k)
+
+    sig = {index(k): v for k, v in src.signature.items()}
+    const = {index(k) for k in getattr(src, "constants", {})}
+    return [i for i in sorted(sig) if sig[i] != "constexpr" and i not in const]
+
+
+def _runner(compiled, n_args: int, tail: tuple):
+    """call(g3, args) launching the kept kernel: torch's static launcher where it takes the kernel."""
+    md = compiled.metadata
+    cls = _static_launcher() if MODE == "static" else None
+    if (
+        cls is not None
+        and not getattr(md, "launch_cooperative_grid", False)
+        and not getattr(md, "launch_pdl", False)
+    ):
+        try:
+            compiled._init_handles()
+            if not hasattr(compiled, "_cubin_path"):
+                compiled._cubin_path = None  # read by the launcher's constructor; we pass the handle
+            sk = cls(compiled)
+            sk.function = compiled.function
+            keep = _kept_positions(compiled)
+            if len(keep) != len(sk.arg_tys):
+                raise ValueError("argument types do not match")
+            head = [i for i in keep if i < n_args]
+            rest = tuple(tail[i - n_args] for i in keep if i >= n_args)
+            raw_stream = torch._C._cuda_getCurrentRawStream
+
+            def static(g3, dev, args):
+                COUNTS["static"] += 1
+                sk.run(g3[0], g3[1], g3[2], raw_stream(dev), *[args[i] for i in head], *rest)
+
+            return static
+        except Exception:  # a kernel the static launcher does not take: the runner below
+            pass
+
+    def runner(g3, dev, args):
+        compiled[g3](*args, *tail)
+
+    return runner
+
+
 def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
     """`kernel[grid](*args, **kwargs)` for a jitted or autotuned kernel, with less host time.
 
@@ -90,24 +160,23 @@ def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
     else:
         meta, opts, fn, cid = {}, {}, kernel, None
     g = grid({**kwargs, **meta}) if callable(grid) else grid
-    if not FAST or triton_interpreting():
+    if MODE == "0" or triton_interpreting():
         COUNTS["full"] += 1
         fn[g](*args, **kwargs, **opts)
         return
-    ck = (id(fn), key, cid, torch.cuda.current_device(), _spec(args), tuple(kwargs.items()))
-    hit = _COMPILED.get(ck)
-    if hit is None:
+    dev = torch.cuda.current_device()
+    ck = (id(fn), key, cid, dev, MODE, _spec(args), tuple(kwargs.items()))
+    call = _COMPILED.get(ck)
+    if call is None:
         COUNTS["full"] += 1
         compiled = fn[g](*args, **kwargs, **opts)
         if isinstance(compiled, CompiledKernel):
             if len(_COMPILED) > 4096:
                 _COMPILED.clear()
-            _COMPILED[ck] = (compiled, _tail(fn, len(args), kwargs, meta))
+            _COMPILED[ck] = _runner(compiled, len(args), _tail(fn, len(args), kwargs, meta))
         return
     COUNTS["fast"] += 1
-    compiled, tail = hit
-    g3 = (g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
-    compiled[g3](*args, *tail)
+    call((g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1), dev, args)
 
 
 def clear() -> None:
