@@ -36,6 +36,8 @@ MODE = os.environ.get("LT2_FAST_LAUNCH", "static")
 if not hasattr(CompiledKernel, "__getitem__"):
     MODE = "0"
 
+_Autotuner = triton.runtime.Autotuner
+_INTERPRET = triton_interpreting()
 _BEST: dict = {}
 _COMPILED: dict = {}
 # launches by path, for tests: "fast" (a kept CompiledKernel), "full" (Triton's own); "static"
@@ -45,17 +47,18 @@ _I32 = 2**31
 
 
 def _spec(args: tuple) -> tuple:
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif a is None or isinstance(a, bool):
-            out.append(a)
-        elif isinstance(a, int):
-            out.append((a == 1, a % 16 == 0, -_I32 <= a < _I32))
-        else:
-            out.append(type(a))
-    return tuple(out)
+    return tuple(
+        [
+            (a.dtype, a.data_ptr() & 15 == 0)
+            if isinstance(a, torch.Tensor)
+            else (
+                (a == 1, a & 15 == 0, -_I32 <= a < _I32)
+                if type(a) is int
+                else (a if a is None or type(a) is bool else type(a))
+            )
+            for a in args
+        ]
+    )
 
 
 def _config(at, grid, key: tuple, args: tuple, kwargs: dict):
@@ -129,10 +132,18 @@ def _runner(compiled, n_args: int, tail: tuple):
             head = [i for i in keep if i < n_args]
             rest = tuple(tail[i - n_args] for i in keep if i >= n_args)
             raw_stream = torch._C._cuda_getCurrentRawStream
+            # the launcher's own `run`, minus its per-call checks: the scratch arguments it appends
+            # (None: nothing to allocate, checked by its constructor) and one C++ call
+            extra = (None,) * (int(sk.has_global_scratch) + int(sk.has_profile_scratch))
+            tys = sk.arg_tys + "O" * len(extra)
+            # (older torch: no `C_impl`, the CUDA launcher is torch._C's own)
+            impl = sk.C_impl if hasattr(type(sk), "C_impl") else torch._C._StaticCudaLauncher
+            c_launch, fn_h, warps, shared = impl._launch_kernel, sk.function, sk.num_warps, sk.shared
 
             def static(g3, dev, args):
                 COUNTS["static"] += 1
-                sk.run(g3[0], g3[1], g3[2], raw_stream(dev), *[args[i] for i in head], *rest)
+                vals = (*[args[i] for i in head], *rest, *extra)
+                c_launch(fn_h, g3[0], g3[1], g3[2], warps, shared, tys, vals, raw_stream(dev))
 
             return static
         except Exception:  # a kernel the static launcher does not take: the runner below
@@ -150,7 +161,7 @@ def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
     `key` names the caller's shape class (what the autotuner's key arguments would): one pick per
     key. `grid` is a tuple or a callable of the meta-parameters (the keyword arguments and the
     config's). A pinned config (`decay_triton.force_config`) is honoured."""
-    at = kernel if isinstance(kernel, triton.runtime.Autotuner) else None
+    at = kernel if isinstance(kernel, _Autotuner) else None
     if at is not None:
         cfg = _config(at, grid, key, args, kwargs)
         if cfg is None:
@@ -160,7 +171,7 @@ def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
     else:
         meta, opts, fn, cid = {}, {}, kernel, None
     g = grid({**kwargs, **meta}) if callable(grid) else grid
-    if MODE == "0" or triton_interpreting():
+    if MODE == "0" or _INTERPRET:
         COUNTS["full"] += 1
         fn[g](*args, **kwargs, **opts)
         return

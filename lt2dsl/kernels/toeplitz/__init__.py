@@ -108,35 +108,54 @@ def toeplitz_mix(
     check_shape("x", x, [None, None, None], "[B, T, C]")
     check_float("x", x)
     B, T, C = x.shape
-    w3, b2 = normalize_weights(w, bias, C, T)
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}")
     if pick_backend(backend, x) == "triton":
-        from .blocked import eligible
-        from .ops import BlockedFunction, check_dtype, toeplitz_blocked, toeplitz_fft
-
-        check_dtype(x)
-        b2c = None if b2 is None else b2.contiguous()
-        use_blocked = eligible(x, w3.shape[0], w3.shape[1])
-        if method == "blocked" and not use_blocked:
-            raise ValueError(
-                "method='blocked' needs x in bf16/fp16, w of kernel size 1 ([n] or [heads, n]) and "
-                f"one head or heads of a multiple of 32 channels; got {x.dtype}, w {list(w.shape)}, C={C}"
-            )
-        if use_blocked and method != "fft":
-            from ..common.custom_op import eager_autograd_ok
-
-            # (w as given where it is already [heads, n]: indexing w3 costs host time)
-            if w.dim() < 3 and w3.shape[1] == (w.shape[0] if w.dim() == 2 else 1):
-                w1 = w.contiguous().view(w3.shape[1], -1)
-            else:
-                w1 = w3[0].contiguous()
-            S = block_size(T)
-            if torch.is_grad_enabled() and eager_autograd_ok(x, w1, b2c):
-                return BlockedFunction.apply(x, w1, b2c, S)
-            return toeplitz_blocked(x, w1, b2c, S)
-        return toeplitz_fft(x, w3.contiguous(), b2c)
+        return _triton_mix(x, w, bias, method)
+    w3, b2 = normalize_weights(w, bias, C, T)
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
+
+
+_IMPL: list = []
+
+
+def _impl():
+    """The Triton-side modules, imported on first use (they import Triton) and kept: an import
+    statement in the call costs host time on every call."""
+    if not _IMPL:
+        from ..common.custom_op import eager_autograd_ok
+        from . import blocked, ops
+
+        _IMPL.append((blocked.eligible, ops, eager_autograd_ok))
+    return _IMPL[0]
+
+
+def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, method: str) -> torch.Tensor:
+    eligible, ops, eager_autograd_ok = _impl()
+    ops.check_dtype(x)
+    B, T, C = x.shape
+    w3, b2 = normalize_weights(w, bias, C, T)
+    kernel, heads = w3.shape[0], w3.shape[1]
+    b2c = None if b2 is None else b2.contiguous()
+    use_blocked = eligible(x, kernel, heads)
+    if method == "blocked" and not use_blocked:
+        raise ValueError(
+            "method='blocked' needs x in bf16/fp16, w of kernel size 1 ([n] or [heads, n]) and "
+            f"one head or heads of a multiple of 32 channels; got {x.dtype}, w {list(w.shape)}, C={C}"
+        )
+    if not use_blocked or method == "fft":
+        return ops.toeplitz_fft(x, w3.contiguous(), b2c)
+    # w as given where it already is [heads, n] or [n] (indexing w3 costs host time)
+    if w.dim() == 2 and w.shape[0] == heads:
+        w1 = w.contiguous()
+    elif w.dim() == 1 and heads == 1:
+        w1 = w.contiguous().view(1, -1)
+    else:
+        w1 = w3[0].contiguous()
+    S = block_size(T)
+    if torch.is_grad_enabled() and eager_autograd_ok(x, w1, b2c):
+        return ops.BlockedFunction.apply(x, w1, b2c, S)
+    return ops.toeplitz_blocked(x, w1, b2c, S)
 
 
 def toeplitz_mix_step(

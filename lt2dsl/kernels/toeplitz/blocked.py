@@ -417,6 +417,11 @@ def corr_kernel(
 LAYOUT = os.environ.get("LT2_TOEPLITZ_LAYOUT", "bin")
 
 
+def _cdiv(a: int, b: int) -> int:
+    # host-side grids: triton.cdiv is a constexpr_function in Triton 3.6 (µs of host time a call)
+    return -(-a // b)
+
+
 class Plan:
     """Sizes, layout and constant matrices of one call: block S, blocks M, the DFT pair."""
 
@@ -450,13 +455,27 @@ class Plan:
         return (R * M * C, M * C, C) if self.layout == "bin" else (R * M * C, C, R * C)
 
 
+_PLANS: dict = {}
+
+
+def _plan(T: int, S: int, dtype: torch.dtype, device: torch.device) -> Plan:
+    """The Plan of a call, kept per shape (building one per call costs host time)."""
+    key = (T, S, dtype, device, LAYOUT)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        plan = _PLANS[key] = Plan(T, S, dtype, device)
+    return plan
+
+
 def kernel_spectra(w: torch.Tensor, plan: Plan) -> torch.Tensor:
     """Packed V `[heads, S, 2, M]` fp32 of w `[heads, n]` (the windows u_D through `plan.F2`)."""
     heads, n = w.shape
     S, M = plan.S, plan.M
     V = new_empty(w, heads, 2 * S, M, dtype=torch.float32)
     BR, BD = 64, 32
-    grid = (triton.cdiv(2 * S, BR), triton.cdiv(M, BD), heads)
+    grid = (_cdiv(2 * S, BR), _cdiv(M, BD), heads)
     launch(window_dft_kernel, grid, (), w, plan.F2, V, plan.T, M, n, S=S, BR=BR, BD=BD)
     return V.view(heads, S, 2, M)
 
@@ -508,7 +527,7 @@ def kernel_tables(w: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tens
 def block_tiles(V: torch.Tensor, plan: Plan) -> torch.Tensor | None:
     """`[heads, S, NT, 2·TILE, 2·TILE]` bf16 tiles of pass 2 (`tiles_kernel`), or None if too big."""
     heads, S, _, M = V.shape
-    NT = triton.cdiv(M, TILE)
+    NT = _cdiv(M, TILE)
     if heads * S * NT * (2 * TILE) ** 2 * 2 > TILE_BYTES:
         return None
     A = new_empty(V, heads, S, NT, 2 * TILE, 2 * TILE, dtype=torch.bfloat16)
@@ -541,7 +560,7 @@ def _lags(plan: Plan, device) -> tuple[torch.Tensor, torch.Tensor]:
 def _grid_io(B, M, C):
     # column tiles fastest: the programs running together cover whole rows of C, not one column
     # tile of many rows far apart (DRAM locality)
-    return lambda meta: (triton.cdiv(C, meta["BC"]), triton.cdiv(M, meta["NJ"]), B)
+    return lambda meta: (_cdiv(C, meta["BC"]), _cdiv(M, meta["NJ"]), B)
 
 
 def to_spectra(x: torch.Tensor, mat: torch.Tensor, plan: Plan, CH: int) -> torch.Tensor:
@@ -579,7 +598,7 @@ def mix(X: torch.Tensor, V: torch.Tensor, A, plan: Plan, CH: int, transpose: boo
         NT = A.shape[2]
 
         def grid(meta):
-            return (B * triton.cdiv(C, meta["BC"]), triton.cdiv(NT, meta["OT"]), plan.S)
+            return (B * _cdiv(C, meta["BC"]), _cdiv(NT, meta["OT"]), plan.S)
 
         launch(
             mix_tiles_kernel, grid, key,
@@ -589,7 +608,7 @@ def mix(X: torch.Tensor, V: torch.Tensor, A, plan: Plan, CH: int, transpose: boo
     tab = V.to(torch.bfloat16)
 
     def grid(meta):
-        return (triton.cdiv(M, meta["BI"]), plan.S, B * triton.cdiv(C, meta["BC"]))
+        return (_cdiv(M, meta["BI"]), plan.S, B * _cdiv(C, meta["BC"]))
 
     launch(mix_kernel, grid, key, X, tab, Z, M, C, CH, *plan.strides(C), S=plan.S, TRANSPOSE=transpose)
     return Z
@@ -604,7 +623,7 @@ def spectra_grad(dZ: torch.Tensor, X: torch.Tensor, plan: Plan, heads: int) -> t
     dV = torch.zeros(nsplit, heads, plan.S, 2, M, dtype=torch.float32, device=X.device)
 
     def grid(meta):
-        return (triton.cdiv(M, meta["BD"]), plan.S, heads * nsplit)
+        return (_cdiv(M, meta["BD"]), plan.S, heads * nsplit)
 
     key = (M, C, CH, plan.S, plan.layout, B, heads)
     # the first call of a key autotunes, zeroing dV between timing runs (reset_to_zero)
@@ -616,7 +635,7 @@ def blocked_fwd(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, S: 
     """y `[B, T, C]` for 16-bit x, w `[heads, n]`, bias `[heads, n]` or None, blocks of S samples."""
     B, T, C = x.shape
     heads = w.shape[0]
-    plan = Plan(T, S, x.dtype, x.device)
+    plan = _plan(T, S, x.dtype, x.device)
     V, A = kernel_tables(w, plan)
     X = to_spectra(x.contiguous(), plan.F, plan, C // heads)
     Z = mix(X, V, A, plan, C // heads, transpose=False)
@@ -629,7 +648,7 @@ def blocked_bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bo
     B, T, C = x.shape
     heads, n = w.shape
     CH = C // heads
-    plan = Plan(T, S, x.dtype, x.device)
+    plan = _plan(T, S, x.dtype, x.device)
     V, A = kernel_tables(w, plan)
     dZ = to_spectra(dy.to(x.dtype).contiguous(), plan.Gt, plan, CH)
     dX = mix(dZ, V, A, plan, CH, transpose=True)
