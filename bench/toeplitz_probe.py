@@ -13,7 +13,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import torch
 
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main() -> None:
     from triton.testing import do_bench
 
+    from bench.launch_probe import per_call_us
     from lt2dsl.kernels import toeplitz_mix
     from lt2dsl.kernels.common.decay_triton import force_config
     from lt2dsl.kernels.toeplitz import blocked as bl
@@ -105,16 +105,9 @@ def main() -> None:
         tag = {"0": "triton launch", "runner": "kept kernel, runner", "static": "kept kernel, static"}[mode]
         ms = do_bench(fwd, warmup=10, rep=50, return_mode="median")
         rows.append({"pass": f"op forward ({tag})", "us": ms * 1e3})
-        for _ in range(5):
-            fwd()
-        torch.cuda.synchronize()
-        n = 20  # few enough that the launch queue never fills and blocks the host
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fwd()
-        host = (time.perf_counter() - t0) / n
-        torch.cuda.synchronize()
-        rows.append({"pass": f"op forward: host time per call ({tag})", "us": host * 1e6})
+        # 20 calls: few enough that the launch queue never fills and blocks the host
+        host = per_call_us(fwd, n=20, warmup=5)
+        rows.append({"pass": f"op forward: host time per call ({tag})", "us": host})
     dy = torch.randn_like(x)
 
     def fb():
@@ -125,17 +118,6 @@ def main() -> None:
     )
 
     # host time (no synchronisation) of each piece of one forward, 20 calls each
-    def host_us(fn, n=20):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = (time.perf_counter() - t0) / n
-        torch.cuda.synchronize()
-        return dt * 1e6
-
     xn, wn, bn = x, w[0], bias[0]
     for name, fn in [
         ("host: toeplitz_mix, no grad (eager op)", lambda: toeplitz_mix(xn, wn, bn, backend="triton")),
@@ -148,7 +130,7 @@ def main() -> None:
         ("host: from_spectra", lambda: bl.from_spectra(Z, plan.G, plan, C, bias, x.dtype)),
         ("host: torch.empty", lambda: torch.empty(B, 2 * S, plan.M, C, device=dev, dtype=torch.bfloat16)),
     ]:
-        rows.append({"pass": name, "us": host_us(fn)})
+        rows.append({"pass": name, "us": per_call_us(fn, n=20, warmup=3)})
     import cProfile
     import io
     import pstats

@@ -5,9 +5,8 @@ session): the autotuner hashes its key arguments, then the JIT binds and special
 argument, builds its cache key, looks it up, checks the globals the kernel read and launches.
 For an op whose GPU work is a few hundred µs in three launches (the blocked Toeplitz mixer) that
 host time is the limit. `launch` does the autotuner's pick once per caller key and keeps the
-`CompiledKernel` per argument specialization; a later call with the same specialization goes
-straight to `CompiledKernel.__getitem__`'s launcher, the call `JITFunction.run` itself ends in
-(Triton 3.6 and 3.9 alike), hooks and launch metadata included.
+`CompiledKernel` per argument specialization; a later call with the same specialization skips
+Triton's binding and lookup and launches the kept kernel directly (below).
 
 The specialization key covers what Triton specializes on: each tensor's dtype and 16-byte
 alignment, each integer's `== 1`, divisibility by 16 and 32/64-bit range, None and bools by value,

@@ -13,6 +13,8 @@ cached inputs, O(t) per token.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..common.backend import check_float, check_shape
@@ -116,18 +118,14 @@ def toeplitz_mix(
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
 
 
-_IMPL: list = []
-
-
+@functools.cache
 def _impl():
     """The Triton-side modules, imported on first use (they import Triton) and kept: an import
     statement in the call costs host time on every call."""
-    if not _IMPL:
-        from ..common.custom_op import eager_autograd_ok
-        from . import blocked, ops
+    from ..common.custom_op import eager_autograd_ok
+    from . import blocked, ops
 
-        _IMPL.append((blocked.eligible, ops, eager_autograd_ok))
-    return _IMPL[0]
+    return blocked.eligible, ops, eager_autograd_ok
 
 
 def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, method: str) -> torch.Tensor:
