@@ -13,8 +13,6 @@ cached inputs, O(t) per token.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..common.backend import check_float, check_shape
@@ -118,14 +116,19 @@ def toeplitz_mix(
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
 
 
-@functools.cache
+_IMPL: list = []
+
+
 def _impl():
     """The Triton-side modules, imported on first use (they import Triton) and kept: an import
-    statement in the call costs host time on every call."""
-    from ..common.custom_op import eager_autograd_ok
-    from . import blocked, ops
+    statement in the call costs host time on every call. (A plain list, not functools.cache:
+    torch.compile warns on an lru_cache wrapper in a traced call.)"""
+    if not _IMPL:
+        from ..common.custom_op import eager_autograd_ok
+        from . import blocked, ops
 
-    return blocked.eligible, ops, eager_autograd_ok
+        _IMPL.append((blocked.eligible, ops, eager_autograd_ok))
+    return _IMPL[0]
 
 
 def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, method: str) -> torch.Tensor:
