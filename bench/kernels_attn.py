@@ -45,54 +45,15 @@ def _case(group, impl, make, flops, backward):
     )
 
 
-# Launch-time switches of the attention kernels: a case sets all of them before its forward (the
-# backward that the harness runs next sees the same), so variants can share one process.
-_TOGGLES = ("LT2_ATTN_TMA", "LT2_ATTN_PRE")
-# variant suffix -> the switches it sets (the rest at their defaults); VARIANTS=0 times none
-_VARIANTS = {"-tma": {"LT2_ATTN_TMA": "1"}, "-sep": {"LT2_ATTN_PRE": "separate"}}
-
-
-def _set_toggles(env: dict) -> None:
-    for name in _TOGGLES:
-        if name in env:
-            os.environ[name] = env[name]
-        else:
-            os.environ.pop(name, None)
-
-
-def _defaults(make):
-    """`make` of a case that does not set the switches itself: its fn runs at their defaults."""
-
-    def wrapped():
-        fn, leaves = make()
-
-        def run():
-            _set_toggles({})
-            return fn()
-
-        return run, leaves
-
-    return wrapped
-
-
-def _variants() -> dict:
-    return {"": {}} | ({} if os.environ.get("VARIANTS", "1") == "0" else _VARIANTS)
-
-
 def _full_cases(T: int) -> list[Case]:
     from lt2dsl.kernels.attention import attention
 
-    def ours(gate, env):
+    def ours(gate):
         def make():
             q, k, v = _rnd(B, T, H, D), _rnd(B, T, H, D), _rnd(B, T, H, D)
             g = _rnd(B, T, H, D) if gate else None
             leaves = [q, k, v] + ([g] if gate else [])
-
-            def fn():
-                _set_toggles(env)
-                return attention(q, k, v, gate=g, backend="triton")
-
-            return fn, leaves
+            return (lambda: attention(q, k, v, gate=g, backend="triton")), leaves
 
         return make
 
@@ -122,8 +83,8 @@ def _full_cases(T: int) -> list[Case]:
         _case(group, impl, mk, fl, bw)
         for bw in (False, True)
         for impl, mk in (
-            *((f"lt2dsl+gate{suffix}", ours(True, env)) for suffix, env in _variants().items()),
-            *((f"lt2dsl{suffix}", ours(False, env)) for suffix, env in _variants().items()),
+            ("lt2dsl+gate", ours(True)),
+            ("lt2dsl", ours(False)),
             ("sdpa", sdpa),
             ("sdpa-default", sdpa_default),
             ("fla", peer),
@@ -134,17 +95,9 @@ def _full_cases(T: int) -> list[Case]:
 def _swa_cases(T: int, w: int = 512) -> list[Case]:
     from lt2dsl.kernels.attention import attention
 
-    def ours(env):
-        def make():
-            q, k, v = _rnd(B, T, H, D), _rnd(B, T, H, D), _rnd(B, T, H, D)
-
-            def fn():
-                _set_toggles(env)
-                return attention(q, k, v, window=w, backend="triton")
-
-            return fn, [q, k, v]
-
-        return make
+    def ours():
+        q, k, v = _rnd(B, T, H, D), _rnd(B, T, H, D), _rnd(B, T, H, D)
+        return (lambda: attention(q, k, v, window=w, backend="triton")), [q, k, v]
 
     def flex():
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -164,11 +117,7 @@ def _swa_cases(T: int, w: int = 512) -> list[Case]:
     return [
         _case(group, impl, mk, fl, bw)
         for bw in (False, True)
-        for impl, mk in (
-            *((f"lt2dsl{suffix}", ours(env)) for suffix, env in _variants().items()),
-            ("flex", flex),
-            ("fla", peer),
-        )
+        for impl, mk in (("lt2dsl", ours), ("flex", flex), ("fla", peer))
     ]
 
 
@@ -286,11 +235,7 @@ def cases() -> list[Case]:
         out += _full_cases(T) + _swa_cases(T) + _dsa_cases(T) + _nsa_cases(T)
     out += _decode_cases()
     only = [s for s in os.environ.get("ONLY", "").split(",") if s]
-    out = [c for c in out if not only or any(s in c.group or s == c.impl for s in only)]
-    for c in out:
-        if not c.group.startswith(("attn full", "swa")):
-            c.make = _defaults(c.make)
-    return out
+    return [c for c in out if not only or any(s in c.group or s == c.impl for s in only)]
 
 
 def main() -> None:

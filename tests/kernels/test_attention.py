@@ -192,35 +192,6 @@ def test_triton_backward_uneven_tiles(case, poison, monkeypatch):
     check_triton_case(*TRITON_CASES[case])
 
 
-@pytest.mark.parametrize("pre", ["fused", "separate"])
-@pytest.mark.parametrize("tma", ["0", "1"])
-@pytest.mark.parametrize("case", ["gqa", "window7-elem", "bf16-w16-head", "noncausal-prefill"])
-def test_triton_tma_and_preprocess_paths(case, tma, pre, poison, monkeypatch):
-    """K/V (and q/dU in dK/dV) read through TMA descriptors, and the preprocess done by the dQ
-    kernel or by its own pass: every combination against float64."""
-    monkeypatch.setenv("LT2_ATTN_TMA", tma)
-    monkeypatch.setenv("LT2_ATTN_PRE", pre)
-    check_triton_case(*TRITON_CASES[case])
-
-
-def test_triton_paths_agree_bit_for_bit(monkeypatch):
-    """Descriptors read the same values as masked loads (zeros past a sequence and past D) and the
-    fused preprocess rounds dU as the stored one: all four paths give identical bits."""
-    q, k, v, g = make(2, 45, 45, 4, 2, 24, dtype=torch.bfloat16, gate="elem", device=DEVICE)
-    leaves = [t.requires_grad_() for t in (q, k, v, g)]
-    do = seeded_like(q)
-    runs = []
-    for tma in ("0", "1"):
-        for pre in ("fused", "separate"):
-            monkeypatch.setenv("LT2_ATTN_TMA", tma)
-            monkeypatch.setenv("LT2_ATTN_PRE", pre)
-            out = attention(q, k, v, gate=g, window=20, backend="triton")
-            runs.append([out, *torch.autograd.grad(out, leaves, do)])
-    for run in runs[1:]:
-        for a, b in zip(run, runs[0]):
-            assert torch.equal(a, b)
-
-
 def test_triton_window_one_is_identity(poison):
     q, k, v, _ = make(1, 40, 40, 2, 1, 16, dtype=torch.float32, device=DEVICE)
     assert_close("o", attention(q, k, v, window=1, backend="triton"), v.repeat_interleave(2, 2), 1e-6)
@@ -268,32 +239,16 @@ def test_gpu_full_size(shape, dtype, mode, poison):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tma", ["0", "1"])
 @pytest.mark.parametrize("config", range(N_BWD_CONFIGS))
 @pytest.mark.parametrize("mode", ["full", "w512-elem"])
-def test_gpu_every_backward_config(config, mode, tma, poison, monkeypatch):
+def test_gpu_every_backward_config(config, mode, poison):
     """Each backward tile config the autotuner may pick on this GPU, forced one at a time (Hopper
-    miscompiles are per config: /work/shared/bench/README.md), with pointer loads and with TMA."""
+    miscompiles are per config: /work/shared/bench/README.md)."""
     from lt2dsl.kernels.attention.triton_bwd import forced_bwd_config
 
-    monkeypatch.setenv("LT2_ATTN_TMA", tma)
     window, gate = {"full": (None, None), "w512-elem": (512, "elem")}[mode]
     with forced_bwd_config(config):
         check_triton_case(2, 1000, 1000, 16, 4, 128, True, window, gate, torch.bfloat16, device="cuda")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("pre", ["fused", "separate"])
-@pytest.mark.parametrize("mode", ["full", "w512-elem", "head"])
-def test_gpu_tma_paths(mode, pre, poison, monkeypatch):
-    """The TMA path at full size, odd lengths and D = 64, and the preprocess in both places."""
-    monkeypatch.setenv("LT2_ATTN_TMA", "1")
-    monkeypatch.setenv("LT2_ATTN_PRE", pre)
-    window, gate = {"full": (None, None), "w512-elem": (512, "elem"), "head": (None, "head")}[mode]
-    check_triton_case(1, 8192, 8192, 16, 16, 128, True, window, gate, torch.bfloat16, device="cuda")
-    check_triton_case(2, 1000, 1000, 16, 2, 64, True, window, gate, torch.bfloat16, device="cuda")
-    cu = torch.tensor([0, 1, 700, 701, 3000], device="cuda")
-    check_triton_case(1, 3000, 3000, 8, 2, 64, True, window, gate, torch.bfloat16, device="cuda", cu=cu)
 
 
 @pytest.mark.gpu

@@ -36,21 +36,17 @@ def _jobs():
     common = dict(HQ=16, GRP=1, D=128, DV=128, BD=128, BDV=128, CAUSAL=True, HAS_W=False, KSTRIDE=1)
     common.update(VARLEN=False, DOT_PREC="tf32")
     jobs = []
-    # every kernel with pointer loads and with TMA descriptors (LT2_ATTN_TMA); dQ with the fused
-    # preprocess (the default) and an elementwise gate
-    for tma in (False, True):
-        tag = "-tma" if tma else ""
-        for D in (64, 128):
-            c = F.fwd_config(D, torch.bfloat16)
-            cex = dict(common, D=D, DV=D, BD=D, BDV=D, GATE_MODE=1, ORDER=1, BM=c["BM"], BN=c["BN"], TMA=tma)
-            jobs.append((f"fwd-D{D}{tag}", F._attn_fwd_kernel, cex, c["num_warps"], c["num_stages"]))
-        for name, kernel, configs, extra in (
-            ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, dict(ORDER=0)),
-            ("dq", B._bwd_dq_kernel, B.Q_CONFIGS, dict(ORDER=1, PRE=True, GATE_MODE=1)),
-        ):
-            for i, c in enumerate(configs):
-                cex = dict(common, TMA=tma, **extra, **c.kwargs)
-                jobs.append((f"{name}{i}{tag}", kernel, cex, c.num_warps, c.num_stages))
+    for D in (64, 128):
+        c = F.fwd_config(D, torch.bfloat16)
+        cex = dict(common, D=D, DV=D, BD=D, BDV=D, GATE_MODE=1, ORDER=1, BM=c["BM"], BN=c["BN"])
+        jobs.append((f"fwd-D{D}", F._attn_fwd_kernel, cex, c["num_warps"], c["num_stages"]))
+    for name, kernel, configs, order in (
+        ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, 0),
+        ("dq", B._bwd_dq_kernel, B.Q_CONFIGS, 1),
+    ):
+        for i, c in enumerate(configs):
+            cex = dict(common, ORDER=order, **c.kwargs)
+            jobs.append((f"{name}{i}", kernel, cex, c.num_warps, c.num_stages))
     return jobs
 
 
@@ -62,7 +58,7 @@ def test_config_compiles_and_fits(job):
     from triton.runtime.errors import OutOfResources
 
     name, fn, cex, warps, stages = job
-    ptrs = {n: "*bf16" for n in ("Q", "K", "V", "GATE", "O", "DO", "DG", "DU", "DQ", "DK", "DV_OUT")}
+    ptrs = {n: "*bf16" for n in ("Q", "K", "V", "GATE", "O", "DU", "DQ", "DK", "DV_OUT")}
     ptrs.update(LSE="*fp32", DELTA="*fp32", CU_Q="*i32", CU_K="*i32", BLK_MAP="*i32")
     scalars = {n: "i32" for n in INTS}
     scalars.update(qk_scale="fp32", scale="fp32")

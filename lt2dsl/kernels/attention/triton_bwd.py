@@ -16,32 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, ensure_allocator, mm, pow2, tma_eligible
+from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
 from ..common.tl_util import cast
-from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, kv_descriptors, launch_order, varlen_blocks
-
-
-@triton.jit
-def _pre_rows(O, DO, GATE, DU, DG, DELTA, ptr, gptr, m2, in_r, dptr, GATE_MODE: tl.constexpr):
-    """The preprocess of one tile of rows: stores D (and dU, dg with a gate); returns (dU, D)."""
-    o = tl.load(O + ptr, mask=m2, other=0.0).to(tl.float32)
-    do = tl.load(DO + ptr, mask=m2, other=0.0).to(tl.float32)
-    delta = tl.sum(o * do, 1)
-    tl.store(DELTA + dptr, delta, mask=in_r)
-    du = do
-    if GATE_MODE == 1:
-        sg = tl.sigmoid(tl.load(GATE + ptr, mask=m2, other=0.0).to(tl.float32))
-        tl.store(DG + ptr, cast(do * o * (1.0 - sg), DG.dtype.element_ty), mask=m2)
-        du = do * sg
-        tl.store(DU + ptr, cast(du, DU.dtype.element_ty), mask=m2)
-    if GATE_MODE == 2:
-        sg = tl.sigmoid(tl.load(GATE + gptr, mask=in_r, other=0.0).to(tl.float32))
-        tl.store(DG + gptr, cast(delta * (1.0 - sg), DG.dtype.element_ty), mask=in_r)
-        du = do * sg[:, None]
-        tl.store(DU + ptr, cast(du, DU.dtype.element_ty), mask=m2)
-    return du, delta
+from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, launch_order, varlen_blocks
 
 
 @triton.jit
@@ -65,9 +44,20 @@ def _bwd_pre_kernel(
     in_r = rows < NROWS
     offs = tl.arange(0, BDV)
     m2 = in_r[:, None] & (offs[None, :] < DV)
-    gptr = rows.to(tl.int64) * HQ + h
-    ptr = gptr[:, None] * DV + offs[None, :]
-    _pre_rows(O, DO, GATE, DU, DG, DELTA, ptr, gptr, m2, in_r, h.to(tl.int64) * NROWS + rows, GATE_MODE)
+    ptr = (rows.to(tl.int64) * HQ + h)[:, None] * DV + offs[None, :]
+    o = tl.load(O + ptr, mask=m2, other=0.0).to(tl.float32)
+    do = tl.load(DO + ptr, mask=m2, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    tl.store(DELTA + h.to(tl.int64) * NROWS + rows, delta, mask=in_r)
+    if GATE_MODE == 1:
+        sg = tl.sigmoid(tl.load(GATE + ptr, mask=m2, other=0.0).to(tl.float32))
+        tl.store(DG + ptr, cast(do * o * (1.0 - sg), DG.dtype.element_ty), mask=m2)
+        tl.store(DU + ptr, cast(do * sg, DU.dtype.element_ty), mask=m2)
+    if GATE_MODE == 2:
+        gptr = rows.to(tl.int64) * HQ + h
+        sg = tl.sigmoid(tl.load(GATE + gptr, mask=in_r, other=0.0).to(tl.float32))
+        tl.store(DG + gptr, cast(delta * (1.0 - sg), DG.dtype.element_ty), mask=in_r)
+        tl.store(DU + ptr, cast(do * sg[:, None], DU.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -79,8 +69,6 @@ def _dq_inner(
     delta,
     k_ptr,
     v_ptr,
-    k_desc,
-    v_desc,
     stride_kt,
     stride_vt,
     start,
@@ -100,26 +88,21 @@ def _dq_inner(
     HAS_W: tl.constexpr,
     KSTRIDE: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     """dq += ds k over key blocks [start, end), ds = p (dp − D)."""
     for n in range(start, end, BN):
         offs_n = n + tl.arange(0, BN)
         in_k = offs_n < Tk_n
-        if TMA:
-            kt = tl.trans(k_desc.load([n, 0]))
-            vt = tl.trans(v_desc.load([n, 0]))
-        else:
-            kt = tl.load(
-                k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
-                mask=in_k[None, :] & (offs_d[:, None] < D),
-                other=0.0,
-            )
-            vt = tl.load(
-                v_ptr + offs_n[None, :] * stride_vt + offs_dv[:, None],
-                mask=in_k[None, :] & (offs_dv[:, None] < DV),
-                other=0.0,
-            )
+        kt = tl.load(
+            k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
+            mask=in_k[None, :] & (offs_d[:, None] < D),
+            other=0.0,
+        )
+        vt = tl.load(
+            v_ptr + offs_n[None, :] * stride_vt + offs_dv[:, None],
+            mask=in_k[None, :] & (offs_dv[:, None] < DV),
+            other=0.0,
+        )
         p = tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None])
         if MASK:
             kpos = offs_n * KSTRIDE + KOFF
@@ -144,10 +127,6 @@ def _bwd_dq_kernel(
     LSE,
     DELTA,
     DQ,
-    O,
-    DO,
-    GATE,
-    DG,
     CU_Q,
     CU_K,
     BLK_MAP,
@@ -173,15 +152,8 @@ def _bwd_dq_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     ORDER: tl.constexpr,
-    TMA: tl.constexpr = False,
-    PRE: tl.constexpr = False,
-    GATE_MODE: tl.constexpr = 0,
 ):
-    """dQ of BM query rows of one head; same program layout and key band as the forward.
-
-    PRE: the preprocess of these rows is done here first (D, and with a gate dU and dg, written
-    for the dK/dV kernel, which then runs after this one), saving its own pass over dO and o.
-    """
+    """dQ of BM query rows of one head; same program layout and key band as the forward."""
     pid_m, pid_bh = _program_ids(ORDER)
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
         pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
@@ -197,31 +169,13 @@ def _bwd_dq_kernel(
     q = tl.load(
         Q + row_off[:, None] * D + offs_d[None, :], mask=in_q[:, None] & (offs_d[None, :] < D), other=0.0
     )
-    m2 = in_q[:, None] & (offs_dv[None, :] < DV)
-    rv = row_off[:, None] * DV + offs_dv[None, :]
-    if PRE:
-        do, delta = _pre_rows(
-            O,
-            DO,
-            GATE,
-            DU,
-            DG,
-            DELTA,
-            rv,
-            row_off,
-            m2,
-            in_q,
-            h.to(tl.int64) * NROWS + bos_q + rows,
-            GATE_MODE,
-        )
-        do = cast(do, Q.dtype.element_ty)
-    else:
-        do = tl.load(DU + rv, mask=m2, other=0.0)
-        delta = tl.load(DELTA + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=0.0)
+    do = tl.load(
+        DU + row_off[:, None] * DV + offs_dv[None, :], mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0
+    )
     lse = tl.load(LSE + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=float("inf"))
+    delta = tl.load(DELTA + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=0.0)
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
     v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
-    k_desc, v_desc = kv_descriptors(k_ptr, v_ptr, Tk_n, HKV, D, DV, BD, BDV, BN, TMA)
     p0 = i_m * BM + qo
     p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
     lo, full_lo, full_hi, hi = _band(p0, p1, Tk_n, W, KOFF, BN, CAUSAL, HAS_W, KSTRIDE)
@@ -234,8 +188,6 @@ def _bwd_dq_kernel(
         delta,
         k_ptr,
         v_ptr,
-        k_desc,
-        v_desc,
         HKV * D,
         HKV * DV,
         lo,
@@ -255,7 +207,6 @@ def _bwd_dq_kernel(
         HAS_W,
         KSTRIDE,
         DOT_PREC,
-        TMA,
     )
     dq = _dq_inner(
         dq,
@@ -265,8 +216,6 @@ def _bwd_dq_kernel(
         delta,
         k_ptr,
         v_ptr,
-        k_desc,
-        v_desc,
         HKV * D,
         HKV * DV,
         full_lo,
@@ -286,7 +235,6 @@ def _bwd_dq_kernel(
         HAS_W,
         KSTRIDE,
         DOT_PREC,
-        TMA,
     )
     dq = _dq_inner(
         dq,
@@ -296,8 +244,6 @@ def _bwd_dq_kernel(
         delta,
         k_ptr,
         v_ptr,
-        k_desc,
-        v_desc,
         HKV * D,
         HKV * DV,
         tl.maximum(full_lo, full_hi),
@@ -317,7 +263,6 @@ def _bwd_dq_kernel(
         HAS_W,
         KSTRIDE,
         DOT_PREC,
-        TMA,
     )
     tl.store(
         DQ + row_off[:, None] * D + offs_d[None, :],
@@ -367,8 +312,6 @@ def _dkdv_inner(
     v,
     q_ptr,
     do_ptr,
-    q_desc,
-    do_desc,
     lse_ptr,
     delta_ptr,
     start,
@@ -389,27 +332,20 @@ def _dkdv_inner(
     CAUSAL: tl.constexpr,
     HAS_W: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head."""
     for m in range(start, end, BM):
         rows = m + tl.arange(0, BM)
         in_q = rows < Tq_n
-        if TMA:
-            qt = tl.trans(q_desc.load([m, 0]))
-            do = do_desc.load([m, 0])
-        else:
-            roff = rows.to(tl.int64) * HQ
-            qt = tl.load(
-                q_ptr + roff[None, :] * D + offs_d[:, None],
-                mask=in_q[None, :] & (offs_d[:, None] < D),
-                other=0.0,
-            )
-            do = tl.load(
-                do_ptr + roff[:, None] * DV + offs_dv[None, :],
-                mask=in_q[:, None] & (offs_dv[None, :] < DV),
-                other=0.0,
-            )
+        roff = rows.to(tl.int64) * HQ
+        qt = tl.load(
+            q_ptr + roff[None, :] * D + offs_d[:, None], mask=in_q[None, :] & (offs_d[:, None] < D), other=0.0
+        )
+        do = tl.load(
+            do_ptr + roff[:, None] * DV + offs_dv[None, :],
+            mask=in_q[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
         lse = tl.load(lse_ptr + rows, mask=in_q, other=float("inf"))
         delta = tl.load(delta_ptr + rows, mask=in_q, other=0.0)
         pt = tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :])
@@ -463,7 +399,6 @@ def _bwd_dkdv_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     ORDER: tl.constexpr,
-    TMA: tl.constexpr = False,
 ):
     """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it."""
     HKV = HQ // GRP
@@ -500,15 +435,6 @@ def _bwd_dkdv_kernel(
         do_ptr = DU + (bos_q.to(tl.int64) * HQ + h) * DV
         lse_ptr = LSE + h.to(tl.int64) * NROWS + bos_q
         delta_ptr = DELTA + h.to(tl.int64) * NROWS + bos_q
-        if TMA:
-            q_desc = tl.make_tensor_descriptor(
-                q_ptr, shape=[Tq_n, D], strides=[HQ * D, 1], block_shape=[BM, BD]
-            )
-            do_desc = tl.make_tensor_descriptor(
-                do_ptr, shape=[Tq_n, DV], strides=[HQ * DV, 1], block_shape=[BM, BDV]
-            )
-        else:
-            q_desc, do_desc = q_ptr, do_ptr
         dk, dv = _dkdv_inner(
             dk,
             dv,
@@ -516,8 +442,6 @@ def _bwd_dkdv_kernel(
             v,
             q_ptr,
             do_ptr,
-            q_desc,
-            do_desc,
             lse_ptr,
             delta_ptr,
             lo,
@@ -538,7 +462,6 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
-            TMA,
         )
         dk, dv = _dkdv_inner(
             dk,
@@ -547,8 +470,6 @@ def _bwd_dkdv_kernel(
             v,
             q_ptr,
             do_ptr,
-            q_desc,
-            do_desc,
             lse_ptr,
             delta_ptr,
             full_lo,
@@ -569,7 +490,6 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
-            TMA,
         )
         dk, dv = _dkdv_inner(
             dk,
@@ -578,8 +498,6 @@ def _bwd_dkdv_kernel(
             v,
             q_ptr,
             do_ptr,
-            q_desc,
-            do_desc,
             lse_ptr,
             delta_ptr,
             tl.maximum(full_lo, full_hi),
@@ -600,7 +518,6 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
-            TMA,
         )
     tl.store(
         DK + k_off[:, None] * D + offs_d[None, :],
@@ -656,7 +573,7 @@ Q_CONFIGS = [
 if os.environ.get("LT2_ATTN_CANDIDATES", "0") == "1":
     KV_CONFIGS.append(triton.Config({"BN": 64, "BM": 64}, num_warps=8, num_stages=3))
     Q_CONFIGS.append(triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3))
-_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC", "ORDER", "TMA"]
+_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC", "ORDER"]
 
 
 def _as_dict(c: triton.Config) -> dict:
@@ -664,19 +581,13 @@ def _as_dict(c: triton.Config) -> dict:
 
 
 _dkdv_tuned = autotuned_on_gpu(_bwd_dkdv_kernel, KV_CONFIGS, _KEY)
-_dq_tuned = autotuned_on_gpu(_bwd_dq_kernel, Q_CONFIGS, [*_KEY, "PRE", "GATE_MODE"])
+_dq_tuned = autotuned_on_gpu(_bwd_dq_kernel, Q_CONFIGS, _KEY)
 N_BWD_CONFIGS = max(len(KV_CONFIGS), len(Q_CONFIGS))
 
 
 def forced_bwd_config(i: int):
     """The autotuned backward kernels run config i of their lists (see `forced_autotune_config`)."""
     return forced_autotune_config([t for t in (_dkdv_tuned, _dq_tuned) if t is not None], i)
-
-
-def pre_fused() -> bool:
-    """Is the preprocess done by the dQ kernel (`LT2_ATTN_PRE=fused`, default) rather than its own
-    pass (`separate`)? Read at each call, so one process can time both."""
-    return os.environ.get("LT2_ATTN_PRE", "fused") != "separate"
 
 
 def attn_bwd(
@@ -695,11 +606,7 @@ def attn_bwd(
     koff: int = 0,
     qoff: int | None = None,
 ):
-    """Gradients (dq, dk, dv, dgate) of `attn_fwd`'s output `o` (the gated one) for upstream `do`.
-
-    Launch order: the dQ kernel first (it also does the preprocess, unless `LT2_ATTN_PRE=separate`),
-    then dK/dV, which reads the D and dU the first wrote.
-    """
+    """Gradients (dq, dk, dv, dgate) of `attn_fwd`'s output `o` (the gated one) for upstream `do`."""
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     nrows = B * Tq
@@ -707,29 +614,24 @@ def attn_bwd(
     delta = new_empty(HQ, nrows, like=q, dtype=torch.float32)
     du = do if gate is None else new_empty(*do.shape, like=do)
     dg = None if gate is None else new_empty(*gate.shape, like=gate)
-    fused = pre_fused()
-    if not fused:
-        pre_bm = 16 if triton_interpreting() else 64
-        _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
-            o,
-            do,
-            q if gate is None else gate,
-            du,
-            do if dg is None else dg,
-            delta,
-            nrows,
-            HQ=HQ,
-            DV=DV,
-            BDV=pow2(DV),
-            BM=pre_bm,
-            GATE_MODE=gate_mode,
-        )
+    pre_bm = 16 if triton_interpreting() else 64
+    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
+        o,
+        do,
+        q if gate is None else gate,
+        du,
+        do if dg is None else dg,
+        delta,
+        nrows,
+        HQ=HQ,
+        DV=DV,
+        BDV=pow2(DV),
+        BM=pre_bm,
+        GATE_MODE=gate_mode,
+    )
     cfg = bwd_config(max(D, DV), q.dtype)
     dq, dk, dv = (new_empty(*t.shape, like=t) for t in (q, k, v))
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
-    tma_kv, tma_q = tma_eligible(k, v), tma_eligible(q, du)
-    if (tma_kv or tma_q) and not triton_interpreting():
-        ensure_allocator()
     common = dict(
         HQ=HQ,
         GRP=HQ // HKV,
@@ -744,10 +646,6 @@ def attn_bwd(
         DOT_PREC=dot_precision(q.dtype),
     )
     scalars = (Tq, Tk, Tk - Tq if qoff is None else qoff, window or 0, koff, scale * LOG2E, scale, nrows)
-    # the dQ kernel's extra inputs: o, the raw dO, the gate and dg, for the fused preprocess
-    pre_args = (o, do, q if gate is None else gate, do if dg is None else dg)
-    q_kw = dict(TMA=tma_kv, PRE=fused, GATE_MODE=gate_mode, **common)
-    kv_kw = dict(TMA=tma_q, **common)
     cq, ckv = cfg["q"], cfg["kv"]
     # dQ's longest programs are its last query blocks (launched first, as in the forward); dK/dV's
     # are its first key blocks, which the plain order already launches first
@@ -755,11 +653,11 @@ def attn_bwd(
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     if tuned:
         cu_q = cu_k = blk_q = blk_k = dummy
-        _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
-            q, k, v, du, lse, delta, dq, *pre_args, cu_q, cu_k, blk_q, *scalars, ORDER=o_q, **q_kw
-        )
         _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
-            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, ORDER=o_k, **kv_kw
+            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, ORDER=o_k, **common
+        )
+        _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
+            q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, ORDER=o_q, **common
         )
         return dq, dk, dv, dg
     if cu is None:
@@ -770,26 +668,6 @@ def attn_bwd(
         blk_q, nq = varlen_blocks(cu[0], cq["BM"], q.device)
         blk_k, nk = varlen_blocks(cu[1], ckv["BN"], q.device)
         grid_q, grid_k = (max(nq, 1), HQ), (max(nk, 1), HKV)
-    _bwd_dq_kernel[grid_q](
-        q,
-        k,
-        v,
-        du,
-        lse,
-        delta,
-        dq,
-        *pre_args,
-        cu_q,
-        cu_k,
-        blk_q,
-        *scalars,
-        BM=cq["BM"],
-        BN=cq["BN"],
-        ORDER=o_q,
-        num_warps=cq["num_warps"],
-        num_stages=cq["num_stages"],
-        **q_kw,
-    )
     _bwd_dkdv_kernel[grid_k](
         q,
         k,
@@ -808,6 +686,25 @@ def attn_bwd(
         ORDER=o_k,
         num_warps=ckv["num_warps"],
         num_stages=ckv["num_stages"],
-        **kv_kw,
+        **common,
+    )
+    _bwd_dq_kernel[grid_q](
+        q,
+        k,
+        v,
+        du,
+        lse,
+        delta,
+        dq,
+        cu_q,
+        cu_k,
+        blk_q,
+        *scalars,
+        BM=cq["BM"],
+        BN=cq["BN"],
+        ORDER=o_q,
+        num_warps=cq["num_warps"],
+        num_stages=cq["num_stages"],
+        **common,
     )
     return dq, dk, dv, dg

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, ensure_allocator, mm, pow2, tma_eligible
+from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import new_empty
 from ..common.backend import triton_interpreting
 from ..common.tl_util import cast
@@ -89,32 +89,6 @@ def _band(
 
 
 @triton.jit
-def kv_descriptors(
-    k_ptr,
-    v_ptr,
-    Tk_n,
-    HKV,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    BN: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """TMA descriptors of one sequence's keys and values of one kv head (rows H·D apart), or the
-    pointers themselves without TMA. Rows past the sequence and columns past D read as zeros, as
-    the masked pointer loads do, so the descriptors serve packed (varlen) batches too."""
-    if TMA:
-        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[Tk_n, D], strides=[HKV * D, 1], block_shape=[BN, BD])
-        v_desc = tl.make_tensor_descriptor(
-            v_ptr, shape=[Tk_n, DV], strides=[HKV * DV, 1], block_shape=[BN, BDV]
-        )
-    else:
-        k_desc, v_desc = k_ptr, v_ptr
-    return k_desc, v_desc
-
-
-@triton.jit
 def _fwd_inner(
     acc,
     m_i,
@@ -122,8 +96,6 @@ def _fwd_inner(
     q,
     k_ptr,
     v_ptr,
-    k_desc,
-    v_desc,
     stride_kt,
     stride_vt,
     start,
@@ -143,20 +115,16 @@ def _fwd_inner(
     HAS_W: tl.constexpr,
     KSTRIDE: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     """Online-softmax update over key blocks [start, end); scores in log2 units."""
     for n in range(start, end, BN):
         offs_n = n + tl.arange(0, BN)
         in_k = offs_n < Tk_n
-        if TMA:
-            kt = tl.trans(k_desc.load([n, 0]))
-        else:
-            kt = tl.load(
-                k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
-                mask=in_k[None, :] & (offs_d[:, None] < D),
-                other=0.0,
-            )
+        kt = tl.load(
+            k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
+            mask=in_k[None, :] & (offs_d[:, None] < D),
+            other=0.0,
+        )
         qk = mm(q, kt, DOT_PREC)
         if MASK:
             kpos = offs_n * KSTRIDE + KOFF
@@ -175,14 +143,11 @@ def _fwd_inner(
             p = tl.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if TMA:
-            v = v_desc.load([n, 0])
-        else:
-            v = tl.load(
-                v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :],
-                mask=in_k[:, None] & (offs_dv[None, :] < DV),
-                other=0.0,
-            )
+        v = tl.load(
+            v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :],
+            mask=in_k[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
         acc = acc * alpha[:, None] + mm(cast(p, v.dtype), v, DOT_PREC)
         m_i = m_new
     return acc, m_i, l_i
@@ -221,7 +186,6 @@ def _attn_fwd_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     ORDER: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     """o[b, rows, h] = softmax(q kᵀ · scale + mask) v, times σ(gate); lse in log2 units.
 
@@ -243,7 +207,6 @@ def _attn_fwd_kernel(
     q = tl.load(q_ptr, mask=in_q[:, None] & (offs_d[None, :] < D), other=0.0)
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
     v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
-    k_desc, v_desc = kv_descriptors(k_ptr, v_ptr, Tk_n, HKV, D, DV, BD, BDV, BN, TMA)
 
     p0 = i_m * BM + qo
     p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
@@ -258,8 +221,6 @@ def _attn_fwd_kernel(
         q,
         k_ptr,
         v_ptr,
-        k_desc,
-        v_desc,
         HKV * D,
         HKV * DV,
         lo,
@@ -279,7 +240,6 @@ def _attn_fwd_kernel(
         HAS_W,
         KSTRIDE,
         DOT_PREC,
-        TMA,
     )
     acc, m_i, l_i = _fwd_inner(
         acc,
@@ -288,8 +248,6 @@ def _attn_fwd_kernel(
         q,
         k_ptr,
         v_ptr,
-        k_desc,
-        v_desc,
         HKV * D,
         HKV * DV,
         full_lo,
@@ -309,7 +267,6 @@ def _attn_fwd_kernel(
         HAS_W,
         KSTRIDE,
         DOT_PREC,
-        TMA,
     )
     acc, m_i, l_i = _fwd_inner(
         acc,
@@ -318,8 +275,6 @@ def _attn_fwd_kernel(
         q,
         k_ptr,
         v_ptr,
-        k_desc,
-        v_desc,
         HKV * D,
         HKV * DV,
         tl.maximum(full_lo, full_hi),
@@ -339,7 +294,6 @@ def _attn_fwd_kernel(
         HAS_W,
         KSTRIDE,
         DOT_PREC,
-        TMA,
     )
 
     empty = l_i == 0.0
@@ -420,9 +374,6 @@ def attn_fwd(
         grid = (max(n, 1), HQ)
         cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in cu)
     gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
-    tma = tma_eligible(k, v)
-    if tma and not triton_interpreting():
-        ensure_allocator()
     _attn_fwd_kernel[grid](
         q,
         k,
@@ -453,7 +404,6 @@ def attn_fwd(
         VARLEN=cu is not None,
         DOT_PREC=dot_precision(q.dtype),
         ORDER=order,
-        TMA=tma,
         **cfg,
     )
     return o, lse
