@@ -78,7 +78,10 @@ def _ours(op: str, x: dict, **kw):
 
 
 def _peer_chunk(op: str):
-    """The peer's chunked op, or None when fla is not importable."""
+    """The peer's chunked op, or None when fla is not importable (or NO_PEER=1: a quick A/B of our
+    variants; the figures for the record come from runs with the peer)."""
+    if os.environ.get("NO_PEER") == "1":
+        return None
     try:
         if op == "gdn":
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as f
@@ -144,7 +147,14 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             x = _inputs(op, B, T, backward)
             return (lambda: _ours(op, x)[0]), _leaves(x)
 
-        out.append(Case(group=group, impl="lt2dsl", make=ours, **extra))
+        if op == "kda":
+            # KDA's launch switches are env vars read at each call: every case sets all of them
+            # (the backward the harness runs next sees the same), so variants share one process
+            variants = _KDA_VARIANTS if T == 8192 and os.environ.get("KDA_VARIANTS", "1") != "0" else {}
+            for suffix, env in {"": {}, **variants}.items():
+                out.append(Case(group=group, impl="lt2dsl" + suffix, make=_env(ours, env), **extra))
+        else:
+            out.append(Case(group=group, impl="lt2dsl", make=ours, **extra))
         if T == 8192 and op != "kda" and os.environ.get("VARIANTS", "1") != "0":
             out.append(Case(group=group, impl="lt2dsl-wu", make=_flags(ours, WU=True), **extra))
             if backward:  # the fused reverse-scan backward (LT2_DELTA_WBWD=0)
@@ -160,6 +170,34 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
 
             out.append(Case(group=group, impl="fla", make=theirs, **extra))
     return out
+
+
+_KDA_TOGGLES = ("LT2_KDA_SPLIT", "LT2_KDA_GRAD")
+# impl suffix -> switches (the rest at their defaults); KDA_VARIANTS=0 times none of them
+_KDA_VARIANTS = {
+    "-split": {"LT2_KDA_SPLIT": "1"},
+    "-split-g32w8": {"LT2_KDA_SPLIT": "1", "LT2_KDA_GRAD": "32,8"},
+    "-split-g64w8": {"LT2_KDA_SPLIT": "1", "LT2_KDA_GRAD": "64,8"},
+}
+
+
+def _env(make, env: dict):
+    """Wrap a case so each call first sets the KDA switches to `env` (unset ones removed)."""
+
+    def wrapped():
+        fn, leaves = make()
+
+        def call():
+            for name in _KDA_TOGGLES:
+                if name in env:
+                    os.environ[name] = env[name]
+                else:
+                    os.environ.pop(name, None)
+            return fn()
+
+        return call, leaves
+
+    return wrapped
 
 
 def _flags(make, **flags):

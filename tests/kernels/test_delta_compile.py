@@ -181,12 +181,23 @@ def _jobs():
 
     kda = dict(base, BK=L.KDA_BK, DOT=0, CT=tl.float32)
     kda_fwd = dict(kda, BK=L.KDA_FWD_BK, SPAN=L.KDA_DIAG_SPAN)
-    jobs.append(("kda_intra_fwd", kda_intra_fwd_kernel, ptr, sc, kda_fwd, L.KDA_FWD_WARPS, 1))
-    for bk, warps in ((16, 8), (32, 4), (16, 4)):
-        cex = dict(kda_fwd, BK=bk)
-        jobs.append((f"kda_intra_fwd-bk{bk}-w{warps}", kda_intra_fwd_kernel, ptr, sc, cex, warps, 1))
+    # the single kernel (PART 0) and its two halves (LT2_KDA_SPLIT) at every config the autotuner
+    # may run them with (2 warps: the halves only, `delta_launch._kda_2warp`)
+    for part in (0, 1, 2):
+        for cfg in L._KDA_FWD_CONFIGS:
+            bk, warps = cfg.kwargs["BK"], cfg.num_warps
+            if warps == 2 and part == 0:
+                continue
+            cex = dict(kda_fwd, BK=bk, PART=part)
+            jobs.append(
+                (f"kda_intra_fwd-p{part}-bk{bk}-w{warps}", kda_intra_fwd_kernel, ptr, sc, cex, warps, 1)
+            )
     kda_grad = dict(kda, SPAN=L.KDA_DIAG_SPAN)
     jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda_grad, L.KDA_WARPS, 1))
+    # the tiles LT2_KDA_GRAD is timed at (bench/kernels_delta.py's KDA variants)
+    for bk, warps in ((32, 8), (64, 8)):
+        cex = dict(kda_grad, BK=bk)
+        jobs.append((f"kda_grad_intra-bk{bk}-w{warps}", kda_grad_intra_kernel, ptr, sc, cex, warps, 1))
     return jobs
 
 

@@ -64,11 +64,14 @@ def test_fused_reverse_scan_backward(info, case, monkeypatch):
     compare_backends(info, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("split", ["0", "1"], ids=["one-kernel", "split"])
 @pytest.mark.parametrize("form", ["dot", "elementwise"])
 @pytest.mark.parametrize("case", ["T90-gva", "varlen"])
-def test_kda_diagonal_block_forms(form, case, monkeypatch):
+def test_kda_diagonal_block_forms(form, case, split, monkeypatch):
     """KDA's diagonal sub-chunk blocks, forward and gradients, as dots (moderate decay) or
-    elementwise (strong decay): both forms on the same inputs, forced through the span limit."""
+    elementwise (strong decay): both forms on the same inputs, forced through the span limit, with
+    the preparation as one kernel and as its two halves (LT2_KDA_SPLIT)."""
+    monkeypatch.setenv("LT2_KDA_SPLIT", split)
     monkeypatch.setattr(delta_launch, "KDA_DIAG_SPAN", 1e4 if form == "dot" else -1.0)
     kda = OPS["kda"]
     if case == "varlen":
@@ -78,6 +81,23 @@ def test_kda_diagonal_block_forms(form, case, monkeypatch):
         return
     x = make_inputs(kda.gate, B=1, T=90, H=1, HV=2, K=32, V=16, dtype=torch.float32, device=DEV)
     compare_backends(kda, x, FP32_TOL)
+
+
+@pytest.mark.parametrize("span", [1e4, -1.0], ids=["dot", "elementwise"])
+def test_kda_split_preparation_is_bit_identical(span, monkeypatch):
+    """The two halves of KDA's preparation (Aqk; gcum and T) compute what the single kernel does,
+    to the bit, partial chunks and grouped value heads included."""
+    from lt2dsl.kernels.common.delta_launch import ChunkMeta, kda_prep_fwd
+
+    monkeypatch.setattr(delta_launch, "KDA_DIAG_SPAN", span)
+    x = make_inputs(OPS["kda"].gate, B=2, T=90, H=1, HV=2, K=48, V=16, dtype=torch.bfloat16, device=DEV)
+    meta = ChunkMeta(2, 90, 2, None)
+    outs = []
+    for split in ("0", "1"):
+        monkeypatch.setenv("LT2_KDA_SPLIT", split)
+        outs.append(kda_prep_fwd(x["q"], x["k"], x["g"], x["beta"], 0.125, meta))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -100,6 +100,12 @@ _KDA_FWD_CONFIGS = [
     triton.Config({"BK": 16}, num_warps=8, num_stages=1),
     triton.Config({"BK": 32}, num_warps=4, num_stages=1),
     triton.Config({"BK": 16}, num_warps=4, num_stages=1),
+    # 2 warps, 16-bit inputs only (`_no_fp32_2warp`): the [16, BK] tiles of this kernel are
+    # replicated across warps in the dots' layout, so wider programs add no registers' worth of
+    # work per thread but fit fewer programs per SM. Offline sm_90 at K = 128: the split halves
+    # (LT2_KDA_SPLIT) 214-255 registers, 0-72 B of spills; the single kernel 536-648 B
+    triton.Config({"BK": 16}, num_warps=2, num_stages=1),
+    triton.Config({"BK": 32}, num_warps=2, num_stages=1),
 ]
 KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
 # The diagonal-block span of KDA's intra-chunk kernels (chunk_intra.py, chunk_grad.py; the rule is
@@ -186,7 +192,14 @@ _qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K"])
+
+
+def _kda_2warp(config, args) -> bool:
+    """2-warp KDA preparation configs only for the split halves (PART 1, 2) of 16-bit inputs."""
+    return config.num_warps > 2 or (args.get("DOT") != DOT_IEEE and args.get("PART") != 0)
+
+
+_kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K", "PART"], _kda_2warp)
 _DU0_CONFIGS = _O_CONFIGS
 # LT2_DELTA_CANDIDATES=1 appends 2-warp configs that compile for sm_90 offline without spills (or
 # with ≤ 112 B per thread) for 16-bit inputs but have not run on the H200: the UT transform gained
@@ -467,6 +480,12 @@ def _fused_state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, dh, Y, dh0, scale, gi
            fixed={"BV": min(16, pow2(V))})  # fmt: skip
 
 
+def kda_split() -> bool:
+    """KDA's preparation as two launches, Aqk and then gcum with T (`LT2_KDA_SPLIT=1`), rather
+    than one kernel forming both. Read at each call, so one process can time both."""
+    return os.environ.get("LT2_KDA_SPLIT", "0") == "1"
+
+
 def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
     """KDA: per-channel gcum `[B*T, HV, K]`, T and the gated scores Aqk `[B*T, HV, 64]` (fp32)."""
     B, T, H, K = k.shape
@@ -474,35 +493,37 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
     Aqk = empty(k, B * T, HV, BT, dtype=torch.float32)
     gcum = empty(k, B * T, HV, K, dtype=torch.float32)
-    launch(
-        _kda_fwd,
-        kda_intra_fwd_kernel,
-        meta.chunk_grid(B * HV),
-        q,
-        k,
-        g,
-        beta,
-        gcum,
-        Ainv,
-        Aqk,
-        meta.cu,
-        meta.chunk_indices,
-        T,
-        scale,
-        H=H,
-        HV=HV,
-        K=K,
-        BT=BT,
-        IS_VARLEN=meta.varlen,
-        DOT=dot_mode(k.dtype),
-        CT=compute_dtype(k.dtype),
-        SPAN=kda_diag_span(k.dtype),
-        fixed={
-            "BK": min(KDA_FWD_BK, pow2(K)),
-            "num_warps": KDA_FWD_WARPS,
-            "num_stages": 1,
-        },
-    )
+    for part in (1, 2) if kda_split() else (0,):
+        launch(
+            _kda_fwd,
+            kda_intra_fwd_kernel,
+            meta.chunk_grid(B * HV),
+            q,
+            k,
+            g,
+            beta,
+            gcum,
+            Ainv,
+            Aqk,
+            meta.cu,
+            meta.chunk_indices,
+            T,
+            scale,
+            H=H,
+            HV=HV,
+            K=K,
+            BT=BT,
+            IS_VARLEN=meta.varlen,
+            DOT=dot_mode(k.dtype),
+            CT=compute_dtype(k.dtype),
+            SPAN=kda_diag_span(k.dtype),
+            PART=part,
+            fixed={
+                "BK": min(KDA_FWD_BK, pow2(K)),
+                "num_warps": KDA_FWD_WARPS,
+                "num_stages": 1,
+            },
+        )
     return gcum, Ainv, Aqk
 
 
@@ -632,7 +653,8 @@ def _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta: ChunkMeta)
 
     B, T, H, K = k.shape
     HV = beta.shape[-1]
-    BKs = min(KDA_BK, pow2(K))
+    bk, warps = kda_grad_tiles()
+    BKs = min(bk, pow2(K))
     NK = triton.cdiv(K, BKs)
     dbeta_intra = empty(q, NK, B * T, HV, dtype=torch.float32)
     launch(
@@ -663,6 +685,17 @@ def _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta: ChunkMeta)
         DOT=dot_mode(k.dtype),
         CT=compute_dtype(k.dtype),
         SPAN=kda_diag_span(k.dtype),
-        fixed={"num_warps": KDA_WARPS, "num_stages": 1},
+        fixed={"num_warps": warps, "num_stages": 1},
     )
     return dbeta_intra.sum(0)
+
+
+def kda_grad_tiles() -> tuple[int, int]:
+    """(BK, warps) of KDA's intra-chunk gradient kernel: KDA_BK, KDA_WARPS unless `LT2_KDA_GRAD=BK,warps`
+    (read at each call, for timing others in one process; the kernel read-modify-writes dq, dk and
+    dg, so it is not autotuned)."""
+    env = os.environ.get("LT2_KDA_GRAD")
+    if not env:
+        return KDA_BK, KDA_WARPS
+    bk, warps = (int(x) for x in env.split(","))
+    return bk, warps

@@ -66,26 +66,38 @@ def rescale(x, d, CT: tl.constexpr):
 @helper
 def sub_chunk(
     pq, pk, pg, pgc, t0, I: tl.constexpr, eos, c, KS: tl.constexpr, GS: tl.constexpr, ok, m_k,
-    CT: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr,
+    CT: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr, WANT_Q: tl.constexpr, WANT_K: tl.constexpr,
 ):  # fmt: skip
-    """Sub-chunk I given c (the decay b before it): stores its gcum rows and returns its q and k
-    rows scaled to c (xs, ks: ≤ |q|, |k|), its diagonal blocks for both (entries above the diagonal
-    are junk, masked by the caller), its keys referenced to its end, K ⊙ e^{c' − b} (≤ |K|), and c'
-    (b after it). The diagonal blocks are dots with K ⊙ e^{c − b} (≤ e^{SPAN}) when the sub-chunk's
-    decay, max over channels of c − c', is at most SPAN; elementwise (`diag16`) otherwise."""
+    """Sub-chunk I given c (the decay b before it): stores its gcum rows (with WANT_K) and returns
+    its q and k rows scaled to c (xs, ks: ≤ |q|, |k|), its diagonal blocks for both (entries above
+    the diagonal are junk, masked by the caller), its keys referenced to its end, K ⊙ e^{c' − b}
+    (≤ |K|), and c' (b after it). The diagonal blocks are dots with K ⊙ e^{c − b} (≤ e^{SPAN}) when
+    the sub-chunk's decay, max over channels of c − c', is at most SPAN; elementwise (`diag16`)
+    otherwise. WANT_Q / WANT_K: which side (Aqk, Akk) the program forms; the other side's outputs
+    are placeholders the caller does not use."""
     gI = rows16(pg, t0, I, eos, GS, ok, m_k)
     b = rcumsum(gI, 0) + c[None, :]
-    store_rows16(pgc, b, t0, I, eos, GS, ok, m_k)
+    if WANT_K:
+        store_rows16(pgc, b, t0, I, eos, GS, ok, m_k)
     c_next = c + rsum(gI, 0)
     k = rows16(pk, t0, I, eos, KS, ok, m_k)
-    x = rows16(pq, t0, I, eos, KS, ok, m_k)
-    xs, ks = scaled(x, b, c, CT), scaled(k, b, c, CT)
+    ks = scaled(k, b, c, CT)
+    if WANT_Q:
+        x = rows16(pq, t0, I, eos, KS, ok, m_k)
+        xs = scaled(x, b, c, CT)
+    else:
+        x = k
+        xs = ks
     if tl.max(c - c_next, axis=0) <= SPAN:
         kd = keys_to(k, b, c, CT)
         A = mm(xs, kd, DOT)
-        Kk = mm(ks, kd, DOT)
+        Kk = A
+        if WANT_K and WANT_Q:
+            Kk = mm(ks, kd, DOT)
     else:
         A, Kk = diag16(x, k, b, c, pk, pg, t0, I, eos, KS, GS, ok, m_k)
+        if not WANT_Q:
+            A = Kk
     ke = (k * tl.exp(c_next[None, :] - b)).to(CT)
     return xs, ks, A, Kk, ke, c_next
 
@@ -180,7 +192,12 @@ def kda_intra_fwd_kernel(
     DOT: tl.constexpr,
     CT: tl.constexpr,
     SPAN: tl.constexpr = 40.0,  # delta_launch.KDA_DIAG_SPAN
+    PART: tl.constexpr = 0,
 ):
+    """PART 0: the whole preparation; 1: Aqk only; 2: gcum and Ainv only (two launches, 1 then 2,
+    each with half the live accumulators: the single kernel spills at every config)."""
+    WANT_Q: tl.constexpr = PART != 2
+    WANT_K: tl.constexpr = PART != 1
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -206,77 +223,99 @@ def kda_intra_fwd_kernel(
         # scales it by the vector e^{c_J − c_{I+1}} ≤ 1 for its off-diagonal blocks.
         c = tl.zeros([BK], dtype=tl.float32)
         xs, ks, A, Kk, ke0, c = sub_chunk(pq, pk, pg, pgc, t0, 0, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
-                                          SPAN)  # fmt: skip
-        d0 += A
-        e0 += Kk
+                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
+        if WANT_Q:
+            d0 += A
+        if WANT_K:
+            e0 += Kk
         c1 = c
         xs, ks, A, Kk, ke1, c = sub_chunk(pq, pk, pg, pgc, t0, 1, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
-                                          SPAN)  # fmt: skip
-        d1 += A
-        e1 += Kk
+                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
+        if WANT_Q:
+            d1 += A
+        if WANT_K:
+            e1 += Kk
         kr = tl.trans(ke0)
-        q10 += mm(xs, kr, DOT)
-        a10 += mm(ks, kr, DOT)
+        if WANT_Q:
+            q10 += mm(xs, kr, DOT)
+        if WANT_K:
+            a10 += mm(ks, kr, DOT)
         c2 = c
         xs, ks, A, Kk, ke2, c = sub_chunk(pq, pk, pg, pgc, t0, 2, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
-                                          SPAN)  # fmt: skip
-        d2 += A
-        e2 += Kk
+                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
+        if WANT_Q:
+            d2 += A
+        if WANT_K:
+            e2 += Kk
         kr = tl.trans(rescale(ke0, c2 - c1, CT))
-        q20 += mm(xs, kr, DOT)
-        a20 += mm(ks, kr, DOT)
+        if WANT_Q:
+            q20 += mm(xs, kr, DOT)
+        if WANT_K:
+            a20 += mm(ks, kr, DOT)
         kr = tl.trans(ke1)
-        q21 += mm(xs, kr, DOT)
-        a21 += mm(ks, kr, DOT)
+        if WANT_Q:
+            q21 += mm(xs, kr, DOT)
+        if WANT_K:
+            a21 += mm(ks, kr, DOT)
         c3 = c
         xs, ks, A, Kk, ke3, c = sub_chunk(pq, pk, pg, pgc, t0, 3, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
-                                          SPAN)  # fmt: skip
-        d3 += A
-        e3 += Kk
+                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
+        if WANT_Q:
+            d3 += A
+        if WANT_K:
+            e3 += Kk
         kr = tl.trans(rescale(ke0, c3 - c1, CT))
-        q30 += mm(xs, kr, DOT)
-        a30 += mm(ks, kr, DOT)
+        if WANT_Q:
+            q30 += mm(xs, kr, DOT)
+        if WANT_K:
+            a30 += mm(ks, kr, DOT)
         kr = tl.trans(rescale(ke1, c3 - c2, CT))
-        q31 += mm(xs, kr, DOT)
-        a31 += mm(ks, kr, DOT)
+        if WANT_Q:
+            q31 += mm(xs, kr, DOT)
+        if WANT_K:
+            a31 += mm(ks, kr, DOT)
         kr = tl.trans(ke2)
-        q32 += mm(xs, kr, DOT)
-        a32 += mm(ks, kr, DOT)
+        if WANT_Q:
+            q32 += mm(xs, kr, DOT)
+        if WANT_K:
+            a32 += mm(ks, kr, DOT)
 
     o = tl.arange(0, 16)
     strict = o[:, None] > o[None, :]
     lower = o[:, None] >= o[None, :]
-    Ad = stack4(
-        tl.where(strict, e0 * be0[:, None], 0.0),
-        tl.where(strict, e1 * be1[:, None], 0.0),
-        tl.where(strict, e2 * be2[:, None], 0.0),
-        tl.where(strict, e3 * be3[:, None], 0.0),
-    )
-    T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = inv_unit_lower64(
-        Ad,
-        a10 * be1[:, None],
-        a20 * be2[:, None],
-        a21 * be2[:, None],
-        a30 * be3[:, None],
-        a31 * be3[:, None],
-        a32 * be3[:, None],
-        DOT,
-    )
-    store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
-    store_lower64(
-        Aqk + i_hv * BT,
-        t0,
-        eos,
-        tl.where(lower, d0 * scale, 0.0),
-        q10 * scale,
-        tl.where(lower, d1 * scale, 0.0),
-        q20 * scale,
-        q21 * scale,
-        tl.where(lower, d2 * scale, 0.0),
-        q30 * scale,
-        q31 * scale,
-        q32 * scale,
-        tl.where(lower, d3 * scale, 0.0),
-        HV,
-        BT,
-    )
+    if WANT_K:
+        Ad = stack4(
+            tl.where(strict, e0 * be0[:, None], 0.0),
+            tl.where(strict, e1 * be1[:, None], 0.0),
+            tl.where(strict, e2 * be2[:, None], 0.0),
+            tl.where(strict, e3 * be3[:, None], 0.0),
+        )
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = inv_unit_lower64(
+            Ad,
+            a10 * be1[:, None],
+            a20 * be2[:, None],
+            a21 * be2[:, None],
+            a30 * be3[:, None],
+            a31 * be3[:, None],
+            a32 * be3[:, None],
+            DOT,
+        )
+        store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
+    if WANT_Q:
+        store_lower64(
+            Aqk + i_hv * BT,
+            t0,
+            eos,
+            tl.where(lower, d0 * scale, 0.0),
+            q10 * scale,
+            tl.where(lower, d1 * scale, 0.0),
+            q20 * scale,
+            q21 * scale,
+            tl.where(lower, d2 * scale, 0.0),
+            q30 * scale,
+            q31 * scale,
+            q32 * scale,
+            tl.where(lower, d3 * scale, 0.0),
+            HV,
+            BT,
+        )
