@@ -285,7 +285,8 @@ def main() -> None:
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
     tag = os.environ.get("TAG")
     rows = run_cases("kernels_delta" + (f"_{tag}" if tag else ""), all_cases, ceil)
-    peer_agreement()
+    if os.environ.get("AGREE", "1") != "0":  # AGREE=0: skip it (the peer's GDN and DeltaNet autotune)
+        peer_agreement()
     print(summary_table(rows))
 
 
