@@ -182,11 +182,11 @@ def _jobs():
     kda = dict(base, BK=L.KDA_BK, DOT=0, CT=tl.float32)
     kda_fwd = dict(kda, BK=L.KDA_FWD_BK, SPAN=L.KDA_DIAG_SPAN)
     # the single kernel (PART 0) and its two halves (LT2_KDA_SPLIT) at every config the autotuner
-    # may run them with (2 warps: the halves only, `delta_launch._kda_2warp`)
+    # may run them with (`delta_launch._kda_narrow`: 2 warps for the halves, 1 for the Aqk half)
     for part in (0, 1, 2):
         for cfg in L._KDA_FWD_CONFIGS:
             bk, warps = cfg.kwargs["BK"], cfg.num_warps
-            if warps == 2 and part == 0:
+            if (warps == 2 and part == 0) or (warps == 1 and part != 1):
                 continue
             cex = dict(kda_fwd, BK=bk, PART=part)
             jobs.append(

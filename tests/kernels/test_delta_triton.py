@@ -313,3 +313,19 @@ def test_two_warp_configs_are_for_16_bit_inputs():
     assert prune([two, four], {}, DOT=DOT_IEEE) == [four]
     assert prune([two, four], {}, DOT=DOT_NATIVE) == [two, four]
     assert prune([two], {}, DOT=DOT_IEEE) == [two]  # a forced 2-warp config still runs
+
+
+def test_narrow_kda_preparation_configs():
+    """KDA's preparation below 4 warps: 2 warps for either split half of 16-bit inputs, 1 warp for
+    the Aqk half only (the other spills at 1 warp offline), never for the single kernel or fp32."""
+    import triton
+
+    from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_NATIVE
+
+    keep = delta_launch._kda_narrow
+    one, two, four = (triton.Config({"BK": 16}, num_warps=w) for w in (1, 2, 4))
+    for part in (0, 1, 2):
+        assert keep(four, {"DOT": DOT_IEEE, "PART": part})
+        assert not keep(two, {"DOT": DOT_IEEE, "PART": part})
+        assert keep(two, {"DOT": DOT_NATIVE, "PART": part}) == (part != 0)
+        assert keep(one, {"DOT": DOT_NATIVE, "PART": part}) == (part == 1)

@@ -100,13 +100,17 @@ _KDA_FWD_CONFIGS = [
     triton.Config({"BK": 16}, num_warps=8, num_stages=1),
     triton.Config({"BK": 32}, num_warps=4, num_stages=1),
     triton.Config({"BK": 16}, num_warps=4, num_stages=1),
-    # 2 warps, 16-bit inputs only (`_no_fp32_2warp`): the [16, BK] tiles of this kernel are
-    # replicated across warps in the dots' layout, so wider programs add no registers' worth of
-    # work per thread but fit fewer programs per SM. Offline sm_90 at K = 128: the split halves
+    # 2 warps, 16-bit inputs and the split halves only (`_kda_narrow`): the [16, 16] dots are
+    # replicated across warps in their layout, so wider programs add no work per thread but fit
+    # fewer programs per SM (the H200 picks 2 warps for both halves). Offline sm_90 at K = 128: the halves
     # (LT2_KDA_SPLIT) 214-255 registers, 0-72 B of spills; the single kernel 536-648 B
     triton.Config({"BK": 16}, num_warps=2, num_stages=1),
     triton.Config({"BK": 32}, num_warps=2, num_stages=1),
 ]
+if os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1":
+    # KDA's Aqk half at 1 warp: its 16 x 16 dots are replicated across warps, so one warp does the
+    # same work as two with half the threads per program (thirteenth session, not yet on the H200)
+    _KDA_FWD_CONFIGS.append(triton.Config({"BK": 16}, num_warps=1, num_stages=1))
 KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
 # The diagonal-block span of KDA's intra-chunk kernels (chunk_intra.py, chunk_grad.py; the rule is
 # tl_util.diag_span); a module attribute so tests can force either form.
@@ -194,12 +198,18 @@ _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE
 _grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 
 
-def _kda_2warp(config, args) -> bool:
-    """2-warp KDA preparation configs only for the split halves (PART 1, 2) of 16-bit inputs."""
-    return config.num_warps > 2 or (args.get("DOT") != DOT_IEEE and args.get("PART") != 0)
+def _kda_narrow(config, args) -> bool:
+    """KDA preparation configs below 4 warps only for 16-bit inputs: 2 warps for the split halves
+    (PART 1, 2), 1 warp (a candidate) for the Aqk half alone (offline: 240 registers, no spills;
+    the other half spills 744-808 B at 1 warp)."""
+    if config.num_warps > 2:
+        return True
+    if args.get("DOT") == DOT_IEEE:
+        return False
+    return args.get("PART") == 1 if config.num_warps == 1 else args.get("PART") != 0
 
 
-_kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K", "PART"], _kda_2warp)
+_kda_fwd = _tuned(kda_intra_fwd_kernel, _KDA_FWD_CONFIGS, ["H", "HV", "K", "PART"], _kda_narrow)
 _DU0_CONFIGS = _O_CONFIGS
 # LT2_DELTA_CANDIDATES=1 appends 2-warp configs that compile for sm_90 offline without spills (or
 # with ≤ 112 B per thread) for 16-bit inputs but have not run on the H200: the UT transform gained
