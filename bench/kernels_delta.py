@@ -172,11 +172,11 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
     return out
 
 
-_KDA_TOGGLES = ("LT2_KDA_SPLIT", "LT2_KDA_GRAD")
+_KDA_TOGGLES = ("LT2_KDA_SPLIT", "LT2_KDA_GRAD", "LT2_KDA_GRAD_SPLIT")
 # impl suffix -> switches (the rest at their defaults); KDA_VARIANTS=0 times none of them
 # (the gradient tiles 32 x 8 warps and 64 x 8 lost to the default 32 x 4 in the thirteenth
 # session: 12.818 and 9.914 against 9.440 ms fwd+bwd)
-_KDA_VARIANTS = {"-onekernel": {"LT2_KDA_SPLIT": "0"}}
+_KDA_VARIANTS = {"-onekernel": {"LT2_KDA_SPLIT": "0"}, "-gradsplit": {"LT2_KDA_GRAD_SPLIT": "1"}}
 
 
 def _env(make, env: dict):

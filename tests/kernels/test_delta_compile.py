@@ -192,8 +192,11 @@ def _jobs():
             jobs.append(
                 (f"kda_intra_fwd-p{part}-bk{bk}-w{warps}", kda_intra_fwd_kernel, ptr, sc, cex, warps, 1)
             )
-    kda_grad = dict(kda, SPAN=L.KDA_DIAG_SPAN)
+    kda_grad = dict(kda, SPAN=L.KDA_DIAG_SPAN, HALF=0)
     jobs.append(("kda_grad_intra", kda_grad_intra_kernel, ptr, sc, kda_grad, L.KDA_WARPS, 1))
+    for half in (1, 2):  # LT2_KDA_GRAD_SPLIT's two launches
+        cex = dict(kda_grad, HALF=half)
+        jobs.append((f"kda_grad_intra-half{half}", kda_grad_intra_kernel, ptr, sc, cex, L.KDA_WARPS, 1))
     # the tiles LT2_KDA_GRAD is timed at (bench/kernels_delta.py's KDA variants)
     for bk, warps in ((32, 8), (64, 8)):
         cex = dict(kda_grad, BK=bk)

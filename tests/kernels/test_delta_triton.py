@@ -83,6 +83,23 @@ def test_kda_diagonal_block_forms(form, case, split, monkeypatch):
     compare_backends(kda, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("form", ["dot", "elementwise"])
+@pytest.mark.parametrize("case", ["T90-gva", "varlen"])
+def test_kda_split_intra_gradients(form, case, monkeypatch):
+    """KDA's intra-chunk gradients as two launches (LT2_KDA_GRAD_SPLIT: row terms, then column
+    terms and dg's cumulative sum) against float64, both diagonal forms."""
+    monkeypatch.setenv("LT2_KDA_GRAD_SPLIT", "1")
+    monkeypatch.setattr(delta_launch, "KDA_DIAG_SPAN", 1e4 if form == "dot" else -1.0)
+    kda = OPS["kda"]
+    if case == "varlen":
+        cu = torch.tensor([0, 1, 40, 100], device=DEV)
+        x = make_inputs(kda.gate, B=1, T=100, H=1, HV=2, K=16, V=16, dtype=torch.float32, N=3, device=DEV)
+        compare_backends(kda, x, FP32_TOL, cu_seqlens=cu)
+        return
+    x = make_inputs(kda.gate, B=1, T=90, H=1, HV=2, K=32, V=16, dtype=torch.float32, device=DEV)
+    compare_backends(kda, x, FP32_TOL)
+
+
 @pytest.mark.parametrize("span", [1e4, -1.0], ids=["dot", "elementwise"])
 def test_kda_split_preparation_is_bit_identical(span, monkeypatch):
     """The two halves of KDA's preparation (Aqk; gcum and T) compute what the single kernel does,

@@ -170,25 +170,43 @@ def diag_pair(
 @helper
 def finish16(
     pdq, pdk, pdg, pdb, qI, kI, beI, dqI, zI, dkaI, dkbI, carry, scale, t0, I: tl.constexpr, eos,
-    S: tl.constexpr, HV: tl.constexpr, ok, m_k,
+    S: tl.constexpr, HV: tl.constexpr, ok, m_k, HALF: tl.constexpr,
 ):  # fmt: skip
     """Add sub-chunk I's terms into dq, dk (`[rows, S]` at channels ok), write its dg (reverse
-    cumulative sum of db plus `carry`) and its dβ part; returns the carry for sub-chunk I − 1."""
+    cumulative sum of db plus `carry`) and its dβ part; returns the carry for sub-chunk I − 1.
+
+    HALF 1 adds only the row terms (dq, β Z and their db, no cumulative sum yet: dg still holds
+    db), HALF 2 only the column terms (dk from Aqk and Akk) and then takes the cumulative sum;
+    the other half's inputs are dead and compile away."""
     rows = t0 + I * 16 + tl.arange(0, 16)
     m_r = rows < eos
     p = rows.to(tl.int64)[:, None] * S + ok[None, :]
     m = m_r[:, None] & m_k[None, :]
-    dq_i = dqI * scale
-    dk_i = dkaI * scale + dkbI
-    bz = beI[:, None] * zI
-    tl.store(pdq + p, tl.load(pdq + p, mask=m, other=0.0) + dq_i, mask=m)
-    tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + dk_i + bz, mask=m)
-    db = tl.load(pdg + p, mask=m, other=0.0) + qI * dq_i - kI * dk_i + kI * bz
-    total = rsum(db, 0)
-    tl.store(pdg + p, (carry + total)[None, :] - rcumsum(db, 0) + db, mask=m)
-    # dβ gets Σ_c k ⊙ Z of this channel slice; the slices are summed on the host.
-    tl.store(pdb + rows.to(tl.int64) * HV, rsum(kI * zI, 1), mask=m_r)
-    return carry + total
+    if HALF == 0:
+        dq_i = dqI * scale
+        dk_i = dkaI * scale + dkbI
+        bz = beI[:, None] * zI
+        tl.store(pdq + p, tl.load(pdq + p, mask=m, other=0.0) + dq_i, mask=m)
+        tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + dk_i + bz, mask=m)
+        db = tl.load(pdg + p, mask=m, other=0.0) + qI * dq_i - kI * dk_i + kI * bz
+    if HALF == 1:
+        dq_i = dqI * scale
+        bz = beI[:, None] * zI
+        tl.store(pdq + p, tl.load(pdq + p, mask=m, other=0.0) + dq_i, mask=m)
+        tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + bz, mask=m)
+        tl.store(pdg + p, tl.load(pdg + p, mask=m, other=0.0) + qI * dq_i + kI * bz, mask=m)
+    if HALF == 2:
+        dk_i = dkaI * scale + dkbI
+        tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + dk_i, mask=m)
+        db = tl.load(pdg + p, mask=m, other=0.0) - kI * dk_i
+    if HALF != 1:
+        total = rsum(db, 0)
+        tl.store(pdg + p, (carry + total)[None, :] - rcumsum(db, 0) + db, mask=m)
+        carry += total
+    if HALF != 2:
+        # dβ gets Σ_c k ⊙ Z of this channel slice; the slices are summed on the host.
+        tl.store(pdb + rows.to(tl.int64) * HV, rsum(kI * zI, 1), mask=m_r)
+    return carry
 
 
 @triton.jit
@@ -217,7 +235,10 @@ def kda_grad_intra_kernel(
     DOT: tl.constexpr,
     CT: tl.constexpr,
     SPAN: tl.constexpr = 40.0,  # delta_launch.KDA_DIAG_SPAN
+    HALF: tl.constexpr = 0,
 ):
+    """HALF 0: every term; 1 then 2 (two launches, `LT2_KDA_GRAD_SPLIT`): the row terms (dq, Z),
+    then the column terms (dk) and dg's cumulative sum, each with half the accumulators live."""
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -297,10 +318,10 @@ def kda_grad_intra_kernel(
     S: tl.constexpr = HV * K
     carry = tl.zeros([BK], dtype=tl.float32)
     carry = finish16(pdq, pdk, pdg, pdb, q3, k3, be3, dq3, z3, dka3, dkb3, carry, scale, t0, 3, eos,
-                     S, HV, ok, m_k)  # fmt: skip
+                     S, HV, ok, m_k, HALF)  # fmt: skip
     carry = finish16(pdq, pdk, pdg, pdb, q2, k2, be2, dq2, z2, dka2, dkb2, carry, scale, t0, 2, eos,
-                     S, HV, ok, m_k)  # fmt: skip
+                     S, HV, ok, m_k, HALF)  # fmt: skip
     carry = finish16(pdq, pdk, pdg, pdb, q1, k1, be1, dq1, z1, dka1, dkb1, carry, scale, t0, 1, eos,
-                     S, HV, ok, m_k)  # fmt: skip
+                     S, HV, ok, m_k, HALF)  # fmt: skip
     carry = finish16(pdq, pdk, pdg, pdb, q0, k0, be0, dq0, z0, dka0, dkb0, carry, scale, t0, 0, eos,
-                     S, HV, ok, m_k)  # fmt: skip
+                     S, HV, ok, m_k, HALF)  # fmt: skip
