@@ -346,3 +346,17 @@ def test_narrow_kda_preparation_configs():
         assert not keep(two, {"DOT": DOT_IEEE, "PART": part})
         assert keep(two, {"DOT": DOT_NATIVE, "PART": part}) == (part != 0)
         assert keep(one, {"DOT": DOT_NATIVE, "PART": part}) == (part == 1)
+
+
+def test_kda_launch_switches(monkeypatch):
+    """The KDA switches read at each call: the two-half preparation by default, the single gradient
+    kernel at its fixed tiles unless told otherwise."""
+    for name in ("LT2_KDA_SPLIT", "LT2_KDA_GRAD", "LT2_KDA_GRAD_SPLIT"):
+        monkeypatch.delenv(name, raising=False)
+    assert delta_launch.kda_split() and not delta_launch.kda_grad_split()
+    assert delta_launch.kda_grad_tiles() == (delta_launch.KDA_BK, delta_launch.KDA_WARPS)
+    monkeypatch.setenv("LT2_KDA_SPLIT", "0")
+    monkeypatch.setenv("LT2_KDA_GRAD", "64,8")
+    monkeypatch.setenv("LT2_KDA_GRAD_SPLIT", "1")
+    assert not delta_launch.kda_split() and delta_launch.kda_grad_split()
+    assert delta_launch.kda_grad_tiles() == (64, 8)
