@@ -9,7 +9,12 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD:/tmp/site"
 mkdir -p .tcache/triton
 [ -f .tcache/triton.tgz ] && tar xzf .tcache/triton.tgz -C .tcache 2>/dev/null
+[ -f .tcache/triton_tune.tgz ] && tar xzf .tcache/triton_tune.tgz -C .tcache 2>/dev/null
 export TRITON_CACHE_DIR="$PWD/.tcache/triton"
+# Autotune results go to the cache dir too (keyed by kernel source, tuning key and config list),
+# so a later call that brings them back compiles only each kernel's pick: the peer's KDA backward
+# alone autotuned for minutes in every call. TRITON_CACHE_AUTOTUNING=0 re-tunes everything.
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"
 export LT2_FAIL_LOG="$OUT/failures.log"
@@ -74,6 +79,9 @@ done
 [ -n "${NO_TCACHE_SAVE:-}" ] || tar czf "$OUT/triton.tgz" -C .tcache triton 2>/dev/null
 sz=$(stat -c %s "$OUT/triton.tgz" 2>/dev/null || echo 0)
 [ "$sz" -gt 15000000 ] && { echo "triton cache $sz bytes: too big to bring back"; rm -f "$OUT/triton.tgz"; }
+# The autotune results alone (a few kB), even when the whole cache is too big or not saved: put
+# the file in .tcache/ and carry ".tcache" in the next call.
+(cd .tcache && find triton -name '*.autotune.json' -print0 | tar czf "$OUT/triton_tune.tgz" --null -T - 2>/dev/null)
 echo
 echo "---- failures and summaries (full log: session.log)"
 for s in ${STAGES:-}; do
