@@ -64,31 +64,21 @@ def test_fused_reverse_scan_backward(info, case, monkeypatch):
     compare_backends(info, x, FP32_TOL)
 
 
-@pytest.mark.parametrize("split", ["0", "1"], ids=["one-kernel", "split"])
+# KDA kernel layouts: (LT2_KDA_SPLIT, LT2_KDA_GRAD_SPLIT) — the preparation as one kernel or its
+# two halves (the default), the intra-chunk gradients as one kernel or two launches (staged)
+KDA_LAYOUTS = {"one-kernel": ("0", "0"), "split": ("1", "0"), "split-gradsplit": ("1", "1")}
+
+
+@pytest.mark.parametrize("layout", list(KDA_LAYOUTS))
 @pytest.mark.parametrize("form", ["dot", "elementwise"])
 @pytest.mark.parametrize("case", ["T90-gva", "varlen"])
-def test_kda_diagonal_block_forms(form, case, split, monkeypatch):
+def test_kda_diagonal_block_forms(form, case, layout, monkeypatch):
     """KDA's diagonal sub-chunk blocks, forward and gradients, as dots (moderate decay) or
-    elementwise (strong decay): both forms on the same inputs, forced through the span limit, with
-    the preparation as one kernel and as its two halves (LT2_KDA_SPLIT)."""
-    monkeypatch.setenv("LT2_KDA_SPLIT", split)
-    monkeypatch.setattr(delta_launch, "KDA_DIAG_SPAN", 1e4 if form == "dot" else -1.0)
-    kda = OPS["kda"]
-    if case == "varlen":
-        cu = torch.tensor([0, 1, 40, 100], device=DEV)
-        x = make_inputs(kda.gate, B=1, T=100, H=1, HV=2, K=16, V=16, dtype=torch.float32, N=3, device=DEV)
-        compare_backends(kda, x, FP32_TOL, cu_seqlens=cu)
-        return
-    x = make_inputs(kda.gate, B=1, T=90, H=1, HV=2, K=32, V=16, dtype=torch.float32, device=DEV)
-    compare_backends(kda, x, FP32_TOL)
-
-
-@pytest.mark.parametrize("form", ["dot", "elementwise"])
-@pytest.mark.parametrize("case", ["T90-gva", "varlen"])
-def test_kda_split_intra_gradients(form, case, monkeypatch):
-    """KDA's intra-chunk gradients as two launches (LT2_KDA_GRAD_SPLIT: row terms, then column
-    terms and dg's cumulative sum) against float64, both diagonal forms."""
-    monkeypatch.setenv("LT2_KDA_GRAD_SPLIT", "1")
+    elementwise (strong decay): both forms on the same inputs, forced through the span limit, in
+    every kernel layout (`KDA_LAYOUTS`)."""
+    prep, grad = KDA_LAYOUTS[layout]
+    monkeypatch.setenv("LT2_KDA_SPLIT", prep)
+    monkeypatch.setenv("LT2_KDA_GRAD_SPLIT", grad)
     monkeypatch.setattr(delta_launch, "KDA_DIAG_SPAN", 1e4 if form == "dot" else -1.0)
     kda = OPS["kda"]
     if case == "varlen":
