@@ -85,6 +85,7 @@ def _jobs():
         delta_dh_bwd_kernel,
         delta_du0_kernel,
         delta_h_fwd_kernel,
+        delta_ho_fwd_kernel,
         delta_o_fwd_kernel,
         delta_wu_fwd_kernel,
         delta_y_kernel,
@@ -129,6 +130,12 @@ def _jobs():
                            DOT=0, PREC=True, WU=wu, **cfg.kwargs)  # fmt: skip
                 jobs.append((f"h_fwd-g{gate}-wu{wu:d}-c{i}", delta_h_fwd_kernel, ptr, sc, cex, cfg.num_warps,
                              cfg.num_stages))  # fmt: skip
+        for i, cfg in enumerate(L._HO_CONFIGS if gate == 1 else []):
+            for wu, save in ((False, False), (False, True), (True, True)):
+                cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, SAVE=save, DOT=0,
+                           PREC=True, WU=wu, **cfg.kwargs)  # fmt: skip
+                jobs.append((f"ho_fwd-g{gate}-wu{wu:d}-save{save:d}-c{i}", delta_ho_fwd_kernel, ptr, sc, cex,
+                             cfg.num_warps, cfg.num_stages))  # fmt: skip
         for i, cfg in enumerate(L._WU_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(

@@ -36,6 +36,7 @@ from lt2dsl.kernels.common.delta_split import (
     delta_dh_bwd_kernel,
     delta_du0_kernel,
     delta_h_fwd_kernel,
+    delta_ho_fwd_kernel,
     delta_o_fwd_kernel,
     delta_wu_fwd_kernel,
     delta_y_kernel,
@@ -140,6 +141,12 @@ WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
 # guards that. LT2_DELTA_WBWD=0 selects the fused reverse scan, which reads the scores P the forward
 # then keeps.
 WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
+# The output formed inside the state scan (`delta_ho_fwd_kernel`, scalar gate: GDN and DeltaNet)
+# instead of a chunk-parallel output kernel reading back the per-chunk states and U' (in fp32):
+# for inference no state or U' goes through memory, and training stores them in the input dtype
+# only. LT2_DELTA_FUSED_O=1 selects it (staged: CPU-tested against float64, not yet timed on the
+# H200).
+FUSED_O = os.environ.get("LT2_DELTA_FUSED_O", "0") == "1"
 
 
 def use_w_backward(Aqk) -> bool:
@@ -152,6 +159,15 @@ _WU_CONFIGS = [
     triton.Config({"BV": 128}, num_warps=8, num_stages=1),
 ]
 _H_CONFIGS = [
+    triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
+]
+# The fused scan holds S `[K, BV]`, Q, both key layouts and the chunk's scores: offline (sm_90,
+# K = V = 128, bf16) every config is at 255 registers, with 64-440 B of spills per thread; BV 128
+# at 8 warps (0.7-1 KB) and BV 64 at 4 warps unpipelined (up to 544 B) are not in the list.
+_HO_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=4, num_stages=2),
     triton.Config({"BV": 32}, num_warps=4, num_stages=2),
     triton.Config({"BV": 64}, num_warps=8, num_stages=2),
@@ -225,6 +241,7 @@ if CANDIDATES:
 _DHW_CONFIGS = _H_CONFIGS[:4]
 _wu_fwd = _tuned(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_ho_fwd = _tuned(delta_ho_fwd_kernel, _HO_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"], _no_fp32_2warp)
@@ -238,6 +255,7 @@ TUNED = [
         _grad_k,
         _kda_fwd,
         _h_fwd,
+        _ho_fwd,
         _o_fwd,
         _wy_rows,
         _du0,
@@ -254,6 +272,7 @@ N_CONFIGS = max(
     len(_PREP_CONFIGS),
     len(_KDA_FWD_CONFIGS),
     len(_H_CONFIGS),
+    len(_HO_CONFIGS),
     len(_O_CONFIGS),
 )
 
@@ -400,10 +419,12 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
     HV, V = v.shape[2], v.shape[3]
     dt = k.dtype
     wu = WU
-    vnew = empty(v, *v.shape)
-    un = vnew if wu else empty(v, *v.shape, dtype=torch.float32)
-    h = empty(k, ChunkMeta.max_chunks(B, T, meta.N, meta.varlen), HV, K, V)
+    fused = FUSED_O and _state_gate(gate) == GATE_IDS["scalar"]
     o = empty(v, *v.shape)
+    # the fused scan keeps S_c and U' in registers: stored only for the backward
+    vnew = empty(v, *v.shape) if save or not fused else o
+    un = vnew if wu or fused else empty(v, *v.shape, dtype=torch.float32)
+    h = empty(k, ChunkMeta.max_chunks(B, T, meta.N, meta.varlen), HV, K, V) if save or not fused else o
     ht = empty(v, meta.N, HV, K, V, dtype=torch.float32) if want_final else o
     common = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=state_bk(K), GATE=_state_gate(gate), IS_VARLEN=meta.varlen,
                   DOT=dot_mode(dt), PREC=split_mode(dt), fixed={"BV": min(32, pow2(V))})  # fmt: skip
@@ -416,6 +437,11 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
 
     def hgrid(m):
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
+
+    if fused:
+        launch(_ho_fwd, delta_ho_fwd_kernel, hgrid, q, k, v, gcum, beta, Ainv, w, u, h0 if h0 is not None else o, h, vnew, o, ht, meta.cu, meta.chunk_offsets, T, scale,
+               USE_H0=h0 is not None, STORE_FINAL=want_final, SAVE=save, WU=wu, **common)  # fmt: skip
+        return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
 
     launch(_h_fwd, delta_h_fwd_kernel, hgrid, k, v, gcum, beta, Ainv, w, u, h0 if h0 is not None else o, h,
            un, vnew, ht, meta.cu, meta.chunk_offsets, T, USE_H0=h0 is not None, STORE_FINAL=want_final,

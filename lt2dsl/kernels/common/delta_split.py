@@ -175,6 +175,112 @@ def delta_h_fwd_kernel(
 
 
 @triton.jit
+def delta_ho_fwd_kernel(
+    q,
+    k,
+    v,
+    gcum,
+    beta,
+    Ainv,
+    w,
+    u,
+    h0,
+    h,
+    vnew,
+    o,
+    ht,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    SAVE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+    WU: tl.constexpr,
+):
+    """The scalar-gate state scan with the output formed in it (`LT2_DELTA_FUSED_O`; GDN, and
+    DeltaNet as b = 0): the scan of `delta_h_fwd_kernel` plus, per chunk,
+    O = (sQ ⊙ γ) S_c + P U' from the S_c and U' still in registers, so neither goes through memory
+    for the output (the split form writes S_c and an fp32 U' that `delta_o_fwd_kernel` reads
+    back). With SAVE both are still stored, in the input dtype, for the backward. The extra dots
+    are off the recurrence's dependent path: Q·S reads the S that K·S reads, P·U' runs beside
+    Kᵀ·U', and P = s (Q Kᵀ ⊙ Γ) depends on inputs only.
+
+    A scalar gate scales rows, so it is applied to dot results and to U' rather than to copies of
+    Q and K: the raw 16-bit tiles go to the dots, and the state update and P take Kᵀ loaded
+    transposed from memory (the keys are read twice, the second time from cache; no raw tile is
+    transposed in registers: delta_state's note on Triton 3.6). KDA's per-channel gate keeps the
+    split form: with its `[BT, K]` gate tiles this kernel spills 0.3-0.9 KB per thread offline."""
+    tl.static_assert(GATE == 1, "the fused scan takes the scalar-gate code only")
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    DT = k.dtype.element_ty
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    k_base = (b64 * H + i_h) * K
+    w_base = (b64 * HV + i_hv) * K
+    v_base = (b64 * HV + i_hv) * V
+    s_base = i_nh.to(tl.int64) * K * V
+    ot = tl.arange(0, BT)
+    ok = tl.arange(0, BK)
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += load_tile(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
+    for i_t in range(NT):
+        r0 = i_t * BT
+        m_t = r0 + ot < L
+        if SAVE:
+            p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
+            store_tile(p_h, S, 0, K, V, i_v * BV, V, BK, BV)
+        b_q = load_tile(q + k_base, r0, L, H * K, 0, K, BT, BK)
+        b_kt = tl.load(
+            k + k_base + (r0 + ot)[None, :].to(tl.int64) * (H * K) + ok[:, None],
+            mask=m_t[None, :] & (ok < K)[:, None],
+            other=0.0,
+        )
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        S16 = cast(S, DT)
+        qs = mm(b_q, S16, DOT) * (gam * scale)[:, None]
+        if WU:
+            b_w = load_tile(w + w_base, r0, L, HV * K, 0, K, BT, BK)
+            b_u = load_tile(u + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            un = b_u - mm(b_w, S16, DOT)
+        else:
+            b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
+            b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            b_beta = tl.load(beta + (bos + r0 + ot).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
+            ks = mm(b_k, S16, DOT) * gam[:, None]
+            # U' = T Diag(β) (V − (K ⊙ γ) S); padded rows of T are 0, so their U' is 0.
+            b_T = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, False)
+            un = mm_xx(b_T, (b_v - ks) * b_beta.to(tl.float32)[:, None], DT, PREC, DOT)
+        if SAVE:
+            store_tile(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
+        keep = (ot[:, None] >= ot[None, :]) & m_t[:, None]
+        b_P = mm(b_q, b_kt, DOT) * scale
+        b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+        b_o = qs + mm_xx(b_P, un, DT, PREC, DOT)
+        store_tile(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
+        S = S * gam_c + mm_xx(b_kt.to(tl.float32), un * to_end[:, None], DT, PREC, DOT)
+    if STORE_FINAL:
+        store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
+
+
+@triton.jit
 def delta_o_fwd_kernel(
     q,
     k,
