@@ -439,7 +439,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
     if fused:
-        launch(_ho_fwd, delta_ho_fwd_kernel, hgrid, q, k, v, gcum, beta, Ainv, w, u, h0 if h0 is not None else o, h, vnew, o, ht, meta.cu, meta.chunk_offsets, T, scale,
+        launch(_ho_fwd, delta_ho_fwd_kernel, hgrid, q, k, v, gcum, beta, Ainv, w, u,
+               h0 if h0 is not None else o, h, vnew, o, ht, meta.cu, meta.chunk_offsets, T, scale,
                USE_H0=h0 is not None, STORE_FINAL=want_final, SAVE=save, WU=wu, **common)  # fmt: skip
         return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
 
