@@ -3,10 +3,11 @@
 Forward (chunked): `delta_wy_rows_kernel` (or KDA's `kda_intra_fwd_kernel`) prepares T = (I + A)^{-1}
 per chunk, then `delta_split.delta_h_fwd_kernel` scans the chunks and `delta_o_fwd_kernel` writes
 the output per chunk (the earlier fused scan and register-only UT transform, slower on the H200,
-were removed after the fourth session's measurements; BENCHMARKS.md). Backward: the reverse scan
-`delta_state_bwd_kernel` (or, opted in, the W-based one of `delta_split`), then the per-chunk
-gradient kernels (`delta_grad`, plus KDA's `kda_grad_intra_kernel`). Decode:
-`delta_recurrent_kernel`.
+were removed after the fourth session's measurements; BENCHMARKS.md). Inference with a scalar
+gate runs `delta_ho_fwd_kernel` instead, the scan forming the output itself (`FUSED_O`).
+Backward: the W-based reverse scan of `delta_split` (or, with LT2_DELTA_WBWD=0, the fused
+`delta_state_bwd_kernel`), then the per-chunk gradient kernels (`delta_grad`, plus KDA's
+`kda_grad_intra_kernel`). Decode: `delta_recurrent_kernel`.
 
 Autotune lists are short on purpose (each config is a compile on the GPU). Hopper miscompiles per
 config (/work/shared/bench/README.md): no kernel transposes a `tl.dot` result, so the Triton
@@ -143,10 +144,14 @@ WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
 WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
 # The output formed inside the state scan (`delta_ho_fwd_kernel`, scalar gate: GDN and DeltaNet)
 # instead of a chunk-parallel output kernel reading back the per-chunk states and U' (in fp32):
-# for inference no state or U' goes through memory, and training stores them in the input dtype
-# only. LT2_DELTA_FUSED_O=1 selects it (staged: CPU-tested against float64, not yet timed on the
-# H200).
-FUSED_O = os.environ.get("LT2_DELTA_FUSED_O", "0") == "1"
+# for inference no state or U' goes through memory (nor is a [chunks, HV, K, V] buffer allocated),
+# and training stores them in the input dtype only. On the H200 (B=4, T=8192, H=16, D=128, bf16;
+# BENCHMARKS.md, fourteenth session) the forward took 1.111 ms against 1.138 (GDN) and 1.093
+# against 1.121 (DeltaNet), but fwd+bwd 4.638 against 4.617 and 4.498 against 4.447: the scan is
+# bound by each program's own instruction stream (one program per SM), so the output's dots cost
+# it about what the output kernel cost. So the default (None) fuses for inference only;
+# LT2_DELTA_FUSED_O=1 fuses always, =0 never.
+FUSED_O = {"1": True, "0": False}.get(os.environ.get("LT2_DELTA_FUSED_O", ""))
 
 
 def use_w_backward(Aqk) -> bool:
@@ -419,7 +424,7 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
     HV, V = v.shape[2], v.shape[3]
     dt = k.dtype
     wu = WU
-    fused = FUSED_O and _state_gate(gate) == GATE_IDS["scalar"]
+    fused = (not save if FUSED_O is None else FUSED_O) and _state_gate(gate) == GATE_IDS["scalar"]
     o = empty(v, *v.shape)
     # the fused scan keeps S_c and U' in registers: stored only for the backward
     vnew = empty(v, *v.shape) if save or not fused else o
