@@ -111,7 +111,9 @@ _KDA_FWD_CONFIGS = [
 ]
 if os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1":
     # KDA's Aqk half at 1 warp: its 16 x 16 dots are replicated across warps, so one warp does the
-    # same work as two with half the threads per program (thirteenth session, not yet on the H200)
+    # same work as two with half the threads per program. On the H200 the KDA forward took 2.761 ms
+    # with it in the list against 2.759 without (fourteenth session, call 2; thirteenth, call 3):
+    # no gain, so it stays a candidate only.
     _KDA_FWD_CONFIGS.append(triton.Config({"BK": 16}, num_warps=1, num_stages=1))
 KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
 # The diagonal-block span of KDA's intra-chunk kernels (chunk_intra.py, chunk_grad.py; the rule is
@@ -149,8 +151,10 @@ WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
 # BENCHMARKS.md, fourteenth session) the forward took 1.111 ms against 1.138 (GDN) and 1.093
 # against 1.121 (DeltaNet), but fwd+bwd 4.638 against 4.617 and 4.498 against 4.447: the scan is
 # bound by each program's own instruction stream (one program per SM), so the output's dots cost
-# it about what the output kernel cost. So the default (None) fuses for inference only;
-# LT2_DELTA_FUSED_O=1 fuses always, =0 never.
+# it about what the output kernel cost (profile: fused scan 824 µs against scan 516 + output 346).
+# Re-timed with every kernel tuned at that shape (call 3): 1.104 against 1.127 and 1.083 against
+# 1.113 forward, 4.554 against 4.542 and 4.417 against 4.403 fwd+bwd. So the default (None) fuses
+# for inference only; LT2_DELTA_FUSED_O=1 fuses always, =0 never.
 FUSED_O = {"1": True, "0": False}.get(os.environ.get("LT2_DELTA_FUSED_O", ""))
 
 
@@ -745,8 +749,11 @@ def kda_grad_split() -> bool:
     """KDA's intra-chunk gradients as two launches, the row terms (dq, Z) and then the column terms
     (dk) with dg's cumulative sum (`LT2_KDA_GRAD_SPLIT=1`), rather than one kernel. Offline sm_90
     at BK 32, 4 warps: 186 and 182 registers without spills, against 255 and 104 B of spills for
-    the single kernel; each half recomputes the exponentials of its blocks. Off until the H200
-    A/B (thirteenth session: staged, not run on the GPU). Read at each call."""
+    the single kernel; each half recomputes the exponentials of its blocks. Off: on the H200 it
+    passed the KDA GPU tests it reached (11, none failed) but made KDA's fwd+bwd slower, 11.180
+    against 9.370 ms at B=4, T=8192, H=16, D=128 bf16 (fourteenth session, call 2): the halves'
+    recomputed exponentials and twice-read tiles cost more than the spills they remove. Kept as
+    an option, tested on the CPU, for other head dims. Read at each call."""
     return os.environ.get("LT2_KDA_GRAD_SPLIT", "0") == "1"
 
 
