@@ -14,9 +14,9 @@ and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DEL
 instead of the default W-based one (VARIANTS=0 leaves both out); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64); FUSEDO=1 adds
-`lt2dsl-splito` and `lt2dsl-fusedo` for GDN and DeltaNet, the output in its own kernel or formed
-in the state scan, for inference and training alike (LT2_DELTA_FUSED_O=0 / 1; the default fuses
-for inference only).
+`lt2dsl-fusedinf` and `lt2dsl-fusedo` for GDN and DeltaNet, the output formed in the state scan
+for inference only or for training too (LT2_DELTA_FUSED_O=inference / 1; the default =0 keeps the
+output in its own kernel).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
 
 FLOPs are the useful work of mixers.md §4 (d) (the backward counted by our formula); bytes are the
@@ -163,7 +163,7 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             if backward:  # the fused reverse-scan backward (LT2_DELTA_WBWD=0)
                 out.append(Case(group=group, impl="lt2dsl-scanbwd", make=_flags(ours, WBWD=False), **extra))
         if op != "kda" and T == 8192 and os.environ.get("FUSEDO") == "1":  # the output in the scan or not
-            out.append(Case(group=group, impl="lt2dsl-splito", make=_flags(ours, FUSED_O=False), **extra))
+            out.append(Case(group=group, impl="lt2dsl-fusedinf", make=_flags(ours, FUSED_O=None), **extra))
             out.append(Case(group=group, impl="lt2dsl-fusedo", make=_flags(ours, FUSED_O=True), **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))

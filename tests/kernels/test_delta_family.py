@@ -141,13 +141,15 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype == torch.float32 else 1e-2
 
 
-def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype) -> None:
+def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype, train: bool = True) -> None:
     """Full-size GPU checks shared by the per-op test files (see their `test_gpu_*`).
 
     Cases: "T1000-D64", "T1000-D128", "T8192-D64", "T8192-D128" (B=2, H=16), "gva" (H=8, HV=16),
     "odd" (K=V=100: a head dim that crosses a block boundary), "varlen" (lengths 1, 63, 1000,
     2000, 129). KDA's float64 chunked reference keeps a [64, 64, K] tensor per chunk for autograd,
-    so at T = 8192 its gradients are not checked (forward only); T = 1000 covers them.
+    so at T = 8192 its gradients are not checked (forward only); T = 1000 covers them. Without
+    `train` no input needs a gradient: the inference forward (run with LT2_DELTA_FUSED_O=inference
+    it checks GDN's and DeltaNet's scan that forms the output itself).
     """
     tol = tolerance(dtype)
     kw: dict = {}
@@ -163,7 +165,7 @@ def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype) -> None:
         kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda")
         shape = dict(B=1, T=sum(lens), H=16, HV=16, K=128, V=128, N=len(lens))
     x = make_inputs(info.gate, dtype=dtype, device="cuda", **shape)
-    grad = not (info.gate == "channel" and shape["T"] > 4096)
+    grad = train and not (info.gate == "channel" and shape["T"] > 4096)
     compare_backends(info, x, tol, grad=grad, reference="chunk", **kw)
 
 
@@ -343,6 +345,15 @@ GPU_CASES = ["T1000-D64", "T1000-D128", "T8192-D64", "T8192-D128", "gva", "odd",
 def test_gpu_matches_reference(info, case, dtype):
     """Full sizes on the GPU: o, final state and every gradient against float64."""
     run_gpu_suite(info, case, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_heavy
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", ["T1000-D64", "T8192-D128", "gva", "odd", "varlen"])
+def test_gpu_inference_matches_reference(info, case, dtype):
+    """Full sizes on the GPU without gradients: o and final state against float64."""
+    run_gpu_suite(info, case, dtype, train=False)
 
 
 @pytest.mark.gpu

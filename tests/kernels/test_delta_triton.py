@@ -139,24 +139,24 @@ def test_varlen(info):
     compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("fused", [False, True, None], ids=["split-o", "fused-o", "default"])
+@pytest.mark.parametrize("fused", [False, True, None], ids=["split-o", "fused-o", "inference"])
 @pytest.mark.parametrize("wu", [False, True], ids=["scan-T", "wu"])
 def test_forward_variants(info, wu, fused, monkeypatch):
     """Every forward form against float64, grouped heads and two chunks, forward and gradients: the
     scan applying T itself (default) or W, U formed first (LT2_DELTA_WU), each with the output in
-    its own kernel, formed in the scan (LT2_DELTA_FUSED_O=1), or as the default picks (split,
-    as these calls train)."""
+    its own kernel (default), formed in the scan (LT2_DELTA_FUSED_O=1), or fused for inference
+    only (=inference: split, as these calls train)."""
     monkeypatch.setattr(delta_launch, "WU", wu)
     monkeypatch.setattr(delta_launch, "FUSED_O", fused)
     x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=1, T=80, H=1, HV=2, K=32, V=48, device=DEV)
     compare_backends(info, x, FP32_TOL)
 
 
-@pytest.mark.parametrize("fused", [False, None], ids=["split-o", "default"])
+@pytest.mark.parametrize("fused", [False, None], ids=["split-o", "inference"])
 def test_forward_variants_inference_varlen(info, fused, monkeypatch):
-    """Inference (the default fuses the output into the scan: no state or U' buffer) and the split
-    form, over packed sequences with an initial state, bf16: the same output and final state as
-    float64."""
+    """Inference with the split form (default) and with LT2_DELTA_FUSED_O=inference (the output
+    formed in the scan: no state or U' buffer), over packed sequences with an initial state, bf16:
+    the same output and final state as float64."""
     monkeypatch.setattr(delta_launch, "FUSED_O", fused)
     cu = torch.tensor([0, 5, 70, 133], device=DEV)
     x = make_inputs(info.gate, B=1, T=133, H=2, HV=2, K=32, V=32, dtype=torch.bfloat16, N=3, device=DEV)
@@ -365,3 +365,13 @@ def test_kda_launch_switches(monkeypatch):
     monkeypatch.setenv("LT2_KDA_GRAD_SPLIT", "1")
     assert not delta_launch.kda_split() and delta_launch.kda_grad_split()
     assert delta_launch.kda_grad_tiles() == (64, 8)
+
+
+def test_fused_output_switch():
+    """LT2_DELTA_FUSED_O: 0 (default, split), 1 (always fused), inference (fused without
+    gradients); anything else is refused with the accepted values."""
+    assert delta_launch._fused_o_switch("0") is False
+    assert delta_launch._fused_o_switch("1") is True
+    assert delta_launch._fused_o_switch("inference") is None
+    with pytest.raises(ValueError, match="expected one of 1, 0, inference"):
+        delta_launch._fused_o_switch("yes")
