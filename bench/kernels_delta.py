@@ -13,10 +13,11 @@ per chunk first (the peer's two-dot scan, LT2_DELTA_WU) instead of the scan appl
 and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DELTA_WBWD=0)
 instead of the default W-based one (VARIANTS=0 leaves both out); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
-(LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64); FUSEDO=1 adds
-`lt2dsl-fusedinf` and `lt2dsl-fusedo` for GDN and DeltaNet, the output formed in the state scan
-for inference only or for training too (LT2_DELTA_FUSED_O=inference / 1; the default =0 keeps the
-output in its own kernel).
+(LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
+forms the output in the state scan with the state transposed, for inference only; FUSEDO=1 adds,
+for GDN and DeltaNet, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0), `lt2dsl-to`
+(fused for training too, =1), `lt2dsl-fusedo` (the inference scan untransposed, LT2_DELTA_TSTATE=0)
+and `lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
 
 FLOPs are the useful work of mixers.md §4 (d) (the backward counted by our formula); bytes are the
@@ -162,9 +163,12 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             out.append(Case(group=group, impl="lt2dsl-wu", make=_flags(ours, WU=True), **extra))
             if backward:  # the fused reverse-scan backward (LT2_DELTA_WBWD=0)
                 out.append(Case(group=group, impl="lt2dsl-scanbwd", make=_flags(ours, WBWD=False), **extra))
-        if op != "kda" and T == 8192 and os.environ.get("FUSEDO") == "1":  # the output in the scan or not
-            out.append(Case(group=group, impl="lt2dsl-fusedinf", make=_flags(ours, FUSED_O=None), **extra))
-            out.append(Case(group=group, impl="lt2dsl-fusedo", make=_flags(ours, FUSED_O=True), **extra))
+        if op != "kda" and T == 8192 and os.environ.get("FUSEDO") == "1":  # other forms of the forward scan
+            out.append(Case(group=group, impl="lt2dsl-splito", make=_flags(ours, FUSED_O=False), **extra))
+            untransposed = _flags(ours, TSTATE=False)
+            out.append(Case(group=group, impl="lt2dsl-fusedo", make=untransposed, **extra))
+            out.append(Case(group=group, impl="lt2dsl-to", make=_flags(ours, FUSED_O=True), **extra))
+            out.append(Case(group=group, impl="lt2dsl-twu", make=_flags(ours, WU=True), **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)

@@ -86,6 +86,7 @@ def _jobs():
         delta_du0_kernel,
         delta_h_fwd_kernel,
         delta_ho_fwd_kernel,
+        delta_hot_fwd_kernel,
         delta_o_fwd_kernel,
         delta_wu_fwd_kernel,
         delta_y_kernel,
@@ -136,6 +137,12 @@ def _jobs():
                            PREC=True, WU=wu, **cfg.kwargs)  # fmt: skip
                 jobs.append((f"ho_fwd-g{gate}-wu{wu:d}-save{save:d}-c{i}", delta_ho_fwd_kernel, ptr, sc, cex,
                              cfg.num_warps, cfg.num_stages))  # fmt: skip
+        for i, cfg in enumerate(L._HOT_CONFIGS if gate == 1 else []):
+            for wu, save in ((False, False), (False, True), (True, True)):
+                cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, SAVE=save, DOT=0,
+                           PREC=True, WU=wu, **cfg.kwargs)  # fmt: skip
+                name = f"hot_fwd-g{gate}-wu{wu:d}-save{save:d}-c{i}"
+                jobs.append((name, delta_hot_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._WU_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(

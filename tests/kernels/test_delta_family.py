@@ -148,8 +148,8 @@ def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype, train: bool = Tru
     "odd" (K=V=100: a head dim that crosses a block boundary), "varlen" (lengths 1, 63, 1000,
     2000, 129). KDA's float64 chunked reference keeps a [64, 64, K] tensor per chunk for autograd,
     so at T = 8192 its gradients are not checked (forward only); T = 1000 covers them. Without
-    `train` no input needs a gradient: the inference forward (run with LT2_DELTA_FUSED_O=inference
-    it checks GDN's and DeltaNet's scan that forms the output itself).
+    `train` no input needs a gradient: the inference forward, which for GDN and DeltaNet is by
+    default the scan that forms the output itself (LT2_DELTA_FUSED_O=inference).
     """
     tol = tolerance(dtype)
     kw: dict = {}

@@ -8,6 +8,8 @@ The full-size checks are the per-op files' `gpu` tests.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -139,36 +141,52 @@ def test_varlen(info):
     compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("fused", [False, True, None], ids=["split-o", "fused-o", "inference"])
+@pytest.mark.parametrize(
+    "fused, tstate",
+    [(False, False), (True, False), (None, True), (True, True)],
+    ids=["split-o", "fused-o", "default", "fused-o-transposed"],
+)
 @pytest.mark.parametrize("wu", [False, True], ids=["scan-T", "wu"])
-def test_forward_variants(info, wu, fused, monkeypatch):
-    """Every forward form against float64, grouped heads and two chunks, forward and gradients: the
-    scan applying T itself (default) or W, U formed first (LT2_DELTA_WU), each with the output in
-    its own kernel (default), formed in the scan (LT2_DELTA_FUSED_O=1), or fused for inference
-    only (=inference: split, as these calls train)."""
+def test_forward_variants(info, wu, fused, tstate, monkeypatch):
+    """Every training forward form against float64, grouped heads and two chunks, forward and
+    gradients: the scan applying T itself (default) or W, U formed first (LT2_DELTA_WU), each with
+    the output in its own kernel (LT2_DELTA_FUSED_O=0, and the default =inference, as these calls
+    train) or formed in the scan (=1), untransposed (LT2_DELTA_TSTATE=0) or with the state
+    transposed."""
     monkeypatch.setattr(delta_launch, "WU", wu)
     monkeypatch.setattr(delta_launch, "FUSED_O", fused)
+    monkeypatch.setattr(delta_launch, "TSTATE", tstate)
     x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=1, T=80, H=1, HV=2, K=32, V=48, device=DEV)
     compare_backends(info, x, FP32_TOL)
 
 
-@pytest.mark.parametrize("fused", [False, None], ids=["split-o", "inference"])
-def test_forward_variants_inference_varlen(info, fused, monkeypatch):
-    """Inference with the split form (default) and with LT2_DELTA_FUSED_O=inference (the output
-    formed in the scan: no state or U' buffer), over packed sequences with an initial state, bf16:
-    the same output and final state as float64."""
+@pytest.mark.parametrize(
+    "fused, tstate",
+    [(False, False), (None, False), (None, True)],
+    ids=["split-o", "inference", "inference-transposed"],
+)
+def test_forward_variants_inference_varlen(info, fused, tstate, monkeypatch):
+    """Inference with the split form (LT2_DELTA_FUSED_O=0) and with the output formed in the scan
+    (=inference, the default: no state or U' buffer), untransposed (LT2_DELTA_TSTATE=0) or with
+    the state transposed (the default), over packed sequences with an initial state, bf16: the
+    same output and final state as float64."""
     monkeypatch.setattr(delta_launch, "FUSED_O", fused)
+    monkeypatch.setattr(delta_launch, "TSTATE", tstate)
     cu = torch.tensor([0, 5, 70, 133], device=DEV)
     x = make_inputs(info.gate, B=1, T=133, H=2, HV=2, K=32, V=32, dtype=torch.bfloat16, N=3, device=DEV)
     compare_backends(info, x, BF16_TOL, grad=False, cu_seqlens=cu)
 
 
+@pytest.mark.parametrize("scan", ["split", "fused", "transposed"])
 @pytest.mark.parametrize("wbwd", [False, True], ids=["fused-bwd", "w-bwd"])
-def test_autotuned_kernels_are_idempotent(info, wbwd, monkeypatch):
+def test_autotuned_kernels_are_idempotent(info, wbwd, scan, monkeypatch):
     """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
     times on the same buffers: a kernel that reads a buffer it writes (the first split backward's
-    in-place Y = Tᵀ dU') gives NaN gradients on the GPU only, for the first call of each shape."""
+    in-place Y = Tᵀ dU') gives NaN gradients on the GPU only, for the first call of each shape.
+    `scan`: the forward scan and output apart, fused, fused with the state transposed."""
     monkeypatch.setattr(delta_launch, "WBWD", wbwd)
+    monkeypatch.setattr(delta_launch, "FUSED_O", scan != "split")
+    monkeypatch.setattr(delta_launch, "TSTATE", scan == "transposed")
     plain = delta_launch.launch
     seen = set()
 
@@ -367,9 +385,22 @@ def test_kda_launch_switches(monkeypatch):
     assert delta_launch.kda_grad_tiles() == (64, 8)
 
 
+@pytest.mark.parametrize("tstate", [False, True], ids=["untransposed", "transposed"])
+@pytest.mark.parametrize("wu", [False, True], ids=["scan-T", "wu"])
+def test_inference_fused_scan(info, wu, tstate, monkeypatch):
+    """The fused inference scan in fp32 against float64 (no input needs a gradient): two chunks and
+    a partial one, grouped value heads, K != V, an initial state and the final state."""
+    monkeypatch.setattr(delta_launch, "WU", wu)
+    monkeypatch.setattr(delta_launch, "FUSED_O", None)
+    monkeypatch.setattr(delta_launch, "TSTATE", tstate)
+    x = make_inputs(info.gate, dtype=torch.float32, seed=11, B=2, T=150, H=1, HV=2, K=32, V=48, device=DEV)
+    compare_backends(info, x, FP32_TOL, grad=False)
+
+
 def test_fused_output_switch():
-    """LT2_DELTA_FUSED_O: 0 (default, split), 1 (always fused), inference (fused without
+    """LT2_DELTA_FUSED_O: 0 (split), 1 (always fused), inference (the default: fused without
     gradients); anything else is refused with the accepted values."""
+    assert delta_launch.FUSED_O is None or "LT2_DELTA_FUSED_O" in os.environ
     assert delta_launch._fused_o_switch("0") is False
     assert delta_launch._fused_o_switch("1") is True
     assert delta_launch._fused_o_switch("inference") is None

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.delta_state import gate_factors, load_chunk_gate, load_tile, store_tile
-from lt2dsl.kernels.common.delta_tl import chunk_coords, helper, mm, mm_xx, rcumsum, rsum, split16
+from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xr, mm_xx, rcumsum, rsum
 
 
 @triton.jit
@@ -116,18 +116,6 @@ def delta_grad_cc_kernel(
             dAA = -dA * Kk * b_beta[:, None]
             db = rsum(dPP, 1) - rsum(dPP, 0) + rsum(dAA, 1) - rsum(dAA, 0)
             tl.store(db_p + rows * HV + i_hv, db, mask=m_t)
-
-
-@helper
-def mm_xr(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
-    """a @ b for a computed fp32 `a` and a raw 16-bit `b`: with PREC, `a` enters as hi + lo 16-bit
-    terms (two MMAs, ~fp32 accuracy) while `b` stays a 16-bit operand; else one DT dot."""
-    if PREC:
-        hi, lo = split16(a, DT)
-        r = mm(hi, b, DOT) + mm(lo, b, DOT)
-    else:
-        r = mm(a.to(DT), b, DOT)
-    return r
 
 
 @triton.jit

@@ -3,8 +3,9 @@
 Forward (chunked): `delta_wy_rows_kernel` (or KDA's `kda_intra_fwd_kernel`) prepares T = (I + A)^{-1}
 per chunk, then `delta_split.delta_h_fwd_kernel` scans the chunks and `delta_o_fwd_kernel` writes
 the output per chunk (the earlier fused scan and register-only UT transform, slower on the H200,
-were removed after the fourth session's measurements; BENCHMARKS.md). `FUSED_O` runs
-`delta_ho_fwd_kernel` instead for a scalar gate, the scan forming the output itself.
+were removed after the fourth session's measurements; BENCHMARKS.md). For a scalar gate `FUSED_O`
+(by default for inference) runs `delta_hot_fwd_kernel` instead, the scan forming the output itself
+with the state held transposed (`delta_ho_fwd_kernel` untransposed, with LT2_DELTA_TSTATE=0).
 Backward: the W-based reverse scan of `delta_split` (or, with LT2_DELTA_WBWD=0, the fused
 `delta_state_bwd_kernel`), then the per-chunk gradient kernels (`delta_grad`, plus KDA's
 `kda_grad_intra_kernel`). Decode: `delta_recurrent_kernel`.
@@ -38,6 +39,7 @@ from lt2dsl.kernels.common.delta_split import (
     delta_du0_kernel,
     delta_h_fwd_kernel,
     delta_ho_fwd_kernel,
+    delta_hot_fwd_kernel,
     delta_o_fwd_kernel,
     delta_wu_fwd_kernel,
     delta_y_kernel,
@@ -144,20 +146,24 @@ WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
 # guards that. LT2_DELTA_WBWD=0 selects the fused reverse scan, which reads the scores P the forward
 # then keeps.
 WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
-# The output formed inside the state scan (`delta_ho_fwd_kernel`, scalar gate: GDN and DeltaNet)
-# instead of a chunk-parallel output kernel reading back the per-chunk states and U' (in fp32):
-# for inference no state or U' goes through memory (nor is a [chunks, HV, K, V] buffer allocated),
-# and training stores them in the input dtype only. On the H200 (B=4, T=8192, H=16, D=128, bf16;
-# BENCHMARKS.md, fourteenth session) the forward took 1.111 ms against 1.138 (GDN) and 1.093
-# against 1.121 (DeltaNet), but fwd+bwd 4.638 against 4.617 and 4.498 against 4.447: the scan is
-# bound by each program's own instruction stream (one program per SM), so the output's dots cost
-# it about what the output kernel cost (profile: fused scan 824 µs against scan 516 + output 346).
-# Re-timed with every kernel tuned at that shape (call 3): 1.104 against 1.127 and 1.083 against
-# 1.113 forward, 4.554 against 4.542 and 4.417 against 4.403 fwd+bwd. So it belongs to inference
-# only (LT2_DELTA_FUSED_O=inference, FUSED_O None). It is not the default yet: the H200 checked it
-# against float64 only with the backward's stores (SAVE, forced for training: 17 GPU tests passed)
-# and the device time ran out before `test_gpu_inference_matches_reference` could run the
-# inference compile (SAVE off), which the timings used. =1 fuses always, =0 (default) never.
+# The output formed inside the state scan (scalar gate: GDN and DeltaNet) instead of a
+# chunk-parallel output kernel reading back the per-chunk states and U' (in fp32): for inference
+# no state or U' goes through memory (nor is a [chunks, HV, K, V] buffer allocated), and training
+# stores them in the input dtype only. The scan is bound by each program's own instruction stream
+# (one program per SM at B=4, H=16, V=128), so the output's dots cost it about what the output
+# kernel cost, and the fusion alone bought 2-3% of the forward (fourteenth session: fused scan 824
+# µs against scan 516 + output 346). With the state held transposed (`delta_hot_fwd_kernel`,
+# TSTATE) the state and U' are left operands, which Hopper's MMA reads from registers, so they no
+# longer go through shared memory on every chunk. On the H200 (fifteenth session, B=4, T=8192,
+# H=16, D=128, bf16, BENCHMARKS.md) GDN's forward took 1.080 ms against 1.138 split (1.100 for the
+# untransposed fused scan), fwd+bwd 4.481 against 4.577; DeltaNet 1.058 against 1.120 and 4.339
+# against 4.428. Checked there against float64 for inference (every case: 20 passed) and for
+# training with LT2_DELTA_FUSED_O=1 (44 passed, every autotune config forced; 10 fp32 forcings
+# skipped as not fitting, which the autotuner skips too), but the device time ran out before seven
+# T = 8192 training cases, the timed shape among them, could run with it. So the default fuses for
+# inference only (=inference; training keeps the split form, 4.533-4.576 ms fwd+bwd in the same
+# runs) until those pass; =1 fuses always, =0 never. LT2_DELTA_TSTATE=0 runs the untransposed
+# fused scan (`delta_ho_fwd_kernel`).
 def _fused_o_switch(value: str) -> bool | None:
     modes = {"1": True, "0": False, "inference": None}
     if value not in modes:
@@ -165,7 +171,8 @@ def _fused_o_switch(value: str) -> bool | None:
     return modes[value]
 
 
-FUSED_O = _fused_o_switch(os.environ.get("LT2_DELTA_FUSED_O", "0"))
+FUSED_O = _fused_o_switch(os.environ.get("LT2_DELTA_FUSED_O", "inference"))
+TSTATE = os.environ.get("LT2_DELTA_TSTATE", "1") == "1"
 
 
 def use_w_backward(Aqk) -> bool:
@@ -191,6 +198,16 @@ _HO_CONFIGS = [
     triton.Config({"BV": 32}, num_warps=4, num_stages=2),
     triton.Config({"BV": 64}, num_warps=8, num_stages=2),
     triton.Config({"BV": 32}, num_warps=4, num_stages=1),
+]
+# The transposed scan's state is the left operand, so its value tile is the MMA's M: BV 64 is one
+# warpgroup (4 warps), BV 128 two (8 warps); below 64 Triton falls back to the pre-Hopper MMA.
+# Offline (sm_90, K = V = 128, bf16) all are at 255 registers with 88-336 B of spills per thread;
+# BV 64 at 4 warps unpipelined (520-552 B) is not in the list.
+_HOT_CONFIGS = [
+    triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
 ]
 _O_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=4, num_stages=2),
@@ -261,6 +278,7 @@ _DHW_CONFIGS = _H_CONFIGS[:4]
 _wu_fwd = _tuned(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _ho_fwd = _tuned(delta_ho_fwd_kernel, _HO_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
+_hot_fwd = _tuned(delta_hot_fwd_kernel, _HOT_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"], _no_fp32_2warp)
@@ -275,6 +293,7 @@ TUNED = [
         _kda_fwd,
         _h_fwd,
         _ho_fwd,
+        _hot_fwd,
         _o_fwd,
         _wy_rows,
         _du0,
@@ -292,6 +311,7 @@ N_CONFIGS = max(
     len(_KDA_FWD_CONFIGS),
     len(_H_CONFIGS),
     len(_HO_CONFIGS),
+    len(_HOT_CONFIGS),
     len(_O_CONFIGS),
 )
 
@@ -458,7 +478,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
     if fused:
-        launch(_ho_fwd, delta_ho_fwd_kernel, hgrid, q, k, v, gcum, beta, Ainv, w, u,
+        tuned, plain = (_hot_fwd, delta_hot_fwd_kernel) if TSTATE else (_ho_fwd, delta_ho_fwd_kernel)
+        launch(tuned, plain, hgrid, q, k, v, gcum, beta, Ainv, w, u,
                h0 if h0 is not None else o, h, vnew, o, ht, meta.cu, meta.chunk_offsets, T, scale,
                USE_H0=h0 is not None, STORE_FINAL=want_final, SAVE=save, WU=wu, **common)  # fmt: skip
         return o, (ht if want_final else None), (h if save else None), (vnew if save else None)

@@ -15,6 +15,10 @@ precise (W, U in the input dtype). Either way U' is the same innovation, so the 
 and U' written here are what the backward reads. P is formed in the output kernel from Q and K
 for the scalar gate (GDN, DeltaNet), and read from `Aqk` for KDA's per-channel gate.
 
+For a scalar gate the default inference forward is one kernel, `delta_hot_fwd_kernel`: the scan with the
+output formed in it and the state held transposed (Sᵀ, so the state and U' are the left operands
+of their dots, read from registers on Hopper); `delta_ho_fwd_kernel` is the same untransposed.
+
 The W-based backward (the default; `LT2_DELTA_WBWD=0` selects delta_state's fused reverse scan):
 `delta_du0_kernel` (Pᵀ dO per chunk), `delta_dh_bwd_kernel` (reverse scan with Wᵀ),
 `delta_y_kernel` (Y = Tᵀ dU' per chunk).
@@ -36,8 +40,8 @@ from lt2dsl.kernels.common.delta_state import (
     load_tile,
     store_tile,
 )
-from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xx, seq_coords
-from lt2dsl.kernels.common.tl_util import cast
+from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords
+from lt2dsl.kernels.common.tl_util import cast, helper
 
 
 @triton.jit
@@ -278,6 +282,139 @@ def delta_ho_fwd_kernel(
         S = S * gam_c + mm_xx(b_kt.to(tl.float32), un * to_end[:, None], DT, PREC, DOT)
     if STORE_FINAL:
         store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
+
+
+@helper
+def load_tile_t(
+    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """The `load_tile` tile transposed, `[BC, BR]`, read through transposed pointers (no tile is
+    transposed in registers)."""
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    p = base + orow[None, :] * STRIDE + ocol[:, None]
+    if D % BC == 0:
+        x = tl.load(p, mask=(orow < n_rows)[None, :], other=0.0)
+    else:
+        x = tl.load(p, mask=(orow < n_rows)[None, :] & (ocol < D)[:, None], other=0.0)
+    return x
+
+
+@helper
+def store_tile_t(
+    base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """Store `x` `[BC, BR]` transposed where `load_tile` reads `[BR, BC]` (same masks)."""
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    p = base + orow[None, :] * STRIDE + ocol[:, None]
+    if D % BC == 0:
+        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :])
+    else:
+        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :] & (ocol < D)[:, None])
+
+
+@triton.jit
+def delta_hot_fwd_kernel(
+    q,
+    k,
+    v,
+    gcum,
+    beta,
+    Ainv,
+    w,
+    u,
+    h0,
+    h,
+    vnew,
+    o,
+    ht,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    SAVE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+    WU: tl.constexpr,
+):
+    """`delta_ho_fwd_kernel` with the state held transposed, Sᵀ `[BV, K]` (the fused scan by
+    default; LT2_DELTA_TSTATE=0 runs the other):
+    every dot on the recurrence takes the computed tile as its left operand and a tile loaded
+    from memory as its right one,
+
+        U'ᵀ = (Vᵀ − (Sᵀ Kᵀ) ⊙ γ) Diag(β) Tᵀ,   Oᵀ = (Sᵀ sQᵀ) ⊙ γ + U'ᵀ Pᵀ,
+        Sᵀ ← γ_C Sᵀ + (U'ᵀ ⊙ e^{b_C − b}) K,
+
+    because Hopper's wgmma reads its left operand from registers and its right one only from
+    shared memory: written as S, the state and U' are right operands and go through shared memory
+    on every chunk. Kᵀ, Qᵀ, Vᵀ and Tᵀ are read through transposed pointers, Pᵀ = s K Qᵀ ⊙ Γᵀ is
+    formed directly, and the stores of O, U' and S_c write the transposed tiles to the usual
+    layouts, so the buffers are those of the other scans."""
+    tl.static_assert(GATE == 1, "the fused scan takes the scalar-gate code only")
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    DT = k.dtype.element_ty
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    k_base = (b64 * H + i_h) * K
+    w_base = (b64 * HV + i_hv) * K
+    v_base = (b64 * HV + i_hv) * V
+    s_base = i_nh.to(tl.int64) * K * V
+    ot = tl.arange(0, BT)
+
+    St = tl.zeros([BV, BK], dtype=tl.float32)
+    if USE_H0:
+        St += load_tile_t(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
+    for i_t in range(NT):
+        r0 = i_t * BT
+        m_t = r0 + ot < L
+        if SAVE:
+            p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
+            store_tile_t(p_h, St, 0, K, V, i_v * BV, V, BK, BV)
+        b_qt = load_tile_t(q + k_base, r0, L, H * K, 0, K, BT, BK)
+        b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        S16 = cast(St, DT)
+        qs = mm(S16, b_qt, DOT) * (gam * scale)[None, :]
+        if WU:
+            b_wt = load_tile_t(w + w_base, r0, L, HV * K, 0, K, BT, BK)
+            b_u = load_tile_t(u + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            un = b_u - mm(S16, b_wt, DOT)
+        else:
+            b_kt = load_tile_t(k + k_base, r0, L, H * K, 0, K, BT, BK)
+            b_v = load_tile_t(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            b_beta = tl.load(beta + (bos + r0 + ot).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
+            ks = mm(S16, b_kt, DOT) * gam[None, :]
+            # padded columns of Tᵀ are 0, so their U' is 0 and adds nothing to the state
+            b_Tt = load_tile_t(Ainv + (bos + r0).to(tl.int64) * HV * BT + i_hv * BT, 0, L - r0, HV * BT,
+                               0, BT, BT, BT)  # fmt: skip
+            un = mm_xx((b_v - ks) * b_beta.to(tl.float32)[None, :], b_Tt, DT, PREC, DOT)
+        if SAVE:
+            store_tile_t(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
+        # Pᵀ[i, r] = s k_i·q_r e^{b_r − b_i} for i ≤ r < n
+        keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
+        b_P = mm(b_k, b_qt, DOT) * scale
+        b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
+        b_o = qs + mm_xx(un, b_P, DT, PREC, DOT)
+        store_tile_t(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
+        St = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
+    if STORE_FINAL:
+        store_tile_t(ht + s_base, St, 0, K, V, i_v * BV, V, BK, BV)
 
 
 @triton.jit

@@ -97,6 +97,18 @@ def mm_xx(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
 
 
 @helper
+def mm_xr(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
+    """a @ b for a computed fp32 `a` and a raw 16-bit `b`: with PREC, `a` enters as hi + lo 16-bit
+    terms (two MMAs, ~fp32 accuracy) while `b` stays a 16-bit operand; else one DT dot."""
+    if PREC:
+        hi, lo = split16(a, DT)
+        r = mm(hi, b, DOT) + mm(lo, b, DOT)
+    else:
+        r = mm(a.to(DT), b, DOT)
+    return r
+
+
+@helper
 def mm_f32(a, b, DOT: tl.constexpr):
     """fp32 @ fp32 in full precision (the 16 x 16 steps of the triangular inverse), any `DOT`."""
     return tl.dot(a, b, input_precision="ieee")
