@@ -140,7 +140,7 @@ def _jobs():
         for i, cfg in enumerate(L._HOT_CONFIGS if gate == 1 else []):
             for wu, save in ((False, False), (False, True), (True, True)):
                 cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, SAVE=save, DOT=0,
-                           PREC=True, WU=wu, **cfg.kwargs)  # fmt: skip
+                           PREC=True, WU=wu, **{"EARLY_P": 0, **cfg.kwargs})  # fmt: skip
                 name = f"hot_fwd-g{gate}-wu{wu:d}-save{save:d}-c{i}"
                 jobs.append((name, delta_hot_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._WU_CONFIGS if gate else []):

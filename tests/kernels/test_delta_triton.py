@@ -142,20 +142,21 @@ def test_varlen(info):
 
 
 @pytest.mark.parametrize(
-    "fused, tstate",
-    [(False, False), (True, False), (None, True), (True, True)],
-    ids=["split-o", "fused-o", "default", "fused-o-transposed"],
+    "fused, tstate, early_p",
+    [(False, False, 0), (True, False, 0), (None, True, 0), (True, True, 0), (True, True, 1)],
+    ids=["split-o", "fused-o", "default", "fused-o-transposed", "fused-o-transposed-early-p"],
 )
 @pytest.mark.parametrize("wu", [False, True], ids=["scan-T", "wu"])
-def test_forward_variants(info, wu, fused, tstate, monkeypatch):
+def test_forward_variants(info, wu, fused, tstate, early_p, monkeypatch):
     """Every training forward form against float64, grouped heads and two chunks, forward and
     gradients: the scan applying T itself (default) or W, U formed first (LT2_DELTA_WU), each with
     the output in its own kernel (LT2_DELTA_FUSED_O=0, and the default =inference, as these calls
     train) or formed in the scan (=1), untransposed (LT2_DELTA_TSTATE=0) or with the state
-    transposed."""
+    transposed (and in its EARLY_P order)."""
     monkeypatch.setattr(delta_launch, "WU", wu)
     monkeypatch.setattr(delta_launch, "FUSED_O", fused)
     monkeypatch.setattr(delta_launch, "TSTATE", tstate)
+    monkeypatch.setattr(delta_launch, "HOT_EARLY_P", early_p)
     x = make_inputs(info.gate, dtype=torch.float32, seed=7, B=1, T=80, H=1, HV=2, K=32, V=48, device=DEV)
     compare_backends(info, x, FP32_TOL)
 
@@ -385,14 +386,18 @@ def test_kda_launch_switches(monkeypatch):
     assert delta_launch.kda_grad_tiles() == (64, 8)
 
 
-@pytest.mark.parametrize("tstate", [False, True], ids=["untransposed", "transposed"])
+@pytest.mark.parametrize(
+    "tstate, early_p", [(False, 0), (True, 0), (True, 1)], ids=["untransposed", "transposed", "early-p"]
+)
 @pytest.mark.parametrize("wu", [False, True], ids=["scan-T", "wu"])
-def test_inference_fused_scan(info, wu, tstate, monkeypatch):
+def test_inference_fused_scan(info, wu, tstate, early_p, monkeypatch):
     """The fused inference scan in fp32 against float64 (no input needs a gradient): two chunks and
-    a partial one, grouped value heads, K != V, an initial state and the final state."""
+    a partial one, grouped value heads, K != V, an initial state and the final state; the
+    transposed scan also in its EARLY_P order (a candidate config on the GPU)."""
     monkeypatch.setattr(delta_launch, "WU", wu)
     monkeypatch.setattr(delta_launch, "FUSED_O", None)
     monkeypatch.setattr(delta_launch, "TSTATE", tstate)
+    monkeypatch.setattr(delta_launch, "HOT_EARLY_P", early_p)
     x = make_inputs(info.gate, dtype=torch.float32, seed=11, B=2, T=150, H=1, HV=2, K=32, V=48, device=DEV)
     compare_backends(info, x, FP32_TOL, grad=False)
 

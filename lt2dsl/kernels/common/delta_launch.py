@@ -271,7 +271,13 @@ _DU0_CONFIGS = _O_CONFIGS
 CANDIDATES = os.environ.get("LT2_DELTA_CANDIDATES", "0") == "1"
 if CANDIDATES:
     _O_CONFIGS.append(triton.Config({"BV": 64}, num_warps=2, num_stages=1))  # output, Pᵀ dO, Y
+    # the transposed fused scan with the output's work moved off the recurrence (EARLY_P; offline
+    # sm_90, bf16: 344-376 B of spills at 4 warps, 232-280 at 8)
+    _HOT_CONFIGS.append(triton.Config({"BV": 64, "EARLY_P": 1}, num_warps=4, num_stages=2))
+    _HOT_CONFIGS.append(triton.Config({"BV": 64, "EARLY_P": 1}, num_warps=8, num_stages=2))
     _WU_CONFIGS.append(triton.Config({"BV": 64}, num_warps=2, num_stages=2))
+# The interpreter runs one fixed config: tests set this to check the EARLY_P order on the CPU.
+HOT_EARLY_P = 0
 
 # The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles (not its candidates).
 _DHW_CONFIGS = _H_CONFIGS[:4]
@@ -479,6 +485,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
 
     if fused:
         tuned, plain = (_hot_fwd, delta_hot_fwd_kernel) if TSTATE else (_ho_fwd, delta_ho_fwd_kernel)
+        if TSTATE:  # the interpreter's fixed config (the GPU's come from the autotune list)
+            common["fixed"] = dict(common["fixed"], EARLY_P=HOT_EARLY_P)
         launch(tuned, plain, hgrid, q, k, v, gcum, beta, Ainv, w, u,
                h0 if h0 is not None else o, h, vnew, o, ht, meta.cu, meta.chunk_offsets, T, scale,
                USE_H0=h0 is not None, STORE_FINAL=want_final, SAVE=save, WU=wu, **common)  # fmt: skip

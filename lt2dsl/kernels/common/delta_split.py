@@ -348,6 +348,7 @@ def delta_hot_fwd_kernel(
     DOT: tl.constexpr,
     PREC: tl.constexpr,
     WU: tl.constexpr,
+    EARLY_P: tl.constexpr = 0,
 ):
     """`delta_ho_fwd_kernel` with the state held transposed, Sᵀ `[BV, K]` (the fused scan by
     default; LT2_DELTA_TSTATE=0 runs the other):
@@ -361,7 +362,12 @@ def delta_hot_fwd_kernel(
     shared memory: written as S, the state and U' are right operands and go through shared memory
     on every chunk. Kᵀ, Qᵀ, Vᵀ and Tᵀ are read through transposed pointers, Pᵀ = s K Qᵀ ⊙ Γᵀ is
     formed directly, and the stores of O, U' and S_c write the transposed tiles to the usual
-    layouts, so the buffers are those of the other scans."""
+    layouts, so the buffers are those of the other scans.
+
+    EARLY_P (a candidate config, LT2_DELTA_CANDIDATES=1) reorders the chunk's work around the
+    recurrence: P first (it depends on inputs only), then the dots into U' and the next state,
+    and the output's dots (Q·S, P·U') after those, so their issue and latency are off the path
+    from one chunk's state to the next."""
     tl.static_assert(GATE == 1, "the fused scan takes the scalar-gate code only")
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -389,8 +395,14 @@ def delta_hot_fwd_kernel(
         b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
         b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
         gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        if EARLY_P:
+            # Pᵀ[i, r] = s k_i·q_r e^{b_r − b_i} for i ≤ r < n
+            keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
+            b_P = mm(b_k, b_qt, DOT) * scale
+            b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
         S16 = cast(St, DT)
-        qs = mm(S16, b_qt, DOT) * (gam * scale)[None, :]
+        if not EARLY_P:
+            qs = mm(S16, b_qt, DOT) * (gam * scale)[None, :]
         if WU:
             b_wt = load_tile_t(w + w_base, r0, L, HV * K, 0, K, BT, BK)
             b_u = load_tile_t(u + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
@@ -404,15 +416,22 @@ def delta_hot_fwd_kernel(
             b_Tt = load_tile_t(Ainv + (bos + r0).to(tl.int64) * HV * BT + i_hv * BT, 0, L - r0, HV * BT,
                                0, BT, BT, BT)  # fmt: skip
             un = mm_xx((b_v - ks) * b_beta.to(tl.float32)[None, :], b_Tt, DT, PREC, DOT)
+        if EARLY_P:
+            # the next state's dots first, the output's after them: off the recurrence's path
+            St_next = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
+            qs = mm(S16, b_qt, DOT) * (gam * scale)[None, :]
         if SAVE:
             store_tile_t(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
-        # Pᵀ[i, r] = s k_i·q_r e^{b_r − b_i} for i ≤ r < n
-        keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
-        b_P = mm(b_k, b_qt, DOT) * scale
-        b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
+        if not EARLY_P:
+            keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
+            b_P = mm(b_k, b_qt, DOT) * scale
+            b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
         b_o = qs + mm_xx(un, b_P, DT, PREC, DOT)
         store_tile_t(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
-        St = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
+        if EARLY_P:
+            St = St_next
+        else:
+            St = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
     if STORE_FINAL:
         store_tile_t(ht + s_base, St, 0, K, V, i_v * BV, V, BK, BV)
 
