@@ -16,8 +16,9 @@ instead of the default W-based one (VARIANTS=0 leaves both out); BF16DOTS=1 adds
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
 forms the output in the state scan with the state transposed, for inference only; FUSEDO=1 adds,
 for GDN and DeltaNet, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0), `lt2dsl-to`
-(fused for training too, =1), `lt2dsl-fusedo` (the inference scan untransposed, LT2_DELTA_TSTATE=0)
-and `lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1).
+(fused for training too, =1), `lt2dsl-fusedo` (the inference scan untransposed, LT2_DELTA_TSTATE=0),
+`lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1) and, forward+backward, `lt2dsl-tbwd` (training
+fused, the reverse scan with the state gradient transposed: =1 with LT2_DELTA_TSTATE_BWD=1).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
 
 FLOPs are the useful work of mixers.md §4 (d) (the backward counted by our formula); bytes are the
@@ -156,9 +157,9 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             # (the backward the harness runs next sees the same), so variants share one process
             variants = _KDA_VARIANTS if T == 8192 and os.environ.get("KDA_VARIANTS", "1") != "0" else {}
             for suffix, env in {"": {}, **variants}.items():
-                out.append(Case(group=group, impl="lt2dsl" + suffix, make=_env(ours, env), **extra))
+                out.append(Case(group=group, impl="lt2dsl" + suffix, make=_env(_flags(ours), env), **extra))
         else:
-            out.append(Case(group=group, impl="lt2dsl", make=ours, **extra))
+            out.append(Case(group=group, impl="lt2dsl", make=_flags(ours), **extra))
         if T == 8192 and op != "kda" and os.environ.get("VARIANTS", "1") != "0":
             out.append(Case(group=group, impl="lt2dsl-wu", make=_flags(ours, WU=True), **extra))
             if backward:  # the fused reverse-scan backward (LT2_DELTA_WBWD=0)
@@ -169,6 +170,9 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             out.append(Case(group=group, impl="lt2dsl-fusedo", make=untransposed, **extra))
             out.append(Case(group=group, impl="lt2dsl-to", make=_flags(ours, FUSED_O=True), **extra))
             out.append(Case(group=group, impl="lt2dsl-twu", make=_flags(ours, WU=True), **extra))
+            if backward:  # the reverse scan with the state gradient transposed (LT2_DELTA_TSTATE_BWD=1)
+                tbwd = _flags(ours, FUSED_O=True, TSTATE_BWD=True)
+                out.append(Case(group=group, impl="lt2dsl-tbwd", make=tbwd, **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)
@@ -208,23 +212,40 @@ def _env(make, env: dict):
     return wrapped
 
 
-def _flags(make, **flags):
-    """Wrap a case so every call runs with these `delta_launch` switches (e.g. BF16_DOTS=True: 16-bit
-    dot operands throughout; WU=True: W and U per chunk first)."""
+# `delta_launch` switches a case may set; each case sets all of them (the ones it names, the rest
+# at their import-time values) when it runs and leaves them so: the harness runs the backward after
+# the call returns, and the reverse scan's switches (WBWD, TSTATE_BWD) are read then.
+_SWITCHES = ("WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "BF16_DOTS")
+_DEFAULTS: dict = {}
+
+
+def _restore_switches() -> None:
+    """Every `delta_launch` switch back at its import-time value (cases leave theirs set)."""
     import lt2dsl.kernels.common.delta_launch as launch
+
+    for k, v in _DEFAULTS.items():
+        setattr(launch, k, v)
+
+
+def _flags(make, **flags):
+    """Wrap a case so every call, and the backward after it, runs with these `delta_launch`
+    switches (e.g. BF16_DOTS=True: 16-bit dot operands throughout; WU=True: W and U per chunk
+    first) and the others at their defaults."""
+    import lt2dsl.kernels.common.delta_launch as launch
+
+    if not _DEFAULTS:
+        _DEFAULTS.update({k: getattr(launch, k) for k in _SWITCHES if hasattr(launch, k)})
+    unknown = set(flags) - set(_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown delta_launch switches {sorted(unknown)}; known: {sorted(_DEFAULTS)}")
 
     def wrapped():
         fn, leaves = make()
 
         def call():
-            saved = {k: getattr(launch, k) for k in flags}
-            for k, v in flags.items():
+            for k, v in {**_DEFAULTS, **flags}.items():
                 setattr(launch, k, v)
-            try:
-                return fn()
-            finally:
-                for k, v in saved.items():
-                    setattr(launch, k, v)
+            return fn()
 
         return call, leaves
 
@@ -295,6 +316,7 @@ def main() -> None:
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
     tag = os.environ.get("TAG")
     rows = run_cases("kernels_delta" + (f"_{tag}" if tag else ""), all_cases, ceil)
+    _restore_switches()
     if os.environ.get("AGREE", "1") != "0":  # AGREE=0: skip it (the peer's GDN and DeltaNet autotune)
         peer_agreement()
     print(summary_table(rows))

@@ -87,3 +87,31 @@ def test_ncu_pair_driver_smoke():
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "profiled: lt2dsl" in out.stdout
+
+
+def test_delta_bench_switches_hold_through_the_backward():
+    """A kernels_delta case sets every `delta_launch` switch when it runs and leaves them set: the
+    harness runs the backward after the call returns, and the reverse scan reads its switches then.
+    The next case puts the ones it does not name back at their defaults."""
+    import pytest
+
+    import lt2dsl.kernels.common.delta_launch as launch
+    from bench import kernels_delta as kd
+
+    seen = []
+
+    def make():
+        return (lambda: seen.append((launch.TSTATE_BWD, launch.WBWD))), []
+
+    try:
+        variant, _ = kd._flags(make, TSTATE_BWD=True, WBWD=False)()
+        variant()
+        assert (launch.TSTATE_BWD, launch.WBWD) == (True, False)  # still set for the backward
+        default, _ = kd._flags(make)()
+        default()
+        assert seen == [(True, False), (kd._DEFAULTS["TSTATE_BWD"], kd._DEFAULTS["WBWD"])]
+        with pytest.raises(ValueError, match="unknown delta_launch switches"):
+            kd._flags(make, NO_SUCH_SWITCH=1)
+    finally:
+        kd._restore_switches()
+    assert kd._DEFAULTS["TSTATE_BWD"] == launch.TSTATE_BWD

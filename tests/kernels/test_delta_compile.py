@@ -83,6 +83,7 @@ def _jobs():
     from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
     from lt2dsl.kernels.common.delta_split import (
         delta_dh_bwd_kernel,
+        delta_dht_bwd_kernel,
         delta_du0_kernel,
         delta_h_fwd_kernel,
         delta_ho_fwd_kernel,
@@ -143,6 +144,12 @@ def _jobs():
                            PREC=True, WU=wu, **{"EARLY_P": 0, **cfg.kwargs})  # fmt: skip
                 name = f"hot_fwd-g{gate}-wu{wu:d}-save{save:d}-c{i}"
                 jobs.append((name, delta_hot_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+        for i, cfg in enumerate(L._HOT_CONFIGS[:4] if gate == 1 else []):
+            cex = dict(
+                base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, **cfg.kwargs
+            )
+            name = f"dht_bwd-g{gate}-c{i}"
+            jobs.append((name, delta_dht_bwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._WU_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(

@@ -66,6 +66,29 @@ def test_fused_reverse_scan_backward(info, case, monkeypatch):
     compare_backends(info, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("case", ["T63-gva", "odd-dims", "varlen", "bf16"])
+def test_transposed_reverse_scan_backward(info, case, monkeypatch):
+    """The W-based backward with the state gradient held transposed (LT2_DELTA_TSTATE_BWD=1; KDA's
+    per-channel gate keeps the other scan) on the shapes of the default one, and in bf16."""
+    monkeypatch.setattr(delta_launch, "TSTATE_BWD", True)
+    if case == "varlen":
+        x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
+        cu = torch.tensor([0, 40, 41, 100], device=DEV)
+        compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
+        return
+    if case == "bf16":
+        x = make_inputs(info.gate, B=1, T=130, H=1, HV=2, K=32, V=48, dtype=torch.bfloat16, device=DEV)
+        compare_backends(info, x, BF16_TOL)
+        return
+    shape = (
+        dict(B=2, T=63, H=1, HV=2, K=32, V=32)
+        if case == "T63-gva"
+        else dict(B=1, T=40, H=1, HV=1, K=24, V=20)
+    )
+    x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape, device=DEV)
+    compare_backends(info, x, FP32_TOL)
+
+
 # KDA kernel layouts: (LT2_KDA_SPLIT, LT2_KDA_GRAD_SPLIT) — the preparation as one kernel or its
 # two halves (the default), the intra-chunk gradients as one kernel or two launches (staged)
 KDA_LAYOUTS = {"one-kernel": ("0", "0"), "split": ("1", "0"), "split-gradsplit": ("1", "1")}
@@ -178,16 +201,18 @@ def test_forward_variants_inference_varlen(info, fused, tstate, monkeypatch):
     compare_backends(info, x, BF16_TOL, grad=False, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("scan", ["split", "fused", "transposed"])
+@pytest.mark.parametrize("scan", ["split", "fused", "transposed", "transposed-bwd"])
 @pytest.mark.parametrize("wbwd", [False, True], ids=["fused-bwd", "w-bwd"])
 def test_autotuned_kernels_are_idempotent(info, wbwd, scan, monkeypatch):
     """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
     times on the same buffers: a kernel that reads a buffer it writes (the first split backward's
     in-place Y = Tᵀ dU') gives NaN gradients on the GPU only, for the first call of each shape.
-    `scan`: the forward scan and output apart, fused, fused with the state transposed."""
+    `scan`: the forward scan and output apart, fused, fused with the state transposed (and the
+    reverse scan too)."""
     monkeypatch.setattr(delta_launch, "WBWD", wbwd)
     monkeypatch.setattr(delta_launch, "FUSED_O", scan != "split")
-    monkeypatch.setattr(delta_launch, "TSTATE", scan == "transposed")
+    monkeypatch.setattr(delta_launch, "TSTATE", scan.startswith("transposed"))
+    monkeypatch.setattr(delta_launch, "TSTATE_BWD", scan == "transposed-bwd")
     plain = delta_launch.launch
     seen = set()
 

@@ -36,6 +36,7 @@ from lt2dsl.kernels.common.delta_grad import (
 )
 from lt2dsl.kernels.common.delta_split import (
     delta_dh_bwd_kernel,
+    delta_dht_bwd_kernel,
     delta_du0_kernel,
     delta_h_fwd_kernel,
     delta_ho_fwd_kernel,
@@ -173,6 +174,9 @@ def _fused_o_switch(value: str) -> bool | None:
 
 FUSED_O = _fused_o_switch(os.environ.get("LT2_DELTA_FUSED_O", "inference"))
 TSTATE = os.environ.get("LT2_DELTA_TSTATE", "1") == "1"
+# The W-based reverse scan with the state gradient held transposed (`delta_dht_bwd_kernel`), the
+# forward's trick for the backward (scalar gate): opt-in until the H200 has checked and timed it.
+TSTATE_BWD = os.environ.get("LT2_DELTA_TSTATE_BWD", "0") == "1"
 
 
 def use_w_backward(Aqk) -> bool:
@@ -287,6 +291,7 @@ _ho_fwd = _tuned(delta_ho_fwd_kernel, _HO_CONFIGS, ["H", "HV", "K", "V", "GATE",
 _hot_fwd = _tuned(delta_hot_fwd_kernel, _HOT_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_dht_bwd = _tuned(delta_dht_bwd_kernel, _HOT_CONFIGS[:4], ["H", "HV", "K", "V", "GATE"])
 _y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"], _no_fp32_2warp)
 _du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 TUNED = [
@@ -305,6 +310,7 @@ TUNED = [
         _du0,
         _wu_fwd,
         _dhw_bwd,
+        _dht_bwd,
         _y_bwd,
     )
     if t is not None
@@ -540,7 +546,10 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     # dU' goes to `du`, then Y = Tᵀ dU' into du0's buffer (read by the scan before): no autotuned
     # kernel reads a buffer it writes (each runs several times while autotuning).
     du = Y
-    launch(_dhw_bwd, delta_dh_bwd_kernel, grid, q, k, w, gcum, do, du0, dht_, dh, du, dh0, meta.cu,
+    tuned, plain = (_dhw_bwd, delta_dh_bwd_kernel)
+    if TSTATE_BWD and gid == GATE_IDS["scalar"]:
+        tuned, plain = (_dht_bwd, delta_dht_bwd_kernel)
+    launch(tuned, plain, grid, q, k, w, gcum, do, du0, dht_, dh, du, dh0, meta.cu,
            meta.chunk_offsets, T, scale, USE_DHT=dht is not None, STORE_DH0=want_dh0,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     tdt = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]

@@ -615,6 +615,81 @@ def delta_dh_bwd_kernel(
 
 
 @triton.jit
+def delta_dht_bwd_kernel(
+    q,
+    k,
+    w,
+    gcum,
+    do,
+    du0,
+    dht,
+    dh,
+    du,
+    dh0,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`delta_dh_bwd_kernel` with the state gradient held transposed, dSᵀ `[BV, K]`
+    (LT2_DELTA_TSTATE_BWD=1; the scalar gate), as `delta_hot_fwd_kernel` holds the state:
+
+        dU'ᵀ = (Pᵀ dO)ᵀ + (dS'ᵀ Kᵀ) ⊙ e^{b_C − b},   dSᵀ ← γ_C dS'ᵀ + (dOᵀ ⊙ sγ) Q − dU'ᵀ W
+
+    The computed tiles (dSᵀ, dOᵀ ⊙ sγ, dU'ᵀ) are the dots' left operands, read from registers on
+    Hopper; Kᵀ, Q and W come from memory as right operands, raw. The fp32 left operands of the
+    state update enter as hi + lo 16-bit halves (`mm_xr`) where the untransposed scan rounds them
+    to TF32, and K·dS takes the raw keys with the gate applied to its result."""
+    tl.static_assert(GATE == 1, "the transposed reverse scan takes the scalar-gate code only")
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    DT = q.dtype.element_ty
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    qk_base = (b64 * H + i_h) * K
+    w_base = (b64 * HV + i_hv) * K
+    v_base = (b64 * HV + i_hv) * V
+    s_base = i_nh.to(tl.int64) * K * V
+
+    dSt = tl.zeros([BV, BK], dtype=tl.float32)
+    if USE_DHT:
+        dSt += load_tile_t(dht + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
+    for j in range(NT):
+        i_t = NT - 1 - j
+        r0 = i_t * BT
+        p_h = dh + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
+        store_tile_t(p_h, dSt, 0, K, V, i_v * BV, V, BK, BV)
+        b_kt = load_tile_t(k + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
+        b_w = load_tile(w + w_base, r0, L, HV * K, 0, K, BT, BK)
+        b_dot = load_tile_t(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        kds = mm(cast(dSt, DT), b_kt, DOT) * to_end[None, :]
+        b_du = load_tile_t(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
+        store_tile_t(du + v_base, b_du, r0, L, HV * V, i_v * BV, V, BT, BV)
+        dSt = dSt * gam_c + mm_xr(b_dot * (gam * scale)[None, :], b_q, DT, PREC, DOT)
+        dSt -= mm_xr(b_du, b_w, DT, PREC, DOT)
+    if STORE_DH0:
+        store_tile_t(dh0 + s_base, dSt, 0, K, V, i_v * BV, V, BK, BV)
+
+
+@triton.jit
 def delta_y_kernel(
     Ainv,
     du,
