@@ -18,7 +18,9 @@ forms the output in the state scan with the state transposed, for inference only
 for GDN and DeltaNet, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0), `lt2dsl-to`
 (fused for training too, =1), `lt2dsl-fusedo` (the inference scan untransposed, LT2_DELTA_TSTATE=0),
 `lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1) and, forward+backward, `lt2dsl-tbwd` (training
-fused, the reverse scan with the state gradient transposed: =1 with LT2_DELTA_TSTATE_BWD=1).
+fused, the reverse scan with the state gradient transposed: =1 with LT2_DELTA_TSTATE_BWD=1),
+`lt2dsl-ycc` (Y = Tᵀ dU' formed by the C x C kernel, LT2_DELTA_Y_IN_CC=1) and `lt2dsl-tall`
+(all three).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
 
 FLOPs are the useful work of mixers.md §4 (d) (the backward counted by our formula); bytes are the
@@ -173,6 +175,10 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             if backward:  # the reverse scan with the state gradient transposed (LT2_DELTA_TSTATE_BWD=1)
                 tbwd = _flags(ours, FUSED_O=True, TSTATE_BWD=True)
                 out.append(Case(group=group, impl="lt2dsl-tbwd", make=tbwd, **extra))
+                # Y = Tᵀ dU' formed by the C x C kernel (LT2_DELTA_Y_IN_CC=1), alone and with the above
+                out.append(Case(group=group, impl="lt2dsl-ycc", make=_flags(ours, Y_IN_CC=True), **extra))
+                every = _flags(ours, FUSED_O=True, TSTATE_BWD=True, Y_IN_CC=True)
+                out.append(Case(group=group, impl="lt2dsl-tall", make=every, **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)
@@ -215,7 +221,7 @@ def _env(make, env: dict):
 # `delta_launch` switches a case may set; each case sets all of them (the ones it names, the rest
 # at their import-time values) when it runs and leaves them so: the harness runs the backward after
 # the call returns, and the reverse scan's switches (WBWD, TSTATE_BWD) are read then.
-_SWITCHES = ("WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "BF16_DOTS")
+_SWITCHES = ("WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS")
 _DEFAULTS: dict = {}
 
 

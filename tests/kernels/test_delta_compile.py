@@ -173,10 +173,10 @@ def _jobs():
                 (f"o_fwd-g{gate}-c{i}", delta_o_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
         for i, cfg in enumerate(L._CC_CONFIGS):
-            cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
-            jobs.append(
-                (f"grad_cc-g{gate}-c{i}", delta_grad_cc_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
-            )
+            for form_y in (False, True):
+                cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, FORM_Y=form_y, **cfg.kwargs)
+                name = f"grad_cc-g{gate}-y{form_y:d}-c{i}"
+                jobs.append((name, delta_grad_cc_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._GRAD_CONFIGS):
             cex = dict(base, V=D, BK=L.GRAD_BK, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(

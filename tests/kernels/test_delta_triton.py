@@ -89,6 +89,23 @@ def test_transposed_reverse_scan_backward(info, case, monkeypatch):
     compare_backends(info, x, FP32_TOL)
 
 
+@pytest.mark.parametrize("case", ["T63-gva", "varlen", "bf16"])
+def test_y_formed_in_cc_kernel(info, case, monkeypatch):
+    """Y = Tᵀ dU' formed by the C x C gradient kernel (LT2_DELTA_Y_IN_CC=1) instead of its own pass:
+    the same gradients as float64, every rule (KDA's reverse scan is W-based too)."""
+    monkeypatch.setattr(delta_launch, "Y_IN_CC", True)
+    if case == "varlen":
+        x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
+        cu = torch.tensor([0, 40, 41, 100], device=DEV)
+        compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
+    elif case == "bf16":
+        x = make_inputs(info.gate, B=1, T=130, H=1, HV=2, K=32, V=48, dtype=torch.bfloat16, device=DEV)
+        compare_backends(info, x, BF16_TOL)
+    else:
+        x = make_inputs(info.gate, B=2, T=63, H=1, HV=2, K=32, V=32, dtype=torch.float32, seed=63, device=DEV)
+        compare_backends(info, x, FP32_TOL)
+
+
 # KDA kernel layouts: (LT2_KDA_SPLIT, LT2_KDA_GRAD_SPLIT) — the preparation as one kernel or its
 # two halves (the default), the intra-chunk gradients as one kernel or two launches (staged)
 KDA_LAYOUTS = {"one-kernel": ("0", "0"), "split": ("1", "0"), "split-gradsplit": ("1", "1")}
@@ -201,18 +218,19 @@ def test_forward_variants_inference_varlen(info, fused, tstate, monkeypatch):
     compare_backends(info, x, BF16_TOL, grad=False, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("scan", ["split", "fused", "transposed", "transposed-bwd"])
+@pytest.mark.parametrize("scan", ["split", "fused", "transposed", "transposed-bwd", "y-in-cc"])
 @pytest.mark.parametrize("wbwd", [False, True], ids=["fused-bwd", "w-bwd"])
 def test_autotuned_kernels_are_idempotent(info, wbwd, scan, monkeypatch):
     """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
     times on the same buffers: a kernel that reads a buffer it writes (the first split backward's
     in-place Y = Tᵀ dU') gives NaN gradients on the GPU only, for the first call of each shape.
     `scan`: the forward scan and output apart, fused, fused with the state transposed (and the
-    reverse scan too)."""
+    reverse scan too), or Y formed in the C x C kernel."""
     monkeypatch.setattr(delta_launch, "WBWD", wbwd)
     monkeypatch.setattr(delta_launch, "FUSED_O", scan != "split")
     monkeypatch.setattr(delta_launch, "TSTATE", scan.startswith("transposed"))
     monkeypatch.setattr(delta_launch, "TSTATE_BWD", scan == "transposed-bwd")
+    monkeypatch.setattr(delta_launch, "Y_IN_CC", scan == "y-in-cc")
     plain = delta_launch.launch
     seen = set()
 

@@ -30,7 +30,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import gate_factors, load_chunk_gate, load_tile, store_tile
+from lt2dsl.kernels.common.delta_state import (
+    gate_factors,
+    load_chunk_gate,
+    load_square,
+    load_tile,
+    store_tile,
+)
 from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xr, mm_xx, rcumsum, rsum
 
 
@@ -42,6 +48,8 @@ def delta_grad_cc_kernel(
     gcum,
     beta,
     vnew,
+    Ainv,
+    du,
     Y,
     do,
     dv,
@@ -64,7 +72,10 @@ def delta_grad_cc_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     PREC: tl.constexpr,
+    FORM_Y: tl.constexpr = False,
 ):
+    """With FORM_Y (LT2_DELTA_Y_IN_CC=1) Y = Tᵀ dU' is formed here from `du` and stored to `Y` for
+    the gradient kernel, in place of `delta_y_kernel`'s pass (`Ainv`, `du` are unused without)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -76,6 +87,8 @@ def delta_grad_cc_kernel(
     rows = b64 + r0 + ot
     m_t = r0 + ot < L
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+    if FORM_Y:
+        b_Tt = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, True)
 
     dP = tl.zeros([BT, BT], dtype=tl.float32)
     dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -83,7 +96,12 @@ def delta_grad_cc_kernel(
     for i_v in range(tl.cdiv(V, BV)):
         b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
         b_u = load_tile(vnew + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
-        b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        if FORM_Y:
+            b_du = load_tile(du + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+            b_y = mm_xx(b_Tt, b_du, DT, PREC, DOT)
+            store_tile(Y + v_base, b_y, r0, L, HV * V, i_v * BV, V, BT, BV)
+        else:
+            b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
         b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
         store_tile(dv + v_base, b_y * b_beta[:, None], r0, L, HV * V, i_v * BV, V, BT, BV)
         dP += mm(b_do, tl.trans(b_u), DOT)

@@ -177,6 +177,10 @@ TSTATE = os.environ.get("LT2_DELTA_TSTATE", "1") == "1"
 # The W-based reverse scan with the state gradient held transposed (`delta_dht_bwd_kernel`), the
 # forward's trick for the backward (scalar gate): opt-in until the H200 has checked and timed it.
 TSTATE_BWD = os.environ.get("LT2_DELTA_TSTATE_BWD", "0") == "1"
+# Y = Tᵀ dU' formed by the C x C gradient kernel (which reads Y anyway) instead of its own pass
+# (`delta_y_kernel`: 228 µs of GDN's fwd+bwd on the H200, fourteenth session): one fp32 pass
+# over dU' and Y fewer. Opt-in until the H200 has checked and timed it.
+Y_IN_CC = os.environ.get("LT2_DELTA_Y_IN_CC", "0") == "1"
 
 
 def use_w_backward(Aqk) -> bool:
@@ -510,8 +514,15 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
     return o, (ht if want_final else None), (h if save else None), (vnew if save else None)
 
 
+def y_in_cc(Aqk) -> bool:
+    """Whether the C x C gradient kernel forms Y (Y_IN_CC, W-based backward only): `state_bwd`
+    then returns dU' in Y's place and `grad_chunks` takes T to form Y."""
+    return Y_IN_CC and use_w_backward(Aqk)
+
+
 def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta, want_dh0):
-    """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU', and the initial-state gradient."""
+    """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU' (dU' itself when `y_in_cc`), and
+    the initial-state gradient."""
     B, T, H, K = k.shape
     HV, V = do.shape[2], do.shape[3]
     n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
@@ -552,6 +563,8 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     launch(tuned, plain, grid, q, k, w, gcum, do, du0, dht_, dh, du, dh0, meta.cu,
            meta.chunk_offsets, T, scale, USE_DHT=dht is not None, STORE_DH0=want_dh0,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
+    if y_in_cc(Aqk):
+        return dh, du, (dh0 if want_dh0 else None)
     tdt = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
     Y = du0
     launch(_y_bwd, delta_y_kernel, ugrid, Ainv, du, Y, meta.cu, meta.chunk_indices, T, HV=HV, V=V, BT=BT,
@@ -628,11 +641,12 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
     return gcum, Ainv, Aqk
 
 
-def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: ChunkMeta):
+def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: ChunkMeta, Ainv=None):
     """dq, dk `[B*T, HV, K]` per value head, dv, dβ `[B*T, HV]` and dg (fp32) of a chunk pass.
 
     dq, dk come in the input dtype when nothing is added to them afterwards (no grouped value
-    heads to sum, no KDA intra-chunk pass), else in fp32.
+    heads to sum, no KDA intra-chunk pass), else in fp32. With `Ainv` (T), `Y` holds dU' and the
+    C x C kernel forms Y = Tᵀ dU' into a buffer of its own (`y_in_cc`).
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -644,6 +658,9 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
     MA, MB = empty(q, B * T, HV, BT, dtype=f32), empty(q, B * T, HV, BT, dtype=f32)
     dbeta_p = empty(q, B * T, HV, dtype=f32)
     db_p = empty(q, B * T, HV, dtype=f32) if gate == "scalar" else dbeta_p
+    du = Y
+    if Ainv is not None:
+        Y = empty(v, *v.shape, dtype=f32)
     launch(
         _grad_cc,
         delta_grad_cc_kernel,
@@ -654,6 +671,8 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
         gcum,
         beta,
         vnew,
+        Ainv if Ainv is not None else du,
+        du,
         Y,
         do,
         dv,
@@ -670,6 +689,7 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
         GATE=gid,
         DOT=dot_mode(dt),
         PREC=split_mode(dt),
+        FORM_Y=Ainv is not None,
         fixed={"BV": min(64, pow2(V))},
         **common,
     )

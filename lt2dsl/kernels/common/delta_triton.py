@@ -32,6 +32,7 @@ from lt2dsl.kernels.common.delta_launch import (
     state_bwd,
     state_fwd,
     wy_fwd,
+    y_in_cc,
 )
 from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
 
@@ -137,7 +138,8 @@ def _chunk_bwd_impl(
     if gate == 0:  # DeltaNet's state scans run the scalar-gate code with b = 0
         gcum = torch.zeros(B * T, HV, dtype=torch.float32, device=q.device)
     dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None)
-    dq, dk, dv, dbeta, dg = grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta)
+    T_ = Ainv if y_in_cc(Aqk) else None  # then Y is dU' and the chunk pass forms Y = Tᵀ dU'
+    dq, dk, dv, dbeta, dg = grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta, T_)
     # Value heads sharing a q/k head add their gradients (grouped value heads).
     if HV == H:
         dq, dk = dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype)
