@@ -148,23 +148,23 @@ WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
 # then keeps.
 WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
 # The output formed inside the state scan (scalar gate: GDN and DeltaNet) instead of a
-# chunk-parallel output kernel reading back the per-chunk states and U' (in fp32): for inference
-# no state or U' goes through memory (nor is a [chunks, HV, K, V] buffer allocated), and training
+# chunk-parallel output kernel reading back the per-chunk states and U' (in fp32): for inference no
+# state or U' goes through memory (nor is a [chunks, HV, K, V] buffer allocated), and training
 # stores them in the input dtype only. The scan is bound by each program's own instruction stream
 # (one program per SM at B=4, H=16, V=128), so the output's dots cost it about what the output
 # kernel cost, and the fusion alone bought 2-3% of the forward (fourteenth session: fused scan 824
-# µs against scan 516 + output 346). With the state held transposed (`delta_hot_fwd_kernel`,
-# TSTATE) the state and U' are left operands, which Hopper's MMA reads from registers, so they no
-# longer go through shared memory on every chunk. On the H200 (fifteenth session, B=4, T=8192,
-# H=16, D=128, bf16, BENCHMARKS.md) GDN's forward took 1.080 ms against 1.138 split (1.100 for the
-# untransposed fused scan), fwd+bwd 4.481 against 4.577; DeltaNet 1.058 against 1.120 and 4.339
-# against 4.428. Checked there against float64 for inference (every case: 20 passed) and for
+# µs against scan 516 + output 346). With the state held transposed (`delta_hot_fwd_kernel`, TSTATE)
+# the state and U' are left operands, which Hopper's MMA reads from registers, so they no longer go
+# through shared memory on every chunk. On the H200 (fifteenth session, B=4, T=8192, H=16, D=128,
+# bf16, BENCHMARKS.md) GDN's forward took 1.083 ms against 1.138 split (1.100 for the untransposed
+# fused scan), fwd+bwd with training fused too 4.481 against 4.577; DeltaNet 1.060 against 1.120 and
+# 4.339 against 4.428. Checked there against float64 for inference (every case: 20 passed) and for
 # training with LT2_DELTA_FUSED_O=1 (44 passed, every autotune config forced; 10 fp32 forcings
 # skipped as not fitting, which the autotuner skips too), but the device time ran out before seven
 # T = 8192 training cases, the timed shape among them, could run with it. So the default fuses for
 # inference only (=inference; training keeps the split form, 4.533-4.576 ms fwd+bwd in the same
-# runs) until those pass; =1 fuses always, =0 never. LT2_DELTA_TSTATE=0 runs the untransposed
-# fused scan (`delta_ho_fwd_kernel`).
+# runs) until those pass; =1 fuses always, =0 never. LT2_DELTA_TSTATE=0 runs the untransposed fused
+# scan (`delta_ho_fwd_kernel`).
 def _fused_o_switch(value: str) -> bool | None:
     modes = {"1": True, "0": False, "inference": None}
     if value not in modes:
@@ -209,7 +209,7 @@ _HO_CONFIGS = [
 ]
 # The transposed scan's state is the left operand, so its value tile is the MMA's M: BV 64 is one
 # warpgroup (4 warps), BV 128 two (8 warps); below 64 Triton falls back to the pre-Hopper MMA.
-# Offline (sm_90, K = V = 128, bf16) all are at 255 registers with 88-336 B of spills per thread;
+# Offline (sm_90, K = V = 128, bf16) all are at 255 registers with 88-368 B of spills per thread;
 # BV 64 at 4 warps unpipelined (520-552 B) is not in the list.
 _HOT_CONFIGS = [
     triton.Config({"BV": 64}, num_warps=4, num_stages=2),
