@@ -47,62 +47,35 @@ def test_chunked_forward_backward(info, shape):
     compare_backends(info, x, FP32_TOL)
 
 
-@pytest.mark.parametrize("case", ["T63-gva", "odd-dims", "varlen"])
-def test_fused_reverse_scan_backward(info, case, monkeypatch):
-    """The backward through the fused reverse scan (LT2_DELTA_WBWD=0) on the shapes of the default,
-    W-based one."""
-    monkeypatch.setattr(delta_launch, "WBWD", False)
-    if case == "varlen":
-        x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
-        cu = torch.tensor([0, 40, 41, 100], device=DEV)
-        compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
-        return
-    shape = (
-        dict(B=2, T=63, H=1, HV=2, K=32, V=32)
-        if case == "T63-gva"
-        else dict(B=1, T=40, H=1, HV=1, K=24, V=20)
-    )
-    x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape, device=DEV)
-    compare_backends(info, x, FP32_TOL)
+# Backward forms other than the default, by the `delta_launch` switch each sets: the fused reverse
+# scan (LT2_DELTA_WBWD=0), the W-based one with the state gradient transposed (LT2_DELTA_TSTATE_BWD=1;
+# KDA's per-channel gate keeps the other scan), Y = Tᵀ dU' formed by the C x C kernel
+# (LT2_DELTA_Y_IN_CC=1; every rule)
+BACKWARD_FORMS = {
+    "fused-scan": ("WBWD", False),
+    "transposed-scan": ("TSTATE_BWD", True),
+    "y-in-cc": ("Y_IN_CC", True),
+}
 
 
 @pytest.mark.parametrize("case", ["T63-gva", "odd-dims", "varlen", "bf16"])
-def test_transposed_reverse_scan_backward(info, case, monkeypatch):
-    """The W-based backward with the state gradient held transposed (LT2_DELTA_TSTATE_BWD=1; KDA's
-    per-channel gate keeps the other scan) on the shapes of the default one, and in bf16."""
-    monkeypatch.setattr(delta_launch, "TSTATE_BWD", True)
+@pytest.mark.parametrize("form", list(BACKWARD_FORMS))
+def test_backward_forms(info, form, case, monkeypatch):
+    """Each backward form against float64 on the shapes of the default one, and in bf16."""
+    monkeypatch.setattr(delta_launch, *BACKWARD_FORMS[form])
     if case == "varlen":
         x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
-        cu = torch.tensor([0, 40, 41, 100], device=DEV)
-        compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
-        return
-    if case == "bf16":
-        x = make_inputs(info.gate, B=1, T=130, H=1, HV=2, K=32, V=48, dtype=torch.bfloat16, device=DEV)
-        compare_backends(info, x, BF16_TOL)
-        return
-    shape = (
-        dict(B=2, T=63, H=1, HV=2, K=32, V=32)
-        if case == "T63-gva"
-        else dict(B=1, T=40, H=1, HV=1, K=24, V=20)
-    )
-    x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape, device=DEV)
-    compare_backends(info, x, FP32_TOL)
-
-
-@pytest.mark.parametrize("case", ["T63-gva", "varlen", "bf16"])
-def test_y_formed_in_cc_kernel(info, case, monkeypatch):
-    """Y = Tᵀ dU' formed by the C x C gradient kernel (LT2_DELTA_Y_IN_CC=1) instead of its own pass:
-    the same gradients as float64, every rule (KDA's reverse scan is W-based too)."""
-    monkeypatch.setattr(delta_launch, "Y_IN_CC", True)
-    if case == "varlen":
-        x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
-        cu = torch.tensor([0, 40, 41, 100], device=DEV)
-        compare_backends(info, x, FP32_TOL, cu_seqlens=cu)
+        compare_backends(info, x, FP32_TOL, cu_seqlens=torch.tensor([0, 40, 41, 100], device=DEV))
     elif case == "bf16":
         x = make_inputs(info.gate, B=1, T=130, H=1, HV=2, K=32, V=48, dtype=torch.bfloat16, device=DEV)
         compare_backends(info, x, BF16_TOL)
     else:
-        x = make_inputs(info.gate, B=2, T=63, H=1, HV=2, K=32, V=32, dtype=torch.float32, seed=63, device=DEV)
+        shape = (
+            dict(B=2, T=63, H=1, HV=2, K=32, V=32)
+            if case == "T63-gva"
+            else dict(B=1, T=40, H=1, HV=1, K=24, V=20)
+        )
+        x = make_inputs(info.gate, dtype=torch.float32, seed=shape["T"], **shape, device=DEV)
         compare_backends(info, x, FP32_TOL)
 
 

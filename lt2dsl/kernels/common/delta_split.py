@@ -38,10 +38,12 @@ from lt2dsl.kernels.common.delta_state import (
     load_chunk_gate,
     load_square,
     load_tile,
+    load_tile_t,
     store_tile,
+    store_tile_t,
 )
 from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords
-from lt2dsl.kernels.common.tl_util import cast, helper
+from lt2dsl.kernels.common.tl_util import cast
 
 
 @triton.jit
@@ -282,36 +284,6 @@ def delta_ho_fwd_kernel(
         S = S * gam_c + mm_xx(b_kt.to(tl.float32), un * to_end[:, None], DT, PREC, DOT)
     if STORE_FINAL:
         store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
-
-
-@helper
-def load_tile_t(
-    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
-):
-    """The `load_tile` tile transposed, `[BC, BR]`, read through transposed pointers (no tile is
-    transposed in registers)."""
-    orow = r0 + tl.arange(0, BR)
-    ocol = c0 + tl.arange(0, BC)
-    p = base + orow[None, :] * STRIDE + ocol[:, None]
-    if D % BC == 0:
-        x = tl.load(p, mask=(orow < n_rows)[None, :], other=0.0)
-    else:
-        x = tl.load(p, mask=(orow < n_rows)[None, :] & (ocol < D)[:, None], other=0.0)
-    return x
-
-
-@helper
-def store_tile_t(
-    base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
-):
-    """Store `x` `[BC, BR]` transposed where `load_tile` reads `[BR, BC]` (same masks)."""
-    orow = r0 + tl.arange(0, BR)
-    ocol = c0 + tl.arange(0, BC)
-    p = base + orow[None, :] * STRIDE + ocol[:, None]
-    if D % BC == 0:
-        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :])
-    else:
-        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :] & (ocol < D)[:, None])
 
 
 @triton.jit

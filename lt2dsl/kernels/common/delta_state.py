@@ -63,6 +63,36 @@ def store_tile(
 
 
 @helper
+def load_tile_t(
+    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """The `load_tile` tile transposed, `[BC, BR]`, read through transposed pointers (no tile is
+    transposed in registers)."""
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    p = base + orow[None, :] * STRIDE + ocol[:, None]
+    if D % BC == 0:
+        x = tl.load(p, mask=(orow < n_rows)[None, :], other=0.0)
+    else:
+        x = tl.load(p, mask=(orow < n_rows)[None, :] & (ocol < D)[:, None], other=0.0)
+    return x
+
+
+@helper
+def store_tile_t(
+    base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """Store `x` `[BC, BR]` transposed where `load_tile` reads `[BR, BC]` (same masks)."""
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    p = base + orow[None, :] * STRIDE + ocol[:, None]
+    if D % BC == 0:
+        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :])
+    else:
+        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :] & (ocol < D)[:, None])
+
+
+@helper
 def load_chunk_gate(
     gcum,
     t0,
