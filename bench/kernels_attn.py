@@ -48,12 +48,18 @@ def _case(group, impl, make, flops, backward):
 def _full_cases(T: int) -> list[Case]:
     from lt2dsl.kernels.attention import attention
 
-    def ours(gate):
+    def ours(gate, dq="ds"):
         def make():
             q, k, v = _rnd(B, T, H, D), _rnd(B, T, H, D), _rnd(B, T, H, D)
             g = _rnd(B, T, H, D) if gate else None
             leaves = [q, k, v] + ([g] if gate else [])
-            return (lambda: attention(q, k, v, gate=g, backend="triton")), leaves
+
+            def fn():
+                # set at every call and left set: the harness runs the backward after fn returns
+                os.environ["LT2_ATTN_DQ"] = dq
+                return attention(q, k, v, gate=g, backend="triton")
+
+            return fn, leaves
 
         return make
 
@@ -84,6 +90,7 @@ def _full_cases(T: int) -> list[Case]:
         for bw in (False, True)
         for impl, mk in (
             ("lt2dsl+gate", ours(True)),
+            ("lt2dsl+gate-split", ours(True, "split")),
             ("lt2dsl", ours(False)),
             ("sdpa", sdpa),
             ("sdpa-default", sdpa_default),
@@ -244,7 +251,7 @@ def main() -> None:
     rows = harness.run_cases("kernels_attn" + (f"_{tag}" if tag else ""), cases(), ceilings)
     from lt2dsl.kernels.attention import triton_bwd
 
-    for name in ("_dkdv_tuned", "_dq_tuned"):
+    for name in ("_dkdv_tuned", "_dq_tuned", "_dkdv_ds_tuned", "_dq_ds_tuned"):
         tuned = getattr(triton_bwd, name)
         print(f"{name}: " + "; ".join(f"{k[:4]} -> {c}" for k, c in tuned.cache.items()))
     print(harness.summary_table(rows, baseline_impl="sdpa"))

@@ -182,14 +182,49 @@ def test_triton_matches_reference(case, poison):
 @pytest.mark.parametrize("case", ["gqa", "window7-elem", "w>T-D24", "bf16-w16-head"])
 def test_triton_backward_uneven_tiles(case, poison, monkeypatch):
     """The GPU's autotuned backward tiles are uneven (dK/dV 128 keys x 32 rows, dQ 128 rows x 32
-    keys); the row and key bands must hold for any pair: here 32 x 16 and 16 x 32."""
+    keys); the row and key bands must hold for any pair: here 32 x 16 and 16 x 32 (and 16 x 32 for
+    dQ from dS, read across the dK/dV kernel's 32-key tiles)."""
     from lt2dsl.kernels.attention import triton_bwd
 
     tiles = dict(
-        kv=dict(BN=32, BM=16, num_warps=1, num_stages=1), q=dict(BM=32, BN=16, num_warps=1, num_stages=1)
+        kv=dict(BN=32, BM=16, num_warps=1, num_stages=1),
+        q=dict(BM=32, BN=16, num_warps=1, num_stages=1),
+        ds=dict(BM=16, BN=32, num_warps=1, num_stages=1),
     )
     monkeypatch.setattr(triton_bwd, "bwd_config", lambda D, dtype: tiles)
     check_triton_case(*TRITON_CASES[case])
+
+
+@pytest.mark.parametrize("form", ["ds", "split", "ds-groups"])
+@pytest.mark.parametrize("case", ["gqa", "T1-head", "noncausal-prefill", "bf16-head"])
+def test_triton_dq_forms(case, form, poison, monkeypatch):
+    """dQ both ways: from the dS the dK/dV kernel writes (the default; "ds-groups" with a budget of
+    one kv head, so several launches share one buffer) and by the split dQ kernel. The kernel the
+    other form uses is broken, so each run shows which path it took."""
+    from lt2dsl.kernels.attention import triton_bwd
+
+    cases = dict(TRITON_CASES, **{"bf16-head": (2, 63, 63, 4, 2, 32, True, None, "head", torch.bfloat16)})
+    B, Tq, Tk, HQ, HKV, D, *_, dtype = cases[case]
+    monkeypatch.setenv("LT2_ATTN_DQ", "split" if form == "split" else "ds")
+    if form == "ds-groups":
+        slab = (HQ // HKV) * Tq * Tk * dtype.itemsize
+        monkeypatch.setenv("LT2_ATTN_DS_BYTES", str(slab))
+        assert triton_bwd.ds_group_heads(B, HQ, HKV, Tq, Tk, torch.empty(0, dtype=dtype)) == 1
+    unused = "_bwd_dq_ds_kernel" if form == "split" else "_bwd_dq_kernel"
+    monkeypatch.setattr(triton_bwd, unused, None)
+    check_triton_case(*cases[case])
+
+
+def test_triton_ds_budget_falls_back_to_split(poison, monkeypatch):
+    """A dS slab larger than the budget takes the split dQ kernel (and stays correct)."""
+    from lt2dsl.kernels.attention import triton_bwd
+
+    monkeypatch.setenv("LT2_ATTN_DS_BYTES", "0")
+    monkeypatch.setattr(triton_bwd, "_bwd_dq_ds_kernel", None)
+    check_triton_case(*TRITON_CASES["gqa"])
+    monkeypatch.setenv("LT2_ATTN_DQ", "atomic")
+    with pytest.raises(ValueError, match="LT2_ATTN_DQ"):
+        check_triton_case(*TRITON_CASES["gqa"])
 
 
 def test_triton_window_one_is_identity(poison):
@@ -240,13 +275,19 @@ def test_gpu_full_size(shape, dtype, mode, poison):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", range(N_BWD_CONFIGS))
-@pytest.mark.parametrize("mode", ["full", "w512-elem"])
-def test_gpu_every_backward_config(config, mode, poison):
+@pytest.mark.parametrize("mode", ["full", "full-split", "full-groups", "w512-elem"])
+def test_gpu_every_backward_config(config, mode, poison, monkeypatch):
     """Each backward tile config the autotuner may pick on this GPU, forced one at a time (Hopper
-    miscompiles are per config: /work/shared/bench/README.md)."""
+    miscompiles are per config: /work/shared/bench/README.md). Full attention takes dQ from dS by
+    default; "full-split" forces the split dQ kernel, "full-groups" a dS budget of two kv heads
+    (eight launches of each kernel through one buffer)."""
     from lt2dsl.kernels.attention.triton_bwd import forced_bwd_config
 
-    window, gate = {"full": (None, None), "w512-elem": (512, "elem")}[mode]
+    if mode == "full-split":
+        monkeypatch.setenv("LT2_ATTN_DQ", "split")
+    if mode == "full-groups":
+        monkeypatch.setenv("LT2_ATTN_DS_BYTES", str(2 * 4 * 1000 * 1000 * 2))
+    window, gate = {"full": (None, None), "w512-elem": (512, "elem")}.get(mode, (None, None))
     with forced_bwd_config(config):
         check_triton_case(2, 1000, 1000, 16, 4, 128, True, window, gate, torch.bfloat16, device="cuda")
 

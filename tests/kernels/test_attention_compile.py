@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("LT2_AOT_CHECK") != "1", reason="offline sm_90 compile check: set LT2_AOT_CHECK=1"
 )
 
-INTS = {"Tq", "Tk", "qoff", "W", "KOFF", "NROWS"}
+INTS = {"Tq", "Tk", "qoff", "W", "KOFF", "NROWS", "BH0"}
 
 
 def _jobs():
@@ -40,13 +40,18 @@ def _jobs():
         c = F.fwd_config(D, torch.bfloat16)
         cex = dict(common, D=D, DV=D, BD=D, BDV=D, GATE_MODE=1, ORDER=1, BM=c["BM"], BN=c["BN"])
         jobs.append((f"fwd-D{D}", F._attn_fwd_kernel, cex, c["num_warps"], c["num_stages"]))
-    for name, kernel, configs, order in (
-        ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, 0),
-        ("dq", B._bwd_dq_kernel, B.Q_CONFIGS, 1),
+    for name, kernel, configs, order, extra in (
+        ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, 0, dict(STORE_DS=False)),
+        ("dkdv-ds", B._bwd_dkdv_kernel, B.KV_DS_CONFIGS, 0, dict(STORE_DS=True)),
+        ("dq", B._bwd_dq_kernel, B.Q_CONFIGS, 1, {}),
     ):
         for i, c in enumerate(configs):
-            cex = dict(common, ORDER=order, **c.kwargs)
+            cex = dict(common, ORDER=order, **extra, **c.kwargs)
             jobs.append((f"{name}{i}", kernel, cex, c.num_warps, c.num_stages))
+    ds_common = {n: common[n] for n in ("HQ", "GRP", "D", "BD", "CAUSAL", "DOT_PREC")}
+    for i, c in enumerate(B.DS_CONFIGS):
+        cex = dict(ds_common, ORDER=1, **c.kwargs)
+        jobs.append((f"dq-ds{i}", B._bwd_dq_ds_kernel, cex, c.num_warps, c.num_stages))
     return jobs
 
 
@@ -58,7 +63,7 @@ def test_config_compiles_and_fits(job):
     from triton.runtime.errors import OutOfResources
 
     name, fn, cex, warps, stages = job
-    ptrs = {n: "*bf16" for n in ("Q", "K", "V", "GATE", "O", "DU", "DQ", "DK", "DV_OUT")}
+    ptrs = {n: "*bf16" for n in ("Q", "K", "V", "GATE", "O", "DU", "DQ", "DK", "DV_OUT", "DS")}
     ptrs.update(LSE="*fp32", DELTA="*fp32", CU_Q="*i32", CU_K="*i32", BLK_MAP="*i32")
     scalars = {n: "i32" for n in INTS}
     scalars.update(qk_scale="fp32", scale="fp32")

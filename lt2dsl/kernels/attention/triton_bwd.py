@@ -6,6 +6,12 @@ so the preprocess reads dO, o and g once and writes dU, D and dg. dK/dV: one pro
 kv head loops over the G query heads of its group (no atomics); dQ: one program per query block.
 Both recompute p = exp2(s·scale·log2e − lse). Hopper notes: pᵀ and dsᵀ are computed directly as
 k qᵀ and v dOᵀ from transposed loads, so no dot result is transposed before feeding another dot.
+
+dQ from dS (the default without a window): the dK/dV kernel also writes each dsᵀ tile, already
+rounded to the input dtype for its dK dot, to a key-major dS; dQ = dS K is then one dot per tile
+that streams dS (2 bytes per 256 FLOPs at D = 128) instead of the split kernel's three dots that
+recompute p and dp. The numbers are the split kernel's: it rounds the same ds before its dot. The
+buffer is bounded (`ds_group_heads`); larger problems run in groups of heads through it.
 """
 
 from __future__ import annotations
@@ -272,6 +278,127 @@ def _bwd_dq_kernel(
 
 
 @triton.jit
+def _dq_ds_inner(
+    dq,
+    ds_base,
+    k_ptr,
+    start,
+    end,
+    rows,
+    in_q,
+    qpos,
+    Tq,
+    Tk,
+    offs_d,
+    stride_kt,
+    D: tl.constexpr,
+    BN: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """dq += ds k over key blocks [start, end), ds read from a key-major dS."""
+    for n in range(start, end, BN):
+        keys = n + tl.arange(0, BN)
+        in_k = keys < Tk
+        ok = in_q[:, None] & in_k[None, :]
+        if MASK and CAUSAL:
+            # the dK/dV kernel wrote every causal pair; the rest of a tile is never read
+            ok = ok & (keys[None, :] <= qpos[:, None])
+        ds = tl.load(ds_base + keys[None, :].to(tl.int64) * Tq + rows[:, None], mask=ok, other=0.0)
+        k = tl.load(
+            k_ptr + keys[:, None].to(tl.int64) * stride_kt + offs_d[None, :],
+            mask=in_k[:, None] & (offs_d[None, :] < D),
+            other=0.0,
+        )
+        dq += mm(ds, k, DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_ds_kernel(
+    DS,
+    K,
+    DQ,
+    Tq,
+    Tk,
+    qoff,
+    scale,
+    BH0,
+    HQ: tl.constexpr,
+    GRP: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    ORDER: tl.constexpr,
+):
+    """dQ = dS K for BM query rows of query head (BH0 · GRP + program_id(1)) of a group, from the
+    key-major dS the dK/dV kernel wrote: one dot per tile (the split dQ kernel's three)."""
+    pid_m, pid_l = _program_ids(ORDER)
+    qp = BH0 * GRP + pid_l
+    b = qp // HQ
+    h = qp % HQ
+    HKV = HQ // GRP
+    rows = pid_m * BM + tl.arange(0, BM)
+    in_q = rows < Tq
+    qpos = rows + qoff
+    offs_d = tl.arange(0, BD)
+    p0 = pid_m * BM + qoff
+    p1 = tl.minimum(pid_m * BM + BM, Tq) - 1 + qoff
+    lo, full_lo, full_hi, hi = _band(p0, p1, Tk, 0, 0, BN, CAUSAL, False, 1)
+    ds_base = DS + pid_l.to(tl.int64) * Tk * Tq
+    k_ptr = K + ((b * Tk).to(tl.int64) * HKV + h // GRP) * D
+    dq = tl.zeros([BM, BD], dtype=tl.float32)
+    dq = _dq_ds_inner(
+        dq,
+        ds_base,
+        k_ptr,
+        full_lo,
+        full_hi,
+        rows,
+        in_q,
+        qpos,
+        Tq,
+        Tk,
+        offs_d,
+        HKV * D,
+        D,
+        BN,
+        False,
+        CAUSAL,
+        DOT_PREC,
+    )
+    dq = _dq_ds_inner(
+        dq,
+        ds_base,
+        k_ptr,
+        tl.maximum(full_lo, full_hi),
+        hi,
+        rows,
+        in_q,
+        qpos,
+        Tq,
+        Tk,
+        offs_d,
+        HKV * D,
+        D,
+        BN,
+        True,
+        CAUSAL,
+        DOT_PREC,
+    )
+    row_off = ((b * Tq + rows) * HQ + h).to(tl.int64)
+    tl.store(
+        DQ + row_off[:, None] * D + offs_d[None, :],
+        cast(dq * scale, DQ.dtype.element_ty),
+        mask=in_q[:, None] & (offs_d[None, :] < D),
+    )
+
+
+@triton.jit
 def _row_band(
     k0,
     k1,
@@ -324,6 +451,8 @@ def _dkdv_inner(
     qk_scale,
     offs_d,
     offs_dv,
+    ds_blk,
+    ds_rows,
     HQ: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
@@ -332,8 +461,11 @@ def _dkdv_inner(
     CAUSAL: tl.constexpr,
     HAS_W: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    STORE_DS: tl.constexpr,
 ):
-    """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head."""
+    """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head; with
+    STORE_DS each dsᵀ tile also goes to this key block's rows of a key-major dS (`ds_blk` their
+    start, `ds_rows` each row's offset)."""
     for m in range(start, end, BM):
         rows = m + tl.arange(0, BM)
         in_q = rows < Tq_n
@@ -359,8 +491,10 @@ def _dkdv_inner(
             pt = tl.where(ok, pt, 0.0)
         dv += mm(cast(pt, do.dtype), do, DOT_PREC)
         dpt = mm(v, tl.trans(do), DOT_PREC)
-        dst = pt * (dpt - delta[None, :])
-        dk += mm(cast(dst, qt.dtype), tl.trans(qt), DOT_PREC)
+        dst = cast(pt * (dpt - delta[None, :]), qt.dtype)
+        if STORE_DS:
+            tl.store(ds_blk + (ds_rows + rows[None, :]), dst, mask=in_k[:, None] & in_q[None, :])
+        dk += mm(dst, tl.trans(qt), DOT_PREC)
     return dk, dv
 
 
@@ -374,6 +508,7 @@ def _bwd_dkdv_kernel(
     DELTA,
     DK,
     DV_OUT,
+    DS,
     CU_Q,
     CU_K,
     BLK_MAP,
@@ -385,6 +520,7 @@ def _bwd_dkdv_kernel(
     qk_scale,
     scale,
     NROWS,
+    BH0,
     HQ: tl.constexpr,
     GRP: tl.constexpr,
     D: tl.constexpr,
@@ -399,10 +535,16 @@ def _bwd_dkdv_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     ORDER: tl.constexpr,
+    STORE_DS: tl.constexpr,
 ):
-    """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it."""
+    """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it.
+
+    With STORE_DS the programs are the kv heads BH0 + program_id(1) of a group, and each query
+    head's dS is written key-major to DS (`[GRP · heads of the group, Tk, Tq]`) for `_bwd_dq_ds_kernel`.
+    """
     HKV = HQ // GRP
     pid_n, pid_bh = _program_ids(ORDER)
+    pid_bh += BH0
     b, hk, i_n, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
         pid_n, pid_bh, CU_K, CU_Q, BLK_MAP, Tk, Tq, qoff, HKV, VARLEN
     )
@@ -431,6 +573,9 @@ def _bwd_dkdv_kernel(
     )
     for g in range(GRP):
         h = hk * GRP + g
+        # a scalar base and int32 offsets: a tile of 64-bit pointers held across the loop spilled
+        ds_blk = DS + (((pid_bh - BH0) * GRP + g).to(tl.int64) * Tk + i_n * BN) * Tq
+        ds_rows = tl.arange(0, BN)[:, None] * Tq
         q_ptr = Q + (bos_q.to(tl.int64) * HQ + h) * D
         do_ptr = DU + (bos_q.to(tl.int64) * HQ + h) * DV
         lse_ptr = LSE + h.to(tl.int64) * NROWS + bos_q
@@ -454,6 +599,8 @@ def _bwd_dkdv_kernel(
             qk_scale,
             offs_d,
             offs_dv,
+            ds_blk,
+            ds_rows,
             HQ,
             D,
             DV,
@@ -462,6 +609,7 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
+            STORE_DS,
         )
         dk, dv = _dkdv_inner(
             dk,
@@ -482,6 +630,8 @@ def _bwd_dkdv_kernel(
             qk_scale,
             offs_d,
             offs_dv,
+            ds_blk,
+            ds_rows,
             HQ,
             D,
             DV,
@@ -490,6 +640,7 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
+            STORE_DS,
         )
         dk, dv = _dkdv_inner(
             dk,
@@ -510,6 +661,8 @@ def _bwd_dkdv_kernel(
             qk_scale,
             offs_d,
             offs_dv,
+            ds_blk,
+            ds_rows,
             HQ,
             D,
             DV,
@@ -518,6 +671,7 @@ def _bwd_dkdv_kernel(
             CAUSAL,
             HAS_W,
             DOT_PREC,
+            STORE_DS,
         )
     tl.store(
         DK + k_off[:, None] * D + offs_d[None, :],
@@ -540,13 +694,17 @@ def bwd_config(D: int, dtype: torch.dtype) -> dict:
     where the peer saw it, so the GPU tests force every listed config (tests/kernels/test_attention.py).
     """
     if triton_interpreting():
+        # the dS path's dQ tile differs from the dK/dV tile: the tests then check that the two
+        # kernels agree on dS's addressing, not on a shared tiling
         return dict(
-            kv=dict(BN=16, BM=16, num_warps=1, num_stages=1), q=dict(BM=16, BN=16, num_warps=1, num_stages=1)
+            kv=dict(BN=16, BM=16, num_warps=1, num_stages=1),
+            q=dict(BM=16, BN=16, num_warps=1, num_stages=1),
+            ds=dict(BM=32, BN=16, num_warps=1, num_stages=1),
         )
     if dtype == torch.float32 or D > 128:
         small = dict(BN=32, BM=32, num_warps=4, num_stages=1)
-        return dict(kv=small, q=small)
-    return dict(kv=_as_dict(KV_CONFIGS[0]), q=_as_dict(Q_CONFIGS[0]))
+        return dict(kv=small, q=small, ds=small)
+    return dict(kv=_as_dict(KV_CONFIGS[0]), q=_as_dict(Q_CONFIGS[0]), ds=_as_dict(DS_CONFIGS[0]))
 
 
 # 16-bit, D ≤ 128, fixed-length batches: the tiles are autotuned on the GPU. The H200 profile of
@@ -573,7 +731,20 @@ Q_CONFIGS = [
 if os.environ.get("LT2_ATTN_CANDIDATES", "0") == "1":
     KV_CONFIGS.append(triton.Config({"BN": 64, "BM": 64}, num_warps=8, num_stages=3))
     Q_CONFIGS.append(triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3))
-_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC", "ORDER"]
+# The dK/dV kernel writing dS holds one more tile through the loop (the 16-bit dsᵀ, converted to a
+# row-contiguous layout for 16-byte stores): offline sm_90 it spills 0-256 B per thread at the
+# configs above except 128 x 64 at 2 stages (536 B, against 200 without the store), left out.
+KV_DS_CONFIGS = [c for c in KV_CONFIGS if (c.kwargs["BN"], c.kwargs["BM"], c.num_stages) != (128, 64, 2)]
+# dQ = dS K reads 2 bytes of dS per 256 FLOPs (D = 128): below the H200's ~180 FLOP/byte ridge, so
+# the tiles are chosen for streaming dS (deep pipelines) more than for the dots.
+DS_CONFIGS = [
+    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BM": 64, "BN": 128}, num_warps=4, num_stages=3),
+    triton.Config({"BM": 64, "BN": 64}, num_warps=4, num_stages=4),
+]
+_KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC", "ORDER", "STORE_DS"]
+_DS_KEY = ["HQ", "GRP", "D", "CAUSAL", "DOT_PREC", "ORDER"]
 
 
 def _as_dict(c: triton.Config) -> dict:
@@ -581,13 +752,88 @@ def _as_dict(c: triton.Config) -> dict:
 
 
 _dkdv_tuned = autotuned_on_gpu(_bwd_dkdv_kernel, KV_CONFIGS, _KEY)
-_dq_tuned = autotuned_on_gpu(_bwd_dq_kernel, Q_CONFIGS, _KEY)
-N_BWD_CONFIGS = max(len(KV_CONFIGS), len(Q_CONFIGS))
+_dkdv_ds_tuned = autotuned_on_gpu(_bwd_dkdv_kernel, KV_DS_CONFIGS, _KEY)
+_dq_tuned = autotuned_on_gpu(_bwd_dq_kernel, Q_CONFIGS, _KEY[:-1])
+_dq_ds_tuned = autotuned_on_gpu(_bwd_dq_ds_kernel, DS_CONFIGS, _DS_KEY)
+N_BWD_CONFIGS = max(len(KV_CONFIGS), len(Q_CONFIGS), len(DS_CONFIGS))
 
 
 def forced_bwd_config(i: int):
     """The autotuned backward kernels run config i of their lists (see `forced_autotune_config`)."""
-    return forced_autotune_config([t for t in (_dkdv_tuned, _dq_tuned) if t is not None], i)
+    tuned = (_dkdv_tuned, _dq_tuned, _dkdv_ds_tuned, _dq_ds_tuned)
+    return forced_autotune_config([t for t in tuned if t is not None], i)
+
+
+def dq_mode() -> str:
+    """How the backward forms dQ: "ds" (default) — the dK/dV kernel writes dS in the input dtype and
+    one dot per tile reads it back — or "split", the FlashAttention-2 dQ kernel that recomputes p
+    and dp (three dots per tile). Read at each call (`LT2_ATTN_DQ`), so a benchmark can switch it."""
+    mode = os.environ.get("LT2_ATTN_DQ", "ds")
+    if mode not in ("ds", "split"):
+        raise ValueError(f"LT2_ATTN_DQ must be 'ds' or 'split', got {mode!r}")
+    return mode
+
+
+# Bytes the dS buffer may take by default; at most a quarter of the device memory free at the call.
+DS_BYTES = 4 << 30
+
+
+def ds_group_heads(B: int, HQ: int, HKV: int, Tq: int, Tk: int, ref: torch.Tensor) -> int:
+    """KV heads (of the B·HKV) per launch of the dS path, 0 when one does not fit the budget.
+
+    Causal dS fills half of each [Tk, Tq] slab, but a slab is addressed densely so any tile
+    sizes of the two kernels agree on it; the budget (`LT2_ATTN_DS_BYTES`, default 4 GiB) bounds
+    the buffer, and larger problems run in groups of heads through one buffer.
+    """
+    budget = int(os.environ.get("LT2_ATTN_DS_BYTES", DS_BYTES))
+    if ref.is_cuda:
+        budget = min(budget, torch.cuda.mem_get_info(ref.device)[0] // 4)
+    per_kv = (HQ // HKV) * Tq * Tk * ref.element_size()
+    return min(B * HKV, budget // per_kv) if per_kv else 0
+
+
+def _bwd_ds(q, k, v, du, lse, delta, dq, dk, dv, dummy, scalars, common, cfg, tuned, group, o_q):
+    """dK, dV and dS by the dK/dV kernel, then dQ = dS K, over groups of `group` kv heads."""
+    B, Tq, HQ, D = q.shape
+    Tk, HKV = k.shape[1], k.shape[2]
+    GRP = HQ // HKV
+    ds = torch.empty(group * GRP, Tk, Tq, dtype=q.dtype, device=q.device)
+    qk = dict(
+        HQ=HQ, GRP=GRP, D=D, BD=pow2(D), CAUSAL=common["CAUSAL"], DOT_PREC=common["DOT_PREC"], ORDER=o_q
+    )
+    q_scalars = (Tq, Tk, scalars[2], scalars[6])
+    for g0 in range(0, B * HKV, group):
+        n = min(group, B * HKV - g0)
+        args = (q, k, v, du, lse, delta, dk, dv, ds, dummy, dummy, dummy, *scalars, g0)
+        if tuned:
+            _dkdv_ds_tuned[lambda m, n=n: (triton.cdiv(Tk, m["BN"]), n)](
+                *args, ORDER=0, STORE_DS=True, **common
+            )
+            _dq_ds_tuned[lambda m, n=n: (triton.cdiv(Tq, m["BM"]), n * GRP)](ds, k, dq, *q_scalars, g0, **qk)
+            continue
+        ckv, cq = cfg["kv"], cfg["ds"]
+        _bwd_dkdv_kernel[(triton.cdiv(Tk, ckv["BN"]), n)](
+            *args,
+            BM=ckv["BM"],
+            BN=ckv["BN"],
+            ORDER=0,
+            STORE_DS=True,
+            num_warps=ckv["num_warps"],
+            num_stages=ckv["num_stages"],
+            **common,
+        )
+        _bwd_dq_ds_kernel[(triton.cdiv(Tq, cq["BM"]), n * GRP)](
+            ds,
+            k,
+            dq,
+            *q_scalars,
+            g0,
+            BM=cq["BM"],
+            BN=cq["BN"],
+            num_warps=cq["num_warps"],
+            num_stages=cq["num_stages"],
+            **qk,
+        )
 
 
 def attn_bwd(
@@ -651,10 +897,31 @@ def attn_bwd(
     # are its first key blocks, which the plain order already launches first
     o_q, o_k = launch_order(causal, window, cu is not None), 0
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
+    qo = Tk - Tq if qoff is None else qoff
+    group = ds_group_heads(B, HQ, HKV, Tq, Tk, q) if dq_mode() == "ds" else 0
+    if group and window is None and kstride == 1 and koff == 0 and cu is None and qo >= 0:
+        _bwd_ds(q, k, v, du, lse, delta, dq, dk, dv, dummy, scalars, common, cfg, tuned, group, o_q)
+        return dq, dk, dv, dg
     if tuned:
         cu_q = cu_k = blk_q = blk_k = dummy
         _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
-            q, k, v, du, lse, delta, dk, dv, cu_q, cu_k, blk_k, *scalars, ORDER=o_k, **common
+            q,
+            k,
+            v,
+            du,
+            lse,
+            delta,
+            dk,
+            dv,
+            dummy,
+            cu_q,
+            cu_k,
+            blk_k,
+            *scalars,
+            0,
+            ORDER=o_k,
+            STORE_DS=False,
+            **common,
         )
         _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
             q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, ORDER=o_q, **common
@@ -677,13 +944,16 @@ def attn_bwd(
         delta,
         dk,
         dv,
+        dummy,
         cu_q,
         cu_k,
         blk_k,
         *scalars,
+        0,
         BM=ckv["BM"],
         BN=ckv["BN"],
         ORDER=o_k,
+        STORE_DS=False,
         num_warps=ckv["num_warps"],
         num_stages=ckv["num_stages"],
         **common,
