@@ -149,7 +149,7 @@ def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype, train: bool = Tru
     2000, 129). KDA's float64 chunked reference keeps a [64, 64, K] tensor per chunk for autograd,
     so at T = 8192 its gradients are not checked (forward only); T = 1000 covers them. Without
     `train` no input needs a gradient: the inference forward, which for GDN and DeltaNet is by
-    default the scan that forms the output itself (LT2_DELTA_FUSED_O=inference).
+    default the scan that forms the output itself (as training does: LT2_DELTA_FUSED_O=1).
     """
     tol = tolerance(dtype)
     kw: dict = {}

@@ -163,8 +163,8 @@ def test_varlen(info):
 def test_forward_variants(info, wu, fused, tstate, early_p, monkeypatch):
     """Every training forward form against float64, grouped heads and two chunks, forward and
     gradients: the scan applying T itself (default) or W, U formed first (LT2_DELTA_WU), each with
-    the output in its own kernel (LT2_DELTA_FUSED_O=0, and the default =inference, as these calls
-    train) or formed in the scan (=1), untransposed (LT2_DELTA_TSTATE=0) or with the state
+    the output in its own kernel (LT2_DELTA_FUSED_O=0, and =inference, as these calls train) or
+    formed in the scan (=1, the default), untransposed (LT2_DELTA_TSTATE=0) or with the state
     transposed (and in its EARLY_P order)."""
     monkeypatch.setattr(delta_launch, "WU", wu)
     monkeypatch.setattr(delta_launch, "FUSED_O", fused)
@@ -181,7 +181,7 @@ def test_forward_variants(info, wu, fused, tstate, early_p, monkeypatch):
 )
 def test_forward_variants_inference_varlen(info, fused, tstate, monkeypatch):
     """Inference with the split form (LT2_DELTA_FUSED_O=0) and with the output formed in the scan
-    (=inference, the default: no state or U' buffer), untransposed (LT2_DELTA_TSTATE=0) or with
+    (=inference, or the default =1: no state or U' buffer), untransposed (LT2_DELTA_TSTATE=0) or with
     the state transposed (the default), over packed sequences with an initial state, bf16: the
     same output and final state as float64."""
     monkeypatch.setattr(delta_launch, "FUSED_O", fused)
@@ -419,9 +419,9 @@ def test_inference_fused_scan(info, wu, tstate, early_p, monkeypatch):
 
 
 def test_fused_output_switch():
-    """LT2_DELTA_FUSED_O: 0 (split), 1 (always fused), inference (the default: fused without
+    """LT2_DELTA_FUSED_O: 0 (split), 1 (always fused, the default), inference (fused without
     gradients); anything else is refused with the accepted values."""
-    assert delta_launch.FUSED_O is None or "LT2_DELTA_FUSED_O" in os.environ
+    assert delta_launch.FUSED_O is True or "LT2_DELTA_FUSED_O" in os.environ
     assert delta_launch._fused_o_switch("0") is False
     assert delta_launch._fused_o_switch("1") is True
     assert delta_launch._fused_o_switch("inference") is None

@@ -4,8 +4,9 @@ Forward (chunked): `delta_wy_rows_kernel` (or KDA's `kda_intra_fwd_kernel`) prep
 per chunk, then `delta_split.delta_h_fwd_kernel` scans the chunks and `delta_o_fwd_kernel` writes
 the output per chunk (the earlier fused scan and register-only UT transform, slower on the H200,
 were removed after the fourth session's measurements; BENCHMARKS.md). For a scalar gate `FUSED_O`
-(by default for inference) runs `delta_hot_fwd_kernel` instead, the scan forming the output itself
-with the state held transposed (`delta_ho_fwd_kernel` untransposed, with LT2_DELTA_TSTATE=0).
+(the default, for inference and training) runs `delta_hot_fwd_kernel` instead, the scan forming
+the output itself with the state held transposed (`delta_ho_fwd_kernel` untransposed, with
+LT2_DELTA_TSTATE=0).
 Backward: the W-based reverse scan of `delta_split` (or, with LT2_DELTA_WBWD=0, the fused
 `delta_state_bwd_kernel`), then the per-chunk gradient kernels (`delta_grad`, plus KDA's
 `kda_grad_intra_kernel`). Decode: `delta_recurrent_kernel`.
@@ -147,6 +148,8 @@ WU = os.environ.get("LT2_DELTA_WU", "0") == "1"
 # guards that. LT2_DELTA_WBWD=0 selects the fused reverse scan, which reads the scores P the forward
 # then keeps.
 WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
+
+
 # The output formed inside the state scan (scalar gate: GDN and DeltaNet) instead of a
 # chunk-parallel output kernel reading back the per-chunk states and U' (in fp32): for inference no
 # state or U' goes through memory (nor is a [chunks, HV, K, V] buffer allocated), and training
@@ -160,11 +163,11 @@ WBWD = os.environ.get("LT2_DELTA_WBWD", "1") == "1"
 # fused scan), fwd+bwd with training fused too 4.481 against 4.577; DeltaNet 1.060 against 1.120 and
 # 4.339 against 4.428. Checked there against float64 for inference (every case: 20 passed) and for
 # training with LT2_DELTA_FUSED_O=1 (44 passed, every autotune config forced; 10 fp32 forcings
-# skipped as not fitting, which the autotuner skips too), but the device time ran out before seven
-# T = 8192 training cases, the timed shape among them, could run with it. So the default fuses for
-# inference only (=inference; training keeps the split form, 4.533-4.576 ms fwd+bwd in the same
-# runs) until those pass; =1 fuses always, =0 never. LT2_DELTA_TSTATE=0 runs the untransposed fused
-# scan (`delta_ho_fwd_kernel`).
+# skipped as not fitting, which the autotuner skips too), and in the sixteenth session the eight
+# T = 8192 training cases (GDN and DeltaNet, D 64 and 128, bf16 and fp32) passed with it too. So
+# the scan forms the output for training as well by default (=1); =inference fuses only when no
+# input needs a gradient (the fifteenth session's default), =0 never. LT2_DELTA_TSTATE=0 runs the
+# untransposed fused scan (`delta_ho_fwd_kernel`).
 def _fused_o_switch(value: str) -> bool | None:
     modes = {"1": True, "0": False, "inference": None}
     if value not in modes:
@@ -172,7 +175,7 @@ def _fused_o_switch(value: str) -> bool | None:
     return modes[value]
 
 
-FUSED_O = _fused_o_switch(os.environ.get("LT2_DELTA_FUSED_O", "inference"))
+FUSED_O = _fused_o_switch(os.environ.get("LT2_DELTA_FUSED_O", "1"))
 TSTATE = os.environ.get("LT2_DELTA_TSTATE", "1") == "1"
 # The W-based reverse scan with the state gradient held transposed (`delta_dht_bwd_kernel`), the
 # forward's trick for the backward (scalar gate): opt-in until the H200 has checked and timed it.
