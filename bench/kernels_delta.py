@@ -2,7 +2,8 @@
 
 `cases()` returns harness Cases (bench/kernels.py merges them); `python bench/kernels_delta.py`
 runs them standalone, prints a table with ratios to the peer and writes `$OUT/kernels_delta.json`.
-Selection: `ONLY=substring,substring` keeps the cases whose group contains one of the substrings;
+Selection: `ONLY=substring,substring` keeps the cases whose group contains one of the substrings,
+`IMPLS=name,name` those rows only (e.g. `IMPLS=lt2dsl,lt2dsl-tall,fla`);
 `TAG=name` writes `$OUT/kernels_delta_<name>.json` instead.
 
 Shapes: training at B·T = 32k tokens, H = 16, D = 128, bf16, T ∈ {2k, 8k, 32k} (B = 16, 4, 1;
@@ -14,13 +15,13 @@ and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DEL
 instead of the default W-based one (VARIANTS=0 leaves both out); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
-forms the output in the state scan with the state transposed, for inference only; FUSEDO=1 adds,
-for GDN and DeltaNet, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0), `lt2dsl-to`
-(fused for training too, =1), `lt2dsl-fusedo` (the inference scan untransposed, LT2_DELTA_TSTATE=0),
-`lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1) and, forward+backward, `lt2dsl-tbwd` (training
-fused, the reverse scan with the state gradient transposed: =1 with LT2_DELTA_TSTATE_BWD=1),
-`lt2dsl-ycc` (Y = Tᵀ dU' formed by the C x C kernel, LT2_DELTA_Y_IN_CC=1) and `lt2dsl-tall`
-(all three).
+forms the output in the state scan with the state transposed, for training too; FUSEDO=1 adds,
+for GDN and DeltaNet, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0),
+`lt2dsl-infonly` (fused for inference only, =inference: training splits), `lt2dsl-fusedo` (the
+scan untransposed, LT2_DELTA_TSTATE=0), `lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1) and,
+forward+backward, `lt2dsl-tbwd` (the reverse scan with the state gradient transposed,
+LT2_DELTA_TSTATE_BWD=1), `lt2dsl-ycc` (Y = Tᵀ dU' formed by the C x C kernel,
+LT2_DELTA_Y_IN_CC=1) and `lt2dsl-tall` (all three).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
 
 FLOPs are the useful work of mixers.md §4 (d) (the backward counted by our formula); bytes are the
@@ -170,14 +171,14 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             out.append(Case(group=group, impl="lt2dsl-splito", make=_flags(ours, FUSED_O=False), **extra))
             untransposed = _flags(ours, TSTATE=False)
             out.append(Case(group=group, impl="lt2dsl-fusedo", make=untransposed, **extra))
-            out.append(Case(group=group, impl="lt2dsl-to", make=_flags(ours, FUSED_O=True), **extra))
+            out.append(Case(group=group, impl="lt2dsl-infonly", make=_flags(ours, FUSED_O=None), **extra))
             out.append(Case(group=group, impl="lt2dsl-twu", make=_flags(ours, WU=True), **extra))
             if backward:  # the reverse scan with the state gradient transposed (LT2_DELTA_TSTATE_BWD=1)
-                tbwd = _flags(ours, FUSED_O=True, TSTATE_BWD=True)
+                tbwd = _flags(ours, TSTATE_BWD=True)
                 out.append(Case(group=group, impl="lt2dsl-tbwd", make=tbwd, **extra))
                 # Y = Tᵀ dU' formed by the C x C kernel (LT2_DELTA_Y_IN_CC=1), alone and with the above
                 out.append(Case(group=group, impl="lt2dsl-ycc", make=_flags(ours, Y_IN_CC=True), **extra))
-                every = _flags(ours, FUSED_O=True, TSTATE_BWD=True, Y_IN_CC=True)
+                every = _flags(ours, TSTATE_BWD=True, Y_IN_CC=True)
                 out.append(Case(group=group, impl="lt2dsl-tall", make=every, **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
@@ -289,7 +290,10 @@ def cases() -> list[Case]:
         for batch in DECODE_BATCHES:
             out += _decode_cases(op, batch)
     only = [s for s in os.environ.get("ONLY", "").split(",") if s]
-    return [c for c in out if not only or any(s in c.group for s in only)]
+    impls = [s for s in os.environ.get("IMPLS", "").split(",") if s]
+    return [
+        c for c in out if (not only or any(s in c.group for s in only)) and (not impls or c.impl in impls)
+    ]
 
 
 def peer_agreement() -> None:

@@ -215,6 +215,28 @@ def test_triton_dq_forms(case, form, poison, monkeypatch):
     check_triton_case(*cases[case])
 
 
+@pytest.mark.parametrize("case", ["window7-elem", "T1-head", "w>T-D24", "bf16-w16-head"])
+def test_triton_gate_loaded_early(case, poison, monkeypatch):
+    """The forward loading the gate before its diagonal blocks (LT2_ATTN_GATE_EARLY=1), per element
+    and per head: the launches record that they ran that form."""
+    from lt2dsl.kernels.attention import triton_fwd
+
+    plain, seen = triton_fwd._attn_fwd_kernel, []
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append(kw["GATE_EARLY"])
+                return plain[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(triton_fwd, "_attn_fwd_kernel", Recording())
+    monkeypatch.setenv("LT2_ATTN_GATE_EARLY", "1")
+    check_triton_case(*TRITON_CASES[case])
+    assert seen and all(seen)
+
+
 def test_triton_ds_budget_falls_back_to_split(poison, monkeypatch):
     """A dS slab larger than the budget takes the split dQ kernel (and stays correct)."""
     from lt2dsl.kernels.attention import triton_bwd
