@@ -4,12 +4,14 @@ Gated full causal attention, B=4, T=8192, H=16, D=128, bf16 (issue 6's shape), f
 - the autotuned default (the tuner's picks over the lists, printed), and without a gate;
 - the dK/dV-with-dS kernel forced to each config of `KV_DS_CONFIGS` (dQ-from-dS tuned), then the
   dQ-from-dS kernel forced to each of `DS_CONFIGS` (dK/dV tuned): which tile the tuner should have;
-- the gate loaded before the diagonal blocks (`LT2_ATTN_GATE_EARLY=1`) against in the epilogue;
+- the gate loaded before the diagonal blocks (`LT2_ATTN_GATE_EARLY=1`, the default) against in the
+  epilogue (`=0`);
 - one dS buffer for all heads (`LT2_ATTN_DS_BYTES` 16 GiB) against head groups under 4 GiB;
 - torch SDPA (default backend) and the peer's `parallel_attn` in the same process.
 
-Run with `LT2_ATTN_CANDIDATES=1` to time the candidate tiles too. Usage (GPU):
-`LT2_ATTN_CANDIDATES=1 PYTHONPATH=. OUT=$OUT python bench/attn_tiles.py` → `$OUT/attn_tiles.json`.
+Usage (GPU): `PYTHONPATH=. OUT=$OUT python bench/attn_tiles.py` → `$OUT/attn_tiles.json` (the
+seventeenth session ran it with `LT2_ATTN_CANDIDATES=1`, the switch that then added the candidate
+tiles now in the lists).
 """
 
 from __future__ import annotations
@@ -68,15 +70,17 @@ def main() -> None:
     def case(impl, make, bw=True):
         return Case(group=group, impl=impl, make=make, backward=bw, flops=fl * (3.5 if bw else 1.0))
 
-    early = {"LT2_ATTN_GATE_EARLY": "1"}
+    early, late = {"LT2_ATTN_GATE_EARLY": "1"}, {"LT2_ATTN_GATE_EARLY": "0"}
     cases = [
         case("sdpa-default", sdpa_default, False),
         case("lt2dsl+gate", ours(), False),
+        case("lt2dsl+gate late", ours(env=late), False),
         case("lt2dsl+gate early", ours(env=early), False),
         case("lt2dsl", ours(gate=False), False),
         case("sdpa-default", sdpa_default),
         case("fla", peer),
         case("lt2dsl+gate", ours()),
+        case("lt2dsl+gate late", ours(env=late)),
         case("lt2dsl+gate early", ours(env=early)),
         case("lt2dsl", ours(gate=False)),
         case("lt2dsl+gate one dS", ours(env={"LT2_ATTN_DS_BYTES": str(16 << 30)})),

@@ -38,8 +38,11 @@ def _jobs():
     jobs = []
     for D in (64, 128):
         c = F.fwd_config(D, torch.bfloat16)
-        cex = dict(common, D=D, DV=D, BD=D, BDV=D, GATE_MODE=1, ORDER=1, BM=c["BM"], BN=c["BN"])
-        jobs.append((f"fwd-D{D}", F._attn_fwd_kernel, cex, c["num_warps"], c["num_stages"]))
+        for early in (True, False):
+            cex = dict(common, D=D, DV=D, BD=D, BDV=D, GATE_MODE=1, ORDER=1, BM=c["BM"], BN=c["BN"])
+            cex["GATE_EARLY"] = early
+            name = f"fwd-D{D}" + ("" if early else "-gate-late")
+            jobs.append((name, F._attn_fwd_kernel, cex, c["num_warps"], c["num_stages"]))
     for name, kernel, configs, order, extra in (
         ("dkdv", B._bwd_dkdv_kernel, B.KV_CONFIGS, 0, dict(STORE_DS=False)),
         ("dkdv-ds", B._bwd_dkdv_kernel, B.KV_DS_CONFIGS, 0, dict(STORE_DS=True)),
@@ -58,8 +61,16 @@ def _jobs():
 JOBS = _jobs()
 
 
+# Spills tolerated with the lengths unaligned (T = 1000): the dS store's 128 x 64 2-stage tile
+# spills 536 B there (272 B aligned), and the tuner keeps it for the aligned training shapes,
+# where it is the H200's fastest (seventeenth session). Spills cost speed, not correctness.
+UNALIGNED_STACK = 640
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["T%16", "T-odd"])
 @pytest.mark.parametrize("job", JOBS, ids=[j[0] for j in JOBS])
-def test_config_compiles_and_fits(job):
+def test_config_compiles_and_fits(job, aligned):
+    """With the lengths divisible by 16 (as the JIT specialises T = 8192) and without."""
     from triton.runtime.errors import OutOfResources
 
     name, fn, cex, warps, stages = job
@@ -68,10 +79,11 @@ def test_config_compiles_and_fits(job):
     scalars = {n: "i32" for n in INTS}
     scalars.update(qk_scale="fp32", scale="fp32")
     try:
-        smem, regs, stack = _compile(fn, ptrs, scalars, cex, warps, stages)
+        lengths = ("Tq", "Tk", "NROWS") if aligned else ()
+        smem, regs, stack = _compile(fn, ptrs, scalars, cex, warps, stages, aligned=lengths)
     except OutOfResources as e:  # the autotuner skips such a config on the GPU
         pytest.skip(f"{name}: {e}")
-    print(f"{name}: {smem} B shared, {regs} registers, {stack} B stack")
+    print(f"{name} aligned={aligned}: {smem} B shared, {regs} registers, {stack} B stack")
     if smem > SMEM_LIMIT:
         pytest.skip(f"{name}: {smem} B of shared memory does not fit; the autotuner skips it")
-    assert stack <= MAX_STACK
+    assert stack <= (MAX_STACK if aligned else UNALIGNED_STACK)

@@ -30,8 +30,11 @@ SMEM_LIMIT = 232448  # bytes of shared memory per block on sm_90
 MAX_STACK = 512  # bytes of per-thread stack (spills) tolerated for bf16 configs
 
 
-def _compile(fn, ptr_types: dict, scalars: dict, constexprs: dict, num_warps: int, num_stages: int):
-    """(shared bytes, registers, stack bytes) of `fn` compiled for sm_90 with these constexprs."""
+def _compile(
+    fn, ptr_types: dict, scalars: dict, constexprs: dict, num_warps: int, num_stages: int, aligned=("T", "R")
+):
+    """(shared bytes, registers, stack bytes) of `fn` compiled for sm_90 with these constexprs;
+    the integer arguments named in `aligned` compile as divisible by 16."""
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
     from triton.backends.compiler import GPUTarget
@@ -47,7 +50,7 @@ def _compile(fn, ptr_types: dict, scalars: dict, constexprs: dict, num_warps: in
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, n in enumerate(fn.arg_names)
-        if sig[n].startswith("*") or n in ("T", "R")
+        if sig[n].startswith("*") or n in aligned
     }
     cex = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
     src = ASTSource(fn=fn, signature=sig, constexprs=cex, attrs=attrs)

@@ -718,30 +718,24 @@ KV_CONFIGS = [
     triton.Config({"BN": 128, "BM": 64}, num_warps=8, num_stages=2),
     triton.Config({"BN": 128, "BM": 32}, num_warps=8, num_stages=3),
     triton.Config({"BN": 64, "BM": 32}, num_warps=4, num_stages=2),
+    # offline sm_90: 72 B of spills (64 x 64, 8 warps, 3 stages); 104 B (128 x 64, 3 stages: fewer
+    # than its 2-stage twin's 224), 120 B with the dS store
+    triton.Config({"BN": 64, "BM": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BN": 128, "BM": 64}, num_warps=8, num_stages=3),
 ]
 Q_CONFIGS = [
     triton.Config({"BM": 64, "BN": 64}, num_warps=4, num_stages=2),
     triton.Config({"BM": 128, "BN": 32}, num_warps=8, num_stages=2),
     triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=2),
     triton.Config({"BM": 64, "BN": 32}, num_warps=4, num_stages=3),
+    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3),  # 233 registers, no spills
 ]
-# LT2_ATTN_CANDIDATES=1 appends configs that compile for sm_90 offline but have not been timed on
-# the H200: the forced-config GPU tests and a timing (bench/attn_tiles.py) decide whether they join
-# the lists. dQ 128 x 64 at 3 stages: 233 registers, no spills; dK/dV 64 x 64 at 8 warps, 3 stages:
-# 72 B of spills; dK/dV 128 x 64 at 3 stages: 104 B (120 with the dS store), fewer than at 2 stages.
-CANDIDATES = os.environ.get("LT2_ATTN_CANDIDATES", "0") == "1"
-if CANDIDATES:
-    KV_CONFIGS.append(triton.Config({"BN": 64, "BM": 64}, num_warps=8, num_stages=3))
-    KV_CONFIGS.append(triton.Config({"BN": 128, "BM": 64}, num_warps=8, num_stages=3))
-    Q_CONFIGS.append(triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3))
 # The dK/dV kernel writing dS holds one more tile through the loop (the 16-bit dsᵀ, converted to a
-# row-contiguous layout for 16-byte stores). Offline sm_90 with integer arguments unaligned (T =
-# 1000) it spills 0-256 B per thread at the configs above except 128 x 64 at 2 stages (536 B,
-# against 200 without the store), left out of the default list; with them divisible by 16, as the
-# JIT specialises T = 8192, that tile spills 272 B (224 without the store), so the candidates try it.
-KV_DS_CONFIGS = [
-    c for c in KV_CONFIGS if CANDIDATES or (c.kwargs["BN"], c.kwargs["BM"], c.num_stages) != (128, 64, 2)
-]
+# row-contiguous layout for 16-byte stores), so it runs the same list. Offline sm_90 the 128 x 64
+# 2-stage tile spills 536 B per thread with the integer arguments unaligned (T = 1000) but 272 B
+# with them divisible by 16, as the JIT specialises T = 8192; on the H200 (seventeenth session) it
+# is the tuner's pick there, 0.6 ms of fwd+bwd faster than the 64 x 32 tile picked without it.
+KV_DS_CONFIGS = KV_CONFIGS
 # dQ = dS K reads 2 bytes of dS per 256 FLOPs (D = 128): below the H200's ~180 FLOP/byte ridge, so
 # the tiles are chosen for streaming dS (deep pipelines) more than for the dots.
 DS_CONFIGS = [
@@ -749,10 +743,9 @@ DS_CONFIGS = [
     triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=2),
     triton.Config({"BM": 64, "BN": 128}, num_warps=4, num_stages=3),
     triton.Config({"BM": 64, "BN": 64}, num_warps=4, num_stages=4),
+    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=4),
 ]
-if CANDIDATES:
-    DS_CONFIGS.append(triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=3))
-    DS_CONFIGS.append(triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=4))
 _KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC", "ORDER", "STORE_DS"]
 _DS_KEY = ["HQ", "GRP", "D", "CAUSAL", "DOT_PREC", "ORDER"]
 

@@ -351,9 +351,11 @@ def fwd_config(D: int, dtype: torch.dtype) -> dict:
 
 
 def gate_early() -> bool:
-    """Whether the forward loads the gate before its diagonal blocks (`LT2_ATTN_GATE_EARLY=1`) rather
-    than in the epilogue; read at each call, so a benchmark can switch it."""
-    return os.environ.get("LT2_ATTN_GATE_EARLY", "0") == "1"
+    """Whether the forward loads the gate before its diagonal blocks (the default) rather than in
+    the epilogue (`LT2_ATTN_GATE_EARLY=0`); read at each call, so a benchmark can switch it. On the
+    H200 (seventeenth session, B=4, T=8192, H=16, D=128, bf16) early: 2.539 ms forward against
+    2.625, the epilogue load no longer stalling each program's end (233 registers, no spills)."""
+    return os.environ.get("LT2_ATTN_GATE_EARLY", "1") == "1"
 
 
 def varlen_blocks(cu: list[int], bm: int, device) -> torch.Tensor:
