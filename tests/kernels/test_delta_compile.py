@@ -141,7 +141,8 @@ def _jobs():
                            PREC=True, WU=wu, **cfg.kwargs)  # fmt: skip
                 jobs.append((f"ho_fwd-g{gate}-wu{wu:d}-save{save:d}-c{i}", delta_ho_fwd_kernel, ptr, sc, cex,
                              cfg.num_warps, cfg.num_stages))  # fmt: skip
-        for i, cfg in enumerate(L._HOT_CONFIGS if gate == 1 else []):
+        # GATE 0 is DeltaNet's transposed fused scan (no gate code)
+        for i, cfg in enumerate(L._HOT_CONFIGS if gate <= 1 else []):
             for wu, save in ((False, False), (False, True), (True, True)):
                 cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, SAVE=save, DOT=0,
                            PREC=True, WU=wu, **{"EARLY_P": 0, **cfg.kwargs})  # fmt: skip

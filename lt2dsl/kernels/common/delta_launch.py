@@ -184,6 +184,9 @@ TSTATE_BWD = os.environ.get("LT2_DELTA_TSTATE_BWD", "0") == "1"
 # (`delta_y_kernel`: 228 µs of GDN's fwd+bwd on the H200, fourteenth session): one fp32 pass
 # over dU' and Y fewer. Opt-in until the H200 has checked and timed it.
 Y_IN_CC = os.environ.get("LT2_DELTA_Y_IN_CC", "0") == "1"
+# DeltaNet's transposed fused scan without the gate code (GATE 0: no gate loads, exponentials or
+# factors); LT2_DELTA_NOGATE=0 runs it as the scalar-gate scan with b = 0, as before.
+NOGATE = os.environ.get("LT2_DELTA_NOGATE", "1") == "1"
 
 
 def use_w_backward(Aqk) -> bool:
@@ -500,6 +503,9 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
         tuned, plain = (_hot_fwd, delta_hot_fwd_kernel) if TSTATE else (_ho_fwd, delta_ho_fwd_kernel)
         if TSTATE:  # the interpreter's fixed config (the GPU's come from the autotune list)
             common["fixed"] = dict(common["fixed"], EARLY_P=HOT_EARLY_P)
+            # DeltaNet's scan skips the gate's loads and exponentials (GATE 0) instead of b = 0
+            if NOGATE:
+                common["GATE"] = GATE_IDS[gate]
         launch(tuned, plain, hgrid, q, k, v, gcum, beta, Ainv, w, u,
                h0 if h0 is not None else o, h, vnew, o, ht, meta.cu, meta.chunk_offsets, T, scale,
                USE_H0=h0 is not None, STORE_FINAL=want_final, SAVE=save, WU=wu, **common)  # fmt: skip

@@ -43,7 +43,7 @@ from lt2dsl.kernels.common.delta_state import (
     store_tile_t,
 )
 from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords
-from lt2dsl.kernels.common.tl_util import cast
+from lt2dsl.kernels.common.tl_util import cast, helper
 
 
 @triton.jit
@@ -286,6 +286,46 @@ def delta_ho_fwd_kernel(
         store_tile(ht + s_base, S, 0, K, V, i_v * BV, V, BK, BV)
 
 
+@helper
+def _gated_cols(x, gam, GATE: tl.constexpr):
+    """x ⊙ γ over columns; without a gate (DeltaNet, GATE 0) γ = 1 and no factor is applied."""
+    if GATE == 1:
+        x = x * gam[None, :]
+    return x
+
+
+@helper
+def _scaled_cols(x, gam, scale, GATE: tl.constexpr):
+    """x ⊙ (s γ) over columns (x s without a gate)."""
+    if GATE == 1:
+        x = x * (gam * scale)[None, :]
+    else:
+        x = x * scale
+    return x
+
+
+@helper
+def _scores_t(b_k, b_qt, b_g, m_t, scale, BT: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
+    """Pᵀ[i, r] = s k_i·q_r e^{b_r − b_i} for i ≤ r < n, else 0 (no exponentials without a gate)."""
+    ot = tl.arange(0, BT)
+    keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
+    b_P = mm(b_k, b_qt, DOT) * scale
+    if GATE == 1:
+        b_P = b_P * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0))
+    return tl.where(keep, b_P, 0.0)
+
+
+@helper
+def _state_step_t(St, un, b_k, gam_c, to_end, DT: tl.constexpr, PREC: tl.constexpr, GATE: tl.constexpr,
+                  DOT: tl.constexpr):  # fmt: skip
+    """Sᵀ ← γ_C Sᵀ + (U'ᵀ ⊙ e^{b_C − b}) K, or Sᵀ + U'ᵀ K without a gate."""
+    if GATE == 1:
+        St = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
+    else:
+        St = St + mm_xr(un, b_k, DT, PREC, DOT)
+    return St
+
+
 @triton.jit
 def delta_hot_fwd_kernel(
     q,
@@ -340,7 +380,7 @@ def delta_hot_fwd_kernel(
     recurrence: P first (it depends on inputs only), then the dots into U' and the next state,
     and the output's dots (Q·S, P·U') after those, so their issue and latency are off the path
     from one chunk's state to the next."""
-    tl.static_assert(GATE == 1, "the fused scan takes the scalar-gate code only")
+    tl.static_assert(GATE <= 1, "the fused scan takes no gate or a scalar one")
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -365,16 +405,17 @@ def delta_hot_fwd_kernel(
             store_tile_t(p_h, St, 0, K, V, i_v * BV, V, BK, BV)
         b_qt = load_tile_t(q + k_base, r0, L, H * K, 0, K, BT, BK)
         b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
-        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
-        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        if GATE == 1:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+        else:  # DeltaNet: γ = 1, never formed (placeholders the helpers do not read)
+            b_g = tl.zeros([BT], dtype=tl.float32)
+            gam, to_end, gam_c = b_g, b_g, 1.0
         if EARLY_P:
-            # Pᵀ[i, r] = s k_i·q_r e^{b_r − b_i} for i ≤ r < n
-            keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
-            b_P = mm(b_k, b_qt, DOT) * scale
-            b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
+            b_P = _scores_t(b_k, b_qt, b_g, m_t, scale, BT, GATE, DOT)
         S16 = cast(St, DT)
         if not EARLY_P:
-            qs = mm(S16, b_qt, DOT) * (gam * scale)[None, :]
+            qs = _scaled_cols(mm(S16, b_qt, DOT), gam, scale, GATE)
         if WU:
             b_wt = load_tile_t(w + w_base, r0, L, HV * K, 0, K, BT, BK)
             b_u = load_tile_t(u + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
@@ -383,27 +424,25 @@ def delta_hot_fwd_kernel(
             b_kt = load_tile_t(k + k_base, r0, L, H * K, 0, K, BT, BK)
             b_v = load_tile_t(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
             b_beta = tl.load(beta + (bos + r0 + ot).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
-            ks = mm(S16, b_kt, DOT) * gam[None, :]
+            ks = _gated_cols(mm(S16, b_kt, DOT), gam, GATE)
             # padded columns of Tᵀ are 0, so their U' is 0 and adds nothing to the state
             b_Tt = load_tile_t(Ainv + (bos + r0).to(tl.int64) * HV * BT + i_hv * BT, 0, L - r0, HV * BT,
                                0, BT, BT, BT)  # fmt: skip
             un = mm_xx((b_v - ks) * b_beta.to(tl.float32)[None, :], b_Tt, DT, PREC, DOT)
         if EARLY_P:
             # the next state's dots first, the output's after them: off the recurrence's path
-            St_next = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
-            qs = mm(S16, b_qt, DOT) * (gam * scale)[None, :]
+            St_next = _state_step_t(St, un, b_k, gam_c, to_end, DT, PREC, GATE, DOT)
+            qs = _scaled_cols(mm(S16, b_qt, DOT), gam, scale, GATE)
         if SAVE:
             store_tile_t(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
         if not EARLY_P:
-            keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
-            b_P = mm(b_k, b_qt, DOT) * scale
-            b_P = tl.where(keep, b_P * tl.exp(tl.where(keep, b_g[None, :] - b_g[:, None], 0.0)), 0.0)
+            b_P = _scores_t(b_k, b_qt, b_g, m_t, scale, BT, GATE, DOT)
         b_o = qs + mm_xx(un, b_P, DT, PREC, DOT)
         store_tile_t(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
         if EARLY_P:
             St = St_next
         else:
-            St = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
+            St = _state_step_t(St, un, b_k, gam_c, to_end, DT, PREC, GATE, DOT)
     if STORE_FINAL:
         store_tile_t(ht + s_base, St, 0, K, V, i_v * BV, V, BK, BV)
 
