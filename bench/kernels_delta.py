@@ -18,8 +18,7 @@ instead of the default W-based one (VARIANTS=0 leaves both out); BF16DOTS=1 adds
 forms the output in the state scan with the state transposed, for training too; FUSEDO=1 adds,
 for GDN and DeltaNet, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0),
 `lt2dsl-infonly` (fused for inference only, =inference: training splits), for DeltaNet
-`lt2dsl-gate1` (its scan as the scalar-gate code with b = 0, LT2_DELTA_NOGATE=0), for GDN
-`lt2dsl-pre` (the scan on the prescaled kb, qg, LT2_DELTA_PRESCALE=1), `lt2dsl-fusedo` (the
+`lt2dsl-gate1` (its scan as the scalar-gate code with b = 0, LT2_DELTA_NOGATE=0), `lt2dsl-fusedo` (the
 scan untransposed, LT2_DELTA_TSTATE=0), `lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1) and,
 forward+backward, `lt2dsl-tbwd` (the reverse scan with the state gradient transposed,
 LT2_DELTA_TSTATE_BWD=1), `lt2dsl-ycc` (Y = Tᵀ dU' formed by the C x C kernel,
@@ -175,8 +174,6 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             out.append(Case(group=group, impl="lt2dsl-fusedo", make=untransposed, **extra))
             out.append(Case(group=group, impl="lt2dsl-infonly", make=_flags(ours, FUSED_O=None), **extra))
             out.append(Case(group=group, impl="lt2dsl-twu", make=_flags(ours, WU=True), **extra))
-            if op == "gdn":  # the scan on kb and qg from the preparation (LT2_DELTA_PRESCALE=1)
-                out.append(Case(group=group, impl="lt2dsl-pre", make=_flags(ours, PRESCALE=True), **extra))
             if op == "deltanet":  # the scan as the scalar-gate code with b = 0 (LT2_DELTA_NOGATE=0)
                 out.append(Case(group=group, impl="lt2dsl-gate1", make=_flags(ours, NOGATE=False), **extra))
             if backward:  # the reverse scan with the state gradient transposed (LT2_DELTA_TSTATE_BWD=1)
@@ -228,7 +225,7 @@ def _env(make, env: dict):
 # `delta_launch` switches a case may set; each case sets all of them (the ones it names, the rest
 # at their import-time values) when it runs and leaves them so: the harness runs the backward after
 # the call returns, and the reverse scan's switches (WBWD, TSTATE_BWD) are read then.
-_SWITCHES = ("WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS", "NOGATE", "PRESCALE")
+_SWITCHES = ("WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS", "NOGATE")
 _DEFAULTS: dict = {}
 
 

@@ -101,7 +101,7 @@ def _jobs():
     from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
 
     P, D = "*bf16", 128
-    ptr = {n: P for n in ("q", "k", "v", "beta", "o", "h", "vnew", "do", "dv", "dh", "w", "u", "kb", "qg")}
+    ptr = {n: P for n in ("q", "k", "v", "beta", "o", "h", "vnew", "do", "dv", "dh", "w", "u")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i32", chunk_offsets="*i32")
     sc = {"T": "i32", "R": "i32", "NC": "i32", "scale": "fp32"}
     base = dict(H=16, HV=16, K=D, BT=64, IS_VARLEN=False)
@@ -112,9 +112,6 @@ def _jobs():
         jobs.append((f"qk-g{gate}", delta_qk_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, rcfg in enumerate(L._WY_ROWS_CONFIGS):
             jobs.append((f"wy_rows-g{gate}-c{i}", delta_wy_rows_kernel, ptr, sc, cex, rcfg.num_warps, 1))
-            if gate:  # writing kb and qg for the transposed fused scan (LT2_DELTA_PRESCALE)
-                pre = dict(cex, PRESCALE=True)
-                jobs.append((f"wy_rows-pre-c{i}", delta_wy_rows_kernel, ptr, sc, pre, rcfg.num_warps, 1))
     for gate in (0, 1, 2):
         # DeltaNet's state scans run the scalar-gate code (GATE 1): no GATE 0 state-scan job
         for i, cfg in enumerate(L._STATE_CONFIGS if gate else []):
@@ -146,13 +143,10 @@ def _jobs():
                              cfg.num_warps, cfg.num_stages))  # fmt: skip
         # GATE 0 is DeltaNet's transposed fused scan (no gate code)
         for i, cfg in enumerate(L._HOT_CONFIGS if gate <= 1 else []):
-            forms = [(False, False, False), (False, True, False), (True, True, False)]
-            if gate == 1:  # the scan on kb and qg (LT2_DELTA_PRESCALE)
-                forms += [(False, False, True), (False, True, True)]
-            for wu, save, pre in forms:
+            for wu, save in ((False, False), (False, True), (True, True)):
                 cex = dict(base, V=D, BK=D, GATE=gate, USE_H0=True, STORE_FINAL=True, SAVE=save, DOT=0,
-                           PREC=True, WU=wu, PRESCALE=pre, **{"EARLY_P": 0, **cfg.kwargs})  # fmt: skip
-                name = f"hot_fwd-g{gate}-wu{wu:d}-save{save:d}{'-pre' if pre else ''}-c{i}"
+                           PREC=True, WU=wu, **{"EARLY_P": 0, **cfg.kwargs})  # fmt: skip
+                name = f"hot_fwd-g{gate}-wu{wu:d}-save{save:d}-c{i}"
                 jobs.append((name, delta_hot_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._HOT_CONFIGS[:4] if gate == 1 else []):
             cex = dict(

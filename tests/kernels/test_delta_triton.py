@@ -418,42 +418,6 @@ def test_inference_fused_scan(info, wu, tstate, early_p, monkeypatch):
     compare_backends(info, x, FP32_TOL, grad=False)
 
 
-# an overflow under the interpreter is an inf/NaN intermediate the GPU would compute silently
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("early_p", [0, 1], ids=["in-order", "early-p"])
-@pytest.mark.parametrize("decay", [1.0, 8.0, 40.0, "phased"], ids=["mild", "mixed", "strong", "phased"])
-@pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
-def test_prescaled_scan(train, decay, early_p, monkeypatch):
-    """GDN's transposed fused scan on kb and qg from the chunk preparation (PRESCALE), fp32 and bf16,
-    forward and every gradient: chunks above the floor (mild), on both sides of it (mixed: total
-    log decays from −28 to −105) and all below it (strong), where Sᵀ (K ⊙ γ)ᵀ and P come from
-    the raw tiles. "phased" decays little over each chunk's first half and by e^{−4} a step over
-    its second (b_C ≈ −128): there the first half's kb underflows while its γ ≈ 1, so only the raw
-    tiles give Sᵀ (K ⊙ γ)ᵀ right."""
-    from lt2dsl.kernels.common import delta_split
-
-    info = OPS["gated_delta_rule"]
-    monkeypatch.setattr(delta_launch, "PRESCALE", True)
-    monkeypatch.setattr(delta_launch, "HOT_EARLY_P", early_p)
-    seen = []
-    real = delta_launch.launch
-
-    def spy(tuned, plain, *args, **kw):
-        if plain is delta_split.delta_hot_fwd_kernel:
-            seen.append(kw.get("PRESCALE"))
-        return real(tuned, plain, *args, **kw)
-
-    monkeypatch.setattr(delta_launch, "launch", spy)
-    shape = dict(B=2, T=150, H=1, HV=2, K=32, V=48, decay=1.0 if decay == "phased" else decay, device=DEV)
-    for dtype, seed, tol in ((torch.float32, 12, FP32_TOL), (torch.bfloat16, 13, BF16_TOL)):
-        x = make_inputs(info.gate, dtype=dtype, seed=seed, **shape)
-        if decay == "phased":
-            late = (torch.arange(x["g"].shape[1], device=DEV) % 64 >= 32)[None, :, None]
-            x["g"] = torch.where(late, -4.0, -0.01).expand_as(x["g"]).to(x["g"].dtype).contiguous()
-        compare_backends(info, x, tol, grad=train)
-    assert seen and all(seen), f"the scan ran without PRESCALE: {seen}"
-
-
 def test_fused_output_switch():
     """LT2_DELTA_FUSED_O: 0 (split), 1 (always fused, the default), inference (fused without
     gradients); anything else is refused with the accepted values."""

@@ -187,19 +187,6 @@ Y_IN_CC = os.environ.get("LT2_DELTA_Y_IN_CC", "0") == "1"
 # DeltaNet's transposed fused scan without the gate code (GATE 0: no gate loads, exponentials or
 # factors); LT2_DELTA_NOGATE=0 runs it as the scalar-gate scan with b = 0, as before.
 NOGATE = os.environ.get("LT2_DELTA_NOGATE", "1") == "1"
-# GDN's transposed fused scan reads kb = K ⊙ e^{b_C − b} and qg = s Q ⊙ e^{b}, written by the chunk
-# preparation, instead of applying the gate itself (LT2_DELTA_PRESCALE=0: the gate in the scan).
-PRESCALE = os.environ.get("LT2_DELTA_PRESCALE", "0") == "1"
-
-
-def fused_scan(gate: str, save: bool) -> bool:
-    """Whether the forward runs the scan that forms the output (`FUSED_O`; no or scalar gate)."""
-    return bool(not save if FUSED_O is None else FUSED_O) and gate in ("none", "scalar")
-
-
-def prescaled(gate: str, save: bool) -> bool:
-    """Whether the chunk preparation writes kb and qg for the transposed fused scan (PRESCALE)."""
-    return PRESCALE and gate == "scalar" and fused_scan(gate, save) and TSTATE and not WU
 
 
 def use_w_backward(Aqk) -> bool:
@@ -270,7 +257,7 @@ def _no_fp32_2warp(config, args) -> bool:
     return config.num_warps > 2 or args.get("DOT") != DOT_IEEE
 
 
-_wy_rows = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K", "PRESCALE"], _no_fp32_2warp)
+_wy_rows = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"], _no_fp32_2warp)
 _qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
@@ -311,7 +298,7 @@ _DHW_CONFIGS = _H_CONFIGS[:4]
 _wu_fwd = _tuned(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _ho_fwd = _tuned(delta_ho_fwd_kernel, _HO_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
-_hot_fwd = _tuned(delta_hot_fwd_kernel, _HOT_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE", "PRESCALE"])
+_hot_fwd = _tuned(delta_hot_fwd_kernel, _HOT_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _dht_bwd = _tuned(delta_dht_bwd_kernel, _HOT_CONFIGS[:4], ["H", "HV", "K", "V", "GATE"])
@@ -432,17 +419,13 @@ class ChunkMeta:
         return (self.n_chunks, self.HV) if self.varlen else (self.NT, bh)
 
 
-def wy_fwd(
-    q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool = True, prescale: bool = False
-):
+def wy_fwd(q, k, g, beta, gate: str, scale: float, meta: ChunkMeta, scores: bool = True):
     """DeltaNet / GDN chunk preparation (KDA has its own): the gate cumsum `[B*T, HV]` (zeros for
     DeltaNet, whose state scans run the scalar-gate code), T = (I + A)^{-1} and the output scores
     Aqk, both `[B*T, HV, 64]` fp32. Without `scores` Aqk is None (the forward forms P itself; only
-    the fused reverse scan reads Aqk). With `prescale` also (kb, qg) `[B*T, HV, K]` for the
-    transposed fused scan (`prescaled`), else None."""
+    the fused reverse scan reads Aqk)."""
     B, T, H, K = k.shape
     HV = beta.shape[-1]
-    pre = (empty(k, B * T, HV, K), empty(k, B * T, HV, K)) if prescale else None
     Ainv = empty(k, B * T, HV, BT, dtype=torch.float32)
     Aqk = empty(k, B * T, HV, BT, dtype=torch.float32) if scores else None
     if gate == "scalar":
@@ -461,21 +444,17 @@ def wy_fwd(
         beta,
         gcum,
         Ainv,
-        q,
-        *(pre or (k, k)),
         meta.cu,
         meta.chunk_indices,
         T,
-        scale,
-        PRESCALE=prescale,
         **common,
     )
     if not scores:
-        return gcum, Ainv, None, pre
+        return gcum, Ainv, None
     launch(
         _qk_fwd, delta_qk_fwd_kernel, grid, q, k, gcum, Aqk, meta.cu, meta.chunk_indices, T, scale, **common
     )
-    return gcum, Ainv, Aqk, pre
+    return gcum, Ainv, Aqk
 
 
 def state_bk(K: int) -> int:
@@ -490,19 +469,18 @@ def _state_gate(gate: str) -> int:
     return GATE_IDS["scalar"] if gate == "none" else GATE_IDS[gate]
 
 
-def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save, pre=None):
+def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, want_final, save):
     """Output `[B, T, HV, V]`, final state, and (if `save`) per-chunk states and U' for the backward,
     by the kernels of `delta_split`; Aqk is read only for the per-channel gate.
 
     With WU, W and U are formed per chunk first and the scan does two dots per chunk; without (the
-    default), the scan applies T itself (three dots, U' kept in fp32 for the output). `pre`: the
-    (kb, qg) of `wy_fwd(..., prescale=True)`, read by the transposed fused scan instead of k, q.
+    default), the scan applies T itself (three dots, U' kept in fp32 for the output).
     """
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     dt = k.dtype
     wu = WU
-    fused = fused_scan(gate, save)
+    fused = (not save if FUSED_O is None else FUSED_O) and _state_gate(gate) == GATE_IDS["scalar"]
     o = empty(v, *v.shape)
     # the fused scan keeps S_c and U' in registers: stored only for the backward
     vnew = empty(v, *v.shape) if save or not fused else o
@@ -528,13 +506,7 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
             # DeltaNet's scan skips the gate's loads and exponentials (GATE 0) instead of b = 0
             if NOGATE:
                 common["GATE"] = GATE_IDS[gate]
-        if pre is not None and not TSTATE:
-            raise ValueError("kb and qg are read by the transposed fused scan only")
-        # the transposed scan takes kb and qg (placeholders without PRESCALE) after W and U
-        pre_args = (*(pre or (o, o)),) if TSTATE else ()
-        if TSTATE:
-            common["PRESCALE"] = pre is not None
-        launch(tuned, plain, hgrid, q, k, v, gcum, beta, Ainv, w, u, *pre_args,
+        launch(tuned, plain, hgrid, q, k, v, gcum, beta, Ainv, w, u,
                h0 if h0 is not None else o, h, vnew, o, ht, meta.cu, meta.chunk_offsets, T, scale,
                USE_H0=h0 is not None, STORE_FINAL=want_final, SAVE=save, WU=wu, **common)  # fmt: skip
         return o, (ht if want_final else None), (h if save else None), (vnew if save else None)

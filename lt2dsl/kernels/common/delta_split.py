@@ -317,59 +317,13 @@ def _scores_t(b_k, b_qt, b_g, m_t, scale, BT: tl.constexpr, GATE: tl.constexpr, 
 
 @helper
 def _state_step_t(St, un, b_k, gam_c, to_end, DT: tl.constexpr, PREC: tl.constexpr, GATE: tl.constexpr,
-                  PRESCALE: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
-    """Sᵀ ← γ_C Sᵀ + (U'ᵀ ⊙ e^{b_C − b}) K (with PRESCALE b_k is kb, the factor in it already), or
-    Sᵀ + U'ᵀ K without a gate."""
-    if PRESCALE:
-        St = St * gam_c + mm_xr(un, b_k, DT, PREC, DOT)
-    elif GATE == 1:
+                  DOT: tl.constexpr):  # fmt: skip
+    """Sᵀ ← γ_C Sᵀ + (U'ᵀ ⊙ e^{b_C − b}) K, or Sᵀ + U'ᵀ K without a gate."""
+    if GATE == 1:
         St = St * gam_c + mm_xr(un * to_end[None, :], b_k, DT, PREC, DOT)
     else:
         St = St + mm_xr(un, b_k, DT, PREC, DOT)
     return St
-
-
-# A chunk whose total log decay b_C is below this forms P from the raw tiles: with b_C ≥ −60,
-# e^{−b_C} stays far inside fp32, kb (unfloored there) and qg hold normal 16-bit numbers, and an
-# entry of kb qgᵀ (≈ e^{b_C + b_r − b_i}) is lost to underflow only where P's own factor
-# e^{b_r − b_i} is below e^{−20}.
-PRESCALE_FLOOR = tl.constexpr(-60.0)
-
-
-@helper
-def _q_state(S16, b_qt, gam, scale, GATE: tl.constexpr, PRESCALE: tl.constexpr, DOT: tl.constexpr):
-    """Sᵀ (s Q ⊙ γ)ᵀ: qg carries s and γ with PRESCALE."""
-    if PRESCALE:
-        qs = mm(S16, b_qt, DOT)
-    else:
-        qs = _scaled_cols(mm(S16, b_qt, DOT), gam, scale, GATE)
-    return qs
-
-
-@helper
-def _k_state_pre(S16, b_kt, b_g, b_c, DOT: tl.constexpr):
-    """Sᵀ (K ⊙ γ)ᵀ from kbᵀ, whose rows carry e^{e_r}, e_r = max(b_C − b_r, −60): the factor
-    e^{b_r − e_r} lies in [e^{2 b_r − ...}, e^{60}] and underflows only where γ_r < e^{−87} does."""
-    return mm(S16, b_kt, DOT) * tl.exp(b_g - tl.maximum(b_c - b_g, -60.0))[None, :]
-
-
-@helper
-def _scores_any(b_k, b_qt, raw_k, raw_q, r0, L, b_g, b_c, m_t, scale, H: tl.constexpr, K: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, PRESCALE: tl.constexpr,
-                DOT: tl.constexpr):  # fmt: skip
-    """Pᵀ: with PRESCALE (kb qgᵀ) e^{−b_C} masked, or from the raw tiles below PRESCALE_FLOOR."""
-    if PRESCALE:
-        if b_c >= PRESCALE_FLOOR:
-            ot = tl.arange(0, BT)
-            keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
-            b_P = tl.where(keep, mm(b_k, b_qt, DOT) * tl.exp(-b_c), 0.0)
-        else:
-            raw_kt = load_tile(raw_k, r0, L, H * K, 0, K, BT, BK)
-            raw_qt = load_tile_t(raw_q, r0, L, H * K, 0, K, BT, BK)
-            b_P = _scores_t(raw_kt, raw_qt, b_g, m_t, scale, BT, GATE, DOT)
-    else:
-        b_P = _scores_t(b_k, b_qt, b_g, m_t, scale, BT, GATE, DOT)
-    return b_P
 
 
 @triton.jit
@@ -382,8 +336,6 @@ def delta_hot_fwd_kernel(
     Ainv,
     w,
     u,
-    kb,
-    qg,
     h0,
     h,
     vnew,
@@ -409,7 +361,6 @@ def delta_hot_fwd_kernel(
     PREC: tl.constexpr,
     WU: tl.constexpr,
     EARLY_P: tl.constexpr = 0,
-    PRESCALE: tl.constexpr = False,
 ):
     """`delta_ho_fwd_kernel` with the state held transposed, Sᵀ `[BV, K]` (the fused scan by
     default; LT2_DELTA_TSTATE=0 runs the other):
@@ -428,16 +379,8 @@ def delta_hot_fwd_kernel(
     EARLY_P (a candidate config, LT2_DELTA_CANDIDATES=1) reorders the chunk's work around the
     recurrence: P first (it depends on inputs only), then the dots into U' and the next state,
     and the output's dots (Q·S, P·U') after those, so their issue and latency are off the path
-    from one chunk's state to the next.
-
-    PRESCALE (scalar gate, without WU) reads kb = K ⊙ e^{max(b_C − b, −60)} and qg = s Q ⊙ e^{b}
-    from the chunk preparation in place of k and q, so the gate leaves the scan but for two
-    factors: Sᵀ (K ⊙ γ)ᵀ = (Sᵀ kbᵀ) ⊙ e^{b − max(b_C − b, −60)} and Pᵀ = (kb qgᵀ) e^{−b_C}; Q·S
-    needs none and the state update takes kb as it is (the floor adds at most e^{−60} of a
-    token's update). P's factor stays in range while b_C ≥ PRESCALE_FLOOR; a chunk with a stronger
-    total decay forms P from the raw tiles as without PRESCALE."""
+    from one chunk's state to the next."""
     tl.static_assert(GATE <= 1, "the fused scan takes no gate or a scalar one")
-    tl.static_assert(not PRESCALE or (GATE == 1 and not WU), "PRESCALE is for the scalar gate without WU")
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -460,58 +403,46 @@ def delta_hot_fwd_kernel(
         if SAVE:
             p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
             store_tile_t(p_h, St, 0, K, V, i_v * BV, V, BK, BV)
-        if PRESCALE:
-            b_qt = load_tile_t(qg + w_base, r0, L, HV * K, 0, K, BT, BK)
-            b_k = load_tile(kb + w_base, r0, L, HV * K, 0, K, BT, BK)
-        else:
-            b_qt = load_tile_t(q + k_base, r0, L, H * K, 0, K, BT, BK)
-            b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
+        b_qt = load_tile_t(q + k_base, r0, L, H * K, 0, K, BT, BK)
+        b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
         if GATE == 1:
             b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
             gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-            b_c = tl.sum(b_glast, 0)
         else:  # DeltaNet: γ = 1, never formed (placeholders the helpers do not read)
             b_g = tl.zeros([BT], dtype=tl.float32)
-            gam, to_end, gam_c, b_c = b_g, b_g, 1.0, 0.0
-        raw_k, raw_q = k + k_base, q + k_base
+            gam, to_end, gam_c = b_g, b_g, 1.0
         if EARLY_P:
-            b_P = _scores_any(b_k, b_qt, raw_k, raw_q, r0, L, b_g, b_c, m_t, scale, H, K, BT, BK,
-                              GATE, PRESCALE, DOT)  # fmt: skip
+            b_P = _scores_t(b_k, b_qt, b_g, m_t, scale, BT, GATE, DOT)
         S16 = cast(St, DT)
         if not EARLY_P:
-            qs = _q_state(S16, b_qt, gam, scale, GATE, PRESCALE, DOT)
+            qs = _scaled_cols(mm(S16, b_qt, DOT), gam, scale, GATE)
         if WU:
             b_wt = load_tile_t(w + w_base, r0, L, HV * K, 0, K, BT, BK)
             b_u = load_tile_t(u + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
             un = b_u - mm(S16, b_wt, DOT)
         else:
+            b_kt = load_tile_t(k + k_base, r0, L, H * K, 0, K, BT, BK)
             b_v = load_tile_t(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
             b_beta = tl.load(beta + (bos + r0 + ot).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
-            if PRESCALE:
-                b_kt = load_tile_t(kb + w_base, r0, L, HV * K, 0, K, BT, BK)
-                ks = _k_state_pre(S16, b_kt, b_g, b_c, DOT)
-            else:
-                b_kt = load_tile_t(k + k_base, r0, L, H * K, 0, K, BT, BK)
-                ks = _gated_cols(mm(S16, b_kt, DOT), gam, GATE)
+            ks = _gated_cols(mm(S16, b_kt, DOT), gam, GATE)
             # padded columns of Tᵀ are 0, so their U' is 0 and adds nothing to the state
             b_Tt = load_tile_t(Ainv + (bos + r0).to(tl.int64) * HV * BT + i_hv * BT, 0, L - r0, HV * BT,
                                0, BT, BT, BT)  # fmt: skip
             un = mm_xx((b_v - ks) * b_beta.to(tl.float32)[None, :], b_Tt, DT, PREC, DOT)
         if EARLY_P:
             # the next state's dots first, the output's after them: off the recurrence's path
-            St_next = _state_step_t(St, un, b_k, gam_c, to_end, DT, PREC, GATE, PRESCALE, DOT)
-            qs = _q_state(S16, b_qt, gam, scale, GATE, PRESCALE, DOT)
+            St_next = _state_step_t(St, un, b_k, gam_c, to_end, DT, PREC, GATE, DOT)
+            qs = _scaled_cols(mm(S16, b_qt, DOT), gam, scale, GATE)
         if SAVE:
             store_tile_t(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
         if not EARLY_P:
-            b_P = _scores_any(b_k, b_qt, raw_k, raw_q, r0, L, b_g, b_c, m_t, scale, H, K, BT, BK,
-                              GATE, PRESCALE, DOT)  # fmt: skip
+            b_P = _scores_t(b_k, b_qt, b_g, m_t, scale, BT, GATE, DOT)
         b_o = qs + mm_xx(un, b_P, DT, PREC, DOT)
         store_tile_t(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
         if EARLY_P:
             St = St_next
         else:
-            St = _state_step_t(St, un, b_k, gam_c, to_end, DT, PREC, GATE, PRESCALE, DOT)
+            St = _state_step_t(St, un, b_k, gam_c, to_end, DT, PREC, GATE, DOT)
     if STORE_FINAL:
         store_tile_t(ht + s_base, St, 0, K, V, i_v * BV, V, BK, BV)
 

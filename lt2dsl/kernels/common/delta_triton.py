@@ -84,20 +84,14 @@ def _chunk_fwd_impl(
     save: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     meta = ChunkMeta(q.shape[0], q.shape[1], v.shape[2], cu_seqlens)
-    pre = None
     if gate == 2:
         gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta)
     else:
         # P is read by the default (fused) reverse scan only; the forward and the W-based backward
         # form it themselves
         scores = save and not delta_launch.WBWD
-        prescale = delta_launch.prescaled(GATES[gate], save)
-        gcum, Ainv, Aqk, pre = wy_fwd(
-            q, k, g, beta, GATES[gate], scale, meta, scores=scores, prescale=prescale
-        )
-    o, ht, h, vnew = state_fwd(
-        q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save, pre
-    )
+        gcum, Ainv, Aqk = wy_fwd(q, k, g, beta, GATES[gate], scale, meta, scores=scores)
+    o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
 
     # Outputs may not alias each other, so every absent one is its own empty tensor.
     def e():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import load_tile, store_tile
+from lt2dsl.kernels.common.delta_state import load_tile
 from lt2dsl.kernels.common.delta_tl import (
     causal_scores,
     chunk_coords,
@@ -49,13 +49,9 @@ def delta_wy_rows_kernel(
     beta,
     gcum,
     Ainv,
-    q,
-    kb,
-    qg,
     cu_seqlens,
     chunk_indices,
     T,
-    scale,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -64,7 +60,6 @@ def delta_wy_rows_kernel(
     USE_G: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
-    PRESCALE: tl.constexpr = False,
 ):
     """T = (I + A)^{-1} with A from one `[64, K]` dot, parked in Ainv's rows as scratch.
 
@@ -73,10 +68,6 @@ def delta_wy_rows_kernel(
     slower on the H200 at B=4, T=8192, H=16); the blocks below the diagonal are loaded from the
     scratch as well. Barriers order the scratch writes, reads and the final T over Ainv within the
     program.
-
-    With PRESCALE (scalar gate) it also writes the gated tiles the transposed fused scan reads in
-    place of q and k (`delta_hot_fwd_kernel`): kb = K ⊙ e^{max(b_C − b, −60)} and qg = s Q ⊙ e^{b},
-    both `[B*T, HV, K]` in the input dtype, every factor ≤ 1.
     """
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -93,18 +84,8 @@ def delta_wy_rows_kernel(
     A = mm(b_k, tl.trans(b_k), DOT) * b_beta[:, None]
     if USE_G:
         # Padded rows load g = 0, so b stays at the chunk's last value there.
-        b_gl = tl.load(g + (t64 + ot) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-        b = rcumsum(b_gl, 0)
+        b = rcumsum(tl.load(g + (t64 + ot) * HV + i_hv, mask=m_t, other=0.0).to(tl.float32), 0)
         tl.store(gcum + (t64 + ot) * HV + i_hv, b, mask=m_t)
-        if PRESCALE:
-            w_base = (t64 * HV + i_hv) * K
-            b_c = tl.sum(b_gl, 0)
-            # e^{b_C − b} floored at e^{−60}: a token whose true factor is smaller adds at most
-            # e^{−60} |k| |u'| too much to the state, and kb keeps normal 16-bit numbers
-            kb_f = tl.exp(tl.maximum(b_c - b, -60.0))
-            store_tile(kb + w_base, b_k.to(tl.float32) * kb_f[:, None], 0, n, HV * K, 0, K, BT, BK)
-            b_q = load_tile(q + (t64 * H + i_h) * K, 0, n, H * K, 0, K, BT, BK).to(tl.float32)
-            store_tile(qg + w_base, b_q * (scale * tl.exp(b))[:, None], 0, n, HV * K, 0, K, BT, BK)
         # kept entries have r > i, so the exponent is ≤ 0; the others are zeroed before exp
         A = A * tl.exp(tl.where(strict, b[:, None] - b[None, :], 0.0))
     A = tl.where(strict, A, 0.0)
