@@ -16,7 +16,7 @@ instead of the default W-based one (VARIANTS=0 leaves both out); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
 forms the output in the state scan with the state transposed, for training too; FUSEDO=1 adds,
-for GDN and DeltaNet, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0),
+for GDN and DeltaNet at T = 8192 and 32768, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0),
 `lt2dsl-infonly` (fused for inference only, =inference: training splits), for DeltaNet
 `lt2dsl-gate1` (its scan as the scalar-gate code with b = 0, LT2_DELTA_NOGATE=0), `lt2dsl-fusedo` (the
 scan untransposed, LT2_DELTA_TSTATE=0), `lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1) and,
@@ -168,7 +168,7 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             out.append(Case(group=group, impl="lt2dsl-wu", make=_flags(ours, WU=True), **extra))
             if backward:  # the fused reverse-scan backward (LT2_DELTA_WBWD=0)
                 out.append(Case(group=group, impl="lt2dsl-scanbwd", make=_flags(ours, WBWD=False), **extra))
-        if op != "kda" and T == 8192 and os.environ.get("FUSEDO") == "1":  # other forms of the forward scan
+        if op != "kda" and T >= 8192 and os.environ.get("FUSEDO") == "1":  # other forms of the forward scan
             out.append(Case(group=group, impl="lt2dsl-splito", make=_flags(ours, FUSED_O=False), **extra))
             untransposed = _flags(ours, TSTATE=False)
             out.append(Case(group=group, impl="lt2dsl-fusedo", make=untransposed, **extra))
