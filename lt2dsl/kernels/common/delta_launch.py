@@ -465,7 +465,8 @@ def state_bk(K: int) -> int:
 
 
 def _state_gate(gate: str) -> int:
-    """The state scans' GATE: DeltaNet takes the scalar-gate code with b = 0 (one code shape)."""
+    """The state scans' GATE: DeltaNet takes the scalar-gate code with b = 0 (one code shape),
+    except in the transposed fused scan, which `state_fwd` compiles without the gate (NOGATE)."""
     return GATE_IDS["scalar"] if gate == "none" else GATE_IDS[gate]
 
 
