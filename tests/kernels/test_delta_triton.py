@@ -418,6 +418,28 @@ def test_inference_fused_scan(info, wu, tstate, early_p, monkeypatch):
     compare_backends(info, x, FP32_TOL, grad=False)
 
 
+@pytest.mark.parametrize("nogate", [True, False], ids=["gate-free", "b0"])
+def test_deltanet_scan_gate_code(nogate, monkeypatch):
+    """DeltaNet's transposed fused scan compiles without the gate (GATE 0) by default and with the
+    scalar-gate code on b = 0 under LT2_DELTA_NOGATE=0; both against float64, fp32, with gradients."""
+    from lt2dsl.kernels.common import delta_split
+
+    monkeypatch.setattr(delta_launch, "NOGATE", nogate)
+    gates = []
+    real = delta_launch.launch
+
+    def spy(tuned, plain, *args, **kw):
+        if plain is delta_split.delta_hot_fwd_kernel:
+            gates.append(kw["GATE"])
+        return real(tuned, plain, *args, **kw)
+
+    monkeypatch.setattr(delta_launch, "launch", spy)
+    info = OPS["delta_rule"]
+    x = make_inputs(info.gate, dtype=torch.float32, seed=16, B=2, T=150, H=1, HV=2, K=32, V=48, device=DEV)
+    compare_backends(info, x, FP32_TOL)
+    assert gates and set(gates) == {0 if nogate else 1}, gates
+
+
 def test_fused_output_switch():
     """LT2_DELTA_FUSED_O: 0 (split), 1 (always fused, the default), inference (fused without
     gradients); anything else is refused with the accepted values."""

@@ -306,7 +306,9 @@ def _scaled_cols(x, gam, scale, GATE: tl.constexpr):
 
 @helper
 def _scores_t(b_k, b_qt, b_g, m_t, scale, BT: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
-    """Pᵀ[i, r] = s k_i·q_r e^{b_r − b_i} for i ≤ r < n, else 0 (no exponentials without a gate)."""
+    """Pᵀ[i, r] = s k_i·q_r e^{b_r − b_i} for i ≤ r < n, else 0 (no exponentials without a gate).
+    `causal_scores(..., TRANSPOSED=True)` is the same product from Q as loaded and transposes it in
+    registers; the transposed scan reads Qᵀ through transposed pointers instead."""
     ot = tl.arange(0, BT)
     keep = (ot[None, :] >= ot[:, None]) & m_t[None, :]
     b_P = mm(b_k, b_qt, DOT) * scale
