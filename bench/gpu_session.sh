@@ -63,7 +63,7 @@ for s in ${STAGES:-env}; do
     toeplitz_probe) stage toeplitz_probe "${LIM_TPROBE:-200}" python3 bench/toeplitz_probe.py ;;
     # per-kernel counters (stall reasons, occupancy) of one forward of ours and of the peer's
     ncu_pair) stage ncu_pair "${LIM_NCU:-240}" bash -c 'ncu --clock-control none --profile-from-start off \
-                --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
                 --csv --page details python3 bench/ncu_pair.py > "$1/ncu_pair.csv"' _ "$OUT" ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
     # DSA's indexer selections (rank order and the radix set) timed alone

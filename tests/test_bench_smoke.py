@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -81,12 +83,13 @@ def test_determinism_probe_helpers():
     assert dp._rel_diff(torch.tensor([float("nan")]), torch.tensor([1.0])) == float("inf")
 
 
-def test_ncu_pair_driver_smoke():
-    env = dict(os.environ, SMOKE="1", OP="gdn", PYTHONPATH=str(ROOT))
+@pytest.mark.parametrize("bwd", ["0", "1"])
+def test_ncu_pair_driver_smoke(bwd):
+    env = dict(os.environ, SMOKE="1", OP="gdn", BWD=bwd, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "bench/ncu_pair.py"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "profiled: lt2dsl" in out.stdout
+    assert f"profiled: lt2dsl (gdn {'fwd+bwd' if bwd == '1' else 'fwd'}" in out.stdout
 
 
 def test_delta_bench_switches_hold_through_the_backward():
