@@ -12,7 +12,9 @@ forward+backward; one decode step (T = 1) at batch 1, 8, 64, state updated in pl
 returned (the peer's fused_recurrent). At T = 8192, `lt2dsl-wu` is the forward with W and U formed
 per chunk first (the peer's two-dot scan, LT2_DELTA_WU) instead of the scan applying T itself,
 and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DELTA_WBWD=0)
-instead of the default W-based one (VARIANTS=0 leaves both out); BF16DOTS=1 adds
+instead of the default W-based one (VARIANTS=0 leaves both out); GRADBK=1 adds the backward at
+the gradient kernel's other key tiles (`lt2dsl-gk32`, `-gk64`, `-gk128`); BWD16=1 adds
+`lt2dsl-bwd16`, the reverse scan on 16-bit operands (LT2_DELTA_BWD16); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
 forms the output in the state scan with the state transposed, for training too; FUSEDO=1 adds,
@@ -183,6 +185,17 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
                 out.append(Case(group=group, impl="lt2dsl-ycc", make=_flags(ours, Y_IN_CC=True), **extra))
                 every = _flags(ours, TSTATE_BWD=True, Y_IN_CC=True)
                 out.append(Case(group=group, impl="lt2dsl-tall", make=every, **extra))
+        if backward and op != "kda" and T == 8192 and os.environ.get("GRADBK") == "1":
+            # the per-(K tile, chunk) gradient kernel's other key tiles (LT2_DELTA_GRAD_BK)
+            import lt2dsl.kernels.common.delta_launch as launch
+
+            for bk in (32, 64, 128):
+                if bk != launch.GRAD_BK:
+                    tiles = _flags(ours, GRAD_BK=bk)
+                    out.append(Case(group=group, impl=f"lt2dsl-gk{bk}", make=tiles, **extra))
+        if backward and op != "kda" and T == 8192 and os.environ.get("BWD16") == "1":
+            # the reverse scan on 16-bit operands (LT2_DELTA_BWD16=1)
+            out.append(Case(group=group, impl="lt2dsl-bwd16", make=_flags(ours, BWD16=True), **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)
@@ -225,7 +238,9 @@ def _env(make, env: dict):
 # `delta_launch` switches a case may set; each case sets all of them (the ones it names, the rest
 # at their import-time values) when it runs and leaves them so: the harness runs the backward after
 # the call returns, and the reverse scan's switches (WBWD, TSTATE_BWD) are read then.
-_SWITCHES = ("WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS", "NOGATE")
+_SWITCHES = (
+    "WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS", "NOGATE", "GRAD_BK", "BWD16",
+)  # fmt: skip
 _DEFAULTS: dict = {}
 
 

@@ -165,6 +165,12 @@ def _jobs():
             )
             jobs.append((f"dhw_bwd-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex, cfg.num_warps,
                          cfg.num_stages))  # fmt: skip
+        # LT2_DELTA_BWD16: the reverse scan's 16-bit dots (DeltaNet's without the gate code, GATE 0)
+        for i, cfg in enumerate(L._DHW_CONFIGS if gate < 2 else []):
+            cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, D16=True,
+                       **cfg.kwargs)  # fmt: skip
+            jobs.append((f"dhw_bwd16-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex, cfg.num_warps,
+                         cfg.num_stages))  # fmt: skip
         for i, cfg in enumerate(L._DU0_CONFIGS if gate == 1 else []):
             cex = dict(HV=16, V=D, BT=64, IS_VARLEN=False, DOT=0, PREC=True, DT=tl.bfloat16, **cfg.kwargs)
             jobs.append((f"y-c{i}", delta_y_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
@@ -181,11 +187,12 @@ def _jobs():
                 cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, FORM_Y=form_y, **cfg.kwargs)
                 name = f"grad_cc-g{gate}-y{form_y:d}-c{i}"
                 jobs.append((name, delta_grad_cc_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
-        for i, cfg in enumerate(L._GRAD_CONFIGS):
-            cex = dict(base, V=D, BK=L.GRAD_BK, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
-            jobs.append(
-                (f"grad_k-g{gate}-c{i}", delta_grad_k_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
-            )
+        # KDA (GATE 2) runs the 32-wide key tile only (`delta_launch.grad_bk`)
+        for bk, cfgs in L._GRAD_CONFIGS_BY_BK.items() if gate < 2 else [(32, L._GRAD_CONFIGS)]:
+            for i, cfg in enumerate(cfgs):
+                cex = dict(base, V=D, BK=bk, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
+                name = f"grad_k-g{gate}-bk{bk}-c{i}"
+                jobs.append((name, delta_grad_k_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         cex = dict(
             H=16,
             HV=16,

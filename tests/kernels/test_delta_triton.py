@@ -50,11 +50,13 @@ def test_chunked_forward_backward(info, shape):
 # Backward forms other than the default, by the `delta_launch` switch each sets: the fused reverse
 # scan (LT2_DELTA_WBWD=0), the W-based one with the state gradient transposed (LT2_DELTA_TSTATE_BWD=1;
 # KDA's per-channel gate keeps the other scan), Y = Tᵀ dU' formed by the C x C kernel
-# (LT2_DELTA_Y_IN_CC=1; every rule)
+# (LT2_DELTA_Y_IN_CC=1; every rule), the reverse scan's 16-bit dots (LT2_DELTA_BWD16=1)
 BACKWARD_FORMS = {
     "fused-scan": ("WBWD", False),
     "transposed-scan": ("TSTATE_BWD", True),
     "y-in-cc": ("Y_IN_CC", True),
+    # the W-based reverse scan on 16-bit operands (bf16 case) and DeltaNet's without the gate code
+    "bwd16": ("BWD16", True),
 }
 
 
@@ -449,3 +451,62 @@ def test_fused_output_switch():
     assert delta_launch._fused_o_switch("inference") is None
     with pytest.raises(ValueError, match="expected one of 1, 0, inference"):
         delta_launch._fused_o_switch("yes")
+
+
+@pytest.mark.parametrize("bk", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gradient_key_tiles(info, bk, dtype, monkeypatch):
+    """The per-(K tile, chunk) gradient kernel at every key tile it may run with (LT2_DELTA_GRAD_BK;
+    fp32 inputs and KDA run 32 on the GPU, forced here to the same tile so the folded accumulators
+    are checked at fp32 precision too): K = 100 masks the last tile's columns, and two value heads
+    share a key head. Gradients against float64."""
+    monkeypatch.setattr(delta_launch, "GRAD_BK", bk)
+    monkeypatch.setattr(delta_launch, "FP32_GRAD_BK", bk)
+    from lt2dsl.kernels.common.delta_grad import delta_grad_k_kernel
+
+    seen = []
+    real = delta_launch.launch
+
+    def spy(tuned, plain, grid, *args, **kw):
+        if plain is delta_grad_k_kernel:
+            seen.append((kw["BK"], grid[0]))
+        return real(tuned, plain, grid, *args, **kw)
+
+    monkeypatch.setattr(delta_launch, "launch", spy)
+    x = make_inputs(info.gate, dtype=dtype, seed=bk, B=1, T=100, H=1, HV=2, K=100, V=40, device=DEV)
+    compare_backends(info, x, FP32_TOL if dtype == torch.float32 else BF16_TOL)
+    assert seen == [(bk, -(-100 // bk))], seen
+
+
+@pytest.mark.parametrize("sms", [1, 1000], ids=["few-sms", "many-sms"])
+def test_gated_scan_splits_when_it_cannot_fill_the_gpu(info, sms, monkeypatch):
+    """With fewer (value tile, sequence x head) programs than half the SMs the gated fused scan
+    gives way to the split form (state scan, then the chunk-parallel output kernel); DeltaNet's
+    gate-free scan and KDA's per-channel one are unaffected. Both forms against float64."""
+    from lt2dsl.kernels.common import delta_split
+
+    monkeypatch.setattr(delta_launch, "sm_count", lambda device: sms)
+    used = set()
+    real = delta_launch.launch
+
+    def spy(tuned, plain, *args, **kw):
+        for name in ("delta_hot_fwd_kernel", "delta_h_fwd_kernel"):
+            if plain is getattr(delta_split, name):
+                used.add(name)
+        return real(tuned, plain, *args, **kw)
+
+    monkeypatch.setattr(delta_launch, "launch", spy)
+    x = make_inputs(info.gate, dtype=torch.float32, seed=5, B=1, T=80, H=1, HV=2, K=32, V=48, device=DEV)
+    compare_backends(info, x, FP32_TOL)
+    if info.gate == "channel":
+        assert used == {"delta_h_fwd_kernel"}, used
+    elif info.gate == "none" or sms == 1:
+        assert used == {"delta_hot_fwd_kernel"}, used
+    else:
+        assert used == {"delta_h_fwd_kernel"}, used
+
+
+def test_gated_scan_fill_rule():
+    assert delta_launch.gated_scan_fills(128, 132)
+    assert not delta_launch.gated_scan_fills(32, 132)
+    assert delta_launch.gated_scan_fills(1, None)  # the interpreter: no SM count, the fused scan

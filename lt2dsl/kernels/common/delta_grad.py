@@ -35,9 +35,10 @@ from lt2dsl.kernels.common.delta_state import (
     load_chunk_gate,
     load_square,
     load_tile,
+    load_tile_t,
     store_tile,
 )
-from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xr, mm_xx, rcumsum, rsum
+from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xr, mm_xr_acc, mm_xx, rcumsum, rsum
 
 
 @triton.jit
@@ -231,21 +232,27 @@ def delta_grad_k_kernel(
         if GATE == 1:
             b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
             gam, to_end, _ = gate_factors(b_g, b_glast, GATE)
+            tl.store(part + p_part * 3, rsum(qf * acc_q, 1), mask=m_t)
+            tl.store(part + p_part * 3 + 2, rsum(kf * acc_u, 1), mask=m_t)
+            b_dq = acc_q * (gam * scale)[:, None]
+            b_dk = acc_u * to_end[:, None] - acc_y * (b_beta * gam)[:, None]
         else:
-            gam = tl.full([BT], 1.0, dtype=tl.float32)
-            to_end = gam
-        b_MA = load_tile(MA + (b64 * HV + i_hv) * BT, r0, L, HV * BT, 0, BT, BT, BT)
-        b_MB = load_tile(MB + (b64 * HV + i_hv) * BT, r0, L, HV * BT, 0, BT, BT, BT)
-        b_dq = acc_q * (gam * scale)[:, None] + mm_xr(b_MA, b_k, DT, PREC, DOT)
-        tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_out)
-        b_dk = acc_u * to_end[:, None] - acc_y * (b_beta * gam)[:, None]
-        b_dk += mm_xr(tl.trans(b_MA), b_q, DT, PREC, DOT)
-        b_dk += mm_xr(b_MB, b_k, DT, PREC, DOT) + mm_xr(tl.trans(b_MB), b_k, DT, PREC, DOT)
-        tl.store(dk + p_out, b_dk.to(dk.dtype.element_ty), mask=m_out)
-        tl.store(part + p_part * 3, rsum(qf * acc_q, 1), mask=m_t)
+            b_dq = acc_q * scale
+            b_dk = acc_u - acc_y * b_beta[:, None]
         tl.store(part + p_part * 3 + 1, rsum(kf * acc_y, 1), mask=m_t)
-        tl.store(part + p_part * 3 + 2, rsum(kf * acc_u, 1), mask=m_t)
         tl.store(part_sds + (i_k.to(tl.int64) * NC + i_g) * HV + i_hv, rsum(sds, 0))
+        # The three accumulators are folded into two before the intra-chunk products, which add
+        # into them (tl.dot's accumulator), so no more than two [BT, BK] fp32 tiles stay live
+        # past the V loop; the symmetric (β dA ⊙ Γ) + (β dA ⊙ Γ)ᵀ enters one product, not two.
+        b_MA = load_tile(MA + (b64 * HV + i_hv) * BT, r0, L, HV * BT, 0, BT, BT, BT)
+        b_dq = mm_xr_acc(b_MA, b_k, b_dq, DT, PREC, DOT)
+        tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_out)
+        b_dk = mm_xr_acc(tl.trans(b_MA), b_q, b_dk, DT, PREC, DOT)
+        m_base = MB + (b64 * HV + i_hv) * BT
+        b_MS = load_tile(m_base, r0, L, HV * BT, 0, BT, BT, BT)
+        b_MS += load_tile_t(m_base, r0, L, HV * BT, 0, BT, BT, BT)
+        b_dk = mm_xr_acc(b_MS, b_k, b_dk, DT, PREC, DOT)
+        tl.store(dk + p_out, b_dk.to(dk.dtype.element_ty), mask=m_out)
 
 
 @triton.jit
@@ -285,9 +292,10 @@ def delta_grad_final_kernel(
     sds = tl.zeros([1], dtype=tl.float32)
     for i_k in tl.static_range(NK):
         p_part = ((i_k * R + rows) * HV + i_hv) * 3
-        r_qs += tl.load(part + p_part, mask=m_t, other=0.0)
         r_ykgs += tl.load(part + p_part + 1, mask=m_t, other=0.0)
-        r_uds += tl.load(part + p_part + 2, mask=m_t, other=0.0)
+        if GATE == 1:  # the q and U' sums are written for the gate's db only
+            r_qs += tl.load(part + p_part, mask=m_t, other=0.0)
+            r_uds += tl.load(part + p_part + 2, mask=m_t, other=0.0)
         sds += tl.load(part_sds + (i_k * NC + i_g) * HV + i_hv + tl.zeros([1], dtype=tl.int32))
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
     if GATE == 1:

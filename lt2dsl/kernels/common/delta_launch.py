@@ -85,13 +85,35 @@ _CC_CONFIGS = [
     triton.Config({"BV": 32}, num_warps=4, num_stages=2),
     triton.Config({"BV": 64}, num_warps=4, num_stages=2),
 ]
-# Per-(K tile, chunk) gradient kernel: three [64, BK=32] fp32 accumulators.
-_GRAD_CONFIGS = [
-    triton.Config({"BV": 32}, num_warps=4, num_stages=2),
-    triton.Config({"BV": 32}, num_warps=4, num_stages=1),
-]
+# Per-(K tile, chunk) gradient kernel: three [64, BK] fp32 accumulators over the V loop, folded
+# into two before the intra-chunk products. Lists per key tile BK (offline sm_90, K = V = 128,
+# bf16, registers / spills per thread): BK 32 at 4 warps 140-148 / 0; BK 64 at 4 warps 245-254 / 0
+# (8 B at BV 64); BK 128 at 8 warps 255 / 32-88 B. fp32 inputs (tf32x3 dots) keep BK 32: at BK 64
+# they spill 368 B, at 128 896 B.
+_GRAD_CONFIGS_BY_BK = {
+    32: [
+        triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=1),
+    ],
+    64: [
+        triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+    ],
+    128: [
+        triton.Config({"BV": 32}, num_warps=8, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+    ],
+}
+_GRAD_CONFIGS = _GRAD_CONFIGS_BY_BK[32]
 _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
-GRAD_BK = 32
+# The key tile of the per-(K tile, chunk) gradient kernel for 16-bit inputs with a scalar or no
+# gate (`grad_bk`); KDA's per-channel gates and fp32 inputs run FP32_GRAD_BK. Until the
+# twentieth session every case ran BK 32: four programs per 128-wide key re-read dO, U', Y and
+# the two [64, 64] fp32 scratch matrices, and on the H200 the kernel was bound by its own
+# instruction stream (23% SM throughput, 28% DRAM; 1.47 ms of DeltaNet's 3.3 ms backward).
+GRAD_BK = int(os.environ.get("LT2_DELTA_GRAD_BK", "64"))
+FP32_GRAD_BK = 32
 # KDA's intra-chunk gradient kernel (read-modify-writes dq, dk, dg: not autotuned). Offline sm_90
 # compiles at K = 128: BK 32 at 4 warps spills 72 B per thread; BK 16 spills 520-780 B.
 KDA_BK, KDA_WARPS = 32, 4
@@ -176,6 +198,28 @@ def _fused_o_switch(value: str) -> bool | None:
 
 
 FUSED_O = _fused_o_switch(os.environ.get("LT2_DELTA_FUSED_O", "1"))
+# The gated fused scan runs one program per (64-wide value tile, sequence x head) and carries the
+# output's dots on its sequential path; with fewer programs than half the SMs the split form's
+# chunk-parallel output kernel wins. On the H200 (twentieth session, B=1, T=32768, H=16, D=128,
+# bf16: 32 programs on 132 SMs) GDN's forward took 2.813 ms fused against 2.101 split and fwd+bwd
+# 7.560 against 6.975, while at B=4, T=8192 (128 programs) fused is ahead (1.075 against ~1.10).
+# DeltaNet's gate-free scan was ahead fused at both (2.037 against 2.081 ms, 6.609 against 6.788),
+# so it keeps fusing. 0 turns the rule off (fused whenever FUSED_O says so).
+FUSED_MIN_SM_FRACTION = float(os.environ.get("LT2_DELTA_FUSED_MIN_SM_FRACTION", "0.5"))
+
+
+def sm_count(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA device; None elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gated_scan_fills(programs: int, sms: int | None) -> bool:
+    """Whether the gated fused scan's `programs` occupy enough of `sms` to beat the split form."""
+    return sms is None or programs >= FUSED_MIN_SM_FRACTION * sms
+
+
 TSTATE = os.environ.get("LT2_DELTA_TSTATE", "1") == "1"
 # The W-based reverse scan with the state gradient held transposed (`delta_dht_bwd_kernel`), the
 # forward's trick for the backward (scalar gate): opt-in until the H200 has checked and timed it.
@@ -187,6 +231,10 @@ Y_IN_CC = os.environ.get("LT2_DELTA_Y_IN_CC", "0") == "1"
 # DeltaNet's transposed fused scan without the gate code (GATE 0: no gate loads, exponentials or
 # factors); LT2_DELTA_NOGATE=0 runs it as the scalar-gate scan with b = 0, as before.
 NOGATE = os.environ.get("LT2_DELTA_NOGATE", "1") == "1"
+# The W-based reverse scan (`delta_dh_bwd_kernel`) with its state update on 16-bit operands (raw
+# Wᵀ, Q and dO; dU' and a gated sQ as hi + lo halves) instead of TF32-rounded fp32 ones, and
+# DeltaNet's without the gate code (GATE 0). Opt-in until the H200 times it.
+BWD16 = os.environ.get("LT2_DELTA_BWD16", "0") == "1"
 
 
 def use_w_backward(Aqk) -> bool:
@@ -261,7 +309,17 @@ _wy_rows = _tuned(delta_wy_rows_kernel, _WY_ROWS_CONFIGS, ["H", "HV", "K"], _no_
 _qk_fwd = _tuned(delta_qk_fwd_kernel, _PREP_CONFIGS, ["H", "HV", "K"])
 _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
-_grad_k = _tuned(delta_grad_k_kernel, _GRAD_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_GRAD_KEY = ["H", "HV", "K", "V", "GATE"]
+_grad_k_by_bk = {bk: _tuned(delta_grad_k_kernel, c, _GRAD_KEY) for bk, c in _GRAD_CONFIGS_BY_BK.items()}
+_grad_k = _grad_k_by_bk[32]
+
+
+def grad_bk(K: int, dtype: torch.dtype, gate: str) -> int:
+    """The key tile of `delta_grad_k_kernel` for this head dim, input dtype and gate."""
+    bk = GRAD_BK if dtype != torch.float32 and gate != "channel" else FP32_GRAD_BK
+    if bk not in _GRAD_CONFIGS_BY_BK:
+        raise ValueError(f"LT2_DELTA_GRAD_BK={bk}: expected one of {sorted(_GRAD_CONFIGS_BY_BK)}")
+    return min(bk, pow2(K))
 
 
 def _kda_narrow(config, args) -> bool:
@@ -300,7 +358,7 @@ _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _ho_fwd = _tuned(delta_ho_fwd_kernel, _HO_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _hot_fwd = _tuned(delta_hot_fwd_kernel, _HOT_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
-_dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE"])
+_dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE", "D16"])
 _dht_bwd = _tuned(delta_dht_bwd_kernel, _HOT_CONFIGS[:4], ["H", "HV", "K", "V", "GATE"])
 _y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"], _no_fp32_2warp)
 _du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
@@ -310,7 +368,7 @@ TUNED = [
         _qk_fwd,
         _state_bwd,
         _grad_cc,
-        _grad_k,
+        *_grad_k_by_bk.values(),
         _kda_fwd,
         _h_fwd,
         _ho_fwd,
@@ -328,7 +386,7 @@ TUNED = [
 N_CONFIGS = max(
     len(_STATE_CONFIGS),
     len(_CC_CONFIGS),
-    len(_GRAD_CONFIGS),
+    *(len(c) for c in _GRAD_CONFIGS_BY_BK.values()),
     len(_PREP_CONFIGS),
     len(_KDA_FWD_CONFIGS),
     len(_H_CONFIGS),
@@ -482,6 +540,8 @@ def state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, gate, meta: ChunkMeta, 
     dt = k.dtype
     wu = WU
     fused = (not save if FUSED_O is None else FUSED_O) and _state_gate(gate) == GATE_IDS["scalar"]
+    if fused and not (gate == "none" and NOGATE and TSTATE):
+        fused = gated_scan_fills(meta.N * HV * triton.cdiv(V, 64), sm_count(k.device))
     o = empty(v, *v.shape)
     # the fused scan keeps S_c and U' in registers: stored only for the backward
     vnew = empty(v, *v.shape) if save or not fused else o
@@ -570,6 +630,10 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     tuned, plain = (_dhw_bwd, delta_dh_bwd_kernel)
     if TSTATE_BWD and gid == GATE_IDS["scalar"]:
         tuned, plain = (_dht_bwd, delta_dht_bwd_kernel)
+    elif BWD16:
+        common["D16"] = split_mode(dt)
+        if gate == "none":
+            common["GATE"] = GATE_IDS["none"]
     launch(tuned, plain, grid, q, k, w, gcum, do, du0, dht_, dh, du, dh0, meta.cu,
            meta.chunk_offsets, T, scale, USE_DHT=dht is not None, STORE_DH0=want_dh0,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
@@ -703,7 +767,7 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
         fixed={"BV": min(64, pow2(V))},
         **common,
     )
-    BKs = min(GRAD_BK, pow2(K))
+    BKs = grad_bk(K, dt, gate)
     NK = triton.cdiv(K, BKs)
     NC = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
     dqk_dtype = dt if (gate != "channel" and HV == H) else f32
@@ -716,7 +780,7 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
     part = empty(q, NK, B * T, HV, 3, dtype=f32)
     part_sds = empty(q, NK, NC, HV, dtype=f32)
     launch(
-        _grad_k,
+        _grad_k_by_bk.get(BKs, _grad_k),
         delta_grad_k_kernel,
         (NK, *grid),
         q,

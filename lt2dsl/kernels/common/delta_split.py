@@ -42,7 +42,7 @@ from lt2dsl.kernels.common.delta_state import (
     store_tile,
     store_tile_t,
 )
-from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords
+from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords, split16
 from lt2dsl.kernels.common.tl_util import cast, helper
 
 
@@ -579,6 +579,7 @@ def delta_dh_bwd_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     PREC: tl.constexpr,
+    D16: tl.constexpr = False,
 ):
     """Reverse scan of the split backward: the forward scan's two-dot shape, with W.
 
@@ -586,6 +587,11 @@ def delta_dh_bwd_kernel(
     dS ← Diag(γ_C) dS' + (sQ ⊙ γ)ᵀ dO − Wᵀ dU', since (K ⊙ γ)ᵀ Diag(β) Tᵀ = Wᵀ. Y = Tᵀ dU' for the
     gradient kernels is formed afterwards for all chunks at once (`delta_y_kernel`), off the
     sequential path. Wᵀ is loaded transposed from memory (no register transpose of a raw tile).
+
+    With D16 (LT2_DELTA_BWD16, 16-bit inputs) the state update's dots take 16-bit operands where
+    they otherwise round fp32 ones to TF32: Wᵀ raw against dU' as hi + lo halves, and Qᵀ dO on the
+    raw tiles with s applied to the product (GATE 0) or sQ ⊙ γ as hi + lo halves (GATE 1). GATE 0
+    (DeltaNet) has no gate loads or factors at all.
     """
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -611,18 +617,34 @@ def delta_dh_bwd_kernel(
         store_tile(p_h, dS, 0, K, V, i_v * BV, V, BK, BV)
         b_k = load_tile(k + qk_base, r0, L, H * K, 0, K, BT, BK)
         b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
-        b_dof = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-        b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
-        gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
-        if GATE == 1:
-            gam, to_end = gam[:, None], to_end[:, None]
-        kds = mm(cast(b_k.to(tl.float32) * to_end, DT), cast(dS, DT), DOT)
+        b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        if GATE == 0:
+            kds = mm(b_k, cast(dS, DT), DOT)
+        else:
+            b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
+            gam, to_end, gam_c = gate_factors(b_g, b_glast, GATE)
+            if GATE == 1:
+                gam, to_end = gam[:, None], to_end[:, None]
+            kds = mm(cast(b_k.to(tl.float32) * to_end, DT), cast(dS, DT), DOT)
         b_du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
         store_tile(du + v_base, b_du, r0, L, HV * V, i_v * BV, V, BT, BV)
         p_wt = w + w_base + (r0 + ot)[None, :].to(tl.int64) * (HV * K) + ok[:, None]
-        b_wt = tl.load(p_wt, mask=(r0 + ot < L)[None, :] & (ok < K)[:, None], other=0.0).to(tl.float32)
-        dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_dof, DT, PREC, DOT)
-        dS -= mm_xx(b_wt, b_du, DT, PREC, DOT)
+        b_wt = tl.load(p_wt, mask=(r0 + ot < L)[None, :] & (ok < K)[:, None], other=0.0)
+        if D16:
+            if GATE == 0:
+                dS += mm(tl.trans(b_q), b_do, DOT) * scale
+            else:
+                q_hi, q_lo = split16(b_q.to(tl.float32) * (gam * scale), DT)
+                dS = dS * gam_c + mm(tl.trans(q_hi), b_do, DOT) + mm(tl.trans(q_lo), b_do, DOT)
+            u_hi, u_lo = split16(b_du, DT)
+            dS -= mm(b_wt, u_hi, DOT) + mm(b_wt, u_lo, DOT)
+        else:
+            b_dof = b_do.to(tl.float32)
+            if GATE == 0:
+                dS += mm_xx(tl.trans(b_q.to(tl.float32) * scale), b_dof, DT, PREC, DOT)
+            else:
+                dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_dof, DT, PREC, DOT)
+            dS -= mm_xx(b_wt.to(tl.float32), b_du, DT, PREC, DOT)
     if STORE_DH0:
         store_tile(dh0 + s_base, dS, 0, K, V, i_v * BV, V, BK, BV)
 

@@ -109,6 +109,29 @@ def mm_xr(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
 
 
 @helper
+def mm_acc(a, b, acc, DOT: tl.constexpr):
+    """acc + a @ b summed in the MMA's accumulator; operands already in the kernel's dot dtype."""
+    if DOT == 2:
+        r = acc + tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif DOT == 1:
+        r = tl.dot(a, b, acc, input_precision="tf32x3")
+    else:
+        r = tl.dot(a, b, acc)
+    return r
+
+
+@helper
+def mm_xr_acc(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
+    """acc + `mm_xr(a, b)`, summed in the MMA's accumulator."""
+    if PREC:
+        hi, lo = split16(a, DT)
+        r = mm_acc(lo, b, mm_acc(hi, b, acc, DOT), DOT)
+    else:
+        r = mm_acc(a.to(DT), b, acc, DOT)
+    return r
+
+
+@helper
 def mm_f32(a, b, DOT: tl.constexpr):
     """fp32 @ fp32 in full precision (the 16 x 16 steps of the triangular inverse), any `DOT`."""
     return tl.dot(a, b, input_precision="ieee")
