@@ -195,7 +195,7 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
                     out.append(Case(group=group, impl=f"lt2dsl-gk{bk}", make=tiles, **extra))
         if backward and op != "kda" and T == 8192 and os.environ.get("BWD16") == "1":
             # the reverse scan on 16-bit operands (LT2_DELTA_BWD16=1)
-            out.append(Case(group=group, impl="lt2dsl-bwd16", make=_flags(ours, BWD16=True), **extra))
+            out.append(Case(group=group, impl="lt2dsl-bwd16", make=_flags(ours, BWD16="1"), **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)

@@ -161,7 +161,16 @@ def _jobs():
             )
         for i, cfg in enumerate(L._DHW_CONFIGS if gate else []):
             cex = dict(
-                base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, **cfg.kwargs
+                base,
+                V=D,
+                BK=D,
+                GATE=gate,
+                USE_DHT=True,
+                STORE_DH0=True,
+                DOT=0,
+                PREC=True,
+                D16=False,
+                **cfg.kwargs,
             )
             jobs.append((f"dhw_bwd-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex, cfg.num_warps,
                          cfg.num_stages))  # fmt: skip

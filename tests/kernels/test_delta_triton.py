@@ -56,7 +56,9 @@ BACKWARD_FORMS = {
     "transposed-scan": ("TSTATE_BWD", True),
     "y-in-cc": ("Y_IN_CC", True),
     # the W-based reverse scan on 16-bit operands (bf16 case) and DeltaNet's without the gate code
-    "bwd16": ("BWD16", True),
+    # for every rule ("1"; DeltaNet's default), and for none ("0": DeltaNet on the gate code, b = 0)
+    "bwd16": ("BWD16", "1"),
+    "bwd-tf32": ("BWD16", "0"),
 }
 
 
@@ -510,3 +512,31 @@ def test_gated_scan_fill_rule():
     assert delta_launch.gated_scan_fills(128, 132)
     assert not delta_launch.gated_scan_fills(32, 132)
     assert delta_launch.gated_scan_fills(1, None)  # the interpreter: no SM count, the fused scan
+
+
+@pytest.mark.parametrize("mode", ["none", "1", "0"])
+def test_reverse_scan_16bit_switch(info, mode, monkeypatch):
+    """LT2_DELTA_BWD16: the W-based reverse scan's 16-bit dots and, for DeltaNet, the gate-free code
+    are on for DeltaNet only by default ("none"), for every rule with "1", for none with "0"; bf16
+    gradients against float64 each way. Anything else is refused."""
+    from lt2dsl.kernels.common import delta_split
+
+    monkeypatch.setattr(delta_launch, "BWD16", mode)
+    seen = []
+    real = delta_launch.launch
+
+    def spy(tuned, plain, *args, **kw):
+        if plain is delta_split.delta_dh_bwd_kernel:
+            seen.append((kw["GATE"], kw.get("D16", False)))
+        return real(tuned, plain, *args, **kw)
+
+    monkeypatch.setattr(delta_launch, "launch", spy)
+    x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.bfloat16, device=DEV, seed=3)
+    compare_backends(info, x, BF16_TOL)
+    on = mode == "1" or (mode == "none" and info.gate == "none")
+    gid = {"none": 0, "scalar": 1, "channel": 2}[info.gate]
+    # DeltaNet's scan takes the scalar-gate code on b = 0 unless the switch is on
+    assert seen == [(gid if on else max(gid, 1), on)], seen
+    assert delta_launch._bwd16_switch(mode) == mode
+    with pytest.raises(ValueError, match="expected one of none, 1, 0"):
+        delta_launch._bwd16_switch("yes")

@@ -87,15 +87,20 @@ def delta_wu_fwd_kernel(
     b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
     gam, _, _ = gate_factors(b_g, b_glast, GATE)
     if GATE == 1:
-        gam = gam[:, None]
-    b_k = load_tile(k + (t64 * H + i_h) * K, 0, n, H * K, 0, K, BT, BK).to(tl.float32)
-    b_w = mm_xx(b_T, b_k * gam * b_beta[:, None], DT, PREC, DOT)
+        # the row factors of K and V are T's column factors: T Diag(βγ) as hi + lo halves against
+        # the raw 16-bit tiles (finer than TF32; no fp32 copies of K and V through shared memory)
+        b_k = load_tile(k + (t64 * H + i_h) * K, 0, n, H * K, 0, K, BT, BK)
+        b_w = mm_xr(b_T * (gam * b_beta)[None, :], b_k, DT, PREC, DOT)
+    else:
+        b_k = load_tile(k + (t64 * H + i_h) * K, 0, n, H * K, 0, K, BT, BK).to(tl.float32)
+        b_w = mm_xx(b_T, b_k * gam * b_beta[:, None], DT, PREC, DOT)
     store_tile(w + (t64 * HV + i_hv) * K, b_w, 0, n, HV * K, 0, K, BT, BK)
     if STORE_U:
         v_base = (t64 * HV + i_hv) * V
+        b_Tb = b_T * b_beta[None, :]
         for i_v in range(tl.cdiv(V, BV)):
-            b_v = load_tile(v + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-            b_u = mm_xx(b_T, b_v * b_beta[:, None], DT, PREC, DOT)
+            b_v = load_tile(v + v_base, 0, n, HV * V, i_v * BV, V, BT, BV)
+            b_u = mm_xr(b_Tb, b_v, DT, PREC, DOT)
             store_tile(u + v_base, b_u, 0, n, HV * V, i_v * BV, V, BT, BV)
 
 
@@ -546,8 +551,10 @@ def delta_du0_kernel(
         b_Pt = causal_scores(b_k, b_q, b_g, n, scale, BT, True, True, DOT)
     else:
         b_Pt = load_square(Aqk, t0, eos, i_hv, HV, BT, True)
-    b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-    store_tile(du0 + v_base, mm_xx(b_Pt, b_do, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)
+    # dO stays a raw 16-bit operand and Pᵀ enters as hi + lo halves (finer than TF32, and no fp32
+    # copy of dO through shared memory)
+    b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV)
+    store_tile(du0 + v_base, mm_xr(b_Pt, b_do, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)
 
 
 @triton.jit
@@ -617,7 +624,10 @@ def delta_dh_bwd_kernel(
         store_tile(p_h, dS, 0, K, V, i_v * BV, V, BK, BV)
         b_k = load_tile(k + qk_base, r0, L, H * K, 0, K, BT, BK)
         b_q = load_tile(q + qk_base, r0, L, H * K, 0, K, BT, BK)
-        b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        if D16:
+            b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+        else:
+            b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
         if GATE == 0:
             kds = mm(b_k, cast(dS, DT), DOT)
         else:
@@ -629,7 +639,11 @@ def delta_dh_bwd_kernel(
         b_du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
         store_tile(du + v_base, b_du, r0, L, HV * V, i_v * BV, V, BT, BV)
         p_wt = w + w_base + (r0 + ot)[None, :].to(tl.int64) * (HV * K) + ok[:, None]
-        b_wt = tl.load(p_wt, mask=(r0 + ot < L)[None, :] & (ok < K)[:, None], other=0.0)
+        m_wt = (r0 + ot < L)[None, :] & (ok < K)[:, None]
+        if D16:
+            b_wt = tl.load(p_wt, mask=m_wt, other=0.0)
+        else:
+            b_wt = tl.load(p_wt, mask=m_wt, other=0.0).to(tl.float32)
         if D16:
             if GATE == 0:
                 dS += mm(tl.trans(b_q), b_do, DOT) * scale
@@ -639,12 +653,11 @@ def delta_dh_bwd_kernel(
             u_hi, u_lo = split16(b_du, DT)
             dS -= mm(b_wt, u_hi, DOT) + mm(b_wt, u_lo, DOT)
         else:
-            b_dof = b_do.to(tl.float32)
             if GATE == 0:
-                dS += mm_xx(tl.trans(b_q.to(tl.float32) * scale), b_dof, DT, PREC, DOT)
+                dS += mm_xx(tl.trans(b_q.to(tl.float32) * scale), b_do, DT, PREC, DOT)
             else:
-                dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_dof, DT, PREC, DOT)
-            dS -= mm_xx(b_wt.to(tl.float32), b_du, DT, PREC, DOT)
+                dS = dS * gam_c + mm_xx(tl.trans(b_q.to(tl.float32) * (gam * scale)), b_do, DT, PREC, DOT)
+            dS -= mm_xx(b_wt, b_du, DT, PREC, DOT)
     if STORE_DH0:
         store_tile(dh0 + s_base, dS, 0, K, V, i_v * BV, V, BK, BV)
 
