@@ -17,10 +17,11 @@ Three kernels keep the register footprint at a few 64 x 64 fp32 tiles each:
   no decay also P, A from q, k and their db / dβ terms. It stores s dP ⊙ Γ and β dA ⊙ Γ (KDA: the
   plain dP, dA, gated later per channel by `kda.chunk_grad`) to fp32 scratch `[B*T, HV, 64]`.
 * `delta_grad_k_kernel` (K tile, chunk, head): dO Sᵀ, U' dS'ᵀ and Y Sᵀ over V. Gate factors scale
-  rows (or, for KDA, elements) of these products, so they are applied after the V loop. Then the
-  scratch matrices, loaded as stored and transposed (no dot result is ever transposed: Hopper
-  miscompile, see `delta_tl`), give the intra-chunk dq, dk. Per-row sums over the K tile go to a
-  small partial buffer.
+  rows (or, for KDA, elements) of these products, so they are applied after the V loop, where
+  (scalar or no gate) the three fold into dq and dk. Then the scratch matrices, loaded as stored
+  and transposed (no dot result is ever transposed: Hopper miscompile, see `delta_tl`), give the
+  intra-chunk dq, dk, added in the MMA's accumulator. Per-row sums over the K tile go to a small
+  partial buffer.
 * `delta_grad_final_kernel` (chunk, head; scalar or no decay): adds the partials up into dβ and db,
   and dg = reverse cumsum of db inside the chunk.
 """
