@@ -107,8 +107,10 @@ def delta_grad_cc_kernel(
         b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
         store_tile(dv + v_base, b_y * b_beta[:, None], r0, L, HV * V, i_v * BV, V, BT, BV)
         dP += mm(b_do, tl.trans(b_u), DOT)
-        # U' stays a raw 16-bit operand, Y enters as hi + lo halves (finer than TF32)
-        dA += mm_xr(b_y, tl.trans(b_u), DT, PREC, DOT)
+        if GATE == 2:  # KDA keeps the form its GPU tests and timings ran with (TF32 on fp32 U')
+            dA += mm_xx(b_y, tl.trans(b_u.to(tl.float32)), DT, PREC, DOT)
+        else:  # U' stays a raw 16-bit operand, Y enters as hi + lo halves (finer than TF32)
+            dA += mm_xr(b_y, tl.trans(b_u), DT, PREC, DOT)
         r_yv += rsum(b_y * b_v, 1)
 
     lower = ot[:, None] >= ot[None, :]

@@ -551,10 +551,15 @@ def delta_du0_kernel(
         b_Pt = causal_scores(b_k, b_q, b_g, n, scale, BT, True, True, DOT)
     else:
         b_Pt = load_square(Aqk, t0, eos, i_hv, HV, BT, True)
-    # dO stays a raw 16-bit operand and Pᵀ enters as hi + lo halves (finer than TF32, and no fp32
-    # copy of dO through shared memory)
-    b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV)
-    store_tile(du0 + v_base, mm_xr(b_Pt, b_do, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)
+    if GATE == 1:
+        # dO stays a raw 16-bit operand and Pᵀ enters as hi + lo halves (finer than TF32, and no
+        # fp32 copy of dO through shared memory)
+        b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV)
+        b_du0 = mm_xr(b_Pt, b_do, DT, PREC, DOT)
+    else:  # KDA keeps the form its GPU tests and timings ran with
+        b_do = load_tile(do + v_base, 0, n, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_du0 = mm_xx(b_Pt, b_do, DT, PREC, DOT)
+    store_tile(du0 + v_base, b_du0, 0, n, HV * V, i_v * BV, V, BT, BV)
 
 
 @triton.jit
