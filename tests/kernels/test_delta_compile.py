@@ -159,27 +159,14 @@ def _jobs():
             jobs.append(
                 (f"wu-g{gate}-c{i}", delta_wu_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
-        for i, cfg in enumerate(L._DHW_CONFIGS if gate else []):
-            cex = dict(
-                base,
-                V=D,
-                BK=D,
-                GATE=gate,
-                USE_DHT=True,
-                STORE_DH0=True,
-                DOT=0,
-                PREC=True,
-                D16=False,
-                **cfg.kwargs,
-            )
-            jobs.append((f"dhw_bwd-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex, cfg.num_warps,
-                         cfg.num_stages))  # fmt: skip
-        # LT2_DELTA_BWD16: the reverse scan's 16-bit dots (DeltaNet's without the gate code, GATE 0)
-        for i, cfg in enumerate(L._DHW_CONFIGS if gate < 2 else []):
-            cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True, D16=True,
-                       **cfg.kwargs)  # fmt: skip
-            jobs.append((f"dhw_bwd16-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex, cfg.num_warps,
-                         cfg.num_stages))  # fmt: skip
+        # D16 (LT2_DELTA_BWD16): the reverse scan's 16-bit dots; DeltaNet's runs without the gate
+        # code (GATE 0) only that way, KDA's (GATE 2) never
+        for d16 in {0: (True,), 1: (False, True), 2: (False,)}[gate]:
+            for i, cfg in enumerate(L._DHW_CONFIGS):
+                cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
+                           D16=d16, **cfg.kwargs)  # fmt: skip
+                jobs.append((f"dhw_bwd{'16' if d16 else ''}-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex,
+                             cfg.num_warps, cfg.num_stages))  # fmt: skip
         for i, cfg in enumerate(L._DU0_CONFIGS if gate == 1 else []):
             cex = dict(HV=16, V=D, BT=64, IS_VARLEN=False, DOT=0, PREC=True, DT=tl.bfloat16, **cfg.kwargs)
             jobs.append((f"y-c{i}", delta_y_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
@@ -197,7 +184,8 @@ def _jobs():
                 name = f"grad_cc-g{gate}-y{form_y:d}-c{i}"
                 jobs.append((name, delta_grad_cc_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
         # KDA (GATE 2) runs the 32-wide key tile only (`delta_launch.grad_bk`)
-        for bk, cfgs in L._GRAD_CONFIGS_BY_BK.items() if gate < 2 else [(32, L._GRAD_CONFIGS)]:
+        tiles = L._GRAD_CONFIGS_BY_BK.items() if gate < 2 else [(L.FP32_GRAD_BK, L._GRAD_CONFIGS_BY_BK[32])]
+        for bk, cfgs in tiles:
             for i, cfg in enumerate(cfgs):
                 cex = dict(base, V=D, BK=bk, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
                 name = f"grad_k-g{gate}-bk{bk}-c{i}"

@@ -105,7 +105,6 @@ _GRAD_CONFIGS_BY_BK = {
         triton.Config({"BV": 64}, num_warps=8, num_stages=2),
     ],
 }
-_GRAD_CONFIGS = _GRAD_CONFIGS_BY_BK[32]
 _PREP_CONFIGS = [triton.Config({}, num_warps=4, num_stages=1)]
 # The key tile of the per-(K tile, chunk) gradient kernel for 16-bit inputs with a scalar or no
 # gate (`grad_bk`); KDA's per-channel gates and fp32 inputs run FP32_GRAD_BK. Until the
@@ -321,7 +320,6 @@ _state_bwd = _tuned(delta_state_bwd_kernel, _STATE_CONFIGS, ["H", "HV", "K", "V"
 _grad_cc = _tuned(delta_grad_cc_kernel, _CC_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _GRAD_KEY = ["H", "HV", "K", "V", "GATE"]
 _grad_k_by_bk = {bk: _tuned(delta_grad_k_kernel, c, _GRAD_KEY) for bk, c in _GRAD_CONFIGS_BY_BK.items()}
-_grad_k = _grad_k_by_bk[32]
 
 
 def grad_bk(K: int, dtype: torch.dtype, gate: str) -> int:
@@ -396,7 +394,7 @@ TUNED = [
 N_CONFIGS = max(
     len(_STATE_CONFIGS),
     len(_CC_CONFIGS),
-    *(len(c) for c in _GRAD_CONFIGS_BY_BK.values()),
+    *map(len, _GRAD_CONFIGS_BY_BK.values()),
     len(_PREP_CONFIGS),
     len(_KDA_FWD_CONFIGS),
     len(_H_CONFIGS),
@@ -790,7 +788,8 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
     part = empty(q, NK, B * T, HV, 3, dtype=f32)
     part_sds = empty(q, NK, NC, HV, dtype=f32)
     launch(
-        _grad_k_by_bk.get(BKs, _grad_k),
+        # a head dim below 32 narrows the tile under every list's key; the 32-wide list fits it
+        _grad_k_by_bk.get(BKs, _grad_k_by_bk[32]),
         delta_grad_k_kernel,
         (NK, *grid),
         q,

@@ -647,9 +647,6 @@ def delta_dh_bwd_kernel(
         m_wt = (r0 + ot < L)[None, :] & (ok < K)[:, None]
         if D16:
             b_wt = tl.load(p_wt, mask=m_wt, other=0.0)
-        else:
-            b_wt = tl.load(p_wt, mask=m_wt, other=0.0).to(tl.float32)
-        if D16:
             if GATE == 0:
                 dS += mm(tl.trans(b_q), b_do, DOT) * scale
             else:
@@ -658,6 +655,7 @@ def delta_dh_bwd_kernel(
             u_hi, u_lo = split16(b_du, DT)
             dS -= mm(b_wt, u_hi, DOT) + mm(b_wt, u_lo, DOT)
         else:
+            b_wt = tl.load(p_wt, mask=m_wt, other=0.0).to(tl.float32)
             if GATE == 0:
                 dS += mm_xx(tl.trans(b_q.to(tl.float32) * scale), b_do, DT, PREC, DOT)
             else:
