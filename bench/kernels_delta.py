@@ -14,7 +14,10 @@ per chunk first (the peer's two-dot scan, LT2_DELTA_WU) instead of the scan appl
 and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DELTA_WBWD=0)
 instead of the default W-based one (VARIANTS=0 leaves both out); GRADBK=1 adds the backward at
 the gradient kernel's other key tiles (`lt2dsl-gk32`, `-gk64`, `-gk128`); BWD16=1 adds
-`lt2dsl-bwd16`, the reverse scan on 16-bit operands (LT2_DELTA_BWD16); BF16DOTS=1 adds
+`lt2dsl-bwd16`, the reverse scan on 16-bit operands (LT2_DELTA_BWD16); SCRATCH=1 adds the
+backward with its scratch in fp32 (`lt2dsl-lp0`, LT2_DELTA_BWD_LP=0), with the C x C matrices in
+16 bits too (`-lp2`), with Y formed in the reverse scan (`-yscan`, LT2_DELTA_Y_IN_SCAN=1) and with
+both (`-lp2yscan`); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
 forms the output in the state scan with the state transposed, for training too; FUSEDO=1 adds,
@@ -196,6 +199,16 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
         if backward and op != "kda" and T == 8192 and os.environ.get("BWD16") == "1":
             # the reverse scan on 16-bit operands (LT2_DELTA_BWD16=1)
             out.append(Case(group=group, impl="lt2dsl-bwd16", make=_flags(ours, BWD16="1"), **extra))
+        if backward and op != "kda" and T == 8192 and os.environ.get("SCRATCH") == "1":
+            # the backward's scratch in fp32 (LT2_DELTA_BWD_LP=0), its C x C matrices in 16 bits
+            # too (=2), and Y = Tᵀ dU' formed in the reverse scan (LT2_DELTA_Y_IN_SCAN=1)
+            for impl, flags in (
+                ("lt2dsl-lp0", dict(BWD_LP=0)),
+                ("lt2dsl-lp2", dict(BWD_LP=2)),
+                ("lt2dsl-yscan", dict(Y_IN_SCAN=True)),
+                ("lt2dsl-lp2yscan", dict(BWD_LP=2, Y_IN_SCAN=True)),
+            ):
+                out.append(Case(group=group, impl=impl, make=_flags(ours, **flags), **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
             out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
         peer = _peer_chunk(op)
@@ -240,6 +253,7 @@ def _env(make, env: dict):
 # the call returns, and the reverse scan's switches (WBWD, TSTATE_BWD) are read then.
 _SWITCHES = (
     "WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS", "NOGATE", "GRAD_BK", "BWD16",
+    "BWD_LP", "Y_IN_SCAN",
 )  # fmt: skip
 _DEFAULTS: dict = {}
 

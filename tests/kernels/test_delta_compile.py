@@ -103,6 +103,10 @@ def _jobs():
     P, D = "*bf16", 128
     ptr = {n: P for n in ("q", "k", "v", "beta", "o", "h", "vnew", "do", "dv", "dh", "w", "u")}
     ptr.update(cu_seqlens="*i64", chunk_indices="*i32", chunk_offsets="*i32")
+    # DeltaNet's and GDN's backward scratch in 16 bits (LT2_DELTA_BWD_LP: 1 the per-token tensors,
+    # the default; 2 the C x C matrices too); KDA's stays fp32
+    lp1 = dict(ptr, du0=P, du=P, Y=P)
+    lp2 = dict(lp1, MA=P, MB=P)
     sc = {"T": "i32", "R": "i32", "NC": "i32", "scale": "fp32"}
     base = dict(H=16, HV=16, K=D, BT=64, IS_VARLEN=False)
     jobs = []
@@ -161,18 +165,24 @@ def _jobs():
             )
         # D16 (LT2_DELTA_BWD16): the reverse scan's 16-bit dots; DeltaNet's runs without the gate
         # code (GATE 0) only that way, KDA's (GATE 2) never
+        scratch = lp1 if gate < 2 else ptr
+        # FORM_Y (LT2_DELTA_Y_IN_SCAN): Y = Tᵀ dU' formed in the scan; never KDA's
         for d16 in {0: (True,), 1: (False, True), 2: (False,)}[gate]:
-            for i, cfg in enumerate(L._DHW_CONFIGS):
-                cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
-                           D16=d16, **cfg.kwargs)  # fmt: skip
-                jobs.append((f"dhw_bwd{'16' if d16 else ''}-g{gate}-c{i}", delta_dh_bwd_kernel, ptr, sc, cex,
-                             cfg.num_warps, cfg.num_stages))  # fmt: skip
-        for i, cfg in enumerate(L._DU0_CONFIGS if gate == 1 else []):
+            # (not with GDN's opt-in 16-bit scan, where `state_bwd` forms Y in its own pass)
+            for form_y in (False, True) if gate < 2 and not (gate == 1 and d16) else (False,):
+                for i, cfg in enumerate(L._DHW_CONFIGS):
+                    cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
+                               D16=d16, FORM_Y=form_y, **cfg.kwargs)  # fmt: skip
+                    name = f"dhw_bwd{'16' if d16 else ''}-g{gate}-y{form_y:d}-c{i}"
+                    jobs.append((name, delta_dh_bwd_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages))
+        for i, cfg in enumerate(L._DU0_CONFIGS if gate else []):  # gate-free: 16-bit and fp32 scratch
             cex = dict(HV=16, V=D, BT=64, IS_VARLEN=False, DOT=0, PREC=True, DT=tl.bfloat16, **cfg.kwargs)
-            jobs.append((f"y-c{i}", delta_y_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+            jobs.append((f"y-g{gate}-c{i}", delta_y_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._DU0_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
-            jobs.append((f"du0-g{gate}-c{i}", delta_du0_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+            jobs.append(
+                (f"du0-g{gate}-c{i}", delta_du0_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages)
+            )
         for i, cfg in enumerate(L._O_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(
@@ -180,16 +190,23 @@ def _jobs():
             )
         for i, cfg in enumerate(L._CC_CONFIGS):
             for form_y in (False, True):
-                cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, FORM_Y=form_y, **cfg.kwargs)
+                # dv comes from the pass that forms Y: `delta_y_kernel`, or this kernel with FORM_Y
+                cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, FORM_Y=form_y, STORE_DV=form_y,
+                           **cfg.kwargs)  # fmt: skip
                 name = f"grad_cc-g{gate}-y{form_y:d}-c{i}"
-                jobs.append((name, delta_grad_cc_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+                # with Y formed here, the C x C matrices stored in 16 bits too (BWD_LP 2)
+                ptrs = ptr if gate == 2 else (lp2 if form_y else lp1)
+                jobs.append((name, delta_grad_cc_kernel, ptrs, sc, cex, cfg.num_warps, cfg.num_stages))
         # KDA (GATE 2) runs the 32-wide key tile only (`delta_launch.grad_bk`)
         tiles = L._GRAD_CONFIGS_BY_BK.items() if gate < 2 else [(L.FP32_GRAD_BK, L._GRAD_CONFIGS_BY_BK[32])]
         for bk, cfgs in tiles:
-            for i, cfg in enumerate(cfgs):
-                cex = dict(base, V=D, BK=bk, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
-                name = f"grad_k-g{gate}-bk{bk}-c{i}"
-                jobs.append((name, delta_grad_k_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages))
+            # BWD_LP 2 (the C x C matrices in 16 bits) at the 16-bit inputs' default key tile
+            for lp in (1, 2) if gate < 2 and bk == L.GRAD_BK else (1,):
+                ptrs = ptr if gate == 2 else {1: lp1, 2: lp2}[lp]
+                for i, cfg in enumerate(cfgs):
+                    cex = dict(base, V=D, BK=bk, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
+                    name = f"grad_k-g{gate}-bk{bk}-lp{lp}-c{i}"
+                    jobs.append((name, delta_grad_k_kernel, ptrs, sc, cex, cfg.num_warps, cfg.num_stages))
         cex = dict(
             H=16,
             HV=16,

@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import lt2dsl.kernels.common.delta_launch as delta_launch
 from lt2dsl.kernels.common.delta_triton import chunk_flops
 from tests.kernels.test_delta_family import OPS, OpInfo, compare_backends, make_inputs
-from tests.kernels.utils import assert_close
+from tests.kernels.utils import assert_close, rel_rms
 
 FP32_TOL, BF16_TOL = 1e-4, 1e-2
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,6 +59,11 @@ BACKWARD_FORMS = {
     # for every rule ("1"; DeltaNet's default), and for none ("0": DeltaNet on the gate code, b = 0)
     "bwd16": ("BWD16", "1"),
     "bwd-tf32": ("BWD16", "0"),
+    # Y = Tᵀ dU' formed in the reverse scan (LT2_DELTA_Y_IN_SCAN=1); the 16-bit scratch tensors'
+    # fp32 form (LT2_DELTA_BWD_LP=0) and the C x C matrices in 16 bits too (=2), bf16 case
+    "y-in-scan": ("Y_IN_SCAN", True),
+    "scratch-fp32": ("BWD_LP", 0),
+    "scratch-16bit-cc": ("BWD_LP", 2),
 }
 
 
@@ -195,7 +200,7 @@ def test_forward_variants_inference_varlen(info, fused, tstate, monkeypatch):
     compare_backends(info, x, BF16_TOL, grad=False, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("scan", ["split", "fused", "transposed", "transposed-bwd", "y-in-cc"])
+@pytest.mark.parametrize("scan", ["split", "fused", "transposed", "transposed-bwd", "y-in-cc", "y-in-scan"])
 @pytest.mark.parametrize("wbwd", [False, True], ids=["fused-bwd", "w-bwd"])
 def test_autotuned_kernels_are_idempotent(info, wbwd, scan, monkeypatch):
     """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
@@ -208,6 +213,7 @@ def test_autotuned_kernels_are_idempotent(info, wbwd, scan, monkeypatch):
     monkeypatch.setattr(delta_launch, "TSTATE", scan.startswith("transposed"))
     monkeypatch.setattr(delta_launch, "TSTATE_BWD", scan == "transposed-bwd")
     monkeypatch.setattr(delta_launch, "Y_IN_CC", scan == "y-in-cc")
+    monkeypatch.setattr(delta_launch, "Y_IN_SCAN", scan == "y-in-scan")
     plain = delta_launch.launch
     seen = set()
 
@@ -540,3 +546,60 @@ def test_reverse_scan_16bit_switch(info, mode, monkeypatch):
     assert delta_launch._bwd16_switch(mode) == mode
     with pytest.raises(ValueError, match="expected one of none, 1, 0"):
         delta_launch._bwd16_switch("yes")
+
+
+@pytest.mark.parametrize("lp", [0, 1, 2])
+def test_backward_scratch_dtypes(info, lp, monkeypatch):
+    """LT2_DELTA_BWD_LP: with 16-bit inputs, DeltaNet's and GDN's backward keeps Pᵀ dO, dU' and Y
+    in the input dtype by default (1), the C x C kernel's two matrices too with 2, everything fp32
+    with 0; KDA's scratch stays fp32. bf16 gradients against float64 each way, and the default's
+    within 1.5x of the fp32 scratch's (the interpreter rounds as the GPU does: dv and dβ rise most,
+    2.4-2.8e-3 -> 3.2-4.0e-3 here; dq and dk by under 15%)."""
+    from lt2dsl.kernels.common.delta_grad import delta_grad_cc_kernel
+    from lt2dsl.kernels.common.delta_split import delta_du0_kernel, delta_y_kernel
+
+    seen = {}
+    real = delta_launch.launch
+
+    def spy(tuned, plain, grid, *args, **kw):
+        if plain is delta_du0_kernel:
+            seen["du0"] = args[5].dtype
+        elif plain is delta_y_kernel:
+            seen["Y"] = args[2].dtype
+        elif plain is delta_grad_cc_kernel:
+            seen["MA"] = args[11].dtype
+        return real(tuned, plain, grid, *args, **kw)
+
+    monkeypatch.setattr(delta_launch, "launch", spy)
+    x = make_inputs(info.gate, B=1, T=150, H=1, HV=2, K=32, V=48, dtype=torch.bfloat16, device=DEV, seed=4)
+    errs = {}
+    for mode in (0, lp):
+        monkeypatch.setattr(delta_launch, "BWD_LP", mode)
+        seen.clear()
+        errs[mode] = _grad_errors(info, x)
+        scratch = torch.bfloat16 if mode >= 1 and info.gate != "channel" else torch.float32
+        matrices = torch.bfloat16 if mode == 2 and info.gate != "channel" else torch.float32
+        assert seen == {"du0": scratch, "Y": scratch, "MA": matrices}, seen
+        assert max(errs[mode].values()) <= BF16_TOL, errs[mode]
+    if lp == 1:
+        for n, e in errs[1].items():
+            assert e <= 1.5 * errs[0][n], (n, errs)
+    assert delta_launch._bwd_lp_switch(str(lp)) == lp
+    with pytest.raises(ValueError, match="expected one of 0, 1, 2"):
+        delta_launch._bwd_lp_switch("on")
+
+
+def _grad_errors(info, x) -> dict:
+    """Relative RMS error of each input gradient against float64 (random cotangents)."""
+    leaves = {n: t for n, t in x.items() if t is not None}
+    ref = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    tri = {n: t.detach().clone().requires_grad_() for n, t in leaves.items()}
+    ref.setdefault("g", None)
+    tri.setdefault("g", None)
+    outs_ref = info.call(ref, initial_state=ref["initial_state"], output_final_state=True)
+    outs = info.call(tri, initial_state=tri["initial_state"], output_final_state=True, backend="triton")
+    gen = torch.Generator().manual_seed(1)
+    cot = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(DEV) for o in outs_ref]
+    torch.autograd.backward(list(outs_ref), cot)
+    torch.autograd.backward(list(outs), [c.to(o.dtype) for c, o in zip(cot, outs, strict=True)])
+    return {n: rel_rms(tri[n].grad, ref[n].grad) for n in leaves}

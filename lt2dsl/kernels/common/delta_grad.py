@@ -36,10 +36,11 @@ from lt2dsl.kernels.common.delta_state import (
     load_chunk_gate,
     load_square,
     load_tile,
+    load_tile_apart,
     load_tile_t,
     store_tile,
 )
-from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_xr, mm_xr_acc, mm_xx, rcumsum, rsum
+from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_lr, mm_lr_acc, mm_xb, mm_xx, rcumsum, rsum
 
 
 @triton.jit
@@ -75,9 +76,11 @@ def delta_grad_cc_kernel(
     DOT: tl.constexpr,
     PREC: tl.constexpr,
     FORM_Y: tl.constexpr = False,
+    STORE_DV: tl.constexpr = True,
 ):
     """With FORM_Y (LT2_DELTA_Y_IN_CC=1) Y = Tᵀ dU' is formed here from `du` and stored to `Y` for
-    the gradient kernel, in place of `delta_y_kernel`'s pass (`Ainv`, `du` are unused without)."""
+    the gradient kernel, in place of `delta_y_kernel`'s pass (`Ainv`, `du` are unused without).
+    Without STORE_DV, dv = β ⊙ Y was written by the pass that formed Y."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -100,17 +103,25 @@ def delta_grad_cc_kernel(
         b_u = load_tile(vnew + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
         if FORM_Y:
             b_du = load_tile(du + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
-            b_y = mm_xx(b_Tt, b_du, DT, PREC, DOT)
-            store_tile(Y + v_base, b_y, r0, L, HV * V, i_v * BV, V, BT, BV)
+            b_yr = mm_xb(b_Tt, b_du, DT, PREC, DOT).to(Y.dtype.element_ty)
+            store_tile(Y + v_base, b_yr, r0, L, HV * V, i_v * BV, V, BT, BV)
+            b_y = b_yr.to(tl.float32)
         else:
-            b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+            # fp32, or 16-bit with LT2_DELTA_BWD_LP: then a raw dot operand below, and the
+            # elementwise uses read a load of their own (`load_tile_apart`)
+            b_yr = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
+            if Y.dtype.element_ty == tl.float32:
+                b_y = b_yr
+            else:
+                b_y = load_tile_apart(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
         b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-        store_tile(dv + v_base, b_y * b_beta[:, None], r0, L, HV * V, i_v * BV, V, BT, BV)
+        if STORE_DV:
+            store_tile(dv + v_base, b_y * b_beta[:, None], r0, L, HV * V, i_v * BV, V, BT, BV)
         dP += mm(b_do, tl.trans(b_u), DOT)
         if GATE == 2:  # KDA keeps the form its GPU tests and timings ran with (TF32 on fp32 U')
             dA += mm_xx(b_y, tl.trans(b_u.to(tl.float32)), DT, PREC, DOT)
-        else:  # U' stays a raw 16-bit operand, Y enters as hi + lo halves (finer than TF32)
-            dA += mm_xr(b_y, tl.trans(b_u), DT, PREC, DOT)
+        else:  # U' stays a raw 16-bit operand, an fp32 Y enters as hi + lo halves (finer than TF32)
+            dA += mm_lr(b_yr, tl.trans(b_u), DT, PREC, DOT)
         r_yv += rsum(b_y * b_v, 1)
 
     lower = ot[:, None] >= ot[None, :]
@@ -199,10 +210,10 @@ def delta_grad_k_kernel(
         b_dS = load_tile(dh + p_h, i_k * BK, K, V, i_v * BV, V, BK, BV)
         b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
         b_u = load_tile(vnew + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
-        b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
         acc_q += mm(b_do, tl.trans(b_S), DOT)
         acc_u += mm(b_u, tl.trans(b_dS), DOT)
-        acc_y += mm_xr(b_y, tl.trans(b_S), DT, PREC, DOT)
+        acc_y += mm_lr(b_y, tl.trans(b_S), DT, PREC, DOT)
         sds += rsum(b_S.to(tl.float32) * b_dS.to(tl.float32), 1)
 
     qk_base = (b64 * H + i_h) * K
@@ -249,13 +260,14 @@ def delta_grad_k_kernel(
         # into them (tl.dot's accumulator), so no more than two [BT, BK] fp32 tiles stay live
         # past the V loop; the symmetric (β dA ⊙ Γ) + (β dA ⊙ Γ)ᵀ enters one product, not two.
         b_MA = load_tile(MA + (b64 * HV + i_hv) * BT, r0, L, HV * BT, 0, BT, BT, BT)
-        b_dq = mm_xr_acc(b_MA, b_k, b_dq, DT, PREC, DOT)
+        b_dq = mm_lr_acc(b_MA, b_k, b_dq, DT, PREC, DOT)
         tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_out)
-        b_dk = mm_xr_acc(tl.trans(b_MA), b_q, b_dk, DT, PREC, DOT)
+        b_dk = mm_lr_acc(tl.trans(b_MA), b_q, b_dk, DT, PREC, DOT)
         m_base = MB + (b64 * HV + i_hv) * BT
+        # strictly lower plus its transpose: disjoint supports, so the sum is exact in 16 bits too
         b_MS = load_tile(m_base, r0, L, HV * BT, 0, BT, BT, BT)
         b_MS += load_tile_t(m_base, r0, L, HV * BT, 0, BT, BT, BT)
-        b_dk = mm_xr_acc(b_MS, b_k, b_dk, DT, PREC, DOT)
+        b_dk = mm_lr_acc(b_MS, b_k, b_dk, DT, PREC, DOT)
         tl.store(dk + p_out, b_dk.to(dk.dtype.element_ty), mask=m_out)
 
 

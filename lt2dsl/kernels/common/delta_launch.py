@@ -230,6 +230,10 @@ Y_IN_CC = os.environ.get("LT2_DELTA_Y_IN_CC", "0") == "1"
 # DeltaNet's transposed fused scan without the gate code (GATE 0: no gate loads, exponentials or
 # factors); LT2_DELTA_NOGATE=0 runs it as the scalar-gate scan with b = 0, as before.
 NOGATE = os.environ.get("LT2_DELTA_NOGATE", "1") == "1"
+# Y = Tᵀ dU' formed by the W-based reverse scan as it produces dU', off its dependency chain,
+# instead of by `delta_y_kernel`'s pass over dU' and T afterwards. Opt-in until the H200 has
+# timed it (it adds T's load and a dot to each step of the sequential scan).
+Y_IN_SCAN = os.environ.get("LT2_DELTA_Y_IN_SCAN", "0") == "1"
 
 
 # The W-based reverse scan (`delta_dh_bwd_kernel`) with its state update on 16-bit operands (raw
@@ -244,6 +248,30 @@ def _bwd16_switch(value: str) -> str:
 
 
 BWD16 = _bwd16_switch(os.environ.get("LT2_DELTA_BWD16", "none"))
+
+
+# The W-based backward's per-token scratch between its kernels (Pᵀ dO, dU' and Y = Tᵀ dU') in the
+# input's 16-bit dtype instead of fp32 (16-bit inputs, DeltaNet and GDN), as the peer keeps them:
+# half the bytes, and their readers take one dot of raw operands where an fp32 tile entered as
+# hi + lo halves. The scan's state gradient dS stays fp32 in registers. "2" also stores the C x C
+# kernel's s dP ⊙ Γ and β dA ⊙ Γ in 16 bits (as the peer does); emulating the GPU's roundings
+# (CPU interpreter, T = 1000, D = 64, bf16) GDN's dq went from 4.1e-3 to 6.4e-3 relative RMS
+# against float64 with that, and stayed at 4.1e-3 with "1" (dv, dβ 2.4e-3 -> 3.6e-3). "0": fp32.
+def _bwd_lp_switch(value: str) -> int:
+    if value not in ("0", "1", "2"):
+        raise ValueError(f"LT2_DELTA_BWD_LP={value!r}: expected one of 0, 1, 2")
+    return int(value)
+
+
+BWD_LP = _bwd_lp_switch(os.environ.get("LT2_DELTA_BWD_LP", "1"))
+
+
+def bwd_scratch_dtype(dtype: torch.dtype, gate: str, matrices: bool = False) -> torch.dtype:
+    """The dtype of the W-based backward's scratch for inputs of `dtype`: the per-token tensors, or
+    with `matrices` the C x C kernel's two (see BWD_LP)."""
+    if int(matrices) < BWD_LP and gate != "channel" and dtype in (torch.bfloat16, torch.float16):
+        return dtype
+    return torch.float32
 
 
 def use_w_backward(Aqk) -> bool:
@@ -366,7 +394,7 @@ _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _ho_fwd = _tuned(delta_ho_fwd_kernel, _HO_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _hot_fwd = _tuned(delta_hot_fwd_kernel, _HOT_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
-_dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE", "D16"])
+_dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE", "D16", "FORM_Y"])
 _dht_bwd = _tuned(delta_dht_bwd_kernel, _HOT_CONFIGS[:4], ["H", "HV", "K", "V", "GATE"])
 _y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"], _no_fp32_2warp)
 _du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
@@ -598,19 +626,20 @@ def y_in_cc(Aqk) -> bool:
     return Y_IN_CC and use_w_backward(Aqk)
 
 
-def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta, want_dh0):
-    """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU' (dU' itself when `y_in_cc`), and
-    the initial-state gradient."""
+def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta, want_dh0, dv_dtype=None):
+    """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU' (dU' itself when `y_in_cc`), the
+    initial-state gradient, and dv = β ⊙ Y `[B*T, HV, V]` in `dv_dtype` (default do's) where the
+    pass forming Y wrote it (`delta_y_kernel`), else None (the C x C kernel writes it)."""
     B, T, H, K = k.shape
     HV, V = do.shape[2], do.shape[3]
     n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
     dh = empty(k, n_rows, HV, K, V)
-    Y = empty(k, *do.shape, dtype=torch.float32)
-    dh0 = empty(do, meta.N, HV, K, V, dtype=torch.float32) if want_dh0 else Y
+    dh0 = empty(do, meta.N, HV, K, V, dtype=torch.float32) if want_dh0 else dh
     gid = _state_gate(gate)
     if not use_w_backward(Aqk):
+        Y = empty(k, *do.shape, dtype=torch.float32)
         _fused_state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, dh, Y, dh0, scale, gid, meta, want_dh0)
-        return dh, Y, (dh0 if want_dh0 else None)
+        return dh, Y, (dh0 if want_dh0 else None), None
     # The W-based backward: Pᵀ dO for all chunks in parallel, the two-dot reverse scan, Y after.
     dt = k.dtype
     common = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=state_bk(K), GATE=gid, IS_VARLEN=meta.varlen,
@@ -623,7 +652,8 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     def grid(m):
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
-    du0 = empty(do, *do.shape, dtype=torch.float32)
+    sdt = bwd_scratch_dtype(dt, gate)
+    du0 = empty(do, *do.shape, dtype=sdt)
     scores = Aqk if Aqk is not None and Aqk.numel() else do
     launch(_du0, delta_du0_kernel, ugrid, q, k, gcum, scores, do, du0, meta.cu, meta.chunk_indices, T, scale,
            fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
@@ -634,7 +664,7 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
            T, STORE_U=False, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     # dU' goes to `du`, then Y = Tᵀ dU' into du0's buffer (read by the scan before): no autotuned
     # kernel reads a buffer it writes (each runs several times while autotuning).
-    du = Y
+    du = empty(do, *do.shape, dtype=sdt)
     tuned, plain = (_dhw_bwd, delta_dh_bwd_kernel)
     if TSTATE_BWD and gid == GATE_IDS["scalar"]:
         tuned, plain = (_dht_bwd, delta_dht_bwd_kernel)
@@ -642,17 +672,25 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
         common["D16"] = split_mode(dt)
         if gate == "none":
             common["GATE"] = GATE_IDS["none"]
-    launch(tuned, plain, grid, q, k, w, gcum, do, du0, dht_, dh, du, dh0, meta.cu,
-           meta.chunk_offsets, T, scale, USE_DHT=dht is not None, STORE_DH0=want_dh0,
-           fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
-    if y_in_cc(Aqk):
-        return dh, du, (dh0 if want_dh0 else None)
+    # not in GDN's 16-bit scan (BWD16=1, opt-in): with Y there it spills up to 528 B offline
+    gated16 = common.get("D16") and common["GATE"] == GATE_IDS["scalar"]
+    form_y = Y_IN_SCAN and plain is delta_dh_bwd_kernel and not y_in_cc(Aqk) and not gated16
+    if form_y:
+        common["FORM_Y"] = True
+    args = (q, k, w, gcum, do, du0, dht_, dh, du, dh0)
+    if plain is delta_dh_bwd_kernel:
+        args = (*args, Ainv)
+    launch(tuned, plain, grid, *args, meta.cu, meta.chunk_offsets, T, scale, USE_DHT=dht is not None,
+           STORE_DH0=want_dh0, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
+    if y_in_cc(Aqk) or form_y:  # `du` holds dU' (C x C forms Y) or Y itself
+        return dh, du, (dh0 if want_dh0 else None), None
     tdt = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
     Y = du0
-    launch(_y_bwd, delta_y_kernel, ugrid, Ainv, du, Y, meta.cu, meta.chunk_indices, T, HV=HV, V=V, BT=BT,
-           IS_VARLEN=meta.varlen, DOT=dot_mode(dt), PREC=split_mode(dt), DT=tdt,
+    dv = empty(do, *do.shape, dtype=dv_dtype or do.dtype)
+    launch(_y_bwd, delta_y_kernel, ugrid, Ainv, du, Y, beta, dv, meta.cu, meta.chunk_indices, T, HV=HV, V=V,
+           BT=BT, IS_VARLEN=meta.varlen, DOT=dot_mode(dt), PREC=split_mode(dt), DT=tdt,
            fixed={"BV": min(32, pow2(V))})  # fmt: skip
-    return dh, Y, (dh0 if want_dh0 else None)
+    return dh, Y, (dh0 if want_dh0 else None), dv
 
 
 def _fused_state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, dh, Y, dh0, scale, gid, meta, want_dh0):
@@ -723,8 +761,9 @@ def kda_prep_fwd(q, k, g, beta, scale, meta: ChunkMeta):
     return gcum, Ainv, Aqk
 
 
-def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: ChunkMeta, Ainv=None):
-    """dq, dk `[B*T, HV, K]` per value head, dv, dβ `[B*T, HV]` and dg (fp32) of a chunk pass.
+def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: ChunkMeta, Ainv=None, dv=None):
+    """dq, dk `[B*T, HV, K]` per value head, dv, dβ `[B*T, HV]` and dg (fp32) of a chunk pass
+    (dv as given when the pass that formed Y wrote it).
 
     dq, dk come in the input dtype when nothing is added to them afterwards (no grouped value
     heads to sum, no KDA intra-chunk pass), else in fp32. With `Ainv` (T), `Y` holds dU' and the
@@ -736,13 +775,15 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
     gid = GATE_IDS[gate]
     grid = meta.chunk_grid(B * HV)
     common = dict(H=H, HV=HV, K=K, BT=BT, IS_VARLEN=meta.varlen)
-    dv = empty(v, *v.shape)
-    MA, MB = empty(q, B * T, HV, BT, dtype=f32), empty(q, B * T, HV, BT, dtype=f32)
+    store_dv = dv is None
+    dv = empty(v, *v.shape) if store_dv else dv
+    mdt = bwd_scratch_dtype(dt, gate, matrices=True)
+    MA, MB = empty(q, B * T, HV, BT, dtype=mdt), empty(q, B * T, HV, BT, dtype=mdt)
     dbeta_p = empty(q, B * T, HV, dtype=f32)
     db_p = empty(q, B * T, HV, dtype=f32) if gate == "scalar" else dbeta_p
     du = Y
     if Ainv is not None:
-        Y = empty(v, *v.shape, dtype=f32)
+        Y = empty(v, *v.shape, dtype=bwd_scratch_dtype(dt, gate))
     launch(
         _grad_cc,
         delta_grad_cc_kernel,
@@ -772,6 +813,7 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
         DOT=dot_mode(dt),
         PREC=split_mode(dt),
         FORM_Y=Ainv is not None,
+        STORE_DV=store_dv,
         fixed={"BV": min(64, pow2(V))},
         **common,
     )

@@ -42,7 +42,16 @@ from lt2dsl.kernels.common.delta_state import (
     store_tile,
     store_tile_t,
 )
-from lt2dsl.kernels.common.delta_tl import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords, split16
+from lt2dsl.kernels.common.delta_tl import (
+    causal_scores,
+    chunk_coords,
+    mm,
+    mm_xb,
+    mm_xr,
+    mm_xx,
+    seq_coords,
+    split16,
+)
 from lt2dsl.kernels.common.tl_util import cast, helper
 
 
@@ -574,6 +583,7 @@ def delta_dh_bwd_kernel(
     dh,
     du,
     dh0,
+    Ainv,
     cu_seqlens,
     chunk_offsets,
     T,
@@ -592,6 +602,7 @@ def delta_dh_bwd_kernel(
     DOT: tl.constexpr,
     PREC: tl.constexpr,
     D16: tl.constexpr = False,
+    FORM_Y: tl.constexpr = False,
 ):
     """Reverse scan of the split backward: the forward scan's two-dot shape, with W.
 
@@ -604,6 +615,10 @@ def delta_dh_bwd_kernel(
     they otherwise round fp32 ones to TF32: Wᵀ raw against dU' as hi + lo halves, and Qᵀ dO on the
     raw tiles with s applied to the product (GATE 0) or sQ ⊙ γ as hi + lo halves (GATE 1). GATE 0
     (DeltaNet) has no gate loads or factors at all.
+
+    With FORM_Y (LT2_DELTA_Y_IN_SCAN=1) `du` receives Y = Tᵀ dU' itself, formed here off the
+    recurrence's dependency chain from dU' rounded to du's dtype (as `delta_y_kernel` reads it),
+    so the separate pass over dU' and T is not run.
     """
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -642,7 +657,12 @@ def delta_dh_bwd_kernel(
                 gam, to_end = gam[:, None], to_end[:, None]
             kds = mm(cast(b_k.to(tl.float32) * to_end, DT), cast(dS, DT), DOT)
         b_du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
-        store_tile(du + v_base, b_du, r0, L, HV * V, i_v * BV, V, BT, BV)
+        if FORM_Y:
+            b_Tt = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, True)
+            b_y = mm_xb(b_Tt, cast(b_du, du.dtype.element_ty), DT, PREC, DOT)
+            store_tile(du + v_base, b_y, r0, L, HV * V, i_v * BV, V, BT, BV)
+        else:
+            store_tile(du + v_base, b_du, r0, L, HV * V, i_v * BV, V, BT, BV)
         p_wt = w + w_base + (r0 + ot)[None, :].to(tl.int64) * (HV * K) + ok[:, None]
         m_wt = (r0 + ot < L)[None, :] & (ok < K)[:, None]
         if D16:
@@ -745,6 +765,8 @@ def delta_y_kernel(
     Ainv,
     du,
     Y,
+    beta,
+    dv,
     cu_seqlens,
     chunk_indices,
     T,
@@ -757,8 +779,9 @@ def delta_y_kernel(
     PREC: tl.constexpr,
     DT: tl.constexpr,
 ):
-    """Y = Tᵀ dU' `[B*T, HV, V]` fp32 per (V tile, chunk). Out of place: the autotuner runs a
-    kernel several times on the same buffers, so no autotuned kernel may read what it writes."""
+    """Y = Tᵀ dU' `[B*T, HV, V]` per (V tile, chunk), and dv = β ⊙ Y from Y before it is rounded
+    to a 16-bit buffer (LT2_DELTA_BWD_LP). Out of place: the autotuner runs a kernel several times
+    on the same buffers, so no autotuned kernel may read what it writes."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
@@ -767,4 +790,8 @@ def delta_y_kernel(
     off = (t0.to(tl.int64) * HV + i_hv) * V
     b_du = load_tile(du + off, 0, n, HV * V, i_v * BV, V, BT, BV)
     b_Tt = load_square(Ainv, t0, eos, i_hv, HV, BT, True)
-    store_tile(Y + off, mm_xx(b_Tt, b_du, DT, PREC, DOT), 0, n, HV * V, i_v * BV, V, BT, BV)
+    b_y = mm_xb(b_Tt, b_du, DT, PREC, DOT)
+    store_tile(Y + off, b_y, 0, n, HV * V, i_v * BV, V, BT, BV)
+    ot = tl.arange(0, BT)
+    b_beta = tl.load(beta + (t0 + ot).to(tl.int64) * HV + i_hv, mask=ot < n, other=0.0).to(tl.float32)
+    store_tile(dv + off, b_y * b_beta[:, None], 0, n, HV * V, i_v * BV, V, BT, BV)

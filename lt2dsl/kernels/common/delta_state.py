@@ -49,6 +49,27 @@ def load_tile(
 
 
 @helper
+def load_tile_apart(
+    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """`load_tile` as a load of its own, for the elementwise use of a tile that also feeds `tl.dot`.
+
+    A raw dot operand with a second, non-dot use gets one shared buffer from Triton's pipeliner at
+    2 stages, refilled while asynchronous wgmma dots still read it (the ninth session's race,
+    `tests/kernels/ttgir_checks.py`); CSE would merge an identical second load back into the first,
+    so this one reads through L2 (".cg"), where the first load left the tile.
+    """
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    p = base + orow[:, None] * STRIDE + ocol[None, :]
+    if D % BC == 0:
+        x = tl.load(p, mask=(orow < n_rows)[:, None], other=0.0, cache_modifier=".cg")
+    else:
+        x = tl.load(p, mask=(orow < n_rows)[:, None] & (ocol < D)[None, :], other=0.0, cache_modifier=".cg")
+    return x
+
+
+@helper
 def store_tile(
     base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
 ):

@@ -137,9 +137,13 @@ def _chunk_bwd_impl(
     meta = ChunkMeta(B, T, HV, cu_seqlens)
     if gate == 0:  # DeltaNet's state scans run the scalar-gate code with b = 0
         gcum = torch.zeros(B * T, HV, dtype=torch.float32, device=q.device)
-    dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None)
+    dh, Y, dh0, dv = state_bwd(
+        q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None, dv_dtype=v.dtype
+    )
     T_ = Ainv if y_in_cc(Aqk) else None  # then Y is dU' and the chunk pass forms Y = Tᵀ dU'
-    dq, dk, dv, dbeta, dg = grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta, T_)
+    dq, dk, dv, dbeta, dg = grad_chunks(
+        q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta, T_, dv=dv
+    )
     # Value heads sharing a q/k head add their gradients (grouped value heads).
     if HV == H:
         dq, dk = dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype)
