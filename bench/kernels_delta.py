@@ -15,9 +15,11 @@ and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DEL
 instead of the default W-based one (VARIANTS=0 leaves both out); GRADBK=1 adds the backward at
 the gradient kernel's other key tiles (`lt2dsl-gk32`, `-gk64`, `-gk128`); BWD16=1 adds
 `lt2dsl-bwd16`, the reverse scan on 16-bit operands (LT2_DELTA_BWD16); SCRATCH=1 adds the
-backward with its scratch in fp32 (`lt2dsl-lp0`, LT2_DELTA_BWD_LP=0), with the C x C matrices in
-16 bits too (`-lp2`), with Y formed in the reverse scan (`-yscan`, LT2_DELTA_Y_IN_SCAN=1) and with
-both (`-lp2yscan`); BF16DOTS=1 adds
+backward with its scratch in 16 bits (`lt2dsl-lp1`, LT2_DELTA_BWD_LP=1), with the C x C matrices
+in 16 bits too (`-lp2`), each with Y formed in the reverse scan (`-lp1yscan`, `-lp2yscan`,
+LT2_DELTA_Y_IN_SCAN=1), and the 16-bit scratch with Y in the C x C kernel (`-lp1ycc`) or the
+gradient kernel's 128-wide key tile (`-lp1gk128`), with Pᵀ dO formed in the reverse scan
+(`-lp1du0`, LT2_DELTA_DU0_IN_SCAN=1) and with Y there too (`-lp1du0yscan`); BF16DOTS=1 adds
 `lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
 (LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
 forms the output in the state scan with the state transposed, for training too; FUSEDO=1 adds,
@@ -200,13 +202,19 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
             # the reverse scan on 16-bit operands (LT2_DELTA_BWD16=1)
             out.append(Case(group=group, impl="lt2dsl-bwd16", make=_flags(ours, BWD16="1"), **extra))
         if backward and op != "kda" and T == 8192 and os.environ.get("SCRATCH") == "1":
-            # the backward's scratch in fp32 (LT2_DELTA_BWD_LP=0), its C x C matrices in 16 bits
-            # too (=2), and Y = Tᵀ dU' formed in the reverse scan (LT2_DELTA_Y_IN_SCAN=1)
+            # the backward's scratch in 16 bits (LT2_DELTA_BWD_LP=1), its C x C matrices too (=2),
+            # each with Y = Tᵀ dU' formed in the reverse scan (LT2_DELTA_Y_IN_SCAN=1), and the
+            # 16-bit scratch with Y in the C x C kernel (Y_IN_CC) or the 128-wide gradient tile
             for impl, flags in (
-                ("lt2dsl-lp0", dict(BWD_LP=0)),
+                ("lt2dsl-lp1", dict(BWD_LP=1)),
                 ("lt2dsl-lp2", dict(BWD_LP=2)),
-                ("lt2dsl-yscan", dict(Y_IN_SCAN=True)),
+                ("lt2dsl-lp1yscan", dict(BWD_LP=1, Y_IN_SCAN=True)),
                 ("lt2dsl-lp2yscan", dict(BWD_LP=2, Y_IN_SCAN=True)),
+                ("lt2dsl-lp1ycc", dict(BWD_LP=1, Y_IN_CC=True)),
+                ("lt2dsl-lp1gk128", dict(BWD_LP=1, GRAD_BK=128)),
+                # Pᵀ dO formed in the reverse scan (LT2_DELTA_DU0_IN_SCAN=1), alone and with Y
+                ("lt2dsl-lp1du0", dict(BWD_LP=1, DU0_IN_SCAN=True)),
+                ("lt2dsl-lp1du0yscan", dict(BWD_LP=1, DU0_IN_SCAN=True, Y_IN_SCAN=True)),
             ):
                 out.append(Case(group=group, impl=impl, make=_flags(ours, **flags), **extra))
         if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
@@ -253,7 +261,7 @@ def _env(make, env: dict):
 # the call returns, and the reverse scan's switches (WBWD, TSTATE_BWD) are read then.
 _SWITCHES = (
     "WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS", "NOGATE", "GRAD_BK", "BWD16",
-    "BWD_LP", "Y_IN_SCAN",
+    "BWD_LP", "Y_IN_SCAN", "DU0_IN_SCAN",
 )  # fmt: skip
 _DEFAULTS: dict = {}
 

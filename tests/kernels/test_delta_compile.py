@@ -166,15 +166,20 @@ def _jobs():
         # D16 (LT2_DELTA_BWD16): the reverse scan's 16-bit dots; DeltaNet's runs without the gate
         # code (GATE 0) only that way, KDA's (GATE 2) never
         scratch = lp1 if gate < 2 else ptr
-        # FORM_Y (LT2_DELTA_Y_IN_SCAN): Y = Tᵀ dU' formed in the scan; never KDA's
-        for d16 in {0: (True,), 1: (False, True), 2: (False,)}[gate]:
-            # (not with GDN's opt-in 16-bit scan, where `state_bwd` forms Y in its own pass)
-            for form_y in (False, True) if gate < 2 and not (gate == 1 and d16) else (False,):
-                for i, cfg in enumerate(L._DHW_CONFIGS):
-                    cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
-                               D16=d16, FORM_Y=form_y, **cfg.kwargs)  # fmt: skip
-                    name = f"dhw_bwd{'16' if d16 else ''}-g{gate}-y{form_y:d}-c{i}"
-                    jobs.append((name, delta_dh_bwd_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages))
+        # (D16, FORM_Y, FORM_DU0) as `state_bwd` may run them: D16 (LT2_DELTA_BWD16) is DeltaNet's
+        # default and GDN's opt-in, never KDA's; Y = Tᵀ dU' (LT2_DELTA_Y_IN_SCAN) and Pᵀ dO
+        # (LT2_DELTA_DU0_IN_SCAN) formed in the scan for DeltaNet and GDN, not in GDN's 16-bit one
+        forms = {
+            0: [(True, y, u) for y in (False, True) for u in (False, True)],
+            1: [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
+            2: [(False, False, False)],
+        }[gate]
+        for d16, form_y, form_du0 in forms:
+            for i, cfg in enumerate(L._DHW_CONFIGS):
+                cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
+                           D16=d16, FORM_Y=form_y, FORM_DU0=form_du0, **cfg.kwargs)  # fmt: skip
+                name = f"dhw_bwd{'16' if d16 else ''}-g{gate}-y{form_y:d}-u{form_du0:d}-c{i}"
+                jobs.append((name, delta_dh_bwd_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages))
         for i, cfg in enumerate(L._DU0_CONFIGS if gate else []):  # gate-free: 16-bit and fp32 scratch
             cex = dict(HV=16, V=D, BT=64, IS_VARLEN=False, DOT=0, PREC=True, DT=tl.bfloat16, **cfg.kwargs)
             jobs.append((f"y-g{gate}-c{i}", delta_y_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages))

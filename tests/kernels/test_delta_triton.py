@@ -59,11 +59,16 @@ BACKWARD_FORMS = {
     # for every rule ("1"; DeltaNet's default), and for none ("0": DeltaNet on the gate code, b = 0)
     "bwd16": ("BWD16", "1"),
     "bwd-tf32": ("BWD16", "0"),
-    # Y = Tᵀ dU' formed in the reverse scan (LT2_DELTA_Y_IN_SCAN=1); the 16-bit scratch tensors'
-    # fp32 form (LT2_DELTA_BWD_LP=0) and the C x C matrices in 16 bits too (=2), bf16 case
+    # Y = Tᵀ dU' formed in the reverse scan (LT2_DELTA_Y_IN_SCAN=1); the backward's scratch in 16
+    # bits (LT2_DELTA_BWD_LP=1), the C x C matrices too (=2), and with Y formed elsewhere (bf16 case)
     "y-in-scan": ("Y_IN_SCAN", True),
-    "scratch-fp32": ("BWD_LP", 0),
+    "scratch-16bit": ("BWD_LP", 1),
     "scratch-16bit-cc": ("BWD_LP", 2),
+    "y-in-scan-16bit": (("Y_IN_SCAN", True), ("BWD_LP", 1)),
+    "y-in-cc-16bit": (("Y_IN_CC", True), ("BWD_LP", 2)),
+    # Pᵀ dO formed in the reverse scan (LT2_DELTA_DU0_IN_SCAN=1), alone and with Y there too
+    "du0-in-scan": ("DU0_IN_SCAN", True),
+    "du0-y-in-scan-16bit": (("DU0_IN_SCAN", True), ("Y_IN_SCAN", True), ("BWD_LP", 1)),
 }
 
 
@@ -71,7 +76,9 @@ BACKWARD_FORMS = {
 @pytest.mark.parametrize("form", list(BACKWARD_FORMS))
 def test_backward_forms(info, form, case, monkeypatch):
     """Each backward form against float64 on the shapes of the default one, and in bf16."""
-    monkeypatch.setattr(delta_launch, *BACKWARD_FORMS[form])
+    switches = BACKWARD_FORMS[form]
+    for name, value in switches if isinstance(switches[0], tuple) else (switches,):
+        monkeypatch.setattr(delta_launch, name, value)
     if case == "varlen":
         x = make_inputs(info.gate, B=1, T=100, H=1, HV=2, K=32, V=32, dtype=torch.float32, device=DEV, N=3)
         compare_backends(info, x, FP32_TOL, cu_seqlens=torch.tensor([0, 40, 41, 100], device=DEV))
@@ -200,7 +207,9 @@ def test_forward_variants_inference_varlen(info, fused, tstate, monkeypatch):
     compare_backends(info, x, BF16_TOL, grad=False, cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("scan", ["split", "fused", "transposed", "transposed-bwd", "y-in-cc", "y-in-scan"])
+@pytest.mark.parametrize(
+    "scan", ["split", "fused", "transposed", "transposed-bwd", "y-in-cc", "y-in-scan", "du0-in-scan"]
+)
 @pytest.mark.parametrize("wbwd", [False, True], ids=["fused-bwd", "w-bwd"])
 def test_autotuned_kernels_are_idempotent(info, wbwd, scan, monkeypatch):
     """Every kernel the GPU autotunes runs twice per launch here, as the autotuner runs it several
@@ -214,6 +223,7 @@ def test_autotuned_kernels_are_idempotent(info, wbwd, scan, monkeypatch):
     monkeypatch.setattr(delta_launch, "TSTATE_BWD", scan == "transposed-bwd")
     monkeypatch.setattr(delta_launch, "Y_IN_CC", scan == "y-in-cc")
     monkeypatch.setattr(delta_launch, "Y_IN_SCAN", scan == "y-in-scan")
+    monkeypatch.setattr(delta_launch, "DU0_IN_SCAN", scan == "du0-in-scan")
     plain = delta_launch.launch
     seen = set()
 
@@ -551,8 +561,8 @@ def test_reverse_scan_16bit_switch(info, mode, monkeypatch):
 @pytest.mark.parametrize("lp", [0, 1, 2])
 def test_backward_scratch_dtypes(info, lp, monkeypatch):
     """LT2_DELTA_BWD_LP: with 16-bit inputs, DeltaNet's and GDN's backward keeps Pᵀ dO, dU' and Y
-    in the input dtype by default (1), the C x C kernel's two matrices too with 2, everything fp32
-    with 0; KDA's scratch stays fp32. bf16 gradients against float64 each way, and the default's
+    in the input dtype with 1, the C x C kernel's two matrices too with 2, everything fp32 with 0
+    (the default); KDA's scratch stays fp32. bf16 gradients against float64 each way, and 1's
     within 1.5x of the fp32 scratch's (the interpreter rounds as the GPU does: dv and dβ rise most,
     2.4-2.8e-3 -> 3.2-4.0e-3 here; dq and dk by under 15%)."""
     from lt2dsl.kernels.common.delta_grad import delta_grad_cc_kernel

@@ -234,6 +234,11 @@ NOGATE = os.environ.get("LT2_DELTA_NOGATE", "1") == "1"
 # instead of by `delta_y_kernel`'s pass over dU' and T afterwards. Opt-in until the H200 has
 # timed it (it adds T's load and a dot to each step of the sequential scan).
 Y_IN_SCAN = os.environ.get("LT2_DELTA_Y_IN_SCAN", "0") == "1"
+# Pᵀ dO formed by the W-based reverse scan from the tiles it loads anyway (DeltaNet and GDN),
+# instead of by `delta_du0_kernel`'s chunk-parallel pass (222 µs of DeltaNet's fwd+bwd on the H200,
+# twentieth session) and a scratch tensor: it adds two dots to each step of the sequential scan,
+# off its dependency chain. Opt-in until the H200 has timed it.
+DU0_IN_SCAN = os.environ.get("LT2_DELTA_DU0_IN_SCAN", "0") == "1"
 
 
 # The W-based reverse scan (`delta_dh_bwd_kernel`) with its state update on 16-bit operands (raw
@@ -254,16 +259,18 @@ BWD16 = _bwd16_switch(os.environ.get("LT2_DELTA_BWD16", "none"))
 # input's 16-bit dtype instead of fp32 (16-bit inputs, DeltaNet and GDN), as the peer keeps them:
 # half the bytes, and their readers take one dot of raw operands where an fp32 tile entered as
 # hi + lo halves. The scan's state gradient dS stays fp32 in registers. "2" also stores the C x C
-# kernel's s dP ⊙ Γ and β dA ⊙ Γ in 16 bits (as the peer does); emulating the GPU's roundings
-# (CPU interpreter, T = 1000, D = 64, bf16) GDN's dq went from 4.1e-3 to 6.4e-3 relative RMS
-# against float64 with that, and stayed at 4.1e-3 with "1" (dv, dβ 2.4e-3 -> 3.6e-3). "0": fp32.
+# kernel's s dP ⊙ Γ and β dA ⊙ Γ in 16 bits (as the peer does). Emulating the GPU's roundings (CPU
+# interpreter, T = 1000, D = 64, bf16) GDN's dq stayed at 4.1e-3 relative RMS against float64
+# with "1" (dv, dβ 2.4e-3 -> 3.6e-3) and rose to 6.4e-3 with "2". "0" (fp32) stays the default
+# until the H200 has checked and timed the 16-bit forms (no device was lent in the session that
+# built them; BENCHMARKS.md, twenty-first session).
 def _bwd_lp_switch(value: str) -> int:
     if value not in ("0", "1", "2"):
         raise ValueError(f"LT2_DELTA_BWD_LP={value!r}: expected one of 0, 1, 2")
     return int(value)
 
 
-BWD_LP = _bwd_lp_switch(os.environ.get("LT2_DELTA_BWD_LP", "1"))
+BWD_LP = _bwd_lp_switch(os.environ.get("LT2_DELTA_BWD_LP", "0"))
 
 
 def bwd_scratch_dtype(dtype: torch.dtype, gate: str, matrices: bool = False) -> torch.dtype:
@@ -389,12 +396,25 @@ HOT_EARLY_P = 0
 
 # The W-based reverse scan (`delta_dh_bwd_kernel`) fits the forward scan's tiles (not its candidates).
 _DHW_CONFIGS = _H_CONFIGS[:4]
+if CANDIDATES:
+    # three-stage prefetch of the next chunk's Q, K, Wᵀ, dO and Pᵀ dO (the peer's reverse scan
+    # autotunes over 2-4 stages): offline sm_90, K = V = 128, bf16, 156-209 KB of shared memory,
+    # no spills in DeltaNet's 16-bit scan or GDN's (0-96 B with Y or Pᵀ dO formed there, 312 B in
+    # KDA's at 4 warps). BV 64 at 8 warps, 3 stages needs 232-247 KB with Y formed there or for
+    # KDA, past the 227 KB a block may have; at 4 warps it spills 112-184 B.
+    _DHW_CONFIGS = [
+        *_DHW_CONFIGS,
+        triton.Config({"BV": 32}, num_warps=4, num_stages=3),
+        triton.Config({"BV": 32}, num_warps=8, num_stages=3),
+    ]
 _wu_fwd = _tuned(delta_wu_fwd_kernel, _WU_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 _h_fwd = _tuned(delta_h_fwd_kernel, _H_CONFIGS, ["H", "HV", "K", "V", "GATE"])
 _ho_fwd = _tuned(delta_ho_fwd_kernel, _HO_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _hot_fwd = _tuned(delta_hot_fwd_kernel, _HOT_CONFIGS, ["H", "HV", "K", "V", "GATE", "SAVE"])
 _o_fwd = _tuned(delta_o_fwd_kernel, _O_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
-_dhw_bwd = _tuned(delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE", "D16", "FORM_Y"])
+_dhw_bwd = _tuned(
+    delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE", "D16", "FORM_Y", "FORM_DU0"]
+)
 _dht_bwd = _tuned(delta_dht_bwd_kernel, _HOT_CONFIGS[:4], ["H", "HV", "K", "V", "GATE"])
 _y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"], _no_fp32_2warp)
 _du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
@@ -429,6 +449,7 @@ N_CONFIGS = max(
     len(_HO_CONFIGS),
     len(_HOT_CONFIGS),
     len(_O_CONFIGS),
+    len(_DHW_CONFIGS),
 )
 
 
@@ -653,10 +674,15 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
         return (triton.cdiv(V, m["BV"]), meta.N * HV)
 
     sdt = bwd_scratch_dtype(dt, gate)
-    du0 = empty(do, *do.shape, dtype=sdt)
-    scores = Aqk if Aqk is not None and Aqk.numel() else do
-    launch(_du0, delta_du0_kernel, ugrid, q, k, gcum, scores, do, du0, meta.cu, meta.chunk_indices, T, scale,
-           fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
+    du0 = empty(do, *do.shape, dtype=sdt)  # Pᵀ dO, then Y (the Y pass writes it)
+    # the transposed scan (TSTATE_BWD) and KDA's per-channel scores read Pᵀ dO from the pass
+    du0_in_scan = (
+        DU0_IN_SCAN and gid != GATE_IDS["channel"] and not (TSTATE_BWD and gid == GATE_IDS["scalar"])
+    )
+    if not du0_in_scan:
+        scores = Aqk if Aqk is not None and Aqk.numel() else do
+        launch(_du0, delta_du0_kernel, ugrid, q, k, gcum, scores, do, du0, meta.cu, meta.chunk_indices, T,
+               scale, fixed={"BV": min(32, pow2(V))}, **common)  # fmt: skip
     dht_ = dht if dht is not None else do
     # W recomputed (one chunk-parallel pass) rather than kept from the forward
     w = empty(k, B * T, HV, K)
@@ -677,6 +703,8 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
     form_y = Y_IN_SCAN and plain is delta_dh_bwd_kernel and not y_in_cc(Aqk) and not gated16
     if form_y:
         common["FORM_Y"] = True
+    if du0_in_scan:
+        common["FORM_DU0"] = True
     args = (q, k, w, gcum, do, du0, dht_, dh, du, dh0)
     if plain is delta_dh_bwd_kernel:
         args = (*args, Ainv)

@@ -603,6 +603,7 @@ def delta_dh_bwd_kernel(
     PREC: tl.constexpr,
     D16: tl.constexpr = False,
     FORM_Y: tl.constexpr = False,
+    FORM_DU0: tl.constexpr = False,
 ):
     """Reverse scan of the split backward: the forward scan's two-dot shape, with W.
 
@@ -619,6 +620,10 @@ def delta_dh_bwd_kernel(
     With FORM_Y (LT2_DELTA_Y_IN_SCAN=1) `du` receives Y = Tᵀ dU' itself, formed here off the
     recurrence's dependency chain from dU' rounded to du's dtype (as `delta_y_kernel` reads it),
     so the separate pass over dU' and T is not run.
+
+    With FORM_DU0 (LT2_DELTA_DU0_IN_SCAN=1; DeltaNet and GDN) Pᵀ dO is formed here from the Q, K
+    and dO tiles the step loads anyway (off the dependency chain; `du0` is not read), so the
+    chunk-parallel `delta_du0_kernel` pass and its scratch are not needed.
     """
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -656,7 +661,18 @@ def delta_dh_bwd_kernel(
             if GATE == 1:
                 gam, to_end = gam[:, None], to_end[:, None]
             kds = mm(cast(b_k.to(tl.float32) * to_end, DT), cast(dS, DT), DOT)
-        b_du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
+        if FORM_DU0:
+            tl.static_assert(GATE < 2, "Pᵀ dO in the reverse scan: scalar gate or none")
+            if GATE == 1:
+                b_Pt = causal_scores(b_k, b_q, b_g, L - r0, scale, BT, True, True, DOT)
+            else:
+                b_Pt = causal_scores(b_k, b_q, ot, L - r0, scale, BT, False, True, DOT)
+            if D16:  # as `delta_du0_kernel`: raw dO against Pᵀ as hi + lo halves
+                b_du = mm_xr(b_Pt, b_do, DT, PREC, DOT) + kds
+            else:
+                b_du = mm_xx(b_Pt, b_do, DT, PREC, DOT) + kds
+        else:
+            b_du = load_tile(du0 + v_base, r0, L, HV * V, i_v * BV, V, BT, BV) + kds
         if FORM_Y:
             b_Tt = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, True)
             b_y = mm_xb(b_Tt, cast(b_du, du.dtype.element_ty), DT, PREC, DOT)
