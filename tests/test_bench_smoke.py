@@ -118,3 +118,21 @@ def test_delta_bench_switches_hold_through_the_backward():
     finally:
         kd._restore_switches()
     assert kd._DEFAULTS["TSTATE_BWD"] == launch.TSTATE_BWD
+
+
+def test_delta_bench_runs_default_and_peer_before_variants(monkeypatch):
+    """Within each (shape, mode) the default row, then the peer's (when installed), come before
+    every variant row, so a stage cut by its time limit keeps the same-run pair."""
+    from bench import kernels_delta as kd
+
+    monkeypatch.setenv("SCRATCH", "1")
+    monkeypatch.setenv("GRADBK", "1")
+    monkeypatch.setenv("ONLY", "deltanet B=4 T=8192")
+    monkeypatch.delenv("IMPLS", raising=False)
+    rows = [(c.group, c.backward, c.impl) for c in kd.cases()]
+    assert any(impl == "lt2dsl-lp1du0" for *_, impl in rows)
+    for key in dict.fromkeys((g, b) for g, b, _ in rows):
+        impls = [impl for g, b, impl in rows if (g, b) == key]
+        assert impls[0] == "lt2dsl", impls
+        if "fla" in impls:
+            assert impls[1] == "fla", impls

@@ -163,54 +163,71 @@ def _jobs():
             jobs.append(
                 (f"wu-g{gate}-c{i}", delta_wu_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
-        # D16 (LT2_DELTA_BWD16): the reverse scan's 16-bit dots; DeltaNet's runs without the gate
-        # code (GATE 0) only that way, KDA's (GATE 2) never
-        scratch = lp1 if gate < 2 else ptr
-        # (D16, FORM_Y, FORM_DU0) as `state_bwd` may run them: D16 (LT2_DELTA_BWD16) is DeltaNet's
-        # default and GDN's opt-in, never KDA's; Y = Tᵀ dU' (LT2_DELTA_Y_IN_SCAN) and Pᵀ dO
-        # (LT2_DELTA_DU0_IN_SCAN) formed in the scan for DeltaNet and GDN, not in GDN's 16-bit one
+        # the backward's scratch: fp32 (the default, "lp0") and for DeltaNet and GDN 16-bit
+        # (LT2_DELTA_BWD_LP=1, "lp1"); KDA's is always fp32
+        scratches = {"lp0": ptr, "lp1": lp1} if gate < 2 else {"lp0": ptr}
+        # (D16, FORM_Y, FORM_DU0, scratch) as `state_bwd` may run them: D16 (LT2_DELTA_BWD16) is
+        # DeltaNet's default and GDN's opt-in, never KDA's; Y = Tᵀ dU' (LT2_DELTA_Y_IN_SCAN) and
+        # Pᵀ dO (LT2_DELTA_DU0_IN_SCAN) formed in the scan for DeltaNet and GDN (not in GDN's 16-bit
+        # one), compiled with the 16-bit scratch they are timed with
         forms = {
-            0: [(True, y, u) for y in (False, True) for u in (False, True)],
-            1: [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
-            2: [(False, False, False)],
-        }[gate]
-        for d16, form_y, form_du0 in forms:
+            0: [(True, False, False, "lp0"), *[(True, y, u, "lp1") for y in (0, 1) for u in (0, 1)]],
+            1: [(False, False, False, "lp0"), (True, False, False, "lp0"), (False, False, False, "lp1"),
+                (False, True, False, "lp1"), (False, False, True, "lp1")],
+            2: [(False, False, False, "lp0")],
+        }[gate]  # fmt: skip
+        for d16, form_y, form_du0, lp in forms:
             for i, cfg in enumerate(L._DHW_CONFIGS):
                 cex = dict(base, V=D, BK=D, GATE=gate, USE_DHT=True, STORE_DH0=True, DOT=0, PREC=True,
                            D16=d16, FORM_Y=form_y, FORM_DU0=form_du0, **cfg.kwargs)  # fmt: skip
-                name = f"dhw_bwd{'16' if d16 else ''}-g{gate}-y{form_y:d}-u{form_du0:d}-c{i}"
-                jobs.append((name, delta_dh_bwd_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages))
-        for i, cfg in enumerate(L._DU0_CONFIGS if gate else []):  # gate-free: 16-bit and fp32 scratch
-            cex = dict(HV=16, V=D, BT=64, IS_VARLEN=False, DOT=0, PREC=True, DT=tl.bfloat16, **cfg.kwargs)
-            jobs.append((f"y-g{gate}-c{i}", delta_y_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages))
-        for i, cfg in enumerate(L._DU0_CONFIGS if gate else []):
-            cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
-            jobs.append(
-                (f"du0-g{gate}-c{i}", delta_du0_kernel, scratch, sc, cex, cfg.num_warps, cfg.num_stages)
-            )
+                name = f"dhw_bwd{'16' if d16 else ''}-g{gate}-y{form_y:d}-u{form_du0:d}-{lp}-c{i}"
+                jobs.append(
+                    (name, delta_dh_bwd_kernel, scratches[lp], sc, cex, cfg.num_warps, cfg.num_stages)
+                )
+        for lp, ptrs in scratches.items() if gate else ():
+            for i, cfg in enumerate(L._DU0_CONFIGS):
+                # the Y pass is gate-free: compiled once per scratch dtype (gate 1's loop)
+                if gate == 1:
+                    # dv is written by this pass with the 16-bit scratch, by the C x C kernel with fp32
+                    cex = dict(HV=16, V=D, BT=64, IS_VARLEN=False, DOT=0, PREC=True, DT=tl.bfloat16,
+                               STORE_DV=lp != "lp0", **cfg.kwargs)  # fmt: skip
+                    name = f"y-{lp}-c{i}"
+                    jobs.append((name, delta_y_kernel, ptrs, sc, cex, cfg.num_warps, cfg.num_stages))
+                cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
+                jobs.append(
+                    (f"du0-g{gate}-{lp}-c{i}", delta_du0_kernel, ptrs, sc, cex, cfg.num_warps, cfg.num_stages)
+                )
         for i, cfg in enumerate(L._O_CONFIGS if gate else []):
             cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
             jobs.append(
                 (f"o_fwd-g{gate}-c{i}", delta_o_fwd_kernel, ptr, sc, cex, cfg.num_warps, cfg.num_stages)
             )
+        # each scratch dtype, and for DeltaNet and GDN the C x C matrices in 16 bits too (BWD_LP 2)
+        cc_scratches = {**scratches, "lp2": lp2} if gate < 2 else scratches
         for i, cfg in enumerate(L._CC_CONFIGS):
             for form_y in (False, True):
-                # dv comes from the pass that forms Y: `delta_y_kernel`, or this kernel with FORM_Y
-                cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, FORM_Y=form_y, STORE_DV=form_y,
-                           **cfg.kwargs)  # fmt: skip
-                name = f"grad_cc-g{gate}-y{form_y:d}-c{i}"
-                # with Y formed here, the C x C matrices stored in 16 bits too (BWD_LP 2)
-                ptrs = ptr if gate == 2 else (lp2 if form_y else lp1)
-                jobs.append((name, delta_grad_cc_kernel, ptrs, sc, cex, cfg.num_warps, cfg.num_stages))
+                for lp, ptrs in cc_scratches.items():
+                    # dv comes from the pass that forms a 16-bit Y (`delta_y_kernel`), else from
+                    # this kernel
+                    store_dv = form_y or lp == "lp0"
+                    cex = dict(base, V=D, BK=D, GATE=gate, DOT=0, PREC=True, FORM_Y=form_y, STORE_DV=store_dv,
+                               **cfg.kwargs)  # fmt: skip
+                    name = f"grad_cc-g{gate}-y{form_y:d}-{lp}-c{i}"
+                    jobs.append((name, delta_grad_cc_kernel, ptrs, sc, cex, cfg.num_warps, cfg.num_stages))
         # KDA (GATE 2) runs the 32-wide key tile only (`delta_launch.grad_bk`)
         tiles = L._GRAD_CONFIGS_BY_BK.items() if gate < 2 else [(L.FP32_GRAD_BK, L._GRAD_CONFIGS_BY_BK[32])]
         for bk, cfgs in tiles:
-            # BWD_LP 2 (the C x C matrices in 16 bits) at the 16-bit inputs' default key tile
-            for lp in (1, 2) if gate < 2 and bk == L.GRAD_BK else (1,):
-                ptrs = ptr if gate == 2 else {1: lp1, 2: lp2}[lp]
+            # the 16-bit scratch at the default and the 128-wide tile (both timed), and BWD_LP 2
+            # (the C x C matrices in 16 bits) at the 16-bit inputs' default key tile
+            lps = {"lp0": ptr}
+            if gate < 2 and bk in (L.GRAD_BK, 128):
+                lps["lp1"] = lp1
+            if gate < 2 and bk == L.GRAD_BK:
+                lps["lp2"] = lp2
+            for lp, ptrs in lps.items():
                 for i, cfg in enumerate(cfgs):
                     cex = dict(base, V=D, BK=bk, GATE=gate, DOT=0, PREC=True, **cfg.kwargs)
-                    name = f"grad_k-g{gate}-bk{bk}-lp{lp}-c{i}"
+                    name = f"grad_k-g{gate}-bk{bk}-{lp}-c{i}"
                     jobs.append((name, delta_grad_k_kernel, ptrs, sc, cex, cfg.num_warps, cfg.num_stages))
         cex = dict(
             H=16,

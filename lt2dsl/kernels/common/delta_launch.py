@@ -416,7 +416,7 @@ _dhw_bwd = _tuned(
     delta_dh_bwd_kernel, _DHW_CONFIGS, ["H", "HV", "K", "V", "GATE", "D16", "FORM_Y", "FORM_DU0"]
 )
 _dht_bwd = _tuned(delta_dht_bwd_kernel, _HOT_CONFIGS[:4], ["H", "HV", "K", "V", "GATE"])
-_y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V"], _no_fp32_2warp)
+_y_bwd = _tuned(delta_y_kernel, _DU0_CONFIGS, ["HV", "V", "STORE_DV"], _no_fp32_2warp)
 _du0 = _tuned(delta_du0_kernel, _DU0_CONFIGS, ["H", "HV", "K", "V", "GATE"], _no_fp32_2warp)
 TUNED = [
     t
@@ -650,7 +650,8 @@ def y_in_cc(Aqk) -> bool:
 def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta, want_dh0, dv_dtype=None):
     """Reverse scan: per-chunk state gradients dh, Y = Tᵀ dU' (dU' itself when `y_in_cc`), the
     initial-state gradient, and dv = β ⊙ Y `[B*T, HV, V]` in `dv_dtype` (default do's) where the
-    pass forming Y wrote it (`delta_y_kernel`), else None (the C x C kernel writes it)."""
+    pass forming Y wrote it (`delta_y_kernel` with a 16-bit Y, from Y before rounding), else None
+    (the C x C kernel writes it)."""
     B, T, H, K = k.shape
     HV, V = do.shape[2], do.shape[3]
     n_rows = ChunkMeta.max_chunks(B, T, meta.N, meta.varlen)
@@ -714,10 +715,13 @@ def state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, gate, meta: ChunkMeta
         return dh, du, (dh0 if want_dh0 else None), None
     tdt = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
     Y = du0
-    dv = empty(do, *do.shape, dtype=dv_dtype or do.dtype)
-    launch(_y_bwd, delta_y_kernel, ugrid, Ainv, du, Y, beta, dv, meta.cu, meta.chunk_indices, T, HV=HV, V=V,
-           BT=BT, IS_VARLEN=meta.varlen, DOT=dot_mode(dt), PREC=split_mode(dt), DT=tdt,
-           fixed={"BV": min(32, pow2(V))})  # fmt: skip
+    # with fp32 scratch the C x C kernel writes dv from Y as before (no rounding in between)
+    store_dv = sdt != torch.float32
+    dv = empty(do, *do.shape, dtype=dv_dtype or do.dtype) if store_dv else None
+    dv_ = dv if store_dv else Y
+    launch(_y_bwd, delta_y_kernel, ugrid, Ainv, du, Y, beta, dv_, meta.cu, meta.chunk_indices,
+           T, HV=HV, V=V, BT=BT, IS_VARLEN=meta.varlen, DOT=dot_mode(dt), PREC=split_mode(dt), DT=tdt,
+           STORE_DV=store_dv, fixed={"BV": min(32, pow2(V))})  # fmt: skip
     return dh, Y, (dh0 if want_dh0 else None), dv
 
 

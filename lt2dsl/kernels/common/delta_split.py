@@ -794,10 +794,12 @@ def delta_y_kernel(
     DOT: tl.constexpr,
     PREC: tl.constexpr,
     DT: tl.constexpr,
+    STORE_DV: tl.constexpr = False,
 ):
-    """Y = Tᵀ dU' `[B*T, HV, V]` per (V tile, chunk), and dv = β ⊙ Y from Y before it is rounded
-    to a 16-bit buffer (LT2_DELTA_BWD_LP). Out of place: the autotuner runs a kernel several times
-    on the same buffers, so no autotuned kernel may read what it writes."""
+    """Y = Tᵀ dU' `[B*T, HV, V]` per (V tile, chunk), and with STORE_DV dv = β ⊙ Y from Y before it
+    is rounded to a 16-bit buffer (LT2_DELTA_BWD_LP; with fp32 scratch the C x C kernel writes dv).
+    Out of place: the autotuner runs a kernel several times on the same buffers, so no autotuned
+    kernel may read what it writes."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
@@ -808,6 +810,7 @@ def delta_y_kernel(
     b_Tt = load_square(Ainv, t0, eos, i_hv, HV, BT, True)
     b_y = mm_xb(b_Tt, b_du, DT, PREC, DOT)
     store_tile(Y + off, b_y, 0, n, HV * V, i_v * BV, V, BT, BV)
-    ot = tl.arange(0, BT)
-    b_beta = tl.load(beta + (t0 + ot).to(tl.int64) * HV + i_hv, mask=ot < n, other=0.0).to(tl.float32)
-    store_tile(dv + off, b_y * b_beta[:, None], 0, n, HV * V, i_v * BV, V, BT, BV)
+    if STORE_DV:
+        ot = tl.arange(0, BT)
+        b_beta = tl.load(beta + (t0 + ot).to(tl.int64) * HV + i_hv, mask=ot < n, other=0.0).to(tl.float32)
+        store_tile(dv + off, b_y * b_beta[:, None], 0, n, HV * V, i_v * BV, V, BT, BV)
