@@ -107,12 +107,13 @@ GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
 def compare_backends(
     info: OpInfo, x: dict, tol: float, grad: bool = True, reference: str = "naive", **kw
-) -> None:
+) -> dict[str, float]:
     """`backend="triton"` against the float64 reference on the same inputs.
 
     Compares o, the final state and (with `grad`) the gradient of every input for random output
     and final-state cotangents, by relative RMS error (`tests/kernels/utils.py`). `reference`
     picks the float64 truth: "naive" (token recurrence) or "chunk" (chunked form, faster on GPU).
+    Returns each input gradient's error by input name (empty without `grad`).
     """
     ref = {n: t.detach().double().requires_grad_(grad) if t is not None else None for n, t in x.items()}
     tri = {n: t.detach().clone().requires_grad_(grad) if t is not None else None for n, t in x.items()}
@@ -125,15 +126,13 @@ def compare_backends(
     assert_close("o", o, o_ref, tol)
     assert_close("final_state", S, S_ref, tol)
     if not grad:
-        return
+        return {}
     gen = torch.Generator().manual_seed(1)
     do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)
     dS = torch.randn(S.shape, generator=gen, dtype=torch.float64).to(o.device)
     torch.autograd.backward([o_ref, S_ref], [do, dS])
     torch.autograd.backward([o, S], [do.to(o.dtype), dS.float()])
-    for n in GRAD_NAMES:
-        if x[n] is not None:
-            assert_close(f"d{n}", tri[n].grad, ref[n].grad, tol)
+    return {n: assert_close(f"d{n}", tri[n].grad, ref[n].grad, tol) for n in GRAD_NAMES if x[n] is not None}
 
 
 def tolerance(dtype: torch.dtype) -> float:

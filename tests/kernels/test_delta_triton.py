@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import lt2dsl.kernels.common.delta_launch as delta_launch
 from lt2dsl.kernels.common.delta_triton import chunk_flops
 from tests.kernels.test_delta_family import OPS, OpInfo, compare_backends, make_inputs
-from tests.kernels.utils import assert_close, rel_rms
+from tests.kernels.utils import assert_close
 
 FP32_TOL, BF16_TOL = 1e-4, 1e-2
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -586,30 +586,13 @@ def test_backward_scratch_dtypes(info, lp, monkeypatch):
     for mode in (0, lp):
         monkeypatch.setattr(delta_launch, "BWD_LP", mode)
         seen.clear()
-        errs[mode] = _grad_errors(info, x)
+        errs[mode] = compare_backends(info, x, BF16_TOL)
         scratch = torch.bfloat16 if mode >= 1 and info.gate != "channel" else torch.float32
         matrices = torch.bfloat16 if mode == 2 and info.gate != "channel" else torch.float32
         assert seen == {"du0": scratch, "Y": scratch, "MA": matrices}, seen
-        assert max(errs[mode].values()) <= BF16_TOL, errs[mode]
     if lp == 1:
         for n, e in errs[1].items():
             assert e <= 1.5 * errs[0][n], (n, errs)
     assert delta_launch._bwd_lp_switch(str(lp)) == lp
     with pytest.raises(ValueError, match="expected one of 0, 1, 2"):
         delta_launch._bwd_lp_switch("on")
-
-
-def _grad_errors(info, x) -> dict:
-    """Relative RMS error of each input gradient against float64 (random cotangents)."""
-    leaves = {n: t for n, t in x.items() if t is not None}
-    ref = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
-    tri = {n: t.detach().clone().requires_grad_() for n, t in leaves.items()}
-    ref.setdefault("g", None)
-    tri.setdefault("g", None)
-    outs_ref = info.call(ref, initial_state=ref["initial_state"], output_final_state=True)
-    outs = info.call(tri, initial_state=tri["initial_state"], output_final_state=True, backend="triton")
-    gen = torch.Generator().manual_seed(1)
-    cot = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(DEV) for o in outs_ref]
-    torch.autograd.backward(list(outs_ref), cot)
-    torch.autograd.backward(list(outs), [c.to(o.dtype) for c, o in zip(cot, outs, strict=True)])
-    return {n: rel_rms(tri[n].grad, ref[n].grad) for n in leaves}

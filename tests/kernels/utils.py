@@ -15,11 +15,13 @@ def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
-def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
+    """Assert relative RMS error ≤ tol; returns the error."""
     assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     err = rel_rms(out, ref)
     max_abs = (out.detach().double().cpu() - ref.detach().double().cpu()).abs().max().item()
     assert err <= tol, f"{name}: relative RMS error {err:.3e} > {tol:.1e} (max abs {max_abs:.3e})"
+    return err
 
 
 def seeded_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:

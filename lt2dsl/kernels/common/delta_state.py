@@ -31,7 +31,15 @@ from lt2dsl.kernels.common.tl_util import cast
 
 @helper
 def load_tile(
-    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+    base,
+    r0,
+    n_rows,
+    STRIDE: tl.constexpr,
+    c0,
+    D: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    CACHE: tl.constexpr = "",
 ):
     """`[BR, BC]` tile at rows r0.., columns c0.. of a `[rows, STRIDE]` buffer starting at `base`.
 
@@ -42,9 +50,9 @@ def load_tile(
     ocol = c0 + tl.arange(0, BC)
     p = base + orow[:, None] * STRIDE + ocol[None, :]
     if D % BC == 0:
-        x = tl.load(p, mask=(orow < n_rows)[:, None], other=0.0)
+        x = tl.load(p, mask=(orow < n_rows)[:, None], other=0.0, cache_modifier=CACHE)
     else:
-        x = tl.load(p, mask=(orow < n_rows)[:, None] & (ocol < D)[None, :], other=0.0)
+        x = tl.load(p, mask=(orow < n_rows)[:, None] & (ocol < D)[None, :], other=0.0, cache_modifier=CACHE)
     return x
 
 
@@ -59,14 +67,7 @@ def load_tile_apart(
     `tests/kernels/ttgir_checks.py`); CSE would merge an identical second load back into the first,
     so this one reads through L2 (".cg"), where the first load left the tile.
     """
-    orow = r0 + tl.arange(0, BR)
-    ocol = c0 + tl.arange(0, BC)
-    p = base + orow[:, None] * STRIDE + ocol[None, :]
-    if D % BC == 0:
-        x = tl.load(p, mask=(orow < n_rows)[:, None], other=0.0, cache_modifier=".cg")
-    else:
-        x = tl.load(p, mask=(orow < n_rows)[:, None] & (ocol < D)[None, :], other=0.0, cache_modifier=".cg")
-    return x
+    return load_tile(base, r0, n_rows, STRIDE, c0, D, BR, BC, ".cg")
 
 
 @helper
