@@ -1,8 +1,8 @@
 """Run-to-run repeatability of every Triton op's forward and backward on the GPU, per forced config.
 
-The mLSTM output kernel's 4-warp config gave a few wrong outputs in some runs and not others
-(ninth session): a fault that a single passing test run does not rule out. Kernels without atomics
-must give bit-identical results when run again on the same inputs, so this runs each op's
+A pipelining race or miscompile can give wrong outputs in some runs and not others (the mLSTM
+output kernel at 4 warps, 2 stages did), which one passing test run does not rule out. Kernels
+without atomics must give bit-identical results when run again on the same inputs, so this runs each op's
 fwd+bwd (the benchmark cases at B=4, T=8192, H=16, D=128, bf16) `REPS` times with every autotuned
 kernel forced to config i, for each i its family has (and once autotuned), and reports the largest
 difference from the first run, relative to the tensor's largest magnitude, over the output and

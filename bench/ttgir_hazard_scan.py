@@ -1,9 +1,9 @@
-"""Offline scan of every Triton kernel the ops launch for the ninth session's pipelining race.
+"""Offline scan of every Triton kernel the ops launch for the wgmma pipelining race (`ttgir_checks`).
 
 Two steps, no GPU. `capture`: runs each op forward and backward under the CPU interpreter at a
 small length but real head dims (B=1, T=128, H=2, D=128, bf16) and records every kernel launch's
 argument types and constexprs. `compile`: compiles each recorded kernel for sm_90 at a matrix of
-(warps, stages) and reports `tests.kernels.ttgir_checks.pipeline_hazards` (a single-buffered
+(warps, stages) and reports `bench.ttgir_checks.pipeline_hazards` (a single-buffered
 operand of asynchronous wgmma dots while dots stay pending). A flagged config matters only if it
 is among that kernel's candidates; the compile tests assert the candidates of the kernels they
 cover.
@@ -122,7 +122,7 @@ def scan(path: str, candidates: bool = False) -> tuple[list, int, list]:
     from triton.compiler import ASTSource
     from triton.runtime.autotuner import Autotuner
 
-    from tests.kernels.ttgir_checks import pipeline_hazards
+    from bench.ttgir_checks import pipeline_hazards
 
     with open(path) as fh:
         launches = json.load(fh)

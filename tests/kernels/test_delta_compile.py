@@ -20,7 +20,7 @@ import tempfile
 
 import pytest
 
-from tests.kernels.ttgir_checks import pipeline_hazards
+from bench.ttgir_checks import pipeline_hazards
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("LT2_AOT_CHECK") != "1", reason="offline sm_90 compile check: set LT2_AOT_CHECK=1"

@@ -3,7 +3,7 @@ ninth session's fix (runs everywhere; the compile tests apply it to every kernel
 
 from __future__ import annotations
 
-from tests.kernels.ttgir_checks import pipeline_hazards
+from bench.ttgir_checks import pipeline_hazards
 
 RACY = """
     %b_q_67 = ttg.local_alloc : () -> !ttg.memdesc<1x64x64xbf16, #shared, #smem, mutable>

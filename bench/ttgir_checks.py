@@ -1,6 +1,7 @@
-"""Checks on Triton's TTGIR (the GPU-level IR) of a kernel compiled for sm_90, for the compile tests.
+"""Checks on Triton's TTGIR (the GPU-level IR) of a kernel compiled for sm_90, for the compile tests
+(`tests/kernels/test_*_compile.py`) and `bench/ttgir_hazard_scan.py`.
 
-`pipeline_hazards` finds the race of the ninth session: a tile that feeds an asynchronous wgmma dot
+`pipeline_hazards` finds a pipelining race: a tile that feeds an asynchronous wgmma dot
 (`ttng.warp_group_dot ... isAsync = true`) kept in ONE shared-memory buffer by the pipeliner while
 a `warp_group_dot_wait` lets dots stay in flight (`pendings` > 0). The next iteration's prefetch
 then writes the buffer the pending dots still read. Triton 3.6 and 3.9 both built it for the mLSTM
