@@ -9,9 +9,7 @@ import sys
 from lt2dsl.cost import render
 from lt2dsl.cost.estimate import EstimateOptions, estimate
 from lt2dsl.cost.hardware import load_hardware, presets
-from lt2dsl.ir.spec import Dtypes
-
-DTYPES = ("fp32", "bf16", "fp16", "fp8")
+from lt2dsl.dtypes import ESTIMATE_DTYPES, Dtypes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,9 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, default=1, metavar="B", help="batch size [1]")
     g.add_argument("--gen", type=int, default=0, metavar="G", help="tokens to decode [0]")
     g.add_argument("--mode", choices=("train", "prefill", "decode", "all"), default="all")
-    g.add_argument("--dtype", choices=DTYPES, default=None, help="weights and activations [model dtype]")
-    g.add_argument("--state-dtype", choices=DTYPES, default=None, help="recurrent states [model state_dtype]")
-    g.add_argument("--kv-dtype", choices=DTYPES, default="bf16", help="KV caches [bf16]")
+    g.add_argument("--dtype", choices=ESTIMATE_DTYPES, help="weights and activations [model dtype]")
+    g.add_argument("--state-dtype", choices=ESTIMATE_DTYPES, help="recurrent states [model state_dtype]")
+    g.add_argument("--kv-dtype", choices=ESTIMATE_DTYPES, help="KV caches [--dtype, else model dtype]")
     g.add_argument("--hw", default="h200", help=f"{'|'.join(presets())} or a JSON file [h200]")
     g.add_argument(
         "--vs",
@@ -101,7 +99,7 @@ def options_from(args, model) -> list[EstimateOptions]:
             raise UsageError(
                 f"--exit-profile expects numbers like 0.1,0.3,0.6, got {args.exit_profile!r}"
             ) from None
-    dt = Dtypes(act=args.dtype or cfg.dtype, state=args.state_dtype or cfg.state_dtype, kv=args.kv_dtype)
+    dt = Dtypes(act=args.dtype, state=args.state_dtype, kv=args.kv_dtype)
     lengths = parse_lengths(args.seq) if args.seq else [cfg.max_len]
     return [
         EstimateOptions(

@@ -8,7 +8,7 @@ listed in `conventions()` and printed under every report.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from lt2dsl.cost.hardware import Hardware, load_hardware
 from lt2dsl.cost.report import (
@@ -22,9 +22,9 @@ from lt2dsl.cost.report import (
     Roofline,
     Theory,
 )
+from lt2dsl.dtypes import Dtypes
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.registry import lookup
-from lt2dsl.ir.spec import BYTES, Dtypes
 from lt2dsl.ir.specs.channel import block_norm_count, mlp_flops, mlp_weights, norm_weights
 from lt2dsl.passes.resolve import blocks as iter_blocks
 from lt2dsl.passes.resolve import loops as _loops
@@ -158,7 +158,7 @@ def estimate(model: n.Model, opt: EstimateOptions | None = None) -> Report:
     opt = opt or EstimateOptions()
     cfg = model.config
     L = opt.seq or cfg.max_len
-    dt = replace(opt.dtypes, act=opt.dtypes.act or cfg.dtype)
+    dt = opt.dtypes.resolve(cfg.dtype, cfg.state_dtype)
     rows = [_row(b, it, cfg, L, opt, dt) for b, it in iter_blocks(model.body)]
     extras = _extra_rows(model, L, opt, dt)
     every = rows + extras
@@ -170,7 +170,7 @@ def estimate(model: n.Model, opt: EstimateOptions | None = None) -> Report:
     train = sum(r.flops_prefill * r.iterations * (1 + _bwd(model, r.id)) for r in every)
     state = sum(r.state_bytes * r.iterations for r in rows) * opt.batch
     kv = sum(r.kv_bytes * r.iterations for r in rows) * opt.batch
-    weights_bytes = stored * BYTES[dt.act]
+    weights_bytes = stored * dt.nbytes("act")
     memory = Memory(
         weights_bytes=weights_bytes,
         state_bytes=state,
@@ -229,8 +229,8 @@ def _row(b: n.Block, it: int, cfg: n.ModelConfig, L: int, opt: EstimateOptions, 
     _, kv_prev = block_cache(b, cfg, 1, max(L - 1, 0), dt)
     # Per decoded token: weights amortized over the batch, state read + written, KV read + the
     # new entry written, the block's input read and output written.
-    io = 2 * cfg.dim * BYTES[dt.act]
-    nbytes = params * BYTES[dt.act] / opt.batch + 2 * state + kv + (kv - kv_prev) + io
+    io = 2 * cfg.dim * dt.nbytes("act")
+    nbytes = params * dt.nbytes("act") / opt.batch + 2 * state + kv + (kv - kv_prev) + io
     inten = fd / nbytes if nbytes else 0.0
     return BlockRow(
         id=b.id,
@@ -255,11 +255,11 @@ def _row(b: n.Block, it: int, cfg: n.ModelConfig, L: int, opt: EstimateOptions, 
 def _extra_rows(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> list[BlockRow]:
     cfg = model.config
     D, V = cfg.dim, cfg.vocab
-    rows = [_simple_row("embed", "embedding", V * D, 1, 0.0, D * BYTES[dt.act], opt, dt)]
+    rows = [_simple_row("embed", "embedding", V * D, 1, 0.0, D * dt.nbytes("act"), opt, dt)]
     head_params = V * D if (cfg.head and not cfg.tie_embeddings) else 0
     norm = sum(math.prod(s) for s in norm_weights(cfg.norm, D).values())
     head_flops = 2.0 * D * V if cfg.head else 0.0
-    head_bytes = (V * D * BYTES[dt.act] / opt.batch if cfg.head else 0.0) + V * 4
+    head_bytes = (V * D * dt.nbytes("act") / opt.batch if cfg.head else 0.0) + V * 4
     rows.append(
         _simple_row(
             "head",
@@ -284,7 +284,7 @@ def _extra_rows(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> lis
                     2 * D * D,
                     adapter_its,
                     4.0 * D * D,
-                    2 * D * D * BYTES[dt.act] / opt.batch,
+                    2 * D * D * dt.nbytes("act") / opt.batch,
                     opt,
                     dt,
                 )
@@ -297,7 +297,7 @@ def _extra_rows(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> lis
                     D + 1,
                     its[lp.id],
                     2.0 * D,
-                    D * BYTES[dt.act] / opt.batch,
+                    D * dt.nbytes("act") / opt.batch,
                     opt,
                     dt,
                 )
@@ -349,7 +349,7 @@ def _expand(rows: list[BlockRow], model: n.Model) -> list[BlockRow]:
 
 def _train_activations(model: n.Model, L: int, batch: int, dt: Dtypes) -> dict[str, int]:
     cfg = model.config
-    b = BYTES[dt.act]
+    b = dt.nbytes("act")
     per_app = [block_activations(blk, cfg) * it for blk, it in iter_blocks(model.body)]
     apps = sum(it for _, it in iter_blocks(model.body))
     largest = max((block_activations(blk, cfg) for blk, _ in iter_blocks(model.body)), default=0)
@@ -362,8 +362,8 @@ def _train_activations(model: n.Model, L: int, batch: int, dt: Dtypes) -> dict[s
 def _roofline(model, rows, extras, L, opt, dt, prefill, decode, cache) -> Roofline:
     hw, B = opt.hw, opt.batch
     peak, bw = hw.peak(dt.act), hw.hbm_bytes_per_s
-    executed_w = sum(r.params_executed for r in rows + extras) * BYTES[dt.act]
-    acts = B * L * sum(4 * model.config.dim * r.iterations for r in rows) * BYTES[dt.act]
+    executed_w = sum(r.params_executed for r in rows + extras) * dt.nbytes("act")
+    acts = B * L * sum(4 * model.config.dim * r.iterations for r in rows) * dt.nbytes("act")
     p_time = max(B * L * prefill / peak, (executed_w + acts + cache) / bw)
     step_bytes = sum(r.decode_bytes * r.iterations for r in rows + extras) * B
     d_time = max(B * decode / peak, step_bytes / bw)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lt2dsl.dtypes import DEFAULT_DTYPE, DEFAULT_STATE_DTYPE
 from lt2dsl.source import NOWHERE, Span
 
 
@@ -220,8 +221,8 @@ class ModelConfig(Node):
     max_len: int = 8192
     tie_embeddings: bool = True
     head: bool = True  # False: `head = none`, a backbone returning hidden states
-    dtype: str = "bf16"
-    state_dtype: str = "fp32"
+    dtype: str = DEFAULT_DTYPE
+    state_dtype: str = DEFAULT_STATE_DTYPE
 
 
 class Mixer(Node):

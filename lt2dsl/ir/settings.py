@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from lt2dsl.dtypes import DEFAULT_DTYPE, DEFAULT_STATE_DTYPE, SETTING_DTYPES
 from lt2dsl.ir.spec import Option
-
-DTYPES = ("fp32", "bf16", "fp16")
 
 MODEL_SETTINGS = (
     Option("dim", "int", "model width d_model (required unless given with --set)", min=1, required=True),
@@ -25,8 +24,10 @@ MODEL_SETTINGS = (
         default="lm",
         choices=("lm", "none"),
     ),
-    Option("dtype", "enum", "weights and activations", default="bf16", choices=DTYPES),
-    Option("state_dtype", "enum", "recurrent states", default="fp32", choices=DTYPES),
+    Option("dtype", "enum", "weights and activations", default=DEFAULT_DTYPE, choices=SETTING_DTYPES),
+    Option(
+        "state_dtype", "enum", "recurrent states", default=DEFAULT_STATE_DTYPE, choices=SETTING_DTYPES
+    ),
 )
 
 LOOP_OPTIONS = (

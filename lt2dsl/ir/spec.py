@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
+from lt2dsl.dtypes import Dtypes
 from lt2dsl.ir.nodes import ModelConfig
 
 OptType = Literal["int", "float", "bool", "enum", "str", "size", "number", "mlp", "norm"]
 Opts = Mapping[str, Any]
-
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
 
 
 @dataclass(frozen=True)
@@ -89,14 +88,8 @@ class CacheTensor:
     dtype: Literal["state", "kv", "act"]
 
     def nbytes(self, dt: Dtypes) -> int:
-        return math.prod(self.shape) * BYTES[getattr(dt, self.dtype)]
-
-
-@dataclass(frozen=True)
-class Dtypes:
-    act: str = "bf16"  # weights and activations
-    state: str = "fp32"
-    kv: str = "bf16"
+        """Bytes of the tensor in the resolved dtypes `dt`."""
+        return math.prod(self.shape) * dt.nbytes(self.dtype)
 
 
 @dataclass(frozen=True)

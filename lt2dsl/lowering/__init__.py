@@ -13,14 +13,13 @@ from typing import Any
 
 import torch
 
+from lt2dsl.dtypes import torch_dtype
 from lt2dsl.ir import nodes as n
 from lt2dsl.lowering.cache import Cache, Entry
-from lt2dsl.lowering.layers.base import DTYPES
 from lt2dsl.lowering.model import LT2Model
 
 __all__ = ["Cache", "Entry", "LT2Model", "compile_model", "resolve_source"]
 
-TORCH_DTYPES = DTYPES
 LOOP_T_KEYS = ("loop_T", "loop.T")
 
 
@@ -45,7 +44,7 @@ def compile_model(
         fuse (bool, Optional): run the FX fusion passes over the lowered graph. Default: True.
     """
     model = resolve_source(source, dict(overrides or {}))
-    dt = _torch_dtype(dtype if dtype is not None else model.config.dtype)
+    dt = torch_dtype(dtype if dtype is not None else model.config.dtype)
     with torch.device(device) if device is not None else nullcontext():
         lowered = LT2Model(model, backend=backend)
     if fuse:
@@ -111,12 +110,3 @@ def _node(v: Any, parse: bool = False) -> Any:
         return parse_value(v)
     raise ValueError(f"override values must be numbers, booleans or strings, got {type(v).__name__}")
 
-
-def _torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
-        return dtype
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(TORCH_DTYPES)} or a torch.dtype, got {dtype!r}")
-    return TORCH_DTYPES[dtype]

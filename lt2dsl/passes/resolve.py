@@ -70,9 +70,13 @@ def setting_values(prog: n.Program) -> dict[str, Any]:
     return {s.name: s.value for s in prog.settings if s.name in known}
 
 
+# The settings' own defaults (`dtype`, `vocab`, `max_len`, ...), for those a program leaves out.
+DEFAULTS = {o.name: o.default for o in MODEL_SETTINGS if o.default is not None}
+
+
 def model_config(prog: n.Program) -> n.ModelConfig:
     raw = setting_values(prog)
-    val = {k: py(v) for k, v in raw.items() if not isinstance(v, n.Call)}
+    val = DEFAULTS | {k: py(v) for k, v in raw.items() if not isinstance(v, n.Call)}
     dim = int(val["dim"])
     heads = int(val.get("heads") or max(1, dim // 128))
     head_dim = int(val.get("head_dim") or dim // heads)
@@ -81,17 +85,17 @@ def model_config(prog: n.Program) -> n.ModelConfig:
     return n.ModelConfig(
         name=prog.name or _file_stem(prog),
         dim=dim,
-        vocab=int(val.get("vocab", 32000)),
+        vocab=int(val["vocab"]),
         heads=heads,
         head_dim=head_dim,
         kv_heads=int(val.get("kv_heads") or heads),
         mlp=mlp,
         norm=norm_spec(raw.get("norm")),
-        max_len=int(val.get("max_len", 8192)),
-        tie_embeddings=bool(val.get("tie_embeddings", True)),
-        head=val.get("head", "lm") not in (None, "none"),
-        dtype=str(val.get("dtype", "bf16")),
-        state_dtype=str(val.get("state_dtype", "fp32")),
+        max_len=int(val["max_len"]),
+        tie_embeddings=bool(val["tie_embeddings"]),
+        head=val["head"] not in (None, "none"),
+        dtype=str(val["dtype"]),
+        state_dtype=str(val["state_dtype"]),
         span=prog.span,
     )
 

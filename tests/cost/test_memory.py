@@ -96,12 +96,13 @@ def test_mlp_none_has_no_mlp_params():
 
 def test_generation_time_sums_the_decode_steps():
     from lt2dsl.cost.estimate import _step_time
-    from lt2dsl.ir.spec import Dtypes
+    from lt2dsl.dtypes import Dtypes
 
     m = model([loop(2, call("full"), call("gdn"))], dim=256, vocab=1000)
     o = EstimateOptions(seq=1000, batch=4, gen=64)
     r = estimate(m, o)
-    brute = sum(_step_time(m, 1000 + i, o, Dtypes()) for i in range(1, 65))
+    dt = Dtypes().resolve(m.config.dtype, m.config.state_dtype)
+    brute = sum(_step_time(m, 1000 + i, o, dt) for i in range(1, 65))
     assert r.roofline.generate_s - r.roofline.ttft_s == pytest.approx(brute, rel=1e-6)
     flat = model([loop(2, call("gdn"))], dim=256, vocab=1000)
     rf = estimate(flat, o)

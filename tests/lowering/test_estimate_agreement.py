@@ -8,6 +8,9 @@ B × L tokens through a cache, under `FlopCounterMode`, over the reference (pure
 * `cache.nbytes()` == `memory.state_bytes + memory.kv_bytes`, exactly;
 * counted FLOPs per token within 2% of `flops_per_token.prefill` (`--causal full`: the reference
   attention computes the whole masked square, as FlopCounterMode counts it).
+
+The estimate's dtypes default to the model's own, so the cache bytes agree for bf16, fp16 and fp32
+models, with and without each of `--dtype`, `--state-dtype` and `--kv-dtype`.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import lt2dsl
+from lt2dsl.cli import build_parser
+from lt2dsl.cost.cli import options_from
 from lt2dsl.cost.estimate import EstimateOptions, estimate, model_weights
-from lt2dsl.ir.spec import Dtypes
+from lt2dsl.dtypes import nbytes
 
-from .util import lower, tokens
+from .util import lower, resolved, tokens
 
 EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.lt2"))
 # One chunk of the chunked kernels (C = 64) keeps the meta run short; the sliding-window example
@@ -70,9 +75,8 @@ def measured(path: Path) -> tuple[int, int, float]:
 
 
 def report(model, L: int):
-    cfg = model.config
-    dt = Dtypes(act=cfg.dtype, state=cfg.state_dtype, kv=cfg.dtype)  # KV caches in the compute dtype
-    return estimate(model, EstimateOptions(seq=L, batch=B, causal="full", dtypes=dt))
+    """The estimate in the model's own dtypes (the default of every dtype)."""
+    return estimate(model, EstimateOptions(seq=L, batch=B, causal="full"))
 
 
 def test_every_example_is_covered():
@@ -129,3 +133,54 @@ def test_attention_models_count_exactly(body):
 def test_inject_concat_adapter_counted_like_the_estimate():
     model, flops = counted("loop T=3, inject=concat < swa(window=8) >", 24)
     assert flops == report(model.ir, 24).flops_per_token.prefill
+
+
+# ---- dtypes: the model's own by default, each flag on its own ---------------------------------
+
+# full's `k`, `v` grow with the context (the kv dtype); gdn's state and conv buffers do not.
+DTYPE_BODY = "loop T=2 < full; gdn >"
+KV_NAMES = ("k", "v")
+FLAGS = [
+    (),
+    ("--dtype", "fp32"),
+    ("--dtype", "fp16"),
+    ("--state-dtype", "bf16"),
+    ("--kv-dtype", "fp32"),
+    ("--kv-dtype", "fp16"),
+]
+
+
+def lowered_cache_bytes(model_dtype: str, flags: dict[str, str], L: int) -> tuple[int, int]:
+    """(state bytes, kv bytes) of the lowered model's cache after a meta prefill of B × L tokens,
+    built with the dtypes the flags name: `--dtype` as `compile(dtype=...)`, `--state-dtype` as
+    the `state_dtype` setting. The lowering keeps KV caches in its compute dtype, so a
+    `--kv-dtype` resizes the KV tensors it allocated."""
+    settings = {"dtype": model_dtype}
+    if "--state-dtype" in flags:
+        settings["state_dtype"] = flags["--state-dtype"]
+    ir = resolved(DTYPE_BODY, **settings)
+    model = lt2dsl.compile(ir, backend="reference", device="meta", dtype=flags.get("--dtype"))
+    kv = model.new_cache(B)
+    with torch.no_grad():
+        model(torch.zeros(B, L, dtype=torch.long, device="meta"), kv)
+    tensors = [(name, t) for e in kv.entries for name, t in e.items()]
+    state = sum(t.numel() * t.element_size() for name, t in tensors if name not in KV_NAMES)
+    kv_tensors = [t for name, t in tensors if name in KV_NAMES]
+    if "--kv-dtype" in flags:
+        return state, sum(t.numel() for t in kv_tensors) * nbytes(flags["--kv-dtype"])
+    return state, sum(t.numel() * t.element_size() for t in kv_tensors)
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=lambda f: " ".join(f) or "no-flag")
+@pytest.mark.parametrize("model_dtype", ["bf16", "fp16", "fp32"])
+def test_cache_bytes_match_in_every_dtype(model_dtype, flags):
+    """`compile --estimate` (its flags parsed as the CLI does) sizes the cache as the lowering
+    allocates it: a flag left out means the model's own dtype, never a fixed bf16."""
+    L = 8
+    argv = ["compile", "m.lt2", "--estimate", "--seq", str(L), "--batch", str(B), *flags]
+    ir = resolved(DTYPE_BODY, dtype=model_dtype)
+    (opt,) = options_from(build_parser(for_compile=True).parse_args(argv), ir)
+    mem = estimate(ir, opt).memory
+    given = dict([flags]) if flags else {}
+    assert (mem.state_bytes, mem.kv_bytes) == lowered_cache_bytes(model_dtype, given, L)
+    assert mem.kv_bytes > 0 and mem.state_bytes > 0

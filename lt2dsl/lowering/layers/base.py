@@ -26,20 +26,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from lt2dsl.dtypes import torch_dtype
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.registry import lookup
-
-# Setting names (and torch's own names) → torch dtypes: the lowering's one table.
-DTYPES = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "fp64": torch.float64,
-    "float64": torch.float64,
-}
 
 
 class MixerLayer(nn.Module):
@@ -64,7 +53,7 @@ class MixerLayer(nn.Module):
         p = next(self.parameters(), None)
         if p is not None and p.dtype == torch.float64:
             return torch.float64
-        return DTYPES[self.cfg.state_dtype]
+        return torch_dtype(self.cfg.state_dtype)
 
 
 def linear(n_in: int, n_out: int, bias: bool = False) -> nn.Linear:

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.fx
 
+from lt2dsl.dtypes import torch_dtype
 from lt2dsl.lowering.cache import Entry
-from lt2dsl.lowering.layers.base import DTYPES
 from lt2dsl.lowering.layers.dsa import SparseAttention
 from tests.kernels.utils import assert_close
 from tests.lowering.layers.contract import (
@@ -125,7 +125,8 @@ def test_cache_after_prefill_is_the_spec_layout(dtype, L):
     layer(torch.randn(3, L, 32, dtype=dtype), entry, 0)
     spec = assert_cache_is_the_spec_layout("dsa", layer, entry, 3, L)
     # kv-dtype tensors follow the compute dtype (the estimate's kv dtype is the activation dtype)
-    want = {n: dtype if c.dtype in ("kv", "act") else DTYPES[layer.cfg.state_dtype] for n, c in spec.items()}
+    state = torch_dtype(layer.cfg.state_dtype)
+    want = {n: dtype if c.dtype in ("kv", "act") else state for n, c in spec.items()}
     assert {n: t.dtype for n, t in entry.items()} == want
 
 
