@@ -27,6 +27,7 @@ from lt2dsl.ir import nodes as n
 from lt2dsl.ir.registry import lookup
 from lt2dsl.ir.specs.channel import block_norm_count, mlp_flops, mlp_weights, norm_weights
 from lt2dsl.passes.resolve import blocks as iter_blocks
+from lt2dsl.passes.resolve import final_norm_applications
 from lt2dsl.passes.resolve import loops as _loops
 
 
@@ -260,18 +261,13 @@ def _extra_rows(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> lis
     norm = sum(math.prod(s) for s in norm_weights(cfg.norm, D).values())
     head_flops = 2.0 * D * V if cfg.head else 0.0
     head_bytes = (V * D * dt.nbytes("act") / opt.batch if cfg.head else 0.0) + V * 4
-    rows.append(
-        _simple_row(
-            "head",
-            "norm+lm_head" if cfg.head else "norm",
-            head_params + norm,
-            1,
-            head_flops,
-            head_bytes,
-            opt,
-            dt,
-        )
+    head = _simple_row(
+        "head", "norm+lm_head" if cfg.head else "norm", head_params + norm, 1, head_flops, head_bytes, opt, dt
     )
+    # The final norm's weights are stored once but run after every iteration of a
+    # `final_norm=true` loop (`final_norm_applications`).
+    executed = head_params + norm * final_norm_applications(model.body)
+    rows.append(head.model_copy(update={"params_executed": executed}))
     its = _loop_iterations(model.body)
     for lp in _loops(model.body):
         if lp.inject == "concat":

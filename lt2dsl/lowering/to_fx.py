@@ -25,12 +25,8 @@ from torch import nn
 
 from lt2dsl.ir import nodes as n
 from lt2dsl.lowering import functional_core as fc
+from lt2dsl.passes.resolve import ends_with_normed_loop
 from lt2dsl.passes.resolve import loops as loops_preorder
-
-
-def ends_with_normed_loop(stages) -> bool:
-    """A body whose last stage is a `final_norm=true` loop already ends with the final norm."""
-    return bool(stages) and isinstance(stages[-1], n.LoopBlock) and stages[-1].final_norm
 
 
 class Unrolled(nn.Module):

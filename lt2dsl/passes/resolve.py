@@ -264,6 +264,28 @@ def blocks(stages) -> list[tuple[n.Block, int]]:
     return out
 
 
+def ends_with_normed_loop(stages) -> bool:
+    """A body whose last stage is a `final_norm=true` loop already ends with the final norm."""
+    return bool(stages) and isinstance(stages[-1], n.LoopBlock) and stages[-1].final_norm
+
+
+def final_norm_applications(stages) -> int:
+    """How often one forward applies the model's final norm: after every iteration of each
+    `final_norm=true` loop (its T times the enclosing loops' T), and once after the body unless
+    the body ends with such a loop."""
+    count = 0 if ends_with_normed_loop(stages) else 1
+
+    def walk(ss, mult):
+        nonlocal count
+        for s in ss:
+            if isinstance(s, n.LoopBlock):
+                count += mult * s.T if s.final_norm else 0
+                walk(s.body, mult * s.T)
+
+    walk(stages, 1)
+    return count
+
+
 def loops(stages) -> list[n.LoopBlock]:
     """Loops outer before inner, in order. Index k names `loops.<k>` — the estimate's parameter
     names and the lowered module's submodules both come from this one order."""

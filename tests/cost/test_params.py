@@ -74,6 +74,23 @@ def test_loop_shares_weights_and_counts_executed():
     assert looped.params.executed == one.params.stored + 3 * blocks_only
 
 
+def test_final_norm_of_a_looped_final_norm_counts_every_iteration():
+    # `loop T=4, final_norm=true < full >` runs the final norm after each of its 4 iterations and
+    # not again after the loop: 4 applications of its 64 weights, stored once.
+    plain = estimate(model([loop(4, call("full"))], dim=64, vocab=100))
+    normed = estimate(model([loop(4, call("full"), final_norm=True)], dim=64, vocab=100))
+    (head,) = [r for r in normed.extras if r.id == "head"]
+    assert head.params_stored == 64 and head.params_executed == 4 * 64
+    assert normed.params.stored == plain.params.stored
+    assert normed.params.executed == plain.params.executed + 3 * 64
+    # Not at the end of the body: 2 iterations, then once more after the last block; inside an
+    # outer loop of 3: 3 × 2 applications, and the body ends with the outer loop (not normed).
+    tail = estimate(model([loop(2, call("full"), final_norm=True), call("full")], dim=64, vocab=100))
+    assert [r.params_executed for r in tail.extras if r.id == "head"] == [3 * 64]
+    nested = estimate(model([loop(3, loop(2, call("full"), final_norm=True))], dim=64, vocab=100))
+    assert [r.params_executed for r in nested.extras if r.id == "head"] == [7 * 64]
+
+
 def test_repeat_copies_have_separate_weights():
     single = estimate(model([call("full")], dim=128))
     four = estimate(model([n.Repeat(n=4, body=(call("full"),))], dim=128))

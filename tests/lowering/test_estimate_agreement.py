@@ -135,6 +135,24 @@ def test_inject_concat_adapter_counted_like_the_estimate():
     assert flops == report(model.ir, 24).flops_per_token.prefill
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        "loop T=4, final_norm=true < full >",
+        "loop T=2, final_norm=true < swa(window=8) >; full",
+        "loop T=3 < loop T=2, final_norm=true < full > >",
+        "loop T=3 < full >",
+    ],
+)
+def test_final_norm_applications_are_the_graphs(body):
+    """The estimate counts the final norm's executed weights once per call in the lowered graph."""
+    model = lower(body)
+    nodes = model.graph_module.graph.nodes
+    calls = sum(1 for n in nodes if n.op == "call_module" and n.target == "final_norm")
+    (head,) = [r for r in report(model.ir, 8).extras if r.id == "head"]
+    assert head.params_executed == calls * model.config.dim and calls >= 1
+
+
 # ---- dtypes: the model's own by default, each flag on its own ---------------------------------
 
 # full's `k`, `v` grow with the context (the kv dtype); gdn's state and conv buffers do not.
