@@ -1,7 +1,17 @@
-"""The front end as one call: source → parse → validate → resolve, with every diagnostic.
+"""The front end as one call: source → parse → overrides → validate → resolve, with every diagnostic.
 
 `load(source, overrides)` never raises for bad user input; it returns a `Loaded` whose `model` is
 None when there are errors. `load_or_raise` raises `DiagnosticError` instead (the Python API).
+
+`load` is the one driver of the front-end passes, which a `PassManager` runs in order on a
+`Unit` (one source on its way through them):
+
+* `parse`: the text → `Program` (syntax errors);
+* `overrides`: the `--set` values parsed and applied to the program (E0902); stops here after a
+  syntax error or a bad value, as checking without them would report noise;
+* `validate`: the surface rules on the program as written; stops on an error;
+* `resolve`: the program → resolved `Model`;
+* `validate-resolved`: the shape rules on the model, then the kernel rules.
 
 `source` is a path or `.lt2` text:
 * an `os.PathLike` is always a path;
@@ -16,16 +26,18 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lt2dsl.diagnostics import Diagnostic, DiagnosticError, error, render_all, sort_diagnostics
-from lt2dsl.grammar.parse import parse, parse_value
+from lt2dsl.grammar.parse import parse
 from lt2dsl.ir import nodes as n
-from lt2dsl.source import SourceFile, Span
-from lt2dsl.validate import check
+from lt2dsl.passes.manager import FunctionPass, PassManager, PassResult
+from lt2dsl.passes.overrides import applicable, apply_overrides, parse_overrides
+from lt2dsl.passes.resolve import resolve
+from lt2dsl.source import SourceFile
+from lt2dsl.validate import check, check_resolved
 from lt2dsl.validate.rules import rule
 
 TEXT_NAME = "<input>"
@@ -62,15 +74,83 @@ def debug_level() -> int:
         return 1
 
 
-def _trace(name: str, t0: float, ir: object = None) -> None:
+def _trace(name: str, seconds: float, unit: object) -> None:
     level = debug_level()
     if level >= 1:
-        print(f"lt2dsl: pass `{name}` {1000 * (time.perf_counter() - t0):.2f} ms", file=sys.stderr)
+        print(f"lt2dsl: pass `{name}` {1000 * seconds:.2f} ms", file=sys.stderr)
+    ir = unit.ir if isinstance(unit, Unit) else None
     if level >= 2 and ir is not None:
         from lt2dsl.ir.printer import print_program
 
         text = print_program(ir) if isinstance(ir, n.Program) else repr(ir)
         print(f"lt2dsl: IR after `{name}`:\n{text}", file=sys.stderr)
+
+
+# ---- the passes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One source on its way through the front-end passes: each pass fills in what it made."""
+
+    name: str
+    text: str | None
+    given: Mapping[str, str | n.Node]  # the overrides as given
+    sources: dict[str, SourceFile]
+    program: n.Program | None = None  # as written
+    overrides: dict[str, n.Node] = field(default_factory=dict)  # the values of `given`
+    applied: n.Program | None = None  # `program` with the overrides applied
+    model: n.Model | None = None
+
+    @property
+    def ir(self) -> n.Program | n.Model | None:
+        """The latest IR made so far."""
+        return self.model or self.applied or self.program
+
+
+def _parse(u: Unit) -> PassResult[Unit]:
+    program, diags = parse(u.text, u.name)
+    return PassResult(replace(u, program=program), tuple(diags))
+
+
+def _overrides(u: Unit) -> PassResult[Unit]:
+    values, diags = parse_overrides(u.given, u.sources)
+    if u.program is None or diags:
+        return PassResult(replace(u, overrides=values), tuple(diags), halt=True)
+    applied = apply_overrides(u.program, applicable(values))
+    return PassResult(replace(u, overrides=values, applied=applied))
+
+
+def _validate(u: Unit) -> PassResult[Unit]:
+    diags = check(u.applied, u.overrides)
+    return PassResult(u, tuple(diags), halt=any(d.is_error for d in diags))
+
+
+def _resolve(u: Unit) -> PassResult[Unit]:
+    return PassResult(replace(u, model=resolve(u.applied)))
+
+
+def _validate_resolved(u: Unit) -> PassResult[Unit]:
+    return PassResult(u, tuple(check_resolved(u.applied, u.model, u.overrides)))
+
+
+PASSES = (
+    FunctionPass("parse", _parse),
+    FunctionPass("overrides", _overrides),
+    FunctionPass("validate", _validate),
+    FunctionPass("resolve", _resolve),
+    FunctionPass("validate-resolved", _validate_resolved),
+)
+
+
+def _run(unit: Unit, passes=PASSES) -> Loaded:
+    result = PassManager(passes, after_pass=_trace).run(unit)
+    u, diags = result.value, sort_diagnostics(result.diagnostics)
+    model = None if any(d.is_error for d in diags) else u.model
+    return Loaded(u.program, model, diags, u.sources, u.overrides, u.name)
+
+
+# ---- entry points --------------------------------------------------------------------------------
 
 
 def load(source: str | os.PathLike, overrides: Mapping[str, str | n.Node] | None = None) -> Loaded:
@@ -79,20 +159,14 @@ def load(source: str | os.PathLike, overrides: Mapping[str, str | n.Node] | None
     sources = {} if text is None else {name: SourceFile(name=name, text=text)}
     if text is None:
         return Loaded(None, None, diags, sources, name=name)
-    values, odiags = parse_overrides(overrides or {}, sources)
-    t0 = time.perf_counter()
-    program, pdiags = parse(text, name)
-    _trace("parse", t0, program)
-    if program is None or odiags:
-        # like a syntax error in the file: checking without the override would report noise
-        return Loaded(program, None, sort_diagnostics(pdiags + odiags), sources, values, name)
-    t0 = time.perf_counter()
-    vdiags, model = check(program, values)
-    _trace("validate+resolve", t0, model)
-    diags = sort_diagnostics(vdiags + odiags)
-    if any(d.is_error for d in diags):
-        model = None
-    return Loaded(program, model, diags, sources, values, name)
+    return _run(Unit(name, text, dict(overrides or {}), sources))
+
+
+def check_program(program: n.Program, overrides: Mapping[str, str | n.Node] | None = None) -> Loaded:
+    """The passes after `parse` on an already parsed `program`: every diagnostic, and the model
+    when there is no error."""
+    name = program.span.file or TEXT_NAME
+    return _run(Unit(name, None, dict(overrides or {}), {}, program=program), PASSES[1:])
 
 
 def load_or_raise(source: str | os.PathLike, overrides: Mapping[str, str | n.Node] | None = None) -> Loaded:
@@ -153,55 +227,3 @@ def check_readable(path: Path) -> Iterator[Diagnostic]:
             why = e.strerror or type(e).__name__
     if why:
         yield error("E0901", f"cannot read `{path}`: {why}", help="check the path")
-
-
-def parse_overrides(
-    overrides: Mapping[str, str | n.Node], sources: dict[str, SourceFile]
-) -> tuple[dict[str, n.Node], list[Diagnostic]]:
-    """`--set` overrides as value nodes; a text value is parsed with the `.lt2` value syntax and
-    registered as a one-line source `--set KEY` so its diagnostics can quote it."""
-    values: dict[str, n.Node] = {}
-    diags: list[Diagnostic] = []
-    for key, raw in overrides.items():
-        if isinstance(raw, n.Node):
-            values[key] = raw
-            continue
-        src = SourceFile(name=f"--set {key}", text=f"{key}={raw}")
-        sources[src.name] = src
-        problems = list(check_override_value(key, str(raw), src.name))
-        if problems:
-            diags += problems
-        else:
-            values[key] = parse_value(str(raw), src.name, col=len(key) + 2)
-    return values, diags
-
-
-@rule("E0902")
-def check_override_value(key: str, raw: str, file: str) -> Iterator[Diagnostic]:
-    """Invalid `--set` value.
-
-    What it checks:
-        The value of `--set key=value` is one `.lt2` value: a number (`1024`, `32k`, `8/3`,
-        `1e-6`), `true`/`false`, `none`, a string, a name or a call (`swiglu(hidden=8k)`).
-
-    Why it matters:
-        Overrides use the same value syntax as the file, so they mean the same thing.
-
-    Example:
-        lt2dsl check model.lt2 --set dim=1k2
-
-    Use instead:
-        lt2dsl check model.lt2 --set dim=1024
-    """
-    try:
-        parse_value(raw, file, col=len(key) + 2)
-    except ValueError as e:
-        col = len(key) + 2
-        span = Span(file=file, line=1, col=col, end_line=1, end_col=col + max(len(raw), 1))
-        yield error(
-            "E0902",
-            f"invalid value for `--set {key}`",
-            span,
-            label=str(e).split(": ", 1)[-1],
-            help="values are written as in a `.lt2` file: `1024`, `32k`, `true`, `sdpa`, `swiglu(hidden=8k)`",
-        )

@@ -80,7 +80,8 @@ def test_debug_levels(monkeypatch, capsys):
     monkeypatch.setenv("LT2_DEBUG", "1")
     load(MODEL)
     err = capsys.readouterr().err
-    assert "pass `parse`" in err and "pass `validate+resolve`" in err and "ms" in err
+    names = ["parse", "overrides", "validate", "resolve", "validate-resolved"]
+    assert [line.split("`")[1] for line in err.splitlines()] == names and "ms" in err
     monkeypatch.setenv("LT2_DEBUG", "2")
     load(MODEL)
     err = capsys.readouterr().err

@@ -30,6 +30,9 @@ MODEL_SETTINGS = (
     ),
 )
 
+# Overrides that are no model setting: `--set loop.T=8` (`loop_T=8` from Python) sets every loop's T.
+LOOP_T_KEYS = ("loop.T", "loop_T")
+
 LOOP_OPTIONS = (
     Option(
         "final_norm",

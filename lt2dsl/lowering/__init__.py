@@ -17,10 +17,9 @@ from lt2dsl.dtypes import torch_dtype
 from lt2dsl.ir import nodes as n
 from lt2dsl.lowering.cache import Cache, Entry
 from lt2dsl.lowering.model import LT2Model
+from lt2dsl.passes.overrides import apply_overrides, as_node, override_model
 
 __all__ = ["Cache", "Entry", "LT2Model", "compile_model", "resolve_source"]
-
-LOOP_T_KEYS = ("loop_T", "loop.T")
 
 
 def compile_model(
@@ -57,56 +56,15 @@ def compile_model(
 def resolve_source(source, overrides: dict[str, Any]) -> n.Model:
     """The resolved `Model` of any accepted source, with the overrides applied."""
     if isinstance(source, n.Model):
-        return _override_model(source, overrides)
+        return override_model(source, overrides)
     if isinstance(source, n.Program):
         from lt2dsl.passes.resolve import resolve
 
-        return resolve(source, {k: _node(v, parse=True) for k, v in overrides.items()})
+        return resolve(apply_overrides(source, {k: as_node(v, parse=True) for k, v in overrides.items()}))
     if not isinstance(source, str | os.PathLike):
         raise ValueError(
             f"source must be .lt2 text, a path, a Program or a Model, got {type(source).__name__}"
         )
     from lt2dsl.frontend import load_or_raise
 
-    return load_or_raise(source, {k: _node(v) for k, v in overrides.items()}).model
-
-
-def _override_model(model: n.Model, overrides: dict[str, Any]) -> n.Model:
-    """A resolved model only takes `loop_T` (every loop's T); other settings need the source."""
-    T = next((overrides.pop(k) for k in LOOP_T_KEYS if k in overrides), None)
-    if overrides:
-        raise ValueError(
-            f"a resolved Model accepts only the loop_T override, got {sorted(overrides)}; "
-            "pass the .lt2 source to override settings"
-        )
-    if T is None:
-        return model
-    if isinstance(T, bool) or not isinstance(T, int) or T < 1:
-        raise ValueError(f"loop_T must be a positive integer, got {T!r}")
-    return model.model_copy(update={"body": tuple(_set_T(s, T) for s in model.body)})
-
-
-def _set_T(stage, T: int):
-    if not isinstance(stage, n.LoopBlock):
-        return stage
-    return stage.model_copy(update={"T": T, "body": tuple(_set_T(s, T) for s in stage.body)})
-
-
-def _node(v: Any, parse: bool = False) -> Any:
-    """A Python override value as an IR value node (strings are parsed by the front end)."""
-    if isinstance(v, n.Node):
-        return v
-    if isinstance(v, bool):
-        return n.Bool(value=v)
-    if isinstance(v, int):
-        return n.Int(value=v)
-    if isinstance(v, float):
-        return n.Float(value=v)
-    if isinstance(v, str):
-        if not parse:
-            return v
-        from lt2dsl.grammar.parse import parse_value
-
-        return parse_value(v)
-    raise ValueError(f"override values must be numbers, booleans or strings, got {type(v).__name__}")
-
+    return load_or_raise(source, {k: as_node(v) for k, v in overrides.items()}).model

@@ -6,7 +6,6 @@ unexpected shape here is an internal error, not a user diagnostic).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,47 +18,12 @@ from lt2dsl.passes.values import py
 NAME = "resolve"
 
 
-def resolve(prog: n.Program, overrides: Mapping[str, n.Node] | None = None) -> n.Model:
-    """Resolve `prog`, with `--set` overrides applied first (`dim=1024`, `loop.T=8`)."""
-    prog = apply_overrides(prog, dict(overrides or {}))
+def resolve(prog: n.Program) -> n.Model:
+    """Resolve `prog` (its `--set` overrides already applied, `passes/overrides.py`)."""
     cfg = model_config(prog)
     lets = {let.name: let.item for let in prog.lets}
     body = _stages(prog.body, cfg, lets, "")
     return n.Model(config=cfg, body=tuple(body), span=prog.span)
-
-
-# ---- overrides --------------------------------------------------------------------------------
-
-LOOP_T_KEYS = ("loop.T", "loop_T")
-
-
-def apply_overrides(prog: n.Program, overrides: dict[str, n.Node]) -> n.Program:
-    """Settings given with --set replace (or add) model settings; `loop.T` sets every loop's T."""
-    T = next((overrides.pop(k) for k in LOOP_T_KEYS if k in overrides), None)
-    if overrides:
-        kept = [s for s in prog.settings if s.name not in overrides]
-        added = [n.Setting(name=k, value=v, span=v.span) for k, v in overrides.items()]
-        prog = prog.model_copy(update={"settings": tuple(kept + added)})
-    if T is not None:
-        prog = prog.model_copy(
-            update={
-                "body": tuple(_set_T(i, int(py(T))) for i in prog.body),
-                "lets": tuple(l.model_copy(update={"item": _set_T(l.item, int(py(T)))}) for l in prog.lets),
-            }
-        )
-    return prog
-
-
-def _set_T(item: n.Node, T: int) -> n.Node:
-    match item:
-        case n.Loop():
-            return item.model_copy(update={"T": T, "body": tuple(_set_T(i, T) for i in item.body)})
-        case n.Repeat():
-            return item.model_copy(update={"body": tuple(_set_T(i, T) for i in item.body)})
-        case n.Times():
-            return item.model_copy(update={"item": _set_T(item.item, T)})
-        case _:
-            return item
 
 
 # ---- model settings ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Python values of IR value nodes, and overrides given on the command line (`--set k=v`)."""
+"""Python values of IR value nodes."""
 
 from __future__ import annotations
 
@@ -20,14 +20,3 @@ def py(v: n.Node) -> Any:
             return v.value
         case _:
             return v
-
-
-def parse_override(text: str) -> tuple[str, n.Node]:
-    """`key=value` → (key, value node). Values: integers with k/M, floats, fractions, booleans,
-    `none`, names and simple calls — parsed with the .lt2 grammar so the rules are the same."""
-    if "=" not in text:
-        raise ValueError(f"--set expects key=value, got {text!r}")
-    key, _, raw = text.partition("=")
-    from lt2dsl.grammar.parse import parse_value  # the grammar owns value syntax
-
-    return key.strip(), parse_value(raw.strip())

@@ -1,17 +1,17 @@
-"""`validate(program)`: every rule of language.md §6, all diagnostics in one pass, in source order.
+"""The rules of language.md §6: every diagnostic of a program, in source order.
 
-The surface rules (names, values, structure) read the program as written. When none of them
-found an error, the program is resolved and the shape rules read the resolved model, pointing
-back at what the user wrote; when those found no error either, the kernel rules run.
+`check` runs the surface rules (names, values, structure), which read the program as written
+(with its `--set` overrides applied). `check_resolved` runs the shape rules, which read the
+resolved model and point back at what the user wrote, and, when those find no error, the kernel
+rules. Neither resolves anything: the front end (`lt2dsl.frontend`) runs them between its passes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from lt2dsl.diagnostics import Diagnostic, sort_diagnostics
 from lt2dsl.ir import nodes as n
-from lt2dsl.passes.resolve import apply_overrides, resolve
 from lt2dsl.validate import kernels, names, shapes, structure, values
 from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import RULES, Rule, all_rules
@@ -61,39 +61,23 @@ KERNELS: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
     kernels.check_kernel_note,
 )
 
-__all__ = ["KERNELS", "RULES", "SHAPES", "SURFACE", "Rule", "all_rules", "check", "validate"]
+__all__ = ["KERNELS", "RULES", "SHAPES", "SURFACE", "Rule", "all_rules", "check", "check_resolved"]
 
 
-def validate(program: n.Program, overrides: dict[str, n.Node] | None = None) -> list[Diagnostic]:
-    """Every diagnostic for `program` with `--set` `overrides`, sorted by position."""
-    return check(program, overrides)[0]
+def check(program: n.Program, overrides: Mapping[str, n.Node] | None = None) -> list[Diagnostic]:
+    """The surface rules' diagnostics, sorted. `program` has its `--set` overrides applied;
+    `overrides` are the values as given (the rules check them too)."""
+    ctx = Ctx(program, dict(overrides or {}))
+    return sort_diagnostics(d for r in SURFACE for d in r(ctx))
 
 
-def check(
-    program: n.Program, overrides: dict[str, n.Node] | None = None
-) -> tuple[list[Diagnostic], n.Model | None]:
-    """(diagnostics, resolved model) — the model is None when there is an error."""
-    overrides = dict(overrides or {})
-    applied = apply_overrides(program, _applicable(overrides))
-    ctx = Ctx(applied, overrides)
-    diags = [d for r in SURFACE for d in r(ctx)]
-    if any(d.is_error for d in diags):
-        return sort_diagnostics(diags), None
-    model = resolve(program, _applicable(overrides))
-    shape_ctx = ShapeCtx(ctx, model)
-    diags += [d for r in SHAPES for d in r(shape_ctx)]
+def check_resolved(
+    program: n.Program, model: n.Model, overrides: Mapping[str, n.Node] | None = None
+) -> list[Diagnostic]:
+    """The shape rules' diagnostics for `model` (the resolved `program`), then, when they found no
+    error, the kernel rules', sorted."""
+    shape_ctx = ShapeCtx(Ctx(program, dict(overrides or {})), model)
+    diags = [d for r in SHAPES for d in r(shape_ctx)]
     if not any(d.is_error for d in diags):
         diags += [d for r in KERNELS for d in r(shape_ctx)]
-    diags = sort_diagnostics(diags)
-    return diags, None if any(d.is_error for d in diags) else model
-
-
-def _applicable(overrides: dict[str, n.Node]) -> dict[str, n.Node]:
-    """Overrides the resolve pass can apply: a `loop.T` that is not a positive integer is left
-    out (it is reported by `check_count`)."""
-    out = dict(overrides)
-    for key in ("loop.T", "loop_T"):
-        v = out.get(key)
-        if v is not None and not (isinstance(v, n.Int) and v.value >= 1):
-            del out[key]
-    return out
+    return sort_diagnostics(diags)

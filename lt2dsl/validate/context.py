@@ -12,7 +12,7 @@ from functools import cached_property
 
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.registry import lookup
-from lt2dsl.ir.settings import EXIT_GATE_OPTIONS, LOOP_OPTIONS, MODEL_SETTINGS
+from lt2dsl.ir.settings import EXIT_GATE_OPTIONS, LOOP_OPTIONS, LOOP_T_KEYS, MODEL_SETTINGS
 from lt2dsl.ir.spec import LayerSpec, Option
 from lt2dsl.ir.specs.channel import MLP_KINDS, NORM_KINDS
 
@@ -20,7 +20,7 @@ LOOP_SCHEMA = LOOP_OPTIONS
 # Enum choices that may also be written as a call, with the call's options.
 CALL_CHOICES: dict[tuple[str, str], tuple[Option, ...]] = {("exit", "gate"): EXIT_GATE_OPTIONS}
 SETTINGS = {o.name: o for o in MODEL_SETTINGS}
-OVERRIDE_ONLY = ("loop.T", "loop_T")
+OVERRIDE_ONLY = LOOP_T_KEYS
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ RULE_MODULES = (
     "lt2dsl.validate.shapes",
     "lt2dsl.validate.kernels",
     "lt2dsl.frontend",
+    "lt2dsl.passes.overrides",
     "lt2dsl.cli",
 )
 

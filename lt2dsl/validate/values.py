@@ -8,7 +8,7 @@ from lt2dsl.diagnostics import Diagnostic, error
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.printer import value as show
 from lt2dsl.ir.spec import Option
-from lt2dsl.validate.context import CALL_CHOICES, Ctx, Site
+from lt2dsl.validate.context import CALL_CHOICES, OVERRIDE_ONLY, Ctx, Site
 from lt2dsl.validate.rules import rule
 
 NUMBERS = (n.Int, n.Float, n.Frac)
@@ -179,7 +179,7 @@ def check_count(ctx: Ctx) -> Iterator[Diagnostic]:
 
 def check_override_count(overrides: dict[str, n.Node]) -> Iterator[Diagnostic]:
     """`--set loop.T=...` must be an integer of at least 1 (part of E0201/E0203)."""
-    for key in ("loop.T", "loop_T"):
+    for key in OVERRIDE_ONLY:
         if (v := overrides.get(key)) is None:
             continue
         if not isinstance(v, n.Int):

@@ -2,14 +2,20 @@
 
 import pytest
 
+from lt2dsl.frontend import check_program
 from lt2dsl.grammar.parse import parse
 from lt2dsl.ir.registry import REGISTRY
-from lt2dsl.validate import KERNELS, SHAPES, SURFACE, check, validate
+from lt2dsl.validate import KERNELS, SHAPES, SURFACE
 from lt2dsl.validate.rules import RULES, SECTIONS, all_rules
 
 PIPELINE = (*SURFACE, *SHAPES, *KERNELS)
 CHECKS = {code: r for code, r in all_rules().items() if r.topic not in ("syntax", "driver", "internal")}
 NEEDS_NOTE = not any(s.kernel_note for s in REGISTRY.values())
+
+
+def validate(program):
+    """Every diagnostic of a parsed program, as the front end reports them."""
+    return check_program(program).diagnostics
 
 
 @pytest.mark.parametrize("code", list(all_rules()))
@@ -50,13 +56,14 @@ def test_diagnostics_come_sorted_and_once():
     assert [d.code for d in ds] == ["E0101", "E0101"]
 
 
-def test_check_returns_the_model_only_when_clean():
+def test_check_program_returns_the_model_only_when_clean():
     program, _ = parse("dim = 64\ngdn\n")
-    diags, model = check(program)
-    assert diags == [] and model is not None and model.config.dim == 64
+    loaded = check_program(program)
+    assert loaded.diagnostics == [] and loaded.model is not None and loaded.model.config.dim == 64
     program, _ = parse("dim = 64\ngdn(heads=0)\n")
-    diags, model = check(program)
-    assert model is None and [d.code for d in diags] == ["E0202"]
+    loaded = check_program(program)
+    assert loaded.model is None and [d.code for d in loaded.diagnostics] == ["E0202"]
+    assert check_program(program, {"dim": "1k2"}).model is None
 
 
 def test_shape_rules_wait_for_clean_surface():
