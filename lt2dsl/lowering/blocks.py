@@ -13,7 +13,7 @@ from torch import nn
 
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.specs.channel import block_norm_count
-from lt2dsl.lowering import functional_core as fc
+from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering.layers import build_mixer
 
 
@@ -83,7 +83,7 @@ class ResidualBlock(nn.Module):
             return self.mixers[0](x, entry, pos)
         out = None
         for j, mixer in enumerate(self.mixers):
-            y = mixer(x, fc.sub_entry(entry, j), pos)
+            y = mixer(x, lf.sub_entry(entry, j), pos)
             out = y if out is None else out + y
         return out
 

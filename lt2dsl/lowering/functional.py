@@ -1,17 +1,53 @@
-"""Leaf functions of the lowered graph that touch caches or positions.
+"""Leaf functions of the lowered graph shared by its layers: cache plumbing, the short conv,
+RoPE and the softmax-attention core.
 
-Each is wrapped with `torch.fx.wrap`, so tracing a layer's forward records one call node for it
-(with the cache entry as an argument) instead of tracing into data-dependent code.
+Each is a `@leaf`, so the traced graph records one call node per use (with the cache or its entry
+as an argument) instead of tracing into code that branches on whether a cache exists.
+`cache_advance` is also marked side-effecting, so dead-code elimination never drops it.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.fx
 import torch.nn.functional as F
+from torch.fx.node import has_side_effect
+
+from lt2dsl.lowering.cache import Cache, Entry, SubEntry
+from lt2dsl.lowering.leaf import leaf
+
+# ---- cache plumbing ------------------------------------------------------------------------------
 
 
-@torch.fx.wrap
+@leaf
+def cache_entry(cache: Cache | None, k: int) -> Entry | None:
+    """The entry of application k ((iteration, block) pairs counted in execution order), or None."""
+    return None if cache is None else cache.entry(k)
+
+
+@leaf
+def sub_entry(entry: Entry | None, j: int) -> SubEntry | None:
+    """Mixer j's view of a `par` block's entry, or None without a cache."""
+    return None if entry is None else entry.sub(j)
+
+
+@leaf
+def cache_pos(cache: Cache | None) -> int:
+    """Absolute position of the first token of this call: tokens seen so far (0 without a cache)."""
+    return 0 if cache is None else cache.seen
+
+
+@has_side_effect
+@leaf
+def cache_advance(cache: Cache | None, T: int) -> None:
+    """Count the T tokens of this call as seen (called once, after every block has run)."""
+    if cache is not None:
+        cache.seen += int(T)
+
+
+# ---- the short conv, RoPE and softmax attention ------------------------------------------------
+
+
+@leaf
 def short_conv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -81,7 +117,7 @@ def rope_table(
     return hit
 
 
-@torch.fx.wrap
+@leaf
 def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
     float64, so float64 tests and gradchecks see no fp32 rounding)."""
@@ -97,7 +133,7 @@ def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
     return torch.addcmul(xf * c, rotated, s).to(x.dtype)
 
 
-@torch.fx.wrap
+@leaf
 def append_cache(entry, key: str, new: torch.Tensor, dim: int = 2, keep: int | None = None) -> torch.Tensor:
     """Append `new` to `entry[key]` along `dim` (creating it) and return the whole cached tensor.
 
@@ -149,3 +185,29 @@ def _append_reserved(entry, key: str, new: torch.Tensor, dim: int) -> torch.Tens
     buf.narrow(dim, n, T).copy_(new)
     entry[key] = full = buf.narrow(dim, 0, n + T)
     return full
+
+
+@leaf
+def attention_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int | None,
+    gate: torch.Tensor | None,
+    backend: str,
+) -> torch.Tensor:
+    """Causal softmax attention through `lt2dsl.kernels.attention` (one graph node).
+
+    Args:
+        q: `[B, Tq, HQ, d]` rotated queries; they are the last Tq positions of the keys.
+        k, v: `[B, Tk, HKV, d]` rotated keys / values (cached ones first).
+        window: sliding window w (keys including the query's own), or None for full attention.
+        gate: pre-sigmoid output gate `[B, Tq, HQ, d]` or `[B, Tq, HQ]`, or None.
+        backend: "reference", "triton" or "auto".
+    Returns:
+        `[B, Tq, HQ, d]` in the dtype of `v`.
+    """
+    # From the op's subpackage: `lt2dsl.kernels.attention` is the subpackage once imported.
+    from lt2dsl.kernels.attention import attention
+
+    return attention(q, k, v, causal=True, window=window, gate=gate, backend=backend)

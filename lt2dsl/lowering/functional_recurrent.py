@@ -1,6 +1,6 @@
 """Pieces shared by the recurrent mixer layers (gdn, kda, deltanet, gla, retnet, mamba2, mlstm, linear).
 
-* One `torch.fx.wrap`ped leaf per core op (`gated_delta_rule_core`, ..., `mlstm_core`): it reads the
+* One `@leaf` per core op (`gated_delta_rule_core`, ..., `mlstm_core`): it reads the
   layer's recurrent state from the cache entry, calls the op of `lt2dsl.kernels` and writes the
   final state back, so the traced graph shows exactly one node per core with the entry as an
   argument, and the forward never branches on whether a cache is present.
@@ -25,9 +25,7 @@ from lt2dsl.kernels.kda import kda
 from lt2dsl.kernels.mlstm import mlstm
 from lt2dsl.kernels.simple_gla import simple_gla
 from lt2dsl.lowering.functional import short_conv
-
-# fx.wrap patches a leaf only in the globals of the module that registers it.
-torch.fx.wrap("short_conv")
+from lt2dsl.lowering.leaf import leaf
 
 STATE_DTYPES = (torch.float32, torch.float64)
 
@@ -113,7 +111,7 @@ def run_stateful(op, entry, names: tuple[str, ...], state_dtype: torch.dtype, ar
     return o
 
 
-@torch.fx.wrap
+@leaf
 def gated_delta_rule_core(q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
     """GDN core (mixers.md §5(b)) with q, k L2-normalised in the op; state `entry["state"]` `[B, HV, K, V]`.
 
@@ -123,42 +121,42 @@ def gated_delta_rule_core(q, k, v, g, beta, entry, *, scale: float, backend: str
     return run_stateful(gated_delta_rule, entry, ("state",), state_dtype, (q, k, v, g, beta), kw)
 
 
-@torch.fx.wrap
+@leaf
 def delta_rule_core(q, k, v, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
     """DeltaNet core (mixers.md §4(b)), q, k L2-normalised in the op. Shapes as `gated_delta_rule_core`."""
     kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend}
     return run_stateful(delta_rule, entry, ("state",), state_dtype, (q, k, v, beta), kw)
 
 
-@torch.fx.wrap
+@leaf
 def kda_core(q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
     """KDA core (mixers.md §6(b)), q, k L2-normalised in the op; g `[B, T, HV, K]` per-channel log decay."""
     kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend}
     return run_stateful(kda, entry, ("state",), state_dtype, (q, k, v, g, beta), kw)
 
 
-@torch.fx.wrap
+@leaf
 def gla_core(q, k, v, g, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
     """GLA core (mixers.md §3(b)): q, k `[B, T, H, K]`, v `[B, T, H, V]`, g `[B, T, H, K]` log decay."""
     kw = {"scale": scale, "backend": backend}
     return run_stateful(gla, entry, ("state",), state_dtype, (q, k, v, g), kw)
 
 
-@torch.fx.wrap
+@leaf
 def simple_gla_core(q, k, v, g, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
     """Scalar-decay linear attention (RetNet, Mamba2, linear attention): g `[B, T, HV]` or None."""
     kw = {"scale": scale, "backend": backend}
     return run_stateful(simple_gla, entry, ("state",), state_dtype, (q, k, v, g), kw)
 
 
-@torch.fx.wrap
+@leaf
 def mlstm_core(q, k, v, i, f, entry, *, scale: float, eps: float, backend: str, state_dtype: torch.dtype):
     """mLSTM cell (mixers.md §8(b)); state (`C` `[B, H, K, V]`, `n` `[B, H, K]`, `m` `[B, H]`)."""
     kw = {"scale": scale, "eps": eps, "backend": backend}
     return run_stateful(mlstm, entry, ("C", "n", "m"), state_dtype, (q, k, v, i, f), kw)
 
 
-@torch.fx.wrap
+@leaf
 def xpos_rotate(x: torch.Tensor, pos: int) -> torch.Tensor:
     """RetNet's rotation (mixers.md §2(a)) of `x [B, T, H, K]` at absolute positions pos … pos+T−1.
 

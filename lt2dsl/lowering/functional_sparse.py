@@ -1,9 +1,7 @@
 """Leaf functions of the sparse-attention and Toeplitz layers (`dsa`, `nsa`, `tmm`).
 
-Each leaf is wrapped with `torch.fx.wrap`, so a traced layer shows one call node per core op (and
-per cache update) instead of the data-dependent code inside. The layers call them as attributes of
-this module (`fs.dsa_attend(...)`): `torch.fx.wrap` patches the name in *this* module's globals
-while tracing, so a `from ... import dsa_attend` copy would be traced into instead of kept as a leaf.
+Each is a `@leaf`, so a traced layer shows one call node per core op (and per cache update)
+instead of the data-dependent code inside.
 Ops are imported from their subpackages: `lt2dsl.kernels.dsa` is the *subpackage* once it has been
 imported, so `lt2dsl.kernels.dsa(...)` is not reliably the op.
 """
@@ -18,6 +16,7 @@ from lt2dsl.kernels.dsa import dsa as dsa_op
 from lt2dsl.kernels.nsa import nsa as nsa_op
 from lt2dsl.kernels.toeplitz import toeplitz_mix, toeplitz_mix_step
 from lt2dsl.lowering import functional as lf
+from lt2dsl.lowering.leaf import leaf
 
 
 def check_input(x: torch.Tensor, layer: torch.nn.Module, kind: str) -> None:
@@ -40,7 +39,7 @@ def check_input(x: torch.Tensor, layer: torch.nn.Module, kind: str) -> None:
         raise ValueError(f"{kind}: expected x on {p.device} (the layer's weights), got {x.device}")
 
 
-@torch.fx.wrap
+@leaf
 def sigmoid_gate(o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """σ(g) ⊙ o in fp32 (mixers.md §12(e)); g `[B, T, H, d]` (elementwise) or `[B, T, H, 1]` (headwise)."""
     dt = torch.float64 if o.dtype == torch.float64 else torch.float32
@@ -57,7 +56,7 @@ def rope_prefix(x: torch.Tensor, pos, theta: float, dims: int) -> torch.Tensor:
     return torch.cat([lf.apply_rope(x[..., :dims], pos, theta), x[..., dims:]], dim=-1)
 
 
-@torch.fx.wrap
+@leaf
 def dsa_attend(q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
     """DSA core: causal top-k selection by the lightning indexer, attention over the selection.
 
@@ -71,7 +70,7 @@ def dsa_attend(q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backen
     return dsa_op(q, k, v, q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, backend=backend)
 
 
-@torch.fx.wrap
+@leaf
 def nsa_compress(
     x: torch.Tensor,
     entry,
@@ -118,7 +117,7 @@ def nsa_compress(
     return full
 
 
-@torch.fx.wrap
+@leaf
 def nsa_attend(
     q,
     k,
@@ -161,7 +160,7 @@ def nsa_attend(
     )
 
 
-@torch.fx.wrap
+@leaf
 def toeplitz_cached(
     u: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, entry, max_len: int, backend: str
 ) -> torch.Tensor:

@@ -15,7 +15,6 @@ order), `cache_advance(cache, T)` at the end.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Iterator
 
 import torch
@@ -24,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lt2dsl.ir import nodes as n
-from lt2dsl.lowering import functional_core as fc
+from lt2dsl.lowering import functional as lf
+from lt2dsl.lowering.leaf import LeafTracer
 from lt2dsl.passes.resolve import ends_with_normed_loop
 from lt2dsl.passes.resolve import loops as loops_preorder
 
@@ -52,14 +52,14 @@ class Unrolled(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
         """input_ids `[B, T]` → logits `[B, T, vocab]` (hidden states `[B, T, D]` with `head = none`)."""
-        pos = fc.cache_pos(cache)
+        pos = lf.cache_pos(cache)
         e = self.embed(input_ids)
         apps = itertools.count()
         h = self.stages(self.ir.body, e, e, cache, pos, apps)
         if not ends_with_normed_loop(self.ir.body):
             h = self.final_norm(h)
         out = self.head(h)
-        fc.cache_advance(cache, input_ids.shape[1])
+        lf.cache_advance(cache, input_ids.shape[1])
         return out
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
@@ -75,7 +75,7 @@ class Unrolled(nn.Module):
             if isinstance(s, n.LoopBlock):
                 h = self.loop(s, h, e, cache, pos, apps)
             else:
-                h = self.blocks[self.block_index[s.id]](h, fc.cache_entry(cache, next(apps)), pos)
+                h = self.blocks[self.block_index[s.id]](h, lf.cache_entry(cache, next(apps)), pos)
         return h
 
     def loop(self, lp: n.LoopBlock, h, e, cache, pos, apps: Iterator[int]) -> torch.Tensor:
@@ -98,33 +98,10 @@ class Unrolled(nn.Module):
         return h
 
 
-def leaf_functions() -> tuple:
-    """Every function registered with `torch.fx.wrap` so far (kernels, layers, this package).
-
-    Passed to the tracer as `autowrap_functions`, so a leaf stays a leaf however a layer calls
-    it (`from m import f` as well as `m.f`).
-    """
-    table = torch.fx._symbolic_trace._wrapped_fns_to_patch
-    fns = []
-    for (_, name), frame in table.items():
-        fn = frame.get(name)
-        if callable(fn):
-            fns.append(fn)
-    return tuple(fns)
-
-
-class LoweringTracer(torch.fx.Tracer):
+class LoweringTracer(LeafTracer):
     """Traces into blocks, MLPs and mixer layers; keeps torch.nn modules (Linear, Embedding,
-    norms, convs), any module class named `*Norm` and `ExitMix` as leaves, and every
-    `torch.fx.wrap`ped function as a leaf wherever the lowering's modules call it."""
-
-    def __init__(self):
-        super().__init__(autowrap_functions=leaf_functions())
-        # Patch the leaf names in every lowering module's globals, so helper functions there
-        # (not only forwards) call the leaf wrappers while tracing.
-        self._autowrap_search += [
-            m for name, m in list(sys.modules.items()) if name.startswith("lt2dsl.lowering") and m is not None
-        ]
+    norms, convs), any module class named `*Norm` and `ExitMix` as leaves, and every `@leaf`
+    function as one node (`lowering/leaf.py`)."""
 
     def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
         from lt2dsl.lowering.blocks import ExitMix
@@ -132,6 +109,11 @@ class LoweringTracer(torch.fx.Tracer):
         if isinstance(m, ExitMix) or type(m).__name__.endswith("Norm"):
             return True
         return super().is_leaf_module(m, qualified_name)
+
+
+def trace(module: nn.Module) -> torch.fx.GraphModule:
+    """Trace `module` (a block, a layer) into a GraphModule sharing its submodules and parameters."""
+    return torch.fx.GraphModule(module, LoweringTracer().trace(module))
 
 
 def to_fx(root: Unrolled) -> torch.fx.GraphModule:

@@ -10,16 +10,16 @@
 from __future__ import annotations
 
 import torch
-import torch.fx
 
 from lt2dsl.kernels import fused
 from lt2dsl.kernels.delta_rule import delta_rule
 from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
 from lt2dsl.kernels.kda import kda
 from lt2dsl.lowering import functional_recurrent as fr
+from lt2dsl.lowering.leaf import leaf
 
 
-@torch.fx.wrap
+@leaf
 def conv_silu_cached(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -58,7 +58,7 @@ def _normed(op, q, k, v, g, beta, entry, scale, backend, state_dtype):
     return fr.run_stateful(op, entry, ("state",), state_dtype, args, kw)
 
 
-@torch.fx.wrap
+@leaf
 def gated_delta_rule_core_normed(
     q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype
 ):
@@ -66,13 +66,13 @@ def gated_delta_rule_core_normed(
     return _normed(gated_delta_rule, q, k, v, g, beta, entry, scale, backend, state_dtype)
 
 
-@torch.fx.wrap
+@leaf
 def delta_rule_core_normed(q, k, v, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
     """`delta_rule_core` for q, k that are already L2-normalised."""
     return _normed(delta_rule, q, k, v, None, beta, entry, scale, backend, state_dtype)
 
 
-@torch.fx.wrap
+@leaf
 def kda_core_normed(q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
     """`kda_core` for q, k that are already L2-normalised."""
     return _normed(kda, q, k, v, g, beta, entry, scale, backend, state_dtype)

@@ -23,7 +23,6 @@ from torch import nn
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.lowering import functional as lf
-from lt2dsl.lowering import functional_core as fc
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
 # Qwen3's q/k RMSNorm epsilon (its rms_norm_eps).
@@ -89,5 +88,5 @@ class Attention(MixerLayer):
             g = self.g_proj(x).unflatten(-1, (self.H, self.d))
         elif self.gate == "headwise":
             g = self.g_proj(x)  # [B, T, H]
-        o = fc.attention_core(q, k, v, self.window, g, self.backend)  # [B, T, H, d]
+        o = lf.attention_core(q, k, v, self.window, g, self.backend)  # [B, T, H, d]
         return self.o_proj(o.flatten(-2))

@@ -14,7 +14,7 @@ A mixer layer is an `nn.Module` built from `(opts, cfg, backend)` — the resolv
   buffers and tmm inputs, the kv dtype — the activation dtype unless configured — for KV caches);
 * forward code is `torch.fx`-traceable: control flow only on Python configuration, never on
   tensor values or on whether `entry` is None. Everything that touches the cache, and every mixer
-  core, is a call of a function wrapped with `torch.fx.wrap` (a leaf in the traced graph), so the
+  core, is a call of a `@leaf` function (`lowering/leaf.py`: one node in the traced graph), so the
   lowered graph shows projections, activations and norms as separate nodes the fusion pass can
   rewrite, and one node per core op.
 """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -21,10 +20,6 @@ from lt2dsl.lowering.functional_recurrent import (
     param_dtype,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
-
-# fx.wrap patches a leaf only in the globals of the module that registers it, so every module
-# that calls a leaf under its imported name registers it again.
-torch.fx.wrap("gated_delta_rule_core")
 
 
 class GatedDeltaNet(MixerLayer):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -20,9 +19,6 @@ from lt2dsl.lowering.functional_recurrent import (
     param_dtype,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
-
-# fx.wrap patches a leaf only in the globals of the module that registers it.
-torch.fx.wrap("kda_core")
 
 
 class KimiDeltaAttention(MixerLayer):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -17,9 +16,6 @@ from lt2dsl.lowering.functional_recurrent import (
     simple_gla_core,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
-
-# fx.wrap patches a leaf only in the globals of the module that registers it.
-torch.fx.wrap("simple_gla_core")
 
 EPS = 1e-6  # normaliser ε of fast-transformers (mixers.md §1(b))
 

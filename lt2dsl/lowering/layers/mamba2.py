@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -20,10 +19,6 @@ from lt2dsl.lowering.functional_recurrent import (
     simple_gla_core,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
-
-# fx.wrap patches a leaf only in the globals of the module that registers it.
-torch.fx.wrap("short_conv")
-torch.fx.wrap("simple_gla_core")
 
 
 class Mamba2(MixerLayer):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.fx
 
 from lt2dsl.ir.specs.retnet import dims
 from lt2dsl.lowering.functional_recurrent import (
@@ -16,10 +15,6 @@ from lt2dsl.lowering.functional_recurrent import (
     xpos_rotate,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
-
-# fx.wrap patches a leaf only in the globals of the module that registers it.
-torch.fx.wrap("simple_gla_core")
-torch.fx.wrap("xpos_rotate")
 
 
 class MultiScaleRetention(MixerLayer):

@@ -27,6 +27,7 @@ from torch.func import functional_call
 from lt2dsl.ir.nodes import MlpSpec, ModelConfig, NormSpec
 from lt2dsl.ir.registry import lookup
 from lt2dsl.lowering.cache import Entry
+from lt2dsl.lowering.to_fx import trace
 from tests.kernels.utils import assert_close
 
 F64 = torch.float64
@@ -280,7 +281,7 @@ class RecurrentContract(LayerContract):
 
     def test_traced_graph_has_one_core_node_and_decodes(self):
         layer = self.make(**self.TRACE_GIVEN)
-        gm = torch.fx.symbolic_trace(layer)
+        gm = trace(layer)
         assert [t for t in call_targets(gm) if t.endswith("_core")] == [self.CORE]
         x = torch.randn(2, 9, self.CFG.dim, dtype=F64)
         y, _ = decode(gm, x, 5)

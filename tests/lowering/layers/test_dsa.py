@@ -9,11 +9,11 @@ from typing import ClassVar
 
 import pytest
 import torch
-import torch.fx
 
 from lt2dsl.dtypes import torch_dtype
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.dsa import SparseAttention
+from lt2dsl.lowering.to_fx import trace
 from tests.kernels.utils import assert_close
 from tests.lowering.layers.contract import (
     F64,
@@ -204,6 +204,6 @@ def test_indexer_loss_matches_a_direct_kl(sparse):
 
 def test_traces_with_one_core_node_and_same_results():
     layer = make_layer(**OPTION_SETS["gated"])
-    gm = torch.fx.symbolic_trace(layer)
+    gm = trace(layer)
     assert call_targets(gm).count("dsa_attend") == 1
     assert_traced_same(gm, layer, torch.randn(2, 12, 32, dtype=F64), 8)

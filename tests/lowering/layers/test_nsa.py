@@ -9,10 +9,10 @@ from typing import ClassVar
 
 import pytest
 import torch
-import torch.fx
 
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.nsa import NativeSparseAttention
+from lt2dsl.lowering.to_fx import trace
 from tests.kernels.utils import assert_close
 from tests.lowering.layers.contract import (
     F64,
@@ -207,7 +207,7 @@ def test_bad_geometry_raises_value_error():
 
 def test_traces_with_one_core_node_and_same_results():
     layer = make_layer(**GEOMETRIES["l=4,d=2,l'=4"], **VARIANTS["mlp-mqa"])
-    gm = torch.fx.symbolic_trace(layer)
+    gm = trace(layer)
     targets = call_targets(gm)
     assert targets.count("nsa_attend") == 1 and targets.count("nsa_compress") == 2
     assert_traced_same(gm, layer, torch.randn(2, 14, 32, dtype=F64), 9)

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-import torch.fx
 
 from lt2dsl.lowering.cache import Entry
 from lt2dsl.lowering.layers.tmm import ToeplitzMixer
+from lt2dsl.lowering.to_fx import trace
 from tests.kernels.utils import assert_close
 from tests.lowering.layers.contract import (
     F64,
@@ -150,6 +150,6 @@ def test_gradcheck_input_kernel_and_bias():
 
 def test_traces_with_one_core_node_and_same_results():
     layer = make_layer(**VARIANTS["heads2-kernel3"])
-    gm = torch.fx.symbolic_trace(layer)
+    gm = trace(layer)
     assert call_targets(gm).count("toeplitz_cached") == 1
     assert_traced_same(gm, layer, torch.randn(2, 12, 32, dtype=F64), 7)
