@@ -18,6 +18,7 @@ from pathlib import Path
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedInput, VisitError
 from lark.lark import PostLex
+from lark.tree import Meta
 
 from lt2dsl.diagnostics import Diagnostic, error
 from lt2dsl.grammar import comments as cm
@@ -178,23 +179,14 @@ def _too_deep(tree: Tree, file: str) -> Diagnostic | None:
 # ---- spans ------------------------------------------------------------------------------------
 
 
-def _meta_span(meta, file: str, shift: int = 0) -> Span:
+def span_of(at: Token | Meta, file: str, shift: int = 0) -> Span:
+    """The span of a token or of a tree's `meta` (both carry Lark's positions), columns shifted."""
     return Span(
         file=file,
-        line=meta.line,
-        col=meta.column + shift,
-        end_line=meta.end_line,
-        end_col=meta.end_column + shift,
-    )
-
-
-def tok_span(tok: Token, file: str, shift: int = 0) -> Span:
-    return Span(
-        file=file,
-        line=tok.line,
-        col=tok.column + shift,
-        end_line=tok.end_line,
-        end_col=tok.end_column + shift,
+        line=at.line,
+        col=at.column + shift,
+        end_line=at.end_line,
+        end_col=at.end_column + shift,
     )
 
 
@@ -288,10 +280,10 @@ class ToIR(Transformer):
         self.problems: list[Diagnostic] = []
 
     def _span(self, meta) -> Span:
-        return _meta_span(meta, self.file, self.shift)
+        return span_of(meta, self.file, self.shift)
 
     def _tok(self, tok: Token) -> Span:
-        return tok_span(tok, self.file, self.shift)
+        return span_of(tok, self.file, self.shift)
 
     # -- top level --
     def start(self, meta, children):

@@ -3,8 +3,8 @@
 The forward below is written over the resolved structure (blocks, loops, their options) with
 Python loops that unroll at trace time; a custom tracer records it. The graph then shows, per
 (iteration, block): norm → projections → activations / convs → one core-op node → output norm /
-gate → o_proj → residual add → norm → MLP → residual add, which is what the fusion pass of a
-later issue rewrites. A loop calls the same submodules T times (same `call_module` targets), so
+gate → o_proj → residual add → norm → MLP → residual add, which is what the fusion passes
+(`lowering/fx_passes`) rewrite. A loop calls the same submodules T times (same `call_module` targets), so
 its weights are shared by construction.
 
 Cache plumbing: placeholders `input_ids` and `cache` (default None); `cache_pos(cache)` once at

@@ -46,11 +46,23 @@ ATTENTION = (
 )
 
 CONV = Option("conv", "int", "short causal depthwise conv width on q, k, v (0: none)", default=4, min=0)
+V_HEADS = Option(
+    "v_heads",
+    "int",
+    "value heads HV (grouped value heads when > heads)",
+    default=lambda c, o: o.get("heads", _heads(c, o)),
+    min=1,
+)
 
 
 def lin(n_out: int, n_in: int) -> tuple[int, int]:
     """Shape of an `nn.Linear(n_in, n_out)` weight."""
     return (n_out, n_in)
+
+
+def qkv_weights(qk: int, v: int, D: int) -> dict[str, tuple[int, int]]:
+    """The q, k `(qk, D)` and v `(v, D)` projections a linear-attention kind starts with."""
+    return {"q_proj.weight": lin(qk, D), "k_proj.weight": lin(qk, D), "v_proj.weight": lin(v, D)}
 
 
 def proj_flops(weights: dict[str, tuple[int, ...]], names: list[str]) -> float:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, CONV, conv_flops, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, CONV, conv_flops, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_proj.weight", "o_proj.weight"]
@@ -23,9 +23,7 @@ class DeltaNetSpec(LayerSpec):
         o_norm (V) (a gated RMSNorm when `gate`)."""
         H, K, D = o["heads"], o["head_dim"], cfg.dim
         w = {
-            "q_proj.weight": lin(H * K, D),
-            "k_proj.weight": lin(H * K, D),
-            "v_proj.weight": lin(H * K, D),
+            **qkv_weights(H * K, H * K, D),
             "b_proj.weight": lin(H, D),
         }
         if o["gate"]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, CONV, _heads, conv_flops, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, CONV, V_HEADS, conv_flops, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
 PROJ = [
@@ -37,9 +37,7 @@ class GdnSpec(LayerSpec):
         H, HV, K, V = dims(o)
         D = cfg.dim
         w = {
-            "q_proj.weight": lin(H * K, D),
-            "k_proj.weight": lin(H * K, D),
-            "v_proj.weight": lin(HV * V, D),
+            **qkv_weights(H * K, HV * V, D),
             "a_proj.weight": lin(HV, D),
             "b_proj.weight": lin(HV, D),
         }
@@ -79,13 +77,7 @@ SPEC = GdnSpec(
     options=(
         *COMMON,
         Option("expand_v", "number", "value head dim = head_dim · expand_v", default=2, min=0, min_open=True),
-        Option(
-            "v_heads",
-            "int",
-            "value heads HV (grouped value heads when > heads)",
-            default=lambda c, o: o.get("heads", _heads(c, o)),
-            min=1,
-        ),
+        V_HEADS,
         CONV,
         Option(
             "neg_eigval", "bool", "β ∈ (0, 2): allow negative eigenvalues of the transition", default=False

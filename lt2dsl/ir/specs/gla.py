@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 PROJ = [
@@ -34,9 +34,7 @@ class GlaSpec(LayerSpec):
         H, K, V = dims(o)
         D, r = cfg.dim, o["gate_rank"]
         return {
-            "q_proj.weight": lin(H * K, D),
-            "k_proj.weight": lin(H * K, D),
-            "v_proj.weight": lin(H * V, D),
+            **qkv_weights(H * K, H * V, D),
             "g_proj.weight": lin(H * V, D),
             "gk_proj.0.weight": lin(r, D),
             "gk_proj.1.weight": lin(H * K, r),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, CONV, _heads, conv_flops, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, CONV, V_HEADS, conv_flops, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
 PROJ = [
@@ -36,9 +36,7 @@ class KdaSpec(LayerSpec):
         H, HV, K, D = o["heads"], o["v_heads"], o["head_dim"], cfg.dim
         V = K
         w = {
-            "q_proj.weight": lin(H * K, D),
-            "k_proj.weight": lin(H * K, D),
-            "v_proj.weight": lin(HV * V, D),
+            **qkv_weights(H * K, HV * V, D),
             "f_proj.0.weight": lin(V, D),
             "f_proj.1.weight": lin(HV * K, V),
             "b_proj.weight": lin(HV, D),
@@ -72,13 +70,7 @@ SPEC = KdaSpec(
     summary="Kimi delta attention: delta rule with channel-wise (per key dim) decay",
     options=(
         *COMMON,
-        Option(
-            "v_heads",
-            "int",
-            "value heads HV (grouped value heads when > heads)",
-            default=lambda c, o: o.get("heads", _heads(c, o)),
-            min=1,
-        ),
+        V_HEADS,
         CONV,
         Option("safe_gate", "bool", "bounded gate g = lower_bound · σ(·) ∈ (lower_bound, 0)", default=False),
         Option(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 
@@ -27,9 +27,7 @@ class LinearSpec(LayerSpec):
         without the normalizer a per-head RMSNorm (V) on the output (fla's default)."""
         H, K, D = o["heads"], o["head_dim"], cfg.dim
         w = {
-            "q_proj.weight": lin(H * K, D),
-            "k_proj.weight": lin(H * K, D),
-            "v_proj.weight": lin(H * K, D),
+            **qkv_weights(H * K, H * K, D),
             "o_proj.weight": lin(D, H * K),
         }
         if o["feature_map"] == "hedgehog":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core
 
 PROJ = [
@@ -33,9 +33,7 @@ class MlstmSpec(LayerSpec):
         H, K, V = dims(o)
         D = cfg.dim
         return {
-            "q_proj.weight": lin(H * K, D),
-            "k_proj.weight": lin(H * K, D),
-            "v_proj.weight": lin(H * V, D),
+            **qkv_weights(H * K, H * V, D),
             "ogate.weight": lin(H * V, D),
             "igate.weight": lin(H, D),
             "igate.bias": (H,),

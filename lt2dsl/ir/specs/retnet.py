@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_proj.weight"]
@@ -23,9 +23,7 @@ class RetNetSpec(LayerSpec):
         H, K, V = dims(o)
         D = cfg.dim
         return {
-            "q_proj.weight": lin(H * K, D),
-            "k_proj.weight": lin(H * K, D),
-            "v_proj.weight": lin(H * V, D),
+            **qkv_weights(H * K, H * V, D),
             "g_proj.weight": lin(H * V, D),
             "o_proj.weight": lin(D, H * V),
             "g_norm.weight": (V,),

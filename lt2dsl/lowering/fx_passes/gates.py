@@ -4,9 +4,9 @@
 
 (mixers.md §5(a), fp32.) The unfused graph spends about ten nodes on this (four casts, exp, neg,
 add, softplus, mul, sigmoid, and the ×2 of `neg_eigval`), each a kernel over `[B, T, HV]`, forward
-and backward. Every intermediate must be read by the chain alone. The core op is unchanged: once
-the delta-rule kernels expose a prologue taking raw a, b (see the report of this rule's issue),
-this rule can target it instead and drop the `[B, T, HV]` round trip.
+and backward. Every intermediate must be read by the chain alone. The core op is unchanged: the
+gates still make one `[B, T, HV]` round trip through memory, which a delta-rule kernel prologue
+taking raw a, b would save.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def _next_hist(x: torch.Tensor, hist: torch.Tensor | None, W: int) -> torch.Tens
         if hist is None:
             hist = xt.new_zeros(xt.shape[0], xt.shape[1], W - 1)
         # exactly the newest W−1 inputs, already a fresh contiguous tensor: a decode step's
-        # history update is this one cat (it was a cat and a clone)
+        # history update is this one cat, with no clone after it
         return torch.cat([hist[..., T:].to(xt.dtype), xt], dim=-1)
     return xt[..., T - (W - 1) :].clone(memory_format=torch.contiguous_format)
 

@@ -11,7 +11,6 @@ the projection alone.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.fx.node import Node
 
@@ -24,49 +23,10 @@ from .manager import Ctx, Match, Rule, is_method, only_user
 ALGEBRA = "W_o flatten(rmsnorm(o) * act(g)) -> gated_rmsnorm_linear(o, g, W_o)"
 
 
-def pattern(
-    o,
-    gate,
-    norm_weight,
-    proj_weight,
-    proj_bias,
-    eps: float,
-    act: str | None,
-    group: int,
-    norm_before_gate: bool = True,
-    n_flat: int = 1,
-) -> torch.Tensor:
-    return naive.gated_rmsnorm_linear_ref(
-        o, gate, norm_weight, proj_weight, proj_bias, eps, act, group, norm_before_gate, n_flat
-    )
-
-
-def replacement(
-    o,
-    gate,
-    norm_weight,
-    proj_weight,
-    proj_bias,
-    eps: float,
-    act: str | None,
-    group: int,
-    norm_before_gate: bool = True,
-    n_flat: int = 1,
-    backend: str = "auto",
-) -> torch.Tensor:
-    return fused.gated_rmsnorm_linear(
-        o,
-        gate,
-        norm_weight,
-        proj_weight,
-        proj_bias,
-        eps=eps,
-        act=act,
-        group=group,
-        norm_before_gate=norm_before_gate,
-        n_flat=n_flat,
-        backend=backend,
-    )
+# The pair is the reference and the fused op themselves: same arguments (the fused op also takes
+# `backend`), eps, act, group, norm_before_gate and n_flat by keyword.
+pattern = naive.gated_rmsnorm_linear_ref
+replacement = fused.gated_rmsnorm_linear
 
 
 def _flat_view(node) -> bool:

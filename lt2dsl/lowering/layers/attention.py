@@ -29,6 +29,21 @@ from lt2dsl.lowering.layers.base import MixerLayer, linear
 QK_NORM_EPS = 1e-6
 
 
+def add_projections(layer: nn.Module, D: int, o: dict[str, Any], eps: float) -> None:
+    """The projections of `full` (module docstring) on `layer`: q/k/v/o (biases with `bias=true`),
+    `g_proj` for `gate=sdpa|headwise`, and the per-head q/k RMSNorms (eps `eps`) of `qk_norm`."""
+    H, HKV, d, bias = o["heads"], o["kv_heads"], o["head_dim"], bool(o["bias"])
+    layer.q_proj = linear(D, H * d, bias)
+    layer.k_proj = linear(D, HKV * d, bias)
+    layer.v_proj = linear(D, HKV * d, bias)
+    layer.o_proj = linear(H * d, D, bias)
+    if o["gate"] != "none":
+        layer.g_proj = linear(D, H * d if o["gate"] == "sdpa" else H, bias)
+    if o["qk_norm"]:
+        layer.q_norm = nn.RMSNorm(d, eps=eps)
+        layer.k_norm = nn.RMSNorm(d, eps=eps)
+
+
 class Attention(MixerLayer):
     """Causal GQA softmax attention (`full`) or its sliding-window form (`swa`, when opts has `window`).
 
@@ -49,16 +64,7 @@ class Attention(MixerLayer):
             raise ValueError(f"{self.spec.kind}: heads={self.H} must be a multiple of kv_heads={self.HKV}")
         if self.d % 2:
             raise ValueError(f"{self.spec.kind}: head_dim must be even for RoPE, got {self.d}")
-        H, HKV, d, bias = self.H, self.HKV, self.d, bool(o["bias"])
-        self.q_proj = linear(D, H * d, bias)
-        self.k_proj = linear(D, HKV * d, bias)
-        self.v_proj = linear(D, HKV * d, bias)
-        self.o_proj = linear(H * d, D, bias)
-        if self.gate != "none":
-            self.g_proj = linear(D, H * d if self.gate == "sdpa" else H, bias)
-        if o["qk_norm"]:
-            self.q_norm = nn.RMSNorm(d, eps=QK_NORM_EPS)
-            self.k_norm = nn.RMSNorm(d, eps=QK_NORM_EPS)
+        add_projections(self, D, o, QK_NORM_EPS)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -35,6 +35,7 @@ from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.kernels.dsa import dsa_indexer, dsa_indexer_kl
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering import functional_sparse as fs
+from lt2dsl.lowering.layers.attention import add_projections
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
 # DeepSeek-V3.2's indexer LayerNorm and Qwen3's qk-RMSNorm both use 1e-6.
@@ -58,16 +59,7 @@ class SparseAttention(MixerLayer):
             raise ValueError(f"dsa: head_dim must be even for RoPE, got {self.d}")
         self.idx_scale = self.dI**-0.5
         self.idx_rope_dims = 2 * (self.dI // 4)
-        H, HKV, d, bias = self.H, self.HKV, self.d, bool(o["bias"])
-        self.q_proj = linear(D, H * d, bias)
-        self.k_proj = linear(D, HKV * d, bias)
-        self.v_proj = linear(D, HKV * d, bias)
-        self.o_proj = linear(H * d, D, bias)
-        if self.gate != "none":
-            self.g_proj = linear(D, H * d if self.gate == "sdpa" else H, bias)
-        if o["qk_norm"]:
-            self.q_norm = nn.RMSNorm(d, eps=NORM_EPS)
-            self.k_norm = nn.RMSNorm(d, eps=NORM_EPS)
+        add_projections(self, D, o, NORM_EPS)
         self.idx_q = linear(D, self.HI * self.dI)
         self.idx_k = linear(D, self.dI)
         self.idx_k_norm = nn.LayerNorm(self.dI, eps=NORM_EPS)

@@ -112,8 +112,8 @@ def _inputs(rule: str, g: torch.Generator):
         "conv_silu_l2norm": ((r(B, T, 8), r(8, 1, 4), None, r(B, 8, 3), 4), {}),
         "conv_silu": ((r(B, T, 8), r(8, 1, 4), r(8), None), {}),
         "gated_norm_proj": (
-            (r(B, T, 2, 4), r(B, T, 2, 4), r(4), r(6, 8), r(6), 1e-5, "silu", 4),
-            {"n_flat": 2},
+            (r(B, T, 2, 4), r(B, T, 2, 4), r(4), r(6, 8), r(6)),
+            {"eps": 1e-5, "act": "silu", "group": 4, "n_flat": 2},
         ),
         "swiglu": ((r(B, T, 8), r(B, T, 8)), {}),
     }[rule]
