@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from lt2dsl.ir import nodes as n
+from lt2dsl.passes.overrides import as_node
 from lt2dsl.passes.resolve import resolve
 
 
 def val(v):
-    if isinstance(v, bool):
-        return n.Bool(value=v)
-    if isinstance(v, int):
-        return n.Int(value=v)
-    if isinstance(v, float):
-        return n.Float(value=v)
-    if isinstance(v, n.Node):
-        return v
-    return n.Name(value=v)
+    """A value node: text is a name (`sdpa`); numbers and booleans as `--set` takes them."""
+    return n.Name(value=v) if isinstance(v, str) else as_node(v)
 
 
 def call(name: str, **opts) -> n.Call:
