@@ -1,0 +1,122 @@
+"""Needle in a haystack (token-level, after RULER's single and multi-key needles): find the value
+stored under a key somewhere in a long random context."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from lt2dsl.tasks.base import (
+    IGNORE,
+    TaskConfig,
+    TaskData,
+    check_batch_size,
+    distinct_draws,
+    require,
+    show,  # noqa: F401  (the docstring examples call it)
+    with_positions,
+)
+
+NEEDLE, QUERY = 0, 1
+FIRST = 2  # the first id of keys, values and filler
+DEPTHS = {i: f"{10 * i}-{10 * i + 10}%" for i in range(10)}
+
+
+def niah(
+    *,
+    batch_size: int,
+    seed: int | Sequence[int],
+    context: int = 2048,
+    num_needles: int = 1,
+    key_len: int = 2,
+    value_len: int = 4,
+    vocab_size: int = 256,
+) -> TaskData:
+    """A haystack of random ids holding `num_needles` needles `NEEDLE k_1…k_K v_1…v_V` (distinct
+    keys, non-overlapping, uniformly placed), then `QUERY` and one needle's key; the labels are
+    that needle's value tokens (as a next-token task, so the row has exactly `context` tokens).
+    `NEEDLE` = 0, `QUERY` = 1; keys, values and filler are ids in `[2, vocab_size)`. With one
+    needle this is single-key NIAH, with more the others are distractors (multi-key).
+
+    >>> print(show(niah(batch_size=1, seed=0, context=18, num_needles=2, key_len=1, value_len=2,
+    ...                 vocab_size=10)))
+    Inputs: 0 2 8 5 0 4 5 5 3 8 7 9 6 6 9 1 2 8
+    Labels: - - - - - - - - - - - - - - - - 8 5
+
+    Slices: `position` and `depth` (where the queried needle starts in the haystack, by tenths).
+    """
+    check_batch_size(batch_size)
+    B, N, K, V = batch_size, num_needles, key_len, value_len
+    S = 1 + K + V  # tokens per needle; the query is QUERY + key + value too
+    H = context + 1 - S  # haystack length (the row drops the last value token)
+    require(min(N, K, V) >= 1, "num_needles, key_len and value_len must be >= 1")
+    require(vocab_size - FIRST >= N, f"vocab_size={vocab_size} has too few ids for {N} distinct keys")
+    require(H >= N * S, f"context={context} cannot hold {N} needles of {S} tokens and the query")
+    rng = np.random.default_rng(seed)
+    z = rng.integers(FIRST, vocab_size, size=(B, context + 1), dtype=np.int64)
+    keys = rng.integers(FIRST, vocab_size, size=(B, N, K), dtype=np.int64)
+    keys[:, :, 0] = distinct_draws(rng, B, vocab_size - FIRST, N) + FIRST
+    values = rng.integers(FIRST, vocab_size, size=(B, N, V), dtype=np.int64)
+    start = np.sort(rng.integers(0, H - N * S + 1, size=(B, N)), axis=1) + S * np.arange(N)
+    rows = np.arange(B)[:, None]
+    z[rows, start] = NEEDLE
+    for j in range(K):
+        z[rows, start + 1 + j] = keys[:, :, j]
+    for j in range(V):
+        z[rows, start + 1 + K + j] = values[:, :, j]
+    q = rng.integers(0, N, size=B)
+    b = np.arange(B)
+    z[:, H] = QUERY
+    z[:, H + 1 : H + 1 + K] = keys[b, q]
+    z[:, H + 1 + K :] = values[b, q]
+    labels = np.full((B, context), IGNORE, dtype=np.int64)
+    labels[:, H + K :] = values[b, q]
+    data = with_positions(TaskData(z[:, :context], labels))
+    depth = np.minimum(10 * start[b, q] // H, 9)
+    data.slices["depth"] = np.broadcast_to(depth[:, None], (B, context)).copy()
+    data.names["depth"] = DEPTHS
+    return data
+
+
+class NIAHConfig(TaskConfig):
+    """`data = { task = "niah", context = 2048, num_needles = 4 }` (1 needle: single key)."""
+
+    task: Literal["niah"] = "niah"
+    context: int = Field(2048, ge=4, description="tokens per row (512–8k in the experiments)")
+    num_needles: int = Field(1, ge=1, description="needles in the haystack; 1 = single key")
+    key_len: int = Field(2, ge=1)
+    value_len: int = Field(4, ge=1)
+    vocab: int = Field(256, ge=3, description="ids: needle 0, query 1, content 2…")
+    description: ClassVar[str] = "needle in a haystack, single or multi-key"
+
+    @model_validator(mode="after")
+    def _fits(self):
+        S = 1 + self.key_len + self.value_len
+        require(
+            self.context + 1 - S >= self.num_needles * S,
+            f"context={self.context} cannot hold {self.num_needles} needles of {S} tokens and the query",
+        )
+        require(self.vocab - FIRST >= self.num_needles, f"vocab={self.vocab} has too few distinct keys")
+        return self
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    @property
+    def seq_len(self) -> int:
+        return self.context
+
+    def generate(self, batch_size: int, seed: int | Sequence[int]) -> TaskData:
+        return niah(
+            batch_size=batch_size,
+            seed=seed,
+            context=self.context,
+            num_needles=self.num_needles,
+            key_len=self.key_len,
+            value_len=self.value_len,
+            vocab_size=self.vocab,
+        )

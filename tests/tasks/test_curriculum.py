@@ -1,0 +1,61 @@
+"""The length curriculum: stage k ↔ n = 2^(k+2), advancing on the threshold, resumable exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.tasks import build
+from lt2dsl.tasks.curriculum import Curriculum, stage_length
+
+TABLE = {"task": "state_tracking", "group": "s5", "stage": 1, "max_stage": 3, "threshold": 0.9, "window": 3}
+
+
+def test_stage_lengths():
+    assert [stage_length(k) for k in (1, 2, 3, 4, 5)] == [8, 16, 32, 64, 128]
+    with pytest.raises(ValueError):
+        stage_length(0)
+
+
+def test_advances_on_the_window_mean_then_solves():
+    c = Curriculum(start=1, last=2, threshold=0.9, window=3)
+    assert not c.update(0, 1.0) and not c.update(1, 1.0)
+    assert not c.update(2, 0.6)  # mean 0.87 < 0.9
+    assert not c.update(3, 1.0) and not c.update(4, 1.0)  # the 0.6 is still in the window
+    assert c.update(5, 1.0) and c.stage == 2 and c.reached == {1: 0, 2: 6}
+    assert c.highest_solved == 1 and not c.solved
+    assert not c.update(6, 0.95) and not c.update(7, 0.95)  # the window starts over
+    assert c.update(8, 0.95) and c.stage == 2 and c.solved and c.highest_solved == 2
+    assert not c.update(9, 1.0)  # solved: nothing changes any more
+
+
+def test_source_follows_the_stage():
+    src = build(TABLE)
+    assert src.seq_len == 32 and src.batch(0, 2)[0].shape == (2, 8)
+    right = torch.nn.functional.one_hot(src.batch(0, 2)[1], src.vocab_size).float()
+    for step in range(3):
+        assert src.observe(step, right, src.batch(0, 2)[1]) == 1.0
+    assert src.curriculum.stage == 2 and src.batch(3, 2)[0].shape == (2, 16)
+
+
+def test_state_dict_resumes_the_same_stream():
+    a = build(TABLE)
+    for step, acc in enumerate([1.0, 1.0, 1.0, 0.5]):  # stage 2 after step 2, one report kept
+        a.curriculum.update(step, acc)
+    b = build(TABLE)
+    b.load_state_dict(a.state_dict())
+    assert b.state_dict() == a.state_dict() and b.curriculum.stage == a.curriculum.stage == 2
+    assert torch.equal(a.batch(9, 4, 1)[0], b.batch(9, 4, 1)[0])
+    for src in (a, b):  # the same reports move both the same way
+        labels = src.batch(4, 2)[1]
+        src.observe(4, torch.zeros(*labels.shape, src.vocab_size), labels)
+    assert a.state_dict() == b.state_dict() and a.state_dict()["curriculum"]["reports"] == [0.5, 0.0]
+    with pytest.raises(ValueError, match="outside stages"):
+        b.curriculum.load_state_dict({**a.state_dict()["curriculum"], "stage": 9})
+    with pytest.raises(ValueError, match="not a curriculum state"):
+        b.curriculum.load_state_dict({"stage": 1})
+
+
+def test_fixed_length_has_no_curriculum():
+    src = build({"task": "state_tracking", "group": "parity", "length": 20})
+    assert src.curriculum is None and src.state_dict() == {} and src.seq_len == 20
