@@ -1,0 +1,206 @@
+"""Run one claim's experiment: `python -m lt2dsl.tasks.experiment examples/experiments/c_copy.toml`.
+
+Every (run, data entry, seed) trains a fresh model with `lt2dsl.tasks.train_loop.train`, is
+evaluated on the test split, and lands in `<out>/runs/<run>--<data>--seed<k>.json` (written
+atomically). A training whose file exists is skipped, so an experiment can be run in pieces
+(`--runs`, `--seeds`) across several calls and resumed after an interruption; `--report-only`
+rebuilds the summary (`results.json`, `results.md`, `results.png`) from the files present.
+
+Options: `--device` (default cuda when available), `--steps` (override every training's steps,
+for a smoke run), `--backend` (override the kernel backend), `--out` (default
+`docs/results/<name>`), `--force` (train again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import lt2dsl
+from lt2dsl.diagnostics import DiagnosticError
+from lt2dsl.tasks import build, evaluate
+from lt2dsl.tasks.eval import check_model_fits
+from lt2dsl.tasks.experiment_config import (
+    DataEntry,
+    ExperimentConfig,
+    RunConfig,
+    load_experiment,
+    trainer_config,
+)
+from lt2dsl.tasks.report import summarize, summary_table, write_json, write_summary
+from lt2dsl.tasks.train_loop import freeze, train
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+def count_params(root: Path, run: RunConfig) -> int:
+    """Parameters of a run's model (built on the meta device: no memory, no init)."""
+    model = lt2dsl.compile(root / run.model, device="meta", **run.overrides)
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_equal_params(exp: ExperimentConfig, root: Path) -> dict[str, int]:
+    """Each run's parameter count; ValueError when they spread more than `equal_params` allows."""
+    counts = {r.name: count_params(root, r) for r in exp.runs}
+    lo, hi = min(counts.values()), max(counts.values())
+    if exp.equal_params is not None and (hi - lo) / hi > exp.equal_params:
+        listing = ", ".join(f"{k}: {v:,}" for k, v in counts.items())
+        raise ValueError(
+            f"{exp.name}: parameter counts spread {(hi - lo) / hi:.1%}, more than equal_params = "
+            f"{exp.equal_params:.0%} ({listing})"
+        )
+    return counts
+
+
+def build_model(root: Path, run: RunConfig, backend: str, device: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = lt2dsl.compile(root / run.model, backend=backend, device=device, **run.overrides)
+    freeze(model, run.freeze)
+    return model
+
+
+def metrics_of(source, data: DataEntry, reports: dict[str, Any]) -> dict[str, float]:
+    """`<prefix>/accuracy` per evaluation (and per variant), the curriculum's stage and solved:
+    the names `DataEntry.metric_names` lists."""
+    out: dict[str, float] = {}
+    for prefix, rep in reports.items():
+        out[f"{prefix}/accuracy"] = rep.accuracy
+        if len(rep.variants) > 1:
+            for name, v in rep.variants.items():
+                out[f"{prefix}/{name}/accuracy"] = v.overall.accuracy
+    cur = source.curriculum
+    if cur is not None:
+        out[f"{data.name}/stage"] = cur.stage
+        out[f"{data.name}/solved"] = cur.highest_solved
+    return out
+
+
+def run_one(
+    exp: ExperimentConfig, run: RunConfig, data: DataEntry, seed: int, root: Path, device: str, progress
+) -> dict[str, Any]:
+    """Train, evaluate and describe one (run, data entry, seed)."""
+    t0 = time.perf_counter()
+    tc = exp.training
+    model = build_model(root, run, tc.backend, device, seed)
+    source = build(data.task())
+    check_model_fits(model, source.cfg)
+    bar = progress.add_task(f"{run.name} · {data.name} · seed {seed}", total=tc.steps, info="")
+
+    def log(row: dict[str, Any]) -> None:
+        stage = f" stage {row['stage']}" if "stage" in row else ""
+        info = f"loss {row['loss']:.3f} acc {row['accuracy']:.3f}{stage}"
+        progress.update(bar, completed=row["step"] + 1, info=info)
+
+    history = train(
+        model,
+        source,
+        steps=tc.steps,
+        batch_size=tc.batch_size,
+        seed=seed,
+        optim=exp.optimizer,
+        log_every=tc.log_every,
+        on_log=log,
+    )
+    progress.update(bar, completed=tc.steps)
+    reports = {
+        prefix: evaluate(model, task, batches=tc.eval_batches, batch_size=tc.eval_batch_size, seed=seed)
+        for prefix, task in data.eval_tasks().items()
+    }
+    return {
+        "run": run.name,
+        "data": data.name,
+        "seed": seed,
+        "params": sum(p.numel() for p in model.parameters()),
+        "config": trainer_config(exp, run, data, seed, root),
+        "metrics": metrics_of(source, data, reports),
+        "curriculum": source.state_dict().get("curriculum"),
+        "history": history,
+        "eval": {k: r.to_json() for k, r in reports.items()},
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m lt2dsl.tasks.experiment", description=__doc__.split("\n")[0])
+    p.add_argument("config", help="the experiment's TOML file")
+    p.add_argument("--runs", help="comma-separated run names (default: all)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the file's)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--steps", type=int, help="override the training steps (smoke runs)")
+    p.add_argument("--backend", choices=["auto", "reference", "triton"], help="override the kernel backend")
+    p.add_argument("--out", help="results folder (default docs/results/<name>)")
+    p.add_argument("--force", action="store_true", help="train again where a result file exists")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the summary")
+    return p.parse_args(argv)
+
+
+def select(exp: ExperimentConfig, args: argparse.Namespace) -> tuple[list[RunConfig], list[int]]:
+    runs = exp.runs
+    if args.runs:
+        wanted = [s.strip() for s in args.runs.split(",")]
+        unknown = sorted(set(wanted) - {r.name for r in runs})
+        if unknown:
+            raise ValueError(f"unknown runs {unknown}; the file has {[r.name for r in runs]}")
+        runs = [r for r in runs if r.name in wanted]
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else exp.seeds
+    return runs, seeds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        exp, root = load_experiment(args.config)
+        changes = {"steps": args.steps, "backend": args.backend}
+        changes = {k: v for k, v in changes.items() if v is not None}
+        exp = exp.model_copy(update={"training": exp.training.model_copy(update=changes)})
+        runs, seeds = select(exp, args)
+        out = Path(args.out or f"docs/results/{exp.name}")
+        if not args.report_only:
+            check_equal_params(exp, root)
+            columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"))
+            with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+                for run in runs:
+                    for data in exp.data:
+                        for seed in seeds:
+                            path = out / "runs" / f"{slug(run.name)}--{slug(data.name)}--seed{seed}.json"
+                            if path.exists() and not args.force:
+                                continue
+                            write_json(path, run_one(exp, run, data, seed, root, args.device, progress))
+    except (ValueError, DiagnosticError) as e:
+        console.print(f"error: {e}", markup=False, highlight=False)
+        return 1
+    results = [_read(p) for p in sorted((out / "runs").glob("*.json"))]
+    summary = summarize(exp, [r for r in results if r is not None])
+    command = f"python -m lt2dsl.tasks.experiment {args.config}"
+    paths = write_summary(exp, summary, out, command)
+    Console().print(summary_table(exp, summary))
+    for c in summary["checks"]:
+        console.print(f"{c['verdict']:>9}: {c['says']} ({c['detail']})", markup=False, highlight=False)
+    console.print("wrote " + ", ".join(map(str, paths)), markup=False, highlight=False)
+    return 0
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The claim experiments: every config loads and names real metrics, every model compiles, the
+models of one experiment have equal parameters and fit its tasks; the runner end to end on a
+two-step smoke experiment (the real ones need a GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import lt2dsl
+from lt2dsl.cli import main as lt2dsl_main
+from lt2dsl.tasks.experiment import check_equal_params, main
+from lt2dsl.tasks.experiment_config import load_experiment
+
+FOLDER = Path(__file__).parents[2] / "examples" / "experiments"
+CONFIGS = sorted(FOLDER.glob("*.toml"))
+
+
+def test_the_three_claims_have_configs():
+    assert [p.stem for p in CONFIGS] == ["a_state_tracking", "b_recall", "c_copy"]
+
+
+def test_every_model_compiles(capsys):
+    files = sorted(FOLDER.glob("*.lt2"))
+    assert lt2dsl_main(["check", *map(str, files)]) == 0, capsys.readouterr().err
+    used = {(FOLDER / r.model).resolve() for p in CONFIGS for r in load_experiment(p)[0].runs}
+    assert used == {f.resolve() for f in files}  # no model without a run, no run without a model
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_models_have_equal_parameters_and_fit_the_tasks(path):
+    exp, root = load_experiment(path)
+    counts = check_equal_params(exp, root)
+    assert len(counts) == len(exp.runs) and min(counts.values()) > 1_000_000  # a few million
+    for run in exp.runs:
+        model = lt2dsl.compile(root / run.model, device="meta", **run.overrides)
+        for data in exp.data:
+            for task in data.eval_tasks().values():
+                assert model.config.vocab >= task.vocab_size
+                assert model.max_len is None or model.max_len >= task.seq_len
+                assert model.config.max_len >= task.seq_len
+
+
+SMOKE = """
+name = "smoke"
+claim = "a trainable mixer beats a frozen one"
+seeds = [0, 1]
+metrics = ["parity/accuracy", "parity/stage"]
+equal_params = 0.0
+[training]
+steps = 3
+batch_size = 4
+eval_batches = 1
+eval_batch_size = 4
+log_every = 1
+backend = "reference"
+[[data]]
+name = "parity"
+task = "state_tracking"
+group = "parity"
+max_stage = 2
+eval = [{ length = 24 }]
+[[runs]]
+name = "gdn"
+model = "m.lt2"
+[[runs]]
+name = "gdn frozen"
+model = "m.lt2"
+freeze = ["blocks.?.mixers.*"]
+[[checks]]
+says = "training the mixer helps"
+metric = "parity/accuracy"
+kind = "greater"
+run = "gdn"
+than = "gdn frozen"
+[[checks]]
+says = "the frozen one stays below 0.99"
+metric = "parity/accuracy"
+kind = "at_most"
+run = "gdn frozen"
+value = 0.99
+"""
+MODEL = "model m {\n  dim = 16\n  vocab = 2\n  heads = 1\n  dtype = fp32\n  loop T=2 < gdn(expand_v=1) >\n}\n"
+
+
+def test_the_runner_end_to_end(tmp_path, capsys):
+    (tmp_path / "smoke.toml").write_text(SMOKE)
+    (tmp_path / "m.lt2").write_text(MODEL)
+    out = tmp_path / "results"
+    argv = [str(tmp_path / "smoke.toml"), "--out", str(out), "--device", "cpu"]
+    assert main(argv) == 0, capsys.readouterr().err
+    runs = sorted(p.name for p in (out / "runs").glob("*.json"))
+    assert runs == [f"gdn{f}--parity--seed{s}.json" for f in ("", "_frozen") for s in (0, 1)]
+    one = json.loads((out / "runs" / "gdn--parity--seed0.json").read_text())
+    assert set(one["config"]) == {"model", "data", "optimizer", "training"}
+    exp, _ = load_experiment(tmp_path / "smoke.toml")
+    assert set(one["metrics"]) == set(exp.data[0].metric_names())
+    assert "parity/length=24/accuracy" in one["metrics"] and len(one["history"]) == 3
+    summary = json.loads((out / "results.json").read_text())
+    acc = summary["runs"]["gdn"]["metrics"]["parity/accuracy"]
+    assert acc["n"] == 2 and acc["mean"] == pytest.approx(sum(acc["values"].values()) / 2)
+    assert [c["verdict"] in ("agrees", "disagrees") for c in summary["checks"]] == [True, True]
+    md = (out / "results.md").read_text()
+    assert "| gdn frozen |" in md and "training the mixer helps" in md
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
+    stamp = (out / "runs" / "gdn--parity--seed0.json").stat().st_mtime_ns
+    assert main([*argv, "--runs", "gdn"]) == 0  # done already: nothing retrains
+    assert (out / "runs" / "gdn--parity--seed0.json").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert main([*argv, "--runs", "gdm"]) == 1 and "unknown runs" in capsys.readouterr().err
+
+
+def test_bad_experiment_files_name_the_problem(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text(
+        SMOKE.replace(
+            'metric = "parity/accuracy"\nkind = "greater"', 'metric = "parity/acc"\nkind = "greater"'
+        )
+    )
+    with pytest.raises(ValueError, match="'parity/acc' is not one the data entries report"):
+        load_experiment(path)
+    path.write_text(SMOKE.replace('than = "gdn frozen"', 'than = "gdn froze"'))
+    with pytest.raises(ValueError, match="names run 'gdn froze'"):
+        load_experiment(path)
