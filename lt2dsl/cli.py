@@ -1,4 +1,4 @@
-"""`lt2dsl`: check, fmt, graph, explain and compile `.lt2` files.
+"""`lt2dsl`: check, fmt, graph, explain and compile `.lt2` files; eval and analyze trained weights.
 
 Exit codes: 0 clean (warnings allowed), 1 the input has errors (or `fmt --check` would change a
 file), 2 usage errors (bad flags, a missing file, an unknown code), 3 an internal compiler error.
@@ -231,7 +231,7 @@ def _optional(module: str, flag: str):
 # ---- the parser ---------------------------------------------------------------------------------
 
 
-def build_parser(for_compile: bool = False) -> argparse.ArgumentParser:
+def build_parser(for_compile: bool = False, verb: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lt2dsl", description="Compile looped linear-time transformer descriptions (.lt2)."
     )
@@ -273,7 +273,22 @@ def build_parser(for_compile: bool = False) -> argparse.ArgumentParser:
     if "--estimate" not in k._option_string_actions:
         k.add_argument("--estimate", action="store_true", help="print the cost report")
     k.set_defaults(run=cmd_compile)
+
+    _room_verb(sub, "eval", "lt2dsl.tasks.cli", "score weights on a synthetic task", verb)
+    _room_verb(sub, "analyze", "lt2dsl.analysis.cli", "Toeplitz index, state rank and receptive field", verb)
     return p
+
+
+def _room_verb(sub, verb: str, module: str, help: str, chosen: str | None) -> None:
+    """A verb implemented in its room: the room's `add_arguments(parser)` and `run(args, out, err)`.
+    The room is imported only when its verb is the `chosen` one, so other commands start without
+    it; a room missing from this build makes the verb a usage error."""
+    p = sub.add_parser(verb, help=help)
+    if chosen != verb:
+        return
+    room = _optional(module, verb)
+    room.add_arguments(p)
+    p.set_defaults(run=room.run)
 
 
 def _add_estimate_flags(parser: argparse.ArgumentParser) -> None:
@@ -295,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     out, err = consoles()
     try:
-        args = build_parser(for_compile=argv[:1] == ["compile"]).parse_args(argv)
+        verb = argv[0] if argv else None
+        args = build_parser(for_compile=verb == "compile", verb=verb).parse_args(argv)
         return args.run(args, out, err)
     except UsageError as e:
         emit(err, f"error: {e}")
