@@ -163,6 +163,7 @@ def test_front_end_commands_do_not_import_torch(files):
         f"    for argv in {commands!r}:\n"
         "        main(argv)\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'torch imported'\n"
+        "assert 'lt2dsl.tasks' not in sys.modules and 'lt2dsl.analysis' not in sys.modules\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

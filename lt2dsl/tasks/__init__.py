@@ -77,9 +77,10 @@ def _explain(e: ValidationError) -> str:
     """`key: message` for each problem, one line."""
     parts = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"][1:]) or "config"
+        loc = ".".join(str(x) for x in err["loc"][1:])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        parts.append(f"{loc}: {msg}")
+        msg = msg.removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 

@@ -12,12 +12,12 @@ Seeds: a batch is a pure function of `(seed, step, split)`. Training seeds live 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 IGNORE = -100
 SEED_SPAN = 2**31
@@ -86,16 +86,35 @@ def require(ok: bool, message: str) -> None:
 
 
 class TaskConfig(BaseModel):
-    """Base of every task config: frozen, closed (unknown keys are errors), `task` names it."""
+    """Base of every task config: frozen, closed (unknown keys are errors), `task` names it.
+
+    A subclass names its numpy `generator`, whose keyword arguments are the config's fields, and
+    its `seq_len`; a config is validated by generating one row, so the generator's preconditions
+    are the config's.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     task: str
     description: ClassVar[str] = ""
+    generator: ClassVar[Callable[..., TaskData]]
+
+    @model_validator(mode="after")
+    def _generates(self):
+        if self.generatable():
+            self.generate(1, 0)
+        return self
+
+    def generatable(self) -> bool:
+        """Whether `generate` applies to this config as it stands (a curriculum: per stage)."""
+        return True
+
+    def generator_args(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"task"})
 
     @property
     def vocab_size(self) -> int:
         """Token ids (inputs and labels) lie in `[0, vocab_size)`."""
-        raise NotImplementedError
+        return self.vocab
 
     @property
     def seq_len(self) -> int:
@@ -103,8 +122,8 @@ class TaskConfig(BaseModel):
         raise NotImplementedError
 
     def generate(self, batch_size: int, seed: int | Sequence[int]) -> TaskData:
-        """`batch_size` rows from a numpy generator seeded with `seed` (an int or entropy list)."""
-        raise NotImplementedError
+        """`batch_size` rows from the generator seeded with `seed` (an int or an entropy list)."""
+        return type(self).generator(batch_size=batch_size, seed=seed, **self.generator_args())
 
     def eval_variants(self) -> dict[str, TaskConfig]:
         """The configs evaluation scores separately (a curriculum: one per stage)."""

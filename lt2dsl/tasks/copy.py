@@ -21,12 +21,12 @@ from lt2dsl.tasks.base import (
 SEP = 0
 
 
-def copy(*, batch_size: int, seed: int | Sequence[int], length: int = 512, vocab_size: int = 32) -> TaskData:
+def copy(*, batch_size: int, seed: int | Sequence[int], length: int = 512, vocab: int = 32) -> TaskData:
     """x_1 … x_n SEP x_1 … x_n as a next-token task: the row is that string without its last token
     (2n tokens), labelled with x_1 … x_n from the separator on. `SEP` = 0; the string's ids are
-    uniform in `[1, vocab_size)`.
+    uniform in `[1, vocab)`.
 
-    >>> print(show(copy(batch_size=1, seed=0, length=5, vocab_size=10)))
+    >>> print(show(copy(batch_size=1, seed=0, length=5, vocab=10)))
     Inputs: 8 6 5 3 3 0 8 6 5 3
     Labels: - - - - - 8 6 5 3 3
 
@@ -34,9 +34,9 @@ def copy(*, batch_size: int, seed: int | Sequence[int], length: int = 512, vocab
     """
     check_batch_size(batch_size)
     require(length >= 1, f"length must be >= 1, got {length}")
-    require(vocab_size >= 2, f"vocab_size must be >= 2 (the separator and one symbol), got {vocab_size}")
+    require(vocab >= 2, f"vocab must be >= 2 (the separator and one symbol), got {vocab}")
     rng = np.random.default_rng(seed)
-    x = rng.integers(1, vocab_size, size=(batch_size, length), dtype=np.int64)
+    x = rng.integers(1, vocab, size=(batch_size, length), dtype=np.int64)
     sep = np.full((batch_size, 1), SEP, dtype=np.int64)
     ids = np.concatenate([x, sep, x[:, :-1]], axis=1)
     labels = np.concatenate([np.full((batch_size, length), IGNORE, dtype=np.int64), x], axis=1)
@@ -50,14 +50,8 @@ class CopyConfig(TaskConfig):
     length: int = Field(512, ge=1, description="tokens to copy (the row has 2 · length)")
     vocab: int = Field(32, ge=2, description="ids, the separator 0 included")
     description: ClassVar[str] = "copy a random string after a separator"
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
+    generator: ClassVar = staticmethod(copy)
 
     @property
     def seq_len(self) -> int:
         return 2 * self.length
-
-    def generate(self, batch_size: int, seed: int | Sequence[int]) -> TaskData:
-        return copy(batch_size=batch_size, seed=seed, length=self.length, vocab_size=self.vocab)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from lt2dsl.tasks.base import (
     IGNORE,
@@ -33,16 +33,16 @@ def niah(
     num_needles: int = 1,
     key_len: int = 2,
     value_len: int = 4,
-    vocab_size: int = 256,
+    vocab: int = 256,
 ) -> TaskData:
     """A haystack of random ids holding `num_needles` needles `NEEDLE k_1…k_K v_1…v_V` (distinct
     keys, non-overlapping, uniformly placed), then `QUERY` and one needle's key; the labels are
     that needle's value tokens (as a next-token task, so the row has exactly `context` tokens).
-    `NEEDLE` = 0, `QUERY` = 1; keys, values and filler are ids in `[2, vocab_size)`. With one
+    `NEEDLE` = 0, `QUERY` = 1; keys, values and filler are ids in `[2, vocab)`. With one
     needle this is single-key NIAH, with more the others are distractors (multi-key).
 
     >>> print(show(niah(batch_size=1, seed=0, context=18, num_needles=2, key_len=1, value_len=2,
-    ...                 vocab_size=10)))
+    ...                 vocab=10)))
     Inputs: 0 2 8 5 0 4 5 5 3 8 7 9 6 6 9 1 2 8
     Labels: - - - - - - - - - - - - - - - - 8 5
 
@@ -53,13 +53,13 @@ def niah(
     S = 1 + K + V  # tokens per needle; the query is QUERY + key + value too
     H = context + 1 - S  # haystack length (the row drops the last value token)
     require(min(N, K, V) >= 1, "num_needles, key_len and value_len must be >= 1")
-    require(vocab_size - FIRST >= N, f"vocab_size={vocab_size} has too few ids for {N} distinct keys")
+    require(vocab - FIRST >= N, f"vocab={vocab} has too few ids for {N} distinct keys")
     require(H >= N * S, f"context={context} cannot hold {N} needles of {S} tokens and the query")
     rng = np.random.default_rng(seed)
-    z = rng.integers(FIRST, vocab_size, size=(B, context + 1), dtype=np.int64)
-    keys = rng.integers(FIRST, vocab_size, size=(B, N, K), dtype=np.int64)
-    keys[:, :, 0] = distinct_draws(rng, B, vocab_size - FIRST, N) + FIRST
-    values = rng.integers(FIRST, vocab_size, size=(B, N, V), dtype=np.int64)
+    z = rng.integers(FIRST, vocab, size=(B, context + 1), dtype=np.int64)
+    keys = rng.integers(FIRST, vocab, size=(B, N, K), dtype=np.int64)
+    keys[:, :, 0] = distinct_draws(rng, B, vocab - FIRST, N) + FIRST
+    values = rng.integers(FIRST, vocab, size=(B, N, V), dtype=np.int64)
     start = np.sort(rng.integers(0, H - N * S + 1, size=(B, N)), axis=1) + S * np.arange(N)
     rows = np.arange(B)[:, None]
     z[rows, start] = NEEDLE
@@ -91,32 +91,8 @@ class NIAHConfig(TaskConfig):
     value_len: int = Field(4, ge=1)
     vocab: int = Field(256, ge=3, description="ids: needle 0, query 1, content 2…")
     description: ClassVar[str] = "needle in a haystack, single or multi-key"
-
-    @model_validator(mode="after")
-    def _fits(self):
-        S = 1 + self.key_len + self.value_len
-        require(
-            self.context + 1 - S >= self.num_needles * S,
-            f"context={self.context} cannot hold {self.num_needles} needles of {S} tokens and the query",
-        )
-        require(self.vocab - FIRST >= self.num_needles, f"vocab={self.vocab} has too few distinct keys")
-        return self
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
+    generator: ClassVar = staticmethod(niah)
 
     @property
     def seq_len(self) -> int:
         return self.context
-
-    def generate(self, batch_size: int, seed: int | Sequence[int]) -> TaskData:
-        return niah(
-            batch_size=batch_size,
-            seed=seed,
-            context=self.context,
-            num_needles=self.num_needles,
-            key_len=self.key_len,
-            value_len=self.value_len,
-            vocab_size=self.vocab,
-        )

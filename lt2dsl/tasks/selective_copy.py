@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from lt2dsl.tasks.base import (
     IGNORE,
@@ -29,13 +29,13 @@ def selective_copy(
     seed: int | Sequence[int],
     context: int = 512,
     num_tokens: int = 16,
-    vocab_size: int = 16,
+    vocab: int = 16,
 ) -> TaskData:
     """A context of `context` tokens, all `BLANK` (0) but `num_tokens` symbols from
-    `[2, vocab_size)` at random positions; then `GO` (1) and the symbols in order of appearance,
+    `[2, vocab)` at random positions; then `GO` (1) and the symbols in order of appearance,
     as a next-token task (row length context + num_tokens, the last symbol not fed back).
 
-    >>> print(show(selective_copy(batch_size=1, seed=4, context=8, num_tokens=3, vocab_size=8)))
+    >>> print(show(selective_copy(batch_size=1, seed=4, context=8, num_tokens=3, vocab=8)))
     Inputs: 0 0 0 6 0 7 0 3 1 6 7
     Labels: - - - - - - - - 6 7 3
 
@@ -45,10 +45,10 @@ def selective_copy(
     B, L, M = batch_size, context, num_tokens
     require(M >= 1, f"num_tokens must be >= 1, got {M}")
     require(L >= M, f"context={L} cannot hold num_tokens={M} symbols")
-    require(vocab_size >= 3, f"vocab_size must be >= 3 (blank, go and one symbol), got {vocab_size}")
+    require(vocab >= 3, f"vocab must be >= 3 (blank, go and one symbol), got {vocab}")
     rng = np.random.default_rng(seed)
     where = np.sort(distinct_draws(rng, B, L, M), axis=1)
-    symbols = rng.integers(2, vocab_size, size=(B, M), dtype=np.int64)
+    symbols = rng.integers(2, vocab, size=(B, M), dtype=np.int64)
     ids = np.full((B, L + M), BLANK, dtype=np.int64)
     ids[np.arange(B)[:, None], where] = symbols
     ids[:, L] = GO
@@ -66,25 +66,8 @@ class SelectiveCopyConfig(TaskConfig):
     num_tokens: int = Field(16, ge=1, description="symbols to copy")
     vocab: int = Field(16, ge=3, description="ids: blank 0, go 1, symbols 2…")
     description: ClassVar[str] = "copy the symbols scattered in a blank context, in order"
-
-    @model_validator(mode="after")
-    def _fits(self):
-        require(self.context >= self.num_tokens, f"context={self.context} < num_tokens={self.num_tokens}")
-        return self
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab
+    generator: ClassVar = staticmethod(selective_copy)
 
     @property
     def seq_len(self) -> int:
         return self.context + self.num_tokens
-
-    def generate(self, batch_size: int, seed: int | Sequence[int]) -> TaskData:
-        return selective_copy(
-            batch_size=batch_size,
-            seed=seed,
-            context=self.context,
-            num_tokens=self.num_tokens,
-            vocab_size=self.vocab,
-        )

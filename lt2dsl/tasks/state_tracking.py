@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -93,11 +93,19 @@ class StateTrackingConfig(TaskConfig):
     window: int = Field(10, ge=1, description="training batches averaged against the threshold")
     answers: Literal["all", "last"] = "all"
     description: ClassVar[str] = "running product of S5 / S3 / parity elements, with a length curriculum"
+    generator: ClassVar = staticmethod(state_tracking)
 
     @model_validator(mode="after")
     def _stages_in_order(self):
         require(self.max_stage >= self.stage, f"max_stage ({self.max_stage}) < stage ({self.stage})")
         return self
+
+    def generatable(self) -> bool:
+        return self.length is not None
+
+    def generator_args(self) -> dict[str, Any]:
+        require(self.length is not None, "a curriculum config has no fixed length: use at_stage(k)")
+        return {"group": self.group, "length": self.length, "answers": self.answers}
 
     @property
     def vocab_size(self) -> int:
@@ -106,12 +114,6 @@ class StateTrackingConfig(TaskConfig):
     @property
     def seq_len(self) -> int:
         return self.length if self.length is not None else stage_length(self.max_stage)
-
-    def generate(self, batch_size: int, seed: int | Sequence[int]) -> TaskData:
-        require(self.length is not None, "a curriculum config has no fixed length: use at_stage(k)")
-        return state_tracking(
-            batch_size=batch_size, seed=seed, group=self.group, length=self.length, answers=self.answers
-        )
 
     def curriculum(self) -> Curriculum | None:
         if self.length is not None:

@@ -56,7 +56,7 @@ def test_parity_is_the_prefix_sum_mod_2():
 
 def test_mqar_answers_are_the_bound_values():
     N, V = 8, 64
-    d = mqar(batch_size=16, seed=SEED, vocab_size=V, seq_len=64, num_kv_pairs=N)
+    d = mqar(batch_size=16, seed=SEED, vocab=V, length=64, num_kv_pairs=N)
     for ids, labels in zip(d.inputs, d.labels):
         keys, values = ids[0 : 2 * N : 2], ids[1 : 2 * N : 2]
         assert (
@@ -72,14 +72,14 @@ def test_mqar_answers_are_the_bound_values():
 
 
 def test_mqar_power_law_puts_queries_early():
-    d = mqar(batch_size=256, seed=SEED, vocab_size=256, seq_len=512, num_kv_pairs=4, power_a=0.01)
+    d = mqar(batch_size=256, seed=SEED, vocab=256, length=512, num_kv_pairs=4, power_a=0.01)
     at = np.flatnonzero((d.labels != IGNORE).ravel()) % 512
     assert np.median(at) < (8 + 512) / 2 - 100  # uniform slots would put the median near the middle
 
 
 def test_copy_answers_repeat_the_string():
     n = 37
-    d = copy(batch_size=5, seed=SEED, length=n, vocab_size=9)
+    d = copy(batch_size=5, seed=SEED, length=n, vocab=9)
     assert d.inputs.shape == (5, 2 * n) and (d.inputs[:, n] == 0).all()
     assert (d.labels[:, :n] == IGNORE).all() and (d.labels[:, n:] == d.inputs[:, :n]).all()
     assert (d.inputs[:, n + 1 :] == d.inputs[:, : n - 1]).all() and (d.inputs[:, :n] >= 1).all()
@@ -87,7 +87,7 @@ def test_copy_answers_repeat_the_string():
 
 def test_selective_copy_answers_are_the_symbols_in_order():
     L, M = 50, 6
-    d = selective_copy(batch_size=8, seed=SEED, context=L, num_tokens=M, vocab_size=12)
+    d = selective_copy(batch_size=8, seed=SEED, context=L, num_tokens=M, vocab=12)
     for ids, labels in zip(d.inputs, d.labels):
         symbols = ids[:L][ids[:L] != BLANK]
         assert len(symbols) == M and (symbols >= 2).all() and ids[L] == GO
@@ -98,7 +98,7 @@ def test_selective_copy_answers_are_the_symbols_in_order():
 @pytest.mark.parametrize("needles", [1, 5])
 def test_niah_answer_is_the_queried_needles_value(needles):
     K, V, ctx = 2, 3, 200
-    d = niah(batch_size=8, seed=SEED, context=ctx, num_needles=needles, key_len=K, value_len=V, vocab_size=50)
+    d = niah(batch_size=8, seed=SEED, context=ctx, num_needles=needles, key_len=K, value_len=V, vocab=50)
     for ids, labels, depth in zip(d.inputs, d.labels, d.slices["depth"]):
         q = int(np.flatnonzero(ids == QUERY)[-1])
         key = tuple(ids[q + 1 : q + 1 + K])
@@ -112,7 +112,7 @@ def test_niah_answer_is_the_queried_needles_value(needles):
 
 GENERATORS = {
     "state_tracking": lambda s: state_tracking(batch_size=4, seed=s, group="s5", length=32),
-    "mqar": lambda s: mqar(batch_size=4, seed=s, vocab_size=64, seq_len=64, num_kv_pairs=8),
+    "mqar": lambda s: mqar(batch_size=4, seed=s, vocab=64, length=64, num_kv_pairs=8),
     "copy": lambda s: copy(batch_size=4, seed=s, length=16),
     "selective_copy": lambda s: selective_copy(batch_size=4, seed=s, context=32, num_tokens=4),
     "niah": lambda s: niah(batch_size=4, seed=s, context=128, num_needles=2),
@@ -132,9 +132,9 @@ def test_generators_are_pure_functions_of_the_seed(name):
 BAD = [
     (state_tracking, dict(group="s4")),
     (state_tracking, dict(length=0)),
-    (mqar, dict(vocab_size=16, num_kv_pairs=8)),
-    (mqar, dict(seq_len=20, num_kv_pairs=8)),
-    (copy, dict(vocab_size=1)),
+    (mqar, dict(vocab=16, num_kv_pairs=8)),
+    (mqar, dict(length=20, num_kv_pairs=8)),
+    (copy, dict(vocab=1)),
     (selective_copy, dict(context=3, num_tokens=4)),
     (niah, dict(context=10, num_needles=2)),
 ]

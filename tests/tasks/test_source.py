@@ -53,7 +53,7 @@ def test_bad_tables_name_the_problem():
         parse_config({"task": "state_tracking", "group": "s4"})
     with pytest.raises(ValueError, match="max_stage"):
         parse_config({"task": "state_tracking", "stage": 5, "max_stage": 3})
-    with pytest.raises(ValueError, match="too few keys"):
+    with pytest.raises(ValueError, match=r"bad `mqar` task config: vocab=8 leaves 3 keys for 8 pairs$"):
         parse_config({"task": "mqar", "vocab": 8, "num_kv_pairs": 8})
     with pytest.raises(TypeError, match="dict"):
         parse_config("mqar")
