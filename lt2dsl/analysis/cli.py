@@ -17,6 +17,7 @@ from lt2dsl.tasks.cli import (
     add_task_arguments,
     emit_json,
     model_of,
+    positive,
     task_config,
 )
 
@@ -24,12 +25,12 @@ from lt2dsl.tasks.cli import (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_task_arguments(p, required=False)
-    p.add_argument("--length", type=int, default=256, help="probe length without --task (default 256)")
-    p.add_argument("--rows", type=int, default=4, help="probe rows (default 4)")
-    p.add_argument("--probes", type=int, default=32, help="positions probed for the receptive field")
+    p.add_argument("--length", type=positive, default=256, help="probe length without --task (default 256)")
+    p.add_argument("--rows", type=positive, default=4, help="probe rows (default 4)")
+    p.add_argument("--probes", type=positive, default=32, help="positions probed for the receptive field")
     p.add_argument("--eps", type=float, default=1e-3, help="influence that counts as reaching the state")
     p.add_argument("--tol", type=float, default=1e-3, help="relative cut-off of the numerical rank")
-    p.add_argument("--symbol-length", type=int, help="Toeplitz coefficients used (default max_len)")
+    p.add_argument("--symbol-length", type=positive, help="Toeplitz coefficients used (default max_len)")
 
 
 def probe_ids(args: argparse.Namespace, model):
@@ -48,8 +49,6 @@ def probe_ids(args: argparse.Namespace, model):
         ids = source.batch(0, args.rows, args.seed, split="test")[0]
         return ids, source.vocab_size
     L = min(args.length, model.max_len or args.length)
-    if L < 1:
-        raise CommandError("--length must be >= 1", 2)
     g = torch.Generator().manual_seed(args.seed)
     return torch.randint(0, model.config.vocab, (args.rows, L), generator=g), model.config.vocab
 

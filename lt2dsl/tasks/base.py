@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from lt2dsl.tasks.curriculum import Curriculum
+
 IGNORE = -100
 SEED_SPAN = 2**31
 SPLITS = ("train", "test")
@@ -110,6 +112,11 @@ class TaskConfig(BaseModel):
 
     def generator_args(self) -> dict[str, Any]:
         return self.model_dump(exclude={"task"})
+
+    def curriculum(self) -> Curriculum | None:
+        """A fresh length curriculum when the config trains on one (state tracking without a
+        fixed length); then `at_stage(k)` gives stage k's fixed-length config."""
+        return None
 
     @property
     def vocab_size(self) -> int:

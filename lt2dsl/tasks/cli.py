@@ -42,11 +42,22 @@ def add_task_arguments(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--seed", type=int, default=0, help="run seed whose test stream is used")
 
 
+def positive(text: str) -> int:
+    """An argparse type: a positive integer (anything else is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_task_arguments(p, required=True)
-    p.add_argument("--batches", type=int, default=8, help="test batches per variant")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batches", type=positive, default=8, help="test batches per variant")
+    p.add_argument("--batch-size", type=positive, default=32)
 
 
 def toml_value(text: str) -> Any:
@@ -126,7 +137,14 @@ def run(args: argparse.Namespace, out, err) -> int:
         from lt2dsl.tasks.eval import evaluate
 
         try:
-            report = evaluate(model, cfg, batches=args.batches, batch_size=args.batch_size, seed=args.seed)
+            report = evaluate(
+                model,
+                cfg,
+                batches=args.batches,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                progress=err.is_terminal,
+            )
         except ValueError as e:
             raise CommandError(str(e)) from None
     except CommandError as e:

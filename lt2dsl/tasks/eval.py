@@ -117,7 +117,7 @@ def evaluate(
         batches: test batches per variant. batch_size: rows per batch.
         seed: the run seed whose test stream is used (in [0, 2^31)).
         device: where the inputs go; default the model's parameters' device.
-        progress: show a rich progress bar.
+        progress: show a rich progress bar (on stderr).
 
     Raises:
         ValueError: a bad argument, or a model whose vocabulary or `max_len` the task does not fit.
@@ -190,9 +190,10 @@ class _progress:
     def __enter__(self):
         if not self.show:
             return lambda: None
+        from rich.console import Console
         from rich.progress import Progress
 
-        self.bar = Progress(transient=True)
+        self.bar = Progress(transient=True, console=Console(stderr=True))
         self.bar.__enter__()
         task = self.bar.add_task("evaluating", total=self.total)
         return lambda: self.bar.advance(task)

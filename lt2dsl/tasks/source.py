@@ -32,8 +32,7 @@ class TaskSource:
     def __init__(self, cfg: TaskConfig):
         self.cfg = cfg
         self.vocab_size, self.seq_len = cfg.vocab_size, cfg.seq_len
-        make = getattr(cfg, "curriculum", None)
-        self.curriculum = make() if make is not None else None
+        self.curriculum = cfg.curriculum()
 
     def current(self) -> TaskConfig:
         """The config batches come from now (the curriculum's stage, if any)."""

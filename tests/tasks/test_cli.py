@@ -76,3 +76,5 @@ def test_eval_errors(ckpt, capsys):
     assert status == 1 and "error[E0101]" in err and "Traceback" not in err
     status, _, err = run(capsys, "eval", weights, "--model", model, "--task", "mqar")
     assert status == 1 and "vocab" in err  # the task's 8192 ids do not fit vocab 8
+    status, _, err = run(capsys, "eval", weights, "--model", model, *TASK, "--batch-size", "0")
+    assert status == 2 and "expected a positive integer, got '0'" in err
