@@ -91,7 +91,7 @@ def block_flops(b: n.Block, cfg: n.ModelConfig, L: int, mode: str, causal: str) 
 def block_activations(b: n.Block, cfg: n.ModelConfig) -> int:
     """Elements per token kept for backward by one application (no recomputation)."""
     acts = sum(lookup(m.type).activations(m.opts, cfg) for m in b.mixers)
-    hidden = {"swiglu": 3, "gelu": 2}.get(b.mlp.type, 0) * b.mlp.hidden
+    hidden = {"swiglu": 3, "geglu": 3, "gelu": 2}.get(b.mlp.type, 0) * b.mlp.hidden
     return acts + hidden + 3 * cfg.dim  # + two norm outputs and the residual
 
 

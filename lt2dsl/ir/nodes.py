@@ -190,20 +190,24 @@ class Program(Node):
 
 
 class MlpSpec(Node):
-    """Channel mixer of a block: `swiglu` (gate, up, down), `gelu` (up, down) or `none`."""
+    """Channel mixer of a block: `swiglu` / `geglu` (gate, up, down), `gelu` (up, down) or `none`."""
 
     kind: Literal["mlp"] = "mlp"
-    type: Literal["swiglu", "gelu", "none"]
+    type: Literal["swiglu", "geglu", "gelu", "none"]
     hidden: int = 0
 
 
 class NormSpec(Node):
-    """Block norm: pre-norm (`rmsnorm` / `layernorm`) or Ouro's sandwich form of that norm."""
+    """Block norm: pre-norm (`rmsnorm` / `layernorm`) or Ouro's sandwich form of that norm.
+
+    `offset`: an rmsnorm that scales by (1 + weight), its weights stored as offsets from one (Gemma).
+    """
 
     kind: Literal["norm"] = "norm"
     type: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     eps: float = 1e-6
     sandwich: bool = False
+    offset: bool = False
 
 
 class ModelConfig(Node):
@@ -220,6 +224,7 @@ class ModelConfig(Node):
     norm: NormSpec
     max_len: int = 8192
     tie_embeddings: bool = True
+    embed_scale: bool = False  # embeddings × sqrt(dim) (Gemma)
     head: bool = True  # False: `head = none`, a backbone returning hidden states
     dtype: str = DEFAULT_DTYPE
     state_dtype: str = DEFAULT_STATE_DTYPE

@@ -17,6 +17,7 @@ MODEL_SETTINGS = (
         "max_len", "size", "default sequence length for estimates; tmm's kernel length", default=8192, min=1
     ),
     Option("tie_embeddings", "bool", "share the LM head with the token embedding", default=True),
+    Option("embed_scale", "bool", "multiply the token embeddings by sqrt(dim) (Gemma)", default=False),
     Option(
         "head",
         "enum",

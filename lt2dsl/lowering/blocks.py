@@ -15,17 +15,14 @@ from lt2dsl.ir import nodes as n
 from lt2dsl.ir.specs.channel import block_norm_count
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering.layers import build_mixer
+from lt2dsl.lowering.norms import make_norm
 
-
-def make_norm(spec: n.NormSpec, dim: int) -> nn.Module:
-    """`nn.RMSNorm` (weight) or `nn.LayerNorm` (weight, bias) over the last dim with the spec's eps."""
-    if spec.type == "layernorm":
-        return nn.LayerNorm(dim, eps=spec.eps)
-    return nn.RMSNorm(dim, eps=spec.eps)
+__all__ = ["ExitMix", "LoopExtras", "Mlp", "ResidualBlock", "make_norm"]
 
 
 class Mlp(nn.Module):
-    """Channel mixer without biases: SwiGLU `down(silu(gate(x)) * up(x))` or GELU `down(gelu(up(x)))`.
+    """Channel mixer without biases: SwiGLU `down(silu(gate(x)) * up(x))`, GeGLU
+    `down(gelu_tanh(gate(x)) * up(x))` (Gemma) or GELU `down(gelu(up(x)))`.
 
     x `[B, T, D]` → `[B, T, D]` through a hidden width `spec.hidden`.
     """
@@ -33,7 +30,8 @@ class Mlp(nn.Module):
     def __init__(self, spec: n.MlpSpec, dim: int):
         super().__init__()
         self.swiglu = spec.type == "swiglu"
-        if self.swiglu:
+        self.geglu = spec.type == "geglu"
+        if self.swiglu or self.geglu:
             self.gate_proj = nn.Linear(dim, spec.hidden, bias=False)
         self.up_proj = nn.Linear(dim, spec.hidden, bias=False)
         self.down_proj = nn.Linear(spec.hidden, dim, bias=False)
@@ -41,6 +39,8 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.geglu:
+            return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
         return self.down_proj(F.gelu(self.up_proj(x)))
 
 

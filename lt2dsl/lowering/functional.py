@@ -16,6 +16,7 @@ from lt2dsl.lowering.cache import Cache, Entry, SubEntry
 from lt2dsl.lowering.leaf import leaf
 
 # ---- cache plumbing ------------------------------------------------------------------------------
+from lt2dsl.lowering.rope_scaling import Scaling, scale_inv_freq
 
 
 @leaf
@@ -82,51 +83,57 @@ def short_conv(
 
 
 def rope_freqs(
-    dim: int, theta: float, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+    dim: int,
+    theta: float,
+    positions: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    scaling: Scaling = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin `[T, dim/2]` of half-split RoPE (LLaMA / HF `rotate_half` convention), fp32 (or `dtype`)."""
+    """cos, sin `[T, dim/2]` of half-split RoPE (LLaMA / HF `rotate_half` convention), fp32 (or `dtype`),
+    with the frequencies of `scaling` (`rope_scaling.py`)."""
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype, device=positions.device) / dim))
+    inv = scale_inv_freq(inv, scaling)
     ang = positions.to(dtype)[:, None] * inv[None, :]
     return ang.cos(), ang.sin()
 
 
-def rope_rows(dim: int, theta: float, positions: torch.Tensor, dtype: torch.dtype):
+def rope_rows(dim: int, theta: float, positions: torch.Tensor, dtype: torch.dtype, scaling: Scaling = None):
     """(cos, cos) and (−sin, sin) side by side, `[T, dim]`: the half-split rotation is then
     x ⊙ c + rotate(x) ⊙ s with rotate(x) = (x₂, x₁), one multiply and one `addcmul`."""
-    cos, sin = rope_freqs(dim, theta, positions, dtype)
+    cos, sin = rope_freqs(dim, theta, positions, dtype, scaling)
     return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
-# (dim, theta, device, dtype) -> `rope_rows` for positions 0 … n−1
+# (dim, theta, device, dtype, scaling) -> `rope_rows` for positions 0 … n−1
 _ROPE_TABLES: dict = {}
 
 
 def rope_table(
-    dim: int, theta: float, end: int, device: torch.device, dtype: torch.dtype
+    dim: int, theta: float, end: int, device: torch.device, dtype: torch.dtype, scaling: Scaling = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rope_rows` `[n ≥ end, dim]` for positions 0 … n−1, cached per (dim, theta, device, dtype)
     and regrown (doubling) when `end` passes it: a decode step then slices its row instead of
     launching the small ops that compute it (×2 per attention layer and step)."""
-    key = (dim, theta, str(device), dtype)
+    key = (dim, theta, str(device), dtype, scaling)
     hit = _ROPE_TABLES.get(key)
     if hit is None or hit[0].shape[0] < end:
         n = max(end, 2 * hit[0].shape[0] if hit is not None else 4096)
         # plain tensors even when first built under inference_mode: training reuses the table
         with torch.inference_mode(False), torch.no_grad():
-            hit = _ROPE_TABLES[key] = rope_rows(dim, theta, torch.arange(n, device=device), dtype)
+            hit = _ROPE_TABLES[key] = rope_rows(dim, theta, torch.arange(n, device=device), dtype, scaling)
     return hit
 
 
 @leaf
-def apply_rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, pos: int, theta: float, scaling: Scaling = None) -> torch.Tensor:
     """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
-    float64, so float64 tests and gradchecks see no fp32 rounding)."""
+    float64, so float64 tests and gradchecks see no fp32 rounding); `scaling` as in `rope_scaling.py`."""
     T, d = x.shape[1], x.shape[-1]
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     if torch.compiler.is_compiling():  # traced code keeps no cache of its own
-        c, s = rope_rows(d, theta, torch.arange(pos, pos + T, device=x.device), dt)
+        c, s = rope_rows(d, theta, torch.arange(pos, pos + T, device=x.device), dt, scaling)
     else:
-        c, s = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt))
+        c, s = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt, scaling))
     c, s = c[None, :, None, :], s[None, :, None, :]
     xf = x.to(dt)
     rotated = torch.cat([xf[..., d // 2 :], xf[..., : d // 2]], dim=-1)

@@ -17,6 +17,7 @@ from torch import nn
 from lt2dsl.ir import nodes as n
 from lt2dsl.lowering.blocks import ExitMix, LoopExtras, ResidualBlock, make_norm
 from lt2dsl.lowering.cache import Cache
+from lt2dsl.lowering.norms import OffsetRMSNorm
 from lt2dsl.lowering.to_fx import Unrolled, loops_preorder, to_fx
 from lt2dsl.passes.resolve import blocks as iter_blocks
 
@@ -103,7 +104,7 @@ class LT2Model(nn.Module):
                     nn.init.normal_(m.weight, 0.0, 0.02)
                     if getattr(m, "bias", None) is not None:
                         nn.init.zeros_(m.bias)
-                elif isinstance(m, nn.RMSNorm | nn.LayerNorm):
+                elif isinstance(m, nn.RMSNorm | nn.LayerNorm | OffsetRMSNorm):
                     m.reset_parameters()
             for block in self.blocks:
                 for mixer in block.mixers:

@@ -54,6 +54,9 @@ class Unrolled(nn.Module):
         """input_ids `[B, T]` → logits `[B, T, vocab]` (hidden states `[B, T, D]` with `head = none`)."""
         pos = lf.cache_pos(cache)
         e = self.embed(input_ids)
+        if self.ir.config.embed_scale:
+            # Gemma: × sqrt(dim) rounded to the activation dtype first, as its checkpoints expect
+            e = e * torch.tensor(self.ir.config.dim**0.5, dtype=e.dtype)
         apps = itertools.count()
         h = self.stages(self.ir.body, e, e, cache, pos, apps)
         if not ends_with_normed_loop(self.ir.body):

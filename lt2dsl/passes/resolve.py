@@ -57,6 +57,7 @@ def model_config(prog: n.Program) -> n.ModelConfig:
         norm=norm_spec(raw.get("norm")),
         max_len=int(val["max_len"]),
         tie_embeddings=bool(val["tie_embeddings"]),
+        embed_scale=bool(val["embed_scale"]),
         head=val["head"] not in (None, "none"),
         dtype=str(val["dtype"]),
         state_dtype=str(val["state_dtype"]),
@@ -93,7 +94,7 @@ def mlp_spec(v: n.Node | None, dim: int, _hidden: int | None = None) -> n.MlpSpe
         return n.MlpSpec(type="none", hidden=0)
     hidden = args.get("hidden", args.get("_"))
     if hidden is None:
-        hidden = swiglu_hidden(dim) if name == "swiglu" else 4 * dim
+        hidden = swiglu_hidden(dim) if name in ("swiglu", "geglu") else 4 * dim
     return n.MlpSpec(type=name, hidden=int(hidden))
 
 
@@ -107,7 +108,10 @@ def norm_spec(v: n.Node | None, base: n.NormSpec | None = None) -> n.NormSpec:
     eps = args.get("eps", args.get("_"))
     default_eps = 1e-6 if name == "rmsnorm" else 1e-5
     return n.NormSpec(
-        type=name, eps=float(eps if eps is not None else default_eps), sandwich=bool(base and base.sandwich)
+        type=name,
+        eps=float(eps if eps is not None else default_eps),
+        sandwich=bool(base and base.sandwich),
+        offset=bool(args.get("offset", False)),
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from lt2dsl.diagnostics import Diagnostic, sort_diagnostics
 from lt2dsl.ir import nodes as n
-from lt2dsl.validate import kernels, names, shapes, structure, values
+from lt2dsl.validate import kernels, names, rope, shapes, structure, values
 from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import RULES, Rule, all_rules
 
@@ -54,6 +54,8 @@ SHAPES: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
     shapes.check_model_head_dim,
     shapes.check_window_fits,
     shapes.check_topk_fits,
+    rope.check_rope_dim,
+    rope.check_rope_freq_factors,
 )
 # Kernel warnings read resolved widths, which mean something only once the shapes are right.
 KERNELS: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (

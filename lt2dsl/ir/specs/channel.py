@@ -25,18 +25,30 @@ MLP_KINDS = {
             positional=True,
         ),
     ),
+    "geglu": (
+        Option(
+            "hidden",
+            "size",
+            "hidden width of the tanh-GELU gated MLP (Gemma) [8/3·dim, as swiglu]",
+            min=1,
+            positional=True,
+        ),
+    ),
     "gelu": (Option("hidden", "size", "hidden width [4·dim]", min=1, positional=True),),
 }
 NORM_KINDS = {
-    "rmsnorm": (Option("eps", "float", "epsilon", default=1e-6, min=0, min_open=True, positional=True),),
+    "rmsnorm": (
+        Option("eps", "float", "epsilon", default=1e-6, min=0, min_open=True, positional=True),
+        Option("offset", "bool", "scale by (1 + weight) (Gemma)", default=False),
+    ),
     "layernorm": (Option("eps", "float", "epsilon", default=1e-5, min=0, min_open=True, positional=True),),
     "sandwich": (),
 }
 
 
 def mlp_weights(m: MlpSpec, dim: int) -> dict[str, tuple[int, ...]]:
-    """swiglu: gate/up (hidden, D), down (D, hidden); gelu: up, down; none: nothing. No biases."""
-    if m.type == "swiglu":
+    """swiglu, geglu: gate/up (hidden, D), down (D, hidden); gelu: up, down; none: nothing. No biases."""
+    if m.type in ("swiglu", "geglu"):
         return {
             "gate_proj.weight": lin(m.hidden, dim),
             "up_proj.weight": lin(m.hidden, dim),

@@ -45,6 +45,38 @@ ATTENTION = (
     Option("bias", "bool", "biases on the q, k, v and o projections (LLaMA's attention_bias)", default=False),
 )
 
+def _rope_dim(cfg: ModelConfig | None, o: Opts) -> int:
+    return o.get("head_dim", _head_dim(cfg, o))
+
+
+# Options of `full` and `swa` that imported checkpoints need (Qwen2's q/k/v-only bias, Llama 3 and
+# linear RoPE scaling, Qwen3-Next's partial RoPE); the RoPE math is `lowering/rope.py`'s.
+ROPE_SCALINGS = ("none", "linear", "llama3")
+ATTENTION_HF = (
+    Option("qkv_bias", "bool", "biases on the q, k and v projections only (Qwen2)", default=False),
+    Option(
+        "rope_dim",
+        "int",
+        "leading dims of each head that RoPE rotates (partial RoPE) [head_dim]",
+        default=_rope_dim,
+        min=2,
+    ),
+    Option(
+        "rope_scaling",
+        "enum",
+        "RoPE frequency scaling: `linear` (positions / factor) or `llama3` (by wavelength)",
+        default="none",
+        choices=ROPE_SCALINGS,
+    ),
+    Option("rope_factor", "float", "RoPE scaling factor", default=1.0, min=1),
+    Option("rope_low_freq", "float", "`llama3`: low-frequency factor", default=1.0, min=0, min_open=True),
+    Option("rope_high_freq", "float", "`llama3`: high-frequency factor", default=4.0, min=0, min_open=True),
+    Option("rope_original_len", "size", "`llama3`: the pre-scaling context length", default=8192, min=1),
+)
+
+# Epsilon of the (gated) output RMSNorm of the fla-style recurrent mixers (fla's `norm_eps`).
+NORM_EPS = Option("norm_eps", "float", "epsilon of the output RMSNorm", default=1e-5, min=0, min_open=True)
+
 CONV = Option("conv", "int", "short causal depthwise conv width on q, k, v (0: none)", default=4, min=0)
 V_HEADS = Option(
     "v_heads",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, CONV, conv_flops, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, CONV, NORM_EPS, conv_flops, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_proj.weight", "o_proj.weight"]
@@ -55,6 +55,7 @@ SPEC = DeltaNetSpec(
         *COMMON,
         CONV,
         Option("gate", "bool", "SiLU output gate through the gated RMSNorm", default=False),
+        NORM_EPS,
     ),
     module="lt2dsl.lowering.layers.deltanet:DeltaNet",
     source="mixers.md §4 (arXiv 2406.06484); fla `fla/layers/delta_net.py`",

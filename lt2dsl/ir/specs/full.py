@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import ATTENTION, COMMON, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.common import ATTENTION, ATTENTION_HF, COMMON, causal_mean, lin, proj_flops
 
 
 def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
@@ -14,7 +14,8 @@ def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
 
     q_proj (H·d, D), k_proj / v_proj (HKV·d, D), o_proj (D, H·d); `gate=sdpa`: g_proj (H·d, D),
     `gate=headwise`: g_proj (H, D); `qk_norm`: q_norm, k_norm (d). `bias=true` adds biases to
-    q, k, v, o (and the gate), as LLaMA's `attention_bias` does.
+    q, k, v, o (and the gate), as LLaMA's `attention_bias` does; `qkv_bias=true` to q, k, v only
+    (Qwen2): H·d + 2·HKV·d parameters.
     """
     H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
     w = {
@@ -23,13 +24,10 @@ def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
         "v_proj.weight": lin(HKV * d, D),
         "o_proj.weight": lin(D, H * d),
     }
+    if o["bias"] or o.get("qkv_bias"):
+        w |= {"q_proj.bias": (H * d,), "k_proj.bias": (HKV * d,), "v_proj.bias": (HKV * d,)}
     if o["bias"]:
-        w |= {
-            "q_proj.bias": (H * d,),
-            "k_proj.bias": (HKV * d,),
-            "v_proj.bias": (HKV * d,),
-            "o_proj.bias": (D,),
-        }
+        w["o_proj.bias"] = (D,)
     g_out = {"sdpa": H * d, "headwise": H}.get(o["gate"])
     if g_out:
         w["g_proj.weight"] = lin(g_out, D)
@@ -80,7 +78,7 @@ class FullSpec(LayerSpec):
 SPEC = FullSpec(
     kind="full",
     summary="softmax attention with RoPE, GQA and an optional SDPA output gate",
-    options=(*COMMON, *ATTENTION),
+    options=(*COMMON, *ATTENTION, *ATTENTION_HF),
     module="lt2dsl.lowering.layers.attention:Attention",
     source="mixers.md §12 (Qiu et al. 2025, arXiv 2505.06708); HF LLaMA for the GQA layout",
 )

@@ -6,7 +6,16 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, CONV, V_HEADS, conv_flops, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import (
+    COMMON,
+    CONV,
+    NORM_EPS,
+    V_HEADS,
+    conv_flops,
+    lin,
+    proj_flops,
+    qkv_weights,
+)
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
 PROJ = [
@@ -83,6 +92,7 @@ SPEC = GdnSpec(
             "neg_eigval", "bool", "β ∈ (0, 2): allow negative eigenvalues of the transition", default=False
         ),
         Option("gate", "bool", "SiLU output gate through the gated RMSNorm", default=True),
+        NORM_EPS,
     ),
     module="lt2dsl.lowering.layers.gdn:GatedDeltaNet",
     source="mixers.md §5 (arXiv 2412.06464); fla `fla/layers/gated_deltanet.py`",

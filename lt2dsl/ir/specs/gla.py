@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, NORM_EPS, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 PROJ = [
@@ -69,6 +69,7 @@ SPEC = GlaSpec(
             min=0,
             min_open=True,
         ),
+        NORM_EPS,
     ),
     module="lt2dsl.lowering.layers.gla:GatedLinearAttention",
     source="mixers.md §3 (arXiv 2312.06635); fla `fla/layers/gla.py`",

@@ -6,7 +6,16 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, CONV, V_HEADS, conv_flops, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import (
+    COMMON,
+    CONV,
+    NORM_EPS,
+    V_HEADS,
+    conv_flops,
+    lin,
+    proj_flops,
+    qkv_weights,
+)
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
 PROJ = [
@@ -81,6 +90,7 @@ SPEC = KdaSpec(
             max=0,
             max_open=True,
         ),
+        NORM_EPS,
     ),
     module="lt2dsl.lowering.layers.kda:KimiDeltaAttention",
     source="mixers.md §6 (arXiv 2510.26692); fla `fla/layers/kda.py`",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.spec import Mode, Opts
-from lt2dsl.ir.specs.common import ATTENTION, COMMON, causal_mean
+from lt2dsl.ir.specs.common import ATTENTION, ATTENTION_HF, COMMON, causal_mean
 from lt2dsl.ir.specs.full import SWA_OPTIONS, FullSpec
 
 
@@ -34,7 +34,7 @@ SPEC = SwaSpec(
     kind="swa",
     aliases=("window",),
     summary="sliding-window softmax attention (w keys including self)",
-    options=(*COMMON, *SWA_OPTIONS, *ATTENTION),
+    options=(*COMMON, *SWA_OPTIONS, *ATTENTION, *ATTENTION_HF),
     module="lt2dsl.lowering.layers.attention:Attention",
     source="mixers.md §9; fla `fla/ops/attn/naive.py` window convention",
 )

@@ -3,9 +3,12 @@
 Math: mixers.md §12 (full, gated) and §9 (sliding window: key j visible to query t iff
 t − w + 1 ≤ j ≤ t, w keys including itself). Per token x `[D]` (the normed block input):
 
-    q = q_proj(x) `[H, d]`, k = k_proj(x), v = v_proj(x) `[HKV, d]`   (biases with `bias=true`)
-    q, k ← RMSNorm_d(q), RMSNorm_d(k)                                   (`qk_norm`, Qwen3: before RoPE)
-    q, k ← RoPE(q, t), RoPE(k, t)   half-split pairs (d_i, d_{i+d/2}), LLaMA / HF `rotate_half`
+    q = q_proj(x) `[H, d]`, k = k_proj(x), v = v_proj(x) `[HKV, d]`   (biases: `bias`, `qkv_bias`)
+    q, k ← RMSNorm_d(q), RMSNorm_d(k)   (`qk_norm`, Qwen3 / Gemma 3: before RoPE; the model norm's
+                                         eps, and its (1 + w) form with `offset`)
+    q, k ← RoPE(q, t), RoPE(k, t)   half-split pairs (d_i, d_{i+r/2}) of the first r = `rope_dim`
+                                    dims (LLaMA / HF `rotate_half`; partial RoPE when r < d), with
+                                    the frequencies of `rope_scaling` (`lowering/rope_scaling.py`)
     o = softmax(d^{-1/2} q Kᵀ + mask) V  per query head, head h reading kv head h // (H / HKV)
     o ← σ(g_proj(x)) ⊙ o     `gate=sdpa` (d gates per head) or `headwise` (one per head), in fp32
     out = o_proj(concat_h o)
@@ -21,27 +24,30 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from lt2dsl.ir import nodes as n
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering.layers.base import MixerLayer, linear
+from lt2dsl.lowering.norms import make_norm
+from lt2dsl.lowering.rope_scaling import rope_scaling_of
 
-# Qwen3's q/k RMSNorm epsilon (its rms_norm_eps).
-QK_NORM_EPS = 1e-6
 
-
-def add_projections(layer: nn.Module, D: int, o: dict[str, Any], eps: float) -> None:
-    """The projections of `full` (module docstring) on `layer`: q/k/v/o (biases with `bias=true`),
-    `g_proj` for `gate=sdpa|headwise`, and the per-head q/k RMSNorms (eps `eps`) of `qk_norm`."""
+def add_projections(layer: nn.Module, D: int, o: dict[str, Any], qk_norm: float | n.NormSpec) -> None:
+    """The projections of `full` (module docstring) on `layer`: q/k/v/o (biases with `bias=true`,
+    q/k/v only with `qkv_bias=true`), `g_proj` for `gate=sdpa|headwise`, and the per-head q/k norms
+    of `qk_norm`: the model norm's kind, eps and offset (a `NormSpec`), or an RMSNorm of that eps."""
     H, HKV, d, bias = o["heads"], o["kv_heads"], o["head_dim"], bool(o["bias"])
-    layer.q_proj = linear(D, H * d, bias)
-    layer.k_proj = linear(D, HKV * d, bias)
-    layer.v_proj = linear(D, HKV * d, bias)
+    qkv_bias = bias or bool(o.get("qkv_bias", False))
+    layer.q_proj = linear(D, H * d, qkv_bias)
+    layer.k_proj = linear(D, HKV * d, qkv_bias)
+    layer.v_proj = linear(D, HKV * d, qkv_bias)
     layer.o_proj = linear(H * d, D, bias)
     if o["gate"] != "none":
         layer.g_proj = linear(D, H * d if o["gate"] == "sdpa" else H, bias)
     if o["qk_norm"]:
-        layer.q_norm = nn.RMSNorm(d, eps=eps)
-        layer.k_norm = nn.RMSNorm(d, eps=eps)
+        spec = n.NormSpec(eps=qk_norm) if isinstance(qk_norm, float) else qk_norm
+        spec = spec.model_copy(update={"type": "rmsnorm", "sandwich": False})
+        layer.q_norm, layer.k_norm = make_norm(spec, d), make_norm(spec, d)
 
 
 class Attention(MixerLayer):
@@ -64,7 +70,11 @@ class Attention(MixerLayer):
             raise ValueError(f"{self.spec.kind}: heads={self.H} must be a multiple of kv_heads={self.HKV}")
         if self.d % 2:
             raise ValueError(f"{self.spec.kind}: head_dim must be even for RoPE, got {self.d}")
-        add_projections(self, D, o, QK_NORM_EPS)
+        self.rope_dim = int(o.get("rope_dim", self.d))
+        self.scaling = rope_scaling_of(o)
+        if self.rope_dim % 2 or self.rope_dim > self.d:
+            raise ValueError(f"{self.spec.kind}: rope_dim must be even and <= head_dim, got {self.rope_dim}")
+        add_projections(self, D, o, cfg.norm)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -74,7 +84,7 @@ class Attention(MixerLayer):
                 nn.init.normal_(m.weight, 0.0, 0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.RMSNorm):
+            elif hasattr(m, "reset_parameters") and m is not self:
                 m.reset_parameters()
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
@@ -84,8 +94,7 @@ class Attention(MixerLayer):
         v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         if self.opts["qk_norm"]:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = lf.apply_rope(q, pos, self.theta)
-        k = lf.apply_rope(k, pos, self.theta)
+        q, k = self.rope(q, pos), self.rope(k, pos)
         # The cache layout is [B, HKV, L, d]; the op wants [B, L, HKV, d].
         k = lf.append_cache(entry, "k", k.transpose(1, 2), 2, self.window).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2), 2, self.window).transpose(1, 2)
@@ -96,3 +105,10 @@ class Attention(MixerLayer):
             g = self.g_proj(x)  # [B, T, H]
         o = lf.attention_core(q, k, v, self.window, g, self.backend)  # [B, T, H, d]
         return self.o_proj(o.flatten(-2))
+
+    def rope(self, x: torch.Tensor, pos) -> torch.Tensor:
+        """RoPE on the first `rope_dim` dims of each head of x `[B, T, h, d]`, the rest unchanged."""
+        if self.rope_dim == self.d:
+            return lf.apply_rope(x, pos, self.theta, self.scaling)
+        r = self.rope_dim
+        return torch.cat([lf.apply_rope(x[..., :r], pos, self.theta, self.scaling), x[..., r:]], dim=-1)

@@ -23,7 +23,7 @@ class DeltaNet(MixerLayer):
     x `[B, T, D]` → q, k, v `[B, T, H, K]` (K = V) through projections and short convs + SiLU
     (SiLU alone when `conv=0`), q, k L2-normalised inside the core; β = σ(W_b x) `[B, T, H]` in
     fp32; S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ (K^-½ q_t); then per-head
-    RMSNorm(o) (⊙ SiLU(W_g x) with `gate`; eps 1e-5, fla's norm_eps) and W_o. No parameter
+    RMSNorm(o) (⊙ SiLU(W_g x) with `gate`; eps `norm_eps`, fla's norm_eps) and W_o. No parameter
     beyond projections, convs (PyTorch's Conv1d default init, as fla) and the norm weight.
     """
 
@@ -40,7 +40,7 @@ class DeltaNet(MixerLayer):
         self.o_proj = linear(H * K, D)
         if W > 0:
             self.q_conv1d, self.k_conv1d, self.v_conv1d = (depthwise_conv(H * K, W) for _ in range(3))
-        self.o_norm = GatedRMSNorm(K, eps=1e-5, act="silu" if self.opts["gate"] else None)
+        self.o_norm = GatedRMSNorm(K, eps=self.opts["norm_eps"], act="silu" if self.opts["gate"] else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

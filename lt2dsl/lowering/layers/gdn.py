@@ -29,7 +29,7 @@ class GatedDeltaNet(MixerLayer):
     (+ SiLU; SiLU alone when `conv=0`, as fla does), q, k L2-normalised inside the core;
     g = −exp(A_log) · softplus(W_a x + dt_bias), β = σ(W_b x) (×2 with `neg_eigval`), both
     `[B, T, HV]` in fp32; S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ (K^-½ q_t);
-    then RMSNorm(o) ⊙ SiLU(W_g x) per head (plain RMSNorm without `gate`; eps 1e-5, fla's
+    then RMSNorm(o) ⊙ SiLU(W_g x) per head (plain RMSNorm without `gate`; eps `norm_eps`, fla's
     norm_eps) and W_o. Init: A = U(0, 16) (fla), dt_bias = softplus⁻¹(dt), dt log-uniform in
     [1e-3, 0.1]; projections normal(0, 0.02); conv taps PyTorch's Conv1d default (fla).
     """
@@ -52,7 +52,7 @@ class GatedDeltaNet(MixerLayer):
             self.v_conv1d = depthwise_conv(HV * V, W)
         self.A_log = nn.Parameter(torch.empty(HV))
         self.dt_bias = nn.Parameter(torch.empty(HV))
-        self.o_norm = GatedRMSNorm(V, eps=1e-5, act="silu" if self.opts["gate"] else None)
+        self.o_norm = GatedRMSNorm(V, eps=self.opts["norm_eps"], act="silu" if self.opts["gate"] else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

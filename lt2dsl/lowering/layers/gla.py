@@ -24,7 +24,7 @@ class GatedLinearAttention(MixerLayer):
     x `[B, T, D]` → q, k `[B, T, H, K]` (K = head_dim · expand_k), v `[B, T, H, V]`; decay
     log α = logσ(W_α2 W_α1 x + b_α) / τ `[B, T, H, K]` in fp32 (τ = `gate_norm`);
     S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ (K^-½ q_t); then RMSNorm(o) ⊙ SiLU(W_g x) per
-    head (eps 1e-5, fla's norm_eps) and W_o. No short convs and no feature map (fla's defaults).
+    head (eps `norm_eps`, fla's norm_eps) and W_o. No short convs and no feature map (fla's defaults).
     Init: projections normal(0, 0.02), the decay bias b_α = 0 (fla's model init zeroes biases).
     """
 
@@ -39,7 +39,7 @@ class GatedLinearAttention(MixerLayer):
         self.v_proj, self.g_proj = linear(D, H * V), linear(D, H * V)
         self.gk_proj = nn.Sequential(linear(D, r), linear(r, H * K, bias=True))
         self.o_proj = linear(H * V, D)
-        self.g_norm = GatedRMSNorm(V, eps=1e-5, act="silu")
+        self.g_norm = GatedRMSNorm(V, eps=self.opts["norm_eps"], act="silu")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

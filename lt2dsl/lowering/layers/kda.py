@@ -29,7 +29,7 @@ class KimiDeltaAttention(MixerLayer):
     f = W_f2 W_f1 x `[B, T, HV, K]`, g = −exp(A_log) · softplus(f + dt_bias), or with `safe_gate`
     g = lower_bound · σ(exp(A_log) · (f + dt_bias)) ∈ (lower_bound, 0); β = σ(W_b x); gates in
     fp32. S_t = (I − β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ (K^-½ q_t); then
-    RMSNorm(o) ⊙ σ(W_g2 W_g1 x + b_g) per head (eps 1e-5, fla's norm_eps) and W_o.
+    RMSNorm(o) ⊙ σ(W_g2 W_g1 x + b_g) per head (eps `norm_eps`, fla's norm_eps) and W_o.
     Init: A = U(1, 16) (A_log = 0 with `safe_gate`), dt_bias = softplus⁻¹(dt) with dt
     log-uniform in [1e-3, 0.1]; projections normal(0, 0.02), the output-gate bias 0 (fla).
     """
@@ -51,7 +51,7 @@ class KimiDeltaAttention(MixerLayer):
             self.v_conv1d = depthwise_conv(HV * K, W)
         self.A_log = nn.Parameter(torch.empty(HV))
         self.dt_bias = nn.Parameter(torch.empty(HV * K))
-        self.o_norm = GatedRMSNorm(K, eps=1e-5, act="sigmoid")
+        self.o_norm = GatedRMSNorm(K, eps=self.opts["norm_eps"], act="sigmoid")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
