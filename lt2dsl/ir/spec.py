@@ -120,6 +120,10 @@ class LayerSpec:
     # Whether this kind's token mixing is bounded (a window) for the receptive-field figure.
     doc_extra: str = ""
     kernel_note: Callable[[Opts, ModelConfig], str | None] | None = field(default=None, compare=False)
+    # Checkpoint import (`lt2dsl/hf`): the mixer's weight names in Hugging Face / fla checkpoints
+    # (relative to the layer's mixer prefix, e.g. `self_attn.`) → its own `weights()` names; None
+    # drops a stored tensor that is not a parameter (a saved rotary buffer).
+    hf_map: Mapping[str, str | None] = field(default_factory=dict, compare=False)
 
     def option(self, name: str) -> Option | None:
         return next((o for o in self.options if o.name == name), None)

@@ -45,6 +45,7 @@ ATTENTION = (
     Option("bias", "bool", "biases on the q, k, v and o projections (LLaMA's attention_bias)", default=False),
 )
 
+
 def _rope_dim(cfg: ModelConfig | None, o: Opts) -> int:
     return o.get("head_dim", _head_dim(cfg, o))
 
@@ -117,3 +118,8 @@ def causal_mean(L: int, cap: int | None = None) -> float:
     if cap is None or cap >= L:
         return (L + 1) / 2
     return (cap * (cap + 1) / 2 + (L - cap) * cap) / L
+
+
+def identity_map(*names: str) -> dict[str, str]:
+    """An `hf_map` for weights stored under the same names as ours (HF Llama-style, fla)."""
+    return {k: k for k in names}

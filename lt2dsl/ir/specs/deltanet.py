@@ -6,7 +6,16 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, CONV, NORM_EPS, conv_flops, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import (
+    COMMON,
+    CONV,
+    NORM_EPS,
+    conv_flops,
+    identity_map,
+    lin,
+    proj_flops,
+    qkv_weights,
+)
 from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_proj.weight", "o_proj.weight"]
@@ -48,6 +57,20 @@ class DeltaNetSpec(LayerSpec):
         return True
 
 
+# fla's layer (`attn.` in its models) names its weights as we do.
+HF_MAP = identity_map(
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "b_proj.weight",
+    "g_proj.weight",
+    "o_proj.weight",
+    "q_conv1d.weight",
+    "k_conv1d.weight",
+    "v_conv1d.weight",
+    "o_norm.weight",
+)
+
 SPEC = DeltaNetSpec(
     kind="deltanet",
     summary="DeltaNet: the delta rule (generalized Householder transitions), no decay",
@@ -57,6 +80,7 @@ SPEC = DeltaNetSpec(
         Option("gate", "bool", "SiLU output gate through the gated RMSNorm", default=False),
         NORM_EPS,
     ),
+    hf_map=HF_MAP,
     module="lt2dsl.lowering.layers.deltanet:DeltaNet",
     source="mixers.md §4 (arXiv 2406.06484); fla `fla/layers/delta_net.py`",
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import ATTENTION, ATTENTION_HF, COMMON, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.common import ATTENTION, ATTENTION_HF, COMMON, causal_mean, identity_map, lin, proj_flops
 
 
 def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
@@ -37,6 +37,11 @@ def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
         w |= {"q_norm.weight": (d,), "k_norm.weight": (d,)}
     return w
 
+
+# HF Llama / Qwen / Gemma / Ouro (`self_attn.`) and fla (`attn.`) name them as we do.
+HF_MAP: dict[str, str | None] = identity_map(
+    *(f"{p}_proj.{t}" for p in "qkvo" for t in ("weight", "bias")), "q_norm.weight", "k_norm.weight"
+) | {"rotary_emb.inv_freq": None}
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "g_proj.weight"]
 
@@ -80,6 +85,7 @@ SPEC = FullSpec(
     summary="softmax attention with RoPE, GQA and an optional SDPA output gate",
     options=(*COMMON, *ATTENTION, *ATTENTION_HF),
     module="lt2dsl.lowering.layers.attention:Attention",
+    hf_map=HF_MAP,
     source="mixers.md §12 (Qiu et al. 2025, arXiv 2505.06708); HF LLaMA for the GQA layout",
 )
 

@@ -12,6 +12,7 @@ from lt2dsl.ir.specs.common import (
     NORM_EPS,
     V_HEADS,
     conv_flops,
+    identity_map,
     lin,
     proj_flops,
     qkv_weights,
@@ -80,6 +81,23 @@ class GdnSpec(LayerSpec):
         return cfg.dim + 2 * (2 * H * K + HV * V) + 3 * HV * V + 2 * HV
 
 
+# fla's layer (`attn.` in its models) names its weights as we do.
+HF_MAP = identity_map(
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "a_proj.weight",
+    "b_proj.weight",
+    "g_proj.weight",
+    "o_proj.weight",
+    "q_conv1d.weight",
+    "k_conv1d.weight",
+    "v_conv1d.weight",
+    "A_log",
+    "dt_bias",
+    "o_norm.weight",
+)
+
 SPEC = GdnSpec(
     kind="gdn",
     summary="gated DeltaNet: delta rule with a scalar per-head decay and an output gate",
@@ -94,6 +112,7 @@ SPEC = GdnSpec(
         Option("gate", "bool", "SiLU output gate through the gated RMSNorm", default=True),
         NORM_EPS,
     ),
+    hf_map=HF_MAP,
     module="lt2dsl.lowering.layers.gdn:GatedDeltaNet",
     source="mixers.md §5 (arXiv 2412.06464); fla `fla/layers/gated_deltanet.py`",
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, NORM_EPS, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, NORM_EPS, identity_map, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 PROJ = [
@@ -54,6 +54,20 @@ class GlaSpec(LayerSpec):
         return Flops(proj=proj_flops(self.weights(o, cfg), PROJ), core=float(H * core))
 
 
+# fla's layer (`attn.` in its models) names its weights as we do; its output norm is
+# `g_norm_swish_gate` when fused with the gate (fla's default), `g_norm` otherwise.
+HF_MAP = identity_map(
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "g_proj.weight",
+    "gk_proj.0.weight",
+    "gk_proj.1.weight",
+    "gk_proj.1.bias",
+    "o_proj.weight",
+    "g_norm.weight",
+) | {"g_norm_swish_gate.weight": "g_norm.weight"}
+
 SPEC = GlaSpec(
     kind="gla",
     summary="gated linear attention: per-channel data-dependent decay, SiLU output gate",
@@ -71,6 +85,7 @@ SPEC = GlaSpec(
         ),
         NORM_EPS,
     ),
+    hf_map=HF_MAP,
     module="lt2dsl.lowering.layers.gla:GatedLinearAttention",
     source="mixers.md §3 (arXiv 2312.06635); fla `fla/layers/gla.py`",
 )

@@ -12,6 +12,7 @@ from lt2dsl.ir.specs.common import (
     NORM_EPS,
     V_HEADS,
     conv_flops,
+    identity_map,
     lin,
     proj_flops,
     qkv_weights,
@@ -74,6 +75,26 @@ class KdaSpec(LayerSpec):
         return True
 
 
+# fla's layer (`attn.` in its models) names its weights as we do.
+HF_MAP = identity_map(
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "f_proj.0.weight",
+    "f_proj.1.weight",
+    "b_proj.weight",
+    "g_proj.0.weight",
+    "g_proj.1.weight",
+    "g_proj.1.bias",
+    "o_proj.weight",
+    "q_conv1d.weight",
+    "k_conv1d.weight",
+    "v_conv1d.weight",
+    "A_log",
+    "dt_bias",
+    "o_norm.weight",
+)
+
 SPEC = KdaSpec(
     kind="kda",
     summary="Kimi delta attention: delta rule with channel-wise (per key dim) decay",
@@ -92,6 +113,7 @@ SPEC = KdaSpec(
         ),
         NORM_EPS,
     ),
+    hf_map=HF_MAP,
     module="lt2dsl.lowering.layers.kda:KimiDeltaAttention",
     source="mixers.md §6 (arXiv 2510.26692); fla `fla/layers/kda.py`",
 )

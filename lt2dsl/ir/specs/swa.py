@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.spec import Mode, Opts
 from lt2dsl.ir.specs.common import ATTENTION, ATTENTION_HF, COMMON, causal_mean
-from lt2dsl.ir.specs.full import SWA_OPTIONS, FullSpec
+from lt2dsl.ir.specs.full import HF_MAP, SWA_OPTIONS, FullSpec
 
 
 @dataclass(frozen=True)
@@ -36,5 +36,6 @@ SPEC = SwaSpec(
     summary="sliding-window softmax attention (w keys including self)",
     options=(*COMMON, *SWA_OPTIONS, *ATTENTION, *ATTENTION_HF),
     module="lt2dsl.lowering.layers.attention:Attention",
+    hf_map=HF_MAP,
     source="mixers.md §9; fla `fla/ops/attn/naive.py` window convention",
 )
