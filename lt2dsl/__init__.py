@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from lt2dsl.ir.nodes import Model, Program
     from lt2dsl.lowering.model import LT2Model
 
-__all__ = ["compile"]
+__all__ = ["compile", "from_pretrained"]
 
 
 def compile(
@@ -50,3 +50,11 @@ def compile(
     from lt2dsl.lowering import compile_model
 
     return compile_model(source, backend=backend, device=device, dtype=dtype, overrides=overrides, fuse=fuse)
+
+
+def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> LT2Model:
+    """The `LT2Model` of a local Hugging Face checkpoint folder (`lt2dsl.hf.from_pretrained`: its
+    `.lt2` program written by the importer, its weights loaded). Needs the `hf` extra."""
+    from lt2dsl.hf.importer import from_pretrained as load
+
+    return load(path, **kwargs)

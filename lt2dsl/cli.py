@@ -1,4 +1,5 @@
-"""`lt2dsl`: check, fmt, graph, explain and compile `.lt2` files; eval and analyze trained weights.
+"""`lt2dsl`: check, fmt, graph, explain and compile `.lt2` files; import HF checkpoints; eval and
+analyze trained weights.
 
 Exit codes: 0 clean (warnings allowed), 1 the input has errors (or `fmt --check` would change a
 file), 2 usage errors (bad flags, a missing file, an unknown code), 3 an internal compiler error.
@@ -193,6 +194,18 @@ def cmd_compile(args: argparse.Namespace, out: Console, err: Console) -> int:
     return status
 
 
+def cmd_import(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if not Path(args.dir).is_dir():
+        raise UsageError(f"cannot read `{args.dir}`: {'not a folder' if Path(args.dir).exists() else 'no such folder'}")
+    try:
+        from lt2dsl.hf import cli as hf
+    except ModuleNotFoundError as e:
+        raise UsageError(
+            f"`import` needs the `hf` extra (pip install 'lt2dsl[hf]'): no module `{e.name}`"
+        ) from None
+    return hf.run(args, out, err, report)
+
+
 def summary(loaded) -> str:
     """One line: name, blocks stored and applied, loops, width, heads."""
     from lt2dsl.ir import nodes as n
@@ -274,6 +287,11 @@ def build_parser(for_compile: bool = False, verb: str | None = None) -> argparse
         k.add_argument("--estimate", action="store_true", help="print the cost report")
     k.set_defaults(run=cmd_compile)
 
+    i = sub.add_parser("import", help="a local Hugging Face checkpoint folder → .lt2 (+ weights)")
+    i.add_argument("dir", metavar="DIR", help="a checkpoint folder: config.json + safetensors (no hub)")
+    i.add_argument("-o", "--output", metavar="FILE", help="write the .lt2 program here (default: stdout)")
+    i.add_argument("--weights", metavar="FILE", help="write the weights under lt2dsl's names (safetensors)")
+    i.set_defaults(run=cmd_import)
     _room_verb(sub, "eval", "lt2dsl.tasks.cli", "score weights on a synthetic task", verb)
     _room_verb(sub, "analyze", "lt2dsl.analysis.cli", "Toeplitz index, state rank and receptive field", verb)
     return p

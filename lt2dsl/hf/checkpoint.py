@@ -76,7 +76,9 @@ def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, handle.get_tensor(name)
 
 
-def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None):
+def save_safetensors(
+    tensors: Mapping[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None
+):
     """Write `tensors` to `path` atomically (a temp file in the same folder, then `os.replace`)."""
     from safetensors.torch import save_file
 

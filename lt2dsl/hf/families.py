@@ -94,33 +94,28 @@ def act(cfg: dict, expected: str, field: str = "hidden_act") -> None:
     refuse_unless(v == expected, field, f"activation `{v}` (this family's MLP is `{expected}`)")
 
 
-def llama(cfg: dict, name: str) -> Plan:
-    """Llama 2 / 3.x, SmolLM2 (`LlamaForCausalLM`): biases on q, k, v, o with `attention_bias`."""
-    refuse_moe(cfg)
-    act(cfg, "silu")
-    eps = num(float(get(cfg, "rms_norm_eps", 1e-6)))
-    extra = {"bias": "true"} if cfg.get("attention_bias") else {}
-    layers = attention_layers(cfg, PRE_NORM_MAP, extra)
-    return Plan("llama", name, base_settings(cfg, norm=f"rmsnorm(eps={eps})", mlp="swiglu"), layers, head_map(cfg))
+def dense(family: str, extra: dict[str, str]):
+    """The reader of a pre-norm SwiGLU family whose attention takes `extra` options."""
+
+    def read(cfg: dict, name: str) -> Plan:
+        refuse_moe(cfg)
+        act(cfg, "silu")
+        opts = dict(extra)
+        if cfg.get("attention_bias"):
+            opts["bias"] = "true"
+        eps = num(float(get(cfg, "rms_norm_eps", 1e-6)))
+        settings = base_settings(cfg, norm=f"rmsnorm(eps={eps})", mlp="swiglu")
+        return Plan(family, name, settings, attention_layers(cfg, PRE_NORM_MAP, opts), head_map(cfg))
+
+    return read
 
 
-def qwen2(cfg: dict, name: str) -> Plan:
-    """Qwen2 / 2.5: biases on q, k, v only."""
-    refuse_moe(cfg)
-    act(cfg, "silu")
-    eps = num(float(get(cfg, "rms_norm_eps", 1e-6)))
-    layers = attention_layers(cfg, PRE_NORM_MAP, {"qkv_bias": "true"})
-    return Plan("qwen2", name, base_settings(cfg, norm=f"rmsnorm(eps={eps})", mlp="swiglu"), layers, head_map(cfg))
-
-
-def qwen3(cfg: dict, name: str) -> Plan:
-    """Qwen3 (dense): per-head q/k RMSNorm before RoPE, no biases unless `attention_bias`."""
-    refuse_moe(cfg)
-    act(cfg, "silu")
-    eps = num(float(get(cfg, "rms_norm_eps", 1e-6)))
-    extra = {"qk_norm": "true"} | ({"bias": "true"} if cfg.get("attention_bias") else {})
-    layers = attention_layers(cfg, PRE_NORM_MAP, extra)
-    return Plan("qwen3", name, base_settings(cfg, norm=f"rmsnorm(eps={eps})", mlp="swiglu"), layers, head_map(cfg))
+# Llama 2 / 3.x and SmolLM2: `attention_bias` biases q, k, v and o.
+llama = dense("llama", {})
+# Qwen2 / 2.5: biases on q, k, v only.
+qwen2 = dense("qwen2", {"qkv_bias": "true"})
+# Qwen3 (dense): per-head q/k RMSNorm before RoPE.
+qwen3 = dense("qwen3", {"qk_norm": "true"})
 
 
 def gemma3(cfg: dict, name: str) -> Plan:
@@ -132,7 +127,9 @@ def gemma3(cfg: dict, name: str) -> Plan:
     d = dims(cfg)[3]
     for f in ("attn_logit_softcapping", "final_logit_softcapping"):
         refuse_unless(cfg.get(f) is None, f, "logit soft-capping cannot be expressed in `.lt2`")
-    refuse_unless(not cfg.get("use_bidirectional_attention"), "use_bidirectional_attention", "bidirectional attention")
+    refuse_unless(
+        not cfg.get("use_bidirectional_attention"), "use_bidirectional_attention", "bidirectional attention"
+    )
     scalar = get(cfg, "query_pre_attn_scalar", d)
     refuse_unless(
         float(scalar) == float(d),
@@ -163,7 +160,10 @@ def ouro(cfg: dict, name: str) -> Plan:
     thr = cfg.get("early_exit_threshold")
     loop = f"loop T={T}, final_norm=true, norm=sandwich"
     model_map = head_map(cfg)
-    gate = {"model.early_exit_gate.weight": "loops.0.exit.weight", "model.early_exit_gate.bias": "loops.0.exit.bias"}
+    gate = {
+        "model.early_exit_gate.weight": "loops.0.exit.weight",
+        "model.early_exit_gate.bias": "loops.0.exit.bias",
+    }
     if thr is None:
         model_map |= dict.fromkeys(gate)
     else:

@@ -37,7 +37,9 @@ def mlp_hidden(cfg: dict) -> int:
 
 
 def settings(cfg: dict, heads: int, head_dim: int) -> dict[str, str]:
-    refuse_unless(get(cfg, "hidden_act", "swish") == "swish", "hidden_act", "fla's MLP activation must be swish")
+    refuse_unless(
+        get(cfg, "hidden_act", "swish") == "swish", "hidden_act", "fla's MLP activation must be swish"
+    )
     refuse_unless(cfg.get("attnres_block_size") is None, "attnres_block_size", "attention residuals")
     tied = bool(cfg.get("tie_word_embeddings", False))
     return {

@@ -121,7 +121,11 @@ def import_checkpoint(root: str | os.PathLike) -> Imported:
 
 
 def from_pretrained(
-    root: str | os.PathLike, *, dtype: torch.dtype | str | None = None, backend: str = "auto", fuse: bool = True
+    root: str | os.PathLike,
+    *,
+    dtype: torch.dtype | str | None = None,
+    backend: str = "auto",
+    fuse: bool = True,
 ):
     """The `LT2Model` of a local Hugging Face checkpoint folder, its weights loaded.
 
