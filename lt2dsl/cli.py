@@ -195,8 +195,9 @@ def cmd_compile(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_import(args: argparse.Namespace, out: Console, err: Console) -> int:
-    if not Path(args.dir).is_dir():
-        raise UsageError(f"cannot read `{args.dir}`: {'not a folder' if Path(args.dir).exists() else 'no such folder'}")
+    folder = Path(args.dir)
+    if not folder.is_dir():
+        raise UsageError(f"cannot read `{folder}`: {'not a folder' if folder.exists() else 'no such folder'}")
     try:
         from lt2dsl.hf import cli as hf
     except ModuleNotFoundError as e:
