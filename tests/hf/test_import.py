@@ -1,0 +1,156 @@
+"""Import parity for the transformer families: a tiny random `transformers` model saved to a temp
+folder, imported, then compared on logits (fp32, 1e-5 relative) and greedy tokens (exact)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from lt2dsl.hf import from_pretrained, import_checkpoint  # noqa: E402
+
+from .reference import ouro_logits  # noqa: E402
+from .util import VOCAB, greedy, prompt, random_state, rel_err, write_checkpoint  # noqa: E402
+
+SMALL = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+)
+
+CASES = {
+    # Llama 3: llama3 RoPE scaling whose original length (16) puts frequencies in all three bands
+    "llama3": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+            attention_bias=True,
+        ),
+    ),
+    # SmolLM2 is LlamaForCausalLM with tied embeddings and MHA
+    "smollm2": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True, num_key_value_heads=4)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(head_dim=8)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8, tie_word_embeddings=True)),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            num_hidden_layers=4,
+            head_dim=8,
+            query_pre_attn_scalar=8,
+            sliding_window=3,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+        ),
+    ),
+}
+
+
+def hf_model(case: str):
+    cfg_cls, model_cls, extra = CASES[case]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cfg_cls)(**(SMALL | extra))
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and biases: a misplaced one changes the logits
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.normal_(0, 0.3)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_family_matches_transformers(case, tmp_path):
+    ref = hf_model(case)
+    ref.save_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path, dtype=torch.float32, backend="reference").eval()
+    ids = prompt()
+    with torch.no_grad():
+        assert rel_err(ours(ids), ref(ids).logits) < 1e-5
+        assert torch.equal(ours.generate(ids, 4), ref.generate(ids, max_new_tokens=4, do_sample=False))
+
+
+def test_sharded_checkpoint_imports_like_one_file(tmp_path):
+    ref = hf_model("qwen2")
+    one_dir, shard_dir = tmp_path / "one" / "ckpt", tmp_path / "shards" / "ckpt"
+    ref.save_pretrained(one_dir)
+    ref.save_pretrained(shard_dir, max_shard_size="20KB")
+    assert (shard_dir / "model.safetensors.index.json").is_file()
+    one, shards = import_checkpoint(one_dir), import_checkpoint(shard_dir)
+    assert one.text == shards.text
+    assert all(torch.equal(one.state[k], shards.state[k]) for k in one.state)
+
+
+def ouro_config(**kw) -> dict:
+    """Ouro's config.json fields (ByteDance/Ouro-1.4B), shrunk."""
+    return {
+        "model_type": "ouro",
+        "architectures": ["OuroForCausalLM"],
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "total_ut_steps": 3,
+        "early_exit_threshold": 1.0,
+        "dtype": "float32",
+    } | kw
+
+
+def ouro_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,), "lm_head.weight": (V, D)}
+    shapes |= {"model.early_exit_gate.weight": (1, D), "model.early_exit_gate.bias": (1,)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {f"{p}self_attn.{n}_proj.weight": (D, D) for n in "qkvo"}
+        shapes |= {
+            f"{p}mlp.gate_proj.weight": (F, D),
+            f"{p}mlp.up_proj.weight": (F, D),
+            f"{p}mlp.down_proj.weight": (D, F),
+        }
+        for n in (
+            "input_layernorm",
+            "input_layernorm_2",
+            "post_attention_layernorm",
+            "post_attention_layernorm_2",
+        ):
+            shapes[f"{p}{n}.weight"] = (D,)
+    return shapes
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.5])
+def test_ouro_layout_matches_its_forward(threshold, tmp_path):
+    cfg = ouro_config(early_exit_threshold=threshold)
+    state = random_state(ouro_shapes(cfg))
+    write_checkpoint(tmp_path, cfg, state)
+    ours = from_pretrained(tmp_path, dtype=torch.float32, backend="reference").eval()
+    ids = prompt()
+
+    def ref(x):
+        return ouro_logits(state, cfg, x)
+
+    with torch.no_grad():
+        assert rel_err(ours(ids), ref(ids)) < 1e-5
+        assert torch.equal(ours.generate(ids, 4), greedy(ref, ids, 4))
