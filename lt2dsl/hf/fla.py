@@ -81,7 +81,7 @@ def hybrid(cfg: dict, name: str, family: str, kind: str, opts: dict[str, str], H
     """The plan of an fla model whose non-attention layers are `kind(opts)`."""
     refuse_moe(cfg)
     attn = attn_layers(cfg)
-    mixer = Layer(kind, call(kind, opts), kind, BLOCK_MAP, MIXER)
+    mixer = Layer(f"{kind}_layer", call(kind, opts), kind, BLOCK_MAP, MIXER)
     layers = [attn.get(i, mixer) for i in range(int(cfg["num_hidden_layers"]))]
     model_map = MODEL_MAP | ({"lm_head.weight": None} if cfg.get("tie_word_embeddings") else {})
     return Plan(family, name, settings(cfg, H, d), layers, model_map)
