@@ -24,6 +24,7 @@ import torch
 from lt2dsl.cost.estimate import model_weights
 from lt2dsl.hf import families, fla
 from lt2dsl.hf.checkpoint import Checkpoint, iter_tensors, open_checkpoint, weight_files
+from lt2dsl.hf.common import refuse_moe
 from lt2dsl.hf.plan import Plan, lt2_text
 from lt2dsl.hf.refuse import Refused
 from lt2dsl.ir import nodes as n
@@ -45,6 +46,7 @@ class Imported:
 def read_plan(ckpt: Checkpoint) -> Plan:
     """The family reader's plan of the checkpoint's config (`Refused` for an unknown model type)."""
     cfg = ckpt.config
+    refuse_moe(cfg)  # before the model type: `qwen3_moe` is refused for its experts
     kind = cfg.get("model_type")
     if kind not in READERS:
         raise Refused(
