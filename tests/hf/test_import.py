@@ -3,6 +3,8 @@ folder, imported, then compared on logits (fp32, 1e-5 relative) and greedy token
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -154,3 +156,33 @@ def test_ouro_layout_matches_its_forward(threshold, tmp_path):
     with torch.no_grad():
         assert rel_err(ours(ids), ref(ids)) < 1e-5
         assert torch.equal(ours.generate(ids, 4), greedy(ref, ids, 4))
+
+
+OURO_1P4B = ouro_config(  # ByteDance/Ouro-1.4B's config.json values
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=49152,
+    max_position_embeddings=65536,
+    total_ut_steps=4,
+    dtype="bfloat16",
+)
+
+
+def test_ouro_1p4b_config_gives_the_example(tmp_path):
+    """Ouro-1.4B's config imports to `examples/ouro_1p4b.lt2` (1,434,652,673 stored parameters)."""
+    from pathlib import Path
+
+    from lt2dsl.cost.estimate import model_weights
+    from lt2dsl.frontend import load_or_raise
+    from lt2dsl.hf.checkpoint import open_checkpoint
+    from lt2dsl.hf.importer import program_text, read_plan
+
+    write_checkpoint(tmp_path / "ouro_1p4b", OURO_1P4B, {})
+    plan = read_plan(open_checkpoint(tmp_path / "ouro_1p4b"))
+    _, imported = program_text(plan, "Ouro-1.4B")
+    example = load_or_raise(Path(__file__).parents[2] / "examples" / "ouro_1p4b.lt2").model
+    assert imported == example
+    assert sum(math.prod(s) for s in model_weights(example).values()) == 1_434_652_673
