@@ -13,9 +13,10 @@ import torch.nn.functional as F
 
 
 def rms(x, w, eps, offset=False):
+    """RMSNorm in fp32, returned in x's dtype (HF's: the weight scales the rounded normed input)."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return y * (1 + w if offset else w)
+    return (y * (1 + w.float())).to(x.dtype) if offset else w * y.to(x.dtype)
 
 
 def rope(x, theta):
@@ -25,7 +26,7 @@ def rope(x, theta):
     ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None]
     cos, sin = torch.cat([ang.cos()] * 2, -1)[None, :, None], torch.cat([ang.sin()] * 2, -1)[None, :, None]
     rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
-    return x * cos + rot * sin
+    return (x * cos.to(x.device) + rot * sin.to(x.device)).to(x.dtype)
 
 
 def attention(sd, p, x, H, KV, d, theta, window=None, bias=False):
@@ -39,7 +40,7 @@ def attention(sd, p, x, H, KV, d, theta, window=None, bias=False):
         return y.view(B, T, heads, d)
 
     q, k, v = rope(proj("q", H), theta), rope(proj("k", KV), theta), proj("v", KV)
-    i = torch.arange(T)
+    i = torch.arange(T, device=x.device)
     mask = i[None, :] <= i[:, None]
     if window:
         mask &= i[None, :] > i[:, None] - window

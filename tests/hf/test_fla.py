@@ -37,7 +37,7 @@ def base_config(model_type: str, **kw) -> dict:
     } | kw
 
 
-def block_shapes(p: str) -> dict[str, tuple[int, ...]]:
+def block_shapes(p: str, D: int = D, MLP: int = MLP) -> dict[str, tuple[int, ...]]:
     return {
         f"{p}attn_norm.weight": (D,),
         f"{p}mlp_norm.weight": (D,),
@@ -47,25 +47,29 @@ def block_shapes(p: str) -> dict[str, tuple[int, ...]]:
     }
 
 
+def gdn_shapes(p: str, D: int = D, H: int = H, K: int = 8, V: int = 16, W: int = 4) -> dict:
+    """fla's `GatedDeltaNet` layer (here head_dim 8, expand_v 2: K = 8, V = 16)."""
+    return {
+        f"{p}q_proj.weight": (H * K, D),
+        f"{p}k_proj.weight": (H * K, D),
+        f"{p}v_proj.weight": (H * V, D),
+        f"{p}a_proj.weight": (H, D),
+        f"{p}b_proj.weight": (H, D),
+        f"{p}A_log": (H,),
+        f"{p}dt_bias": (H,),
+        f"{p}q_conv1d.weight": (H * K, 1, W),
+        f"{p}k_conv1d.weight": (H * K, 1, W),
+        f"{p}v_conv1d.weight": (H * V, 1, W),
+        f"{p}g_proj.weight": (H * V, D),
+        f"{p}o_norm.weight": (V,),
+        f"{p}o_proj.weight": (D, H * V),
+    }
+
+
 def mixer_shapes(kind: str, p: str, W: int = 4) -> dict[str, tuple[int, ...]]:
     """The weights fla's layer of `kind` stores (names and shapes from `fla/layers/*.py`)."""
-    if kind == "gdn":  # head_dim 8, expand_v 2: K = 8, V = 16
-        K, V = 8, 16
-        return {
-            f"{p}q_proj.weight": (H * K, D),
-            f"{p}k_proj.weight": (H * K, D),
-            f"{p}v_proj.weight": (H * V, D),
-            f"{p}a_proj.weight": (H, D),
-            f"{p}b_proj.weight": (H, D),
-            f"{p}A_log": (H,),
-            f"{p}dt_bias": (H,),
-            f"{p}q_conv1d.weight": (H * K, 1, W),
-            f"{p}k_conv1d.weight": (H * K, 1, W),
-            f"{p}v_conv1d.weight": (H * V, 1, W),
-            f"{p}g_proj.weight": (H * V, D),
-            f"{p}o_norm.weight": (V,),
-            f"{p}o_proj.weight": (D, H * V),
-        }
+    if kind == "gdn":
+        return gdn_shapes(p)
     if kind == "deltanet":  # K = V = D / H
         K = D // H
         convs = {f"{p}{n}_conv1d.weight": (D, 1, W) for n in "qkv"}
@@ -112,7 +116,7 @@ def mixer_shapes(kind: str, p: str, W: int = 4) -> dict[str, tuple[int, ...]]:
     }
 
 
-def attn_shapes(p: str, heads: int, kv: int) -> dict[str, tuple[int, ...]]:
+def attn_shapes(p: str, heads: int, kv: int, D: int = D) -> dict[str, tuple[int, ...]]:
     d = D // heads
     return {
         f"{p}q_proj.weight": (D, D),
@@ -139,7 +143,8 @@ CASES = {
 }
 
 
-def fla_checkpoint(kind: str, tmp_path) -> tuple[dict, dict]:
+def fla_layout(kind: str) -> tuple[dict, dict]:
+    """(config, weight shapes) of the tiny checkpoint of `kind`."""
     model_type, extra = CASES[kind]
     cfg = base_config(model_type, **extra)
     attn = cfg.get("attn") or {"layers": []}
@@ -155,6 +160,11 @@ def fla_checkpoint(kind: str, tmp_path) -> tuple[dict, dict]:
             )
         else:
             shapes |= mixer_shapes(kind, p + "attn.")
+    return cfg, shapes
+
+
+def fla_checkpoint(kind: str, tmp_path) -> tuple[dict, dict]:
+    cfg, shapes = fla_layout(kind)
     state = random_state(shapes)
     for k in state:  # fla's decay parameters: A = e^{A_log} in [1, 16], dt_bias = softplus⁻¹(dt)
         if k.endswith("A_log"):
@@ -177,3 +187,23 @@ def test_fla_family_matches_reference(kind, tmp_path):
     with torch.no_grad():
         assert rel_err(ours(ids), ref(ids)) < 1e-5
         assert torch.equal(ours.generate(ids, 3), greedy(ref, ids, 3))
+
+
+def full_gdn_layout() -> tuple[dict, dict]:
+    """(config, weight shapes) of an fla GatedDeltaNet hybrid at 1.3B scale (D 2048, 21 layers of
+    16 heads × 128, expand_v 2, attention on layers 5, 11, 17), for `bench/hf_parity.py`."""
+    D, H, L, MLP, K = 2048, 16, 21, 5632, 128
+    attn = {"layers": [5, 11, 17], "num_heads": 16, "rope_theta": 10000.0}
+    cfg = base_config("gated_deltanet", head_dim=K, expand_v=2.0, use_gate=True, attn=attn)
+    cfg |= {"hidden_size": D, "num_heads": H, "num_hidden_layers": L, "intermediate_size": MLP}
+    shapes = {"model.embeddings.weight": (VOCAB, D), "model.norm.weight": (D,), "lm_head.weight": (VOCAB, D)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        shapes |= block_shapes(p, D, MLP)
+        mixer = (
+            attn_shapes(p + "attn.", 16, 16, D)
+            if i in attn["layers"]
+            else gdn_shapes(p + "attn.", D, H, K, 2 * K)
+        )
+        shapes |= mixer
+    return cfg, shapes
