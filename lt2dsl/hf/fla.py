@@ -110,10 +110,9 @@ def gated_deltanet(cfg: dict, name: str) -> Plan:
 
 
 def kda(cfg: dict, name: str) -> Plan:
-    refuse_unless(float(get(cfg, "expand_v", 1.0)) == 1.0, "expand_v", "KDA with value dim != key dim")
     refuse_unless(not cfg.get("allow_neg_eigval"), "allow_neg_eigval", "KDA with negative eigenvalues")
     H, K = int(cfg["num_heads"]), int(get(cfg, "head_dim", 128))
-    opts = {}
+    opts = {"expand_v": num(float(get(cfg, "expand_v", 1.0)))}
     if cfg.get("num_v_heads") is not None:
         opts["v_heads"] = str(int(cfg["num_v_heads"]))
     opts |= conv_opts(cfg)
@@ -126,7 +125,8 @@ def kda(cfg: dict, name: str) -> Plan:
 
 def gla(cfg: dict, name: str) -> Plan:
     """fla GLA with its model defaults (no short conv, no feature map, SiLU output gate, low-rank
-    decay gate of rank 16 and normalizer 16): head dims K = D·expand_k / H, V = D·expand_v / H."""
+    decay gate of rank 16 and normalizer 16): head dims K = D·expand_k / H, V = D·expand_v / H,
+    k / v / decay for `num_kv_heads` heads shared by groups of query heads."""
     for f, ok in (
         ("feature_map", cfg.get("feature_map") is None),
         ("use_short_conv", not cfg.get("use_short_conv")),
@@ -134,13 +134,16 @@ def gla(cfg: dict, name: str) -> Plan:
         ("use_gv", not cfg.get("use_gv")),
         ("clamp_min", cfg.get("clamp_min") is None),
         ("elementwise_affine", get(cfg, "elementwise_affine", True)),
-        ("num_kv_heads", cfg.get("num_kv_heads") in (None, cfg["num_heads"])),
     ):
         refuse_unless(bool(ok), f, f"GLA with `{f}` = {cfg.get(f)}")
     D, H = int(cfg["hidden_size"]), int(cfg["num_heads"])
     ek, ev = float(get(cfg, "expand_k", 0.5)), float(get(cfg, "expand_v", 1.0))
     V = round(D * ev) // H
-    opts = {"expand_k": num(ek / ev), "norm_eps": norm_eps(cfg)}
+    opts = {
+        "expand_k": num(ek / ev),
+        "kv_heads": str(int(get(cfg, "num_kv_heads", H))),
+        "norm_eps": norm_eps(cfg),
+    }
     return hybrid(cfg, name, "gla", "gla", opts, H, V)
 
 

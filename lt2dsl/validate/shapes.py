@@ -17,7 +17,8 @@ from lt2dsl.suggest import quoted
 from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import rule
 
-ATTENTION = ("full", "swa", "dsa", "nsa")
+# Kinds with key/value heads shared by groups of query heads (`gla`: fla's `num_kv_heads`).
+ATTENTION = ("full", "swa", "dsa", "nsa", "gla")
 # Kinds whose heads / head_dim / kv_heads default to the model settings of the same name.
 INHERITS = ("heads", "head_dim", "kv_heads")
 
@@ -50,7 +51,7 @@ def check_kv_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
     """Query heads not a multiple of key/value heads.
 
     What it checks:
-        For attention mixers (`full`, `swa`, `dsa`, `nsa`) and for the model's `heads` /
+        For attention mixers (`full`, `swa`, `dsa`, `nsa`), `gla` and for the model's `heads` /
         `kv_heads` settings: `heads % kv_heads == 0`.
 
     Why it matters:
@@ -128,6 +129,7 @@ def check_value_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
 # kind → (factor option, what the product is)
 DERIVED = {
     "gdn": ("expand_v", "value head dim"),
+    "kda": ("expand_v", "value head dim"),
     "retnet": ("expand_v", "value head dim"),
     "gla": ("expand_k", "key head dim"),
     "mlstm": ("qk_dim_factor", "key head dim"),
@@ -139,7 +141,7 @@ def check_derived_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
     """Derived head dim not a whole number.
 
     What it checks:
-        `head_dim · expand_v` (`gdn`, `retnet`), `head_dim · expand_k` (`gla`) and
+        `head_dim · expand_v` (`gdn`, `kda`, `retnet`), `head_dim · expand_k` (`gla`) and
         `head_dim · qk_dim_factor` (`mlstm`) are whole numbers of at least 1.
 
     Why it matters:

@@ -142,11 +142,16 @@ def fla_mixer(sd, p, x, kind, cfg):
     def heads(y, n):
         return y.view(B, T, n, -1)
 
-    if kind == "gla":
-        q, k = heads(x @ sd[p + "q_proj.weight"].T, H), heads(x @ sd[p + "k_proj.weight"].T, H)
-        v = heads(x @ sd[p + "v_proj.weight"].T, H)
+    if kind == "gla":  # k, v, decay for num_kv_heads heads, repeated `(h d) -> (h g) d` (fla)
+        KV = cfg.get("num_kv_heads") or H
+
+        def shared(y):
+            return heads(y, KV).repeat_interleave(H // KV, 2)
+
+        q, k = heads(x @ sd[p + "q_proj.weight"].T, H), shared(x @ sd[p + "k_proj.weight"].T)
+        v = shared(x @ sd[p + "v_proj.weight"].T)
         gk = (x @ sd[p + "gk_proj.0.weight"].T) @ sd[p + "gk_proj.1.weight"].T + sd[p + "gk_proj.1.bias"]
-        g = F.logsigmoid(heads(gk, H)) / 16
+        g = F.logsigmoid(shared(gk)) / 16
         o = recurrence(q * q.shape[-1] ** -0.5, k, v, g)
         o = gated_norm(o, sd[p + "g_norm_swish_gate.weight"], eps, heads(x @ sd[p + "g_proj.weight"].T, H))
         return o.reshape(B, T, -1) @ sd[p + "o_proj.weight"].T

@@ -81,36 +81,36 @@ def mixer_shapes(kind: str, p: str, W: int = 4) -> dict[str, tuple[int, ...]]:
                 f"{p}o_norm.weight": (K,),
             }
         )
-    if kind == "kda":  # head_dim 8, expand_v 1
-        K = 8
+    if kind == "kda":  # head_dim 8, expand_v 2: K = 8, V = 16
+        K, V = 8, 16
         return {
             f"{p}q_proj.weight": (H * K, D),
             f"{p}k_proj.weight": (H * K, D),
-            f"{p}v_proj.weight": (H * K, D),
+            f"{p}v_proj.weight": (H * V, D),
             f"{p}q_conv1d.weight": (H * K, 1, W),
             f"{p}k_conv1d.weight": (H * K, 1, W),
-            f"{p}v_conv1d.weight": (H * K, 1, W),
-            f"{p}f_proj.0.weight": (K, D),
-            f"{p}f_proj.1.weight": (H * K, K),
+            f"{p}v_conv1d.weight": (H * V, 1, W),
+            f"{p}f_proj.0.weight": (V, D),
+            f"{p}f_proj.1.weight": (H * K, V),
             f"{p}b_proj.weight": (H, D),
             f"{p}A_log": (H,),
             f"{p}dt_bias": (H * K,),
-            f"{p}g_proj.0.weight": (K, D),
-            f"{p}g_proj.1.weight": (H * K, K),
-            f"{p}g_proj.1.bias": (H * K,),
-            f"{p}o_norm.weight": (K,),
-            f"{p}o_proj.weight": (D, H * K),
+            f"{p}g_proj.0.weight": (V, D),
+            f"{p}g_proj.1.weight": (H * V, V),
+            f"{p}g_proj.1.bias": (H * V,),
+            f"{p}o_norm.weight": (V,),
+            f"{p}o_proj.weight": (D, H * V),
         }
-    assert kind == "gla"  # expand_k 0.5, expand_v 1: K = 8, V = 16, low-rank gate of rank 16
-    K, V = D // 2 // H, D // H
+    assert kind == "gla"  # expand_k 0.5, expand_v 1: K = 8, V = 16, rank-16 decay gate, 1 kv head
+    K, V, KV = D // 2 // H, D // H, 1
     return {
         f"{p}q_proj.weight": (H * K, D),
-        f"{p}k_proj.weight": (H * K, D),
-        f"{p}v_proj.weight": (H * V, D),
+        f"{p}k_proj.weight": (KV * K, D),
+        f"{p}v_proj.weight": (KV * V, D),
         f"{p}g_proj.weight": (H * V, D),
         f"{p}gk_proj.0.weight": (16, D),
-        f"{p}gk_proj.1.weight": (H * K, 16),
-        f"{p}gk_proj.1.bias": (H * K,),
+        f"{p}gk_proj.1.weight": (KV * K, 16),
+        f"{p}gk_proj.1.bias": (KV * K,),
         f"{p}o_proj.weight": (D, H * V),
         f"{p}g_norm_swish_gate.weight": (V,),
     }
@@ -138,8 +138,8 @@ CASES = {
         ),
     ),
     "deltanet": ("delta_net", dict(attn={"layers": [2], "num_heads": 2, "rope_theta": 500000.0})),
-    "kda": ("kda", dict(head_dim=8, expand_v=1.0)),
-    "gla": ("gla", dict(expand_k=0.5, expand_v=1.0, tie_word_embeddings=True)),
+    "kda": ("kda", dict(head_dim=8, expand_v=2.0)),
+    "gla": ("gla", dict(expand_k=0.5, expand_v=1.0, num_kv_heads=1, tie_word_embeddings=True)),
 }
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, NORM_EPS, identity_map, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, identity_map, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 PROJ = [
@@ -29,16 +29,19 @@ def dims(o: Opts) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class GlaSpec(LayerSpec):
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-        """q, k (H·K, D); v, g (H·V, D); decay gate D → rank → H·K (+ bias); o (D, H·V);
-        g_norm (V) of the gated RMSNorm."""
+        """q (H·K, D), g (H·V, D); k (HKV·K, D), v (HKV·V, D) and the decay gate D → rank → HKV·K
+        (+ bias), each shared by H / HKV query heads (fla's `num_kv_heads`); o (D, H·V); g_norm (V)
+        of the gated RMSNorm."""
         H, K, V = dims(o)
-        D, r = cfg.dim, o["gate_rank"]
+        D, r, HKV = cfg.dim, o["gate_rank"], o.get("kv_heads", H)
         return {
-            **qkv_weights(H * K, H * V, D),
+            "q_proj.weight": lin(H * K, D),
+            "k_proj.weight": lin(HKV * K, D),
+            "v_proj.weight": lin(HKV * V, D),
             "g_proj.weight": lin(H * V, D),
             "gk_proj.0.weight": lin(r, D),
-            "gk_proj.1.weight": lin(H * K, r),
-            "gk_proj.1.bias": (H * K,),
+            "gk_proj.1.weight": lin(HKV * K, r),
+            "gk_proj.1.bias": (HKV * K,),
             "o_proj.weight": lin(D, H * V),
             "g_norm.weight": (V,),
         }
@@ -74,6 +77,13 @@ SPEC = GlaSpec(
     options=(
         *COMMON,
         Option("expand_k", "number", "key head dim = head_dim · expand_k", default=0.5, min=0, min_open=True),
+        Option(
+            "kv_heads",
+            "int",
+            "key/value (and decay) heads, each shared by heads / kv_heads query heads (fla) [heads]",
+            default=lambda c, o: o.get("heads", _heads(c, o)),
+            min=1,
+        ),
         Option("gate_rank", "int", "rank of the low-rank decay gate", default=16, min=1),
         Option(
             "gate_norm",

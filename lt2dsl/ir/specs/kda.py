@@ -33,18 +33,23 @@ PROJ = [
 SUB = 16  # sub-chunk of the gated diagonal blocks
 
 
+def dims(o: Opts) -> tuple[int, int, int, int]:
+    """(H, HV, K, V): q/k heads, value heads, key dim, value dim = K · expand_v (fla's head_v_dim)."""
+    return o["heads"], o["v_heads"], o["head_dim"], int(o["head_dim"] * o.get("expand_v", 1))
+
+
 @dataclass(frozen=True)
 class KdaSpec(LayerSpec):
     def conv_channels(self, o: Opts) -> dict[str, int]:
-        H, HV, K = o["heads"], o["v_heads"], o["head_dim"]
-        return {"q": H * K, "k": H * K, "v": HV * K}
+        H, HV, K, V = dims(o)
+        return {"q": H * K, "k": H * K, "v": HV * V}
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-        """q, k (H·K, D); v (HV·V, D) with V = K; low-rank forget gate f: D → V → HV·K;
+        """q, k (H·K, D); v (HV·V, D) with V = K · expand_v; low-rank forget gate f: D → V → HV·K;
         b (HV, D); low-rank output gate g: D → V → HV·V (+ bias); o (D, HV·V); convs;
         A_log (HV); dt_bias (HV·K); o_norm (V)."""
-        H, HV, K, D = o["heads"], o["v_heads"], o["head_dim"], cfg.dim
-        V = K
+        H, HV, K, V = dims(o)
+        D = cfg.dim
         w = {
             **qkv_weights(H * K, HV * V, D),
             "f_proj.0.weight": lin(V, D),
@@ -59,16 +64,16 @@ class KdaSpec(LayerSpec):
         return w | {"A_log": (HV,), "dt_bias": (HV * K,), "o_norm.weight": (V,)}
 
     def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
-        K = o["head_dim"]
-        return state(batch, o["v_heads"], K, K) | conv_cache(self.conv_channels(o), o["conv"], batch)
+        H, HV, K, V = dims(o)
+        return state(batch, HV, K, V) | conv_cache(self.conv_channels(o), o["conv"], batch)
 
     def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
         """Core per value head: GDN's chunked count + 3·16·K for the gated 16-token diagonal
         sub-blocks (mixers.md §6(d)); decode 7KV."""
-        K = o["head_dim"]
+        H, HV, K, V = dims(o)
         proj = proj_flops(self.weights(o, cfg), PROJ)
         proj += conv_flops(sum(self.conv_channels(o).values()), o["conv"])
-        core = 7 * K * K if mode == "decode" else delta_core(K, K, chunk_of(L)) + 3 * SUB * K
+        core = 7 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L)) + 3 * SUB * K
         return Flops(proj=proj, core=float(o["v_heads"] * core))
 
     def is_delta_rule(self) -> bool:
@@ -101,6 +106,14 @@ SPEC = KdaSpec(
     options=(
         *COMMON,
         V_HEADS,
+        Option(
+            "expand_v",
+            "number",
+            "value head dim = head_dim · expand_v (fla's KDA)",
+            default=1,
+            min=0,
+            min_open=True,
+        ),
         CONV,
         Option("safe_gate", "bool", "bounded gate g = lower_bound · σ(·) ∈ (lower_bound, 0)", default=False),
         Option(

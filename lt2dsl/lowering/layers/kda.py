@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lt2dsl.ir.specs.kda import dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     check_input,
@@ -24,12 +25,13 @@ from lt2dsl.lowering.layers.base import MixerLayer, linear
 class KimiDeltaAttention(MixerLayer):
     """Delta rule with a per-channel forget gate and a low-rank sigmoid output gate.
 
-    x `[B, T, D]` → q, k `[B, T, H, K]`, v `[B, T, HV, K]` through projections and short convs +
-    SiLU (SiLU alone when `conv=0`), q, k L2-normalised inside the core. Forget gate, low rank:
-    f = W_f2 W_f1 x `[B, T, HV, K]`, g = −exp(A_log) · softplus(f + dt_bias), or with `safe_gate`
-    g = lower_bound · σ(exp(A_log) · (f + dt_bias)) ∈ (lower_bound, 0); β = σ(W_b x); gates in
-    fp32. S_t = (I − β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ (K^-½ q_t); then
-    RMSNorm(o) ⊙ σ(W_g2 W_g1 x + b_g) per head (eps `norm_eps`, fla's norm_eps) and W_o.
+    x `[B, T, D]` → q, k `[B, T, H, K]`, v `[B, T, HV, V]` (V = K · `expand_v`) through projections
+    and short convs + SiLU (SiLU alone when `conv=0`), q, k L2-normalised inside the core. Forget
+    gate, low rank: f = W_f2 W_f1 x `[B, T, HV, K]`, g = −exp(A_log) · softplus(f + dt_bias), or
+    with `safe_gate` g = lower_bound · σ(exp(A_log) · (f + dt_bias)) ∈ (lower_bound, 0);
+    β = σ(W_b x); gates in fp32. S_t = (I − β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t−1} + β_t k_t v_tᵀ,
+    o_t = S_tᵀ (K^-½ q_t); then RMSNorm(o) ⊙ σ(W_g2 W_g1 x + b_g) per head (eps `norm_eps`, fla's
+    norm_eps) and W_o.
     Init: A = U(1, 16) (A_log = 0 with `safe_gate`), dt_bias = softplus⁻¹(dt) with dt
     log-uniform in [1e-3, 0.1]; projections normal(0, 0.02), the output-gate bias 0 (fla).
     """
@@ -38,20 +40,21 @@ class KimiDeltaAttention(MixerLayer):
 
     def __init__(self, opts, cfg, backend: str = "reference"):
         super().__init__(opts, cfg, backend)
-        H, HV, K, D = self.opts["heads"], self.opts["v_heads"], self.opts["head_dim"], cfg.dim
-        self.H, self.HV, self.K, self.W = H, HV, K, self.opts["conv"]
+        H, HV, K, V = dims(self.opts)
+        D = cfg.dim
+        self.H, self.HV, self.K, self.V, self.W = H, HV, K, V, self.opts["conv"]
         W = self.W
-        self.q_proj, self.k_proj, self.v_proj = linear(D, H * K), linear(D, H * K), linear(D, HV * K)
-        self.f_proj = nn.Sequential(linear(D, K), linear(K, HV * K))
+        self.q_proj, self.k_proj, self.v_proj = linear(D, H * K), linear(D, H * K), linear(D, HV * V)
+        self.f_proj = nn.Sequential(linear(D, V), linear(V, HV * K))
         self.b_proj = linear(D, HV)
-        self.g_proj = nn.Sequential(linear(D, K), linear(K, HV * K, bias=True))
-        self.o_proj = linear(HV * K, D)
+        self.g_proj = nn.Sequential(linear(D, V), linear(V, HV * V, bias=True))
+        self.o_proj = linear(HV * V, D)
         if W > 0:
             self.q_conv1d, self.k_conv1d = depthwise_conv(H * K, W), depthwise_conv(H * K, W)
-            self.v_conv1d = depthwise_conv(HV * K, W)
+            self.v_conv1d = depthwise_conv(HV * V, W)
         self.A_log = nn.Parameter(torch.empty(HV))
         self.dt_bias = nn.Parameter(torch.empty(HV * K))
-        self.o_norm = GatedRMSNorm(K, eps=self.opts["norm_eps"], act="sigmoid")
+        self.o_norm = GatedRMSNorm(V, eps=self.opts["norm_eps"], act="sigmoid")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -63,11 +66,11 @@ class KimiDeltaAttention(MixerLayer):
         init_dt_bias(self.dt_bias)
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
-        """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, HV, K, K]` and the conv buffers."""
+        """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, HV, K, V]` and the conv buffers."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
         q = conv_silu(self, self.q_proj(x), "q", entry, self.W).unflatten(-1, (self.H, self.K))
         k = conv_silu(self, self.k_proj(x), "k", entry, self.W).unflatten(-1, (self.H, self.K))
-        v = conv_silu(self, self.v_proj(x), "v", entry, self.W).unflatten(-1, (self.HV, self.K))
+        v = conv_silu(self, self.v_proj(x), "v", entry, self.W).unflatten(-1, (self.HV, self.V))
         gd = math_dtype(self)
         f = (self.f_proj(x).to(gd) + self.dt_bias.to(gd)).unflatten(-1, (self.HV, self.K))
         A = self.A_log.to(gd).exp()[:, None]  # [HV, 1]
@@ -79,5 +82,5 @@ class KimiDeltaAttention(MixerLayer):
         o = kda_core(
             q, k, v, g, beta, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
         )
-        gate = self.g_proj(x).unflatten(-1, (self.HV, self.K))
+        gate = self.g_proj(x).unflatten(-1, (self.HV, self.V))
         return self.o_proj(self.o_norm(o, gate).flatten(-2))
