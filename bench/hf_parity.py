@@ -8,7 +8,7 @@ against the truth (max-abs relative, and KL of the next-token distributions) may
 original's bf16 error by at most `--slack` (2x), and greedy top-1 must agree on >= 99% of positions.
 
 Ouro and the fla families have no `transformers` class; their truth is the independent fp32
-forward of `tests/hf/reference.py` over the same weights (fla's own model instead when `fla`
+forward of `bench/hf_reference.py` over the same weights (fla's own model instead when `fla`
 is installed is a later extension).
 
 Usage (GPU; writes JSON to --out and prints a table):
@@ -172,28 +172,27 @@ def run_family(name: str, args, device: str) -> dict:
 
 
 def run_reference(name: str, args, device: str) -> dict:
-    """Ouro-1.4B / an fla GDN hybrid: weights in their layout, truth from `tests/hf/reference.py`."""
+    """Ouro-1.4B / an fla GDN hybrid: weights in their layout, truth from `bench/hf_reference.py`."""
     import lt2dsl
-    from tests.hf import reference as R
-    from tests.hf import test_fla, test_import
-    from tests.hf.util import random_state, write_checkpoint
+    from bench import hf_layouts as lay
+    from bench import hf_reference as R
 
     if name == "ouro":
-        cfg = test_import.ouro_config() if args.smoke else test_import.OURO_1P4B
-        shapes = test_import.ouro_shapes(cfg)
+        cfg = lay.ouro_config() if args.smoke else lay.OURO_1P4B
+        shapes = lay.ouro_shapes(cfg)
 
         def fn(sd, ids):
             return R.ouro_logits(sd, cfg, ids)
     else:
-        cfg, shapes = test_fla.fla_layout("gdn") if args.smoke else test_fla.full_gdn_layout()
+        cfg, shapes = lay.fla_layout("gdn") if args.smoke else lay.full_gdn_layout()
 
         def fn(sd, ids):
             return R.fla_logits(sd, cfg, ids, "gdn")
 
-    state = random_state(shapes, std=0.02)
+    state = lay.random_state(shapes, std=0.02)
     ids = torch.randint(0, cfg["vocab_size"], (1, args.seq if not args.smoke else 16), device=device)
     with tempfile.TemporaryDirectory() as d, torch.no_grad():
-        write_checkpoint(Path(d) / name, cfg | {"dtype": "bfloat16"}, state)
+        lay.write_checkpoint(Path(d) / name, cfg | {"dtype": "bfloat16"}, state)
         ours = (
             lt2dsl.from_pretrained(Path(d) / name, dtype=torch.bfloat16, backend="auto")
             .to(device)

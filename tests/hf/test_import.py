@@ -10,10 +10,18 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from bench.hf_layouts import (  # noqa: E402
+    OURO_1P4B,
+    VOCAB,
+    ouro_config,
+    ouro_shapes,
+    random_state,
+    write_checkpoint,
+)
+from bench.hf_reference import ouro_logits  # noqa: E402
 from lt2dsl.hf import from_pretrained, import_checkpoint  # noqa: E402
 
-from .reference import ouro_logits  # noqa: E402
-from .util import VOCAB, greedy, prompt, random_state, rel_err, write_checkpoint  # noqa: E402
+from .util import greedy, prompt, rel_err  # noqa: E402
 
 SMALL = dict(
     hidden_size=32,
@@ -98,50 +106,6 @@ def test_sharded_checkpoint_imports_like_one_file(tmp_path):
     assert all(torch.equal(one.state[k], shards.state[k]) for k in one.state)
 
 
-def ouro_config(**kw) -> dict:
-    """Ouro's config.json fields (ByteDance/Ouro-1.4B), shrunk."""
-    return {
-        "model_type": "ouro",
-        "architectures": ["OuroForCausalLM"],
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "vocab_size": VOCAB,
-        "max_position_embeddings": 64,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "total_ut_steps": 3,
-        "early_exit_threshold": 1.0,
-        "dtype": "float32",
-    } | kw
-
-
-def ouro_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,), "lm_head.weight": (V, D)}
-    shapes |= {"model.early_exit_gate.weight": (1, D), "model.early_exit_gate.bias": (1,)}
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes |= {f"{p}self_attn.{n}_proj.weight": (D, D) for n in "qkvo"}
-        shapes |= {
-            f"{p}mlp.gate_proj.weight": (F, D),
-            f"{p}mlp.up_proj.weight": (F, D),
-            f"{p}mlp.down_proj.weight": (D, F),
-        }
-        for n in (
-            "input_layernorm",
-            "input_layernorm_2",
-            "post_attention_layernorm",
-            "post_attention_layernorm_2",
-        ):
-            shapes[f"{p}{n}.weight"] = (D,)
-    return shapes
-
-
 @pytest.mark.parametrize("threshold", [1.0, 0.5])
 def test_ouro_layout_matches_its_forward(threshold, tmp_path):
     cfg = ouro_config(early_exit_threshold=threshold)
@@ -156,19 +120,6 @@ def test_ouro_layout_matches_its_forward(threshold, tmp_path):
     with torch.no_grad():
         assert rel_err(ours(ids), ref(ids)) < 1e-5
         assert torch.equal(ours.generate(ids, 4), greedy(ref, ids, 4))
-
-
-OURO_1P4B = ouro_config(  # ByteDance/Ouro-1.4B's config.json values
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=24,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    vocab_size=49152,
-    max_position_embeddings=65536,
-    total_ut_steps=4,
-    dtype="bfloat16",
-)
 
 
 def test_ouro_1p4b_config_gives_the_example(tmp_path):
