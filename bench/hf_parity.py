@@ -144,6 +144,16 @@ def errors(logits: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
     }
 
 
+def verdict(name: str, ours, theirs, truth, slack: float) -> dict:
+    """Our bf16 error against the truth within `slack` × the original's bf16 KL, top-1 within 1%."""
+    row = {"family": name, "ours": errors(ours, truth), "theirs_bf16": errors(theirs, truth)}
+    bar = max(row["theirs_bf16"]["kl"], 1e-6) * slack
+    row["ok"] = row["ours"]["kl"] <= bar and row["ours"]["top1"] >= 0.99 * min(
+        1.0, row["theirs_bf16"]["top1"]
+    )
+    return row
+
+
 def run_family(name: str, args, device: str) -> dict:
     import transformers
 
@@ -163,12 +173,7 @@ def run_family(name: str, args, device: str) -> dict:
         theirs = ref.to(torch.bfloat16)(ids).logits
         del ref
         ours = lt2dsl.from_pretrained(d, dtype=torch.bfloat16, backend="auto").to(device).eval()(ids)
-    row = {"family": name, "ours": errors(ours, truth), "theirs_bf16": errors(theirs, truth)}
-    bar = max(row["theirs_bf16"]["kl"], 1e-6) * args.slack
-    row["ok"] = row["ours"]["kl"] <= bar and row["ours"]["top1"] >= 0.99 * min(
-        1.0, row["theirs_bf16"]["top1"]
-    )
-    return row
+    return verdict(name, ours, theirs, truth, args.slack)
 
 
 def run_reference(name: str, args, device: str) -> dict:
@@ -201,12 +206,7 @@ def run_reference(name: str, args, device: str) -> dict:
         sd = {k: v.to(device) for k, v in state.items()}
         truth = fn(sd, ids)
         theirs = fn({k: v.to(torch.bfloat16) for k, v in sd.items()}, ids)
-    row = {"family": name, "ours": errors(ours, truth), "theirs_bf16": errors(theirs, truth)}
-    bar = max(row["theirs_bf16"]["kl"], 1e-6) * args.slack
-    row["ok"] = row["ours"]["kl"] <= bar and row["ours"]["top1"] >= 0.99 * min(
-        1.0, row["theirs_bf16"]["top1"]
-    )
-    return row
+    return verdict(name, ours, theirs, truth, args.slack)
 
 
 def main() -> int:

@@ -82,21 +82,8 @@ class GdnSpec(LayerSpec):
 
 
 # fla's layer (`attn.` in its models) names its weights as we do.
-HF_MAP = identity_map(
-    "q_proj.weight",
-    "k_proj.weight",
-    "v_proj.weight",
-    "a_proj.weight",
-    "b_proj.weight",
-    "g_proj.weight",
-    "o_proj.weight",
-    "q_conv1d.weight",
-    "k_conv1d.weight",
-    "v_conv1d.weight",
-    "A_log",
-    "dt_bias",
-    "o_norm.weight",
-)
+HF_MAP = identity_map(*PROJ, *(f"{n}_conv1d.weight" for n in "qkv"), "A_log", "dt_bias", "o_norm.weight")
+
 
 SPEC = GdnSpec(
     kind="gdn",

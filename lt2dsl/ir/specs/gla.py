@@ -59,17 +59,10 @@ class GlaSpec(LayerSpec):
 
 # fla's layer (`attn.` in its models) names its weights as we do; its output norm is
 # `g_norm_swish_gate` when fused with the gate (fla's default), `g_norm` otherwise.
-HF_MAP = identity_map(
-    "q_proj.weight",
-    "k_proj.weight",
-    "v_proj.weight",
-    "g_proj.weight",
-    "gk_proj.0.weight",
-    "gk_proj.1.weight",
-    "gk_proj.1.bias",
-    "o_proj.weight",
-    "g_norm.weight",
-) | {"g_norm_swish_gate.weight": "g_norm.weight"}
+HF_MAP = identity_map(*PROJ, "gk_proj.1.bias", "g_norm.weight") | {
+    "g_norm_swish_gate.weight": "g_norm.weight"
+}
+
 
 SPEC = GlaSpec(
     kind="gla",

@@ -82,23 +82,9 @@ class KdaSpec(LayerSpec):
 
 # fla's layer (`attn.` in its models) names its weights as we do.
 HF_MAP = identity_map(
-    "q_proj.weight",
-    "k_proj.weight",
-    "v_proj.weight",
-    "f_proj.0.weight",
-    "f_proj.1.weight",
-    "b_proj.weight",
-    "g_proj.0.weight",
-    "g_proj.1.weight",
-    "g_proj.1.bias",
-    "o_proj.weight",
-    "q_conv1d.weight",
-    "k_conv1d.weight",
-    "v_conv1d.weight",
-    "A_log",
-    "dt_bias",
-    "o_norm.weight",
+    *PROJ, "g_proj.1.bias", *(f"{n}_conv1d.weight" for n in "qkv"), "A_log", "dt_bias", "o_norm.weight"
 )
+
 
 SPEC = KdaSpec(
     kind="kda",
