@@ -171,7 +171,12 @@ def ouro(cfg: dict, name: str) -> Plan:
         loop += f", exit=gate(threshold={num(float(thr))})"
         model_map |= gate
     settings = base_settings(cfg, norm=f"rmsnorm(eps={eps})", mlp="swiglu")
-    return Plan("ouro", name, settings, layers, model_map, loop=loop)
+    notes = (
+        []
+        if thr is not None
+        else ["No early_exit_threshold: the last iteration is the output; the exit gate is unused."]
+    )
+    return Plan("ouro", name, settings, layers, model_map, loop=loop, notes=notes)
 
 
 READERS = {

@@ -143,9 +143,14 @@ def from_pretrained(
     from lt2dsl.lowering import compile_model
 
     imp = import_checkpoint(root)
+    # Parameters are made on the meta device and replaced by the loaded tensors (no random init of
+    # a large model); a model with buffers (computed, not stored) is built for real instead.
     model = compile_model(imp.model, backend=backend, device="meta", dtype=dtype, fuse=fuse)
+    meta = not any(True for _ in model.buffers())
+    if not meta:
+        model = compile_model(imp.model, backend=backend, dtype=dtype, fuse=fuse)
     dt = next(model.parameters()).dtype
-    model.load_state_dict({k: v.to(dt) for k, v in imp.state.items()}, strict=True, assign=True)
+    model.load_state_dict({k: v.to(dt) for k, v in imp.state.items()}, strict=True, assign=meta)
     model.rebuild_graph()
     model.lt2_source = imp.text
     return model

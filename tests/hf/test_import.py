@@ -137,3 +137,15 @@ def test_ouro_1p4b_config_gives_the_example(tmp_path):
     example = load_or_raise(Path(__file__).parents[2] / "examples" / "ouro_1p4b.lt2").model
     assert imported == example
     assert sum(math.prod(s) for s in model_weights(example).values()) == 1_434_652_673
+
+
+def test_ouro_without_threshold_returns_the_last_iteration(tmp_path):
+    cfg = ouro_config(early_exit_threshold=None)
+    state = random_state(ouro_shapes(cfg))
+    write_checkpoint(tmp_path, cfg, state)
+    imported = import_checkpoint(tmp_path)
+    assert "exit=" not in imported.text and "exit gate is unused" in imported.text
+    ours = from_pretrained(tmp_path, dtype=torch.float32, backend="reference").eval()
+    ids = prompt()
+    with torch.no_grad():  # a threshold above every cumulative p selects the last step, as None does
+        assert rel_err(ours(ids), ouro_logits(state, cfg | {"early_exit_threshold": 2.0}, ids)) < 1e-5
