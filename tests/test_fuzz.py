@@ -77,7 +77,9 @@ def inputs() -> list[bytes]:
     texts = [re.sub(r"#[^\n]*", "", s.read_text()) for s in SEEDS]
     out = [mutate(rnd.choice(texts), rnd).encode() for _ in range(N)]
     out += [bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 80))) for _ in range(N // 8)]
-    out += [rnd.choice(texts)[:k].encode() for k in range(0, 400, 7)]
+    # proper prefixes only: past a short text's end a "prefix" would be the whole valid text again
+    text = rnd.choice(texts)
+    out += [text[:k].encode() for k in range(0, min(400, len(text)), 7)]
     return out
 
 
