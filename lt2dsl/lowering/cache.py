@@ -9,6 +9,11 @@ A cache made with `reserve=n` (`LT2Model.new_cache(B, max_len=n)`; `generate` do
 each growing KV tensor for n tokens at once and writes new tokens in place, so a decode step
 neither copies the cache nor reallocates it; `entry[key]` is then a view of the filled part and
 `nbytes()` counts the reserved buffers (the estimate's KV bytes at L = n).
+
+Static caches (`lt2dsl.engine`) hold every tensor of the layout at its final size from the start.
+The leaves meet them through the two contracts at the end of this file: a `StaticEntry` writes in
+place, and `RowPositions`, which such a cache gives as `pos` for a decode step, carries one
+position per row and computes the ops that depend on it.
 """
 
 from __future__ import annotations
@@ -93,6 +98,15 @@ class Cache:
     def entry(self, k: int) -> Entry:
         return self.entries[k]
 
+    def position(self):
+        """`pos` of the next call's first token: an int shared by every row (`RowPositions` for a
+        static cache's decode step)."""
+        return self.seen
+
+    def advance(self, T: int) -> None:
+        """Count the T tokens of a call as seen (after every block has run)."""
+        self.seen += int(T)
+
     def tensors(self):
         for e in self.entries:
             yield from e.values()
@@ -125,3 +139,50 @@ class Cache:
             f"Cache(entries={len(self.entries)}, batch={self.batch_size}, seen={self.seen}, "
             f"nbytes={self.nbytes()})"
         )
+
+
+class StaticEntry(Entry):
+    """An entry allocated once at its final size: every name of the spec's `cache()` layout is
+    present from the start, and `entry[name] = t` copies t into that tensor in place (so a
+    leaf that replaces a state or a conv history writes into the same memory every step).
+
+    Leaves whose tensors grow with the sequence call these methods instead of growing them.
+    """
+
+    def append(self, key: str, new: torch.Tensor, dim: int, keep: int | None) -> torch.Tensor:
+        """`append_cache` into the fixed buffer (`keep`: the window of a ring buffer)."""
+        raise NotImplementedError
+
+    def compress(self, x: torch.Tensor, key: str, cmp_block: int, stride: int, phi: tuple) -> torch.Tensor:
+        """`nsa_compress` into the fixed buffer of compressed blocks."""
+        raise NotImplementedError
+
+    def toeplitz(self, u: torch.Tensor, w, bias, max_len: int, backend: str) -> torch.Tensor:
+        """`toeplitz_cached` over the fixed buffer of mixer inputs."""
+        raise NotImplementedError
+
+
+class RowPositions:
+    """Positions of one decode step through a static cache: one per row (`[B]` on the device,
+    the new token's position), so rows of different lengths decode together and the step holds no
+    Python-int position. The leaves pass the ops that depend on positions to it."""
+
+    def rope(self, x: torch.Tensor, theta: float, scaling=None) -> torch.Tensor:
+        """`apply_rope` of x `[B, 1, H, d]` at each row's position (`scaling`: `rope_scaling.py`)."""
+        raise NotImplementedError
+
+    def xpos(self, x: torch.Tensor) -> torch.Tensor:
+        """`xpos_rotate` of x `[B, 1, H, K]` at each row's position."""
+        raise NotImplementedError
+
+    def attention(self, q, k, v, window: int | None, gate, backend: str) -> torch.Tensor:
+        """`attention_core` of q `[B, 1, HQ, d]` over the static KV buffers k, v `[B, L, HKV, d]`."""
+        raise NotImplementedError
+
+    def dsa(self, q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
+        """`dsa_attend` over the static buffers (each row's keys up to its position)."""
+        raise NotImplementedError
+
+    def nsa(self, q, k, v, g, k_cmp, v_cmp, geometry: dict, backend: str) -> torch.Tensor:
+        """`nsa_attend` over the static buffers (each row's keys up to its position)."""
+        raise NotImplementedError

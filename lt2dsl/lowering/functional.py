@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import has_side_effect
 
-from lt2dsl.lowering.cache import Cache, Entry, SubEntry
+from lt2dsl.lowering.cache import Cache, Entry, RowPositions, StaticEntry, SubEntry
 from lt2dsl.lowering.leaf import leaf
 
 # ---- cache plumbing ------------------------------------------------------------------------------
@@ -32,9 +32,10 @@ def sub_entry(entry: Entry | None, j: int) -> SubEntry | None:
 
 
 @leaf
-def cache_pos(cache: Cache | None) -> int:
-    """Absolute position of the first token of this call: tokens seen so far (0 without a cache)."""
-    return 0 if cache is None else cache.seen
+def cache_pos(cache: Cache | None) -> int | RowPositions:
+    """Absolute position of the first token of this call: tokens seen so far (0 without a cache;
+    per-row positions for a static cache's decode step)."""
+    return 0 if cache is None else cache.position()
 
 
 @has_side_effect
@@ -42,7 +43,7 @@ def cache_pos(cache: Cache | None) -> int:
 def cache_advance(cache: Cache | None, T: int) -> None:
     """Count the T tokens of this call as seen (called once, after every block has run)."""
     if cache is not None:
-        cache.seen += int(T)
+        cache.advance(T)
 
 
 # ---- the short conv, RoPE and softmax attention ------------------------------------------------
@@ -125,17 +126,24 @@ def rope_table(
 
 
 @leaf
-def apply_rope(x: torch.Tensor, pos: int, theta: float, scaling: Scaling = None) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, pos: int | RowPositions, theta: float, scaling: Scaling = None) -> torch.Tensor:
     """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
     float64, so float64 tests and gradchecks see no fp32 rounding); `scaling` as in `rope_scaling.py`."""
+    if isinstance(pos, RowPositions):
+        return pos.rope(x, theta, scaling)
     T, d = x.shape[1], x.shape[-1]
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     if torch.compiler.is_compiling():  # traced code keeps no cache of its own
         c, s = rope_rows(d, theta, torch.arange(pos, pos + T, device=x.device), dt, scaling)
     else:
         c, s = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt, scaling))
-    c, s = c[None, :, None, :], s[None, :, None, :]
-    xf = x.to(dt)
+    return rotate_rows(x, c[None, :, None, :], s[None, :, None, :])
+
+
+def rotate_rows(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x ⊙ c + rotate(x) ⊙ s for x `[B, T, H, d]` and `rope_rows` broadcast to it (in c's dtype)."""
+    d = x.shape[-1]
+    xf = x.to(c.dtype)
     rotated = torch.cat([xf[..., d // 2 :], xf[..., : d // 2]], dim=-1)
     return torch.addcmul(xf * c, rotated, s).to(x.dtype)
 
@@ -152,6 +160,8 @@ def append_cache(entry, key: str, new: torch.Tensor, dim: int = 2, keep: int | N
     """
     if entry is None:
         return new
+    if isinstance(entry, StaticEntry):
+        return entry.append(key, new, dim, keep)
     # In-place writes only where no autograd graph can have saved the cache (any grad-enabled call
     # may have: attention saves k, v for q's gradient even when k, v need none).
     if keep is None and entry.reserve and not torch.is_grad_enabled():
@@ -202,6 +212,7 @@ def attention_core(
     window: int | None,
     gate: torch.Tensor | None,
     backend: str,
+    pos: int | RowPositions = 0,
 ) -> torch.Tensor:
     """Causal softmax attention through `lt2dsl.kernels.attention` (one graph node).
 
@@ -211,9 +222,12 @@ def attention_core(
         window: sliding window w (keys including the query's own), or None for full attention.
         gate: pre-sigmoid output gate `[B, Tq, HQ, d]` or `[B, Tq, HQ]`, or None.
         backend: "reference", "triton" or "auto".
+        pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
     Returns:
         `[B, Tq, HQ, d]` in the dtype of `v`.
     """
+    if isinstance(pos, RowPositions):
+        return pos.attention(q, k, v, window, gate, backend)
     # From the op's subpackage: `lt2dsl.kernels.attention` is the subpackage once imported.
     from lt2dsl.kernels.attention import attention
 

@@ -24,6 +24,7 @@ from lt2dsl.kernels.gla import gla
 from lt2dsl.kernels.kda import kda
 from lt2dsl.kernels.mlstm import mlstm
 from lt2dsl.kernels.simple_gla import simple_gla
+from lt2dsl.lowering.cache import RowPositions
 from lt2dsl.lowering.functional import short_conv
 from lt2dsl.lowering.leaf import leaf
 
@@ -157,18 +158,24 @@ def mlstm_core(q, k, v, i, f, entry, *, scale: float, eps: float, backend: str, 
 
 
 @leaf
-def xpos_rotate(x: torch.Tensor, pos: int) -> torch.Tensor:
+def xpos_rotate(x: torch.Tensor, pos: int | RowPositions) -> torch.Tensor:
     """RetNet's rotation (mixers.md §2(a)) of `x [B, T, H, K]` at absolute positions pos … pos+T−1.
 
     Pair (2j, 2j+1) turns by n·θ_j, θ_j = 10000^(−j/(K/2−1)) (torchscale's linspace(0, 1, K/2)
     exponents); positions start at 0. Computed in fp32 (float64 for float64 inputs).
     """
-    T, K = x.shape[1], x.shape[-1]
+    if isinstance(pos, RowPositions):
+        return pos.xpos(x)
+    return xpos_at(x, torch.arange(pos, pos + x.shape[1], device=x.device))
+
+
+def xpos_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`xpos_rotate` of x `[B, T, H, K]` at `positions` `[T]` (shared by the rows) or `[B, T]`."""
+    K = x.shape[-1]
     dt = compute_dtype(x)
     theta = 1.0 / 10000 ** torch.linspace(0, 1, K // 2, dtype=dt, device=x.device)
-    n = torch.arange(pos, pos + T, dtype=dt, device=x.device)
-    ang = n[:, None] * theta[None, :]  # [T, K/2]
-    cos, sin = ang.cos()[None, :, None, :], ang.sin()[None, :, None, :]
+    ang = positions.to(dt)[..., None] * theta  # [(B,) T, K/2]
+    cos, sin = ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)  # [(B,) T, 1, K/2]
     xf = x.to(dt)
     x0, x1 = xf[..., 0::2], xf[..., 1::2]
     return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2).to(x.dtype)

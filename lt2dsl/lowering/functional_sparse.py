@@ -16,6 +16,7 @@ from lt2dsl.kernels.dsa import dsa as dsa_op
 from lt2dsl.kernels.nsa import nsa as nsa_op
 from lt2dsl.kernels.toeplitz import toeplitz_mix, toeplitz_mix_step
 from lt2dsl.lowering import functional as lf
+from lt2dsl.lowering.cache import RowPositions, StaticEntry
 from lt2dsl.lowering.leaf import leaf
 
 
@@ -57,17 +58,35 @@ def rope_prefix(x: torch.Tensor, pos, theta: float, dims: int) -> torch.Tensor:
 
 
 @leaf
-def dsa_attend(q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
+def dsa_attend(
+    q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str, pos: int | RowPositions = 0
+) -> torch.Tensor:
     """DSA core: causal top-k selection by the lightning indexer, attention over the selection.
 
     Args:
         q: `[B, Tq, H, d]` (the last Tq positions of the keys); k, v: `[B, Tk, HKV, d]`.
         q_idx: `[B, Tq, HI, dI]`; k_idx: `[B, Tk, dI]`; w_idx: `[B, Tq, HI]` (HI^{-1/2} folded in).
         topk: keys per query; idx_scale: factor inside the ReLU (dI^{-1/2}).
+        pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
     Returns:
         `[B, Tq, H, d]` in the dtype of v.
     """
+    if isinstance(pos, RowPositions):
+        return pos.dsa(q, k, v, q_idx, k_idx, w_idx, topk, idx_scale, backend)
     return dsa_op(q, k, v, q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, backend=backend)
+
+
+def n_blocks(L: int, cmp_block: int, stride: int) -> int:
+    """Complete compression blocks in L tokens: n_cmp(L) = max(0, ⌊(L − l)/d⌋ + 1)."""
+    return max(0, (L - cmp_block) // stride + 1)
+
+
+def compress_blocks(blocks: torch.Tensor, pos_emb=None, weight=None, bias=None) -> torch.Tensor:
+    """φ of blocks `[B, N, HKV, l, d]` → `[B, N, HKV, d]`: the mean over the l rows, or with
+    `weight` the learned map weight · flatten(X + pos_emb) + bias (`nsa_compress`)."""
+    if weight is None:
+        return blocks.mean(-2)
+    return F.linear((blocks + pos_emb.to(blocks.dtype)).flatten(-2), weight, bias)
 
 
 @leaf
@@ -95,17 +114,16 @@ def nsa_compress(
     Returns:
         `[B, n_cmp(L), HKV, d]`.
     """
+    if isinstance(entry, StaticEntry):
+        return entry.compress(x, key, cmp_block, stride, (pos_emb, weight, bias))
     B, L, HKV, d = x.shape
     old = entry[key] if entry is not None and key in entry else None
     n_old = 0 if old is None else old.shape[2]
-    n_new = max(0, (L - cmp_block) // stride + 1) - n_old
+    n_new = n_blocks(L, cmp_block, stride) - n_old
     if n_new > 0:
         # [B, n_new, HKV, d, l] -> [B, n_new, HKV, l, d]
         blocks = x[:, n_old * stride :].unfold(1, cmp_block, stride)[:, :n_new].transpose(-1, -2)
-        if weight is None:
-            new = blocks.mean(-2)
-        else:
-            new = F.linear((blocks + pos_emb.to(blocks.dtype)).flatten(-2), weight, bias)
+        new = compress_blocks(blocks, pos_emb, weight, bias)
     else:
         new = x.new_zeros(B, 0, HKV, d)
     if entry is None:
@@ -132,15 +150,20 @@ def nsa_attend(
     cmp_block: int,
     stride: int,
     backend: str,
+    pos: int | RowPositions = 0,
 ) -> torch.Tensor:
     """NSA core: compressed, selected and sliding-window branches mixed by their gates.
 
     Args:
         q: `[B, Tq, H, d]`; k, v: `[B, Tk, HKV, d]`; g: `[B, Tq, H, 3]` gates after the sigmoid,
             ordered (cmp, slc, swa); k_cmp, v_cmp: `[B, NC, HKV, d]` from `nsa_compress`.
+        pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
     Returns:
         `[B, Tq, H, d]` in the dtype of v.
     """
+    if isinstance(pos, RowPositions):
+        geometry = dict(select=select, block=block, window=window, cmp_block=cmp_block, stride=stride)
+        return pos.nsa(q, k, v, g, k_cmp, v_cmp, geometry, backend)
     g_cmp, g_slc, g_swa = g.unbind(-1)
     return nsa_op(
         q,
@@ -174,20 +197,34 @@ def toeplitz_cached(
     Returns:
         `[B, T, D]` in the dtype of u.
     """
+    if isinstance(entry, StaticEntry):
+        return entry.toeplitz(u, w, bias, max_len, backend)
     T = u.shape[1]
     seen = entry["x"].shape[1] if entry is not None and "x" in entry else 0
-    if seen + T > max_len:
-        raise ValueError(
-            f"tmm: the sequence reaches {seen + T} tokens (positions {seen}..{seen + T - 1}) but the "
-            f"layer's max_len is {max_len}: its Toeplitz kernel has no weights past max_len"
-        )
+    check_tmm_length(seen, T, max_len)
     if entry is None:
         return toeplitz_mix(u, w, bias, backend=backend)
     # the inputs so far, appended as a KV cache is (in place into a reserved buffer when the cache
     # has one and no gradient is recorded)
     full = lf.append_cache(entry, "x", u.detach().clone() if seen == 0 else u, dim=1)
+    return toeplitz_continue(u, full, seen, w, bias, backend)
+
+
+def check_tmm_length(seen: int, T: int, max_len: int) -> None:
+    """Raise ValueError when T tokens after `seen` pass tmm's `max_len` (no kernel weights there)."""
+    if seen + T > max_len:
+        raise ValueError(
+            f"tmm: the sequence reaches {seen + T} tokens (positions {seen}..{seen + T - 1}) but the "
+            f"layer's max_len is {max_len}: its Toeplitz kernel has no weights past max_len"
+        )
+
+
+def toeplitz_continue(u: torch.Tensor, full: torch.Tensor, seen: int, w, bias, backend: str) -> torch.Tensor:
+    """The outputs `[B, T, D]` of the T new inputs `u`, the last T rows of `full [B, seen + T, D]`
+    (every input so far): FFT over u alone on a fresh cache, one decode step for one new token,
+    else the whole sequence mixed and its last T outputs kept."""
     if seen == 0:
         return toeplitz_mix(u, w, bias, backend=backend)
-    if T == 1:
+    if u.shape[1] == 1:
         return toeplitz_mix_step(full, w, bias, backend=backend)[:, None].to(u.dtype)
     return toeplitz_mix(full, w, bias, backend=backend)[:, seen:].to(u.dtype)

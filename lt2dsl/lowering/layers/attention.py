@@ -103,7 +103,7 @@ class Attention(MixerLayer):
             g = self.g_proj(x).unflatten(-1, (self.H, self.d))
         elif self.gate == "headwise":
             g = self.g_proj(x)  # [B, T, H]
-        o = lf.attention_core(q, k, v, self.window, g, self.backend)  # [B, T, H, d]
+        o = lf.attention_core(q, k, v, self.window, g, self.backend, pos)  # [B, T, H, d]
         return self.o_proj(o.flatten(-2))
 
     def rope(self, x: torch.Tensor, pos) -> torch.Tensor:

@@ -85,7 +85,7 @@ class SparseAttention(MixerLayer):
         k = lf.append_cache(entry, "k", k.transpose(1, 2)).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2)).transpose(1, 2)
         k_idx = lf.append_cache(entry, "k_idx", k_idx, dim=1)
-        o = fs.dsa_attend(q, k, v, q_idx, k_idx, w_idx, self.topk, self.idx_scale, self.backend)
+        o = fs.dsa_attend(q, k, v, q_idx, k_idx, w_idx, self.topk, self.idx_scale, self.backend, pos)
         if self.gate != "none":
             o = fs.sigmoid_gate(o, self._gate_logits(x))
         return self.o_proj(o.flatten(-2))

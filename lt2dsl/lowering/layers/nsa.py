@@ -114,7 +114,7 @@ class NativeSparseAttention(MixerLayer):
         v = lf.append_cache(entry, "v", v.transpose(1, 2)).transpose(1, 2)
         k_cmp = fs.nsa_compress(k, entry, "k_cmp", *self._phi("k"))
         v_cmp = fs.nsa_compress(v, entry, "v_cmp", *self._phi("v"))
-        o = fs.nsa_attend(q, k, v, g, k_cmp, v_cmp, backend=self.backend, **self.geometry)
+        o = fs.nsa_attend(q, k, v, g, k_cmp, v_cmp, backend=self.backend, pos=pos, **self.geometry)
         return self.o_proj(o.flatten(-2))
 
     def _phi(self, which: str) -> tuple:
