@@ -46,7 +46,6 @@ class LT2Model(nn.Module):
         cfg = model.config
         self.ir, self.config, self.backend = model, cfg, backend
         self.graph_passes: list[Callable[[torch.fx.GraphModule], torch.fx.GraphModule]] = []
-        self._ids_trusted = False  # set by generate for the ids it sampled itself
         placed = iter_blocks(model.body)
         self.applications = sum(it for _, it in placed)
         self.embed = nn.Embedding(cfg.vocab, cfg.dim)
@@ -149,7 +148,7 @@ class LT2Model(nn.Module):
         device = self.embed.weight.device
         if input_ids.device != device:
             raise ValueError(f"input_ids must be on the model's device {device}, got {input_ids.device}")
-        if input_ids.device.type != "meta" and not self._ids_trusted:
+        if input_ids.device.type != "meta":
             bad = (input_ids < 0) | (input_ids >= cfg.vocab)
             if bool(bad.any()):
                 lo, hi = int(input_ids.min()), int(input_ids.max())
@@ -187,59 +186,47 @@ class LT2Model(nn.Module):
             return None
         return ps[0] if len(ps) == 1 else ps
 
-    @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids,
         max_new_tokens: int,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Continue `input_ids [B, T]` by `max_new_tokens` tokens → `[B, T + max_new_tokens]`.
+        stop_tokens: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        seed: int | None = None,
+    ):
+        """Continue prompts by up to `max_new_tokens` tokens, in eval mode (`lt2dsl.engine`).
 
-        One prefill, then one decode step per token through a fresh cache, in eval mode.
-        `temperature=0` is greedy (argmax); otherwise sampling from softmax(logits / temperature)
-        restricted to the `top_k` most likely tokens when given.
+        Args:
+            input_ids: `[B, T]` token ids → `[B, T + n]`; or a list of prompts of any lengths (1-D
+                tensors or lists of ids) → a list of 1-D tensors. A batch gives each prompt the
+                tokens it would get alone.
+            max_new_tokens (int): tokens to add per prompt (fewer once every row met a stop token).
+            temperature (float, Optional): 0 is greedy (argmax); else sampling from
+                softmax(logits / temperature). Default: `0.0`.
+            top_k (int, Optional): sample among the k most likely tokens. Default: `None`.
+            top_p (float, Optional): sample within the top-p nucleus, p in (0, 1]. Default: `None`.
+            generator (torch.Generator, Optional): seeds the sampling (one draw per call). Default: `None`.
+            stop_tokens (int or list, Optional): a row ends at the first of these it emits. Default: `None`.
+            pad_token_id (int, Optional): what a finished row emits. Default: the first stop token.
+            seed (int, Optional): the sampling seed, instead of a generator. Default: `None`.
+
+        The engine (`lt2dsl.engine.Engine`) decodes through static caches, on CUDA with each step
+        captured as a CUDA graph; `lt2dsl.engine.stream` yields the new tokens step by step.
         """
-        if not self.config.head:
-            raise ValueError("generate needs an LM head; this model has `head = none`")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-        if temperature < 0 or (top_k is not None and top_k < 1):
-            raise ValueError(f"temperature must be >= 0 and top_k >= 1, got {temperature}, {top_k}")
-        self.check_input(input_ids, None)
-        was_training = self.training
-        self.eval()
-        try:
-            T = input_ids.shape[1]
-            cache = self.new_cache(input_ids.shape[0], max(T, T + max_new_tokens - 1))
-            out = [input_ids]
-            logits = self(input_ids, cache)
-            for i in range(max_new_tokens):
-                nxt = sample(logits[:, -1], temperature, top_k, generator)  # [B, 1]
-                out.append(nxt)
-                if i + 1 < max_new_tokens:
-                    # sampled ids are in range by construction: skip the id range check, which
-                    # would wait for the GPU at every token
-                    self._ids_trusted = True
-                    try:
-                        logits = self(nxt, cache)
-                    finally:
-                        self._ids_trusted = False
-            return torch.cat(out, dim=1)
-        finally:
-            self.train(was_training)
+        from lt2dsl.engine import engine_for
 
-
-def sample(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Next tokens `[B, 1]` from last-position logits `[B, vocab]`."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        return engine_for(self).generate(
+            input_ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            generator=generator,
+            stop_tokens=stop_tokens,
+            pad_token_id=pad_token_id,
+            seed=seed,
+        )

@@ -59,10 +59,10 @@ def test_sequence_past_tmm_max_len():
     with pytest.raises(ValueError, match=r"reach 33 tokens.*max_len=32"):
         model(tokens(1, 1), cache)
     assert cache.seen == 32  # the refused call changed nothing
-    # generate's decode steps still meet the length check (only the id range check is off for
-    # them): 30 + 3 − 1 tokens fit, one more is refused
+    # generate runs the prompt and all new tokens but the last: 30 + 3 − 1 tokens fit, one more
+    # is refused before anything runs
     assert model.generate(tokens(1, 30), 3).shape == (1, 33)
-    with pytest.raises(ValueError, match=r"reach 33 tokens.*max_len=32"):
+    with pytest.raises(ValueError, match=r"run 33 tokens.*max_len=32"):
         model.generate(tokens(1, 30), 4)
 
 

@@ -1,0 +1,76 @@
+"""`Positions`: the per-row positions of one decode step through a `StaticCache`, and the ops that
+read them (the `RowPositions` contract of `lowering/cache.py`).
+
+Each row b has seen t_b tokens; its new token sits at position t_b and, once written, its keys fill
+slots 0..t_b (a ring: the slots of the last R positions). Every op here takes its shapes from the
+static buffers and its positions from `t` on the device, so a step reads no host position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lt2dsl.engine.sparse import nsa_rows
+from lt2dsl.kernels.attention import attention_decode
+from lt2dsl.kernels.common.attn_utils import compute_dtype, topk_select
+from lt2dsl.kernels.dsa import dsa
+from lt2dsl.kernels.dsa.reference import indexer_scores
+from lt2dsl.lowering.cache import RowPositions
+from lt2dsl.lowering.functional import rope_rows, rotate_rows
+from lt2dsl.lowering.functional_recurrent import xpos_at
+
+
+class Positions(RowPositions):
+    """Positions `t [B]` (int64, the cache's own tensor, updated in place) below `limit`.
+
+    RoPE rows come from a table of `limit` positions built on first use and kept here (a captured
+    step reads its memory, so it lives as long as the cache). Within one step the rows gathered for
+    a (head dim, θ, dtype) are shared by every layer; `fresh()` starts a step.
+    """
+
+    def __init__(self, t: torch.Tensor, limit: int):
+        self.t, self.limit = t, limit
+        self._tables: dict = {}
+        self._step: dict = {}
+
+    def fresh(self) -> Positions:
+        self._step.clear()
+        return self
+
+    def _rope(self, d: int, theta: float, dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c, s) `[B, 1, 1, d]` of `rope_rows` at each row's position."""
+        key = (d, theta, dt)
+        if key not in self._step:
+            if key not in self._tables:
+                with torch.inference_mode(False), torch.no_grad():
+                    grid = torch.arange(self.limit, device=self.t.device)
+                    self._tables[key] = rope_rows(d, theta, grid, dt)
+            c, s = (tab.index_select(0, self.t)[:, None, None, :] for tab in self._tables[key])
+            self._step[key] = (c, s)
+        return self._step[key]
+
+    def rope(self, x: torch.Tensor, theta: float) -> torch.Tensor:
+        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return rotate_rows(x, *self._rope(x.shape[-1], theta, dt))
+
+    def xpos(self, x: torch.Tensor) -> torch.Tensor:
+        return xpos_at(x, self.t[:, None] + torch.arange(x.shape[1], device=x.device))
+
+    def attention(self, q, k, v, window, gate, backend: str) -> torch.Tensor:
+        """Flash-decoding over the buffers: slot j of row b holds position j (a ring for a window)."""
+        seqlens = self.t + q.shape[1]
+        return attention_decode(
+            q, k, v, seqlens, window=window, ring=window is not None, gate=gate, backend=backend
+        )
+
+    def dsa(self, q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
+        """The indexer's top-k over each row's keys 0..t_b (ties to the lower index, −1 pads, as
+        `dsa_indexer`), then the sparse attention over the buffers with that selection."""
+        L = k.shape[1]
+        scores = indexer_scores(q_idx, k_idx, w_idx, idx_scale, compute_dtype(q_idx, k_idx, w_idx))
+        valid = torch.arange(L, device=q.device)[None, None, :] <= self.t[:, None, None]
+        chosen = topk_select(scores, valid, topk)  # [B, 1, topk]
+        return dsa(q, k, v, None, None, topk=topk, indices=chosen, backend=backend)
+
+    def nsa(self, q, k, v, g, k_cmp, v_cmp, geometry: dict, backend: str) -> torch.Tensor:
+        return nsa_rows(q, k, v, g, k_cmp, v_cmp, self.t, geometry)
