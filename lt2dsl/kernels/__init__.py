@@ -5,16 +5,21 @@ kernels). The functions are bound here eagerly: a lazy module `__getattr__` woul
 the op's subpackage of the same name as soon as anything imported that subpackage.
 """
 
-from lt2dsl.kernels.attention import attention
-from lt2dsl.kernels.delta_rule import delta_rule
-from lt2dsl.kernels.dsa import dsa
-from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
-from lt2dsl.kernels.gla import gla
-from lt2dsl.kernels.kda import kda
-from lt2dsl.kernels.mlstm import mlstm
-from lt2dsl.kernels.nsa import nsa
-from lt2dsl.kernels.simple_gla import simple_gla
-from lt2dsl.kernels.toeplitz import toeplitz_mix, toeplitz_mix_step
+from lt2dsl.kernels.common.backend import keep_autotune_results
+
+# before the op modules below make their autotuners (they read the switch when made)
+keep_autotune_results()
+
+from lt2dsl.kernels.attention import attention  # noqa: E402
+from lt2dsl.kernels.delta_rule import delta_rule  # noqa: E402
+from lt2dsl.kernels.dsa import dsa  # noqa: E402
+from lt2dsl.kernels.gated_delta_rule import gated_delta_rule  # noqa: E402
+from lt2dsl.kernels.gla import gla  # noqa: E402
+from lt2dsl.kernels.kda import kda  # noqa: E402
+from lt2dsl.kernels.mlstm import mlstm  # noqa: E402
+from lt2dsl.kernels.nsa import nsa  # noqa: E402
+from lt2dsl.kernels.simple_gla import simple_gla  # noqa: E402
+from lt2dsl.kernels.toeplitz import toeplitz_mix, toeplitz_mix_step  # noqa: E402
 
 __all__ = [
     "attention",

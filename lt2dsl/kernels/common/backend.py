@@ -65,6 +65,25 @@ def _fmt(expected: Sequence[int | None]) -> str:
     return "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
 
 
+def keep_autotune_results() -> None:
+    """Keep every autotuner's timings on disk, so a fresh process reuses the picks of an earlier one
+    (e.g. of `lt2dsl warmup`) instead of timing each config on its first call.
+
+    Triton's own cache does it (`triton.knobs.autotuning.cache`): one file per kernel, keyed by the
+    Triton version, the GPU target, the kernel's source, the tuning key and the config list, in
+    Triton's cache folder. An autotuner reads the switch when it is made, so this runs before any
+    kernel module is imported (`lt2dsl/kernels/__init__.py`). A Triton without `knobs` times every
+    first call as before.
+    """
+    try:
+        import triton
+    except ImportError:
+        return
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        knobs.autotuning.cache = True
+
+
 def autotuned_on_gpu(kernel, configs: Sequence, key: Sequence[str], keep=None):
     """`triton.autotune(configs, key)` of `kernel` for the GPU; None under the interpreter, where the
     caller launches the plain kernel with one fixed config.
