@@ -1,5 +1,5 @@
 """`lt2dsl`: check, fmt, graph, explain and compile `.lt2` files; import HF checkpoints; eval and
-analyze trained weights.
+analyze trained weights; bench and warm up decoding.
 
 Exit codes: 0 clean (warnings allowed), 1 the input has errors (or `fmt --check` would change a
 file), 2 usage errors (bad flags, a missing file, an unknown code), 3 an internal compiler error.
@@ -295,6 +295,8 @@ def build_parser(for_compile: bool = False, verb: str | None = None) -> argparse
     i.set_defaults(run=cmd_import)
     _room_verb(sub, "eval", "lt2dsl.tasks.cli", "score weights on a synthetic task", verb)
     _room_verb(sub, "analyze", "lt2dsl.analysis.cli", "Toeplitz index, state rank and receptive field", verb)
+    _room_verb(sub, "bench", "lt2dsl.engine.cli", "measure a compiled model against its estimate", verb)
+    _room_verb(sub, "warmup", "lt2dsl.engine.warmup", "fill the autotune cache for decode shapes", verb)
     return p
 
 

@@ -126,7 +126,9 @@ def rope_table(
 
 
 @leaf
-def apply_rope(x: torch.Tensor, pos: int | RowPositions, theta: float, scaling: Scaling = None) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, pos: int | RowPositions, theta: float, scaling: Scaling = None
+) -> torch.Tensor:
     """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
     float64, so float64 tests and gradchecks see no fp32 rounding); `scaling` as in `rope_scaling.py`."""
     if isinstance(pos, RowPositions):

@@ -1,0 +1,184 @@
+"""`lt2dsl bench decode`: measured decode tokens/s against context, next to the estimate's.
+
+For each model, batch B and context L, through the model's `Engine`:
+
+1. a first `generate` at that shape, timed whole (`first_s`: cache allocation, CUDA-graph capture,
+   any autotuning the on-disk cache does not hold, prefill and one step);
+2. a stream of `warm + steps` new tokens after a prompt of L tokens: the prefill timed alone
+   (`prefill_s`), `warm` untimed steps, then `steps` steps timed together (`step_ms`, and
+   tok/s = B / step time), each timing between device synchronisations;
+3. the estimate for the same card, dtype, batch and context: `roofline.decode_tokens_per_s` and
+   `capacity.max_batch` (the largest batch whose cache fits next to the weights).
+
+A point that runs out of memory is recorded as `oom` next to the estimate's largest batch, and the
+larger contexts of that model and batch are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lt2dsl.cost.estimate import EstimateOptions, estimate
+from lt2dsl.cost.hardware import Hardware
+from lt2dsl.engine.engine import Engine
+from lt2dsl.ir.spec import Dtypes
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `bench decode` measures: every (model, batch, context) point."""
+
+    contexts: tuple[int, ...]
+    batches: tuple[int, ...]
+    steps: int
+    warm: int
+    hw: Hardware
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
+
+
+def predicted(model, batch: int, ctx: int, hw: Hardware) -> dict:
+    """The estimate's decode tokens/s and largest batch at this context, in the model's dtypes."""
+    cfg, act = model.config, DTYPE_NAMES.get(model.embed.weight.dtype, "fp32")
+    dt = Dtypes(act=act, state=cfg.state_dtype, kv=act)
+    rep = estimate(model.ir, EstimateOptions(seq=ctx, batch=batch, hw=hw, dtypes=dt))
+    return {"estimate_tok_s": rep.roofline.decode_tokens_per_s, "estimate_max_batch": rep.capacity.max_batch}
+
+
+def timed(device: torch.device, fn):
+    """(seconds, fn()) between device synchronisations."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
+
+
+def measure(engine: Engine, batch: int, ctx: int, plan: Plan) -> dict:
+    """One point: first-call time, prefill time and the mean decode step (module docstring)."""
+    model = engine.model
+    device = model.embed.weight.device
+    gen = torch.Generator().manual_seed(ctx * 1000 + batch)
+    ids = torch.randint(0, model.config.vocab, (batch, ctx), generator=gen).to(device)
+    first_s, _ = timed(device, lambda: engine.generate(ids, 2))
+    stream = engine.stream(ids, 1 + plan.warm + plan.steps)
+    prefill_s, _ = timed(device, lambda: next(stream))
+    for _ in range(plan.warm):
+        next(stream)
+    step_s, _ = timed(device, lambda: [next(stream) for _ in range(plan.steps)])
+    stream.close()
+    step_ms = step_s / plan.steps * 1e3
+    cache = engine.slots[engine._bucket(batch)].cache
+    return {
+        "tok_s": batch / step_ms * 1e3,
+        "step_ms": step_ms,
+        "prefill_s": prefill_s,
+        "first_s": first_s,
+        "cache_bytes": cache.nbytes(),
+        "peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+    }
+
+
+def run(models: list[tuple[str, object]], plan: Plan, progress=None) -> list[dict]:
+    """Every point of `plan` for each (name, model); `progress(description)` after each point."""
+    rows = []
+    for name, model in models:
+        engine = Engine(model)
+        for batch in plan.batches:
+            failed = None
+            for ctx in plan.contexts:
+                row = {"model": name, "batch": batch, "ctx": ctx, **predicted(model, batch, ctx, plan.hw)}
+                rows.append(row | _point(engine, batch, ctx, plan, failed))
+                failed = failed or ("oom" if rows[-1].get("oom") else None)
+                if progress is not None:
+                    progress(f"{name} B={batch} L={ctx}")
+        engine.release()
+    return rows
+
+
+def warm(models: list[tuple[str, object]], batches, contexts, progress=None) -> list[dict]:
+    """One generate per (model, batch, context): every prefill chunk and the decode step of each
+    shape run once, so the kernels they launch are compiled and autotuned (`lt2dsl warmup`)."""
+    rows = []
+    for name, model in models:
+        engine = Engine(model)
+        device = model.embed.weight.device
+        for batch in batches:
+            engine.release()
+            for ctx in contexts:
+                ids = torch.zeros(batch, ctx, dtype=torch.long, device=device)
+                first_s, _ = timed(device, lambda ids=ids, engine=engine: engine.generate(ids, 2))
+                rows.append({"model": name, "batch": batch, "ctx": ctx, "first_s": first_s})
+                if progress is not None:
+                    progress(f"{name} B={batch} L={ctx}")
+        engine.release()
+    return rows
+
+
+def _point(engine: Engine, batch: int, ctx: int, plan: Plan, failed: str | None) -> dict:
+    if failed:
+        return {"oom": True, "skipped": True}
+    try:
+        return measure(engine, batch, ctx, plan)
+    except Exception as e:
+        if not is_oom(e):
+            raise
+        engine.release()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return {"oom": True}
+
+
+def meta(device: torch.device, plan: Plan, dtype: torch.dtype) -> dict:
+    return {
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "hw": plan.hw.name,
+        "dtype": DTYPE_NAMES.get(dtype, str(dtype)),
+        "steps": plan.steps,
+        "warm": plan.warm,
+    }
+
+
+def write_atomic(path: str | os.PathLike, write) -> None:
+    """`write(tmp_path)` into a temporary file beside `path`, then move it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path, info: dict, rows: list[dict]) -> None:
+    def write(tmp):
+        Path(tmp).write_text(json.dumps({**info, "points": rows}, indent=2) + "\n")
+
+    write_atomic(path, write)

@@ -1,0 +1,118 @@
+"""`lt2dsl bench decode` and `lt2dsl warmup` at toy size on the CPU (so the commands cannot rot),
+the out-of-memory bookkeeping, and the on-disk autotune cache switch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lt2dsl.cli import main
+from lt2dsl.cost.hardware import load_hardware
+from lt2dsl.engine import bench
+from lt2dsl.engine.report import oom_note, plot, table
+
+TOY = """model toy {
+  dim = 32
+  vocab = 64
+  heads = 2
+  head_dim = 16
+  loop T=2 < gdn(expand_v=1); swa(window=4) >
+}
+"""
+
+
+@pytest.fixture
+def toy(tmp_path):
+    path = tmp_path / "toy.lt2"
+    path.write_text(TOY)
+    return path
+
+
+def test_bench_decode_writes_table_json_and_plot(toy, tmp_path, capsys):
+    out_json, out_png = tmp_path / "r" / "decode.json", tmp_path / "decode.png"
+    argv = ["bench", "decode", str(toy), "--ctx", "8,16", "--batch", "1,2", "--steps", "2", "--warm", "0"]
+    assert main([*argv, "--json", str(out_json), "--plot", str(out_png), "--device", "cpu"]) == 0
+    data = json.loads(out_json.read_text())
+    assert data["device"].startswith("cpu") and data["hw"] == "cpu" and data["dtype"] == "fp32"
+    assert [(p["batch"], p["ctx"]) for p in data["points"]] == [(1, 8), (1, 16), (2, 8), (2, 16)]
+    for p in data["points"]:
+        assert p["tok_s"] > 0 and p["estimate_tok_s"] > 0 and p["first_s"] >= p["prefill_s"] > 0
+        assert p["tok_s"] == pytest.approx(p["batch"] / p["step_ms"] * 1e3)
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = capsys.readouterr().out
+    assert "tok/s" in text and "estimate tok/s" in text and "toy" in text
+
+
+def test_warmup_runs_each_shape(toy, capsys):
+    assert main(["warmup", str(toy), "--ctx", "8", "--batch", "1,2", "--device", "cpu"]) == 0
+    assert "first generate s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["bench", "decode", "{toy}", "--ctx", "4q"], 2),
+        (["bench", "decode", "{toy}", "--steps", "0"], 2),
+        (["bench", "decode", "{toy}", "--hw", "tpu9"], 2),
+        (["bench", "decode", "missing.lt2"], 2),
+        (["bench", "decode", "{toy}", "--set", "dim=-1"], 1),
+        (["warmup", "{toy}", "--device", "cuda"], 0 if torch.cuda.is_available() else 2),
+    ],
+)
+def test_bad_use_is_a_clean_error(toy, argv, code, capsys):
+    argv = [a.format(toy=toy) for a in argv]
+    if code == 0:
+        pytest.skip("a CUDA device is present")
+    assert main(argv) == code
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_help_lists_the_engine_commands(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "bench" in out and "warmup" in out
+
+
+def test_an_out_of_memory_point_is_recorded_and_compared(monkeypatch, tmp_path):
+    """A point that runs out of memory is kept as `oom` with the estimate's largest batch, the
+    larger contexts of that batch are skipped, and the table and plot show them."""
+    import lt2dsl
+
+    model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32)
+    real = bench.measure
+
+    def measure(engine, batch, ctx, plan):
+        if batch == 2 and ctx >= 16:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(engine, batch, ctx, plan)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    plan = bench.Plan((8, 16, 32), (1, 2), 1, 0, load_hardware("h100"))
+    rows = bench.run([("toy", model)], plan)
+    oom = [(r["batch"], r["ctx"], bool(r.get("skipped"))) for r in rows if r.get("oom")]
+    assert oom == [(2, 16, False), (2, 32, True)]
+    note = oom_note(next(r for r in rows if r.get("oom")))
+    assert "estimate's largest batch" in note and "expected it to fit" in note  # a toy fits on an H100
+    assert oom_note({"batch": 9, "estimate_max_batch": 8}) .endswith("(as the estimate predicts)")
+    info = bench.meta(torch.device("cpu"), plan, torch.float32)
+    assert table(rows, info).row_count == 6
+    plot(tmp_path / "p.png", rows, info)
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_autotuners_keep_their_results_on_disk():
+    """Every autotuner the kernels make (on a GPU: the interpreter never tunes) stores its timings
+    in Triton's on-disk cache, because `lt2dsl.kernels` turns the switch on before making them."""
+    code = (
+        "import triton, lt2dsl.kernels.fused.triton_norm as m\n"
+        "ats = [v for v in vars(m).values() if isinstance(v, triton.runtime.Autotuner)]\n"
+        "assert ats and all(a.cache_results for a in ats), ats\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
