@@ -18,26 +18,24 @@ from lt2dsl.lowering.functional_sparse import compress_blocks
 
 
 def compress_rows(buf, x, t, cmp_block: int, stride: int, phi: tuple) -> torch.Tensor:
-    """Store the compression block the new token completes, per row, into `buf [B, HKV, NC, d]`.
+    """Store, per row, the newest compression block of its tokens into `buf [B, HKV, NC, d]`.
 
     x `[B, L, HKV, d]`: the key (value) buffer with the new token written at t_b. With m = t_b + 1
-    tokens, block i = (m − l)/d completes when m ≥ l and d divides m − l; other rows rewrite their
-    slot with its own value. Returns the whole buffer as `[B, NC, HKV, d]`.
+    tokens the newest complete block is i = ⌊(m − l)/d⌋, rewritten with the value it already holds
+    when the new token completes none; before the first completes (m < l) slot 0 takes a partial
+    block, which no query sees before it completes (and is written again). Returns the whole
+    buffer as `[B, NC, HKV, d]`.
     """
     B, L, HKV, d = x.shape
     NC = buf.shape[2]
     if NC == 0:
         return buf.transpose(1, 2)
-    m = t + 1
-    i = torch.div(m - cmp_block, stride, rounding_mode="floor")
-    done = (m >= cmp_block) & (torch.remainder(m - cmp_block, stride) == 0)
-    tok = (i.clamp(min=0) * stride)[:, None] + torch.arange(cmp_block, device=x.device)
+    i = torch.div(t + 1 - cmp_block, stride, rounding_mode="floor").clamp(0, NC - 1)
+    tok = (i * stride)[:, None] + torch.arange(cmp_block, device=x.device)
     tok = tok.clamp(max=L - 1)[:, :, None, None].expand(B, cmp_block, HKV, d)
     blocks = x.gather(1, tok).permute(0, 2, 1, 3).unsqueeze(1)  # [B, 1, HKV, l, d]
     new = compress_blocks(blocks, *phi).transpose(1, 2).to(buf.dtype)  # [B, HKV, 1, d]
-    index = i.clamp(0, NC - 1).view(B, 1, 1, 1).expand(B, HKV, 1, d)
-    buf.scatter_(2, index, torch.where(done.view(B, 1, 1, 1), new, buf.gather(2, index)))
-    return buf.transpose(1, 2)
+    return buf.scatter_(2, i.view(B, 1, 1, 1).expand(B, HKV, 1, d), new).transpose(1, 2)
 
 
 def nsa_rows(q, k, v, g, k_cmp, v_cmp, t, geometry: dict) -> torch.Tensor:

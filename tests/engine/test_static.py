@@ -23,23 +23,22 @@ from lt2dsl.engine.step import decode_one, prefill
 from lt2dsl.ir.spec import Dtypes
 
 from ..lowering.util import KINDS, call, lower, tokens
-from .util import NoHostSync
+from .util import NoHostSync, jitter
 
 LENGTHS = (5, 3, 7)  # prompt length per row; windows (4), top-k (4) and NSA blocks are passed
 STEPS = 4
 
 
-def run_static(model, ids: torch.Tensor, max_len: int, chunk: int = 2):
+def run_static(model, ids: torch.Tensor, cache: StaticCache, chunk: int = 2):
     """Prefill row b with LENGTHS[b] tokens (chunks of `chunk`), then STEPS steps of all rows;
     yields (step i, logits [B, vocab]) with each step run under `NoHostSync`."""
-    cache = StaticCache.allocate(model, len(LENGTHS), max_len)
     for b, n in enumerate(LENGTHS):
         prefill(model, ids[b : b + 1, :n], cache.rows(b, b + 1), chunk)
     for i in range(STEPS):
         tok = torch.stack([ids[b, n + i] for b, n in enumerate(LENGTHS)])[:, None]
         with NoHostSync():
             logits = decode_one(model, tok, cache)
-        yield i, logits, cache
+        yield i, logits
 
 
 def live_tensors() -> int:
@@ -51,10 +50,11 @@ def live_tensors() -> int:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_static_decode_equals_one_forward_per_row(kind):
-    model = lower(f"loop T=2 < {call(kind)}; full >")
+    model = jitter(lower(f"loop T=2 < {call(kind)}; full >"))
     ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
+    cache = StaticCache.allocate(model, len(LENGTHS), 16)
     with torch.no_grad():
-        for i, logits, cache in run_static(model, ids, max_len=16):
+        for i, logits in run_static(model, ids, cache):
             for b, n in enumerate(LENGTHS):
                 want = model(ids[b : b + 1, : n + i + 1])[0, -1]
                 torch.testing.assert_close(logits[b], want, rtol=1e-9, atol=1e-9)
@@ -74,10 +74,10 @@ def test_static_decode_equals_one_forward_per_row(kind):
 def test_static_decode_of_par_blocks_and_loop_options(body):
     """`par` blocks (prefixed names), gated exits, concat injection, learned NSA compression; fused
     graph (the fused conv and core leaves write the static entries too)."""
-    model = lower(body, fuse=True).eval()
+    model = jitter(lower(body, fuse=True)).eval()
     ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
     with torch.no_grad():
-        for i, logits, _ in run_static(model, ids, max_len=12, chunk=3):
+        for i, logits in run_static(model, ids, StaticCache.allocate(model, len(LENGTHS), 12), chunk=3):
             for b, n in enumerate(LENGTHS):
                 want = model(ids[b : b + 1, : n + i + 1])[0, -1]
                 torch.testing.assert_close(logits[b], want, rtol=1e-9, atol=1e-9)
@@ -88,13 +88,14 @@ def test_steps_write_only_into_the_cache_allocated_at_the_start():
     once it returns (the live-tensor count after steps is the count after the first)."""
     model = lower(f"loop T=2 < {call('gdn')}; {call('swa')}; {call('dsa')} >", fuse=True)
     ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
+    cache = StaticCache.allocate(model, len(LENGTHS), 16)
     with torch.no_grad():
-        steps = run_static(model, ids, max_len=16)
-        _, _, cache = next(steps)
+        steps = run_static(model, ids, cache)
+        next(steps)
         ptrs = [t.untyped_storage().data_ptr() for t in cache.tensors()]
         held = cache.nbytes()
         live = live_tensors()
-        for _, _, cache in steps:
+        for _ in steps:
             pass
         assert live_tensors() <= live
     assert [t.untyped_storage().data_ptr() for t in cache.tensors()] == ptrs and cache.nbytes() == held
@@ -126,7 +127,7 @@ def test_assignment_writes_in_place():
 EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.lt2"))
 
 
-@pytest.mark.parametrize("path", EXAMPLES[:3] + [EXAMPLES[-1]], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [*EXAMPLES[:3], EXAMPLES[-1]], ids=lambda p: p.stem)
 def test_static_cache_bytes_equal_the_estimate(path):
     """Allocated once at max_len, the cache holds exactly the estimate's state + KV bytes at
     L = max_len (on the meta device: shapes without memory)."""
@@ -148,3 +149,17 @@ def test_allocate_checks_its_arguments():
             StaticCache.allocate(model, bad, 4)
         with pytest.raises(ValueError, match="max_len"):
             StaticCache.allocate(model, 1, bad)
+
+
+@pytest.mark.slow
+def test_static_decode_through_the_triton_kernels():
+    """The same steps on the Triton kernels (the CPU interpreter in CI): flash-decoding over the
+    static KV buffers and a window's ring, DSA's sparse attention on a given selection, the
+    recurrent decode kernels updating state views in place."""
+    model = jitter(lower(f"{call('gdn')}; {call('swa')}; {call('dsa')}", backend="triton", dtype=torch.float32))
+    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
+    with torch.no_grad():
+        for i, logits in run_static(model, ids, StaticCache.allocate(model, len(LENGTHS), 12), chunk=4):
+            for b, n in enumerate(LENGTHS):
+                want = model(ids[b : b + 1, : n + i + 1])[0, -1]
+                torch.testing.assert_close(logits[b], want, rtol=1e-4, atol=1e-4)

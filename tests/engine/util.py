@@ -19,6 +19,16 @@ class NoHostSync(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def jitter(model, scale: float = 0.05, seed: int = 0):
+    """Add noise to every parameter, so parameters initialised to zero (biases, tmm's position
+    bias, NSA's block embedding) take part in what a test compares."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
 def eager_greedy(model, ids: torch.Tensor, n: int) -> torch.Tensor:
     """The eager path: one prefill then `model(tok, cache)` per token through a dynamic cache."""
     cache = model.new_cache(ids.shape[0])

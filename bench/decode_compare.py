@@ -1,0 +1,222 @@
+"""GPU only: issue 35's decode comparison, in one process (one card, one run).
+
+1. The 12-layer GDN model (dim 1024, the peer's `GatedDeltaNetForCausalLM` shape) through lt2dsl's
+   engine, against the peer's `generate` (fla) and HF `LlamaForCausalLM` of the same shape with its
+   fastest path (`cache_implementation="static"` and `torch.compile(mode="reduce-overhead")`), batch 1,
+   decode tok/s after a prompt of `--ctx` tokens (the issue asks for lt2dsl ≥ 10× the peer and
+   ≥ 1.5× Llama).
+2. The looped examples (GDN+DSA hybrid, Ouro-like baseline) at 4k/8k/32k and batch 1/8/32 through
+   `lt2dsl.engine.bench` (measured tok/s next to the estimate, out-of-memory points), JSON + PNG, and
+   the GDN+DSA / Ouro speed ratio at 8k against the estimate's.
+3. Steady memory: `torch.cuda.memory_allocated()` before and after 100 decode steps.
+4. First call: a fresh process's first `generate` against its second, after a warm-up process
+   filled the on-disk autotune cache (`lt2dsl warmup`).
+
+Usage (repository root, a CUDA machine with fla and transformers installed):
+    python bench/decode_compare.py --out /tmp/decode_compare [--ctx 4096] [--new 128] [--skip-peers]
+Writes OUT/compare.json, OUT/looped.json and OUT/looped.png; prints rich tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import lt2dsl  # noqa: E402
+from lt2dsl.cost.hardware import load_hardware  # noqa: E402
+from lt2dsl.engine import Engine, bench  # noqa: E402
+from lt2dsl.engine.report import plot, table  # noqa: E402
+
+GDN12 = """model gdn12 {
+  dim = 1024
+  vocab = 32000
+  tie_embeddings = true
+  mlp = swiglu(hidden=2816)
+  gdn(heads=8, head_dim=128, expand_v=2) * 12
+}
+"""
+LOOPED = ("lt2_hybrid_gdn_dsa", "ouro_looped_transformer")
+FIRST_CALL = """
+import sys, time, torch
+sys.path.insert(0, {root!r})
+import lt2dsl
+m = lt2dsl.compile({src!r}, device="cuda", dtype=torch.bfloat16).eval()
+ids = torch.zeros(1, {ctx}, dtype=torch.long, device="cuda")
+times = []
+for _ in range(2):
+    torch.cuda.synchronize(); t0 = time.perf_counter()
+    m.generate(ids, 16)
+    torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
+print(times[0], times[1])
+"""
+
+
+def sync() -> None:
+    torch.cuda.synchronize()
+
+
+def timed(fn) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def decode_rate(generate, new: int) -> float:
+    """tok/s of `new` decode steps at batch 1: generate(new + 1) minus generate(1) (the prefill and
+    first token), each the best of two runs after a warm-up pair."""
+    generate(1), generate(new + 1)
+    one = min(timed(lambda: generate(1)) for _ in range(2))
+    many = min(timed(lambda: generate(new + 1)) for _ in range(2))
+    return new / (many - one)
+
+
+def lt2dsl_rate(ids, new: int) -> tuple[float, int]:
+    model = lt2dsl.compile(GDN12, device="cuda", dtype=torch.bfloat16).eval()
+    engine = Engine(model)
+    rate = decode_rate(lambda n: engine.generate(ids, n), new)
+    return rate, sum(p.numel() for p in model.parameters())
+
+
+def fla_rate(ids, new: int) -> tuple[float, int]:
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    cfg = GatedDeltaNetConfig(
+        hidden_size=1024, num_hidden_layers=12, num_heads=8, head_dim=128, expand_v=2,
+        intermediate_size=2816, vocab_size=32000, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = GatedDeltaNetForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    kw = dict(do_sample=False, use_cache=True)
+    rate = decode_rate(lambda n: model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw), new)
+    return rate, sum(p.numel() for p in model.parameters())
+
+
+def llama_rate(ids, new: int) -> tuple[float, int]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=8,
+        num_key_value_heads=8, vocab_size=32000, tie_word_embeddings=True,
+        max_position_embeddings=ids.shape[1] + new + 8,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    kw = dict(do_sample=False, cache_implementation="static")
+    rate = decode_rate(lambda n: model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw), new)
+    return rate, sum(p.numel() for p in model.parameters())
+
+
+def gdn_vs_peers(ctx: int, new: int, skip_peers: bool) -> dict:
+    ids = torch.randint(0, 32000, (1, ctx), generator=torch.Generator().manual_seed(0)).cuda()
+    rows = {"lt2dsl": lt2dsl_rate(ids, new)}
+    if not skip_peers:
+        for name, fn in (("fla (peer) generate", fla_rate), ("HF Llama static + compile", llama_rate)):
+            try:
+                rows[name] = fn(ids, new)
+            except ImportError as e:
+                rows[name] = (float("nan"), 0)
+                print(f"skipped {name}: {e}", file=sys.stderr)
+            torch.cuda.empty_cache()
+    ours = rows["lt2dsl"][0]
+    return {name: {"tok_s": r, "params": p, "lt2dsl_speedup": ours / r} for name, (r, p) in rows.items()}
+
+
+def looped(out: Path, contexts, batches, hw: str) -> list[dict]:
+    models = [
+        (stem, lt2dsl.compile(ROOT / "examples" / f"{stem}.lt2", device="cuda", dtype=torch.bfloat16).eval())
+        for stem in LOOPED
+    ]
+    plan = bench.Plan(tuple(contexts), tuple(batches), 32, 4, load_hardware(hw))
+    rows = bench.run(models, plan, lambda what: print(what, file=sys.stderr))
+    info = bench.meta(torch.device("cuda"), plan, torch.bfloat16)
+    bench.write_json(out / "looped.json", info, rows)
+    plot(out / "looped.png", rows, info)
+    Console(width=160).print(table(rows, info))
+    return rows
+
+
+def ratio_at(rows: list[dict], ctx: int) -> list[dict]:
+    """GDN+DSA / Ouro decode speed at `ctx` per batch, measured and estimated."""
+    by = {(r["model"], r["batch"]): r for r in rows if r["ctx"] == ctx}
+    names = [r["model"] for r in rows]
+    hybrid, ouro = names[0], next(n for n in names if n != names[0])
+    out = []
+    for (name, batch), r in by.items():
+        o = by.get((ouro, batch))
+        if name != hybrid or o is None:
+            continue
+        measured = None if r.get("oom") or o.get("oom") else r["tok_s"] / o["tok_s"]
+        estimated = r["estimate_tok_s"] / o["estimate_tok_s"]
+        out.append({"batch": batch, "measured": measured, "estimate": estimated})
+    return out
+
+
+def steady_memory(steps: int = 100) -> dict:
+    model = lt2dsl.compile(GDN12, device="cuda", dtype=torch.bfloat16).eval()
+    ids = torch.zeros(1, 512, dtype=torch.long, device="cuda")
+    stream = Engine(model).stream(ids, steps + 11)
+    for _ in range(10):
+        next(stream)
+    sync()
+    before = torch.cuda.memory_allocated()
+    for _ in range(steps):
+        next(stream)
+    sync()
+    return {"before": before, "after": torch.cuda.memory_allocated(), "steps": steps}
+
+
+def first_call(ctx: int) -> dict:
+    """Warm-up process (fills the autotune cache), then a fresh process's first and second call."""
+    code = FIRST_CALL.format(root=str(ROOT), src=GDN12, ctx=ctx)
+
+    def run() -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+    run()
+    first, second = (float(x) for x in run().split())
+    return {"first_s": first, "second_s": second, "extra_s": first - second}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="decode_compare", help="output folder [decode_compare]")
+    p.add_argument("--ctx", type=int, default=4096, help="prompt length of the GDN comparison [4096]")
+    p.add_argument("--new", type=int, default=128, help="decode steps timed [128]")
+    p.add_argument("--hw", default="h100", help="estimate preset for the card [h100]")
+    p.add_argument("--skip-peers", action="store_true", help="lt2dsl only (no fla / transformers)")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("error: decode_compare needs a CUDA device")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ctx": args.ctx}
+    result["gdn12"] = gdn_vs_peers(args.ctx, args.new, args.skip_peers)
+    t = Table(title=f"12-layer GDN shape, batch 1, context {args.ctx}, {result['device']}")
+    for col in ("model", "params (M)", "decode tok/s", "lt2dsl speed-up"):
+        t.add_column(col)
+    for name, r in result["gdn12"].items():
+        t.add_row(name, f"{r['params'] / 1e6:.1f}", f"{r['tok_s']:.1f}", f"{r['lt2dsl_speedup']:.2f}x")
+    Console(width=160).print(t)
+    rows = looped(out, (4096, 8192, 32768), (1, 8, 32), args.hw)
+    result["gdn_dsa_over_ouro_8k"] = ratio_at(rows, 8192)
+    result["steady_memory"] = steady_memory()
+    result["first_call"] = first_call(args.ctx)
+    (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+    keys = ("gdn_dsa_over_ouro_8k", "steady_memory", "first_call")
+    print(json.dumps({k: result[k] for k in keys}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""`bench/decode_compare.py` (GPU only) on the CPU: its model is the issue's shape, its ratio bookkeeping."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import lt2dsl
+
+PATH = Path(__file__).parents[2] / "bench" / "decode_compare.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("decode_compare", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gdn_model_has_the_peers_shape():
+    """237.7M parameters: the peer's GatedDeltaNetForCausalLM at dim 1024, 12 layers (issue 35)."""
+    model = lt2dsl.compile(load().GDN12, device="meta")
+    assert round(sum(p.numel() for p in model.parameters()) / 1e5) == 2377
+
+
+def test_speed_ratio_per_batch_against_the_estimate():
+    rows = [
+        {"model": "hybrid", "batch": 1, "ctx": 8192, "tok_s": 10.0, "estimate_tok_s": 120.0},
+        {"model": "ouro", "batch": 1, "ctx": 8192, "tok_s": 2.0, "estimate_tok_s": 20.0},
+        {"model": "hybrid", "batch": 8, "ctx": 8192, "tok_s": 40.0, "estimate_tok_s": 600.0},
+        {"model": "ouro", "batch": 8, "ctx": 8192, "oom": True, "estimate_tok_s": 100.0},
+        {"model": "hybrid", "batch": 1, "ctx": 4096, "tok_s": 11.0, "estimate_tok_s": 130.0},
+    ]
+    assert load().ratio_at(rows, 8192) == [
+        {"batch": 1, "measured": 5.0, "estimate": 6.0},
+        {"batch": 8, "measured": None, "estimate": 6.0},
+    ]
