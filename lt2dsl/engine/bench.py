@@ -83,6 +83,8 @@ def measure(engine: Engine, batch: int, ctx: int, plan: Plan) -> dict:
     device = model.embed.weight.device
     gen = torch.Generator().manual_seed(ctx * 1000 + batch)
     ids = torch.randint(0, model.config.vocab, (batch, ctx), generator=gen).to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     first_s, _ = timed(device, lambda: engine.generate(ids, 2))
     stream = engine.stream(ids, 1 + plan.warm + plan.steps)
     prefill_s, _ = timed(device, lambda: next(stream))
@@ -91,7 +93,7 @@ def measure(engine: Engine, batch: int, ctx: int, plan: Plan) -> dict:
     step_s, _ = timed(device, lambda: [next(stream) for _ in range(plan.steps)])
     stream.close()
     step_ms = step_s / plan.steps * 1e3
-    cache = engine.slots[engine._bucket(batch)].cache
+    cache = engine.slots[engine.bucket(batch)].cache
     return {
         "tok_s": batch / step_ms * 1e3,
         "step_ms": step_ms,
@@ -108,6 +110,7 @@ def run(models: list[tuple[str, object]], plan: Plan, progress=None) -> list[dic
     for name, model in models:
         engine = Engine(model)
         for batch in plan.batches:
+            engine.release()  # one bucket's cache at a time: the others would crowd this one
             failed = None
             for ctx in plan.contexts:
                 row = {"model": name, "batch": batch, "ctx": ctx, **predicted(model, batch, ctx, plan.hw)}

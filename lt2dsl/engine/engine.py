@@ -111,7 +111,7 @@ class Engine:
         req = check_request(self.model, input_ids, max_new_tokens, **kw)
         B, steps = len(req.prompts), sum(1 for _ in self._run(req))
         if steps:
-            new = self.slots[self._bucket(B)].out[:B, :steps].clone()
+            new = self.slots[self.bucket(B)].out[:B, :steps].clone()
         else:
             new = req.prompts[0].new_zeros(B, 0)
         lengths = _lengths(new, req.stops)
@@ -138,7 +138,7 @@ class Engine:
         was_training = model.training
         model.eval()
         try:
-            slot = self._slot(self._bucket(B), req.longest)
+            slot = self._slot(self.bucket(B), req.longest)
             step = self._step(slot, req)
             self._start(slot, req)
             yield slot.out[:B, 0]
@@ -201,7 +201,8 @@ class Engine:
             slot = self.slots[rows] = Slot(model, rows, length)
         return slot
 
-    def _bucket(self, B: int) -> int:
+    def bucket(self, B: int) -> int:
+        """The number of rows a batch of B runs in."""
         if self.buckets:
             return next((b for b in self.buckets if b >= B), B)
         if self.capture:

@@ -192,8 +192,9 @@ class LT2Model(nn.Module):
         max_new_tokens: int,
         temperature: float = 0.0,
         top_k: int | None = None,
-        top_p: float | None = None,
         generator: torch.Generator | None = None,
+        *,
+        top_p: float | None = None,
         stop_tokens: int | list[int] | None = None,
         pad_token_id: int | None = None,
         seed: int | None = None,
@@ -208,8 +209,8 @@ class LT2Model(nn.Module):
             temperature (float, Optional): 0 is greedy (argmax); else sampling from
                 softmax(logits / temperature). Default: `0.0`.
             top_k (int, Optional): sample among the k most likely tokens. Default: `None`.
-            top_p (float, Optional): sample within the top-p nucleus, p in (0, 1]. Default: `None`.
             generator (torch.Generator, Optional): seeds the sampling (one draw per call). Default: `None`.
+            top_p (float, Optional): sample within the top-p nucleus, p in (0, 1]. Default: `None`.
             stop_tokens (int or list, Optional): a row ends at the first of these it emits. Default: `None`.
             pad_token_id (int, Optional): what a finished row emits. Default: the first stop token.
             seed (int, Optional): the sampling seed, instead of a generator. Default: `None`.

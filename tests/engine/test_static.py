@@ -41,6 +41,18 @@ def run_static(model, ids: torch.Tensor, cache: StaticCache, chunk: int = 2):
         yield i, logits
 
 
+def assert_static_equals_forward(model, max_len: int, chunk: int = 2, tol: float = 1e-9) -> StaticCache:
+    """`run_static`'s logits of every row and step against one forward over that row's tokens."""
+    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
+    cache = StaticCache.allocate(model, len(LENGTHS), max_len)
+    with torch.no_grad():
+        for i, logits in run_static(model, ids, cache, chunk):
+            for b, n in enumerate(LENGTHS):
+                want = model(ids[b : b + 1, : n + i + 1])[0, -1]
+                torch.testing.assert_close(logits[b], want, rtol=tol, atol=tol)
+    return cache
+
+
 def live_tensors() -> int:
     gc.collect()
     with warnings.catch_warnings():  # isinstance on deprecated torch module attributes warns
@@ -50,14 +62,7 @@ def live_tensors() -> int:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_static_decode_equals_one_forward_per_row(kind):
-    model = jitter(lower(f"loop T=2 < {call(kind)}; full >"))
-    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
-    cache = StaticCache.allocate(model, len(LENGTHS), 16)
-    with torch.no_grad():
-        for i, logits in run_static(model, ids, cache):
-            for b, n in enumerate(LENGTHS):
-                want = model(ids[b : b + 1, : n + i + 1])[0, -1]
-                torch.testing.assert_close(logits[b], want, rtol=1e-9, atol=1e-9)
+    cache = assert_static_equals_forward(jitter(lower(f"loop T=2 < {call(kind)}; full >")), max_len=16)
     assert cache.positions.tolist() == [n + STEPS for n in LENGTHS]
 
 
@@ -74,13 +79,7 @@ def test_static_decode_equals_one_forward_per_row(kind):
 def test_static_decode_of_par_blocks_and_loop_options(body):
     """`par` blocks (prefixed names), gated exits, concat injection, learned NSA compression; fused
     graph (the fused conv and core leaves write the static entries too)."""
-    model = jitter(lower(body, fuse=True)).eval()
-    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
-    with torch.no_grad():
-        for i, logits in run_static(model, ids, StaticCache.allocate(model, len(LENGTHS), 12), chunk=3):
-            for b, n in enumerate(LENGTHS):
-                want = model(ids[b : b + 1, : n + i + 1])[0, -1]
-                torch.testing.assert_close(logits[b], want, rtol=1e-9, atol=1e-9)
+    assert_static_equals_forward(jitter(lower(body, fuse=True)).eval(), max_len=12, chunk=3)
 
 
 def test_steps_write_only_into_the_cache_allocated_at_the_start():
@@ -156,10 +155,6 @@ def test_static_decode_through_the_triton_kernels():
     """The same steps on the Triton kernels (the CPU interpreter in CI): flash-decoding over the
     static KV buffers and a window's ring, DSA's sparse attention on a given selection, the
     recurrent decode kernels updating state views in place."""
-    model = jitter(lower(f"{call('gdn')}; {call('swa')}; {call('dsa')}", backend="triton", dtype=torch.float32))
-    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
-    with torch.no_grad():
-        for i, logits in run_static(model, ids, StaticCache.allocate(model, len(LENGTHS), 12), chunk=4):
-            for b, n in enumerate(LENGTHS):
-                want = model(ids[b : b + 1, : n + i + 1])[0, -1]
-                torch.testing.assert_close(logits[b], want, rtol=1e-4, atol=1e-4)
+    body = f"{call('gdn')}; {call('swa')}; {call('dsa')}"
+    model = jitter(lower(body, backend="triton", dtype=torch.float32))
+    assert_static_equals_forward(model, max_len=12, chunk=4, tol=1e-4)
