@@ -5,8 +5,9 @@ For each model, batch B and context L, through the model's `Engine`:
 1. a first `generate` at that shape, timed whole (`first_s`: cache allocation, CUDA-graph capture,
    any autotuning the on-disk cache does not hold, prefill and one step);
 2. a stream of `warm + steps` new tokens after a prompt of L tokens: the prefill timed alone
-   (`prefill_s`), `warm` untimed steps, then `steps` steps timed together (`step_ms`, and
-   tok/s = B / step time), each timing between device synchronisations;
+   (`prefill_s`), `warm` untimed steps, then `steps` steps timed together (`step_ms`, tok/s =
+   B / step time, and the bandwidth (weights + cache bytes) / step time), each timing between
+   device synchronisations;
 3. the estimate for the same card, dtype, batch and context: `roofline.decode_tokens_per_s` and
    `capacity.max_batch` (the largest batch whose cache fits next to the weights).
 
@@ -94,9 +95,12 @@ def measure(engine: Engine, batch: int, ctx: int, plan: Plan) -> dict:
     stream.close()
     step_ms = step_s / plan.steps * 1e3
     cache = engine.slots[engine.bucket(batch)].cache
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return {
         "tok_s": batch / step_ms * 1e3,
         "step_ms": step_ms,
+        # gpt-fast's figure: the weights and the whole cache read once per step
+        "bandwidth_gb_s": (weights + cache.nbytes()) / step_ms / 1e6,
         "prefill_s": prefill_s,
         "first_s": first_s,
         "cache_bytes": cache.nbytes(),

@@ -21,16 +21,14 @@ def table(rows: list[dict], info: dict) -> Table:
         title=f"decode on {info['device']} ({info['dtype']}), estimate for {info['hw']}",
         box=box.SIMPLE_HEAVY,
     )
-    for name, just in [
-        ("model", "left"), ("B", "right"), ("context", "right"), ("tok/s", "right"),
-        ("estimate tok/s", "right"), ("measured / estimate", "right"), ("step ms", "right"),
-        ("prefill s", "right"), ("first call s", "right"), ("cache GB", "right"),
-    ]:  # fmt: skip
-        t.add_column(name, justify=just)
+    t.add_column("model")
+    for name in ("B", "context", "tok/s", "estimate tok/s", "measured / estimate", "step ms", "GB/s",
+                 "prefill s", "first call s", "cache GB"):  # fmt: skip
+        t.add_column(name, justify="right")
     for r in rows:
         head = [r["model"], str(r["batch"]), str(r["ctx"])]
         if r.get("oom"):
-            t.add_row(*head, "OOM", f"{r['estimate_tok_s']:.0f}", oom_note(r), "", "", "", "")
+            t.add_row(*head, "OOM", f"{r['estimate_tok_s']:.0f}", oom_note(r), "", "", "", "", "")
             continue
         t.add_row(
             *head,
@@ -38,6 +36,7 @@ def table(rows: list[dict], info: dict) -> Table:
             f"{r['estimate_tok_s']:.0f}",
             f"{r['tok_s'] / r['estimate_tok_s']:.2f}",
             f"{r['step_ms']:.2f}",
+            f"{r['bandwidth_gb_s']:.1f}",
             f"{r['prefill_s']:.3f}",
             f"{r['first_s']:.3f}",
             f"{r['cache_bytes'] / 1e9:.3f}",

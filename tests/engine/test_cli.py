@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import lt2dsl
 from lt2dsl.cli import main
 from lt2dsl.cost.hardware import load_hardware
 from lt2dsl.engine import bench
@@ -24,6 +25,10 @@ TOY = """model toy {
   loop T=2 < gdn(expand_v=1); swa(window=4) >
 }
 """
+
+
+# bytes of TOY's parameters in fp32
+WEIGHTS = 4 * sum(p.numel() for p in lt2dsl.compile(TOY, device="meta").parameters())
 
 
 @pytest.fixture
@@ -43,6 +48,7 @@ def test_bench_decode_writes_table_json_and_plot(toy, tmp_path, capsys):
     for p in data["points"]:
         assert p["tok_s"] > 0 and p["estimate_tok_s"] > 0 and p["first_s"] >= p["prefill_s"] > 0
         assert p["tok_s"] == pytest.approx(p["batch"] / p["step_ms"] * 1e3)
+        assert p["bandwidth_gb_s"] == pytest.approx((WEIGHTS + p["cache_bytes"]) / p["step_ms"] / 1e6)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = capsys.readouterr().out
     assert "tok/s" in text and "estimate tok/s" in text and "toy" in text
@@ -81,8 +87,6 @@ def test_help_lists_the_engine_commands(capsys):
 def test_an_out_of_memory_point_is_recorded_and_compared(monkeypatch, tmp_path):
     """A point that runs out of memory is kept as `oom` with the estimate's largest batch, the
     larger contexts of that batch are skipped, and the table and plot show them."""
-    import lt2dsl
-
     model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32)
     real = bench.measure
 
