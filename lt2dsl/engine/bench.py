@@ -29,10 +29,8 @@ import torch
 
 from lt2dsl.cost.estimate import EstimateOptions, estimate
 from lt2dsl.cost.hardware import Hardware
+from lt2dsl.dtypes import TABLE, Dtypes
 from lt2dsl.engine.engine import Engine
-from lt2dsl.ir.spec import Dtypes
-
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,11 @@ class Plan:
     steps: int
     warm: int
     hw: Hardware
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The table's name of a torch dtype (`torch.bfloat16` → `bf16`)."""
+    return next(d.name for d in TABLE.values() if getattr(torch, d.torch_name, None) == dtype)
 
 
 def device_name(device: torch.device) -> str:
@@ -63,7 +66,7 @@ def is_oom(e: BaseException) -> bool:
 
 def predicted(model, batch: int, ctx: int, hw: Hardware) -> dict:
     """The estimate's decode tokens/s and largest batch at this context, in the model's dtypes."""
-    cfg, act = model.config, DTYPE_NAMES.get(model.embed.weight.dtype, "fp32")
+    cfg, act = model.config, dtype_name(model.embed.weight.dtype)
     dt = Dtypes(act=act, state=cfg.state_dtype, kv=act)
     rep = estimate(model.ir, EstimateOptions(seq=ctx, batch=batch, hw=hw, dtypes=dt))
     return {"estimate_tok_s": rep.roofline.decode_tokens_per_s, "estimate_max_batch": rep.capacity.max_batch}
@@ -164,7 +167,7 @@ def meta(device: torch.device, plan: Plan, dtype: torch.dtype) -> dict:
         "device": device_name(device),
         "torch": torch.__version__,
         "hw": plan.hw.name,
-        "dtype": DTYPE_NAMES.get(dtype, str(dtype)),
+        "dtype": dtype_name(dtype),
         "steps": plan.steps,
         "warm": plan.warm,
     }

@@ -18,9 +18,9 @@ import torch
 
 import lt2dsl
 from lt2dsl.cost.estimate import EstimateOptions, estimate
+from lt2dsl.dtypes import Dtypes
 from lt2dsl.engine import StaticCache
 from lt2dsl.engine.step import decode_one, prefill
-from lt2dsl.ir.spec import Dtypes
 
 from ..lowering.util import KINDS, call, lower, tokens
 from .util import NoHostSync, jitter
