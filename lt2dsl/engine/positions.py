@@ -25,7 +25,7 @@ class Positions(RowPositions):
 
     RoPE rows come from a table of `limit` positions built on first use and kept here (a captured
     step reads its memory, so it lives as long as the cache). Within one step the rows gathered for
-    a (head dim, θ, dtype) are shared by every layer; `fresh()` starts a step.
+    a (head dim, θ, dtype, scaling) are shared by every layer; `fresh()` starts a step.
     """
 
     def __init__(self, t: torch.Tensor, limit: int):
@@ -37,21 +37,21 @@ class Positions(RowPositions):
         self._step.clear()
         return self
 
-    def _rope(self, d: int, theta: float, dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, d: int, theta: float, dt: torch.dtype, scaling) -> tuple[torch.Tensor, torch.Tensor]:
         """(c, s) `[B, 1, 1, d]` of `rope_rows` at each row's position."""
-        key = (d, theta, dt)
+        key = (d, theta, dt, scaling)
         if key not in self._step:
             if key not in self._tables:
                 with torch.inference_mode(False), torch.no_grad():
                     grid = torch.arange(self.limit, device=self.t.device)
-                    self._tables[key] = rope_rows(d, theta, grid, dt)
+                    self._tables[key] = rope_rows(d, theta, grid, dt, scaling)
             c, s = (tab.index_select(0, self.t)[:, None, None, :] for tab in self._tables[key])
             self._step[key] = (c, s)
         return self._step[key]
 
-    def rope(self, x: torch.Tensor, theta: float) -> torch.Tensor:
+    def rope(self, x: torch.Tensor, theta: float, scaling=None) -> torch.Tensor:
         dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return rotate_rows(x, *self._rope(x.shape[-1], theta, dt))
+        return rotate_rows(x, *self._rope(x.shape[-1], theta, dt, scaling))
 
     def xpos(self, x: torch.Tensor) -> torch.Tensor:
         return xpos_at(x, self.t[:, None] + torch.arange(x.shape[1], device=x.device))

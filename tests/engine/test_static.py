@@ -73,12 +73,14 @@ def test_static_decode_equals_one_forward_per_row(kind):
         "loop T=3, final_norm=true, exit=gate(threshold=0.5) < swa(window=4); mamba2(state=8, head_dim=16) >",
         "loop T=2, inject=concat < nsa(block=4, select=2, window=4, cmp_block=4, stride=2, kv_heads=1, "
         "compress=mlp); tmm(heads=2, kernel=2, max_len=32) >",
+        "full(rope_dim=8, rope_scaling=llama3, rope_factor=8, rope_original_len=4, qkv_bias=true); "
+        "swa(window=4, rope_scaling=linear, rope_factor=2)",
     ],
-    ids=["par", "exit-gate", "nsa-mlp-tmm"],
+    ids=["par", "exit-gate", "nsa-mlp-tmm", "rope-scaling"],
 )
 def test_static_decode_of_par_blocks_and_loop_options(body):
-    """`par` blocks (prefixed names), gated exits, concat injection, learned NSA compression; fused
-    graph (the fused conv and core leaves write the static entries too)."""
+    """`par` blocks (prefixed names), gated exits, concat injection, learned NSA compression, partial
+    and scaled RoPE; fused graph (the fused conv and core leaves write the static entries too)."""
     assert_static_equals_forward(jitter(lower(body, fuse=True)).eval(), max_len=12, chunk=3)
 
 
