@@ -14,6 +14,7 @@ import triton.language as tl
 
 from .backend import triton_interpreting
 from .decay_utils import chunk_indices, chunk_offsets
+from .tl_util import NO_CACHE_MODIFIER
 from .tl_util import cast as cast  # re-exported: the decay kernels import it from here
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -144,8 +145,12 @@ def mma(a, b, PREC: tl.constexpr):
 
 
 @device_fn
-def load_tile(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr, CACHE: tl.constexpr = ""):
-    """`[BR, BC]` tile at (r0, c0) of an R × C matrix with strides (sr, sc), zeros outside."""
+def load_tile(
+    ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexpr, CACHE: tl.constexpr = NO_CACHE_MODIFIER
+):
+    """`[BR, BC]` tile at (r0, c0) of an R × C matrix with strides (sr, sc), zeros outside.
+
+    CACHE is the load's cache modifier (`tl_util.NO_CACHE_MODIFIER`: none)."""
     rows = r0 + tl.arange(0, BR)
     cols = c0 + tl.arange(0, BC)
     mask = (rows < R)[:, None] & (cols < C)[None, :]

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.delta_tl import helper, mm, mm_xx, seq_coords
-from lt2dsl.kernels.common.tl_util import cast
+from lt2dsl.kernels.common.tl_util import NO_CACHE_MODIFIER, cast
 
 
 @helper
@@ -39,12 +39,13 @@ def load_tile(
     D: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
-    CACHE: tl.constexpr = "",
+    CACHE: tl.constexpr = NO_CACHE_MODIFIER,
 ):
     """`[BR, BC]` tile at rows r0.., columns c0.. of a `[rows, STRIDE]` buffer starting at `base`.
 
     Rows ≥ n_rows and columns ≥ D read 0. Offsets are int32 relative to the (int64) scalar base;
-    when D is a multiple of BC only the rows are masked, which keeps the loads vectorised.
+    when D is a multiple of BC only the rows are masked, which keeps the loads vectorised. CACHE is
+    the load's cache modifier (`tl_util.NO_CACHE_MODIFIER`: none).
     """
     orow = r0 + tl.arange(0, BR)
     ocol = c0 + tl.arange(0, BC)

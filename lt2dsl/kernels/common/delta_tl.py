@@ -170,16 +170,6 @@ def mm_f32(a, b, DOT: tl.constexpr):
 
 
 @helper
-def load_rows(ptr, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
-    """Rows t0 + 16 I .. +16 of a `[rows, STRIDE]` buffer, first D columns, as `[16, BD]` (0 past eos)."""
-    o = tl.arange(0, 16)
-    od = tl.arange(0, BD)
-    rows = t0 + I * 16 + o
-    p = ptr + rows.to(tl.int64)[:, None] * STRIDE + od[None, :]
-    return tl.load(p, mask=(rows < eos)[:, None] & (od < D)[None, :], other=0.0)
-
-
-@helper
 def load_vec16(ptr, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr):
     """Entries t0 + 16 I .. +16 of a strided per-token scalar (β, g) as fp32 `[16]` (0 past eos)."""
     rows = t0 + I * 16 + tl.arange(0, 16)
@@ -294,13 +284,6 @@ def block_rows(ptr, t0, I: tl.constexpr, eos, HV: tl.constexpr, BT: tl.constexpr
     o = tl.arange(0, 16)
     rows = t0 + I * 16 + o
     return ptr + rows.to(tl.int64)[:, None] * (HV * BT) + o[None, :], (rows < eos)[:, None]
-
-
-@helper
-def store_vec16(ptr, x, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr):
-    """Store `[16]` values at rows t0 + 16 I .. +16 of a strided per-token buffer (not past eos)."""
-    rows = t0 + I * 16 + tl.arange(0, 16)
-    tl.store(ptr + rows.to(tl.int64) * STRIDE, x, mask=rows < eos)
 
 
 @helper

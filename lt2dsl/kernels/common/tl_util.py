@@ -10,6 +10,10 @@ from lt2dsl.kernels.common.backend import triton_interpreting
 # Triton's CPU interpreter casts fp32 to bf16 by truncation (twice the GPU's rounding error, and
 # biased); `cast` rounds to nearest even there, so the CPU tests see the GPU's precision.
 INTERP = tl.constexpr(triton_interpreting())
+# The default of a helper's cache-modifier parameter (no modifier). A constexpr parameter's default
+# must be a `tl.constexpr`: Triton 3.6 (the GPU's) fails on a plain Python one such as "" ("'str'
+# object has no attribute 'type'"), which Triton 3.9's interpreter accepts.
+NO_CACHE_MODIFIER = tl.constexpr("")
 
 
 def helper(fn):
