@@ -1,5 +1,5 @@
-"""Checks on Triton's TTGIR (the GPU-level IR) of a kernel compiled for sm_90, for the compile tests
-(`tests/kernels/test_*_compile.py`) and `bench/ttgir_hazard_scan.py`.
+"""Checks on Triton's TTGIR (the GPU-level IR) of a kernel compiled for sm_90, for the compile check
+(`tests/kernels/aot_check.py`) and `bench/ttgir_hazard_scan.py`.
 
 `pipeline_hazards` finds a pipelining race: a tile that feeds an asynchronous wgmma dot
 (`ttng.warp_group_dot ... isAsync = true`) kept in ONE shared-memory buffer by the pipeliner while

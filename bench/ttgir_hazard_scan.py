@@ -5,8 +5,8 @@ small length but real head dims (B=1, T=128, H=2, D=128, bf16) and records every
 argument types and constexprs. `compile`: compiles each recorded kernel for sm_90 at a matrix of
 (warps, stages) and reports `bench.ttgir_checks.pipeline_hazards` (a single-buffered
 operand of asynchronous wgmma dots while dots stay pending). A flagged config matters only if it
-is among that kernel's candidates; the compile tests assert the candidates of the kernels they
-cover.
+is among that kernel's candidates; the sm_90 compile check (`make sm90`, tests/kernels/aot_check.py)
+asserts every kernel's candidates.
 
     TRITON_INTERPRET=1 python3 bench/ttgir_hazard_scan.py capture /tmp/launches.json
     TRITON_DEFAULT_FP_FUSION=1 python3 bench/ttgir_hazard_scan.py compile /tmp/launches.json

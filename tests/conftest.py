@@ -23,6 +23,16 @@ if not _cuda_available():
 import pytest  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--gpu-triton",
+        metavar="DIR",
+        default=None,
+        help="a `pip install --target` folder holding the GPU's Triton (`make gpu-triton`): the sm_90 "
+        "compile check of every kernel (tests/kernels/test_aot.py) runs with it; skipped without",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     if _cuda_available():
         return

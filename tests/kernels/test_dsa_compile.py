@@ -1,30 +1,23 @@
-"""Compile DSA's sparse-attention forward for sm_90 (H200) without a GPU and read its loads.
+"""DSA's sparse-attention forward compiled for sm_90 with the GPU's Triton: why strided k, v get
+copied when their row strides are not multiples of 16 elements (`attn_utils.rows_contiguous`).
 
-Why strided kernels get k, v copied when their strides are not multiples of 16 elements
-(`attn_utils.rows_contiguous`):
 Triton vectorises a gather only along rows whose stride it can prove 16-divisible. With the value
 rows 6472 elements apart (a column slice of the fused projections' GEMM output) the value gather
-compiles to scalar 16-bit loads. Runs only with LT2_AOT_CHECK=1 (it switches the interpreter off
-for the kernel it imports); no device is used:
-
-    LT2_AOT_CHECK=1 TRITON_DEFAULT_FP_FUSION=1 python -m pytest -q tests/kernels/test_dsa_compile.py
+compiles to scalar 16-bit loads. Runs in a subprocess with `--gpu-triton DIR` (`make test`); the
+kernel's resources at its launch config are part of the compile check (`dsa.aot_jobs`).
 """
 
 from __future__ import annotations
 
-import os
-import re
+import json
 
-import pytest
-
-pytestmark = pytest.mark.skipif(
-    os.environ.get("LT2_AOT_CHECK") != "1", reason="offline sm_90 compile check: set LT2_AOT_CHECK=1"
-)
+from tests.kernels.gpu_triton import python_with
 
 
-def _global_loads(value_stride_aligned: bool) -> tuple[int, int]:
+def global_loads(value_stride_aligned: bool) -> tuple[int, int]:
     """(all global loads, scalar 16-bit global loads) in the PTX of the bf16 forward kernel."""
-    os.environ.pop("TRITON_INTERPRET", None)
+    import re
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -54,36 +47,18 @@ def _global_loads(value_stride_aligned: bool) -> tuple[int, int]:
     return len(re.findall(r"ld\.global", ptx)), len(re.findall(r"ld\.global(?:\.[a-z0-9]+)*\.b16 ", ptx))
 
 
-def test_value_gather_is_vectorised_only_with_an_aligned_row_stride():
-    aligned_all, aligned_scalar = _global_loads(True)
-    loose_all, loose_scalar = _global_loads(False)
+DRIVER = """
+import json
+from tests.kernels.test_dsa_compile import global_loads
+print(json.dumps([global_loads(True), global_loads(False)]))
+"""
+
+
+def test_value_gather_is_vectorised_only_with_an_aligned_row_stride(gpu_triton):
+    out = python_with([gpu_triton], "-c", DRIVER, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (aligned_all, aligned_scalar), (loose_all, loose_scalar) = json.loads(out.stdout.splitlines()[-1])
     print(f"aligned: {aligned_all} global loads ({aligned_scalar} scalar); "
           f"stride 6472: {loose_all} ({loose_scalar} scalar)")  # fmt: skip
     assert aligned_scalar == 0
     assert loose_scalar > 0 and loose_all > aligned_all
-
-
-def test_radix_topk_kernels_compile_without_spills():
-    """The radix selection (`ordered=False`) and the 32-bit key variant of the score kernel,
-    at the launch configs they use on the GPU: registers, shared memory, no stack."""
-    from tests.kernels.test_delta_compile import MAX_STACK, SMEM_LIMIT, _compile
-
-    os.environ.pop("TRITON_INTERPRET", None)
-    from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
-    from lt2dsl.kernels.dsa.triton_topk import _select_kernel
-
-    ints = {n: "i32" for n in ("t0", "Tq", "Tk", "C", "KW", "K")}
-    sel = _compile(_select_kernel, {"KEYS": "*i32", "OUT": "*i64"}, ints, {"BLK": 2048}, 4, 1)
-    score_cex = dict(HI=4, DI=64, BDI=64, BM=64, BN=128, HAS_W=True, DOT_PREC="tf32", U32=True)
-    score = _compile(
-        _indexer_kernel,
-        {"QI": "*bf16", "KI": "*bf16", "WI": "*bf16", "KEYS": "*i32"},
-        dict(ints, idx_scale="fp32"),
-        score_cex,
-        8,
-        2,
-    )
-    for name, (smem, regs, stack) in (("select", sel), ("score-u32", score)):
-        print(f"{name}: {smem} B shared, {regs} registers, {stack} B stack")
-        assert smem <= SMEM_LIMIT
-        assert stack <= MAX_STACK

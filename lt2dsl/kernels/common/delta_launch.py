@@ -120,7 +120,7 @@ KDA_BK, KDA_WARPS = 32, 4
 # gradient kernel (half its reads of dO, U', Y; GDN fwd+bwd 4.762 ms against 4.74 without it) and
 # 3-stage pipelined scan configs (GDN forward 1.235 ms against 1.226).
 # KDA's intra-chunk forward (2-D [16, BK] tiles). Offline sm_90 compiles at K = 128 (255 registers
-# each; spills per thread): see tests/kernels/test_delta_compile.py. Each config is checked on the
+# each; spills per thread): `make sm90` (delta_aot_jobs.py). Each config is checked on the
 # H200 by the forced-config test (`test_gpu_every_autotune_config`).
 _KDA_FWD_CONFIGS = [
     triton.Config({"BK": 32}, num_warps=8, num_stages=1),

@@ -65,7 +65,7 @@ def load_tile_apart(
 
     A raw dot operand with a second, non-dot use gets one shared buffer from Triton's pipeliner at
     2 stages, refilled while asynchronous wgmma dots still read it (the ninth session's race,
-    `tests/kernels/ttgir_checks.py`); CSE would merge an identical second load back into the first,
+    `bench/ttgir_checks.py`); CSE would merge an identical second load back into the first,
     so this one reads through L2 (".cg"), where the first load left the tile.
     """
     return load_tile(base, r0, n_rows, STRIDE, c0, D, BR, BC, ".cg")

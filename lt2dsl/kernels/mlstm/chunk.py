@@ -55,7 +55,7 @@ _O_CONFIGS = _CONFIGS
 # Value-tile cap of the output kernel (16-bit inputs). A 128-wide tile forms Q Kᵀ, the weights and
 # q·n once per chunk instead of once per 64-wide tile. In the fifth session it gave wrong bf16
 # output on the H200 while q·n still came from the dots' q tile, the race above, which
-# `tests/kernels/test_decay_compile.py` now rules out for every candidate. On the H200 (tenth
+# the sm_90 compile check (`make sm90`) now rules out for every candidate. On the H200 (tenth
 # session, `bench/mlstm_o_configs.py`) the mLSTM forward took 0.576 ms at 4 warps, 2 stages
 # (0.571 at 3 stages, 0.670 at 8 warps) against 0.722 with 64-wide tiles, h right in six runs of six.
 O_BV_CAP = 128

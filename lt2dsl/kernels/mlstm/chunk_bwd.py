@@ -206,7 +206,7 @@ def bwd_dv_kernel(
 
 # dq/dk: while ⟨C, dC⟩ read the Cᵀ and dCᵀ tiles that the dots take, Triton's pipeliner kept one
 # shared buffer for each at 2 stages and refilled it while asynchronous wgmma dots still read it:
-# the race of the output kernel (ninth session; tests/kernels/ttgir_checks.py). It explains this
+# the race of the output kernel (ninth session; bench/ttgir_checks.py). It explains this
 # kernel's failures at 8 warps, 2 stages (dq 1.6e-2 and 1.33e-2 at T = 8192 in bf16, seventh and
 # eighth sessions, where the CPU emulation of the same inputs stays at 4e-3). The sum now reads
 # loads of its own (`load_tile_apart`). 4 warps spill 1.3 KB per thread at 128-wide key tiles.

@@ -1,0 +1,60 @@
+"""sm_90 compile jobs of DSA's kernels (`common.aot`), also NSA's selected branch: the sparse
+attention forward and backward (bf16 at D = 128, 16 query heads on one kv head; fp32 once), the
+lightning indexer's score kernel (ranked int64 keys, and the radix selection's 32-bit keys) and the
+radix top-k selection, each at its launch code's fixed launch."""
+
+from __future__ import annotations
+
+import torch
+
+from lt2dsl.kernels.common.aot import Job, tuned_jobs
+from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
+from lt2dsl.kernels.dsa import triton_attn as A
+from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
+from lt2dsl.kernels.dsa.triton_topk import _select_kernel
+
+MAX_STACK = 512
+INTS = ("Tq", "Tk", "NIDX", "NROWS", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
+SCALARS = {**{n: "i32" for n in INTS}, "qk_scale": "fp32", "scale": "fp32"}
+# the indexer's and the selection's (their K is the top-k count, the attention's the key pointer)
+SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K")}, "idx_scale": "fp32"}
+# strides and lengths the JIT sees divisible by 16 at the usual sizes (k, v rows are made so:
+# `attn_utils.rows_contiguous`)
+ALIGNED = ("Tq", "Tk", "NIDX", "NROWS", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
+
+
+def _attention() -> list[Job]:
+    jobs = []
+    for dtype in (torch.bfloat16, torch.float32):
+        cfg, dt = A._cfg(dtype), "*fp32" if dtype == torch.float32 else "*bf16"
+        ptrs = {n: dt for n in ("Q", "K", "V", "O", "DO", "DQ")} | {"IDX": "*i64", "LSE": "*fp32"}
+        ptrs |= {"DELTA": "*fp32", "DK": "*fp32", "DV_ACC": "*fp32"}
+        cex = dict(HQ=16, GRP=16, D=128, DV=128, BD=128, BDV=128, BR=pow2(16), BK=cfg["BK"], IDX_H=1)
+        cex["DOT_PREC"] = dot_precision(dtype)
+        kw = dict(launch=(cfg["num_warps"], cfg["num_stages"]), aligned=ALIGNED)
+        kw["max_stack"] = MAX_STACK if dtype == torch.bfloat16 else None
+        for name, kernel in (("sparse_fwd", A._sparse_fwd_kernel), ("sparse_bwd", A._sparse_bwd_kernel)):
+            jobs += tuned_jobs(f"dsa/{name}-{dt[1:]}", kernel, ptrs, SCALARS, cex, **kw)
+    return jobs
+
+
+def _indexer() -> list[Job]:
+    """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights.
+    The selection (`select_topk`): 2048 keys a step, 4 warps."""
+    jobs = []
+    ptrs = {"QI": "*bf16", "KI": "*bf16", "WI": "*bf16"}
+    kw = dict(aligned=(), max_stack=MAX_STACK)
+    for u32 in (False, True):
+        cex = dict(HI=4, DI=64, BDI=pow2(64), BM=64, BN=128, HAS_W=True, U32=u32)
+        cex["DOT_PREC"] = dot_precision(torch.bfloat16)
+        keys = {"KEYS": "*i32" if u32 else "*i64"}
+        jobs += tuned_jobs(
+            f"dsa/indexer-u32{u32:d}", _indexer_kernel, ptrs | keys, SELECT_SCALARS, cex, launch=(8, 2), **kw
+        )
+    sel = {"KEYS": "*i32", "OUT": "*i64"}
+    return jobs + tuned_jobs("dsa/select", _select_kernel, sel, SELECT_SCALARS, {"BLK": 2048}, launch=(4, 3),
+                             aligned=(), max_stack=MAX_STACK)  # fmt: skip
+
+
+def jobs() -> list[Job]:
+    return _attention() + _indexer()

@@ -1,0 +1,69 @@
+"""sm_90 compile jobs of the fused elementwise kernels (`common.aot`): add + RMSNorm, the gated
+RMSNorm of a mixer's output, the causal conv + SiLU (with the per-head L2 norm of GDN's q, k and
+without), SwiGLU and GDN's gate, forward and backward, every autotune config. Shapes of a 2048-wide
+model with 16 heads of 128 (the examples'), bf16 activations; tiles as the launch code computes
+them for those shapes."""
+
+from __future__ import annotations
+
+from lt2dsl.kernels.common.aot import Job, jit_of, tuned_jobs
+from lt2dsl.kernels.fused import triton_act as A
+from lt2dsl.kernels.fused import triton_conv as C
+from lt2dsl.kernels.fused import triton_norm as N
+from lt2dsl.kernels.fused.common import pow2
+
+DIM, HEADS, HEAD_DIM, HIDDEN, WIDTH = 2048, 16, 128, 5632, 4
+INTS = ("M", "HV", "F", "sa", "sb", "blocks_per_prog", "T", "C", "sxb", "sxt", "shb", "shc", "n_t", "D",
+        "stride_x", "stride_r", "stride_dn", "stride_ds", "rows_per_prog", "n_rows", "nsub", "so", "sg",
+        "group", "nseg")  # fmt: skip
+SCALARS = {n: "i32" for n in INTS} | {"beta_scale": "fp32", "eps": "fp32"}
+FP32 = {"rstd", "dw_part", "db_part", "A_log", "dt_bias", "beta", "dbeta", "dA_part", "ddt_part"}
+
+
+def _jobs(name, kernel, cex) -> list[Job]:
+    ptrs = {p.name: "*fp32" for p in jit_of(kernel).params if p.name in FP32}
+    if kernel in (A.gdn_gate_fwd_kernel, A.gdn_gate_bwd_kernel):
+        ptrs |= {"g": "*fp32", "dg": "*fp32"}
+    return tuned_jobs(f"fused/{name}", kernel, ptrs, SCALARS, cex, aligned=(), default_ptr="*bf16")
+
+
+def _norms() -> list[Job]:
+    out = _jobs("add_rmsnorm_fwd", N.add_rmsnorm_fwd_kernel, {"BD": pow2(DIM)})
+    for has_ds in (True, False):
+        cex = {"BD": pow2(DIM), "HAS_DS": has_ds, **({} if has_ds else {"ds": None})}
+        out += _jobs(f"add_rmsnorm_bwd-ds{has_ds:d}", N.add_rmsnorm_bwd_kernel, cex)
+    BG, BR = N._rows_block(HEAD_DIM)
+    for act in (1, 2):  # `ACT_CODES`: SiLU and sigmoid output gates
+        for norm_first in (True, False):
+            cex = dict(BR=BR, BG=BG, ACT=act, NORM_FIRST=norm_first)
+            tag = f"a{act}-n{norm_first:d}"
+            out += _jobs(f"gated_rmsnorm_fwd-{tag}", N.gated_rmsnorm_fwd_kernel, cex)
+            out += _jobs(f"gated_rmsnorm_bwd-{tag}", N.gated_rmsnorm_bwd_kernel, cex)
+    return out
+
+
+def _conv() -> list[Job]:
+    """`conv_silu_fwd`/`_bwd` at T = 8192 over the 3 x 2048 q, k, v channels: one head a program
+    with the L2 norm, else 128 channels; the history and the bias present."""
+    out = []
+    for head_dim in (HEAD_DIM, 0):
+        BT, BC, HD = C._blocks(8192, 3 * DIM, head_dim)
+        cex = dict(W=WIDTH, BT=BT, BC=BC, HD=HD, HAS_H=True, HAS_B=True, L2=head_dim > 0)
+        out += _jobs(f"conv_fwd-l2{head_dim > 0:d}", C.conv_silu_fwd_kernel, cex)
+        out += _jobs(f"conv_bwd_pre-l2{head_dim > 0:d}", C.conv_silu_bwd_pre_kernel, cex)
+    BT, BC, HD = C._blocks(8192, 3 * DIM, 0)
+    cex = dict(W=WIDTH, BT=BT, BC=BC, HD=HD, HAS_H=True)
+    return out + _jobs("conv_bwd_dx", C.conv_silu_bwd_dx_kernel, cex)
+
+
+def _acts() -> list[Job]:
+    BM, BF = A._swiglu_blocks(HIDDEN)
+    out = _jobs("swiglu_fwd", A.swiglu_fwd_kernel, {"BM": BM, "BF": BF})
+    out += _jobs("swiglu_bwd", A.swiglu_bwd_kernel, {"BM": BM, "BF": BF})
+    BM, BH = A._gate_blocks(HEADS)
+    out += _jobs("gdn_gate_fwd", A.gdn_gate_fwd_kernel, {"BM": BM, "BH": BH})
+    return out + _jobs("gdn_gate_bwd", A.gdn_gate_bwd_kernel, {"BM": BM, "BH": BH})
+
+
+def jobs() -> list[Job]:
+    return _norms() + _conv() + _acts()

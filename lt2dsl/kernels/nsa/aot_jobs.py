@@ -1,0 +1,45 @@
+"""sm_90 compile jobs of NSA's own kernel and of its compressed branch (`common.aot`).
+
+The compressed branch runs the attention kernels with key c at position c·d + l − 1 (KSTRIDE = d,
+the `cmp_stride`): bf16, D = 128, 16 query heads on one kv head, causal, no gate; the forward at
+`fwd_config`'s tiles, the backward at every autotune config (the dS path takes KSTRIDE 1 only).
+The selected branch is DSA's sparse attention (`dsa.aot_jobs`), the window branch the attention's
+(`attention.aot_jobs`). `group_probs`: 64 x 64 tiles, 4 warps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lt2dsl.kernels.attention import triton_bwd as B
+from lt2dsl.kernels.attention import triton_fwd as F
+from lt2dsl.kernels.attention.aot_jobs import SCALARS, attn_constexprs, attn_pointers
+from lt2dsl.kernels.common.aot import Job, tuned_jobs
+from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
+from lt2dsl.kernels.nsa.triton_scores import _group_probs_kernel
+
+STRIDE = 16  # the `cmp_stride` of examples/lt2_sparse_nsa.lt2
+MAX_STACK = 512
+
+
+def _compressed() -> list[Job]:
+    cex = dict(attn_constexprs(128, torch.bfloat16, True, False), GRP=16, KSTRIDE=STRIDE)
+    cfg = F.fwd_config(128, torch.bfloat16)
+    fwd = dict(cex, GATE_MODE=0, GATE_EARLY=False, ORDER=F.launch_order(True, None, False), BM=cfg["BM"],
+               BN=cfg["BN"])  # fmt: skip
+    kw = dict(aligned=("Tq", "Tk", "NROWS"), max_stack=MAX_STACK)
+    ptrs = attn_pointers("*bf16")
+    jobs = tuned_jobs("nsa/cmp-fwd", F._attn_fwd_kernel, ptrs, SCALARS, fwd,
+                      launch=(cfg["num_warps"], cfg["num_stages"]), **kw)  # fmt: skip
+    jobs += tuned_jobs("nsa/cmp-dkdv", B._dkdv_tuned, ptrs, SCALARS, dict(cex, ORDER=0, STORE_DS=False), **kw)
+    return jobs + tuned_jobs("nsa/cmp-dq", B._dq_tuned, ptrs, SCALARS, dict(cex, ORDER=fwd["ORDER"]), **kw)
+
+
+def jobs() -> list[Job]:
+    ptrs = {"Q": "*bf16", "KC": "*bf16", "LSE": "*fp32", "P": "*fp32"}
+    scalars = {n: "i32" for n in ("Tq", "NC", "qoff", "KOFF", "NROWS")} | {"qk_scale": "fp32"}
+    cex = dict(HQ=16, GRP=16, D=128, BD=pow2(128), BM=64, BN=64, KSTRIDE=STRIDE,
+               DOT_PREC=dot_precision(torch.bfloat16))  # fmt: skip
+    probs = tuned_jobs("nsa/group_probs", _group_probs_kernel, ptrs, scalars, cex, launch=(4, 3), aligned=(),
+                       max_stack=MAX_STACK)  # fmt: skip
+    return probs + _compressed()

@@ -1,0 +1,18 @@
+"""Fixtures of the kernel tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.kernels.gpu_triton import option_dir
+
+
+@pytest.fixture
+def gpu_triton(request) -> Path:
+    """The GPU's Triton folder (`--gpu-triton DIR`); the test is skipped without the option."""
+    path = option_dir(request.config)
+    if path is None:
+        pytest.skip("compiling for sm_90 needs --gpu-triton DIR (make test passes it)")
+    return path
