@@ -13,8 +13,14 @@ TESTS   ?= tests
 # keep TRITON's interpreter. The one place this version is set.
 GPU_TRITON ?= 3.6.0
 GPU_TRITON_DIR := .tcache/triton-$(GPU_TRITON)
+# What the GPU machine's Python 3.12 lacks for lt2dsl (`make smoke-wheels` fetches them into .whl/)
+SMOKE_WHEELS := lark==1.3.1 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+  typing-inspection==0.4.5 typing-extensions==4.16.0 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 \
+  pygments==2.21.0 networkx==3.6.1
+WHEEL_PLATFORMS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
-.PHONY: help demo setup test test-fast lint goldens bench-gpu clean gpu-triton sm90
+.PHONY: help demo setup test test-fast lint goldens bench-gpu clean gpu-triton sm90 smoke-wheels gpu-smoke
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -43,6 +49,14 @@ test: setup gpu-triton  ## the whole suite (CPU; kernels under TRITON_INTERPRET=
 
 sm90: setup gpu-triton  ## compile every Triton kernel for sm_90 with the GPU's Triton (no GPU needed)
 	PYTHONPATH=$(GPU_TRITON_DIR):. $(BIN)/python -m tests.kernels.aot_check --workers 2 --cache .tcache/aot
+
+smoke-wheels: setup  ## download into .whl/ the wheels the GPU machine lacks (carry .whl there)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: $(WHEEL_PLATFORMS) -d .whl $(SMOKE_WHEELS)
+
+gpu-smoke:  ## on the GPU machine: every example and the 12-layer GDN model (bench/gpu_smoke.py)
+	@if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile \
+	  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
+	PYTHONPATH=/tmp/site:. python3 bench/gpu_smoke.py $(if $(OUT),--json $(OUT)/gpu_smoke.json)
 
 test-fast: setup  ## everything but the slow tests
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests

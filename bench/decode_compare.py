@@ -34,18 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import lt2dsl  # noqa: E402
+from bench.gdn12 import GDN12  # noqa: E402
 from lt2dsl.cost.hardware import load_hardware  # noqa: E402
 from lt2dsl.engine import Engine, bench  # noqa: E402
 from lt2dsl.engine.report import plot, table  # noqa: E402
 
-GDN12 = """model gdn12 {
-  dim = 1024
-  vocab = 32000
-  tie_embeddings = true
-  mlp = swiglu(hidden=2816)
-  gdn(heads=8, head_dim=128, expand_v=2) * 12
-}
-"""
 LOOPED = ("lt2_hybrid_gdn_dsa", "ouro_looped_transformer")
 FIRST_CALL = """
 import sys, time, torch
