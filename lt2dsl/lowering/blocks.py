@@ -64,9 +64,10 @@ class ResidualBlock(nn.Module):
         count = block_norm_count(block.norm, self.has_mlp)
         self.norms = nn.ModuleList(make_norm(block.norm, cfg.dim) for _ in range(count))
 
-    def forward(self, h: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
-        """h `[B, T, D]` → `[B, T, D]`; `entry` is this application's cache entry (or None)."""
-        y = self.mix(self.norms[0](h), entry, pos)
+    def forward(self, h: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
+        """h `[B, T, D]` → `[B, T, D]`; `entry` is this application's cache entry (or None);
+        `cu_seqlens` the document starts of a packed row (`lt2dsl/lowering/packed.py`) or None."""
+        y = self.mix(self.norms[0](h), entry, pos, cu_seqlens)
         if self.sandwich:
             y = self.norms[1](y)
         h = h + y
@@ -78,12 +79,12 @@ class ResidualBlock(nn.Module):
             y = self.norms[i + 1](y)
         return h + y
 
-    def mix(self, x: torch.Tensor, entry, pos) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, entry, pos, cu_seqlens=None) -> torch.Tensor:
         if len(self.mixers) == 1:
-            return self.mixers[0](x, entry, pos)
+            return self.mixers[0](x, entry, pos, cu_seqlens)
         out = None
         for j, mixer in enumerate(self.mixers):
-            y = mixer(x, lf.sub_entry(entry, j), pos)
+            y = mixer(x, lf.sub_entry(entry, j), pos, cu_seqlens)
             out = y if out is None else out + y
         return out
 

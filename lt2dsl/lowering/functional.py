@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import has_side_effect
 
+from lt2dsl.lowering import packed
 from lt2dsl.lowering.cache import Cache, Entry, RowPositions, StaticEntry, SubEntry
 from lt2dsl.lowering.leaf import leaf
 
@@ -57,6 +58,7 @@ def short_conv(
     entry,
     key: str,
     activation: str = "silu",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Depthwise causal conv over time (mixers.md §0 ShortConv), with its decode cache.
 
@@ -66,10 +68,15 @@ def short_conv(
         entry: cache entry or None. With an entry, `entry[key]` holds the last W−1 inputs
             `[B, C, W−1]` (zeros before the first token) and is updated in place.
         activation: "silu" or "none".
+        cu_seqlens: `[N + 1]` document starts of a packed row (`x [1, T, C]`, no entry): every
+            document starts from a zero history.
     Returns:
         `[B, T, C]`.
     """
     W = weight.shape[-1]
+    if cu_seqlens is not None:
+        xp, index = packed.pad_documents(x, cu_seqlens, W - 1)
+        return short_conv(xp, weight, bias, None, key, activation)[:, index]
     xt = x.transpose(1, 2)  # [B, C, T]
     if entry is not None and key in entry:
         hist = entry[key].to(xt.dtype)
@@ -127,15 +134,22 @@ def rope_table(
 
 @leaf
 def apply_rope(
-    x: torch.Tensor, pos: int | RowPositions, theta: float, scaling: Scaling = None
+    x: torch.Tensor,
+    pos: int | RowPositions,
+    theta: float,
+    scaling: Scaling = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
-    float64, so float64 tests and gradchecks see no fp32 rounding); `scaling` as in `rope_scaling.py`."""
+    float64, so float64 tests and gradchecks see no fp32 rounding); `scaling` as in `rope_scaling.py`.
+    With `cu_seqlens` (a packed row, pos 0) positions restart at 0 at every document start."""
     if isinstance(pos, RowPositions):
         return pos.rope(x, theta, scaling)
     T, d = x.shape[1], x.shape[-1]
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    if torch.compiler.is_compiling():  # traced code keeps no cache of its own
+    if cu_seqlens is not None:
+        c, s = _rope_at(d, theta, packed.positions(cu_seqlens, T), T, x.device, dt, scaling)
+    elif torch.compiler.is_compiling():  # traced code keeps no cache of its own
         c, s = rope_rows(d, theta, torch.arange(pos, pos + T, device=x.device), dt, scaling)
     else:
         c, s = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt, scaling))
@@ -148,6 +162,14 @@ def rotate_rows(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tens
     xf = x.to(c.dtype)
     rotated = torch.cat([xf[..., d // 2 :], xf[..., : d // 2]], dim=-1)
     return torch.addcmul(xf * c, rotated, s).to(x.dtype)
+
+
+def _rope_at(d: int, theta: float, at: torch.Tensor, end: int, device, dt, scaling) -> tuple:
+    """`rope_rows` `[T, d]` at the positions `at [T]` (all below `end`)."""
+    if torch.compiler.is_compiling():
+        return rope_rows(d, theta, at, dt, scaling)
+    c, s = rope_table(d, theta, end, device, dt, scaling)
+    return c[at], s[at]
 
 
 @leaf
@@ -215,6 +237,7 @@ def attention_core(
     gate: torch.Tensor | None,
     backend: str,
     pos: int | RowPositions = 0,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal softmax attention through `lt2dsl.kernels.attention` (one graph node).
 
@@ -225,6 +248,7 @@ def attention_core(
         gate: pre-sigmoid output gate `[B, Tq, HQ, d]` or `[B, Tq, HQ]`, or None.
         backend: "reference", "triton" or "auto".
         pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
+        cu_seqlens: `[N + 1]` document starts of a packed row (B = 1): no attention across them.
     Returns:
         `[B, Tq, HQ, d]` in the dtype of `v`.
     """
@@ -233,4 +257,4 @@ def attention_core(
     # From the op's subpackage: `lt2dsl.kernels.attention` is the subpackage once imported.
     from lt2dsl.kernels.attention import attention
 
-    return attention(q, k, v, causal=True, window=window, gate=gate, backend=backend)
+    return attention(q, k, v, causal=True, window=window, gate=gate, cu_seqlens=cu_seqlens, backend=backend)

@@ -24,6 +24,7 @@ from lt2dsl.kernels.gla import gla
 from lt2dsl.kernels.kda import kda
 from lt2dsl.kernels.mlstm import mlstm
 from lt2dsl.kernels.simple_gla import simple_gla
+from lt2dsl.lowering import packed
 from lt2dsl.lowering.cache import RowPositions
 from lt2dsl.lowering.functional import short_conv
 from lt2dsl.lowering.leaf import leaf
@@ -63,12 +64,15 @@ def check_input(x, dim: int, dtype: torch.dtype, kind: str) -> None:
         raise ValueError(f"`{kind}` layer expects x in its parameters' dtype {dtype}, got {x.dtype}")
 
 
-def conv_silu(module: nn.Module, x: torch.Tensor, name: str, entry, width: int) -> torch.Tensor:
+def conv_silu(
+    module: nn.Module, x: torch.Tensor, name: str, entry, width: int, cu_seqlens=None
+) -> torch.Tensor:
     """fla's q/k/v path: `<name>_conv1d` short conv + SiLU of `x [B, T, C]`, its last W−1 inputs
     cached as `<name>_conv`; SiLU alone when `width == 0` (fla without short convs)."""
     if width == 0:
         return F.silu(x)
-    return short_conv(x, getattr(module, f"{name}_conv1d").weight, None, entry, f"{name}_conv")
+    weight = getattr(module, f"{name}_conv1d").weight
+    return short_conv(x, weight, None, entry, f"{name}_conv", cu_seqlens=cu_seqlens)
 
 
 def depthwise_conv(channels: int, width: int) -> nn.Conv1d:
@@ -113,59 +117,74 @@ def run_stateful(op, entry, names: tuple[str, ...], state_dtype: torch.dtype, ar
 
 
 @leaf
-def gated_delta_rule_core(q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+def gated_delta_rule_core(
+    q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
+):
     """GDN core (mixers.md §5(b)) with q, k L2-normalised in the op; state `entry["state"]` `[B, HV, K, V]`.
 
     q, k `[B, T, H, K]`; v `[B, T, HV, V]`; g (log decay), beta `[B, T, HV]`. Returns `[B, T, HV, V]`.
     """
-    kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend}
+    kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend, "cu_seqlens": cu_seqlens}
     return run_stateful(gated_delta_rule, entry, ("state",), state_dtype, (q, k, v, g, beta), kw)
 
 
 @leaf
-def delta_rule_core(q, k, v, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+def delta_rule_core(
+    q, k, v, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
+):
     """DeltaNet core (mixers.md §4(b)), q, k L2-normalised in the op. Shapes as `gated_delta_rule_core`."""
-    kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend}
+    kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend, "cu_seqlens": cu_seqlens}
     return run_stateful(delta_rule, entry, ("state",), state_dtype, (q, k, v, beta), kw)
 
 
 @leaf
-def kda_core(q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+def kda_core(
+    q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
+):
     """KDA core (mixers.md §6(b)), q, k L2-normalised in the op; g `[B, T, HV, K]` per-channel log decay."""
-    kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend}
+    kw = {"scale": scale, "use_qk_l2norm_in_kernel": True, "backend": backend, "cu_seqlens": cu_seqlens}
     return run_stateful(kda, entry, ("state",), state_dtype, (q, k, v, g, beta), kw)
 
 
 @leaf
-def gla_core(q, k, v, g, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+def gla_core(q, k, v, g, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None):
     """GLA core (mixers.md §3(b)): q, k `[B, T, H, K]`, v `[B, T, H, V]`, g `[B, T, H, K]` log decay."""
-    kw = {"scale": scale, "backend": backend}
+    kw = {"scale": scale, "backend": backend, "cu_seqlens": cu_seqlens}
     return run_stateful(gla, entry, ("state",), state_dtype, (q, k, v, g), kw)
 
 
 @leaf
-def simple_gla_core(q, k, v, g, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+def simple_gla_core(
+    q, k, v, g, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
+):
     """Scalar-decay linear attention (RetNet, Mamba2, linear attention): g `[B, T, HV]` or None."""
-    kw = {"scale": scale, "backend": backend}
+    kw = {"scale": scale, "backend": backend, "cu_seqlens": cu_seqlens}
     return run_stateful(simple_gla, entry, ("state",), state_dtype, (q, k, v, g), kw)
 
 
 @leaf
-def mlstm_core(q, k, v, i, f, entry, *, scale: float, eps: float, backend: str, state_dtype: torch.dtype):
+def mlstm_core(
+    q, k, v, i, f, entry, *, scale: float, eps: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
+):
     """mLSTM cell (mixers.md §8(b)); state (`C` `[B, H, K, V]`, `n` `[B, H, K]`, `m` `[B, H]`)."""
-    kw = {"scale": scale, "eps": eps, "backend": backend}
+    kw = {"scale": scale, "eps": eps, "backend": backend, "cu_seqlens": cu_seqlens}
     return run_stateful(mlstm, entry, ("C", "n", "m"), state_dtype, (q, k, v, i, f), kw)
 
 
 @leaf
-def xpos_rotate(x: torch.Tensor, pos: int | RowPositions) -> torch.Tensor:
+def xpos_rotate(
+    x: torch.Tensor, pos: int | RowPositions, cu_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
     """RetNet's rotation (mixers.md §2(a)) of `x [B, T, H, K]` at absolute positions pos … pos+T−1.
 
     Pair (2j, 2j+1) turns by n·θ_j, θ_j = 10000^(−j/(K/2−1)) (torchscale's linspace(0, 1, K/2)
-    exponents); positions start at 0. Computed in fp32 (float64 for float64 inputs).
+    exponents); positions start at 0 (at every document start of a packed row with `cu_seqlens`).
+    Computed in fp32 (float64 for float64 inputs).
     """
     if isinstance(pos, RowPositions):
         return pos.xpos(x)
+    if cu_seqlens is not None:
+        return xpos_at(x, packed.positions(cu_seqlens, x.shape[1]))
     return xpos_at(x, torch.arange(pos, pos + x.shape[1], device=x.device))
 
 

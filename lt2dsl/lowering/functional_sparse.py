@@ -16,6 +16,7 @@ from lt2dsl.kernels.dsa import dsa as dsa_op
 from lt2dsl.kernels.nsa import nsa as nsa_op
 from lt2dsl.kernels.toeplitz import toeplitz_mix, toeplitz_mix_step
 from lt2dsl.lowering import functional as lf
+from lt2dsl.lowering import packed
 from lt2dsl.lowering.cache import RowPositions, StaticEntry
 from lt2dsl.lowering.leaf import leaf
 
@@ -47,19 +48,30 @@ def sigmoid_gate(o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return (o.to(dt) * torch.sigmoid(g.to(dt))).to(o.dtype)
 
 
-def rope_prefix(x: torch.Tensor, pos, theta: float, dims: int) -> torch.Tensor:
+def rope_prefix(x: torch.Tensor, pos, theta: float, dims: int, cu_seqlens=None) -> torch.Tensor:
     """Half-split RoPE on the first `dims` channels of `x [B, T, H, d]` only, the rest unrotated.
 
     `dims` is even (0: `x` unchanged). Calls the lead's `apply_rope` leaf on the rotated part.
     """
     if dims == 0:
         return x
-    return torch.cat([lf.apply_rope(x[..., :dims], pos, theta), x[..., dims:]], dim=-1)
+    rotated = lf.apply_rope(x[..., :dims], pos, theta, cu_seqlens=cu_seqlens)
+    return torch.cat([rotated, x[..., dims:]], dim=-1)
 
 
 @leaf
 def dsa_attend(
-    q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str, pos: int | RowPositions = 0
+    q,
+    k,
+    v,
+    q_idx,
+    k_idx,
+    w_idx,
+    topk: int,
+    idx_scale: float,
+    backend: str,
+    pos: int | RowPositions = 0,
+    cu_seqlens=None,
 ) -> torch.Tensor:
     """DSA core: causal top-k selection by the lightning indexer, attention over the selection.
 
@@ -68,12 +80,16 @@ def dsa_attend(
         q_idx: `[B, Tq, HI, dI]`; k_idx: `[B, Tk, dI]`; w_idx: `[B, Tq, HI]` (HI^{-1/2} folded in).
         topk: keys per query; idx_scale: factor inside the ReLU (dI^{-1/2}).
         pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
+        cu_seqlens: `[N + 1]` document starts of a packed row (B = 1): selection and attention
+            stay inside each document.
     Returns:
         `[B, Tq, H, d]` in the dtype of v.
     """
     if isinstance(pos, RowPositions):
         return pos.dsa(q, k, v, q_idx, k_idx, w_idx, topk, idx_scale, backend)
-    return dsa_op(q, k, v, q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, backend=backend)
+    return dsa_op(
+        q, k, v, q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, cu_seqlens=cu_seqlens, backend=backend
+    )
 
 
 def n_blocks(L: int, cmp_block: int, stride: int) -> int:
@@ -99,7 +115,8 @@ def nsa_compress(
     pos_emb: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
-) -> torch.Tensor:
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor | list[torch.Tensor]:
     """Compressed keys (or values) of every complete block, updating the cache as blocks complete.
 
     Block i covers tokens [i·stride, i·stride + cmp_block) (0-based) and exists once all of them
@@ -111,11 +128,15 @@ def nsa_compress(
 
     Args:
         x: `[B, L, HKV, d]` all keys (or values) so far, the cached ones and the new ones.
+        cu_seqlens: `[N + 1]` document starts of a packed row (B = 1, no entry).
     Returns:
-        `[B, n_cmp(L), HKV, d]`.
+        `[B, n_cmp(L), HKV, d]`; with `cu_seqlens` a list of one such tensor per document.
     """
     if isinstance(entry, StaticEntry):
         return entry.compress(x, key, cmp_block, stride, (pos_emb, weight, bias))
+    if cu_seqlens is not None:
+        docs = x.split(packed.split(cu_seqlens), dim=1)
+        return [nsa_compress(xd, None, key, cmp_block, stride, pos_emb, weight, bias) for xd in docs]
     B, L, HKV, d = x.shape
     old = entry[key] if entry is not None and key in entry else None
     n_old = 0 if old is None else old.shape[2]
@@ -151,6 +172,7 @@ def nsa_attend(
     stride: int,
     backend: str,
     pos: int | RowPositions = 0,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """NSA core: compressed, selected and sliding-window branches mixed by their gates.
 
@@ -158,12 +180,17 @@ def nsa_attend(
         q: `[B, Tq, H, d]`; k, v: `[B, Tk, HKV, d]`; g: `[B, Tq, H, 3]` gates after the sigmoid,
             ordered (cmp, slc, swa); k_cmp, v_cmp: `[B, NC, HKV, d]` from `nsa_compress`.
         pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
+        cu_seqlens: `[N + 1]` document starts of a packed row (B = 1); k_cmp, v_cmp are then
+            lists with one tensor per document, and every document is attended alone.
     Returns:
         `[B, Tq, H, d]` in the dtype of v.
     """
+    geometry = dict(select=select, block=block, window=window, cmp_block=cmp_block, stride=stride)
     if isinstance(pos, RowPositions):
-        geometry = dict(select=select, block=block, window=window, cmp_block=cmp_block, stride=stride)
         return pos.nsa(q, k, v, g, k_cmp, v_cmp, geometry, backend)
+    if cu_seqlens is not None:
+        parts = zip(*(t.split(packed.split(cu_seqlens), dim=1) for t in (q, k, v, g)), k_cmp, v_cmp)
+        return torch.cat([nsa_attend(*p, backend=backend, **geometry) for p in parts], dim=1)
     g_cmp, g_slc, g_swa = g.unbind(-1)
     return nsa_op(
         q,
@@ -185,20 +212,30 @@ def nsa_attend(
 
 @leaf
 def toeplitz_cached(
-    u: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, entry, max_len: int, backend: str
+    u: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor,
+    entry,
+    max_len: int,
+    backend: str,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal Toeplitz mixing of `u [B, T, D]`, continuing the cached inputs when there is a cache.
 
     With an entry, `entry["x"]` holds the mixer inputs so far `[B, t, D]` (activation dtype): a
     fresh prefill mixes by FFT, one new token takes `toeplitz_mix_step` over the cache (O(t)), a
     chunk onto a cache mixes the whole sequence and keeps its last T outputs. A sequence past
-    `max_len` raises ValueError before the cache is touched.
+    `max_len` raises ValueError before the cache is touched. With `cu_seqlens` (a packed row,
+    no entry) every document is mixed alone, its positions starting at 0.
 
     Returns:
         `[B, T, D]` in the dtype of u.
     """
     if isinstance(entry, StaticEntry):
         return entry.toeplitz(u, w, bias, max_len, backend)
+    if cu_seqlens is not None:
+        docs = u.split(packed.split(cu_seqlens), dim=1)
+        return torch.cat([toeplitz_cached(d, w, bias, None, max_len, backend) for d in docs], dim=1)
     T = u.shape[1]
     seen = entry["x"].shape[1] if entry is not None and "x" in entry else 0
     check_tmm_length(seen, T, max_len)

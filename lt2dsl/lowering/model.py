@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lt2dsl.ir import nodes as n
+from lt2dsl.lowering import packed
 from lt2dsl.lowering.blocks import ExitMix, LoopExtras, ResidualBlock, make_norm
 from lt2dsl.lowering.cache import Cache
 from lt2dsl.lowering.norms import OffsetRMSNorm
@@ -34,9 +35,11 @@ class LT2Model(nn.Module):
         backend (str, Optional): kernel backend of every mixer: "reference", "triton" or "auto".
             Default: "auto".
 
-    `forward(input_ids [B, T], cache=None) -> logits [B, T, vocab]` (hidden states `[B, T, D]`
-    for `head = none`). With a cache (`new_cache(B)`) the call continues the cached sequences:
-    a prefill of any length, then decode steps; the cache is updated in place.
+    `forward(input_ids [B, T], cache=None, cu_seqlens=None) -> logits [B, T, vocab]` (hidden
+    states `[B, T, D]` for `head = none`). With a cache (`new_cache(B)`) the call continues the
+    cached sequences: a prefill of any length, then decode steps; the cache is updated in place.
+    With `cu_seqlens` (int32 `[N + 1]`, fla's convention) `input_ids [1, T]` is a packed row of
+    N documents, each run as its own sequence (`lt2dsl/lowering/packed.py`).
     """
 
     def __init__(self, model: n.Model, backend: str = "auto"):
@@ -129,13 +132,16 @@ class LT2Model(nn.Module):
             raise ValueError(f"max_len must be a positive integer or None, got {max_len!r}")
         return Cache(self.applications, batch_size, max_len)
 
-    def forward(self, input_ids: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
-        """input_ids `[B, T]` (integer token ids) → logits `[B, T, vocab]`."""
-        self.check_input(input_ids, cache)
-        return self.graph_module(input_ids, cache)
+    def forward(
+        self, input_ids: torch.Tensor, cache: Cache | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids `[B, T]` (integer token ids) → logits `[B, T, vocab]`; `cu_seqlens` `[N + 1]`
+        marks the document starts of a packed row (B = 1, no cache)."""
+        self.check_input(input_ids, cache, cu_seqlens)
+        return self.graph_module(input_ids, cache, cu_seqlens)
 
-    def check_input(self, input_ids, cache: Cache | None) -> None:
-        """Raise ValueError naming what was expected for a bad `input_ids` or `cache`."""
+    def check_input(self, input_ids, cache: Cache | None, cu_seqlens: torch.Tensor | None = None) -> None:
+        """Raise ValueError naming what was expected for a bad `input_ids`, `cache` or `cu_seqlens`."""
         cfg = self.config
         if not isinstance(input_ids, torch.Tensor):
             raise ValueError(
@@ -155,10 +161,13 @@ class LT2Model(nn.Module):
                 raise ValueError(
                     f"token ids must be in [0, {cfg.vocab}) (vocab = {cfg.vocab}), got values in [{lo}, {hi}]"
                 )
-        self._check_cache(input_ids, cache)
+        packed.check_cu_seqlens(cu_seqlens, input_ids, cache is not None)
+        self._check_cache(input_ids, cache, cu_seqlens)
 
-    def _check_cache(self, input_ids: torch.Tensor, cache: Cache | None) -> None:
+    def _check_cache(self, input_ids: torch.Tensor, cache: Cache | None, cu_seqlens=None) -> None:
         B, T = input_ids.shape
+        if cu_seqlens is not None and self.max_len is not None and input_ids.device.type != "meta":
+            T = max(packed.split(cu_seqlens))  # the longest document is the longest sequence
         seen = 0
         if cache is not None:
             if not isinstance(cache, Cache) or len(cache.entries) != self.applications:

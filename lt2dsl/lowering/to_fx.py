@@ -7,9 +7,10 @@ gate → o_proj → residual add → norm → MLP → residual add, which is wha
 (`lowering/fx_passes`) rewrite. A loop calls the same submodules T times (same `call_module` targets), so
 its weights are shared by construction.
 
-Cache plumbing: placeholders `input_ids` and `cache` (default None); `cache_pos(cache)` once at
-the start, `cache_entry(cache, k)` for application k ((iteration, block) pairs in execution
-order), `cache_advance(cache, T)` at the end.
+Cache plumbing: placeholders `input_ids`, `cache` and `cu_seqlens` (both default None);
+`cache_pos(cache)` once at the start, `cache_entry(cache, k)` for application k ((iteration,
+block) pairs in execution order), `cache_advance(cache, T)` at the end. `cu_seqlens` (the
+document starts of a packed row, `packed.py`) reaches every block and from there every mixer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from lt2dsl.passes.resolve import loops as loops_preorder
 
 class Unrolled(nn.Module):
     """The module the tracer records: the model's submodules under their parameter names and a
-    forward over the resolved structure. Only used to build the graph."""
+    forward over the resolved structure.
+
+    Also runs eagerly where a trainer needs the blocks called as modules (FSDP's per-block hooks,
+    activation checkpointing per application through `run_block`); `head=False` then returns
+    the final hidden states `[B, T, D]` instead of logits.
+    """
 
     def __init__(
         self,
@@ -41,27 +47,29 @@ class Unrolled(nn.Module):
         loops: nn.ModuleList,
         final_norm: nn.Module,
         lm_head: nn.Module | None,
+        head: bool = True,
     ):
         super().__init__()
-        self.ir = model
+        self.ir, self.with_head = model, head
         self.embed, self.blocks, self.loops, self.final_norm = embed, blocks, loops, final_norm
         if lm_head is not None:
             self.lm_head = lm_head
         self.block_index = {b.block_id: i for i, b in enumerate(blocks)}
         self.loop_index = {lp.id: k for k, lp in enumerate(loops_preorder(model.body))}
 
-    def forward(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
-        """input_ids `[B, T]` → logits `[B, T, vocab]` (hidden states `[B, T, D]` with `head = none`)."""
+    def forward(self, input_ids: torch.Tensor, cache=None, cu_seqlens=None) -> torch.Tensor:
+        """input_ids `[B, T]` → logits `[B, T, vocab]` (hidden states `[B, T, D]` with `head = none`
+        or `head=False`)."""
         pos = lf.cache_pos(cache)
         e = self.embed(input_ids)
         if self.ir.config.embed_scale:
             # Gemma: × sqrt(dim) rounded to the activation dtype first, as its checkpoints expect
             e = e * torch.tensor(self.ir.config.dim**0.5, dtype=e.dtype)
         apps = itertools.count()
-        h = self.stages(self.ir.body, e, e, cache, pos, apps)
+        h = self.stages(self.ir.body, e, e, (cache, pos, cu_seqlens), apps)
         if not ends_with_normed_loop(self.ir.body):
             h = self.final_norm(h)
-        out = self.head(h)
+        out = self.head(h) if self.with_head else h
         lf.cache_advance(cache, input_ids.shape[1])
         return out
 
@@ -73,15 +81,21 @@ class Unrolled(nn.Module):
             return F.linear(h, self.embed.weight)
         return self.lm_head(h)
 
-    def stages(self, stages, h, e, cache, pos, apps: Iterator[int]) -> torch.Tensor:
+    def stages(self, stages, h, e, run: tuple, apps: Iterator[int]) -> torch.Tensor:
+        """`run` = (cache, pos, cu_seqlens) of this call."""
         for s in stages:
             if isinstance(s, n.LoopBlock):
-                h = self.loop(s, h, e, cache, pos, apps)
+                h = self.loop(s, h, e, run, apps)
             else:
-                h = self.blocks[self.block_index[s.id]](h, lf.cache_entry(cache, next(apps)), pos)
+                h = self.run_block(self.block_index[s.id], h, next(apps), run)
         return h
 
-    def loop(self, lp: n.LoopBlock, h, e, cache, pos, apps: Iterator[int]) -> torch.Tensor:
+    def run_block(self, i: int, h: torch.Tensor, app: int, run: tuple) -> torch.Tensor:
+        """Application `app` of block `i`: h `[B, T, D]` → `[B, T, D]` (a trainer's hook point)."""
+        cache, pos, cu_seqlens = run
+        return self.blocks[i](h, lf.cache_entry(cache, app), pos, cu_seqlens)
+
+    def loop(self, lp: n.LoopBlock, h, e, run: tuple, apps: Iterator[int]) -> torch.Tensor:
         """T iterations of the body with shared weights (language.md §4, mixers.md §14)."""
         extras = self.loops[self.loop_index[lp.id]]
         hs, logits = [], []
@@ -90,7 +104,7 @@ class Unrolled(nn.Module):
                 h = h + e
             elif t > 0 and lp.inject == "concat":
                 h = extras.adapter(torch.cat([h, e], dim=-1))
-            h = self.stages(lp.body, h, e, cache, pos, apps)
+            h = self.stages(lp.body, h, e, run, apps)
             if lp.final_norm:
                 h = self.final_norm(h)
             if lp.exit is not None:

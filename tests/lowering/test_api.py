@@ -79,8 +79,8 @@ def test_graph_shape_and_cache_plumbing():
     model = lower(f"loop T=2 < {call('gdn')}; {call('swa')} >")
     g = model.graph_module.graph
     nodes = list(g.nodes)
-    assert [nd.name for nd in nodes if nd.op == "placeholder"] == ["input_ids", "cache"]
-    assert nodes[1].args == (None,)  # cache defaults to None
+    assert [nd.name for nd in nodes if nd.op == "placeholder"] == ["input_ids", "cache", "cu_seqlens"]
+    assert nodes[1].args == nodes[2].args == (None,)  # cache and cu_seqlens default to None
     calls = [nd for nd in nodes if nd.op == "call_function"]
     names = [getattr(nd.target, "__name__", "") for nd in calls]
     assert names[0] == "cache_pos" and names.count("cache_pos") == 1

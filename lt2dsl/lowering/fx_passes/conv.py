@@ -48,11 +48,11 @@ def replacement(x, weight, bias, hist, backend: str = "auto"):
 
 
 def _silu_conv(node) -> bool:
-    """A `short_conv(x, w, b, entry, key[, activation])` call with SiLU."""
-    if not is_call(node, functional.short_conv) or len(node.args) < 5:
+    """A `short_conv(x, w, b, entry, key[, activation], cu_seqlens=...)` call with SiLU."""
+    if not is_call(node, functional.short_conv) or not 5 <= len(node.args) <= 6:
         return False
     act = node.args[5] if len(node.args) > 5 else node.kwargs.get("activation", "silu")
-    return act == "silu" and set(node.kwargs) <= {"activation"}
+    return act == "silu" and set(node.kwargs) <= {"activation", "cu_seqlens"}
 
 
 def _head_conv(arg, core: Node) -> tuple[Node, Node, int] | None:
@@ -79,10 +79,9 @@ def match_l2(ctx: Ctx, node: Node) -> Match | None:
 
 def _fused_conv(ctx: Ctx, conv: Node, head_dim: int, backend: str) -> None:
     x, weight, bias, entry, key = conv.args[:5]
+    kwargs = {"head_dim": head_dim, "backend": backend, "cu_seqlens": conv.kwargs.get("cu_seqlens")}
     with ctx.graph.inserting_before(conv):
-        new = ctx.graph.call_function(
-            conv_silu_cached, (x, weight, bias, entry, key), {"head_dim": head_dim, "backend": backend}
-        )
+        new = ctx.graph.call_function(conv_silu_cached, (x, weight, bias, entry, key), kwargs)
     conv.replace_all_uses_with(new)
     ctx.erase(conv)
 

@@ -16,6 +16,7 @@ from lt2dsl.kernels.delta_rule import delta_rule
 from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
 from lt2dsl.kernels.kda import kda
 from lt2dsl.lowering import functional_recurrent as fr
+from lt2dsl.lowering import packed
 from lt2dsl.lowering.leaf import leaf
 
 
@@ -28,10 +29,15 @@ def conv_silu_cached(
     key: str,
     head_dim: int = 0,
     backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`short_conv(x, weight, bias, entry, key)` (SiLU) through the fused kernel, L2-normalising
-    each head of `head_dim` channels when > 0. x `[B, T, C]` → `[B, T, C]`."""
+    each head of `head_dim` channels when > 0. x `[B, T, C]` → `[B, T, C]`. With `cu_seqlens`
+    (a packed row, no entry) every document starts from a zero history."""
     W = weight.shape[-1]
+    if cu_seqlens is not None:
+        xp, index = packed.pad_documents(x, cu_seqlens, W - 1)
+        return fused.conv_silu(xp, weight, bias, None, head_dim=head_dim, backend=backend)[:, index]
     hist = entry[key] if entry is not None and key in entry else None
     y = fused.conv_silu(x, weight, bias, hist, head_dim=head_dim, backend=backend)
     if entry is not None and W > 1:
@@ -52,30 +58,34 @@ def _next_hist(x: torch.Tensor, hist: torch.Tensor | None, W: int) -> torch.Tens
     return xt[..., T - (W - 1) :].clone(memory_format=torch.contiguous_format)
 
 
-def _normed(op, q, k, v, g, beta, entry, scale, backend, state_dtype):
-    kw = {"scale": scale, "use_qk_l2norm_in_kernel": False, "backend": backend}
+def _normed(op, q, k, v, g, beta, entry, scale, backend, state_dtype, cu_seqlens):
+    kw = {"scale": scale, "use_qk_l2norm_in_kernel": False, "backend": backend, "cu_seqlens": cu_seqlens}
     args = (q, k, v, beta) if g is None else (q, k, v, g, beta)
     return fr.run_stateful(op, entry, ("state",), state_dtype, args, kw)
 
 
 @leaf
 def gated_delta_rule_core_normed(
-    q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype
+    q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
 ):
     """`gated_delta_rule_core` for q, k that are already L2-normalised."""
-    return _normed(gated_delta_rule, q, k, v, g, beta, entry, scale, backend, state_dtype)
+    return _normed(gated_delta_rule, q, k, v, g, beta, entry, scale, backend, state_dtype, cu_seqlens)
 
 
 @leaf
-def delta_rule_core_normed(q, k, v, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+def delta_rule_core_normed(
+    q, k, v, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
+):
     """`delta_rule_core` for q, k that are already L2-normalised."""
-    return _normed(delta_rule, q, k, v, None, beta, entry, scale, backend, state_dtype)
+    return _normed(delta_rule, q, k, v, None, beta, entry, scale, backend, state_dtype, cu_seqlens)
 
 
 @leaf
-def kda_core_normed(q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype):
+def kda_core_normed(
+    q, k, v, g, beta, entry, *, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None
+):
     """`kda_core` for q, k that are already L2-normalised."""
-    return _normed(kda, q, k, v, g, beta, entry, scale, backend, state_dtype)
+    return _normed(kda, q, k, v, g, beta, entry, scale, backend, state_dtype, cu_seqlens)
 
 
 # the lowering's cores that L2-normalise q and k inside the op → their variants without

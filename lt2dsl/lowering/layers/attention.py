@@ -87,14 +87,14 @@ class Attention(MixerLayer):
             elif hasattr(m, "reset_parameters") and m is not self:
                 m.reset_parameters()
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` (or None) holds `k`, `v` `[B, HKV, L, d]`."""
         q = self.q_proj(x).unflatten(-1, (self.H, self.d))  # [B, T, H, d]
         k = self.k_proj(x).unflatten(-1, (self.HKV, self.d))  # [B, T, HKV, d]
         v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         if self.opts["qk_norm"]:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, pos), self.rope(k, pos)
+        q, k = self.rope(q, pos, cu_seqlens), self.rope(k, pos, cu_seqlens)
         # The cache layout is [B, HKV, L, d]; the op wants [B, L, HKV, d].
         k = lf.append_cache(entry, "k", k.transpose(1, 2), 2, self.window).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2), 2, self.window).transpose(1, 2)
@@ -103,12 +103,13 @@ class Attention(MixerLayer):
             g = self.g_proj(x).unflatten(-1, (self.H, self.d))
         elif self.gate == "headwise":
             g = self.g_proj(x)  # [B, T, H]
-        o = lf.attention_core(q, k, v, self.window, g, self.backend, pos)  # [B, T, H, d]
+        o = lf.attention_core(q, k, v, self.window, g, self.backend, pos, cu_seqlens)  # [B, T, H, d]
         return self.o_proj(o.flatten(-2))
 
-    def rope(self, x: torch.Tensor, pos) -> torch.Tensor:
+    def rope(self, x: torch.Tensor, pos, cu_seqlens=None) -> torch.Tensor:
         """RoPE on the first `rope_dim` dims of each head of x `[B, T, h, d]`, the rest unchanged."""
         if self.rope_dim == self.d:
-            return lf.apply_rope(x, pos, self.theta, self.scaling)
+            return lf.apply_rope(x, pos, self.theta, self.scaling, cu_seqlens)
         r = self.rope_dim
-        return torch.cat([lf.apply_rope(x[..., :r], pos, self.theta, self.scaling), x[..., r:]], dim=-1)
+        rotated = lf.apply_rope(x[..., :r], pos, self.theta, self.scaling, cu_seqlens)
+        return torch.cat([rotated, x[..., r:]], dim=-1)

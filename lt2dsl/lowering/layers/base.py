@@ -8,7 +8,10 @@ A mixer layer is an `nn.Module` built from `(opts, cfg, backend)` — the resolv
 * `forward(x, entry, pos)` maps the normed block input `x [B, T, D]` to the mixer output
   `[B, T, D]` (before the residual add). `entry` is None (training / a forward without cache) or the
   layer's cache `Entry` (or `SubEntry` in a `par` block), which the layer reads and updates in
-  place; `pos` is the absolute position of `x[:, 0]` (0 without cache);
+  place; `pos` is the absolute position of `x[:, 0]` (0 without cache); `cu_seqlens` (None, or
+  `[N + 1]` document starts of a packed row `[1, T, D]`, never with an entry) makes every
+  document a sequence of its own (`lt2dsl/lowering/packed.py`) and reaches every leaf that mixes
+  over time;
 * cache tensors it stores are exactly the spec's `cache(opts, cfg, B, L)` layout after L tokens:
   same names, shapes and dtypes (state dtype for recurrent states, the activation dtype for conv
   buffers and tmm inputs, the kv dtype — the activation dtype unless configured — for KV caches);
@@ -45,7 +48,7 @@ class MixerLayer(nn.Module):
         # `torch.save(model)` fail to pickle the module.
         return lookup(self.layer_kind)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         raise NotImplementedError
 
     def state_dtype(self) -> torch.dtype:

@@ -46,15 +46,23 @@ class DeltaNet(MixerLayer):
     def reset_parameters(self) -> None:
         init_linears(self)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, K]` and the conv buffers."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
-        q = conv_silu(self, self.q_proj(x), "q", entry, self.W).unflatten(-1, (self.H, self.K))
-        k = conv_silu(self, self.k_proj(x), "k", entry, self.W).unflatten(-1, (self.H, self.K))
-        v = conv_silu(self, self.v_proj(x), "v", entry, self.W).unflatten(-1, (self.H, self.K))
+        q = conv_silu(self, self.q_proj(x), "q", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
+        k = conv_silu(self, self.k_proj(x), "k", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
+        v = conv_silu(self, self.v_proj(x), "v", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
         beta = torch.sigmoid(self.b_proj(x).to(math_dtype(self)))  # [B, T, H]
         o = delta_rule_core(
-            q, k, v, beta, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
+            q,
+            k,
+            v,
+            beta,
+            entry,
+            scale=self.K**-0.5,
+            backend=self.backend,
+            state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         gate = self.g_proj(x).unflatten(-1, (self.H, self.K)) if self.opts["gate"] else None
         return self.o_proj(self.o_norm(o, gate).flatten(-2))

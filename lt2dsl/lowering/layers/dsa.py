@@ -76,36 +76,39 @@ class SparseAttention(MixerLayer):
             elif isinstance(m, nn.RMSNorm | nn.LayerNorm):
                 m.reset_parameters()
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` normed block input, `pos` the position of x[:, 0] -> `[B, T, D]`."""
         fs.check_input(x, self, "dsa")
-        q, k, v = self._qkv(x, pos)
-        q_idx, k_idx, w_idx = self._indexer(x, pos)
+        q, k, v = self._qkv(x, pos, cu_seqlens)
+        q_idx, k_idx, w_idx = self._indexer(x, pos, cu_seqlens)
         # the cache keeps [B, HKV, L, d]; the op wants [B, L, HKV, d]
         k = lf.append_cache(entry, "k", k.transpose(1, 2)).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2)).transpose(1, 2)
         k_idx = lf.append_cache(entry, "k_idx", k_idx, dim=1)
-        o = fs.dsa_attend(q, k, v, q_idx, k_idx, w_idx, self.topk, self.idx_scale, self.backend, pos)
+        o = fs.dsa_attend(
+            q, k, v, q_idx, k_idx, w_idx, self.topk, self.idx_scale, self.backend, pos, cu_seqlens
+        )
         if self.gate != "none":
             o = fs.sigmoid_gate(o, self._gate_logits(x))
         return self.o_proj(o.flatten(-2))
 
-    def _qkv(self, x: torch.Tensor, pos):
+    def _qkv(self, x: torch.Tensor, pos, cu_seqlens=None):
         """Rotated q `[B, T, H, d]`, rotated k and v `[B, T, HKV, d]`."""
         q = self.q_proj(x).unflatten(-1, (self.H, self.d))
         k = self.k_proj(x).unflatten(-1, (self.HKV, self.d))
         v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         if self.opts["qk_norm"]:
             q, k = self.q_norm(q), self.k_norm(k)
-        return lf.apply_rope(q, pos, self.theta), lf.apply_rope(k, pos, self.theta), v
+        q = lf.apply_rope(q, pos, self.theta, cu_seqlens=cu_seqlens)
+        return q, lf.apply_rope(k, pos, self.theta, cu_seqlens=cu_seqlens), v
 
-    def _indexer(self, x: torch.Tensor, pos):
+    def _indexer(self, x: torch.Tensor, pos, cu_seqlens=None):
         """q_I `[B, T, HI, dI]`, k_I `[B, T, dI]` (first half rotated), w `[B, T, HI]` (× HI^{-1/2})."""
         q_idx = fs.rope_prefix(
-            self.idx_q(x).unflatten(-1, (self.HI, self.dI)), pos, self.theta, self.idx_rope_dims
+            self.idx_q(x).unflatten(-1, (self.HI, self.dI)), pos, self.theta, self.idx_rope_dims, cu_seqlens
         )
         k_idx = self.idx_k_norm(self.idx_k(x)).unsqueeze(2)
-        k_idx = fs.rope_prefix(k_idx, pos, self.theta, self.idx_rope_dims).squeeze(2)
+        k_idx = fs.rope_prefix(k_idx, pos, self.theta, self.idx_rope_dims, cu_seqlens).squeeze(2)
         return q_idx, k_idx, self.idx_w(x) * self.HI**-0.5
 
     def _gate_logits(self, x: torch.Tensor) -> torch.Tensor:

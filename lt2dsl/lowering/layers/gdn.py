@@ -60,12 +60,12 @@ class GatedDeltaNet(MixerLayer):
         init_A_log(self.A_log, 0.0, 16.0)
         init_dt_bias(self.dt_bias)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, HV, K, V]` and the conv buffers."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
-        q = conv_silu(self, self.q_proj(x), "q", entry, self.W).unflatten(-1, (self.H, self.K))
-        k = conv_silu(self, self.k_proj(x), "k", entry, self.W).unflatten(-1, (self.H, self.K))
-        v = conv_silu(self, self.v_proj(x), "v", entry, self.W).unflatten(-1, (self.HV, self.V))
+        q = conv_silu(self, self.q_proj(x), "q", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
+        k = conv_silu(self, self.k_proj(x), "k", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
+        v = conv_silu(self, self.v_proj(x), "v", entry, self.W, cu_seqlens).unflatten(-1, (self.HV, self.V))
         gd = math_dtype(self)
         A = self.A_log.to(gd).exp()
         g = -A * F.softplus(self.a_proj(x).to(gd) + self.dt_bias.to(gd))  # [B, T, HV]
@@ -73,7 +73,16 @@ class GatedDeltaNet(MixerLayer):
         if self.opts["neg_eigval"]:
             beta = beta * 2.0
         o = gated_delta_rule_core(
-            q, k, v, g, beta, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
+            q,
+            k,
+            v,
+            g,
+            beta,
+            entry,
+            scale=self.K**-0.5,
+            backend=self.backend,
+            state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         gate = self.g_proj(x).unflatten(-1, (self.HV, self.V)) if self.opts["gate"] else None
         o = self.o_norm(o, gate)

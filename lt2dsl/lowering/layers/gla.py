@@ -48,7 +48,7 @@ class GatedLinearAttention(MixerLayer):
     def reset_parameters(self) -> None:
         init_linears(self)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, V]`."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
         q = self.q_proj(x).unflatten(-1, (self.H, self.K))
@@ -57,7 +57,15 @@ class GatedLinearAttention(MixerLayer):
         gk = self.share(self.gk_proj(x).to(math_dtype(self)).unflatten(-1, (self.HKV, self.K)))
         g = F.logsigmoid(gk) / self.opts["gate_norm"]
         o = gla_core(
-            q, k, v, g, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
+            q,
+            k,
+            v,
+            g,
+            entry,
+            scale=self.K**-0.5,
+            backend=self.backend,
+            state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         gate = self.g_proj(x).unflatten(-1, (self.H, self.V))
         return self.o_proj(self.g_norm(o, gate).flatten(-2))

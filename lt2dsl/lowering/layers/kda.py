@@ -65,12 +65,12 @@ class KimiDeltaAttention(MixerLayer):
             init_A_log(self.A_log, 1.0, 16.0)
         init_dt_bias(self.dt_bias)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, HV, K, V]` and the conv buffers."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
-        q = conv_silu(self, self.q_proj(x), "q", entry, self.W).unflatten(-1, (self.H, self.K))
-        k = conv_silu(self, self.k_proj(x), "k", entry, self.W).unflatten(-1, (self.H, self.K))
-        v = conv_silu(self, self.v_proj(x), "v", entry, self.W).unflatten(-1, (self.HV, self.V))
+        q = conv_silu(self, self.q_proj(x), "q", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
+        k = conv_silu(self, self.k_proj(x), "k", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
+        v = conv_silu(self, self.v_proj(x), "v", entry, self.W, cu_seqlens).unflatten(-1, (self.HV, self.V))
         gd = math_dtype(self)
         f = (self.f_proj(x).to(gd) + self.dt_bias.to(gd)).unflatten(-1, (self.HV, self.K))
         A = self.A_log.to(gd).exp()[:, None]  # [HV, 1]
@@ -80,7 +80,16 @@ class KimiDeltaAttention(MixerLayer):
             g = -A * F.softplus(f)  # [B, T, HV, K]
         beta = torch.sigmoid(self.b_proj(x).to(gd))
         o = kda_core(
-            q, k, v, g, beta, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
+            q,
+            k,
+            v,
+            g,
+            beta,
+            entry,
+            scale=self.K**-0.5,
+            backend=self.backend,
+            state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         gate = self.g_proj(x).unflatten(-1, (self.HV, self.V))
         return self.o_proj(self.o_norm(o, gate).flatten(-2))

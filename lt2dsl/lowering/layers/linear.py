@@ -82,7 +82,7 @@ class LinearAttention(MixerLayer):
             return getattr(self, f"{which}_fm")(x)
         return x
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K', V (+1)]`."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
         q = self._phi(self.q_proj(x).unflatten(-1, (self.H, self.K)), "q")
@@ -100,11 +100,20 @@ class LinearAttention(MixerLayer):
                 scale=self.Kf**-0.5,
                 backend=self.backend,
                 state_dtype=self.state_dtype(),
+                cu_seqlens=cu_seqlens,
             )
             return self.o_proj(self.o_norm(o).flatten(-2))
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, T, H, V+1]
         o = simple_gla_core(
-            q, k, v1, None, entry, scale=1.0, backend=self.backend, state_dtype=self.state_dtype()
+            q,
+            k,
+            v1,
+            None,
+            entry,
+            scale=1.0,
+            backend=self.backend,
+            state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         gd = math_dtype(self)
         num, den = o[..., :-1].to(gd), o[..., -1:].to(gd)

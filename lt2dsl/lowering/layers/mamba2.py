@@ -61,18 +61,18 @@ class Mamba2(MixerLayer):
         init_dt_bias(self.dt_bias)
         nn.init.ones_(self.D)
 
-    def _xbc(self, xbc: torch.Tensor, entry) -> torch.Tensor:
+    def _xbc(self, xbc: torch.Tensor, entry, cu_seqlens=None) -> torch.Tensor:
         """Conv + SiLU of xBC `[B, T, d_in + 2GN]`, its last W−1 inputs cached as `xbc_conv`."""
         if self.W == 0:
             return F.silu(xbc)
-        return short_conv(xbc, self.conv1d.weight, self.conv1d.bias, entry, "xbc_conv")
+        return short_conv(xbc, self.conv1d.weight, self.conv1d.bias, entry, "xbc_conv", cu_seqlens=cu_seqlens)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, N, P]` and `xbc_conv`."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
         d_in, GN = self.d_in, self.G * self.N
         z, xbc, dt = self.in_proj(x).split([d_in, d_in + 2 * GN, self.H], dim=-1)
-        xs, Bm, Cm = self._xbc(xbc, entry).split([d_in, GN, GN], dim=-1)
+        xs, Bm, Cm = self._xbc(xbc, entry, cu_seqlens).split([d_in, GN, GN], dim=-1)
         gd = math_dtype(self)
         dt = F.softplus(dt.to(gd) + self.dt_bias.to(gd))  # [B, T, H]
         g = dt * -self.A_log.to(gd).exp()
@@ -81,7 +81,15 @@ class Mamba2(MixerLayer):
         v = (dt[..., None] * xh.to(gd)).to(xh.dtype)
         q, k = Cm.unflatten(-1, (self.G, self.N)), Bm.unflatten(-1, (self.G, self.N))
         y = simple_gla_core(
-            q, k, v, g, entry, scale=1.0, backend=self.backend, state_dtype=self.state_dtype()
+            q,
+            k,
+            v,
+            g,
+            entry,
+            scale=1.0,
+            backend=self.backend,
+            state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         y = y + self.D[:, None] * xh
         return self.out_proj(self.norm(y.flatten(-2), z))

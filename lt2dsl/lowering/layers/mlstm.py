@@ -69,7 +69,7 @@ class MLSTM(MixerLayer):
         cap = float(self.opts["gate_cap"])
         return cap * torch.tanh(a.to(math_dtype(self)) / cap)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `C` `[B, H, K, V]`, `n` `[B, H, K]`, `m` `[B, H]`."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
         q = self.q_proj(x).unflatten(-1, (self.H, self.K))
@@ -87,5 +87,6 @@ class MLSTM(MixerLayer):
             eps=1e-6,
             backend=self.backend,
             state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         return self.out_proj(torch.sigmoid(self.ogate(x)) * self.norm(h))

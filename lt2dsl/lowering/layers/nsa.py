@@ -102,19 +102,25 @@ class NativeSparseAttention(MixerLayer):
             if isinstance(m, BlockCompressor):
                 m.reset_parameters()
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` normed block input, `pos` the position of x[:, 0] -> `[B, T, D]`."""
         fs.check_input(x, self, "nsa")
-        q = lf.apply_rope(self.q_proj(x).unflatten(-1, (self.H, self.d)), pos, self.theta)
-        k = lf.apply_rope(self.k_proj(x).unflatten(-1, (self.HKV, self.d)), pos, self.theta)
+        q = lf.apply_rope(
+            self.q_proj(x).unflatten(-1, (self.H, self.d)), pos, self.theta, cu_seqlens=cu_seqlens
+        )
+        k = lf.apply_rope(
+            self.k_proj(x).unflatten(-1, (self.HKV, self.d)), pos, self.theta, cu_seqlens=cu_seqlens
+        )
         v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.H, 3))
         # the cache keeps [B, HKV, L, d]; the op wants [B, L, HKV, d]
         k = lf.append_cache(entry, "k", k.transpose(1, 2)).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2)).transpose(1, 2)
-        k_cmp = fs.nsa_compress(k, entry, "k_cmp", *self._phi("k"))
-        v_cmp = fs.nsa_compress(v, entry, "v_cmp", *self._phi("v"))
-        o = fs.nsa_attend(q, k, v, g, k_cmp, v_cmp, backend=self.backend, pos=pos, **self.geometry)
+        k_cmp = fs.nsa_compress(k, entry, "k_cmp", *self._phi("k"), cu_seqlens=cu_seqlens)
+        v_cmp = fs.nsa_compress(v, entry, "v_cmp", *self._phi("v"), cu_seqlens=cu_seqlens)
+        o = fs.nsa_attend(
+            q, k, v, g, k_cmp, v_cmp, backend=self.backend, pos=pos, cu_seqlens=cu_seqlens, **self.geometry
+        )
         return self.o_proj(o.flatten(-2))
 
     def _phi(self, which: str) -> tuple:

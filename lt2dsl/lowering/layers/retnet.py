@@ -49,16 +49,24 @@ class MultiScaleRetention(MixerLayer):
     def reset_parameters(self) -> None:
         init_linears(self)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, V]`; x[:, 0] sits at `pos`."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
-        q = xpos_rotate(self.q_proj(x).unflatten(-1, (self.H, self.K)), pos)
-        k = xpos_rotate(self.k_proj(x).unflatten(-1, (self.H, self.K)), pos)
+        q = xpos_rotate(self.q_proj(x).unflatten(-1, (self.H, self.K)), pos, cu_seqlens)
+        k = xpos_rotate(self.k_proj(x).unflatten(-1, (self.H, self.K)), pos, cu_seqlens)
         v = self.v_proj(x).unflatten(-1, (self.H, self.V))
         log_decay = torch.log1p(-torch.exp2(-5.0 - self.head_index.to(math_dtype(self))))
         g = log_decay.expand_as(v[..., 0])  # [B, T, H]
         o = simple_gla_core(
-            q, k, v, g, entry, scale=self.K**-0.5, backend=self.backend, state_dtype=self.state_dtype()
+            q,
+            k,
+            v,
+            g,
+            entry,
+            scale=self.K**-0.5,
+            backend=self.backend,
+            state_dtype=self.state_dtype(),
+            cu_seqlens=cu_seqlens,
         )
         gate = self.g_proj(x).unflatten(-1, (self.H, self.V))
         return self.o_proj(self.g_norm(o, gate).flatten(-2))

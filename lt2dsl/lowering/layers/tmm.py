@@ -58,12 +58,12 @@ class ToeplitzMixer(MixerLayer):
                 nn.init.normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
 
-    def forward(self, x: torch.Tensor, entry=None, pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` normed block input -> `[B, T, D]`.
 
         `pos` is not read: the cache's length gives the positions of the position bias.
         """
         fs.check_input(x, self, "tmm")
         u = self.in_proj(x) if self.heads > 1 else x
-        y = fs.toeplitz_cached(u, self.w, self.bias, entry, self.max_len, self.backend)
+        y = fs.toeplitz_cached(u, self.w, self.bias, entry, self.max_len, self.backend, cu_seqlens)
         return self.out_proj(y) if self.heads > 1 else y
