@@ -1,0 +1,228 @@
+"""The training loop: `run(cfg)` trains, evaluates, checkpoints and reports one run.
+
+    from lt2dsl.train import TrainConfig, run
+    result = run("runs/gdn_dsa.toml")          # or a TrainConfig, or a dict of sections
+    result.losses[200], result.evals            # every step's loss; held-out loss by step
+
+A step: read `grad_accum` micro-batches, count the labelled tokens of the whole step over all
+processes, and for each micro-batch run the forward to the final hidden states, the chunked
+cross-entropy summed over its tokens and the backward of (sum · processes / labelled tokens) —
+the gradient of the step's mean loss once FSDP / DDP average it over processes, whatever the
+split of rows. Then clip, step the optimizer and the schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lt2dsl.train import checkpoint as ckpt
+from lt2dsl.train.build import build_data, build_model, shard_of
+from lt2dsl.train.config import TrainConfig, load_config, validate
+from lt2dsl.train.loader import IGNORE, Batch
+from lt2dsl.train.metrics import Metrics, peak_flops, train_flops_per_token
+from lt2dsl.train.optim import build_optimizer, build_scheduler
+from lt2dsl.train.parallel import Dist, TrainModel, gradient_sync, init_dist, parallelize
+from lt2dsl.train.plot import plot_metrics
+
+
+@dataclass
+class RunResult:
+    """What a run returns: every step's training loss, the held-out losses, the last checkpoint."""
+
+    out: Path
+    losses: dict[int, float] = field(default_factory=dict)
+    evals: dict[int, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    rows: list[dict] = field(default_factory=list)
+
+
+def run(
+    cfg: TrainConfig | dict | str | Path,
+    *,
+    resume: bool | str | Path = False,
+    on_step: Callable[[int, RunResult], None] | None = None,
+) -> RunResult:
+    """Train one run (see the module docstring).
+
+    Args:
+        cfg: a `TrainConfig`, a dict of its sections, or the path of a TOML run file.
+        resume (bool or path, Optional): True continues from the newest complete checkpoint of
+            the run folder (starting afresh when there is none); a path names the checkpoint.
+            Default: `False`.
+        on_step (callable, Optional): called as `on_step(step, result)` after every step.
+    Raises:
+        ValueError: a bad config or data, naming the field.
+    """
+    if isinstance(cfg, str | Path):
+        cfg = load_config(cfg)
+    elif isinstance(cfg, dict):
+        cfg = validate(cfg)
+    elif not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, a dict or a path, got {type(cfg).__name__}")
+    owns_group = not torch.distributed.is_initialized()
+    d = init_dist(cfg.training.device)
+    try:
+        return Trainer(cfg, d).fit(resume, on_step)
+    finally:
+        if owns_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+class Trainer:
+    """One run's state; `fit` runs it."""
+
+    def __init__(self, cfg: TrainConfig, d: Dist):
+        self.cfg, self.d, t = cfg, d, cfg.training
+        self.out = t.out
+        if d.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(cfg.model_dump_json(indent=1))
+        torch.manual_seed(t.seed)
+        model = build_model(cfg)
+        self.ir = model.ir
+        self.shard = shard_of(cfg, d.world, d.rank)
+        self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
+        self.tm = TrainModel(model.to(d.device), t.activation_checkpoint == "per_application")
+        self.fwd = parallelize(self.tm, d, cfg.parallel, t.precision, t.compile, t.loss_chunk)
+        self.opt = build_optimizer(self.tm, cfg.optimizer)
+        self.sched = build_scheduler(self.opt, t.steps, cfg.scheduler)
+        self.state = ckpt.Stateful(self.tm, self.opt, self.sched, self.data.train)
+        sharded_mp = d.world > 1 and cfg.parallel.strategy == "fsdp"
+        self.autocast = t.precision == "bf16" and not sharded_mp
+        self.ckpt_root = self.out / cfg.checkpoint.folder
+
+    # ---- the run --------------------------------------------------------------------------------
+
+    def fit(self, resume, on_step) -> RunResult:
+        cfg, d = self.cfg, self.d
+        result = RunResult(self.out)
+        step = self._resume(resume)
+        _, peak = peak_flops(d.device, cfg.training.precision, cfg.metrics.hardware)
+        flops = train_flops_per_token(self.ir, self.data.seq_len)
+        metrics = Metrics(cfg.metrics, self.out, d.main, flops, peak, cfg.training.steps)
+        pending, tokens, data_s = [], 0, 0.0
+        with metrics:
+            metrics.start_interval()
+            while step < cfg.training.steps:
+                t0 = time.perf_counter()
+                batches = [b.to(d.device) for b in self.data.train.next_step()]
+                data_s += time.perf_counter() - t0
+                loss_sum, count, grad_norm = self.train_step(batches)
+                step += 1
+                local = sum(b.input_ids.numel() for b in batches)
+                tokens += local
+                self.tokens_seen += local * d.world
+                pending.append((step, loss_sum, count))
+                if step % cfg.metrics.log_interval == 0 or step == cfg.training.steps:
+                    self._flush(pending, result)
+                    lr = self.opt.param_groups[0]["lr"]
+                    metrics.log(step, result.losses[step], _item(grad_norm), lr, tokens, data_s)
+                    pending, tokens, data_s = [], 0, 0.0
+                self._maybe_eval(step, metrics, result)
+                self._maybe_save(step, result)
+                if on_step is not None:
+                    on_step(step, result)
+        result.rows = metrics.rows
+        if d.main and cfg.metrics.plot:
+            plot_metrics(result.rows, self.out / "metrics.png", title=self.ir.config.name)
+        return result
+
+    def _resume(self, resume) -> int:
+        self.tokens_seen = 0
+        if resume is False:
+            return 0
+        folder = ckpt.latest(self.ckpt_root) if resume is True else Path(resume)
+        if folder is None:
+            return 0
+        state = ckpt.load(folder, self.state, self.d)
+        self.tokens_seen = int(state["tokens_seen"])
+        return int(state["step"])
+
+    def train_step(self, batches: list[Batch]) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """One optimizer step over this process's micro-batches; (loss sum, labelled tokens of
+        the step over all processes, gradient norm before clipping)."""
+        local = sum(int((b.labels != IGNORE).sum()) for b in batches)
+        count = int(self.d.all_sum([float(local)])[0])
+        scale = self.d.world / max(count, 1)
+        total = torch.zeros((), device=self.d.device)
+        for m, b in enumerate(batches):
+            with gradient_sync(self.fwd, m == len(batches) - 1):
+                loss = self._loss(b)
+                (loss * scale).backward()
+            total += loss.detach().float()
+        clip = self.cfg.optimizer.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.tm.parameters(), clip if clip is not None else math.inf)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return total, count, norm
+
+    def _loss(self, b: Batch) -> torch.Tensor:
+        ctx = (
+            torch.autocast(self.d.device.type, dtype=torch.bfloat16)
+            if self.autocast
+            else contextlib.nullcontext()
+        )
+        with ctx:
+            return self.fwd(b.input_ids, b.labels, b.cu_seqlens)
+
+    def _flush(self, pending: list, result: RunResult) -> None:
+        """Read the pending steps' losses (one wait for the device) and sum them over processes."""
+        sums = self.d.all_sum([float(s) for _, s, _ in pending])
+        for (step, _, count), s in zip(pending, sums):
+            result.losses[step] = s / max(count, 1)
+
+    # ---- evaluation and checkpoints -------------------------------------------------------------
+
+    def _maybe_eval(self, step: int, metrics: Metrics, result: RunResult) -> None:
+        every = self.cfg.metrics.eval_interval
+        due = step == self.cfg.training.steps or (every and step % every == 0)
+        if self.data.val is None or not due:
+            return
+        result.evals[step] = self.evaluate()
+        metrics.log_eval(step, result.evals[step])
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean held-out loss (nats per labelled token) over `metrics.eval_rows` fixed rows."""
+        was = self.tm.training
+        self.tm.eval()
+        total, count = 0.0, 0
+        try:
+            for b in self.data.val.eval_batches(self.cfg.metrics.eval_rows):
+                b = b.to(self.d.device)
+                total += float(self._loss(b))
+                count += int((b.labels != IGNORE).sum())
+        finally:
+            self.tm.train(was)
+        total, count = self.d.all_sum([total, float(count)])
+        return total / max(count, 1.0)
+
+    def _maybe_save(self, step: int, result: RunResult) -> None:
+        c = self.cfg.checkpoint
+        last = step == self.cfg.training.steps
+        if not c.enable or not (last or step % c.interval == 0):
+            return
+        result.checkpoint = ckpt.save(self.ckpt_root, step, self.tokens_seen, self.state, self.d, final=last)
+        if self.d.main:
+            ckpt.prune(self.ckpt_root, c.keep_latest_k)
+        self.d.barrier()
+
+
+def _item(x: torch.Tensor) -> float:
+    full = getattr(x, "full_tensor", None)
+    return float(full() if full is not None else x)
+
+
+def read_metrics(out: Path) -> list[dict]:
+    """The rows of a run's `metrics.jsonl`."""
+    path = Path(out) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,99 @@
+"""Cross-entropy from the final hidden states and the head weight, a chunk of tokens at a time.
+
+At long context the logits `[tokens, vocab]` dwarf every activation (32k tokens x 128k vocab in
+fp32 is 16 GiB). `linear_cross_entropy` never forms them whole: for each chunk of `chunk` tokens
+it computes the chunk's logits, its loss and, when gradients are needed, the gradients of that
+chunk's hidden states and the head weight (softmax − one-hot), then drops the logits; backward
+only scales the stored gradients. Peak extra memory: one chunk's logits and the weight's
+gradient `[vocab, D]` in fp32.
+
+Labels equal to -100 take no loss (and give no gradient), as `F.cross_entropy(ignore_index=-100)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int = 4096,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Σ over tokens with a label of −log softmax(hidden · weightᵀ)[label], in fp32.
+
+    Args:
+        hidden (torch.Tensor): `[..., D]` final hidden states (after the final norm).
+        weight (torch.Tensor): `[V, D]` the LM head (or the tied embedding).
+        labels (torch.Tensor): `[...]` next-token ids, -100 where no loss is taken.
+        chunk (int, Optional): tokens per chunk. Default: `4096`.
+        dtype (torch.dtype, Optional): dtype of the logits matmul (its accumulation is fp32);
+            default `hidden`'s dtype.
+    Returns:
+        torch.Tensor: a scalar fp32 (float64 for float64 inputs) sum; divide by the number of
+        labelled tokens for the mean.
+    """
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"hidden {list(hidden.shape)} and labels {list(labels.shape)} disagree")
+    h = hidden.reshape(-1, hidden.shape[-1])
+    y = labels.reshape(-1)
+    dtype = dtype or hidden.dtype
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(h, weight, y, int(chunk), dtype)
+    with torch.no_grad(), torch.autocast(h.device.type, enabled=False):
+        w = weight.to(dtype)
+        sums = [
+            _chunk(h[s : s + chunk].to(dtype), w, y[s : s + chunk], False)[0] for s in range(0, len(y), chunk)
+        ]
+    return torch.stack(sums).sum()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, labels, chunk, dtype):
+        wide = _wide(dtype)
+        total = torch.zeros((), dtype=wide, device=h.device)
+        dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        dw = torch.zeros(weight.shape, dtype=wide, device=weight.device) if ctx.needs_input_grad[1] else None
+        w = weight.to(dtype)
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, h.shape[0], chunk):
+                loss, g = _chunk(h[s : s + chunk].to(dtype), w, labels[s : s + chunk], True)
+                total += loss
+                if dh is not None:
+                    dh[s : s + chunk] = (g.to(dtype) @ w).to(h.dtype)
+                if dw is not None:
+                    dw += g.t() @ h[s : s + chunk].to(wide)
+        ctx.save_for_backward(dh, dw)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        dh, dw = ctx.saved_tensors
+        gh = None if dh is None else dh * grad_out.to(dh.dtype)
+        gw = None if dw is None else (dw * grad_out).to(ctx.weight_dtype)
+        return gh, gw, None, None, None
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """Loss and gradient accumulation dtype: fp32, float64 for float64 inputs (exact tests)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor, grads: bool):
+    """Loss sum of one chunk and d(loss)/d(logits) `[n, V]` in the wide dtype (None without gradients)."""
+    logits = (h @ w.t()).to(_wide(h.dtype))  # [n, V]
+    loss = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
+    if not grads:
+        return loss, None
+    g = torch.softmax(logits, dim=-1)
+    valid = y != IGNORE
+    g[valid, y[valid]] -= 1.0
+    g[~valid] = 0.0
+    return loss, g

@@ -1,0 +1,185 @@
+"""Processes and sharding: the training forward, activation checkpointing, compile, FSDP2 / DDP.
+
+`parallelize` applies, in this order (torchtitan's `parallelize_llama`):
+
+1. activation checkpointing: `TrainModel.run_block` keeps only each block application's input and
+   recomputes the application in backward — a looped block is checkpointed once per iteration;
+2. `torch.compile` of every block module (`fullgraph`), after checkpointing, before sharding;
+3. under `torchrun` with more than one process, FSDP2 `fully_shard` with a `MixedPrecisionPolicy`:
+   the embedding, then `[final_norm, lm_head]` as one unit that stays unsharded after forward
+   (the loss reads the head right after the norm; tied embeddings and the final norm stay in
+   the root unit instead), then every block (a block a loop reuses is one module, hence one unit,
+   gathered again for each iteration), then the root — or DDP (`parallel.strategy = "ddp"`).
+
+The model is built whole on every process from the same seed and then sharded, so its initial
+weights do not depend on the number of processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lt2dsl.lowering.model import LT2Model
+from lt2dsl.lowering.to_fx import Unrolled
+from lt2dsl.train.loss import linear_cross_entropy
+
+STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class ParallelConfig(BaseModel):
+    """More than one process (under `torchrun`); ignored by a single process."""
+
+    model_config = STRICT
+
+    strategy: Literal["fsdp", "ddp"] = "fsdp"
+    """fsdp: FSDP2 `fully_shard` per block (weights, gradients, optimizer state sharded);
+    ddp: every process holds the whole model (simple, more memory)."""
+    reshard_after_forward: bool = True
+    """FSDP: free a block's gathered weights after its forward (gathered again in backward)."""
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """FSDP: dtype of the gradient reduce-scatter."""
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process: `rank` of `world`, and its device."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        """Sum `values` over processes (float64 on the CPU for gloo, on the device for NCCL)."""
+        if self.world == 1:
+            return values
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+
+def init_dist(device: str) -> Dist:
+    """Join torchrun's process group (NCCL on CUDA, gloo on the CPU) when WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("training.device = 'cuda' but no CUDA device is available")
+    dev = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Dist(rank, world, dev)
+
+
+class TrainModel(Unrolled):
+    """The training forward: `LT2Model`'s modules called eagerly (so FSDP's per-module hooks and
+    checkpointing see every block application), returning the final hidden states `[B, T, D]`
+    for the chunked loss. Parameter names are `LT2Model`'s."""
+
+    def __init__(self, model: LT2Model, checkpoint_blocks: bool = False):
+        head = getattr(model, "lm_head", None)
+        super().__init__(model.ir, model.embed, model.blocks, model.loops, model.final_norm, head, head=False)
+        self.checkpoint_blocks = checkpoint_blocks
+        self.tied = model.config.tie_embeddings
+
+    def run_block(self, i: int, h: torch.Tensor, app: int, run: tuple) -> torch.Tensor:
+        if self.checkpoint_blocks and torch.is_grad_enabled():
+            return checkpoint(super().run_block, i, h, app, run, use_reentrant=False)
+        return super().run_block(i, h, app, run)
+
+    def head_weight(self) -> torch.Tensor:
+        """`[vocab, D]`: the LM head, or the embedding when tied."""
+        return self.embed.weight if self.tied else self.lm_head.weight
+
+
+class WithLoss(nn.Module):
+    """`(input_ids, labels, cu_seqlens) -> summed cross-entropy`: the forward and the chunked loss
+    in one module call, so DDP sees the head weight used inside its forward."""
+
+    def __init__(self, tm: TrainModel, chunk: int, dtype: torch.dtype):
+        super().__init__()
+        self.tm, self.chunk, self.dtype = tm, chunk, dtype
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+        h = self.tm(input_ids, None, cu_seqlens)
+        return linear_cross_entropy(h, self.tm.head_weight(), labels, self.chunk, self.dtype)
+
+
+def parallelize(
+    tm: TrainModel, d: Dist, pcfg: ParallelConfig, precision: str, compile_blocks: bool, chunk: int
+):
+    """Compile and shard `tm` (module docstring); returns the `WithLoss` module to call (wrapped
+    in DDP for that strategy)."""
+    if compile_blocks:
+        for block in tm.blocks:
+            block.compile(fullgraph=True)
+    fwd = WithLoss(tm, chunk, torch.bfloat16 if precision == "bf16" else torch.float32)
+    if d.world == 1:
+        return fwd
+    if pcfg.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [d.device.index] if d.device.type == "cuda" else None
+        # the DSA indexer learns from its own loss only: the LM loss leaves it without gradient
+        return DDP(fwd, device_ids=ids, find_unused_parameters=True)
+    _fully_shard(tm, d, pcfg, precision)
+    return fwd
+
+
+def _fully_shard(tm: TrainModel, d: Dist, pcfg: ParallelConfig, precision: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(d.device.type, (d.world,))
+    bf16 = precision == "bf16"
+    mp = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else None,
+        reduce_dtype=torch.bfloat16 if pcfg.reduce_dtype == "bf16" else torch.float32,
+    )
+    kw = {"mesh": mesh, "mp_policy": mp}
+    # A unit reduces its gradients after the backward of its own forward; the tied embedding's
+    # last gradient arrives only at the very end, so it and the final norm stay in the root unit.
+    if not tm.tied:
+        fully_shard(tm.embed, reshard_after_forward=pcfg.reshard_after_forward, **kw)
+        fully_shard([tm.final_norm, tm.lm_head], reshard_after_forward=False, **kw)
+    for block in tm.blocks:
+        fully_shard(block, reshard_after_forward=pcfg.reshard_after_forward, **kw)
+    # the root's weights are used again as soon as backward starts
+    fully_shard(tm, reshard_after_forward=False, **kw)
+
+
+def gradient_sync(module, on: bool):
+    """FSDP / DDP: whether this backward reduces gradients (off for all but the last micro-batch)."""
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(on)
+        return _Null()
+    if hasattr(module, "no_sync") and not on:
+        return module.no_sync()
+    return _Null()
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
