@@ -105,8 +105,10 @@ class Trainer:
         cfg, d = self.cfg, self.d
         result = RunResult(self.out)
         step = self._resume(resume)
-        _, peak = peak_flops(d.device, cfg.training.precision, cfg.metrics.hardware)
+        hw, peak = peak_flops(d.device, cfg.training.precision, cfg.metrics.hardware)
         flops = train_flops_per_token(self.ir, self.data.seq_len)
+        if d.main:
+            self._write_estimate(hw, peak, flops)
         metrics = Metrics(cfg.metrics, self.out, d.main, flops, peak, cfg.training.steps)
         pending, tokens, data_s = [], 0, 0.0
         with metrics:
@@ -134,6 +136,23 @@ class Trainer:
         if d.main and cfg.metrics.plot:
             plot_metrics(result.rows, self.out / "metrics.png", title=self.ir.config.name)
         return result
+
+    def _write_estimate(self, hw: str, peak: float, flops: float) -> None:
+        """`estimate.json`: what `lt2dsl.cost` predicts for this run (FLOPs per token, the peak
+        MFU is taken against, memory per process), for comparing with the measured metrics."""
+        from lt2dsl.cost.train_memory import train_memory
+
+        t = self.cfg.training
+        sharded = self.d.world if self.cfg.parallel.strategy == "fsdp" else 1
+        act = "bf16" if t.precision == "bf16" else "fp32"
+        mem = train_memory(self.ir, self.shard.micro, self.data.seq_len, sharded, t.loss_chunk, act)
+        out = {
+            "hardware": hw,
+            "peak_flops": peak,
+            "train_flops_per_token": flops,
+            "memory_bytes": mem.as_dict(),
+        }
+        (self.out / "estimate.json").write_text(json.dumps(out, indent=1))
 
     def _resume(self, resume) -> int:
         self.tokens_seen = 0

@@ -42,6 +42,8 @@ def test_looped_gdn_dsa_learns_english_below_the_unigram_entropy(tmp_path):
     assert [r["step"] for r in rows if "eval/loss" in r] == [100, 200]
     assert (tmp_path / "run" / "metrics.png").stat().st_size > 10_000
     assert result.checkpoint.name == "step-000200"
+    estimate = json.loads((tmp_path / "run" / "estimate.json").read_text())
+    assert estimate["train_flops_per_token"] > 0 and estimate["memory_bytes"]["total"] > 0
 
 
 def model_64(tmp_path):
