@@ -64,14 +64,14 @@ def build_data(cfg: TrainConfig, shard: Shard, vocab: int, main: bool, barrier) 
 def _files(cfg: TrainConfig, dc: DataConfig, shard: Shard, vocab: int, main: bool, barrier) -> Data:
     cache = cfg.training.out / "data"
     if main:
-        folder, tok = prepare(dc, cache, progress=cfg.metrics.progress)
+        folder, n_vocab = prepare(dc, cache, progress=cfg.metrics.progress)
     barrier()
     if not main:
-        folder, tok = prepare(dc, cache, progress=False)
-    if tok.vocab_size > vocab:
+        folder, n_vocab = prepare(dc, cache, progress=False)
+    if n_vocab > vocab:
         raise ValueError(
-            f"data.tokenizer has {tok.vocab_size} tokens but the model's vocab is {vocab}: "
-            f"set `model.set.vocab = {tok.vocab_size}` (or more)"
+            f"the data's tokenizer has {n_vocab} tokens but the model's vocab is {vocab}: "
+            f"set `model.set.vocab = {n_vocab}` (or more)"
         )
     seed = cfg.training.seed
     train = TokenLoader(TokenFile(folder, "train"), dc.seq_len, shard, seed, dc.pack_documents)

@@ -6,11 +6,12 @@ Parquet (`text_field` column) files, tokenises every document (a local `tokenize
 
     <cache>/<key>/train.bin  tokens, uint16 when the vocabulary fits in 2^16, else uint32 (nanoGPT)
     <cache>/<key>/train.docs.bin  int64 document starts (offsets into train.bin)
-    <cache>/<key>/meta.json  dtype, token and document counts, tokenizer, sources (written last)
+    <cache>/<key>/meta.json  dtype, token and document counts, tokenizer, vocab size (written last)
 
 `<key>` hashes the sources (paths, sizes, modification times), the tokenizer and the split, so a
 second run reads the memmaps without tokenising again, and an edited file is tokenised anew.
-A task (`data = { task = "mqar", ... }`) is built by `lt2dsl.tasks.build` instead.
+`tokens = "<folder>"` reads such a folder as is (tokenised once, trained on many times). A task
+(`data = { task = "mqar", ... }`) is built by `lt2dsl.tasks.build` instead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lt2dsl.train.tokenize import Tokenizer, load_tokenizer
 
@@ -36,8 +37,10 @@ class DataConfig(BaseModel):
 
     model_config = STRICT
 
-    train: list[Path] = Field(min_length=1)
+    train: list[Path] = Field(default_factory=list)
     """Training files: `.txt` (also `.md`), `.jsonl` or `.parquet`; relative to the config file."""
+    tokens: Path | None = None
+    """Instead of `train`: a folder `prepare` wrote before (`meta.json`, `train.bin`, ...), read as is."""
     val: list[Path] = Field(default_factory=list)
     """Held-out files; when empty, the last `val_fraction` of the training tokens is held out."""
     val_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
@@ -65,6 +68,12 @@ class DataConfig(BaseModel):
                 raise ValueError(f"`{p}`: unknown file type; expected one of {', '.join(SUFFIXES)}")
         return paths
 
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if bool(self.train) == (self.tokens is not None):
+            raise ValueError("give either `train` (files to tokenise) or `tokens` (a prepared folder)")
+        return self
+
     def rebase(self, root: Path) -> DataConfig:
         def at(p):
             return p if p is None or p.is_absolute() else root / p
@@ -74,6 +83,7 @@ class DataConfig(BaseModel):
                 "train": [at(p) for p in self.train],
                 "val": [at(p) for p in self.val],
                 "tokenizer": at(self.tokenizer),
+                "tokens": at(self.tokens),
                 "cache": at(self.cache),
             }
         )
@@ -168,12 +178,15 @@ class TokenFile:
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
 
 
-def prepare(cfg: DataConfig, default_cache: Path, progress: bool = True) -> tuple[Path, Tokenizer]:
-    """Tokenise the sources once; returns the folder holding `train.*`, `val.*` and `meta.json`."""
+def prepare(cfg: DataConfig, default_cache: Path, progress: bool = True) -> tuple[Path, int]:
+    """Tokenise the sources once; returns the folder holding `train.*`, `val.*` and `meta.json`,
+    and the vocabulary size the tokens come from."""
+    if cfg.tokens is not None:
+        return cfg.tokens, _prepared_vocab(cfg.tokens)
     tok = load_tokenizer(cfg.tokenizer)
     folder = (cfg.cache or default_cache) / _key(cfg, tok)
     if (folder / "meta.json").is_file():
-        return folder, tok
+        return folder, tok.vocab_size
     folder.mkdir(parents=True, exist_ok=True)
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     meta: dict[str, Any] = {"tokenizer": tok.describe(), "vocab_size": tok.vocab_size}
@@ -186,7 +199,17 @@ def prepare(cfg: DataConfig, default_cache: Path, progress: bool = True) -> tupl
     else:
         meta["train"], meta["val"] = train, None
     _atomic_text(folder / "meta.json", json.dumps(meta, indent=1))
-    return folder, tok
+    return folder, tok.vocab_size
+
+
+def _prepared_vocab(folder: Path) -> int:
+    path = folder / "meta.json"
+    if not path.is_file():
+        raise ValueError(f"data.tokens: `{folder}` has no meta.json (not a prepared token folder)")
+    meta = json.loads(path.read_text())
+    if "train" not in meta or "vocab_size" not in meta:
+        raise ValueError(f"data.tokens: `{path}` lacks `train` or `vocab_size`")
+    return int(meta["vocab_size"])
 
 
 def _all_docs(paths: list[Path], cfg: DataConfig) -> Iterator[str]:

@@ -22,11 +22,11 @@ def cfg(tmp_path, files, **kw) -> DataConfig:
 def test_text_paragraphs_become_documents_and_a_val_split(tmp_path):
     src = tmp_path / "a.txt"
     src.write_text("first doc\n\nsecond\n\n\nthird one here")
-    folder, tok = prepare(cfg(tmp_path, [src], documents="paragraph", val_fraction=0.25), tmp_path, False)
+    folder, vocab = prepare(cfg(tmp_path, [src], documents="paragraph", val_fraction=0.25), tmp_path, False)
     train, val = TokenFile(folder, "train"), TokenFile(folder, "val")
     stream = text(np.concatenate([train.view(), val.view()]))
     assert stream == "first docsecondthird one here"
-    assert train.view().dtype == np.uint16 and tok.vocab_size == 256
+    assert train.view().dtype == np.uint16 and vocab == 256
     assert train.starts.tolist() == [0, 9, 15]
     assert val.n_tokens == int(29 * 0.25) and val.starts.tolist() == [0]  # the cut splits "third"
 
@@ -69,6 +69,11 @@ def test_tokenised_once_and_again_when_a_source_changes(tmp_path, monkeypatch):
     src.write_text("changed text " * 20)
     changed, _ = prepare(cfg(tmp_path, [src]), tmp_path, False)
     assert changed != first and len(calls) == 2
+    # a prepared folder is read as is by a later run
+    reused = DataConfig(tokens=first, seq_len=4)
+    assert prepare(reused, tmp_path / "elsewhere", False) == (first, 256) and len(calls) == 2
+    with pytest.raises(ValueError, match="either `train`"):
+        DataConfig(train=[src], tokens=first)
 
 
 def tokenizer_folder(tmp_path, n_words: int):
@@ -89,9 +94,9 @@ def test_local_tokenizer_with_eos_and_the_token_width(tmp_path, n_words, dtype):
     pytest.importorskip("tokenizers")
     src = tmp_path / "a.jsonl"
     src.write_text(json.dumps({"text": "w0 w3 w9"}) + "\n" + json.dumps({"text": "w1 zzz"}) + "\n")
-    folder, tok = prepare(
+    folder, vocab = prepare(
         cfg(tmp_path, [src], tokenizer=tokenizer_folder(tmp_path, n_words), val_fraction=0), tmp_path, False
     )
     train = TokenFile(folder, "train")
-    assert tok.vocab_size == n_words + 2 and train.dtype == dtype
+    assert vocab == n_words + 2 and train.dtype == dtype
     assert train.view().tolist() == [2, 5, 11, 1, 3, 0, 1] and train.starts.tolist() == [0, 4]
