@@ -70,7 +70,7 @@ class TrainingSection(BaseModel):
     """`per_application`: keep only each block application's input and recompute it in backward
     (a looped block is checkpointed once per iteration)."""
     compile: bool = False
-    """`torch.compile` every block (`fullgraph`, after checkpointing, before sharding)."""
+    """`torch.compile` every block (after checkpointing, before sharding)."""
     loss_chunk: int = Field(default=4096, gt=0)
     """Tokens per cross-entropy chunk: logits of at most this many tokens exist at a time."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

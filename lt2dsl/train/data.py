@@ -92,7 +92,7 @@ class DataConfig(BaseModel):
 class TaskDataConfig(BaseModel):
     """A synthetic task of `lt2dsl.tasks` (`task` names it; the other keys are the task's own)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     task: str
     """The task's name, e.g. `mqar`; `lt2dsl.tasks.build` checks it and the other keys."""
