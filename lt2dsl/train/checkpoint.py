@@ -38,6 +38,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from lt2dsl.train.files import atomic_write
+
 STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 INDEX = "model.safetensors.index.json"
@@ -116,7 +118,7 @@ def save(root: Path, step: int, tokens_seen: int, state: Stateful, d, final: boo
             "data": state.loader.state_dict(),
             "scheduler": state.scheduler.state_dict(),
         }
-        _atomic_write(tmp / "train_state.json", json.dumps(train_state, indent=1).encode())
+        atomic_write(tmp / "train_state.json", json.dumps(train_state, indent=1).encode())
     if d.world == 1:
         _save_single(tmp, state)
     else:
@@ -161,7 +163,7 @@ def write_index(folder: Path, weights: dict[str, torch.Tensor]) -> None:
         "metadata": {"total_size": total},
         "weight_map": dict.fromkeys(sorted(weights), "model.safetensors"),
     }
-    _atomic_write(folder / INDEX, json.dumps(index, indent=1).encode())
+    atomic_write(folder / INDEX, json.dumps(index, indent=1).encode())
 
 
 def _contiguous(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -188,12 +190,6 @@ def prune(root: Path, keep: int) -> None:
         return
     for p in complete(root)[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 # ---- loading ------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from lt2dsl.train.files import atomic_write
 from lt2dsl.train.tokenize import Tokenizer, load_tokenizer
 
 STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -198,7 +199,7 @@ def prepare(cfg: DataConfig, default_cache: Path, progress: bool = True) -> tupl
         meta["train"], meta["val"] = _split_off(folder, train, cfg.val_fraction, dtype)
     else:
         meta["train"], meta["val"] = train, None
-    _atomic_text(folder / "meta.json", json.dumps(meta, indent=1))
+    atomic_write(folder / "meta.json", json.dumps(meta, indent=1))
     return folder, tok.vocab_size
 
 
@@ -245,7 +246,7 @@ def _write(folder: Path, split: str, docs: Iterator[str], tok: Tokenizer, dtype,
     if n < 2:
         raise ValueError(f"the {split} files hold {n} tokens: nothing to train on")
     os.replace(tmp, folder / f"{split}.bin")
-    _atomic_bytes(folder / f"{split}.docs.bin", np.asarray(starts, dtype=np.int64).tobytes())
+    atomic_write(folder / f"{split}.docs.bin", np.asarray(starts, dtype=np.int64).tobytes())
     return {"dtype": np.dtype(dtype).name, "tokens": n, "documents": len(starts)}
 
 
@@ -270,22 +271,12 @@ def _split_off(folder: Path, train: dict, fraction: float, dtype) -> tuple[dict,
     tokens = np.fromfile(folder / "train.bin", dtype=dtype)
     starts = np.fromfile(folder / "train.docs.bin", dtype=np.int64)
     val_starts = np.concatenate([[0], starts[starts > cut] - cut]).astype(np.int64)
-    _atomic_bytes(folder / "val.bin", tokens[cut:].tobytes())
-    _atomic_bytes(folder / "val.docs.bin", val_starts.tobytes())
-    _atomic_bytes(folder / "train.bin", tokens[:cut].tobytes())
-    _atomic_bytes(folder / "train.docs.bin", starts[starts < cut].tobytes())
+    atomic_write(folder / "val.bin", tokens[cut:].tobytes())
+    atomic_write(folder / "val.docs.bin", val_starts.tobytes())
+    atomic_write(folder / "train.bin", tokens[:cut].tobytes())
+    atomic_write(folder / "train.docs.bin", starts[starts < cut].tobytes())
     name = np.dtype(dtype).name
     return (
         {"dtype": name, "tokens": int(cut), "documents": int((starts < cut).sum())},
         {"dtype": name, "tokens": int(n - cut), "documents": len(val_starts)},
     )
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    _atomic_bytes(path, text.encode("utf-8"))

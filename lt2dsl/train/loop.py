@@ -26,10 +26,11 @@ import torch
 from lt2dsl.train import checkpoint as ckpt
 from lt2dsl.train.build import build_data, build_model, shard_of
 from lt2dsl.train.config import TrainConfig, load_config, validate
+from lt2dsl.train.files import atomic_write
 from lt2dsl.train.loader import IGNORE, Batch
 from lt2dsl.train.metrics import Metrics, peak_flops, train_flops_per_token
 from lt2dsl.train.optim import build_optimizer, build_scheduler
-from lt2dsl.train.parallel import Dist, TrainModel, gradient_sync, init_dist, parallelize
+from lt2dsl.train.parallel import Dist, TrainModel, init_dist, no_sync_unless, parallelize
 from lt2dsl.train.plot import plot_metrics
 
 
@@ -84,7 +85,7 @@ class Trainer:
         self.out = t.out
         if d.main:
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(cfg.model_dump_json(indent=1))
+            atomic_write(self.out / "config.json", cfg.model_dump_json(indent=1))
         torch.manual_seed(t.seed)
         model = build_model(cfg)
         self.ir = model.ir
@@ -152,7 +153,7 @@ class Trainer:
             "train_flops_per_token": flops,
             "memory_bytes": mem.as_dict(),
         }
-        (self.out / "estimate.json").write_text(json.dumps(out, indent=1))
+        atomic_write(self.out / "estimate.json", json.dumps(out, indent=1))
 
     def _resume(self, resume) -> int:
         self.tokens_seen = 0
@@ -173,7 +174,7 @@ class Trainer:
         scale = self.d.world / max(count, 1)
         total = torch.zeros((), device=self.d.device)
         for m, b in enumerate(batches):
-            with gradient_sync(self.fwd, m == len(batches) - 1):
+            with no_sync_unless(self.fwd, m == len(batches) - 1):
                 loss = self._loss(b)
                 (loss * scale).backward()
             total += loss.detach().float()

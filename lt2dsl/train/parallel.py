@@ -17,6 +17,7 @@ weights do not depend on the number of processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Literal
@@ -169,19 +170,10 @@ def _fully_shard(tm: TrainModel, d: Dist, pcfg: ParallelConfig, precision: str) 
     fully_shard(tm, reshard_after_forward=False, **kw)
 
 
-def gradient_sync(module, on: bool):
-    """FSDP / DDP: whether this backward reduces gradients (off for all but the last micro-batch)."""
-    if hasattr(module, "set_requires_gradient_sync"):
-        module.set_requires_gradient_sync(on)
-        return _Null()
-    if hasattr(module, "no_sync") and not on:
-        return module.no_sync()
-    return _Null()
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def no_sync_unless(module, last: bool):
+    """DDP: skip the gradient all-reduce of all but the last micro-batch of a step (DDP holds
+    whole gradients anyway). FSDP reduce-scatters every micro-batch: keeping unsharded gradients
+    until the last one would hold a whole model's fp32 gradients on every process."""
+    if last or not hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return module.no_sync()
