@@ -51,6 +51,11 @@ class MixerLayer(nn.Module):
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         raise NotImplementedError
 
+    def core_kwargs(self, cu_seqlens) -> dict[str, Any]:
+        """What every recurrent core leaf takes besides its math: the kernel backend, the recurrent
+        state's dtype and a packed row's document starts (or None)."""
+        return {"backend": self.backend, "state_dtype": self.state_dtype(), "cu_seqlens": cu_seqlens}
+
     def state_dtype(self) -> torch.dtype:
         """Recurrent states: fp32 by default; float64 when the module runs in float64 (tests)."""
         p = next(self.parameters(), None)

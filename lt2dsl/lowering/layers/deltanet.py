@@ -53,16 +53,6 @@ class DeltaNet(MixerLayer):
         k = conv_silu(self, self.k_proj(x), "k", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
         v = conv_silu(self, self.v_proj(x), "v", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
         beta = torch.sigmoid(self.b_proj(x).to(math_dtype(self)))  # [B, T, H]
-        o = delta_rule_core(
-            q,
-            k,
-            v,
-            beta,
-            entry,
-            scale=self.K**-0.5,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        o = delta_rule_core(q, k, v, beta, entry, scale=self.K**-0.5, **self.core_kwargs(cu_seqlens))
         gate = self.g_proj(x).unflatten(-1, (self.H, self.K)) if self.opts["gate"] else None
         return self.o_proj(self.o_norm(o, gate).flatten(-2))

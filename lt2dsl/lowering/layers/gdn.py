@@ -72,18 +72,7 @@ class GatedDeltaNet(MixerLayer):
         beta = torch.sigmoid(self.b_proj(x).to(gd))
         if self.opts["neg_eigval"]:
             beta = beta * 2.0
-        o = gated_delta_rule_core(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            entry,
-            scale=self.K**-0.5,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        o = gated_delta_rule_core(q, k, v, g, beta, entry, scale=self.K**-0.5, **self.core_kwargs(cu_seqlens))
         gate = self.g_proj(x).unflatten(-1, (self.HV, self.V)) if self.opts["gate"] else None
         o = self.o_norm(o, gate)
         return self.o_proj(o.flatten(-2))

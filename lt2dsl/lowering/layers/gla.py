@@ -56,17 +56,7 @@ class GatedLinearAttention(MixerLayer):
         v = self.share(self.v_proj(x).unflatten(-1, (self.HKV, self.V)))
         gk = self.share(self.gk_proj(x).to(math_dtype(self)).unflatten(-1, (self.HKV, self.K)))
         g = F.logsigmoid(gk) / self.opts["gate_norm"]
-        o = gla_core(
-            q,
-            k,
-            v,
-            g,
-            entry,
-            scale=self.K**-0.5,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        o = gla_core(q, k, v, g, entry, scale=self.K**-0.5, **self.core_kwargs(cu_seqlens))
         gate = self.g_proj(x).unflatten(-1, (self.H, self.V))
         return self.o_proj(self.g_norm(o, gate).flatten(-2))
 

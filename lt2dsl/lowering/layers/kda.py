@@ -79,17 +79,6 @@ class KimiDeltaAttention(MixerLayer):
         else:
             g = -A * F.softplus(f)  # [B, T, HV, K]
         beta = torch.sigmoid(self.b_proj(x).to(gd))
-        o = kda_core(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            entry,
-            scale=self.K**-0.5,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        o = kda_core(q, k, v, g, beta, entry, scale=self.K**-0.5, **self.core_kwargs(cu_seqlens))
         gate = self.g_proj(x).unflatten(-1, (self.HV, self.V))
         return self.o_proj(self.o_norm(o, gate).flatten(-2))

@@ -91,30 +91,10 @@ class LinearAttention(MixerLayer):
         # autocast runs softmax (hedgehog) in fp32; the core wants one dtype for q, k, v
         q, k = q.to(v.dtype), k.to(v.dtype)
         if not self.opts["normalize"]:
-            o = simple_gla_core(
-                q,
-                k,
-                v,
-                None,
-                entry,
-                scale=self.Kf**-0.5,
-                backend=self.backend,
-                state_dtype=self.state_dtype(),
-                cu_seqlens=cu_seqlens,
-            )
+            o = simple_gla_core(q, k, v, None, entry, scale=self.Kf**-0.5, **self.core_kwargs(cu_seqlens))
             return self.o_proj(self.o_norm(o).flatten(-2))
         v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, T, H, V+1]
-        o = simple_gla_core(
-            q,
-            k,
-            v1,
-            None,
-            entry,
-            scale=1.0,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        o = simple_gla_core(q, k, v1, None, entry, scale=1.0, **self.core_kwargs(cu_seqlens))
         gd = math_dtype(self)
         num, den = o[..., :-1].to(gd), o[..., -1:].to(gd)
         return self.o_proj((num / (den + EPS)).to(param_dtype(self)).flatten(-2))

@@ -80,16 +80,6 @@ class Mamba2(MixerLayer):
         # back to x's dtype (not the parameters'): under autocast q, k, v must share one dtype
         v = (dt[..., None] * xh.to(gd)).to(xh.dtype)
         q, k = Cm.unflatten(-1, (self.G, self.N)), Bm.unflatten(-1, (self.G, self.N))
-        y = simple_gla_core(
-            q,
-            k,
-            v,
-            g,
-            entry,
-            scale=1.0,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        y = simple_gla_core(q, k, v, g, entry, scale=1.0, **self.core_kwargs(cu_seqlens))
         y = y + self.D[:, None] * xh
         return self.out_proj(self.norm(y.flatten(-2), z))

@@ -76,17 +76,5 @@ class MLSTM(MixerLayer):
         k = self.k_proj(x).unflatten(-1, (self.H, self.K))
         v = self.v_proj(x).unflatten(-1, (self.H, self.V))
         i, f = self._cap(self.igate(x)), self._cap(self.fgate(x))
-        h = mlstm_core(
-            q,
-            k,
-            v,
-            i,
-            f,
-            entry,
-            scale=self.K**-0.5,
-            eps=1e-6,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        h = mlstm_core(q, k, v, i, f, entry, scale=self.K**-0.5, eps=1e-6, **self.core_kwargs(cu_seqlens))
         return self.out_proj(torch.sigmoid(self.ogate(x)) * self.norm(h))

@@ -57,16 +57,6 @@ class MultiScaleRetention(MixerLayer):
         v = self.v_proj(x).unflatten(-1, (self.H, self.V))
         log_decay = torch.log1p(-torch.exp2(-5.0 - self.head_index.to(math_dtype(self))))
         g = log_decay.expand_as(v[..., 0])  # [B, T, H]
-        o = simple_gla_core(
-            q,
-            k,
-            v,
-            g,
-            entry,
-            scale=self.K**-0.5,
-            backend=self.backend,
-            state_dtype=self.state_dtype(),
-            cu_seqlens=cu_seqlens,
-        )
+        o = simple_gla_core(q, k, v, g, entry, scale=self.K**-0.5, **self.core_kwargs(cu_seqlens))
         gate = self.g_proj(x).unflatten(-1, (self.H, self.V))
         return self.o_proj(self.g_norm(o, gate).flatten(-2))
