@@ -103,40 +103,49 @@ class Trainer:
     # ---- the run --------------------------------------------------------------------------------
 
     def fit(self, resume, on_step) -> RunResult:
-        cfg, d = self.cfg, self.d
         result = RunResult(self.out)
         step = self._resume(resume)
-        hw, peak = peak_flops(d.device, cfg.training.precision, cfg.metrics.hardware)
-        flops = train_flops_per_token(self.ir, self.data.seq_len)
-        if d.main:
-            self._write_estimate(hw, peak, flops)
-        metrics = Metrics(cfg.metrics, self.out, d.main, flops, peak, cfg.training.steps)
-        pending, tokens, data_s = [], 0, 0.0
+        metrics, window = self._metrics(), _Window()
         with metrics:
             metrics.start_interval()
-            while step < cfg.training.steps:
-                t0 = time.perf_counter()
-                batches = [b.to(d.device) for b in self.data.train.next_step()]
-                data_s += time.perf_counter() - t0
-                loss_sum, count, grad_norm = self.train_step(batches)
+            while step < self.cfg.training.steps:
                 step += 1
-                local = sum(b.input_ids.numel() for b in batches)
-                tokens += local
-                self.tokens_seen += local * d.world
-                pending.append((step, loss_sum, count))
-                if step % cfg.metrics.log_interval == 0 or step == cfg.training.steps:
-                    self._flush(pending, result)
-                    lr = self.opt.param_groups[0]["lr"]
-                    metrics.log(step, result.losses[step], _item(grad_norm), lr, tokens, data_s)
-                    pending, tokens, data_s = [], 0, 0.0
+                self._step(step, window, metrics, result)
                 self._maybe_eval(step, metrics, result)
                 self._maybe_save(step, result)
                 if on_step is not None:
                     on_step(step, result)
         result.rows = metrics.rows
-        if d.main and cfg.metrics.plot:
+        if self.d.main and self.cfg.metrics.plot:
             plot_metrics(result.rows, self.out / "metrics.png", title=self.ir.config.name)
         return result
+
+    def _metrics(self) -> Metrics:
+        cfg, d = self.cfg, self.d
+        hw, peak = peak_flops(d.device, cfg.training.precision, cfg.metrics.hardware)
+        flops = train_flops_per_token(self.ir, self.data.seq_len)
+        if d.main:
+            self._write_estimate(hw, peak, flops)
+        return Metrics(cfg.metrics, self.out, d.main, flops, peak, cfg.training.steps)
+
+    def _step(self, step: int, window: _Window, metrics: Metrics, result: RunResult) -> None:
+        """Read the step's batches, train on them, and log when the interval ends."""
+        t0 = time.perf_counter()
+        host = self.data.train.next_step()
+        labelled = sum(int((b.labels != IGNORE).sum()) for b in host)  # counted before the copy
+        batches = [b.to(self.d.device) for b in host]
+        window.data_s += time.perf_counter() - t0
+        loss_sum, count, grad_norm = self.train_step(batches, labelled)
+        local = sum(b.input_ids.numel() for b in batches)
+        window.tokens += local
+        self.tokens_seen += local * self.d.world
+        window.pending.append((step, loss_sum, count))
+        if step % self.cfg.metrics.log_interval and step != self.cfg.training.steps:
+            return
+        self._flush(window.pending, result)
+        lr = self.opt.param_groups[0]["lr"]
+        metrics.log(step, result.losses[step], _item(grad_norm), lr, window.tokens, window.data_s)
+        window.reset()
 
     def _write_estimate(self, hw: str, peak: float, flops: float) -> None:
         """`estimate.json`: what `lt2dsl.cost` predicts for this run (FLOPs per token, the peak
@@ -166,11 +175,11 @@ class Trainer:
         self.tokens_seen = int(state["tokens_seen"])
         return int(state["step"])
 
-    def train_step(self, batches: list[Batch]) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """One optimizer step over this process's micro-batches; (loss sum, labelled tokens of
-        the step over all processes, gradient norm before clipping)."""
-        local = sum(int((b.labels != IGNORE).sum()) for b in batches)
-        count = int(self.d.all_sum([float(local)])[0])
+    def train_step(self, batches: list[Batch], labelled: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """One optimizer step over this process's micro-batches, which hold `labelled` tokens with a
+        label; (loss sum, labelled tokens of the step over all processes, gradient norm before
+        clipping)."""
+        count = int(self.d.all_sum([float(labelled)])[0])
         scale = self.d.world / max(count, 1)
         total = torch.zeros((), device=self.d.device)
         for m, b in enumerate(batches):
@@ -235,6 +244,19 @@ class Trainer:
         if self.d.main:
             ckpt.prune(self.ckpt_root, c.keep_latest_k)
         self.d.barrier()
+
+
+@dataclass
+class _Window:
+    """What accumulates between two metric rows: the steps whose losses are not yet read, the
+    tokens this process ran, and the seconds spent reading batches."""
+
+    pending: list = field(default_factory=list)
+    tokens: int = 0
+    data_s: float = 0.0
+
+    def reset(self) -> None:
+        self.pending, self.tokens, self.data_s = [], 0, 0.0
 
 
 def _item(x: torch.Tensor) -> float:

@@ -3,7 +3,8 @@
 One `torchrun --nproc-per-node 2` launch trains three configs of the tiny looped GDN + DSA model:
 FSDP2 with tied embeddings; FSDP2 untied with per-application activation checkpointing, gradient
 accumulation and DCP checkpoints; DDP. Each must give the single process's losses within 1e-5
-(fp32), and the 2-process DCP checkpoint must load into one process and continue the same way.
+(fp32). Checkpoints cross world sizes both ways: the 2-process DCP checkpoint continues in one
+process, and a 1-process safetensors checkpoint continues in two, the same way.
 """
 
 from __future__ import annotations
@@ -25,17 +26,21 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 ROOT = Path(__file__).parents[2]
 
 
+def untied_ac(tmp: Path, out: str, **checkpoint) -> dict:
+    training = {"grad_accum": 2, "activation_checkpoint": "per_application"}
+    return config(tmp, out, tied=False, training=training, checkpoint=checkpoint)
+
+
 def configs(tmp: Path) -> dict[str, dict]:
+    """The runs of the 2-process launch; `from_one` resumes a 1-process checkpoint written first."""
+    single = run(untied_ac(tmp, "single", enable=True, interval=3, keep_latest_k=0))
+    from_one = untied_ac(tmp, "from_one")
+    from_one["resume"] = str(single.checkpoint.parent / "step-000003")
     return {
         "fsdp_tied": config(tmp, "fsdp_tied", tied=True),
-        "fsdp_untied_ac": config(
-            tmp,
-            "fsdp_untied_ac",
-            tied=False,
-            training={"grad_accum": 2, "activation_checkpoint": "per_application"},
-            checkpoint={"enable": True, "interval": 3, "keep_latest_k": 0},
-        ),
+        "fsdp_untied_ac": untied_ac(tmp, "fsdp_untied_ac", enable=True, interval=3, keep_latest_k=0),
         "ddp": config(tmp, "ddp", tied=False, parallel={"strategy": "ddp"}),
+        "from_one": from_one,
     }
 
 
@@ -92,3 +97,12 @@ def test_a_two_process_checkpoint_continues_in_one_process(two_processes):
     two = {int(s): v for s, v in results["fsdp_untied_ac"]["losses"].items()}
     for s in (4, 5, 6):
         assert abs(resumed.losses[s] - two[s]) < 1e-5, (s, resumed.losses[s], two[s])
+
+
+def test_a_one_process_checkpoint_continues_in_two(two_processes):
+    tmp, cfgs, results = two_processes
+    whole = {int(s): v for s, v in results["fsdp_untied_ac"]["losses"].items()}
+    resumed = {int(s): v for s, v in results["from_one"]["losses"].items()}
+    assert sorted(resumed) == [4, 5, 6]
+    for s in (4, 5, 6):
+        assert abs(resumed[s] - whole[s]) < 1e-5, (s, resumed[s], whole[s])
