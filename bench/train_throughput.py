@@ -24,6 +24,7 @@ the table printed last, the card named in both.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -142,6 +143,7 @@ def peak_gib() -> float | None:
 
 
 def reset_peak() -> None:
+    gc.collect()  # the previous measurement's model and optimizer
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -289,6 +291,8 @@ def measure_peer(model, cfg: dict, a) -> dict:
         s = bare_loop(step, batches, a.bare_steps)
     except torch.OutOfMemoryError:
         return {"tok_s": None, "note": "OOM"}
+    finally:
+        model.to("cpu")  # whatever happened, free the card for the next row
     return {"tok_s": rows * T / s, "peak_gib": peak_gib()}
 
 
