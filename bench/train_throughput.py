@@ -38,21 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path = [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
+from bench.gdn12 import GDN12  # noqa: E402
 from lt2dsl.train import checkpoint as ckpt  # noqa: E402
 from lt2dsl.train.loop import Trainer, run  # noqa: E402
 from lt2dsl.train.metrics import peak_flops, train_flops_per_token  # noqa: E402
 from lt2dsl.train.optim import OptimConfig, build_optimizer  # noqa: E402
 from lt2dsl.train.parallel import Dist, TrainModel, WithLoss  # noqa: E402
 
-# the peer's GDN shape (fla's GatedDeltaNet at hidden 1024, 12 layers, 4 heads of 256, expand_v 2)
-GDN12 = """model gdn12 {
-  dim = 1024
-  vocab = 32000
-  mlp = swiglu(hidden=2816)
-  tie_embeddings = true
-  gdn(heads=4, head_dim=256, expand_v=2) * 12
-}
-"""
 MODELS = {
     "gdn12": {"text": GDN12, "hf": None, "fla": True},
     "hybrid": {"file": ROOT / "examples" / "lt2_hybrid_gdn_dsa.lt2", "hf": None, "fla": False},
