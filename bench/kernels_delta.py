@@ -138,7 +138,7 @@ def _peer_recurrent(op: str):
 
 
 def _flops(B: int, T: int, backward: bool) -> float:
-    from lt2dsl.kernels.common.delta_triton import chunk_bwd_flops, chunk_flops
+    from lt2dsl.kernels.delta.ops import chunk_bwd_flops, chunk_flops
 
     f = chunk_flops(B, T, H, D, D)
     return f + chunk_bwd_flops(B, T, H, D, D) if backward else f
@@ -192,7 +192,7 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
                 out.append(Case(group=group, impl="lt2dsl-tall", make=every, **extra))
         if backward and op != "kda" and T == 8192 and os.environ.get("GRADBK") == "1":
             # the per-(K tile, chunk) gradient kernel's other key tiles (LT2_DELTA_GRAD_BK)
-            import lt2dsl.kernels.common.delta_launch as launch
+            import lt2dsl.kernels.delta.launch as launch
 
             for bk in (32, 64, 128):
                 if bk != launch.GRAD_BK:
@@ -268,7 +268,7 @@ _DEFAULTS: dict = {}
 
 def _restore_switches() -> None:
     """Every `delta_launch` switch back at its import-time value (cases leave theirs set)."""
-    import lt2dsl.kernels.common.delta_launch as launch
+    import lt2dsl.kernels.delta.launch as launch
 
     for k, v in _DEFAULTS.items():
         setattr(launch, k, v)
@@ -278,7 +278,7 @@ def _flags(make, **flags):
     """Wrap a case so every call, and the backward after it, runs with these `delta_launch`
     switches (e.g. BF16_DOTS=True: 16-bit dot operands throughout; WU=True: W and U per chunk
     first) and the others at their defaults."""
-    import lt2dsl.kernels.common.delta_launch as launch
+    import lt2dsl.kernels.delta.launch as launch
 
     if not _DEFAULTS:
         _DEFAULTS.update({k: getattr(launch, k) for k in _SWITCHES if hasattr(launch, k)})

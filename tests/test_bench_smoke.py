@@ -98,7 +98,7 @@ def test_delta_bench_switches_hold_through_the_backward():
     The next case puts the ones it does not name back at their defaults."""
     import pytest
 
-    import lt2dsl.kernels.common.delta_launch as launch
+    import lt2dsl.kernels.delta.launch as launch
     from bench import kernels_delta as kd
 
     seen = []

@@ -1,6 +1,6 @@
 """Op-level functions, one per mixer core, with the peer's tensor conventions (see README.md).
 
-Each op lives in its own folder (`naive.py` recurrent truth, a chunked PyTorch form, Triton
+Each op family lives in its own folder (`naive.py` recurrent truth, a chunked PyTorch form, Triton
 kernels). The functions are bound here eagerly: a lazy module `__getattr__` would be shadowed by
 the op's subpackage of the same name as soon as anything imported that subpackage.
 """
@@ -11,11 +11,9 @@ from lt2dsl.kernels.common.backend import keep_autotune_results
 keep_autotune_results()
 
 from lt2dsl.kernels.attention import attention  # noqa: E402
-from lt2dsl.kernels.delta_rule import delta_rule  # noqa: E402
+from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda  # noqa: E402
 from lt2dsl.kernels.dsa import dsa  # noqa: E402
-from lt2dsl.kernels.gated_delta_rule import gated_delta_rule  # noqa: E402
 from lt2dsl.kernels.gla import gla  # noqa: E402
-from lt2dsl.kernels.kda import kda  # noqa: E402
 from lt2dsl.kernels.mlstm import mlstm  # noqa: E402
 from lt2dsl.kernels.nsa import nsa  # noqa: E402
 from lt2dsl.kernels.simple_gla import simple_gla  # noqa: E402

@@ -18,10 +18,8 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from lt2dsl.kernels.delta_rule import delta_rule
-from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
+from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda
 from lt2dsl.kernels.gla import gla
-from lt2dsl.kernels.kda import kda
 from lt2dsl.kernels.mlstm import mlstm
 from lt2dsl.kernels.simple_gla import simple_gla
 from lt2dsl.lowering import packed

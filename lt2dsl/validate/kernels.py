@@ -16,7 +16,7 @@ from lt2dsl.validate.rules import rule
 from lt2dsl.validate.shapes import INHERITS
 
 # The delta-rule Triton kernels hold a K × BV state tile per program; they take K ≤ 256
-# (`lt2dsl/kernels/common/delta_triton.py`), and the ops fall back to PyTorch above that.
+# (`lt2dsl/kernels/delta/ops.py`), and the ops fall back to PyTorch above that.
 DELTA_KINDS = ("gdn", "kda", "deltanet")
 MAX_DELTA_K = 256
 

@@ -12,14 +12,10 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from lt2dsl.kernels.common.delta_chunk_ref import delta_chunk_ref
-from lt2dsl.kernels.common.delta_launch import N_CONFIGS, forced_config
-from lt2dsl.kernels.delta_rule import delta_rule
-from lt2dsl.kernels.delta_rule.naive import delta_rule_naive
-from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
-from lt2dsl.kernels.gated_delta_rule.naive import gated_delta_rule_naive
-from lt2dsl.kernels.kda import kda
-from lt2dsl.kernels.kda.naive import kda_naive
+from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda
+from lt2dsl.kernels.delta.chunk_ref import delta_chunk_ref
+from lt2dsl.kernels.delta.launch import N_CONFIGS, forced_config
+from lt2dsl.kernels.delta.naive import delta_rule_naive, gated_delta_rule_naive, kda_naive
 from tests.kernels.utils import assert_close, rel_rms
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import lt2dsl.kernels.common.delta_launch as delta_launch
-from lt2dsl.kernels.common.delta_triton import chunk_flops
+import lt2dsl.kernels.delta.launch as delta_launch
+from lt2dsl.kernels.delta.ops import chunk_flops
 from tests.kernels.test_delta_family import OPS, OpInfo, compare_backends, make_inputs
 from tests.kernels.utils import assert_close
 
@@ -125,7 +125,7 @@ def test_kda_diagonal_block_forms(form, case, layout, monkeypatch):
 def test_kda_split_preparation_is_bit_identical(span, monkeypatch):
     """The two halves of KDA's preparation (Aqk; gcum and T) compute what the single kernel does,
     to the bit, partial chunks and grouped value heads included."""
-    from lt2dsl.kernels.common.delta_launch import ChunkMeta, kda_prep_fwd
+    from lt2dsl.kernels.delta.launch import ChunkMeta, kda_prep_fwd
 
     monkeypatch.setattr(delta_launch, "KDA_DIAG_SPAN", span)
     x = make_inputs(OPS["kda"].gate, B=2, T=90, H=1, HV=2, K=48, V=16, dtype=torch.bfloat16, device=DEV)
@@ -376,7 +376,7 @@ def test_two_warp_configs_are_for_16_bit_inputs():
     fp32 launches (DOT_IEEE), keeps them for 16-bit ones, and never leaves a launch without a config."""
     import triton
 
-    from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_NATIVE
+    from lt2dsl.kernels.delta.helpers import DOT_IEEE, DOT_NATIVE
 
     assert any(c.num_warps == 2 for c in delta_launch._WY_ROWS_CONFIGS)
     two, four = triton.Config({}, num_warps=2), triton.Config({}, num_warps=4)
@@ -397,7 +397,7 @@ def test_narrow_kda_preparation_configs():
     the Aqk half only (the other spills at 1 warp offline), never for the single kernel or fp32."""
     import triton
 
-    from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_NATIVE
+    from lt2dsl.kernels.delta.helpers import DOT_IEEE, DOT_NATIVE
 
     keep = delta_launch._kda_narrow
     one, two, four = (triton.Config({"BK": 16}, num_warps=w) for w in (1, 2, 4))
@@ -442,7 +442,7 @@ def test_inference_fused_scan(info, wu, tstate, early_p, monkeypatch):
 def test_deltanet_scan_gate_code(nogate, monkeypatch):
     """DeltaNet's transposed fused scan compiles without the gate (GATE 0) by default and with the
     scalar-gate code on b = 0 under LT2_DELTA_NOGATE=0; both against float64, fp32, with gradients."""
-    from lt2dsl.kernels.common import delta_split
+    from lt2dsl.kernels.delta import scan as delta_split
 
     monkeypatch.setattr(delta_launch, "NOGATE", nogate)
     gates = []
@@ -480,7 +480,7 @@ def test_gradient_key_tiles(info, bk, dtype, monkeypatch):
     share a key head. Gradients against float64."""
     monkeypatch.setattr(delta_launch, "GRAD_BK", bk)
     monkeypatch.setattr(delta_launch, "FP32_GRAD_BK", bk)
-    from lt2dsl.kernels.common.delta_grad import delta_grad_k_kernel
+    from lt2dsl.kernels.delta.grad import delta_grad_k_kernel
 
     seen = []
     real = delta_launch.launch
@@ -501,7 +501,7 @@ def test_gated_scan_splits_when_it_cannot_fill_the_gpu(info, sms, monkeypatch):
     """With fewer (value tile, sequence x head) programs than half the SMs the gated fused scan
     gives way to the split form (state scan, then the chunk-parallel output kernel); DeltaNet's
     gate-free scan and KDA's per-channel one are unaffected. Both forms against float64."""
-    from lt2dsl.kernels.common import delta_split
+    from lt2dsl.kernels.delta import scan as delta_split
 
     monkeypatch.setattr(delta_launch, "sm_count", lambda device: sms)
     used = set()
@@ -535,7 +535,7 @@ def test_reverse_scan_16bit_switch(info, mode, monkeypatch):
     """LT2_DELTA_BWD16: the W-based reverse scan's 16-bit dots and, for DeltaNet, the gate-free code
     are on for DeltaNet only by default ("none"), for every rule with "1", for none with "0"; bf16
     gradients against float64 each way. Anything else is refused."""
-    from lt2dsl.kernels.common import delta_split
+    from lt2dsl.kernels.delta import scan as delta_split
 
     monkeypatch.setattr(delta_launch, "BWD16", mode)
     seen = []
@@ -565,8 +565,8 @@ def test_backward_scratch_dtypes(info, lp, monkeypatch):
     (the default); KDA's scratch stays fp32. bf16 gradients against float64 each way, and 1's
     within 1.5x of the fp32 scratch's (the interpreter rounds as the GPU does: dv and dβ rise most,
     2.4-2.8e-3 -> 3.2-4.0e-3 here; dq and dk by under 15%)."""
-    from lt2dsl.kernels.common.delta_grad import delta_grad_cc_kernel
-    from lt2dsl.kernels.common.delta_split import delta_du0_kernel, delta_y_kernel
+    from lt2dsl.kernels.delta.grad import delta_grad_cc_kernel
+    from lt2dsl.kernels.delta.scan import delta_du0_kernel, delta_y_kernel
 
     seen = {}
     real = delta_launch.launch

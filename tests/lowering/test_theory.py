@@ -14,9 +14,7 @@ import pytest
 import torch
 
 from lt2dsl.cost.estimate import estimate
-from lt2dsl.kernels.delta_rule import delta_rule
-from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
-from lt2dsl.kernels.kda import kda
+from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda
 
 from .util import lower, tokens
 

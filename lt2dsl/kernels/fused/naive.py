@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lt2dsl.kernels.common.delta_args import l2norm
+from lt2dsl.kernels.common.norm import l2norm
 
 ACTS = (None, "silu", "sigmoid")
 # L2Norm(x) = x / sqrt(Σx² + 1e-6) (mixers.md §0; the delta-rule cores' eps).

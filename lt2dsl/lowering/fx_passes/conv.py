@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch.fx.node import Node
 
 from lt2dsl.kernels import fused
-from lt2dsl.kernels.common.delta_args import l2norm
+from lt2dsl.kernels.common.norm import l2norm
 from lt2dsl.kernels.fused import naive
 from lt2dsl.lowering import functional
 

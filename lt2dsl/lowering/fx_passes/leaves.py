@@ -12,9 +12,7 @@ from __future__ import annotations
 import torch
 
 from lt2dsl.kernels import fused
-from lt2dsl.kernels.delta_rule import delta_rule
-from lt2dsl.kernels.gated_delta_rule import gated_delta_rule
-from lt2dsl.kernels.kda import kda
+from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda
 from lt2dsl.lowering import functional_recurrent as fr
 from lt2dsl.lowering import packed
 from lt2dsl.lowering.leaf import leaf

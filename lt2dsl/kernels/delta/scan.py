@@ -33,16 +33,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import (
-    gate_factors,
-    load_chunk_gate,
-    load_square,
-    load_tile,
-    load_tile_t,
-    store_tile,
-    store_tile_t,
-)
-from lt2dsl.kernels.common.delta_tl import (
+from lt2dsl.kernels.common.tl_util import cast, helper
+from lt2dsl.kernels.delta.helpers import (
     causal_scores,
     chunk_coords,
     mm,
@@ -52,7 +44,15 @@ from lt2dsl.kernels.common.delta_tl import (
     seq_coords,
     split16,
 )
-from lt2dsl.kernels.common.tl_util import cast, helper
+from lt2dsl.kernels.delta.state import (
+    gate_factors,
+    load_chunk_gate,
+    load_square,
+    load_tile,
+    load_tile_t,
+    store_tile,
+    store_tile_t,
+)
 
 
 @triton.jit

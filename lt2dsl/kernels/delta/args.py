@@ -100,12 +100,6 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(Σx² + eps) over the last dim, in fp32 (float64 stays float64), back to x's dtype."""
-    xf = x.to(state_dtype(x))
-    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 def expand_heads(x: torch.Tensor, G: int) -> torch.Tensor:
     """[B, T, H, D] -> [B, T, H*G, D]: value head j reads q/k head j // G."""
     return x if G == 1 else x.repeat_interleave(G, dim=2)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lt2dsl.kernels.common.delta_args import expand_heads, seq_bounds, state_dtype
+from lt2dsl.kernels.delta.args import expand_heads, seq_bounds, state_dtype
 
 
 def delta_chunk_ref(

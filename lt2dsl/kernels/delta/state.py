@@ -25,8 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_tl import helper, mm, mm_xx, seq_coords
 from lt2dsl.kernels.common.tl_util import NO_CACHE_MODIFIER, cast
+from lt2dsl.kernels.delta.helpers import helper, mm, mm_xx, seq_coords
 
 
 @helper

@@ -19,8 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import load_tile
-from lt2dsl.kernels.common.delta_tl import (
+from lt2dsl.kernels.delta.helpers import (
     causal_scores,
     chunk_coords,
     helper,
@@ -30,6 +29,7 @@ from lt2dsl.kernels.common.delta_tl import (
     rsum,
     store_lower64,
 )
+from lt2dsl.kernels.delta.state import load_tile
 
 
 @helper

@@ -18,8 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import load_tile, store_tile
-from lt2dsl.kernels.common.delta_tl import rsum
+from lt2dsl.kernels.delta.helpers import rsum
+from lt2dsl.kernels.delta.state import load_tile, store_tile
 
 
 @triton.jit

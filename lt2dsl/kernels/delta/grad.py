@@ -31,7 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_state import (
+from lt2dsl.kernels.delta.helpers import chunk_coords, mm, mm_lr, mm_lr_acc, mm_xb, mm_xx, rcumsum, rsum
+from lt2dsl.kernels.delta.state import (
     gate_factors,
     load_chunk_gate,
     load_square,
@@ -40,7 +41,6 @@ from lt2dsl.kernels.common.delta_state import (
     load_tile_t,
     store_tile,
 )
-from lt2dsl.kernels.common.delta_tl import chunk_coords, mm, mm_lr, mm_lr_acc, mm_xb, mm_xx, rcumsum, rsum
 
 
 @triton.jit

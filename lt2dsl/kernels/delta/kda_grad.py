@@ -20,8 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_tl import chunk_coords, helper, load_vec16, mm, rcumsum, rsum
-from lt2dsl.kernels.kda.chunk_intra import sub_chunks
+from lt2dsl.kernels.delta.helpers import chunk_coords, helper, load_vec16, mm, rcumsum, rsum
+from lt2dsl.kernels.delta.kda_prep import sub_chunks
 
 
 @helper

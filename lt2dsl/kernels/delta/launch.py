@@ -30,12 +30,15 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
-from lt2dsl.kernels.common.delta_grad import (
+from lt2dsl.kernels.common.tl_util import DIAG_SPAN, diag_span
+from lt2dsl.kernels.delta.grad import (
     delta_grad_cc_kernel,
     delta_grad_final_kernel,
     delta_grad_k_kernel,
 )
-from lt2dsl.kernels.common.delta_split import (
+from lt2dsl.kernels.delta.helpers import DOT_IEEE, DOT_INTERP, DOT_NATIVE
+from lt2dsl.kernels.delta.kda_prep import kda_intra_fwd_kernel
+from lt2dsl.kernels.delta.scan import (
     delta_dh_bwd_kernel,
     delta_dht_bwd_kernel,
     delta_du0_kernel,
@@ -46,11 +49,8 @@ from lt2dsl.kernels.common.delta_split import (
     delta_wu_fwd_kernel,
     delta_y_kernel,
 )
-from lt2dsl.kernels.common.delta_state import delta_state_bwd_kernel
-from lt2dsl.kernels.common.delta_tl import DOT_IEEE, DOT_INTERP, DOT_NATIVE
-from lt2dsl.kernels.common.delta_wy import delta_qk_fwd_kernel, delta_wy_rows_kernel
-from lt2dsl.kernels.common.tl_util import DIAG_SPAN, diag_span
-from lt2dsl.kernels.kda.chunk_intra import kda_intra_fwd_kernel
+from lt2dsl.kernels.delta.state import delta_state_bwd_kernel
+from lt2dsl.kernels.delta.wy import delta_qk_fwd_kernel, delta_wy_rows_kernel
 
 BT = 64
 GATE_IDS = {"none": 0, "scalar": 1, "channel": 2}
@@ -927,7 +927,7 @@ def grad_chunks(q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, gate, meta: Chun
 
 def _kda_intra_bwd(q, k, gcum, beta, MA, MB, dq, dk, dg, scale, meta: ChunkMeta):
     """KDA's gated intra-chunk gradient terms, added into dq, dk, dg; returns the dβ part."""
-    from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
+    from lt2dsl.kernels.delta.kda_grad import kda_grad_intra_kernel
 
     B, T, H, K = k.shape
     HV = beta.shape[-1]

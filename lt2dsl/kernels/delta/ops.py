@@ -19,10 +19,10 @@ import torch
 import triton
 from torch.utils.flop_counter import register_flop_formula
 
-from lt2dsl.kernels.common import delta_launch
 from lt2dsl.kernels.common.custom_op import custom_op, dispatch_needed
-from lt2dsl.kernels.common.delta_args import l2norm
-from lt2dsl.kernels.common.delta_launch import (
+from lt2dsl.kernels.common.norm import l2norm
+from lt2dsl.kernels.delta import launch as delta_launch
+from lt2dsl.kernels.delta.launch import (
     BT,
     ChunkMeta,
     empty,
@@ -34,7 +34,7 @@ from lt2dsl.kernels.common.delta_launch import (
     wy_fwd,
     y_in_cc,
 )
-from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
+from lt2dsl.kernels.delta.recurrent import delta_recurrent_kernel
 
 GATES = ("none", "scalar", "channel")
 # Recurrent (decode) path for inference calls with at most this many tokens per sequence.

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.delta_tl import (
+from lt2dsl.kernels.delta.helpers import (
     chunk_coords,
     helper,
     inv_unit_lower64,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from lt2dsl.kernels.common import delta_launch as L
 from lt2dsl.kernels.common.aot import Job, tuned_jobs
-from lt2dsl.kernels.common.delta_grad import delta_grad_final_kernel
-from lt2dsl.kernels.common.delta_recurrent import delta_recurrent_kernel
-from lt2dsl.kernels.kda.chunk_grad import kda_grad_intra_kernel
+from lt2dsl.kernels.delta import launch as L
+from lt2dsl.kernels.delta.grad import delta_grad_final_kernel
+from lt2dsl.kernels.delta.kda_grad import kda_grad_intra_kernel
+from lt2dsl.kernels.delta.recurrent import delta_recurrent_kernel
 
 MAX_STACK = 512  # bytes of per-thread stack (spills) tolerated at bf16
 D = 128
