@@ -34,7 +34,7 @@ def _families():
     """(benchmark module, groups, impls, forced-config context factory, number of configs)."""
     from lt2dsl.kernels.attention.triton_bwd import N_BWD_CONFIGS, forced_bwd_config
     from lt2dsl.kernels.common import decay_triton
-    from lt2dsl.kernels.delta.launch import N_CONFIGS, forced_config
+    from lt2dsl.kernels.delta.configs import N_CONFIGS, forced_config
 
     @contextlib.contextmanager
     def decay_forced(i):

@@ -72,7 +72,7 @@ for s in ${STAGES:-env}; do
     tests_mlstm) stage tests_mlstm ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser or route" ;;
     # KDA with the peer alone: the peer's KDA backward autotunes dozens of configs on its first call
     # and outlasted a 140-175 s stage four times
-    bench_kda) ONLY="kda B=4 T=8192" VARIANTS=0 stage bench_kda "${LIM_KDA:-420}" python3 bench/kernels_delta.py ;;
+    bench_kda) ONLY="kda B=4 T=8192" stage bench_kda "${LIM_KDA:-420}" python3 bench/kernels_delta.py ;;
     bench_delta) ONLY="${ONLY_DELTA-${ONLY:-}}" stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
     bench_blocks) ONLY="${ONLY_BLOCKS-${ONLY:-}}" stage bench_blocks "${LIM_BLOCKS:-${BENCH_LIMIT:-400}}" python3 bench/blocks.py ;;
     bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 bench/decode.py ;;

@@ -3,33 +3,15 @@
 `cases()` returns harness Cases (bench/kernels.py merges them); `python bench/kernels_delta.py`
 runs them standalone, prints a table with ratios to the peer and writes `$OUT/kernels_delta.json`.
 Selection: `ONLY=substring,substring` keeps the cases whose group contains one of the substrings,
-`IMPLS=name,name` those rows only (e.g. `IMPLS=lt2dsl,lt2dsl-tall,fla`);
+`IMPLS=name,name` those rows only (e.g. `IMPLS=lt2dsl,lt2dsl-split,fla`);
 `TAG=name` writes `$OUT/kernels_delta_<name>.json` instead.
 
 Shapes: training at B·T = 32k tokens, H = 16, D = 128, bf16, T ∈ {2k, 8k, 32k} (B = 16, 4, 1;
 B = 4, T = 8192 is the peer's reading in /work/shared/bench/README.md), forward and
 forward+backward; one decode step (T = 1) at batch 1, 8, 64, state updated in place (ours) or
-returned (the peer's fused_recurrent). At T = 8192, `lt2dsl-wu` is the forward with W and U formed
-per chunk first (the peer's two-dot scan, LT2_DELTA_WU) instead of the scan applying T itself,
-and `lt2dsl-scanbwd` (forward+backward) the fused reverse-scan backward (LT2_DELTA_WBWD=0)
-instead of the default W-based one (VARIANTS=0 leaves both out); GRADBK=1 adds the backward at
-the gradient kernel's other key tiles (`lt2dsl-gk32`, `-gk64`, `-gk128`); BWD16=1 adds
-`lt2dsl-bwd16`, the reverse scan on 16-bit operands (LT2_DELTA_BWD16); SCRATCH=1 adds the
-backward with its scratch in 16 bits (`lt2dsl-lp1`, LT2_DELTA_BWD_LP=1), with the C x C matrices
-in 16 bits too (`-lp2`), each with Y formed in the reverse scan (`-lp1yscan`, `-lp2yscan`,
-LT2_DELTA_Y_IN_SCAN=1), and the 16-bit scratch with Y in the C x C kernel (`-lp1ycc`) or the
-gradient kernel's 128-wide key tile (`-lp1gk128`), with Pᵀ dO formed in the reverse scan
-(`-lp1du0`, LT2_DELTA_DU0_IN_SCAN=1) and with Y there too (`-lp1du0yscan`); BF16DOTS=1 adds
-`lt2dsl-bf16dots`, GDN with every dot on 16-bit operands
-(LT2_DELTA_BF16_DOTS: faster, ~1% instead of ~0.5% relative RMS against float64). The default
-forms the output in the state scan with the state transposed, for training too; FUSEDO=1 adds,
-for GDN and DeltaNet at T = 8192 and 32768, `lt2dsl-splito` (scan and output apart, LT2_DELTA_FUSED_O=0),
-`lt2dsl-infonly` (fused for inference only, =inference: training splits), for DeltaNet
-`lt2dsl-gate1` (its scan as the scalar-gate code with b = 0, LT2_DELTA_NOGATE=0), `lt2dsl-fusedo` (the
-scan untransposed, LT2_DELTA_TSTATE=0), `lt2dsl-twu` (W and U formed first, LT2_DELTA_WU=1) and,
-forward+backward, `lt2dsl-tbwd` (the reverse scan with the state gradient transposed,
-LT2_DELTA_TSTATE_BWD=1), `lt2dsl-ycc` (Y = Tᵀ dU' formed by the C x C kernel,
-LT2_DELTA_Y_IN_CC=1) and `lt2dsl-tall` (all three).
+returned (the peer's fused_recurrent). The `lt2dsl` row runs each call's default recipe
+(`lt2dsl/kernels/delta/recipe.py`); `RECIPES=split,fused` adds a row `lt2dsl-<name>` per named
+recipe of `recipe.RECIPES`, for the rules that have its forms (KDA has no fused scan).
 The standalone run also prints how far our forward output is from the peer's on the same inputs.
 
 FLOPs are the useful work of mixers.md §4 (d) (the backward counted by our formula); bytes are the
@@ -153,72 +135,30 @@ def _bytes(op: str, B: int, T: int, backward: bool) -> float:
     return fwd * 3 if backward else fwd
 
 
+def _recipes(op: str) -> list[str]:
+    """The named recipes `RECIPES` asks for that `op` has the forms of."""
+    from lt2dsl.kernels.delta.recipe import RECIPES
+
+    names = [n for n in os.environ.get("RECIPES", "").split(",") if n]
+    unknown = set(names) - set(RECIPES)
+    if unknown:
+        raise ValueError(f"unknown delta recipes {sorted(unknown)}; known: {', '.join(RECIPES)}")
+    return [n for n in names if n != "default" and not (op == "kda" and n == "fused")]
+
+
 def _train_cases(op: str, B: int, T: int) -> list[Case]:
     group = f"{op} B={B} T={T}"
     out = []
     for backward in (False, True):
         extra = dict(flops=_flops(B, T, backward), bytes=_bytes(op, B, T, backward), backward=backward)
+        for recipe in [None, *_recipes(op)]:
 
-        def ours(op=op, backward=backward):
-            x = _inputs(op, B, T, backward)
-            return (lambda: _ours(op, x)[0]), _leaves(x)
+            def ours(op=op, backward=backward, recipe=recipe):
+                x = _inputs(op, B, T, backward)
+                return (lambda: _ours(op, x, recipe=recipe)[0]), _leaves(x)
 
-        if op == "kda":
-            # KDA's launch switches are env vars read at each call: every case sets all of them
-            # (the backward the harness runs next sees the same), so variants share one process
-            variants = _KDA_VARIANTS if T == 8192 and os.environ.get("KDA_VARIANTS", "1") != "0" else {}
-            for suffix, env in {"": {}, **variants}.items():
-                out.append(Case(group=group, impl="lt2dsl" + suffix, make=_env(_flags(ours), env), **extra))
-        else:
-            out.append(Case(group=group, impl="lt2dsl", make=_flags(ours), **extra))
-        if T == 8192 and op != "kda" and os.environ.get("VARIANTS", "1") != "0":
-            out.append(Case(group=group, impl="lt2dsl-wu", make=_flags(ours, WU=True), **extra))
-            if backward:  # the fused reverse-scan backward (LT2_DELTA_WBWD=0)
-                out.append(Case(group=group, impl="lt2dsl-scanbwd", make=_flags(ours, WBWD=False), **extra))
-        if op != "kda" and T >= 8192 and os.environ.get("FUSEDO") == "1":  # other forms of the forward scan
-            out.append(Case(group=group, impl="lt2dsl-splito", make=_flags(ours, FUSED_O=False), **extra))
-            untransposed = _flags(ours, TSTATE=False)
-            out.append(Case(group=group, impl="lt2dsl-fusedo", make=untransposed, **extra))
-            out.append(Case(group=group, impl="lt2dsl-infonly", make=_flags(ours, FUSED_O=None), **extra))
-            out.append(Case(group=group, impl="lt2dsl-twu", make=_flags(ours, WU=True), **extra))
-            if op == "deltanet":  # the scan as the scalar-gate code with b = 0 (LT2_DELTA_NOGATE=0)
-                out.append(Case(group=group, impl="lt2dsl-gate1", make=_flags(ours, NOGATE=False), **extra))
-            if backward:  # the reverse scan with the state gradient transposed (LT2_DELTA_TSTATE_BWD=1)
-                tbwd = _flags(ours, TSTATE_BWD=True)
-                out.append(Case(group=group, impl="lt2dsl-tbwd", make=tbwd, **extra))
-                # Y = Tᵀ dU' formed by the C x C kernel (LT2_DELTA_Y_IN_CC=1), alone and with the above
-                out.append(Case(group=group, impl="lt2dsl-ycc", make=_flags(ours, Y_IN_CC=True), **extra))
-                every = _flags(ours, TSTATE_BWD=True, Y_IN_CC=True)
-                out.append(Case(group=group, impl="lt2dsl-tall", make=every, **extra))
-        if backward and op != "kda" and T == 8192 and os.environ.get("GRADBK") == "1":
-            # the per-(K tile, chunk) gradient kernel's other key tiles (LT2_DELTA_GRAD_BK)
-            import lt2dsl.kernels.delta.launch as launch
-
-            for bk in (32, 64, 128):
-                if bk != launch.GRAD_BK:
-                    tiles = _flags(ours, GRAD_BK=bk)
-                    out.append(Case(group=group, impl=f"lt2dsl-gk{bk}", make=tiles, **extra))
-        if backward and op != "kda" and T == 8192 and os.environ.get("BWD16") == "1":
-            # the reverse scan on 16-bit operands (LT2_DELTA_BWD16=1)
-            out.append(Case(group=group, impl="lt2dsl-bwd16", make=_flags(ours, BWD16="1"), **extra))
-        if backward and op != "kda" and T == 8192 and os.environ.get("SCRATCH") == "1":
-            # the backward's scratch in 16 bits (LT2_DELTA_BWD_LP=1), its C x C matrices too (=2),
-            # each with Y = Tᵀ dU' formed in the reverse scan (LT2_DELTA_Y_IN_SCAN=1), and the
-            # 16-bit scratch with Y in the C x C kernel (Y_IN_CC) or the 128-wide gradient tile
-            for impl, flags in (
-                ("lt2dsl-lp1", dict(BWD_LP=1)),
-                ("lt2dsl-lp2", dict(BWD_LP=2)),
-                ("lt2dsl-lp1yscan", dict(BWD_LP=1, Y_IN_SCAN=True)),
-                ("lt2dsl-lp2yscan", dict(BWD_LP=2, Y_IN_SCAN=True)),
-                ("lt2dsl-lp1ycc", dict(BWD_LP=1, Y_IN_CC=True)),
-                ("lt2dsl-lp1gk128", dict(BWD_LP=1, GRAD_BK=128)),
-                # Pᵀ dO formed in the reverse scan (LT2_DELTA_DU0_IN_SCAN=1), alone and with Y
-                ("lt2dsl-lp1du0", dict(BWD_LP=1, DU0_IN_SCAN=True)),
-                ("lt2dsl-lp1du0yscan", dict(BWD_LP=1, DU0_IN_SCAN=True, Y_IN_SCAN=True)),
-            ):
-                out.append(Case(group=group, impl=impl, make=_flags(ours, **flags), **extra))
-        if op == "gdn" and T == 8192 and os.environ.get("BF16DOTS") == "1":
-            out.append(Case(group=group, impl="lt2dsl-bf16dots", make=_flags(ours, BF16_DOTS=True), **extra))
+            impl = "lt2dsl" if recipe is None else f"lt2dsl-{recipe}"
+            out.append(Case(group=group, impl=impl, make=ours, **extra))
         peer = _peer_chunk(op)
         if peer is not None:
 
@@ -228,75 +168,6 @@ def _train_cases(op: str, B: int, T: int) -> list[Case]:
 
             out.append(Case(group=group, impl="fla", make=theirs, **extra))
     return out
-
-
-_KDA_TOGGLES = ("LT2_KDA_SPLIT", "LT2_KDA_GRAD", "LT2_KDA_GRAD_SPLIT")
-# impl suffix -> switches (the rest at their defaults); KDA_VARIANTS=0 times none of them
-# (the gradient tiles 32 x 8 warps and 64 x 8 lost to the default 32 x 4 in the thirteenth
-# session: 12.818 and 9.914 against 9.440 ms fwd+bwd)
-_KDA_VARIANTS = {"-onekernel": {"LT2_KDA_SPLIT": "0"}, "-gradsplit": {"LT2_KDA_GRAD_SPLIT": "1"}}
-
-
-def _env(make, env: dict):
-    """Wrap a case so each call first sets the KDA switches to `env` (unset ones removed)."""
-
-    def wrapped():
-        fn, leaves = make()
-
-        def call():
-            for name in _KDA_TOGGLES:
-                if name in env:
-                    os.environ[name] = env[name]
-                else:
-                    os.environ.pop(name, None)
-            return fn()
-
-        return call, leaves
-
-    return wrapped
-
-
-# `delta_launch` switches a case may set; each case sets all of them (the ones it names, the rest
-# at their import-time values) when it runs and leaves them so: the harness runs the backward after
-# the call returns, and the reverse scan's switches (WBWD, TSTATE_BWD) are read then.
-_SWITCHES = (
-    "WU", "WBWD", "FUSED_O", "TSTATE", "TSTATE_BWD", "Y_IN_CC", "BF16_DOTS", "NOGATE", "GRAD_BK", "BWD16",
-    "BWD_LP", "Y_IN_SCAN", "DU0_IN_SCAN",
-)  # fmt: skip
-_DEFAULTS: dict = {}
-
-
-def _restore_switches() -> None:
-    """Every `delta_launch` switch back at its import-time value (cases leave theirs set)."""
-    import lt2dsl.kernels.delta.launch as launch
-
-    for k, v in _DEFAULTS.items():
-        setattr(launch, k, v)
-
-
-def _flags(make, **flags):
-    """Wrap a case so every call, and the backward after it, runs with these `delta_launch`
-    switches (e.g. BF16_DOTS=True: 16-bit dot operands throughout; WU=True: W and U per chunk
-    first) and the others at their defaults."""
-    import lt2dsl.kernels.delta.launch as launch
-
-    if not _DEFAULTS:
-        _DEFAULTS.update({k: getattr(launch, k) for k in _SWITCHES if hasattr(launch, k)})
-    unknown = set(flags) - set(_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown delta_launch switches {sorted(unknown)}; known: {sorted(_DEFAULTS)}")
-
-    def wrapped():
-        fn, leaves = make()
-
-        def call():
-            for k, v in {**_DEFAULTS, **flags}.items():
-                setattr(launch, k, v)
-            return fn()
-
-        return call, leaves
-
-    return wrapped
 
 
 def _decode_cases(op: str, batch: int) -> list[Case]:
@@ -332,8 +203,8 @@ def cases() -> list[Case]:
     only = [s for s in os.environ.get("ONLY", "").split(",") if s]
     impls = [s for s in os.environ.get("IMPLS", "").split(",") if s]
     out = [c for c in out if (not only or any(s in c.group for s in only)) and (not impls or c.impl in impls)]
-    # within each (shape, mode) the default and the peer run before the variants, so a stage cut by
-    # its time limit still has the same-run pair (the twentieth session lost DeltaNet's peer row so)
+    # within each (shape, mode) the default and the peer run before the other recipes, so a stage
+    # cut by its time limit still has the same-run pair
     first: dict = {}
     for c in out:
         first.setdefault((c.group, c.backward), len(first))
@@ -371,7 +242,6 @@ def main() -> None:
     print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_TFLOPs']:.0f} TFLOP/s")
     tag = os.environ.get("TAG")
     rows = run_cases("kernels_delta" + (f"_{tag}" if tag else ""), all_cases, ceil)
-    _restore_switches()
     if os.environ.get("AGREE", "1") != "0":  # AGREE=0: skip it (the peer's GDN and DeltaNet autotune)
         peer_agreement()
     print(summary_table(rows))

@@ -92,48 +92,21 @@ def test_ncu_pair_driver_smoke(bwd):
     assert f"profiled: lt2dsl (gdn {'fwd+bwd' if bwd == '1' else 'fwd'}" in out.stdout
 
 
-def test_delta_bench_switches_hold_through_the_backward():
-    """A kernels_delta case sets every `delta_launch` switch when it runs and leaves them set: the
-    harness runs the backward after the call returns, and the reverse scan reads its switches then.
-    The next case puts the ones it does not name back at their defaults."""
-    import pytest
-
-    import lt2dsl.kernels.delta.launch as launch
-    from bench import kernels_delta as kd
-
-    seen = []
-
-    def make():
-        return (lambda: seen.append((launch.TSTATE_BWD, launch.WBWD))), []
-
-    try:
-        variant, _ = kd._flags(make, TSTATE_BWD=True, WBWD=False)()
-        variant()
-        assert (launch.TSTATE_BWD, launch.WBWD) == (True, False)  # still set for the backward
-        default, _ = kd._flags(make)()
-        default()
-        assert seen == [(True, False), (kd._DEFAULTS["TSTATE_BWD"], kd._DEFAULTS["WBWD"])]
-        with pytest.raises(ValueError, match="unknown delta_launch switches"):
-            kd._flags(make, NO_SUCH_SWITCH=1)
-    finally:
-        kd._restore_switches()
-    assert kd._DEFAULTS["TSTATE_BWD"] == launch.TSTATE_BWD
-
-
 def test_delta_bench_runs_default_and_peer_before_variants(monkeypatch):
-    """Within each (shape, mode) the default row, then the peer's, come before every variant row
-    (the cases list them default, variants, peer), so a stage cut by its time limit keeps the
-    same-run pair."""
+    """A row per named recipe (`RECIPES=split,fused`) where the rule has its forms; within each
+    (shape, mode) the default row, then the peer's, come before them, so a stage cut by its time
+    limit keeps the same-run pair."""
     from bench import kernels_delta as kd
 
     # a stand-in peer, so the order is checked where fla is not installed (as in CI)
     monkeypatch.setattr(kd, "_peer_chunk", lambda op: lambda x: None)
-    monkeypatch.setenv("SCRATCH", "1")
-    monkeypatch.setenv("GRADBK", "1")
-    monkeypatch.setenv("ONLY", "deltanet B=4 T=8192")
+    monkeypatch.setenv("RECIPES", "split,fused")
+    monkeypatch.setenv("ONLY", "B=4 T=8192")
     monkeypatch.delenv("IMPLS", raising=False)
     rows = [(c.group, c.backward, c.impl) for c in kd.cases()]
-    assert any(impl == "lt2dsl-lp1du0" for *_, impl in rows)
+    by_op = {g.split()[0]: {i for gg, _, i in rows if gg == g} for g, _, _ in rows}
+    assert by_op["deltanet"] == {"lt2dsl", "lt2dsl-split", "lt2dsl-fused", "fla"}
+    assert by_op["kda"] == {"lt2dsl", "lt2dsl-split", "fla"}  # KDA has no fused scan
     for key in dict.fromkeys((g, b) for g, b, _ in rows):
         impls = [impl for g, b, impl in rows if (g, b) == key]
         assert impls[:2] == ["lt2dsl", "fla"], impls

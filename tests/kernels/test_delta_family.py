@@ -14,7 +14,7 @@ from triton.runtime.errors import OutOfResources
 
 from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda
 from lt2dsl.kernels.delta.chunk_ref import delta_chunk_ref
-from lt2dsl.kernels.delta.launch import N_CONFIGS, forced_config
+from lt2dsl.kernels.delta.configs import N_CONFIGS, forced_config
 from lt2dsl.kernels.delta.naive import delta_rule_naive, gated_delta_rule_naive, kda_naive
 from tests.kernels.utils import assert_close, rel_rms
 
@@ -102,13 +102,14 @@ GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
 
 def compare_backends(
-    info: OpInfo, x: dict, tol: float, grad: bool = True, reference: str = "naive", **kw
+    info: OpInfo, x: dict, tol: float, grad: bool = True, reference: str = "naive", recipe=None, **kw
 ) -> dict[str, float]:
     """`backend="triton"` against the float64 reference on the same inputs.
 
     Compares o, the final state and (with `grad`) the gradient of every input for random output
     and final-state cotangents, by relative RMS error (`tests/kernels/utils.py`). `reference`
-    picks the float64 truth: "naive" (token recurrence) or "chunk" (chunked form, faster on GPU).
+    picks the float64 truth: "naive" (token recurrence) or "chunk" (chunked form, faster on GPU);
+    `recipe` the Triton kernels' forms (a `DeltaRecipe` or a name of `RECIPES`; None: the default).
     Returns each input gradient's error by input name (empty without `grad`).
     """
     ref = {n: t.detach().double().requires_grad_(grad) if t is not None else None for n, t in x.items()}
@@ -117,7 +118,8 @@ def compare_backends(
         o_ref, S_ref = info.call_naive(ref, initial_state=ref["initial_state"], output_final_state=True, **kw)
     else:
         o_ref, S_ref = info.call(ref, initial_state=ref["initial_state"], output_final_state=True, **kw)
-    o, S = info.call(tri, initial_state=tri["initial_state"], output_final_state=True, backend="triton", **kw)
+    kw_tri = dict(kw, backend="triton", recipe=recipe)
+    o, S = info.call(tri, initial_state=tri["initial_state"], output_final_state=True, **kw_tri)
     assert o.dtype == x["v"].dtype and S.dtype == torch.float32
     assert_close("o", o, o_ref, tol)
     assert_close("final_state", S, S_ref, tol)
@@ -136,15 +138,15 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype == torch.float32 else 1e-2
 
 
-def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype, train: bool = True) -> None:
+def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype, train: bool = True, recipe=None) -> None:
     """Full-size GPU checks shared by the per-op test files (see their `test_gpu_*`).
 
     Cases: "T1000-D64", "T1000-D128", "T8192-D64", "T8192-D128" (B=2, H=16), "gva" (H=8, HV=16),
     "odd" (K=V=100: a head dim that crosses a block boundary), "varlen" (lengths 1, 63, 1000,
     2000, 129). KDA's float64 chunked reference keeps a [64, 64, K] tensor per chunk for autograd,
     so at T = 8192 its gradients are not checked (forward only); T = 1000 covers them. Without
-    `train` no input needs a gradient: the inference forward, which for GDN and DeltaNet is by
-    default the scan that forms the output itself (as training does: LT2_DELTA_FUSED_O=1).
+    `train` no input needs a gradient: the inference forward, which writes no chunk state.
+    `recipe` picks the kernels' forms (None: each call's default recipe).
     """
     tol = tolerance(dtype)
     kw: dict = {}
@@ -161,7 +163,7 @@ def run_gpu_suite(info: OpInfo, case: str, dtype: torch.dtype, train: bool = Tru
         shape = dict(B=1, T=sum(lens), H=16, HV=16, K=128, V=128, N=len(lens))
     x = make_inputs(info.gate, dtype=dtype, device="cuda", **shape)
     grad = train and not (info.gate == "channel" and shape["T"] > 4096)
-    compare_backends(info, x, tol, grad=grad, reference="chunk", **kw)
+    compare_backends(info, x, tol, grad=grad, reference="chunk", recipe=recipe, **kw)
 
 
 def run_gpu_decode(info: OpInfo, batch: int) -> None:
@@ -349,6 +351,18 @@ def test_gpu_matches_reference(info, case, dtype):
 def test_gpu_inference_matches_reference(info, case, dtype):
     """Full sizes on the GPU without gradients: o and final state against float64."""
     run_gpu_suite(info, case, dtype, train=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_heavy
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", ["T1000-D128", "varlen"])
+@pytest.mark.parametrize("name", ["fused", "split"])
+def test_gpu_recipe_forms(info, name, case, dtype):
+    """Each named recipe's forms at full size, whichever the default picks at this shape."""
+    if info.gate == "channel" and name == "fused":
+        pytest.skip("KDA's per-channel gate has no fused scan")
+    run_gpu_suite(info, case, dtype, recipe=name)
 
 
 @pytest.mark.gpu

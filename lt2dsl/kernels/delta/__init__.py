@@ -17,6 +17,7 @@ from lt2dsl.kernels.common.backend import resolve_backend
 from lt2dsl.kernels.common.norm import l2norm
 from lt2dsl.kernels.delta.args import check_delta_args
 from lt2dsl.kernels.delta.chunk_ref import delta_chunk_ref
+from lt2dsl.kernels.delta.recipe import RECIPES, DeltaRecipe, check_recipe_arg, default_recipe
 
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -53,10 +54,12 @@ def run_delta(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     backend: str = "reference",
+    recipe: DeltaRecipe | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One op of the family (`gate`: "none", "scalar", "channel"): check the arguments, run the
     chosen backend, honour `inplace_final_state`. The keywords are the public ops' (see `_DOC`)."""
     dims = check_delta_args(q, k, v, g, beta, gate, initial_state, cu_seqlens, inplace_final_state)
+    check_recipe_arg(recipe)
     scale = dims.K**-0.5 if scale is None else float(scale)
     want_state = output_final_state or inplace_final_state
     which = pick_backend(backend, q)
@@ -76,6 +79,7 @@ def run_delta(
             inplace_final_state,
             cu_seqlens,
             use_qk_l2norm_in_kernel,
+            recipe,
         )
         return o, S
     if use_qk_l2norm_in_kernel:
@@ -119,13 +123,16 @@ _DOC = """{title} over `[B, T, H, D]` tensors (the peer's conventions).
             Default: `False`.
         backend (str, Optional): "reference", "triton" or "auto".
             Default: `"reference"`.
+        recipe (DeltaRecipe | str, Optional): the Triton kernels' forms (`recipe.py`): a
+            `DeltaRecipe`, or a name of `RECIPES` ("default", "fused", "split").
+            Default: `default_recipe` of the call's sizes, dtype and GPU.
 
     Returns:
         o `[B, T, HV, V]` (dtype of v) and the final state `[N, HV, K, V]` fp32 (None unless asked).
     """
 
 
-__all__ = ["delta_rule", "gated_delta_rule", "kda"]
+__all__ = ["RECIPES", "DeltaRecipe", "default_recipe", "delta_rule", "gated_delta_rule", "kda"]
 
 
 def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, **kw):

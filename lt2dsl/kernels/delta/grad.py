@@ -1,7 +1,7 @@
 """Per-chunk input gradients of the delta-rule family, after the reverse state scan.
 
 Given each chunk's start state S = h, the gradient dS' = dh of the state after it, U' (`vnew`) and
-Y = Tᵀ dU' (`delta_state`), with b the cumulative log decay, γ = e^b, Γ_ri = e^{b_r − b_i},
+Y = Tᵀ dU' (`scan_bwd`), with b the cumulative log decay, γ = e^b, Γ_ri = e^{b_r − b_i},
 P = s Q Kᵀ ⊙ Γ (r ≥ i) and A = Diag(β) K Kᵀ ⊙ Γ (r > i) for a scalar or no decay:
 
     dv = β ⊙ Y                              dP = dO U'ᵀ,  dA = −Y U'ᵀ (strictly lower)
@@ -15,11 +15,11 @@ Three kernels keep the register footprint at a few 64 x 64 fp32 tiles each:
 
 * `delta_grad_cc_kernel` (chunk, head): the V-reductions dP, dA, Σ_V Y ⊙ V and dv; for a scalar or
   no decay also P, A from q, k and their db / dβ terms. It stores s dP ⊙ Γ and β dA ⊙ Γ (KDA: the
-  plain dP, dA, gated later per channel by `kda.chunk_grad`) to fp32 scratch `[B*T, HV, 64]`.
+  plain dP, dA, gated later per channel by `kda_grad`) to fp32 scratch `[B*T, HV, 64]`.
 * `delta_grad_k_kernel` (K tile, chunk, head): dO Sᵀ, U' dS'ᵀ and Y Sᵀ over V. Gate factors scale
   rows (or, for KDA, elements) of these products, so they are applied after the V loop, where
   (scalar or no gate) the three fold into dq and dk. Then the scratch matrices, loaded as stored
-  and transposed (no dot result is ever transposed: Hopper miscompile, see `delta_tl`), give the
+  and transposed (no dot result is ever transposed: Hopper miscompile, see `helpers`), give the
   intra-chunk dq, dk, added in the MMA's accumulator. Per-row sums over the K tile go to a small
   partial buffer.
 * `delta_grad_final_kernel` (chunk, head; scalar or no decay): adds the partials up into dβ and db,
@@ -31,16 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.delta.helpers import chunk_coords, mm, mm_lr, mm_lr_acc, mm_xb, mm_xx, rcumsum, rsum
-from lt2dsl.kernels.delta.state import (
-    gate_factors,
-    load_chunk_gate,
-    load_square,
-    load_tile,
-    load_tile_apart,
-    load_tile_t,
-    store_tile,
-)
+from lt2dsl.kernels.delta.helpers import chunk_coords, mm, mm_xr, mm_xr_acc, mm_xx, rcumsum, rsum
+from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_tile, load_tile_t, store_tile
 
 
 @triton.jit
@@ -51,8 +43,6 @@ def delta_grad_cc_kernel(
     gcum,
     beta,
     vnew,
-    Ainv,
-    du,
     Y,
     do,
     dv,
@@ -75,12 +65,7 @@ def delta_grad_cc_kernel(
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
     PREC: tl.constexpr,
-    FORM_Y: tl.constexpr = False,
-    STORE_DV: tl.constexpr = True,
 ):
-    """With FORM_Y (LT2_DELTA_Y_IN_CC=1) Y = Tᵀ dU' is formed here from `du` and stored to `Y` for
-    the gradient kernel, in place of `delta_y_kernel`'s pass (`Ainv`, `du` are unused without).
-    Without STORE_DV, dv = β ⊙ Y was written by the pass that formed Y."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -92,8 +77,6 @@ def delta_grad_cc_kernel(
     rows = b64 + r0 + ot
     m_t = r0 + ot < L
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-    if FORM_Y:
-        b_Tt = load_square(Ainv, bos + r0, eos, i_hv, HV, BT, True)
 
     dP = tl.zeros([BT, BT], dtype=tl.float32)
     dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -101,34 +84,21 @@ def delta_grad_cc_kernel(
     for i_v in range(tl.cdiv(V, BV)):
         b_do = load_tile(do + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
         b_u = load_tile(vnew + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
-        if FORM_Y:
-            b_du = load_tile(du + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
-            b_yr = mm_xb(b_Tt, b_du, DT, PREC, DOT).to(Y.dtype.element_ty)
-            store_tile(Y + v_base, b_yr, r0, L, HV * V, i_v * BV, V, BT, BV)
-            b_y = b_yr.to(tl.float32)
-        else:
-            # fp32, or 16-bit with LT2_DELTA_BWD_LP: then a raw dot operand below, and the
-            # elementwise uses read a load of their own (`load_tile_apart`)
-            b_yr = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
-            if Y.dtype.element_ty == tl.float32:
-                b_y = b_yr
-            else:
-                b_y = load_tile_apart(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
         b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
-        if STORE_DV:
-            store_tile(dv + v_base, b_y * b_beta[:, None], r0, L, HV * V, i_v * BV, V, BT, BV)
+        store_tile(dv + v_base, b_y * b_beta[:, None], r0, L, HV * V, i_v * BV, V, BT, BV)
         dP += mm(b_do, tl.trans(b_u), DOT)
         if GATE == 2:  # KDA keeps the form its GPU tests and timings ran with (TF32 on fp32 U')
             dA += mm_xx(b_y, tl.trans(b_u.to(tl.float32)), DT, PREC, DOT)
         else:  # U' stays a raw 16-bit operand, an fp32 Y enters as hi + lo halves (finer than TF32)
-            dA += mm_lr(b_yr, tl.trans(b_u), DT, PREC, DOT)
+            dA += mm_xr(b_y, tl.trans(b_u), DT, PREC, DOT)
         r_yv += rsum(b_y * b_v, 1)
 
     lower = ot[:, None] >= ot[None, :]
     strict = ot[:, None] > ot[None, :]
     p_m = (rows[:, None] * HV + i_hv) * BT + ot[None, :]
     if GATE == 2:
-        # KDA: the gating is per channel, applied to these in `kda.chunk_grad`.
+        # KDA: the gating is per channel, applied to these in `kda_grad`.
         tl.store(MA + p_m, tl.where(lower, dP, 0.0), mask=m_t[:, None])
         tl.store(MB + p_m, tl.where(strict, -dA, 0.0), mask=m_t[:, None])
         tl.store(dbeta_p + rows * HV + i_hv, r_yv, mask=m_t)
@@ -213,7 +183,7 @@ def delta_grad_k_kernel(
         b_y = load_tile(Y + v_base, r0, L, HV * V, i_v * BV, V, BT, BV)
         acc_q += mm(b_do, tl.trans(b_S), DOT)
         acc_u += mm(b_u, tl.trans(b_dS), DOT)
-        acc_y += mm_lr(b_y, tl.trans(b_S), DT, PREC, DOT)
+        acc_y += mm_xr(b_y, tl.trans(b_S), DT, PREC, DOT)
         sds += rsum(b_S.to(tl.float32) * b_dS.to(tl.float32), 1)
 
     qk_base = (b64 * H + i_h) * K
@@ -260,14 +230,14 @@ def delta_grad_k_kernel(
         # into them (tl.dot's accumulator), so no more than two [BT, BK] fp32 tiles stay live
         # past the V loop; the symmetric (β dA ⊙ Γ) + (β dA ⊙ Γ)ᵀ enters one product, not two.
         b_MA = load_tile(MA + (b64 * HV + i_hv) * BT, r0, L, HV * BT, 0, BT, BT, BT)
-        b_dq = mm_lr_acc(b_MA, b_k, b_dq, DT, PREC, DOT)
+        b_dq = mm_xr_acc(b_MA, b_k, b_dq, DT, PREC, DOT)
         tl.store(dq + p_out, b_dq.to(dq.dtype.element_ty), mask=m_out)
-        b_dk = mm_lr_acc(tl.trans(b_MA), b_q, b_dk, DT, PREC, DOT)
+        b_dk = mm_xr_acc(tl.trans(b_MA), b_q, b_dk, DT, PREC, DOT)
         m_base = MB + (b64 * HV + i_hv) * BT
         # strictly lower plus its transpose: disjoint supports, so the sum is exact in 16 bits too
         b_MS = load_tile(m_base, r0, L, HV * BT, 0, BT, BT, BT)
         b_MS += load_tile_t(m_base, r0, L, HV * BT, 0, BT, BT, BT)
-        b_dk = mm_lr_acc(b_MS, b_k, b_dk, DT, PREC, DOT)
+        b_dk = mm_xr_acc(b_MS, b_k, b_dk, DT, PREC, DOT)
         tl.store(dk + p_out, b_dk.to(dk.dtype.element_ty), mask=m_out)
 
 

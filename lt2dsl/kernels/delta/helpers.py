@@ -109,28 +109,6 @@ def mm_xr(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
 
 
 @helper
-def mm_lr(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
-    """a @ b for an `a` loaded from a scratch buffer and a raw 16-bit `b`: an fp32 buffer's tile
-    enters as `mm_xr` (hi + lo), a 16-bit one (LT2_DELTA_BWD_LP) as one dot of raw operands."""
-    if a.dtype == tl.float32:
-        r = mm_xr(a, b, DT, PREC, DOT)
-    else:
-        r = mm(a, b, DOT)
-    return r
-
-
-@helper
-def mm_xb(a, b, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
-    """a @ b for a computed fp32 `a` and a `b` loaded from a scratch buffer: `mm_xx` (TF32) on an
-    fp32 buffer's tile, `mm_xr` (a as hi + lo, b raw) on a 16-bit one (LT2_DELTA_BWD_LP)."""
-    if b.dtype == tl.float32:
-        r = mm_xx(a, b, DT, PREC, DOT)
-    else:
-        r = mm_xr(a, b, DT, PREC, DOT)
-    return r
-
-
-@helper
 def mm_acc(a, b, acc, DOT: tl.constexpr):
     """acc + a @ b summed in the MMA's accumulator; operands already in the kernel's dot dtype."""
     if DOT == 2:
@@ -150,16 +128,6 @@ def mm_xr_acc(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr
         r = mm_acc(lo, b, mm_acc(hi, b, acc, DOT), DOT)
     else:
         r = mm_acc(a.to(DT), b, acc, DOT)
-    return r
-
-
-@helper
-def mm_lr_acc(a, b, acc, DT: tl.constexpr, PREC: tl.constexpr, DOT: tl.constexpr):
-    """acc + `mm_lr(a, b)`, summed in the MMA's accumulator."""
-    if a.dtype == tl.float32:
-        r = mm_xr_acc(a, b, acc, DT, PREC, DOT)
-    else:
-        r = mm_acc(a, b, acc, DOT)
     return r
 
 

@@ -1,4 +1,4 @@
-"""KDA's gated intra-chunk gradients, after the shared per-chunk kernels of `common/delta_grad`.
+"""KDA's gated intra-chunk gradients, after the shared per-chunk kernels of `grad`.
 
 Those leave (per chunk and value head) dq, dk, db for every term that touches the state, dv, dβ
 parts, and the scratch matrices dAqk = dO U'ᵀ (r ≥ i) and dA = −Y U'ᵀ (r > i). With b the
@@ -10,7 +10,7 @@ Aqk[r, i] = s Σ_c q_rc k_ic e^{b_rc − b_ic} and Akk[r, i] = β_r Σ_c k_rc k_
     db   += q ⊙ (intra dq) − k ⊙ (the two column sums above) + k ⊙ β Z,   dβ += Σ_c k ⊙ Z
 
 then dg = reverse cumulative sum of db inside the chunk. Each channel is independent, so programs
-tile K. The gated products use the 16-token sub-chunks and reference points of `chunk_intra`: off
+tile K. The gated products use the 16-token sub-chunks and reference points of `kda_prep`: off
 the diagonal every exponent stays ≤ 0, and a diagonal block is a dot through its sub-chunk's start
 when the sub-chunk's decay is at most SPAN (elementwise with exponents ≤ 0 otherwise).
 """
@@ -116,7 +116,7 @@ def diag_grads(
 
 
 @helper
-def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr):
+def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, DOT: tl.constexpr):
     """Contributions of block (I, J), I ≥ J, to (dq_I / s, Z_I, dk_J from Aqk / s, dk_J from Akk).
 
     `ref` is the cumulative decay at the token before sub-chunk I: e^{b_I − ref} ≤ 1, and for
@@ -125,24 +125,24 @@ def off_grads(MA, MB, MAt, MBt, qI, kI, bI, betaI, ref, kJ, bJ, CT: tl.constexpr
     """
     eI = tl.exp(bI - ref[None, :])
     eJ = tl.exp(ref[None, :] - bJ)
-    kJs = (kJ * eJ).to(CT)
-    dq = eI * mm(MA.to(CT), kJs, DOT)
-    z = eI * mm(MB.to(CT), kJs, DOT)
-    dka = eJ * mm(MAt.to(CT), (qI * eI).to(CT), DOT)
-    dkb = eJ * mm((MBt * betaI[None, :]).to(CT), (kI * eI).to(CT), DOT)
+    kJs = kJ * eJ
+    dq = eI * mm(MA, kJs, DOT)
+    z = eI * mm(MB, kJs, DOT)
+    dka = eJ * mm(MAt, qI * eI, DOT)
+    dkb = eJ * mm(MBt * betaI[None, :], kI * eI, DOT)
     return dq, z, dka, dkb
 
 
 @helper
 def off_pair(
     MA, MB, t0, eos, i_hv, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr,
-    qI, kI, bI, beI, ref, kJ, bJ, CT: tl.constexpr, DOT: tl.constexpr,
+    qI, kI, bI, beI, ref, kJ, bJ, DOT: tl.constexpr,
 ):  # fmt: skip
     """`off_grads` of block (I, J) with its scratch blocks loaded (straight and transposed)."""
     return off_grads(
         load_m(MA, t0, eos, i_hv, I, J, HV, BT, False), load_m(MB, t0, eos, i_hv, I, J, HV, BT, False),
         load_m(MA, t0, eos, i_hv, I, J, HV, BT, True), load_m(MB, t0, eos, i_hv, I, J, HV, BT, True),
-        qI, kI, bI, beI, ref, kJ, bJ, CT, DOT,
+        qI, kI, bI, beI, ref, kJ, bJ, DOT,
     )  # fmt: skip
 
 
@@ -150,7 +150,7 @@ def off_pair(
 def diag_pair(
     MA, MB, pq, pk, pb, pMA, pMB, t0, I: tl.constexpr, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr,
     qI, kI, bI, beI, c, c_next, b_last, ok, m_k, KS: tl.constexpr, GS: tl.constexpr, MS: tl.constexpr,
-    CT: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr,
+    DOT: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     """The diagonal block (I, I)'s parts of (dq / s, Z, dk from Aqk / s, dk from Akk).
 
@@ -160,7 +160,7 @@ def diag_pair(
     stronger decays take the elementwise steps of `diag_grads`, every exponent ≤ 0.
     """
     if tl.max(c - c_next, axis=0) <= SPAN:
-        dq, z, dka, dkb = off_pair(MA, MB, t0, eos, i_hv, I, I, HV, BT, qI, kI, bI, beI, c, kI, bI, CT, DOT)
+        dq, z, dka, dkb = off_pair(MA, MB, t0, eos, i_hv, I, I, HV, BT, qI, kI, bI, beI, c, kI, bI, DOT)
     else:
         dq, z, dka, dkb = diag_grads(qI, kI, bI, beI, pq, pk, pb, pMA, pMB, t0, I, eos, b_last, ok, m_k,
                                      KS, GS, MS)  # fmt: skip
@@ -170,42 +170,25 @@ def diag_pair(
 @helper
 def finish16(
     pdq, pdk, pdg, pdb, qI, kI, beI, dqI, zI, dkaI, dkbI, carry, scale, t0, I: tl.constexpr, eos,
-    S: tl.constexpr, HV: tl.constexpr, ok, m_k, HALF: tl.constexpr,
+    S: tl.constexpr, HV: tl.constexpr, ok, m_k,
 ):  # fmt: skip
     """Add sub-chunk I's terms into dq, dk (`[rows, S]` at channels ok), write its dg (reverse
-    cumulative sum of db plus `carry`) and its dβ part; returns the carry for sub-chunk I − 1.
-
-    HALF 1 adds only the row terms (dq, β Z and their db, no cumulative sum yet: dg still holds
-    db), HALF 2 only the column terms (dk from Aqk and Akk) and then takes the cumulative sum;
-    the other half's inputs are dead and compile away."""
+    cumulative sum of db plus `carry`) and its dβ part; returns the carry for sub-chunk I − 1."""
     rows = t0 + I * 16 + tl.arange(0, 16)
     m_r = rows < eos
     p = rows.to(tl.int64)[:, None] * S + ok[None, :]
     m = m_r[:, None] & m_k[None, :]
-    if HALF == 0:
-        dq_i = dqI * scale
-        dk_i = dkaI * scale + dkbI
-        bz = beI[:, None] * zI
-        tl.store(pdq + p, tl.load(pdq + p, mask=m, other=0.0) + dq_i, mask=m)
-        tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + dk_i + bz, mask=m)
-        db = tl.load(pdg + p, mask=m, other=0.0) + qI * dq_i - kI * dk_i + kI * bz
-    if HALF == 1:
-        dq_i = dqI * scale
-        bz = beI[:, None] * zI
-        tl.store(pdq + p, tl.load(pdq + p, mask=m, other=0.0) + dq_i, mask=m)
-        tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + bz, mask=m)
-        tl.store(pdg + p, tl.load(pdg + p, mask=m, other=0.0) + qI * dq_i + kI * bz, mask=m)
-    if HALF == 2:
-        dk_i = dkaI * scale + dkbI
-        tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + dk_i, mask=m)
-        db = tl.load(pdg + p, mask=m, other=0.0) - kI * dk_i
-    if HALF != 1:
-        total = rsum(db, 0)
-        tl.store(pdg + p, (carry + total)[None, :] - rcumsum(db, 0) + db, mask=m)
-        carry += total
-    if HALF != 2:
-        # dβ gets Σ_c k ⊙ Z of this channel slice; the slices are summed on the host.
-        tl.store(pdb + rows.to(tl.int64) * HV, rsum(kI * zI, 1), mask=m_r)
+    dq_i = dqI * scale
+    dk_i = dkaI * scale + dkbI
+    bz = beI[:, None] * zI
+    tl.store(pdq + p, tl.load(pdq + p, mask=m, other=0.0) + dq_i, mask=m)
+    tl.store(pdk + p, tl.load(pdk + p, mask=m, other=0.0) + dk_i + bz, mask=m)
+    db = tl.load(pdg + p, mask=m, other=0.0) + qI * dq_i - kI * dk_i + kI * bz
+    total = rsum(db, 0)
+    tl.store(pdg + p, (carry + total)[None, :] - rcumsum(db, 0) + db, mask=m)
+    carry += total
+    # dβ gets Σ_c k ⊙ Z of this channel slice; the slices are summed on the host.
+    tl.store(pdb + rows.to(tl.int64) * HV, rsum(kI * zI, 1), mask=m_r)
     return carry
 
 
@@ -233,12 +216,8 @@ def kda_grad_intra_kernel(
     BK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
-    CT: tl.constexpr,
-    SPAN: tl.constexpr = 40.0,  # delta_launch.KDA_DIAG_SPAN
-    HALF: tl.constexpr = 0,
+    SPAN: tl.constexpr,
 ):
-    """HALF 0: every term; 1 then 2 (two launches, `LT2_KDA_GRAD_SPLIT`): the row terms (dq, Z),
-    then the column terms (dk) and dg's cumulative sum, each with half the accumulators live."""
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -271,41 +250,41 @@ def kda_grad_intra_kernel(
     MS: tl.constexpr = HV * BT
     c0 = tl.zeros([BK], dtype=tl.float32)
     dq0, z0, dka0, dkb0 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 0, eos, i_hv, HV, BT, q0, k0, b0, be0,
-                                    c0, c1, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT, SPAN)  # fmt: skip
+                                    c0, c1, b_last, ok, m_k, H * K, HV * K, MS, DOT, SPAN)  # fmt: skip
     dq1, z1, dka1, dkb1 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 1, eos, i_hv, HV, BT, q1, k1, b1, be1,
-                                    c1, c2, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT, SPAN)  # fmt: skip
+                                    c1, c2, b_last, ok, m_k, H * K, HV * K, MS, DOT, SPAN)  # fmt: skip
     dq2, z2, dka2, dkb2 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 2, eos, i_hv, HV, BT, q2, k2, b2, be2,
-                                    c2, c3, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT, SPAN)  # fmt: skip
+                                    c2, c3, b_last, ok, m_k, H * K, HV * K, MS, DOT, SPAN)  # fmt: skip
     dq3, z3, dka3, dkb3 = diag_pair(MA, MB, pq, pk, pb, pMA, pMB, t0, 3, eos, i_hv, HV, BT, q3, k3, b3, be3,
-                                    c3, b_last, b_last, ok, m_k, H * K, HV * K, MS, CT, DOT,
+                                    c3, b_last, b_last, ok, m_k, H * K, HV * K, MS, DOT,
                                     SPAN)  # fmt: skip
 
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 1, 0, HV, BT, q1, k1, b1, be1, c1, k0, b0, CT, DOT)
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 1, 0, HV, BT, q1, k1, b1, be1, c1, k0, b0, DOT)
     dq1 += xq
     z1 += xz
     dka0 += xa
     dkb0 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 0, HV, BT, q2, k2, b2, be2, c2, k0, b0, CT, DOT)
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 0, HV, BT, q2, k2, b2, be2, c2, k0, b0, DOT)
     dq2 += xq
     z2 += xz
     dka0 += xa
     dkb0 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 1, HV, BT, q2, k2, b2, be2, c2, k1, b1, CT, DOT)
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 1, HV, BT, q2, k2, b2, be2, c2, k1, b1, DOT)
     dq2 += xq
     z2 += xz
     dka1 += xa
     dkb1 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 0, HV, BT, q3, k3, b3, be3, c3, k0, b0, CT, DOT)
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 0, HV, BT, q3, k3, b3, be3, c3, k0, b0, DOT)
     dq3 += xq
     z3 += xz
     dka0 += xa
     dkb0 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 1, HV, BT, q3, k3, b3, be3, c3, k1, b1, CT, DOT)
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 1, HV, BT, q3, k3, b3, be3, c3, k1, b1, DOT)
     dq3 += xq
     z3 += xz
     dka1 += xa
     dkb1 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 2, HV, BT, q3, k3, b3, be3, c3, k2, b2, CT, DOT)
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 2, HV, BT, q3, k3, b3, be3, c3, k2, b2, DOT)
     dq3 += xq
     z3 += xz
     dka2 += xa
@@ -318,10 +297,10 @@ def kda_grad_intra_kernel(
     S: tl.constexpr = HV * K
     carry = tl.zeros([BK], dtype=tl.float32)
     carry = finish16(pdq, pdk, pdg, pdb, q3, k3, be3, dq3, z3, dka3, dkb3, carry, scale, t0, 3, eos,
-                     S, HV, ok, m_k, HALF)  # fmt: skip
+                     S, HV, ok, m_k)  # fmt: skip
     carry = finish16(pdq, pdk, pdg, pdb, q2, k2, be2, dq2, z2, dka2, dkb2, carry, scale, t0, 2, eos,
-                     S, HV, ok, m_k, HALF)  # fmt: skip
+                     S, HV, ok, m_k)  # fmt: skip
     carry = finish16(pdq, pdk, pdg, pdb, q1, k1, be1, dq1, z1, dka1, dkb1, carry, scale, t0, 1, eos,
-                     S, HV, ok, m_k, HALF)  # fmt: skip
+                     S, HV, ok, m_k)  # fmt: skip
     carry = finish16(pdq, pdk, pdg, pdb, q0, k0, be0, dq0, z0, dka0, dkb0, carry, scale, t0, 0, eos,
-                     S, HV, ok, m_k, HALF)  # fmt: skip
+                     S, HV, ok, m_k)  # fmt: skip

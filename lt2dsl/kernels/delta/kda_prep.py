@@ -46,27 +46,27 @@ from lt2dsl.kernels.delta.helpers import (
 
 
 @helper
-def scaled(x, b, ref, CT: tl.constexpr):
-    """x ⊙ e^{b − ref} in the dot dtype: ≤ |x| when ref is a decay before b's rows."""
-    return (x * tl.exp(b - ref[None, :])).to(CT)
+def scaled(x, b, ref):
+    """x ⊙ e^{b − ref} (fp32): ≤ |x| when ref is a decay before b's rows."""
+    return x * tl.exp(b - ref[None, :])
 
 
 @helper
-def keys_to(k, b, ref, CT: tl.constexpr):
-    """(K ⊙ e^{ref − b})ᵀ in the dot dtype, `[BK, 16]`: ≤ |K| when ref is a decay after b's rows."""
-    return tl.trans((k * tl.exp(ref[None, :] - b)).to(CT))
+def keys_to(k, b, ref):
+    """(K ⊙ e^{ref − b})ᵀ `[BK, 16]` (fp32): ≤ |K| when ref is a decay after b's rows."""
+    return tl.trans(k * tl.exp(ref[None, :] - b))
 
 
 @helper
-def rescale(x, d, CT: tl.constexpr):
-    """x ⊙ e^{d} per channel (d ≤ 0 here), in the dot dtype."""
-    return (x.to(tl.float32) * tl.exp(d)[None, :]).to(CT)
+def rescale(x, d):
+    """x ⊙ e^{d} per channel (d ≤ 0 here), fp32."""
+    return x.to(tl.float32) * tl.exp(d)[None, :]
 
 
 @helper
 def sub_chunk(
     pq, pk, pg, pgc, t0, I: tl.constexpr, eos, c, KS: tl.constexpr, GS: tl.constexpr, ok, m_k,
-    CT: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr, WANT_Q: tl.constexpr, WANT_K: tl.constexpr,
+    DOT: tl.constexpr, SPAN: tl.constexpr, WANT_Q: tl.constexpr, WANT_K: tl.constexpr,
 ):  # fmt: skip
     """Sub-chunk I given c (the decay b before it): stores its gcum rows (with WANT_K) and returns
     its q and k rows scaled to c (xs, ks: ≤ |q|, |k|), its diagonal blocks for both (entries above
@@ -81,24 +81,22 @@ def sub_chunk(
         store_rows16(pgc, b, t0, I, eos, GS, ok, m_k)
     c_next = c + rsum(gI, 0)
     k = rows16(pk, t0, I, eos, KS, ok, m_k)
-    ks = scaled(k, b, c, CT)
+    ks = scaled(k, b, c)
     if WANT_Q:
         x = rows16(pq, t0, I, eos, KS, ok, m_k)
-        xs = scaled(x, b, c, CT)
+        xs = scaled(x, b, c)
     else:
         x = k
         xs = ks
     if tl.max(c - c_next, axis=0) <= SPAN:
-        kd = keys_to(k, b, c, CT)
+        kd = keys_to(k, b, c)
         A = mm(xs, kd, DOT)
         Kk = A
-        if WANT_K and WANT_Q:
-            Kk = mm(ks, kd, DOT)
     else:
         A, Kk = diag16(x, k, b, c, pk, pg, t0, I, eos, KS, GS, ok, m_k)
         if not WANT_Q:
             A = Kk
-    ke = (k * tl.exp(c_next[None, :] - b)).to(CT)
+    ke = k * tl.exp(c_next[None, :] - b)
     return xs, ks, A, Kk, ke, c_next
 
 
@@ -157,8 +155,7 @@ def diag16(xq, xk, bI, c, pk, pg, t0, I: tl.constexpr, eos, KS: tl.constexpr, GS
 
     Column i takes row i of k and g straight from memory and carries b_i as a running sum from c
     (b before the sub-chunk), so no row is extracted from a register tile (a cross-thread
-    reduction per row: what made the first version of this kernel 6x slower than the peer's
-    whole forward on the H200).
+    reduction per row, which would dominate the kernel).
     """
     Aq = tl.zeros([16, 16], dtype=tl.float32)
     Ak = tl.zeros([16, 16], dtype=tl.float32)
@@ -190,14 +187,14 @@ def kda_intra_fwd_kernel(
     BK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     DOT: tl.constexpr,
-    CT: tl.constexpr,
-    SPAN: tl.constexpr = 40.0,  # delta_launch.KDA_DIAG_SPAN
-    PART: tl.constexpr = 0,
+    SPAN: tl.constexpr,
+    PART: tl.constexpr,
 ):
-    """PART 0: the whole preparation; 1: Aqk only; 2: gcum and Ainv only (two launches, 1 then 2,
-    each with half the live accumulators: the single kernel spills at every config)."""
-    WANT_Q: tl.constexpr = PART != 2
-    WANT_K: tl.constexpr = PART != 1
+    """PART 1: Aqk; PART 2: gcum and Ainv. Two launches, each with half the live accumulators of
+    one kernel forming both (which spills 128-280 B per thread offline at every config)."""
+    tl.static_assert(PART == 1 or PART == 2, "PART 1 forms Aqk, PART 2 gcum and T")
+    WANT_Q: tl.constexpr = PART == 1
+    WANT_K: tl.constexpr = PART == 2
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
@@ -222,14 +219,14 @@ def kda_intra_fwd_kernel(
         # there). After I, only K_I ⊙ e^{c_{I+1} − b_I} (≤ |K_I|) is kept: a later sub-chunk J
         # scales it by the vector e^{c_J − c_{I+1}} ≤ 1 for its off-diagonal blocks.
         c = tl.zeros([BK], dtype=tl.float32)
-        xs, ks, A, Kk, ke0, c = sub_chunk(pq, pk, pg, pgc, t0, 0, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+        xs, ks, A, Kk, ke0, c = sub_chunk(pq, pk, pg, pgc, t0, 0, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
         if WANT_Q:
             d0 += A
         if WANT_K:
             e0 += Kk
         c1 = c
-        xs, ks, A, Kk, ke1, c = sub_chunk(pq, pk, pg, pgc, t0, 1, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+        xs, ks, A, Kk, ke1, c = sub_chunk(pq, pk, pg, pgc, t0, 1, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
         if WANT_Q:
             d1 += A
@@ -241,13 +238,13 @@ def kda_intra_fwd_kernel(
         if WANT_K:
             a10 += mm(ks, kr, DOT)
         c2 = c
-        xs, ks, A, Kk, ke2, c = sub_chunk(pq, pk, pg, pgc, t0, 2, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+        xs, ks, A, Kk, ke2, c = sub_chunk(pq, pk, pg, pgc, t0, 2, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
         if WANT_Q:
             d2 += A
         if WANT_K:
             e2 += Kk
-        kr = tl.trans(rescale(ke0, c2 - c1, CT))
+        kr = tl.trans(rescale(ke0, c2 - c1))
         if WANT_Q:
             q20 += mm(xs, kr, DOT)
         if WANT_K:
@@ -258,18 +255,18 @@ def kda_intra_fwd_kernel(
         if WANT_K:
             a21 += mm(ks, kr, DOT)
         c3 = c
-        xs, ks, A, Kk, ke3, c = sub_chunk(pq, pk, pg, pgc, t0, 3, eos, c, H * K, HV * K, ok, m_k, CT, DOT,
+        xs, ks, A, Kk, ke3, c = sub_chunk(pq, pk, pg, pgc, t0, 3, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
         if WANT_Q:
             d3 += A
         if WANT_K:
             e3 += Kk
-        kr = tl.trans(rescale(ke0, c3 - c1, CT))
+        kr = tl.trans(rescale(ke0, c3 - c1))
         if WANT_Q:
             q30 += mm(xs, kr, DOT)
         if WANT_K:
             a30 += mm(ks, kr, DOT)
-        kr = tl.trans(rescale(ke1, c3 - c2, CT))
+        kr = tl.trans(rescale(ke1, c3 - c2))
         if WANT_Q:
             q31 += mm(xs, kr, DOT)
         if WANT_K:

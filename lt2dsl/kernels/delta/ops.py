@@ -2,9 +2,10 @@
 
 Ops (namespace `lt2dsl`), gate 0 = DeltaNet, 1 = GDN (scalar decay), 2 = KDA (per-channel decay):
 
-* `delta_chunk_fwd(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save)` returns
-  (o, final state, and when `save` the tensors the backward reads: gate cumsum, T, Aqk, chunk
-  states, U'). Absent outputs are empty tensors: a custom op has a fixed output arity.
+* `delta_chunk_fwd(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save, *recipe)`
+  returns (o, final state, and when `save` the tensors the backward reads: gate cumsum, T, KDA's
+  scores Aqk, chunk states, U'). Absent outputs are empty tensors: a custom op has a fixed output
+  arity. `*recipe` are the fields of the call's `DeltaRecipe` (fused_scan, grad_bk, kda_diag_span).
 * `delta_chunk_bwd(...)` returns (dq, dk, dv, dg, dβ, dh0); registered as the forward's autograd.
 * `delta_recurrent(...)` / `delta_recurrent_inplace(..., state)` for decode: token recurrence,
   the in-place variant writes the final state into `state` (declared as mutated).
@@ -15,25 +16,17 @@ Ops (namespace `lt2dsl`), gate 0 = DeltaNet, 1 = GDN (scalar decay), 2 = KDA (pe
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import torch
 import triton
 from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op, dispatch_needed
 from lt2dsl.kernels.common.norm import l2norm
-from lt2dsl.kernels.delta import launch as delta_launch
-from lt2dsl.kernels.delta.launch import (
-    BT,
-    ChunkMeta,
-    empty,
-    grad_chunks,
-    kda_prep_fwd,
-    pow2,
-    state_bwd,
-    state_fwd,
-    wy_fwd,
-    y_in_cc,
-)
+from lt2dsl.kernels.delta.launch import BT, ChunkMeta, empty, kda_prep_fwd, pow2, state_fwd, wy_fwd
+from lt2dsl.kernels.delta.launch_bwd import grad_chunks, state_bwd
+from lt2dsl.kernels.delta.recipe import DeltaRecipe, DeltaShape, resolve_recipe
 from lt2dsl.kernels.delta.recurrent import delta_recurrent_kernel
 
 GATES = ("none", "scalar", "channel")
@@ -63,8 +56,8 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
         alloc((N, HV, K, V) if want_final else (0,), f32),
         alloc(g_shape if save and gate else (0,), f32),
         alloc((B * T, HV, BT) if save else (0,), f32),
-        # scores P: KDA's always; the scalar gates' only for the fused reverse scan (the default)
-        alloc((B * T, HV, BT) if save and (gate == 2 or not delta_launch.WBWD) else (0,), f32),
+        # KDA's gated scores, which its output kernel and backward read (the scalar gates form P)
+        alloc((B * T, HV, BT) if save and gate == 2 else (0,), f32),
         alloc((n_rows, HV, K, V) if save else (0,), q.dtype),
         alloc((B, T, HV, V) if save else (0,), v.dtype),
     )
@@ -82,16 +75,20 @@ def _chunk_fwd_impl(
     scale: float,
     want_final: bool,
     save: bool,
+    fused_scan: bool,
+    grad_bk: int,
+    kda_diag_span: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    recipe = DeltaRecipe(fused_scan, grad_bk, kda_diag_span)
     meta = ChunkMeta(q.shape[0], q.shape[1], v.shape[2], cu_seqlens)
+    Aqk = None
     if gate == 2:
-        gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta)
+        gcum, Ainv, Aqk = kda_prep_fwd(q, k, g, beta, scale, meta, recipe)
     else:
-        # P is read by the default (fused) reverse scan only; the forward and the W-based backward
-        # form it themselves
-        scores = save and not delta_launch.WBWD
-        gcum, Ainv, Aqk = wy_fwd(q, k, g, beta, GATES[gate], scale, meta, scores=scores)
-    o, ht, h, vnew = state_fwd(q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save)
+        gcum, Ainv = wy_fwd(k, g, beta, GATES[gate], meta)
+    o, ht, h, vnew = state_fwd(
+        q, k, v, gcum, beta, Ainv, Aqk, h0, scale, GATES[gate], meta, want_final, save, recipe
+    )
 
     # Outputs may not alias each other, so every absent one is its own empty tensor.
     def e():
@@ -107,7 +104,7 @@ delta_chunk_fwd = custom_op("lt2dsl::delta_chunk_fwd", _chunk_fwd_impl, mutates_
 
 
 @delta_chunk_fwd.register_fake
-def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save):
+def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save, *recipe):
     outs = _chunk_fwd_outputs(
         q, k, v, beta, cu_seqlens, gate, want_final, save, lambda s, d: q.new_empty(s, dtype=d)
     )
@@ -131,18 +128,19 @@ def _chunk_bwd_impl(
     dht: Tensor | None,
     gate: int,
     scale: float,
+    fused_scan: bool,
+    grad_bk: int,
+    kda_diag_span: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    recipe = DeltaRecipe(fused_scan, grad_bk, kda_diag_span)
     B, T, H, K = q.shape
     HV = v.shape[2]
     meta = ChunkMeta(B, T, HV, cu_seqlens)
-    if gate == 0:  # DeltaNet's state scans run the scalar-gate code with b = 0
+    if gate == 0:  # DeltaNet's split-form kernels run the scalar-gate code with b = 0
         gcum = torch.zeros(B * T, HV, dtype=torch.float32, device=q.device)
-    dh, Y, dh0, dv = state_bwd(
-        q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None, dv_dtype=v.dtype
-    )
-    T_ = Ainv if y_in_cc(Aqk) else None  # then Y is dU' and the chunk pass forms Y = Tᵀ dU'
+    dh, Y, dh0 = state_bwd(q, k, gcum, beta, Ainv, Aqk, do, dht, scale, GATES[gate], meta, h0 is not None)
     dq, dk, dv, dbeta, dg = grad_chunks(
-        q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta, T_, dv=dv
+        q, k, v, gcum, beta, h, dh, vnew, Y, do, scale, GATES[gate], meta, recipe
     )
     # Value heads sharing a q/k head add their gradients (grouped value heads).
     if HV == H:
@@ -159,7 +157,7 @@ delta_chunk_bwd = custom_op("lt2dsl::delta_chunk_bwd", _chunk_bwd_impl, mutates_
 
 
 @delta_chunk_bwd.register_fake
-def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, gate, scale):
+def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, gate, scale, *recipe):
     return (
         torch.empty_like(q),
         torch.empty_like(k),
@@ -171,10 +169,10 @@ def _(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, gate,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save = inputs
+    q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save, *recipe = inputs
     _, _, gcum, Ainv, Aqk, h, vnew = output
     ctx.save_for_backward(q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew)
-    ctx.gate, ctx.scale, ctx.save = gate, scale, save
+    ctx.gate, ctx.scale, ctx.save, ctx.recipe = gate, scale, save, tuple(recipe)
     ctx.set_materialize_grads(False)
 
 
@@ -186,13 +184,13 @@ def _grads(ctx, do, dht, bwd):
     do = torch.zeros_like(v) if do is None else do.contiguous()
     dht = None if dht is None or dht.numel() == 0 else dht.contiguous()
     dq, dk, dv, dg, dbeta, dh0 = bwd(
-        q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, ctx.gate, ctx.scale
+        q, k, v, g, beta, h0, cu_seqlens, gcum, Ainv, Aqk, h, vnew, do, dht, ctx.gate, ctx.scale, *ctx.recipe
     )
     return dq, dk, dv, _none(dg), dbeta, _none(dh0)
 
 
 def _backward(ctx, do, dht, *_):
-    return (*_grads(ctx, do, dht, torch.ops.lt2dsl.delta_chunk_bwd), None, None, None, None, None)
+    return (*_grads(ctx, do, dht, torch.ops.lt2dsl.delta_chunk_bwd), *[None] * 8)
 
 
 delta_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -203,14 +201,15 @@ class _ChunkFunction(torch.autograd.Function):
     dispatch (tens of µs of host time a call)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final):
-        out = _chunk_fwd_impl(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, True)
-        _setup_context(ctx, (q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, True), out)
+    def forward(ctx, q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, *recipe):
+        args = (q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, True, *recipe)
+        out = _chunk_fwd_impl(*args)
+        _setup_context(ctx, args, out)
         return out[0], out[1]
 
     @staticmethod
     def backward(ctx, do, dht):
-        return (*_grads(ctx, do, dht, _chunk_bwd_impl), None, None, None, None)
+        return (*_grads(ctx, do, dht, _chunk_bwd_impl), *[None] * 7)
 
 
 def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk):
@@ -333,9 +332,10 @@ def _recurrent_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs)
 
 
 def delta_triton(
-    gate, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, use_qk_l2norm
+    gate, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, use_qk_l2norm, recipe=None
 ):
-    """Triton backend of the public ops: the decode kernel for short inference calls, else chunks."""
+    """Triton backend of the public ops: the decode kernel for short inference calls, else chunks
+    in the forms of `recipe` (a `DeltaRecipe`, a name of `recipe.RECIPES`; None: the default)."""
     if k.shape[-1] > 256:
         raise ValueError(f"the Triton kernels support head dims K ≤ 256, got K={k.shape[-1]}")
     gid = GATES.index(gate)
@@ -345,20 +345,25 @@ def delta_triton(
         g = g.float()
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = g.contiguous() if g is not None else None
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    shape = DeltaShape(gate, N, v.shape[2], k.shape[-1], v.shape[-1])
     if not needs_grad and q.shape[1] <= RECURRENT_MAX_T:
+        if recipe is not None:  # checked although decode runs no chunk kernel
+            resolve_recipe(recipe, shape, q.dtype, q.device)
         return _decode(
             gid, q, k, v, g, beta, scale, initial_state, want_state, inplace, cu_seqlens, use_qk_l2norm
         )
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     h0 = initial_state.contiguous() if initial_state is not None else None
+    fields = astuple(resolve_recipe(recipe, shape, q.dtype, q.device))
     args = (q, k, v, g, beta, h0, cu_seqlens, gid, scale, want_state)
     if dispatch_needed((), {}):  # torch.compile, a dispatch mode, autocast
-        o, ht, *_ = delta_chunk_fwd.op(*args, needs_grad)
+        o, ht, *_ = delta_chunk_fwd.op(*args, needs_grad, *fields)
     elif needs_grad:
-        o, ht = _ChunkFunction.apply(*args)
+        o, ht = _ChunkFunction.apply(*args, *fields)
     else:
-        o, ht, *_ = _chunk_fwd_impl(*args, False)
+        o, ht, *_ = _chunk_fwd_impl(*args, False, *fields)
     if inplace:
         with torch.no_grad():
             initial_state.copy_(ht)

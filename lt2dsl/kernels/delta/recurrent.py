@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.delta.helpers import rsum
-from lt2dsl.kernels.delta.state import load_tile, store_tile
+from lt2dsl.kernels.delta.tiles import load_tile, store_tile
 
 
 @triton.jit

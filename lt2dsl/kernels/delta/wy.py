@@ -7,11 +7,7 @@ stores
 * gcum `[B*T, HV]` fp32: b (GDN only),
 * Ainv `[B*T, HV, 64]` fp32: T = (I + A)^{-1}, row r of a chunk at that chunk's token r.
 
-`delta_qk_fwd_kernel` writes the chunk's output scores P[r, i] = s (q_r · k_i) e^{b_r − b_i} (r ≥ i,
-else 0) in the same layout, for the fused reverse scan (the forward forms P itself). It is its own
-kernel: folded into this one, the q tiles push it to ~900 B of spills per thread on sm_90.
-
-The forward scan forms U' = T Diag(β)(V − Diag(γ) K S) per chunk on the fly (`delta_split`).
+The scans form U' = T Diag(β)(V − Diag(γ) K S) per chunk on the fly, and P from Q and K (`scan`).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.delta.helpers import (
-    causal_scores,
     chunk_coords,
     helper,
     inv_block_lower64,
@@ -29,7 +24,7 @@ from lt2dsl.kernels.delta.helpers import (
     rsum,
     store_lower64,
 )
-from lt2dsl.kernels.delta.state import load_tile
+from lt2dsl.kernels.delta.tiles import load_tile
 
 
 @helper
@@ -63,11 +58,10 @@ def delta_wy_rows_kernel(
 ):
     """T = (I + A)^{-1} with A from one `[64, K]` dot, parked in Ainv's rows as scratch.
 
-    The substitution for the diagonal blocks then loads row i of each block from there (a register
-    version extracting it with a cross-thread reduction, two per step instead of one, was 0.22 ms
-    slower on the H200 at B=4, T=8192, H=16); the blocks below the diagonal are loaded from the
-    scratch as well. Barriers order the scratch writes, reads and the final T over Ainv within the
-    program.
+    The substitution for the diagonal blocks then loads row i of each block from there, one load
+    per step where extracting it from a register tile takes two cross-thread reductions.
+    The blocks below the diagonal are loaded from the scratch as well. Barriers order the scratch
+    writes, reads and the final T over Ainv within the program.
     """
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
@@ -120,40 +114,3 @@ def delta_wy_rows_kernel(
     )
     tl.debug_barrier()
     store_lower64(Ainv + i_hv * BT, t0, eos, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, HV, BT)
-
-
-@triton.jit
-def delta_qk_fwd_kernel(
-    q,
-    k,
-    gcum,
-    Aqk,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    USE_G: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-):
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    t0 = bos + i_t * BT
-    base = (t0.to(tl.int64) * H + i_h) * K
-    b_q = load_tile(q + base, 0, eos - t0, H * K, 0, K, BT, BK)
-    b_k = load_tile(k + base, 0, eos - t0, H * K, 0, K, BT, BK)
-    o = tl.arange(0, BT)
-    m_t = t0 + o < eos
-    b = tl.zeros([BT], dtype=tl.float32)
-    if USE_G:
-        b = tl.load(gcum + (t0 + o).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
-    p = causal_scores(b_q, b_k, b, eos - t0, scale, BT, USE_G, False, DOT)
-    ptr = Aqk + (t0.to(tl.int64) * HV + i_hv) * BT + o[:, None] * (HV * BT) + o[None, :]
-    tl.store(ptr, p, mask=m_t[:, None])
