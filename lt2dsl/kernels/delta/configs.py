@@ -29,9 +29,9 @@ def _c(warps: int, stages: int, **meta) -> triton.Config:
     return triton.Config(meta, num_warps=warps, num_stages=stages)
 
 
-# UT transform. 2 warps for 16-bit inputs only (`_no_fp32_2warp`): its 16 x 16 substitution and
-# block products leave wider programs mostly idle, and narrow ones fit more per SM (GDN's
-# preparation 375 -> 271 µs per forward on the H200; BENCHMARKS.md, "Delta rule").
+# UT transform. 2 warps for 16-bit inputs only (`no_fp32_2warp`): its 16 x 16 substitution and
+# block products leave wider programs mostly idle, and narrow ones fit more per SM (the autotuner
+# picks 2 warps on the GPU for bf16).
 WY_ROWS = [_c(4, 1), _c(8, 1), _c(2, 1)]
 # Per-chunk C x C gradient kernel: two 64 x 64 fp32 accumulators.
 GRAD_CC = [_c(4, 2, BV=32), _c(4, 2, BV=64)]

@@ -37,8 +37,8 @@ from lt2dsl.kernels.delta.scan_bwd import (
 )
 
 # KDA's intra-chunk gradient kernel read-modify-writes dq, dk and dg, so it is not autotuned: BK 32
-# at 4 warps spills 72 B per thread offline at K = 128 (BK 16: 520-780 B), and 32 x 8 and 64 x 8
-# warps were slower on the H200 (BENCHMARKS.md, "Tried and dropped").
+# at 4 warps spills 72 B per thread offline at K = 128 (BK 16: 520-780 B), and BK 32 or 64 at 8
+# warps ran slower on the GPU.
 KDA_BK, KDA_WARPS = 32, 4
 TRITON_DT = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
