@@ -8,6 +8,8 @@ only scales the stored gradients. Peak extra memory: one chunk's logits and the 
 gradient `[vocab, D]` in fp32.
 
 Labels equal to -100 take no loss (and give no gradient), as `F.cross_entropy(ignore_index=-100)`.
+`label_hits` counts the labelled tokens whose argmax prediction is right, forming logits only at
+those tokens (what a curriculum task needs; a task labels few positions).
 """
 
 from __future__ import annotations
@@ -97,3 +99,39 @@ def _chunk(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor, grads: bool):
     g[valid, y[valid]] -= 1.0
     g[~valid] = 0.0
     return loss, g
+
+
+@torch.no_grad()
+def label_hits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int = 4096,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """How many labelled tokens (label != -100) the argmax of hidden · weightᵀ predicts right.
+
+    Logits exist only for the labelled tokens, `chunk` of them at a time.
+
+    Args:
+        hidden (torch.Tensor): `[..., D]` final hidden states (after the final norm).
+        weight (torch.Tensor): `[V, D]` the LM head (or the tied embedding).
+        labels (torch.Tensor): `[...]` next-token ids, -100 where nothing is predicted.
+        chunk (int, Optional): labelled tokens per chunk. Default: `4096`.
+        dtype (torch.dtype, Optional): dtype of the logits matmul; default `hidden`'s dtype.
+    Returns:
+        torch.Tensor: a scalar int64 count on `hidden`'s device.
+    """
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"hidden {list(hidden.shape)} and labels {list(labels.shape)} disagree")
+    y = labels.reshape(-1).to(hidden.device)
+    at = (y != IGNORE).nonzero().squeeze(1)  # [n] the labelled tokens
+    h = hidden.reshape(-1, hidden.shape[-1])
+    dtype = dtype or hidden.dtype
+    w = weight.to(dtype)
+    hits = torch.zeros((), dtype=torch.int64, device=hidden.device)
+    with torch.autocast(h.device.type, enabled=False):
+        for s in range(0, at.numel(), chunk):
+            idx = at[s : s + chunk]
+            hits += ((h[idx].to(dtype) @ w.t()).argmax(-1) == y[idx]).sum()
+    return hits

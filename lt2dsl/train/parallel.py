@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lt2dsl.lowering.model import LT2Model
 from lt2dsl.lowering.to_fx import Unrolled
-from lt2dsl.train.loss import linear_cross_entropy
+from lt2dsl.train.loss import label_hits, linear_cross_entropy
 
 STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -114,15 +114,20 @@ class TrainModel(Unrolled):
 
 class WithLoss(nn.Module):
     """`(input_ids, labels, cu_seqlens) -> summed cross-entropy`: the forward and the chunked loss
-    in one module call, so DDP sees the head weight used inside its forward."""
+    in one module call, so DDP sees the head weight used inside its forward. With `hits=True` it
+    returns (loss, labelled tokens predicted right) from the same hidden states (`label_hits`)."""
 
     def __init__(self, tm: TrainModel, chunk: int, dtype: torch.dtype):
         super().__init__()
         self.tm, self.chunk, self.dtype = tm, chunk, dtype
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens=None, hits: bool = False):
         h = self.tm(input_ids, None, cu_seqlens)
-        return linear_cross_entropy(h, self.tm.head_weight(), labels, self.chunk, self.dtype)
+        w = self.tm.head_weight()
+        loss = linear_cross_entropy(h, w, labels, self.chunk, self.dtype)
+        if not hits:
+            return loss
+        return loss, label_hits(h.detach(), w.detach(), labels, self.chunk, self.dtype)
 
 
 def parallelize(

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lt2dsl.train.loss import linear_cross_entropy
+from lt2dsl.train.loss import label_hits, linear_cross_entropy
 
 
 def inputs(n: int = 37, d: int = 16, v: int = 50):
@@ -44,3 +44,14 @@ def test_masked_labels_give_no_gradient():
     h, w, y = inputs()
     grad_h, _ = torch.autograd.grad(linear_cross_entropy(h, w, y, chunk=4), [h, w])
     assert grad_h[[3, 10, 36]].abs().max() == 0 and grad_h[0].abs().max() > 0
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 100])
+def test_label_hits_counts_right_argmax_at_labelled_tokens(chunk):
+    h, w, y = inputs()
+    pred = (h @ w.t()).argmax(-1)
+    y[:10] = pred[:10]  # some right answers besides the random labels
+    y[4] = -100
+    want = int(((pred == y) & (y != -100)).sum())
+    assert want >= 9 and label_hits(h.detach().reshape(1, 37, 16), w, y.reshape(1, 37), chunk).item() == want
+    assert label_hits(h, w, torch.full_like(y, -100), chunk).item() == 0
