@@ -5,15 +5,17 @@
 
 A batch is a pure function of `(seed, step, split)` and, for a curriculum task, of the stage, so
 resuming a run needs only the step and `state_dict()`. A curriculum advances only when the trainer
-reports accuracy: `observe(step, logits, labels)` after each training step (a no-op for tasks
-without a curriculum, so a trainer may always call it).
+reports accuracy: `observe(step, right, answers)` after each training step, with the counts of the
+batch's answers predicted right and of all its answers (`lt2dsl.train` counts them from the
+hidden states at the labelled positions only). `observes` says whether a source needs it;
+`observe` is a no-op for tasks without a curriculum, so a trainer may always call it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lt2dsl.tasks.base import IGNORE, TaskConfig, TaskData, check_batch_size, seed_entropy
+from lt2dsl.tasks.base import TaskConfig, TaskData, check_batch_size, seed_entropy
 
 if TYPE_CHECKING:
     import torch
@@ -54,15 +56,25 @@ class TaskSource:
         data = self.sample(step, batch_size, seed, split)
         return torch.from_numpy(data.inputs), torch.from_numpy(data.labels)
 
-    def observe(self, step: int, logits: torch.Tensor, labels: torch.Tensor) -> float:
-        """Report a training batch's exact-match accuracy to the curriculum; returns it.
+    @property
+    def observes(self) -> bool:
+        """Whether `observe` does anything (a curriculum): a trainer counts right answers only then."""
+        return self.curriculum is not None
+
+    def observe(self, step: int, right: int, answers: int) -> float:
+        """Report a training batch's exact match to the curriculum; returns the accuracy.
 
         Args:
             step: the step the batch came from.
-            logits: `[B, T, V]` (argmax over V is the prediction).
-            labels: `[B, T]`, -100 where no answer.
+            right: the batch's answers (labels != -100) whose argmax prediction equals the label.
+            answers: the batch's answers (accuracy 1.0 when there are none).
         """
-        acc = exact_match(logits, labels)
+        for name, v in (("right", right), ("answers", answers)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+        if right > answers:
+            raise ValueError(f"right ({right}) cannot exceed answers ({answers})")
+        acc = right / answers if answers else 1.0
         if self.curriculum is not None:
             self.curriculum.update(step, acc)
         return acc
@@ -75,15 +87,3 @@ class TaskSource:
         if self.curriculum is not None and "curriculum" in state:
             self.curriculum.load_state_dict(state["curriculum"])
 
-
-def exact_match(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """Fraction of answers (labels != -100) whose argmax prediction equals the label (1.0 with none)."""
-    import torch
-
-    with torch.no_grad():
-        mask = labels != IGNORE
-        n = int(mask.sum())
-        if n == 0:
-            return 1.0
-        hits = (logits.argmax(-1) == labels.to(logits.device)) & mask.to(logits.device)
-        return float(hits.sum()) / n

@@ -32,9 +32,8 @@ def test_advances_on_the_window_mean_then_solves():
 def test_source_follows_the_stage():
     src = build(TABLE)
     assert src.seq_len == 32 and src.batch(0, 2)[0].shape == (2, 8)
-    right = torch.nn.functional.one_hot(src.batch(0, 2)[1], src.vocab_size).float()
     for step in range(3):
-        assert src.observe(step, right, src.batch(0, 2)[1]) == 1.0
+        assert src.observe(step, 16, 16) == 1.0
     assert src.curriculum.stage == 2 and src.batch(3, 2)[0].shape == (2, 16)
 
 
@@ -47,8 +46,7 @@ def test_state_dict_resumes_the_same_stream():
     assert b.state_dict() == a.state_dict() and b.curriculum.stage == a.curriculum.stage == 2
     assert torch.equal(a.batch(9, 4, 1)[0], b.batch(9, 4, 1)[0])
     for src in (a, b):  # the same reports move both the same way
-        labels = src.batch(4, 2)[1]
-        src.observe(4, torch.zeros(*labels.shape, src.vocab_size), labels)
+        src.observe(4, 0, 32)
     assert a.state_dict() == b.state_dict() and a.state_dict()["curriculum"]["reports"] == [0.5, 0.0]
     with pytest.raises(ValueError, match="outside stages"):
         b.curriculum.load_state_dict({**a.state_dict()["curriculum"], "stage": 9})

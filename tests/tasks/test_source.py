@@ -7,7 +7,6 @@ import torch
 
 from lt2dsl.tasks import TASKS, build, parse_config
 from lt2dsl.tasks.base import SEED_SPAN, seed_entropy
-from lt2dsl.tasks.source import exact_match
 
 TABLES = [
     {"task": "state_tracking", "group": "s3", "length": 24},
@@ -59,8 +58,13 @@ def test_bad_tables_name_the_problem():
         parse_config("mqar")
 
 
-def test_exact_match_counts_only_answers():
-    labels = torch.tensor([[-100, 1, 2], [0, -100, -100]])
-    logits = torch.nn.functional.one_hot(torch.tensor([[5, 1, 0], [0, 3, 3]]), 6).float()
-    assert exact_match(logits, labels) == pytest.approx(2 / 3)
-    assert exact_match(logits, torch.full_like(labels, -100)) == 1.0
+def test_observe_takes_counts_and_checks_them():
+    src = build({"task": "state_tracking", "group": "parity", "max_stage": 2, "window": 1})
+    fixed = build({"task": "mqar", "num_kv_pairs": 4, "length": 32, "vocab": 64})
+    assert src.observes and not fixed.observes
+    assert fixed.observe(0, 1, 4) == 0.25 and fixed.observe(1, 0, 0) == 1.0  # no curriculum: no-op
+    assert src.observe(0, 3, 4) == 0.75 and src.curriculum.stage == 1
+    for bad in ((5, 4), (-1, 4), (1.0, 4), (True, 4)):
+        with pytest.raises(ValueError, match=r"right|answers"):
+            src.observe(1, *bad)
+    assert src.observe(1, 4, 4) == 1.0 and src.curriculum.stage == 2
