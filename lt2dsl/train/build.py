@@ -32,7 +32,29 @@ def build_model(cfg: TrainConfig) -> LT2Model:
         raise ValueError(f"model.file `{cfg.model.file}` has errors:\n{e}") from None
     if not model.config.head:
         raise ValueError("model: the program has `head = none`; training with the LM loss needs a head")
+    freeze(model, cfg.model.freeze)
     return model
+
+
+def freeze(model: torch.nn.Module, patterns: list[str]) -> list[str]:
+    """Stop the gradient of every parameter whose name matches one of the glob `patterns`.
+
+    Returns the frozen names; ValueError when a pattern matches nothing (a typo would silently
+    leave the model trainable).
+    """
+    from fnmatch import fnmatchcase
+
+    names = [n for n, _ in model.named_parameters()]
+    frozen = set()
+    for pat in patterns:
+        hits = [n for n in names if fnmatchcase(n, pat)]
+        if not hits:
+            raise ValueError(f"model.freeze: {pat!r} matches no parameter of the model")
+        frozen.update(hits)
+    for name, p in model.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
+    return sorted(frozen)
 
 
 def shard_of(cfg: TrainConfig, world: int, rank: int) -> Shard:
