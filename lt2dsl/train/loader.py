@@ -135,11 +135,31 @@ class TokenLoader:
 
 
 class TaskLoader:
-    """Batches of a task source (`source.batch(step, batch_size, seed) -> (ids, labels)`)."""
+    """Batches of a task source (`source.batch(step, batch_size, seed) -> (ids, labels)`).
+
+    A source whose `observes` is true (a curriculum) is told after each training step how many
+    of the step's labelled tokens the model predicted right: `source.observe(batch, right,
+    answers)`, `batch` being the index of the step's batch; its `state_dict()` goes into the
+    checkpoints with the loader's position.
+    """
 
     def __init__(self, source, shard: Shard, seed: int):
         self.source, self.shard, self.seed = source, shard, seed
         self.step = 0
+        self.observes = bool(getattr(source, "observes", False))
+        self.accuracy: float | None = None
+
+    def observe(self, right: int, answers: int) -> None:
+        """Report the last training batch's exact match (all processes' counts) to the source."""
+        self.accuracy = self.source.observe(self.step - 1, right, answers)
+
+    def metrics(self) -> dict[str, float]:
+        """`task/accuracy` of the last observed batch, and `task/stage` for a curriculum."""
+        out = {} if self.accuracy is None else {"task/accuracy": self.accuracy}
+        stage = getattr(getattr(self.source, "curriculum", None), "stage", None)
+        if stage is not None:
+            out["task/stage"] = stage
+        return out
 
     def state_dict(self) -> dict:
         state = {"step": self.step}

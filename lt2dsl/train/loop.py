@@ -8,7 +8,9 @@ A step: read `grad_accum` micro-batches, count the labelled tokens of the whole 
 processes, and for each micro-batch run the forward to the final hidden states, the chunked
 cross-entropy summed over its tokens and the backward of (sum · processes / labelled tokens) —
 the gradient of the step's mean loss once FSDP / DDP average it over processes, whatever the
-split of rows. Then clip, step the optimizer and the schedule.
+split of rows. Then clip, step the optimizer and the schedule. A task source that observes (a
+curriculum) is then told how many of the step's labelled tokens the model predicted right, over
+all processes, before the next step's batch is drawn.
 """
 
 from __future__ import annotations
@@ -36,13 +38,17 @@ from lt2dsl.train.plot import plot_metrics
 
 @dataclass
 class RunResult:
-    """What a run returns: every step's training loss, the held-out losses, the last checkpoint."""
+    """What a run returns: every step's training loss, the held-out losses, the last checkpoint,
+    the metric rows, the trained `LT2Model` (its parameters sharded under FSDP) and the task
+    source (None for text data)."""
 
     out: Path
     losses: dict[int, float] = field(default_factory=dict)
     evals: dict[int, float] = field(default_factory=dict)
     checkpoint: Path | None = None
     rows: list[dict] = field(default_factory=list)
+    model: torch.nn.Module | None = None
+    task: object | None = None
 
 
 def run(
@@ -58,7 +64,8 @@ def run(
         resume (bool or path, Optional): True continues from the newest complete checkpoint of
             the run folder (starting afresh when there is none); a path names the checkpoint.
             Default: `False`.
-        on_step (callable, Optional): called as `on_step(step, result)` after every step.
+        on_step (callable, Optional): called as `on_step(step, result)` after every step; a
+            true return value ends the run after that step (no further evaluation or checkpoint).
     Raises:
         ValueError: a bad config or data, naming the field.
     """
@@ -87,7 +94,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write(self.out / "config.json", cfg.model_dump_json(indent=1))
         torch.manual_seed(t.seed)
-        model = build_model(cfg)
+        model = self.model = build_model(cfg)
         self.ir = model.ir
         self.shard = shard_of(cfg, d.world, d.rank)
         self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
@@ -99,13 +106,16 @@ class Trainer:
         sharded_mp = d.world > 1 and cfg.parallel.strategy == "fsdp"
         self.autocast = t.precision == "bf16" and not sharded_mp
         self.ckpt_root = self.out / cfg.checkpoint.folder
+        self.observes = bool(getattr(self.data.train, "observes", False))
+        self.step_hits: torch.Tensor | None = None
 
     # ---- the run --------------------------------------------------------------------------------
 
     def fit(self, resume, on_step) -> RunResult:
-        result = RunResult(self.out)
+        result = RunResult(self.out, model=self.model, task=getattr(self.data.train, "source", None))
         step = self._resume(resume)
         metrics, window = self._metrics(), _Window()
+        result.rows = metrics.rows  # the rows so far, for on_step
         with metrics:
             metrics.start_interval()
             while step < self.cfg.training.steps:
@@ -113,9 +123,9 @@ class Trainer:
                 self._step(step, window, metrics, result)
                 self._maybe_eval(step, metrics, result)
                 self._maybe_save(step, result)
-                if on_step is not None:
-                    on_step(step, result)
-        result.rows = metrics.rows
+                if on_step is not None and on_step(step, result):
+                    break
+            self._flush(window.pending, result)  # the steps since the last row (a run ended early)
         if self.d.main and self.cfg.metrics.plot:
             plot_metrics(result.rows, self.out / "metrics.png", title=self.ir.config.name)
         return result
@@ -136,6 +146,9 @@ class Trainer:
         batches = [b.to(self.d.device) for b in host]
         window.data_s += time.perf_counter() - t0
         loss_sum, count, grad_norm = self.train_step(batches, labelled)
+        if self.observes:
+            right = self.d.all_sum([float(self.step_hits)])[0]
+            self.data.train.observe(int(right), count)
         local = sum(b.input_ids.numel() for b in batches)
         window.tokens += local
         self.tokens_seen += local * self.d.world
@@ -144,7 +157,8 @@ class Trainer:
             return
         self._flush(window.pending, result)
         lr = self.opt.param_groups[0]["lr"]
-        metrics.log(step, result.losses[step], _item(grad_norm), lr, window.tokens, window.data_s)
+        extra = self.data.train.metrics() if self.observes else None
+        metrics.log(step, result.losses[step], _item(grad_norm), lr, window.tokens, window.data_s, extra)
         window.reset()
 
     def _write_estimate(self, hw: str, peak: float, flops: float) -> None:
@@ -178,15 +192,21 @@ class Trainer:
     def train_step(self, batches: list[Batch], labelled: int) -> tuple[torch.Tensor, int, torch.Tensor]:
         """One optimizer step over this process's micro-batches, which hold `labelled` tokens with a
         label; (loss sum, labelled tokens of the step over all processes, gradient norm before
-        clipping)."""
+        clipping). When the task source observes, `step_hits` holds this process's labelled
+        tokens predicted right (before the update)."""
         count = int(self.d.all_sum([float(labelled)])[0])
         scale = self.d.world / max(count, 1)
         total = torch.zeros((), device=self.d.device)
+        hits = torch.zeros((), dtype=torch.int64, device=self.d.device)
         for m, b in enumerate(batches):
             with no_sync_unless(self.fwd, m == len(batches) - 1):
-                loss = self._loss(b)
+                loss = self._loss(b, self.observes)
+                if self.observes:
+                    loss, right = loss
+                    hits += right
                 (loss * scale).backward()
             total += loss.detach().float()
+        self.step_hits = hits if self.observes else None
         clip = self.cfg.optimizer.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.tm.parameters(), clip if clip is not None else math.inf)
         self.opt.step()
@@ -194,13 +214,16 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         return total, count, norm
 
-    def _loss(self, b: Batch) -> torch.Tensor:
+    def _loss(self, b: Batch, hits: bool = False):
+        """The micro-batch's summed loss; with `hits`, (loss, labelled tokens predicted right)."""
         ctx = (
             torch.autocast(self.d.device.type, dtype=torch.bfloat16)
             if self.autocast
             else contextlib.nullcontext()
         )
         with ctx:
+            if hits:
+                return self.fwd(b.input_ids, b.labels, b.cu_seqlens, hits=True)
             return self.fwd(b.input_ids, b.labels, b.cu_seqlens)
 
     def _flush(self, pending: list, result: RunResult) -> None:

@@ -8,7 +8,8 @@
     data_loading(%)            share of the step time spent reading batches
     memory/max_reserved(GiB)   peak memory the CUDA allocator reserved (null on the CPU)
 
-Evaluation rows carry `eval/loss` and `eval/perplexity`. The training FLOPs per token are the
+A task source that observes (a curriculum) adds `task/accuracy` (the step's exact match) and
+`task/stage`. Evaluation rows carry `eval/loss` and `eval/perplexity`. The training FLOPs per token are the
 estimate's forward + backward count at `data.seq_len`; activation recomputation is not counted
 (MFU counts only the model's own FLOPs).
 """
@@ -99,8 +100,11 @@ class Metrics:
     def start_interval(self) -> None:
         self._mark = time.perf_counter()
 
-    def log(self, step: int, loss: float, grad_norm: float, lr: float, tokens: int, data_s: float) -> dict:
-        """A training row for `step`; `tokens` and `data_s` since the previous row."""
+    def log(
+        self, step: int, loss: float, grad_norm: float, lr: float, tokens: int, data_s: float, extra=None
+    ) -> dict:
+        """A training row for `step`; `tokens` and `data_s` since the previous row; `extra` adds
+        named values (a task's `task/accuracy`, `task/stage`)."""
         now = time.perf_counter()
         elapsed, self._mark = max(now - self._mark, 1e-9), now
         tps = tokens / elapsed
@@ -115,6 +119,7 @@ class Metrics:
             "mfu": 100 * tflops * 1e12 / self.peak,
             "data_loading(%)": 100 * data_s / elapsed,
             "memory/max_reserved(GiB)": _max_reserved(),
+            **(extra or {}),
         }
         self._emit(row)
         info = f"loss {loss:.4f}  {tps:,.0f} tok/s  mfu {row['mfu']:.1f}%"
@@ -143,6 +148,7 @@ def _line(row: dict) -> str:
         f"step {row['step']:>6}  loss {row['loss']:.4f}  grad_norm {row['grad_norm']:.3f}  "
         f"tps {row['tps']:,.0f}  tflops {row['tflops']:.2f}  mfu {row['mfu']:.2f}%  "
         f"data {row['data_loading(%)']:.1f}%" + ("" if mem is None else f"  mem {mem:.2f} GiB")
+        + "".join(f"  {k} {v:.4g}" for k, v in row.items() if k.startswith("task/"))
     )
 
 
