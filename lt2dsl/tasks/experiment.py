@@ -1,10 +1,11 @@
 """Run one claim's experiment: `python -m lt2dsl.tasks.experiment examples/experiments/c_copy.toml`.
 
-Every (run, data entry, seed) trains a fresh model with `lt2dsl.tasks.train_loop.train`, is
-evaluated on the test split, and lands in `<out>/runs/<run>--<data>--seed<k>.json` (written
-atomically). A training whose file exists is skipped, so an experiment can be run in pieces
-(`--runs`, `--seeds`) across several calls and resumed after an interruption; `--report-only`
-rebuilds the summary (`results.json`, `results.md`, `results.png`) from the files present.
+Every (run, data entry, seed) trains a fresh model with the trainer (`lt2dsl.train.run`, in a
+temporary run folder, no checkpoints; a curriculum ends the training once solved), is evaluated
+on the test split, and lands in `<out>/runs/<run>--<data>--seed<k>.json` (written atomically).
+A training whose file exists is skipped, so an experiment can be run in pieces (`--runs`,
+`--seeds`) across several calls and resumed after an interruption; `--report-only` rebuilds the
+summary (`results.json`, `results.md`, `results.png`) from the files present.
 
 Options: `--device` (default cuda when available), `--steps` (override every training's steps,
 for a smoke run), `--backend` (override the kernel backend), `--out` (default
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,17 +29,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 import lt2dsl
 from lt2dsl.diagnostics import DiagnosticError
-from lt2dsl.tasks import build, evaluate
+from lt2dsl.tasks import evaluate
 from lt2dsl.tasks.eval import check_model_fits
 from lt2dsl.tasks.experiment_config import (
     DataEntry,
     ExperimentConfig,
     RunConfig,
     load_experiment,
-    trainer_config,
+    train_config,
 )
 from lt2dsl.tasks.report import summarize, summary_table, write_json, write_summary
-from lt2dsl.tasks.train_loop import freeze, train
 
 
 def slug(name: str) -> str:
@@ -63,13 +64,6 @@ def check_equal_params(exp: ExperimentConfig, root: Path) -> dict[str, int]:
     return counts
 
 
-def build_model(root: Path, run: RunConfig, backend: str, device: str, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    model = lt2dsl.compile(root / run.model, backend=backend, device=device, **run.overrides)
-    freeze(model, run.freeze)
-    return model
-
-
 def metrics_of(source, data: DataEntry, reports: dict[str, Any]) -> dict[str, float]:
     """`<prefix>/accuracy` per evaluation (and per variant), the curriculum's stage and solved:
     the names `DataEntry.metric_names` lists."""
@@ -90,29 +84,30 @@ def run_one(
     exp: ExperimentConfig, run: RunConfig, data: DataEntry, seed: int, root: Path, device: str, progress
 ) -> dict[str, Any]:
     """Train, evaluate and describe one (run, data entry, seed)."""
+    from lt2dsl.train import run as train
+
     t0 = time.perf_counter()
     tc = exp.training
-    model = build_model(root, run, tc.backend, device, seed)
-    source = build(data.task())
-    check_model_fits(model, source.cfg)
+    check_model_fits(lt2dsl.compile(root / run.model, device="meta", **run.overrides), data.task())
     bar = progress.add_task(f"{run.name} · {data.name} · seed {seed}", total=tc.steps, info="")
 
-    def log(row: dict[str, Any]) -> None:
-        stage = f" stage {row['stage']}" if "stage" in row else ""
-        info = f"loss {row['loss']:.3f} acc {row['accuracy']:.3f}{stage}"
-        progress.update(bar, completed=row["step"] + 1, info=info)
+    def on_step(step: int, result) -> bool:
+        row = result.rows[-1] if result.rows else {}
+        info = f"loss {row['loss']:.3f}" if "loss" in row else ""
+        if "task/accuracy" in row:
+            info += f" acc {row['task/accuracy']:.3f}"
+        if "task/stage" in row:
+            info += f" stage {row['task/stage']}"
+        progress.update(bar, completed=step, info=info)
+        curriculum = getattr(result.task, "curriculum", None)
+        return curriculum is not None and curriculum.solved
 
-    history = train(
-        model,
-        source,
-        steps=tc.steps,
-        batch_size=tc.batch_size,
-        seed=seed,
-        optim=exp.optimizer,
-        log_every=tc.log_every,
-        on_log=log,
-    )
+    with tempfile.TemporaryDirectory(prefix="lt2-experiment-") as work:
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        cfg = train_config(exp, run, data, seed, root, kind, Path(work))
+        result = train(cfg, on_step=on_step)
     progress.update(bar, completed=tc.steps)
+    model, source = result.model, result.task
     reports = {
         prefix: evaluate(model, task, batches=tc.eval_batches, batch_size=tc.eval_batch_size, seed=seed)
         for prefix, task in data.eval_tasks().items()
@@ -122,10 +117,10 @@ def run_one(
         "data": data.name,
         "seed": seed,
         "params": sum(p.numel() for p in model.parameters()),
-        "config": trainer_config(exp, run, data, seed, root),
+        "config": cfg.model_dump(mode="json", exclude={"training": {"out"}}),
         "metrics": metrics_of(source, data, reports),
         "curriculum": source.state_dict().get("curriculum"),
-        "history": history,
+        "history": [r for r in result.rows if "loss" in r],
         "eval": {k: r.to_json() for k, r in reports.items()},
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
         "seconds": time.perf_counter() - t0,

@@ -5,7 +5,7 @@
     seeds = [0, 1, 2]
     metrics = ["copy/accuracy"]            # the table's columns and the PNG's panels
 
-    [optimizer]                            # lt2dsl.tasks.train_loop.OptimConfig
+    [optimizer]                            # AdamW, warm-up then cosine decay
     lr = 1e-3
     [training]
     steps = 2000
@@ -28,8 +28,8 @@
     run = "tmm"
     value = 0.9
 
-Each (run, data entry, seed) is one training, written as a trainer-style config (`model`,
-`data`, `optimizer`, `training` sections) into its result file.
+Each (run, data entry, seed) is one `lt2dsl.train` run of the `TrainConfig` that `train_config`
+makes (its sections are written into the run's result file).
 """
 
 from __future__ import annotations
@@ -42,9 +42,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from lt2dsl.tasks import parse_config
 from lt2dsl.tasks.base import TaskConfig
-from lt2dsl.tasks.train_loop import OptimConfig
 
 Closed = ConfigDict(frozen=True, extra="forbid")
+
+
+class OptimConfig(BaseModel):
+    """`[optimizer]`: AdamW (decay on weight matrices only) with warm-up, then cosine decay."""
+
+    model_config = Closed
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.1, ge=0, description="on weight matrices only")
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = Field(100, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / lr of the cosine decay")
+    grad_clip: float = Field(1.0, gt=0)
 
 
 class RunConfig(BaseModel):
@@ -99,6 +110,7 @@ class TrainingConfig(BaseModel):
     eval_batch_size: int = Field(32, ge=1)
     log_every: int = Field(100, ge=1)
     backend: Literal["auto", "reference", "triton"] = "auto"
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="the trainer's `training.precision`")
 
 
 class CheckConfig(BaseModel):
@@ -172,11 +184,38 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
     return cfg, path.parent
 
 
-def trainer_config(exp: ExperimentConfig, run: RunConfig, data: DataEntry, seed: int, root: Path) -> dict:
-    """The trainer-style config of one training (what its result file records)."""
-    return {
-        "model": {"path": str(root / run.model), "overrides": dict(run.overrides), "freeze": run.freeze},
-        "data": data.task().model_dump(),
-        "optimizer": exp.optimizer.model_dump(),
-        "training": exp.training.model_dump() | {"seed": seed},
-    }
+def train_config(
+    exp: ExperimentConfig, run: RunConfig, data: DataEntry, seed: int, root: Path, device: str, out: Path
+):
+    """The `lt2dsl.train.TrainConfig` of one training: the run's model (its overrides and frozen
+    parameters), the data entry's task, the experiment's optimizer and budget, no checkpoints;
+    `device` is "cpu" or "cuda", `out` the trainer's run folder."""
+    from lt2dsl.train.config import validate
+
+    o, t = exp.optimizer, exp.training
+    optimizer = {"lr": o.lr, "weight_decay": o.weight_decay, "betas": o.betas, "grad_clip": o.grad_clip}
+    metrics = {"log_interval": t.log_every, "eval_rows": t.eval_batch_size, "progress": False, "plot": False}
+    return validate(
+        {
+            "model": {
+                "file": str(root / run.model),
+                "set": dict(run.overrides),
+                "backend": t.backend,
+                "freeze": list(run.freeze),
+            },
+            "data": dict(data.model_extra or {}),
+            "training": {
+                "steps": t.steps,
+                "batch_size": t.batch_size,
+                "seed": seed,
+                "precision": t.precision,
+                "device": device,
+                "out": str(out),
+            },
+            "optimizer": optimizer,
+            "scheduler": {"kind": "cosine", "warmup_steps": o.warmup_steps, "min_lr_ratio": o.min_lr_ratio},
+            "checkpoint": {"enable": False},
+            "metrics": metrics,
+        },
+        f"{exp.name}: run {run.name!r}",
+    )

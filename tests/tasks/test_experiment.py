@@ -94,7 +94,11 @@ def test_the_runner_end_to_end(tmp_path, capsys):
     runs = sorted(p.name for p in (out / "runs").glob("*.json"))
     assert runs == [f"gdn{f}--parity--seed{s}.json" for f in ("", "_frozen") for s in (0, 1)]
     one = json.loads((out / "runs" / "gdn--parity--seed0.json").read_text())
-    assert set(one["config"]) == {"model", "data", "optimizer", "training"}
+    cfg = one["config"]  # the trainer's config of the run, which lt2dsl.train validates
+    assert {"model", "data", "optimizer", "scheduler", "training"} <= set(cfg)
+    assert cfg["model"]["freeze"] == [] and cfg["data"]["task"] == "state_tracking"
+    assert cfg["training"]["seed"] == 0 and cfg["scheduler"]["kind"] == "cosine"
+    assert [r["step"] for r in one["history"]] == [1, 2, 3] and "task/stage" in one["history"][0]
     exp, _ = load_experiment(tmp_path / "smoke.toml")
     assert set(one["metrics"]) == set(exp.data[0].metric_names())
     assert "parity/length=24/accuracy" in one["metrics"] and len(one["history"]) == 3
