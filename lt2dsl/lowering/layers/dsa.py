@@ -30,11 +30,13 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.kernels.dsa import dsa_indexer, dsa_indexer_kl
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering import functional_sparse as fs
+from lt2dsl.lowering import packed
 from lt2dsl.lowering.layers.attention import add_projections
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
@@ -117,7 +119,14 @@ class SparseAttention(MixerLayer):
         return g.unflatten(-1, (self.H, self.d)) if self.gate == "sdpa" else g.unsqueeze(-1)
 
     def indexer_loss(
-        self, x: torch.Tensor, pos: int = 0, *, sparse: bool = False, reduction: str = "sum"
+        self,
+        x: torch.Tensor,
+        pos: int = 0,
+        *,
+        sparse: bool = False,
+        reduction: str = "sum",
+        cu_seqlens: torch.Tensor | None = None,
+        chunk: int = 256,
     ) -> torch.Tensor:
         """The indexer's KL alignment loss Σ_t KL(p_t ‖ softmax(I[t, :])) (mixers.md §11(b)).
 
@@ -125,7 +134,12 @@ class SparseAttention(MixerLayer):
         L1-normalised; it is a fixed target (no gradient reaches q_proj / k_proj). The indexer reads a
         detached x, so the loss trains only idx_q, idx_k, idx_k_norm and idx_w, and the main model
         learns only from the LM loss (DeepSeek's recipe; in the dense warm-up the main model is
-        frozen anyway). Call it on the layer's normed block input, e.g. captured by a forward pre-hook.
+        frozen anyway). Call it on the layer's normed block input, e.g. captured by a forward hook.
+
+        Queries go `chunk` at a time, each chunk against the keys up to its last query and
+        recomputed in backward (activation checkpointing): the scores of one chunk `[B, H, chunk, t]`
+        exist at a time, as in the layer's reference attention, and backward keeps only the
+        projections `[B, T, HI, dI]`.
 
         Args:
             x (torch.Tensor): `[B, T, D]` normed block input of a whole sequence (no cache).
@@ -133,13 +147,39 @@ class SparseAttention(MixerLayer):
             sparse (bool, Optional): restrict both distributions to the indexer's top-k selection
                 (the sparse stage); False compares over all causal keys (dense warm-up). Default: `False`.
             reduction (str, Optional): "sum", "mean" or "none" (`[B, T]`). Default: `"sum"`.
+            cu_seqlens (torch.Tensor, Optional): `[N + 1]` document starts of a packed row (B = 1):
+                each document is its own sequence, at positions from 0. Default: `None`.
+            chunk (int, Optional): queries per chunk. Default: `256`.
 
         Returns:
             torch.Tensor: scalar (or `[B, T]`), fp32 (float64 for a float64 layer).
         """
         fs.check_input(x, self, "dsa")
-        q, k, _ = self._qkv(x, pos)
-        q_idx, k_idx, w_idx = self._indexer(x.detach(), pos)
+        if reduction not in ("sum", "mean", "none"):
+            raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
+        if cu_seqlens is None:
+            per_query = self._indexer_kl(x.detach(), pos, sparse, chunk)
+        else:
+            docs = x.detach().split(packed.split(cu_seqlens), dim=1)
+            per_query = torch.cat([self._indexer_kl(xd, 0, sparse, chunk) for xd in docs], dim=1)
+        if reduction == "none":
+            return per_query
+        return per_query.sum() if reduction == "sum" else per_query.mean()
+
+    def _indexer_kl(self, x: torch.Tensor, pos, sparse: bool, chunk: int) -> torch.Tensor:
+        """Per-query KL `[B, T]` of one sequence x (detached), query chunks checkpointed."""
+        with torch.no_grad():
+            q, k, _ = self._qkv(x, pos)
+        q_idx, k_idx, w_idx = self._indexer(x, pos)
+        rows = []
+        for a in range(0, x.shape[1], chunk):
+            b = min(a + chunk, x.shape[1])
+            args = (q[:, a:b], k[:, :b], q_idx[:, a:b], k_idx[:, :b], w_idx[:, a:b])
+            rows.append(checkpoint(self._kl_rows, *args, sparse, use_reentrant=False))
+        return torch.cat(rows, dim=1)
+
+    def _kl_rows(self, q, k, q_idx, k_idx, w_idx, sparse: bool) -> torch.Tensor:
+        """KL `[B, c]` of c queries, the last c of the keys (`dsa_indexer_kl`'s convention)."""
         indices = None
         if sparse:
             indices = dsa_indexer(
@@ -151,5 +191,5 @@ class SparseAttention(MixerLayer):
                 backend=self.backend,
             )
         return dsa_indexer_kl(
-            q, k, q_idx, k_idx, w_idx, idx_scale=self.idx_scale, indices=indices, reduction=reduction
+            q, k, q_idx, k_idx, w_idx, idx_scale=self.idx_scale, indices=indices, reduction="none"
         )

@@ -202,6 +202,27 @@ def test_indexer_loss_matches_a_direct_kl(sparse):
         assert (p.grad is not None) == name.startswith("idx_"), name
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense-warmup", "sparse-stage"])
+def test_indexer_loss_in_chunks_and_packed_documents(sparse):
+    """Query chunks (checkpointed) give the whole loss and its gradients; a packed row's loss is
+    its documents' losses, each from position 0."""
+    layer = make_layer(**OPTION_SETS["gated"])
+    x = torch.randn(1, 11, 32, dtype=F64)
+    idx = [p for n, p in layer.named_parameters() if n.startswith("idx_")]
+    whole = layer.indexer_loss(x, sparse=sparse, reduction="none")
+    grads = torch.autograd.grad(whole.sum(), idx)
+    chunked = layer.indexer_loss(x, sparse=sparse, reduction="none", chunk=3)
+    assert_close("chunks", chunked, whole, 1e-12)
+    for a, b in zip(torch.autograd.grad(chunked.sum(), idx), grads):
+        assert_close("chunk grads", a, b, 1e-12)
+    cu = torch.tensor([0, 4, 11], dtype=torch.int32)
+    got = layer.indexer_loss(x, sparse=sparse, reduction="none", cu_seqlens=cu, chunk=3)
+    want = torch.cat([layer.indexer_loss(x[:, :4], sparse=sparse, reduction="none"),
+                      layer.indexer_loss(x[:, 4:], sparse=sparse, reduction="none")], dim=1)  # fmt: skip
+    assert_close("packed", got, want, 1e-12)
+    assert (got[:, 4:] - whole[:, 4:]).abs().max() > 1e-6  # the second document starts afresh
+
+
 def test_traces_with_one_core_node_and_same_results():
     layer = make_layer(**OPTION_SETS["gated"])
     gm = trace(layer)
