@@ -44,9 +44,9 @@ STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 INDEX = "model.safetensors.index.json"
 DCP_INDEX = Path("dcp") / ".metadata"
-# A parameter that never had a gradient (the DSA indexer under the LM loss alone) has no optimizer
-# state to restore; strict loading would refuse the checkpoint.
-OPTIM_LOAD = StateDictOptions(full_state_dict=True, strict=False)
+# Strict: every trained parameter has a gradient (the DSA indexers from their own loss, or frozen
+# with `training.indexer_loss = 0`), hence optimizer state after the first step.
+OPTIM_LOAD = StateDictOptions(full_state_dict=True)
 
 
 class CheckpointConfig(BaseModel):
@@ -232,15 +232,12 @@ def _load_sharded(folder: Path, state: Stateful) -> None:
         "model": get_model_state_dict(state.model),
         "optim": get_optimizer_state_dict(state.model, state.optimizer),
     }
-    # partial: the optimizer state of parameters that never had a gradient (OPTIM_LOAD)
-    planner = DefaultLoadPlanner(allow_partial_load=True)
+    planner = DefaultLoadPlanner()
     with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(sd, checkpoint_id=str(folder / "dcp"), planner=planner, no_dist=not dist.is_initialized())
     set_model_state_dict(state.model, sd["model"])
-    set_optimizer_state_dict(
-        state.model, state.optimizer, sd["optim"], options=StateDictOptions(strict=False)
-    )
+    set_optimizer_state_dict(state.model, state.optimizer, sd["optim"])
 
 
 def rng_state() -> dict:

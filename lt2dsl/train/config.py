@@ -76,6 +76,14 @@ class TrainingSection(BaseModel):
     """`torch.compile` every block (after checkpointing, before sharding)."""
     loss_chunk: int = Field(default=4096, gt=0)
     """Tokens per cross-entropy chunk: logits of at most this many tokens exist at a time."""
+    indexer_loss: float = Field(default=1.0, ge=0)
+    """Weight of the `dsa` lightning indexer's KL loss (mixers.md §11(b)), the only thing that
+    trains the indexer (its top-k pick passes no gradient): per `dsa` application the mean over
+    tokens of KL(main attention ‖ softmax(index scores)), the main attention a fixed target.
+    0 freezes the indexers. Models without `dsa` ignore it."""
+    indexer_loss_keys: Literal["selected", "all"] = "selected"
+    """`selected`: both distributions over the indexer's top-k keys (DeepSeek-V3.2's sparse
+    stage); `all`: over every causal key (its dense warm-up)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto`: the process's CUDA device when there is one, else the CPU."""
     out: Path = Path("runs/train")

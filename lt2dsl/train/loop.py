@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from lt2dsl.train import checkpoint as ckpt
+from lt2dsl.train import indexer
 from lt2dsl.train.build import build_data, build_model, shard_of
 from lt2dsl.train.config import TrainConfig, load_config, validate
 from lt2dsl.train.files import atomic_write
@@ -99,6 +100,7 @@ class Trainer:
         self.shard = shard_of(cfg, d.world, d.rank)
         self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
         self.tm = TrainModel(model.to(d.device), t.activation_checkpoint == "per_application")
+        self.tm.indexer = indexer.attach(model, t.indexer_loss, t.indexer_loss_keys, t.grad_accum)
         self.fwd = parallelize(self.tm, d, cfg.parallel, t.precision, t.compile, t.loss_chunk)
         self.opt = build_optimizer(self.tm, cfg.optimizer)
         self.sched = build_scheduler(self.opt, t.steps, cfg.scheduler)
@@ -157,9 +159,18 @@ class Trainer:
             return
         self._flush(window.pending, result)
         lr = self.opt.param_groups[0]["lr"]
-        extra = self.data.train.metrics() if self.observes else None
-        metrics.log(step, result.losses[step], _item(grad_norm), lr, window.tokens, window.data_s, extra)
+        loss, norm = result.losses[step], _item(grad_norm)
+        metrics.log(step, loss, norm, lr, window.tokens, window.data_s, self._extra())
         window.reset()
+
+    def _extra(self) -> dict:
+        """The row's task metrics, and the indexer's mean KL per token and application since the
+        last row (`indexer_loss`, over all processes)."""
+        extra = self.data.train.metrics() if self.observes else {}
+        if self.tm.indexer is not None:
+            total, n = self.d.all_sum(list(self.tm.indexer.pop()))
+            extra["indexer_loss"] = total / max(n, 1.0)
+        return extra
 
     def _write_estimate(self, hw: str, peak: float, flops: float) -> None:
         """`estimate.json`: what `lt2dsl.cost` predicts for this run (FLOPs per token, the peak

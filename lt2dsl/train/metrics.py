@@ -9,9 +9,10 @@
     memory/max_reserved(GiB)   peak memory the CUDA allocator reserved (null on the CPU)
 
 A task source that observes (a curriculum) adds `task/accuracy` (the step's exact match) and
-`task/stage`. Evaluation rows carry `eval/loss` and `eval/perplexity`. The training FLOPs per token are the
-estimate's forward + backward count at `data.seq_len`; activation recomputation is not counted
-(MFU counts only the model's own FLOPs).
+`task/stage`; a model with `dsa` layers adds `indexer_loss` (the indexer's mean KL per token and
+application, `train/indexer.py`). Evaluation rows carry `eval/loss` and `eval/perplexity`. The
+training FLOPs per token are the estimate's forward + backward count at `data.seq_len`;
+activation recomputation is not counted (MFU counts only the model's own FLOPs).
 """
 
 from __future__ import annotations
@@ -147,8 +148,9 @@ def _line(row: dict) -> str:
     return (
         f"step {row['step']:>6}  loss {row['loss']:.4f}  grad_norm {row['grad_norm']:.3f}  "
         f"tps {row['tps']:,.0f}  tflops {row['tflops']:.2f}  mfu {row['mfu']:.2f}%  "
-        f"data {row['data_loading(%)']:.1f}%" + ("" if mem is None else f"  mem {mem:.2f} GiB")
-        + "".join(f"  {k} {v:.4g}" for k, v in row.items() if k.startswith("task/"))
+        f"data {row['data_loading(%)']:.1f}%"
+        + ("" if mem is None else f"  mem {mem:.2f} GiB")
+        + "".join(f"  {k} {v:.4g}" for k, v in row.items() if k.startswith("task/") or k == "indexer_loss")
     )
 
 

@@ -97,7 +97,10 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    groups = param_groups(model, cfg)
+    if not any(g["params"] for g in groups):
+        raise ValueError("nothing to train: every parameter of the model is frozen (model.freeze)")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
 def build_scheduler(

@@ -101,6 +101,16 @@ class TrainModel(Unrolled):
         super().__init__(model.ir, model.embed, model.blocks, model.loops, model.final_norm, head, head=False)
         self.checkpoint_blocks = checkpoint_blocks
         self.tied = model.config.tie_embeddings
+        self.indexer = None  # the DSA indexer's loss hooks (`train/indexer.py`), recording in forward
+
+    def forward(self, input_ids: torch.Tensor, cache=None, cu_seqlens=None) -> torch.Tensor:
+        if self.indexer is None:
+            return super().forward(input_ids, cache, cu_seqlens)
+        self.indexer.recording = True  # off again before backward, where checkpointing recomputes
+        try:
+            return super().forward(input_ids, cache, cu_seqlens)
+        finally:
+            self.indexer.recording = False
 
     def run_block(self, i: int, h: torch.Tensor, app: int, run: tuple) -> torch.Tensor:
         if self.checkpoint_blocks and torch.is_grad_enabled():
@@ -147,8 +157,9 @@ def parallelize(
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [d.device.index] if d.device.type == "cuda" else None
-        # the DSA indexer learns from its own loss only: the LM loss leaves it without gradient
-        return DDP(fwd, device_ids=ids, find_unused_parameters=True)
+        # every trained parameter has a gradient: the DSA indexers from their KL (`indexer.py`)
+        # hung on the forward's output, or frozen when it is off
+        return DDP(fwd, device_ids=ids)
     _fully_shard(tm, d, pcfg, precision)
     return fwd
 

@@ -1,0 +1,92 @@
+"""The DSA lightning indexer's own loss in training (mixers.md §11(b), DeepSeek-V3.2).
+
+The indexer picks each query's top-k keys; the pick is discrete, so the LM loss gives it no
+gradient. `IndexerLoss` adds, for every application of every `dsa` layer, the layer's
+`indexer_loss`: KL(p_t ‖ softmax(I[t, :])) between the main attention's probabilities (summed
+over heads, L1-normalised, detached) and the index scores, over the indexer's top-k keys (`keys =
+"selected"`, V3.2's sparse stage) or over all causal keys (`"all"`, its dense warm-up). The
+indexer reads a detached input, so the KL trains only `idx_*` and the LM loss everything else.
+
+The KL enters through a forward hook on each `dsa` layer: it runs inside the layer's call (so
+inside FSDP's unit for the block, activation checkpointing and `torch.compile`), and `AddAux` hangs
+`weight / grad_accum · mean_t KL` on the layer's output, whose backward sends gradient 1 into it:
+whatever loss is backpropagated through the model trains the indexer too. Per optimizer step the
+indexer's objective is `weight` × Σ over applications of the mean KL per token (micro-batches and
+processes averaged). The values of the training forwards are kept for the metric row
+(`indexer_loss`: mean KL per token and application); a recomputation in backward keeps none.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lt2dsl.lowering.layers.dsa import SparseAttention
+
+
+class AddAux(torch.autograd.Function):
+    """`out` unchanged; backward also gives the scalar `aux` the gradient 1."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, torch.ones((), dtype=torch.float32, device=grad.device)
+
+
+def dsa_layers(model: nn.Module) -> list[SparseAttention]:
+    return [m for m in model.modules() if isinstance(m, SparseAttention)]
+
+
+def freeze_indexers(model: nn.Module) -> None:
+    """Keep every `idx_*` parameter at its initial value (nothing else trains it)."""
+    for layer in dsa_layers(model):
+        for name, p in layer.named_parameters():
+            if name.startswith("idx_"):
+                p.requires_grad_(False)
+
+
+class IndexerLoss:
+    """The hooks on a model's `dsa` layers (module docstring); `recording` is on during a training
+    forward (`TrainModel.forward`), `pop()` reads the recorded values."""
+
+    def __init__(self, model: nn.Module, weight: float, keys: str, grad_accum: int):
+        if keys not in ("selected", "all"):
+            raise ValueError(f"indexer_loss_keys must be 'selected' or 'all', got {keys!r}")
+        self.scale, self.sparse = weight / grad_accum, keys == "selected"
+        self.recording = False
+        self.values: list[torch.Tensor] = []
+        self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in dsa_layers(model)]
+
+    def _hook(self, layer: SparseAttention, args: tuple, kwargs: dict, out: torch.Tensor):
+        if not (layer.training and torch.is_grad_enabled()):
+            return None
+        x = args[0]
+        pos = args[2] if len(args) > 2 else kwargs.get("pos", 0)
+        cu = args[3] if len(args) > 3 else kwargs.get("cu_seqlens")
+        kl = layer.indexer_loss(x, pos, sparse=self.sparse, reduction="mean", cu_seqlens=cu)
+        if self.recording:
+            self.values.append(kl.detach())
+        return AddAux.apply(out, kl * self.scale)
+
+    def pop(self) -> tuple[float, int]:
+        """(sum, count) of the per-application mean KLs recorded since the last call."""
+        values, self.values = self.values, []
+        return (float(torch.stack(values).sum()) if values else 0.0), len(values)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def attach(model: nn.Module, weight: float, keys: str, grad_accum: int) -> IndexerLoss | None:
+    """The indexer loss of `model` (None without `dsa` layers); weight 0 freezes the indexers."""
+    if not dsa_layers(model):
+        return None
+    if weight == 0:
+        freeze_indexers(model)
+        return None
+    return IndexerLoss(model, weight, keys, grad_accum)
