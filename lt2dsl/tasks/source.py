@@ -86,4 +86,3 @@ class TaskSource:
     def load_state_dict(self, state: dict) -> None:
         if self.curriculum is not None and "curriculum" in state:
             self.curriculum.load_state_dict(state["curriculum"])
-
