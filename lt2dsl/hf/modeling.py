@@ -2,9 +2,11 @@
 
 The config holds the `.lt2` source; the model compiles it into an `LT2Model` (`self.model`), so
 `save_pretrained` writes config.json (with the source) and the `LT2Model`'s parameters as
-safetensors under `model.*`, and `from_pretrained` reads them back. `generate` runs through
-`LT2Cache`, a `transformers.Cache` that wraps lt2dsl's own `Cache` (recurrent states, KV caches
-per (iteration, block)); only unpadded batches are taken (lt2dsl caches have no padding mask).
+safetensors under `model.*`, and `from_pretrained` reads them back. `generate` decodes through
+lt2dsl's engine where the request is one it runs as HF would (`lt2dsl/hf/generate.py`), otherwise
+through HF's loop over `LT2Cache`, a `transformers.Cache` that wraps lt2dsl's own `Cache`
+(recurrent states, KV caches per (iteration, block)); only unpadded batches are taken (lt2dsl
+caches have no padding mask).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import dataclasses
 import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache as HFCache
+from transformers.generation import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from lt2dsl.hf.generate import decode
 from lt2dsl.lowering.cache import Cache
 from lt2dsl.lowering.model import BACKENDS
 
@@ -90,6 +94,8 @@ class LT2ForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
     _is_stateful = True
     _supports_cache_class = True
+    # transformers refuses beam search, assisted decoding and the rest with a ValueError naming the mode.
+    _supported_generation_modes = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 
     def __init__(self, config: LT2Config):
         super().__init__(config)
@@ -134,6 +140,17 @@ class LT2ForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=logits.shape[-1])
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache})
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
+        """HF `generate`, its loop run by `lt2dsl.hf.generate.decode`: lt2dsl's engine for the greedy
+        and temperature / top-k / top-p requests it decodes as HF would, HF's own loop for the rest.
+
+        A caller's `custom_generate`, and `streamer` / `synced_gpus` (which transformers does not
+        pass to a `custom_generate` callable), keep HF's own path.
+        """
+        if any(kwargs.get(k) is not None for k in ("custom_generate", "streamer", "synced_gpus")):
+            return super().generate(inputs, generation_config, **kwargs)
+        return super().generate(inputs, generation_config, custom_generate=decode, **kwargs)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs) -> dict:
         """The tokens the cache has not seen yet (all of them on the first step)."""

@@ -1,5 +1,5 @@
-"""`LT2ForCausalLM`: save_pretrained / AutoModelForCausalLM.from_pretrained round trip, HF
-`generate` through `LT2Cache` against `LT2Model.generate`, and the input checks."""
+"""`LT2ForCausalLM`: save_pretrained / AutoModelForCausalLM.from_pretrained round trip, `LT2Cache`
+continuing a prefill, and the input checks (generate: test_generate.py)."""
 
 from __future__ import annotations
 
@@ -10,33 +10,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import lt2dsl  # noqa: E402
 from lt2dsl.hf import LT2Cache, LT2Config, LT2ForCausalLM, to_hf  # noqa: E402
 
-from .util import VOCAB, prompt  # noqa: E402
-
-# A looped hybrid: a recurrent state and KV caches per (iteration, block) behind one LT2Cache.
-SOURCE = f"""model tiny {{
-  dim = 32
-  vocab = {VOCAB}
-  heads = 2
-  head_dim = 16
-  mlp = swiglu(hidden=64)
-  dtype = fp32
-  loop T=2 <
-    gdn(expand_v=1)
-    full(qkv_bias=true, rope_dim=8)
-  >
-}}
-"""
+from .util import HYBRID as SOURCE  # noqa: E402
+from .util import hybrid_model, prompt  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def lt2_model():
-    torch.manual_seed(0)
-    model = lt2dsl.compile(SOURCE, backend="reference", dtype="fp32").eval()
-    model.lt2_source = SOURCE
-    return model
+    return hybrid_model()
 
 
 def test_round_trip_through_auto_classes(lt2_model, tmp_path):
@@ -48,13 +30,6 @@ def test_round_trip_through_auto_classes(lt2_model, tmp_path):
     ids = prompt()
     with torch.no_grad():
         assert torch.equal(back(ids).logits, lt2_model(ids))
-
-
-def test_hf_generate_equals_lt2_generate(lt2_model):
-    hf = to_hf(lt2_model).eval()
-    ids = prompt()
-    out = hf.generate(ids, max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(ids))
-    assert torch.equal(out, lt2_model.generate(ids, 5))
 
 
 def test_cache_is_lt2s_and_continues_a_prefill(lt2_model):
