@@ -73,7 +73,11 @@ class TrainingSection(BaseModel):
     """`per_application`: keep only each block application's input and recompute it in backward
     (a looped block is checkpointed once per iteration)."""
     compile: bool = False
-    """`torch.compile` every block (after checkpointing, before sharding)."""
+    """`torch.compile` every block's forward (after checkpointing, before sharding): one graph per
+    block for unpacked rows (a graph break is an error), breaks allowed for packed rows."""
+    compile_backend: Literal["inductor", "eager"] = "inductor"
+    """torch.compile's backend: `inductor` generates kernels; `eager` traces the same graphs and
+    runs them as they are (checks for graph breaks in seconds, without code generation)."""
     loss_chunk: int = Field(default=4096, gt=0)
     """Tokens per cross-entropy chunk: logits of at most this many tokens exist at a time."""
     indexer_loss: float = Field(default=1.0, ge=0)

@@ -14,6 +14,8 @@ whatever loss is backpropagated through the model trains the indexer too. Per op
 indexer's objective is `weight` × Σ over applications of the mean KL per token (micro-batches and
 processes averaged). The values of the training forwards are kept for the metric row
 (`indexer_loss`: mean KL per token and application); a recomputation in backward keeps none.
+The hook records in both alike (the next forward drops the recomputation's values), so a compiled
+block traces one graph for both, as activation checkpointing needs.
 """
 
 from __future__ import annotations
@@ -49,15 +51,16 @@ def freeze_indexers(model: nn.Module) -> None:
 
 
 class IndexerLoss:
-    """The hooks on a model's `dsa` layers (module docstring); `recording` is on during a training
-    forward (`TrainModel.forward`), `pop()` reads the recorded values."""
+    """The hooks on a model's `dsa` layers (module docstring). `TrainModel.forward` calls `begin()`
+    and `end()` around a forward; `pop()` reads the values of the forwards since the last call."""
 
     def __init__(self, model: nn.Module, weight: float, keys: str, grad_accum: int):
         if keys not in ("selected", "all"):
             raise ValueError(f"indexer_loss_keys must be 'selected' or 'all', got {keys!r}")
         self.scale, self.sparse = weight / grad_accum, keys == "selected"
-        self.recording = False
+        # `values`: every value since the last `begin()` (recomputations too); `kept`: the forwards'
         self.values: list[torch.Tensor] = []
+        self.kept: list[torch.Tensor] = []
         self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in dsa_layers(model)]
 
     def _hook(self, layer: SparseAttention, args: tuple, kwargs: dict, out: torch.Tensor):
@@ -67,14 +70,22 @@ class IndexerLoss:
         pos = args[2] if len(args) > 2 else kwargs.get("pos", 0)
         cu = args[3] if len(args) > 3 else kwargs.get("cu_seqlens")
         kl = layer.indexer_loss(x, pos, sparse=self.sparse, reduction="mean", cu_seqlens=cu)
-        if self.recording:
-            self.values.append(kl.detach())
+        self.values.append(kl.detach())
         return AddAux.apply(out, kl * self.scale)
 
+    def begin(self) -> None:
+        """A forward starts: what was recorded since the last one came from recomputations."""
+        self.values.clear()
+
+    def end(self) -> None:
+        """A forward ended: keep its values."""
+        self.kept.extend(self.values)
+        self.values.clear()
+
     def pop(self) -> tuple[float, int]:
-        """(sum, count) of the per-application mean KLs recorded since the last call."""
-        values, self.values = self.values, []
-        return (float(torch.stack(values).sum()) if values else 0.0), len(values)
+        """(sum, count) of the per-application mean KLs of the forwards since the last call."""
+        kept, self.kept = self.kept, []
+        return (float(torch.stack(kept).sum()) if kept else 0.0), len(kept)
 
     def remove(self) -> None:
         for h in self.handles:

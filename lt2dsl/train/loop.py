@@ -101,7 +101,8 @@ class Trainer:
         self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
         self.tm = TrainModel(model.to(d.device), t.activation_checkpoint == "per_application")
         self.tm.indexer = indexer.attach(model, t.indexer_loss, t.indexer_loss_keys, t.grad_accum)
-        self.fwd = parallelize(self.tm, d, cfg.parallel, t.precision, t.compile, t.loss_chunk)
+        compile_backend = t.compile_backend if t.compile else None
+        self.fwd = parallelize(self.tm, d, cfg.parallel, t.precision, compile_backend, t.loss_chunk)
         self.opt = build_optimizer(self.tm, cfg.optimizer)
         self.sched = build_scheduler(self.opt, t.steps, cfg.scheduler)
         self.state = ckpt.Stateful(self.tm, self.opt, self.sched, self.data.train)

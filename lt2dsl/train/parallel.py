@@ -4,7 +4,9 @@
 
 1. activation checkpointing: `TrainModel.run_block` keeps only each block application's input and
    recomputes the application in backward — a looped block is checkpointed once per iteration;
-2. `torch.compile` of every block module, after checkpointing, before sharding;
+2. `torch.compile` of every block's `forward` (`compile_block`), after checkpointing, before
+   sharding: the whole block as one graph (`fullgraph=True`) for unpacked rows, graph breaks
+   allowed for packed ones (docs/train.md, "torch.compile");
 3. under `torchrun` with more than one process, FSDP2 `fully_shard` with a `MixedPrecisionPolicy`:
    the embedding, then `[final_norm, lm_head]` as one unit that stays unsharded after forward
    (the loss reads the head right after the norm; tied embeddings and the final norm stay in
@@ -101,16 +103,15 @@ class TrainModel(Unrolled):
         super().__init__(model.ir, model.embed, model.blocks, model.loops, model.final_norm, head, head=False)
         self.checkpoint_blocks = checkpoint_blocks
         self.tied = model.config.tie_embeddings
-        self.indexer = None  # the DSA indexer's loss hooks (`train/indexer.py`), recording in forward
+        self.indexer = None  # the DSA indexer's loss hooks (`train/indexer.py`)
 
     def forward(self, input_ids: torch.Tensor, cache=None, cu_seqlens=None) -> torch.Tensor:
         if self.indexer is None:
             return super().forward(input_ids, cache, cu_seqlens)
-        self.indexer.recording = True  # off again before backward, where checkpointing recomputes
-        try:
-            return super().forward(input_ids, cache, cu_seqlens)
-        finally:
-            self.indexer.recording = False
+        self.indexer.begin()
+        out = super().forward(input_ids, cache, cu_seqlens)
+        self.indexer.end()
+        return out
 
     def run_block(self, i: int, h: torch.Tensor, app: int, run: tuple) -> torch.Tensor:
         if self.checkpoint_blocks and torch.is_grad_enabled():
@@ -141,15 +142,13 @@ class WithLoss(nn.Module):
 
 
 def parallelize(
-    tm: TrainModel, d: Dist, pcfg: ParallelConfig, precision: str, compile_blocks: bool, chunk: int
+    tm: TrainModel, d: Dist, pcfg: ParallelConfig, precision: str, compile_backend: str | None, chunk: int
 ):
-    """Compile and shard `tm` (module docstring); returns the `WithLoss` module to call (wrapped
-    in DDP for that strategy)."""
-    if compile_blocks:
+    """Compile (with `compile_backend`, None for eager) and shard `tm` (module docstring); returns
+    the `WithLoss` module to call (wrapped in DDP for that strategy)."""
+    if compile_backend is not None:
         for block in tm.blocks:
-            # not fullgraph: the reference kernels' packed-row paths read cu_seqlens on the host
-            # (one graph break per document loop); the Triton ops are opaque custom ops
-            block.compile()
+            compile_block(block, compile_backend)
     fwd = WithLoss(tm, chunk, torch.bfloat16 if precision == "bf16" else torch.float32)
     if d.world == 1:
         return fwd
@@ -162,6 +161,25 @@ def parallelize(
         return DDP(fwd, device_ids=ids)
     _fully_shard(tm, d, pcfg, precision)
     return fwd
+
+
+def compile_block(block: nn.Module, backend: str = "inductor") -> None:
+    """Compile `block.forward(h, entry, pos, cu_seqlens)`: fullgraph when `cu_seqlens` is None.
+
+    Unpacked rows trace as one graph (a graph break is an error, not a silent slowdown); packed
+    rows take a second compilation that may break, since the reference kernels loop over the
+    documents of `cu_seqlens` on the host. Only `forward` is compiled, so the hooks on the block
+    itself (FSDP2's, which dynamo does not trace) stay eager around it, while the hooks of its
+    submodules (the DSA indexer loss) are traced with it.
+    """
+    eager = block.forward
+    whole = torch.compile(eager, fullgraph=True, backend=backend)
+    broken = torch.compile(eager, backend=backend)
+
+    def forward(h, entry=None, pos=0, cu_seqlens=None):
+        return (whole if cu_seqlens is None else broken)(h, entry, pos, cu_seqlens)
+
+    block.forward = forward
 
 
 def _fully_shard(tm: TrainModel, d: Dist, pcfg: ParallelConfig, precision: str) -> None:
