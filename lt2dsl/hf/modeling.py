@@ -172,8 +172,9 @@ _CACHE_FIELD = next(
 def _check_mask(mask: torch.Tensor | None) -> None:
     if mask is not None and not bool(mask.all()):
         raise ValueError(
-            "LT2ForCausalLM takes no padding (lt2dsl caches have no padding mask): "
-            "pass unpadded rows of equal length, or one row at a time"
+            "LT2ForCausalLM's forward takes no padding (lt2dsl caches have no padding mask): pass "
+            "unpadded rows of equal length, or one row at a time; generate takes left padding where "
+            "lt2dsl's engine decodes the request (docs/hf.md)"
         )
 
 

@@ -1,5 +1,6 @@
 """HF `generate` of `LT2ForCausalLM`: the engine's tokens for the requests it takes (equal to
-`LT2Model.generate` and to HF's own loop), HF's loop for the rest, refusals for beams."""
+`LT2Model.generate` and to HF's own loop; left-padded batches too), HF's loop for the rest,
+refusals for beams."""
 
 from __future__ import annotations
 
@@ -85,6 +86,24 @@ def test_other_requests_run_hfs_loop(lt2_model, engine_calls):
     assert isinstance(res, GenerateDecoderOnlyOutput) and len(res.scores) == N
     assert torch.equal(res.sequences, free)
     assert engine_calls == []
+
+
+def test_a_left_padded_batch_decodes_each_prompt_as_alone(lt2_model, engine_calls):
+    hf, ids, pad = to_hf(lt2_model).eval(), prompt(), 1
+    short = ids[1, 3:]
+    padded = torch.stack([ids[0], torch.cat([torch.full((3,), pad), short])])
+    mask = (torch.arange(ids.shape[1]) >= torch.tensor([[0], [3]])).long()
+    alone = [hf_loop(hf, row[None], do_sample=False)[0, -N:] for row in (ids[0], short)]
+    eos = next(t for t in alone[1].tolist() if t not in alone[0].tolist())  # ends row 1 only
+    k = alone[1].tolist().index(eos) + 1  # row 1's new tokens, its eos included
+    out = hf.generate(padded, attention_mask=mask, max_new_tokens=N, do_sample=False, eos_token_id=eos,
+                      pad_token_id=pad)  # fmt: skip
+    assert len(engine_calls) == 1
+    assert torch.equal(out[:, : ids.shape[1]], padded)
+    assert torch.equal(out[0, ids.shape[1] :], alone[0])
+    assert out[1, ids.shape[1] :].tolist() == alone[1][:k].tolist() + [pad] * (N - k)
+    with pytest.raises(ValueError, match="padding"):  # right padding: HF's loop, which refuses it
+        hf.generate(padded, attention_mask=mask.flip(1), max_new_tokens=N, do_sample=False)
 
 
 def test_beams_are_refused(lt2_model):
