@@ -147,6 +147,11 @@ def parallelize(
     """Compile (with `compile_backend`, None for eager) and shard `tm` (module docstring); returns
     the `WithLoss` module to call (wrapped in DDP for that strategy)."""
     if compile_backend is not None:
+        # Every block runs one code object (its class's forward): each block structure, grad mode
+        # (training, evaluation) and input shape is an entry of that one cache, and with fullgraph
+        # running out of entries is an error, so the limit grows with the blocks (a global setting).
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, 8 * len(tm.blocks))
         for block in tm.blocks:
             compile_block(block, compile_backend)
     fwd = WithLoss(tm, chunk, torch.bfloat16 if precision == "bf16" else torch.float32)

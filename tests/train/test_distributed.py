@@ -2,7 +2,8 @@
 
 One `torchrun --nproc-per-node 2` launch trains three configs of the tiny looped GDN + DSA model:
 FSDP2 with tied embeddings; FSDP2 untied with per-application activation checkpointing, gradient
-accumulation and DCP checkpoints; DDP. Each must give the single process's losses within 1e-5
+accumulation and DCP checkpoints; DDP; FSDP2 over blocks compiled whole (`training.compile`) on
+task rows. Each must give the single process's losses within 1e-5
 (fp32). Checkpoints cross world sizes both ways: the 2-process DCP checkpoint continues in one
 process, and a 1-process safetensors checkpoint continues in two, the same way.
 """
@@ -31,6 +32,14 @@ def untied_ac(tmp: Path, out: str, **checkpoint) -> dict:
     return config(tmp, out, tied=False, training=training, checkpoint=checkpoint)
 
 
+def compiled_task(tmp: Path, out: str) -> dict:
+    """Unpacked task rows through fullgraph-compiled blocks (the `eager` backend), checkpointed."""
+    training = {"activation_checkpoint": "per_application", "compile": True, "compile_backend": "eager"}
+    cfg = config(tmp, out, tied=False, training=training, metrics={"eval_rows": 4})
+    cfg["data"] = {"task": "mqar", "vocab": 64, "length": 16, "num_kv_pairs": 2}
+    return cfg
+
+
 def configs(tmp: Path) -> dict[str, dict]:
     """The runs of the 2-process launch; `from_one` resumes a 1-process checkpoint written first."""
     single = run(untied_ac(tmp, "single", enable=True, interval=3, keep_latest_k=0))
@@ -40,6 +49,7 @@ def configs(tmp: Path) -> dict[str, dict]:
         "fsdp_tied": config(tmp, "fsdp_tied", tied=True),
         "fsdp_untied_ac": untied_ac(tmp, "fsdp_untied_ac", enable=True, interval=3, keep_latest_k=0),
         "ddp": config(tmp, "ddp", tied=False, parallel={"strategy": "ddp"}),
+        "fsdp_compiled": compiled_task(tmp, "fsdp_compiled"),
         "from_one": from_one,
     }
 
@@ -74,7 +84,7 @@ def one_process(cfg: dict, out: str, **kw):
     return run(cfg, **kw)
 
 
-@pytest.mark.parametrize("name", ["fsdp_tied", "fsdp_untied_ac", "ddp"])
+@pytest.mark.parametrize("name", ["fsdp_tied", "fsdp_untied_ac", "ddp", "fsdp_compiled"])
 def test_two_processes_match_one(two_processes, name):
     tmp, cfgs, results = two_processes
     one = one_process(cfgs[name], str(tmp / f"{name}_one"))
