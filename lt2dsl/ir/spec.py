@@ -64,6 +64,14 @@ class Option:
         parts = [p for p in (lo, hi) if p]
         return kind + (" " + " and ".join(parts) if parts else "")
 
+    def coerce(self, x: Any) -> Any:
+        """The Python value a resolved option holds: a `float` option written as a fraction
+        (`33/2`) or an integer becomes a float, which torch takes; a `number` keeps its exact
+        value (a fraction stays one), since derived widths are computed from it with `scaled`."""
+        if self.type == "float" and isinstance(x, int | Fraction) and not isinstance(x, bool):
+            return float(x)
+        return x
+
     def in_range(self, x: float) -> bool:
         if self.min is not None and (x < self.min or (self.min_open and x == self.min)):
             return False
@@ -162,3 +170,27 @@ class LayerSpec:
 
 def frac_to_number(x: Any) -> Any:
     return float(x) if isinstance(x, Fraction) else x
+
+
+def exact(x: Any) -> Fraction:
+    """An option value as an exact fraction (floats by their shortest decimal form, `0.3` → 3/10)."""
+    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
+
+
+def scaled(width: int, factor: Any) -> int:
+    """`width · factor` as an integer, computed exactly: `100 · 0.57` is 57 (a float product
+    would truncate 56.99… to 56). The validator (E0503, E0504) requires it to be whole."""
+    return int(exact(width) * exact(factor))
+
+
+def show(x: Any) -> str:
+    """`37.5` for a short decimal, `100/3` for a fraction that has none."""
+    x = exact(x)
+    if x.denominator == 1:
+        return str(x.numerator)
+    d = x.denominator
+    while d % 2 == 0:
+        d //= 2
+    while d % 5 == 0:
+        d //= 5
+    return f"{float(x):g}" if d == 1 and len(f"{float(x):g}") < 10 else f"{x.numerator}/{x.denominator}"

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lt2dsl.ir import nodes as n
+from lt2dsl.ir.constraints import require_model
 from lt2dsl.lowering import packed
 from lt2dsl.lowering.blocks import ExitMix, LoopExtras, ResidualBlock, make_norm
 from lt2dsl.lowering.cache import Cache
@@ -25,6 +26,8 @@ from lt2dsl.passes.resolve import blocks as iter_blocks
 # Residual-branch output projections, scaled by 1/sqrt(2 · applications) at init (GPT-2).
 OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "down_proj", "proj_down")
 BACKENDS = ("reference", "triton", "auto")
+# The index dtypes `nn.Embedding` takes.
+ID_DTYPES = (torch.int64, torch.int32)
 
 
 class LT2Model(nn.Module):
@@ -46,6 +49,7 @@ class LT2Model(nn.Module):
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        require_model(model)  # the validator's limits, asserted for a Model built in Python
         cfg = model.config
         self.ir, self.config, self.backend = model, cfg, backend
         self.graph_passes: list[Callable[[torch.fx.GraphModule], torch.fx.GraphModule]] = []
@@ -91,6 +95,11 @@ class LT2Model(nn.Module):
         out = super()._apply(fn, recurse)
         self.rebuild_graph()
         return out
+
+    def __getstate__(self) -> dict:
+        """Pickle (`torch.save(model)`, `copy.deepcopy`) without the traced graph: it is derived
+        from the parameters and traced again on first use (a GraphModule does not pickle)."""
+        return {**self.__dict__, "_graph_module": None}
 
     # ---- init -----------------------------------------------------------------------------------
 
@@ -147,8 +156,11 @@ class LT2Model(nn.Module):
             raise ValueError(
                 f"input_ids must be a torch.Tensor of token ids [B, T], got {type(input_ids).__name__}"
             )
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise ValueError(f"input_ids must have an integer dtype (torch.long), got {input_ids.dtype}")
+        if input_ids.dtype not in ID_DTYPES:
+            raise ValueError(
+                f"input_ids must have an integer dtype (torch.long or torch.int32, what the embedding "
+                f"takes), got {input_ids.dtype}; convert with `.long()`"
+            )
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise ValueError(f"input_ids must have shape [B, T] with T >= 1, got {list(input_ids.shape)}")
         device = self.embed.weight.device
@@ -156,7 +168,11 @@ class LT2Model(nn.Module):
             raise ValueError(f"input_ids must be on the model's device {device}, got {input_ids.device}")
         if input_ids.device.type != "meta":
             bad = (input_ids < 0) | (input_ids >= cfg.vocab)
-            if bool(bad.any()):
+            if torch.compiler.is_compiling():
+                # a branch on a tensor's value would break the compiled graph: assert inside it
+                msg = f"token ids must be in [0, {cfg.vocab}) (vocab = {cfg.vocab})"
+                torch._assert_async(~bad.any(), msg)
+            elif bool(bad.any()):
                 lo, hi = int(input_ids.min()), int(input_ids.max())
                 raise ValueError(
                     f"token ids must be in [0, {cfg.vocab}) (vocab = {cfg.vocab}), got values in [{lo}, {hi}]"

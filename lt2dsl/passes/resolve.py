@@ -213,7 +213,7 @@ def _mixer(call: n.Call, cfg: n.ModelConfig) -> n.Mixer:
     for o in spec.options:
         if o.name in ("mlp", "norm", "name"):
             continue
-        opts[o.name] = given[o.name] if o.name in given else o.default_for(cfg, {**given, **opts})
+        opts[o.name] = o.coerce(given[o.name]) if o.name in given else o.default_for(cfg, {**given, **opts})
     return n.Mixer(type=spec.kind, opts=opts, label=label, span=call.span)
 
 

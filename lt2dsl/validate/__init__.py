@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from lt2dsl.diagnostics import Diagnostic, sort_diagnostics
 from lt2dsl.ir import nodes as n
-from lt2dsl.validate import kernels, names, rope, shapes, structure, values
+from lt2dsl.validate import kernels, limits, names, rope, shapes, structure, values
 from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import RULES, Rule, all_rules
 
@@ -27,6 +27,9 @@ SURFACE: tuple[Callable[[Ctx], Iterator[Diagnostic]], ...] = (
     values.check_value_type,
     values.check_value_range,
     values.check_count,
+    limits.check_value_limit,
+    limits.check_applied_depth,
+    limits.check_let_nesting,
     structure.check_empty_stack,
     structure.check_empty_model,
     structure.check_let_before_definition,
@@ -52,6 +55,8 @@ SHAPES: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
     shapes.check_tmm_max_len,
     shapes.check_nsa_stride,
     shapes.check_model_head_dim,
+    shapes.check_rope_head_dim,
+    shapes.check_mamba2_groups,
     shapes.check_window_fits,
     shapes.check_topk_fits,
     rope.check_rope_dim,

@@ -95,16 +95,33 @@ class Ctx:
     def binding(self, call: n.Call) -> n.Node | None:
         """What a call finally stands for: itself for a kind, the bound item through `let`s
         (None when the chain is unknown or loops back on itself)."""
-        seen: set[str] = set()
-        node: n.Node = call
-        while isinstance(node, n.Call) and node.name in self.lets and lookup(node.name) is None:
-            if node.name in seen:
-                return None
-            seen.add(node.name)
-            node = self.lets[node.name].item
-        if isinstance(node, n.Call) and lookup(node.name) is None:
-            return None
-        return node
+        if self.is_let_use(call):
+            return self._bound(call.name)
+        return call if lookup(call.name) is not None else None
+
+    def is_let_use(self, node: n.Node) -> bool:
+        return isinstance(node, n.Call) and node.name in self.lets and lookup(node.name) is None
+
+    def _bound(self, name: str) -> n.Node | None:
+        """`binding` of a `let` name, memoised for every name on the chain it walks: a chain of
+        k `let`s costs O(k) once, not O(k) per use (a long chain would make checking quadratic)."""
+        memo = self.__dict__.setdefault("_bound_memo", {})
+        chain: list[str] = []
+        result: n.Node | None = None
+        while name not in memo:
+            if name in chain:  # the chain loops back on itself
+                break
+            chain.append(name)
+            item = self.lets[name].item
+            if not self.is_let_use(item):
+                result = item if not isinstance(item, n.Call) or lookup(item.name) is not None else None
+                break
+            name = item.name
+        else:
+            result = memo[name]
+        for c in chain:
+            memo[c] = result
+        return result
 
     def spec_of(self, call: n.Call) -> LayerSpec | None:
         bound = self.binding(call)

@@ -9,6 +9,7 @@ from lt2dsl.ir import nodes as n
 from lt2dsl.ir.registry import all_names, lookup
 from lt2dsl.ir.settings import MODEL_SETTINGS
 from lt2dsl.ir.specs.channel import MLP_KINDS, NORM_KINDS
+from lt2dsl.source import Span
 from lt2dsl.suggest import did_you_mean
 from lt2dsl.validate.context import CALL_CHOICES, LOOP_SCHEMA, OVERRIDE_ONLY, SETTINGS, Ctx
 from lt2dsl.validate.rules import rule
@@ -170,7 +171,7 @@ def check_unknown_setting(ctx: Ctx) -> Iterator[Diagnostic]:
     for s in ctx.program.settings:
         if s.name in SETTINGS or s.name in OVERRIDE_ONLY:
             continue
-        span = s.name_span if s.name_span.known else s.span
+        span = setting_name_span(s)
         notes = ()
         if lookup(s.name) is not None or s.name in ctx.lets:
             notes = (f"`{s.name}` is a layer; options of a block go in parentheses: `{s.name}(...)`",)
@@ -182,6 +183,16 @@ def check_unknown_setting(ctx: Ctx) -> Iterator[Diagnostic]:
             help=did_you_mean(s.name, [o.name for o in MODEL_SETTINGS], "setting"),
             notes=notes,
         )
+
+
+def setting_name_span(s: n.Setting) -> Span:
+    """Where a setting's name was written; for `--set KEY=VALUE` (a one-line source named
+    `--set KEY` holding `KEY=VALUE`) the key at its start."""
+    if s.name_span.known:
+        return s.name_span
+    if s.span.file == f"--set {s.name}":
+        return Span(file=s.span.file, line=1, col=1, end_line=1, end_col=len(s.name) + 1)
+    return s.span
 
 
 @rule("E0105")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from lt2dsl.diagnostics import Diagnostic, error
+from lt2dsl.diagnostics import Diagnostic
 from lt2dsl.validate.context import ShapeCtx
 from lt2dsl.validate.rules import rule
+from lt2dsl.validate.shapes import constraint_errors
 
 
 @rule("E0520")
@@ -28,19 +29,7 @@ def check_rope_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
         dim = 512
         full(head_dim=64, rope_dim=32)
     """
-    for m in s.mixers():
-        if "rope_dim" not in m.opts:
-            continue
-        r, d = m.opts["rope_dim"], m.opts["head_dim"]
-        if r % 2 == 0 and r <= d:
-            continue
-        yield error(
-            "E0520",
-            f"`rope_dim` ({r}) of `{m.type}` must be even and at most `head_dim` ({d})",
-            s.where(m, ("rope_dim", "head_dim"), ("head_dim",)),
-            label="RoPE rotates pairs of the first `rope_dim` dims of a head",
-            help=f"choose an even `rope_dim` <= {d}, e.g. {d // 2 // 2 * 2 or 2}",
-        )
+    yield from constraint_errors(s, "E0520")
 
 
 @rule("E0521")
@@ -62,16 +51,4 @@ def check_rope_freq_factors(s: ShapeCtx) -> Iterator[Diagnostic]:
         dim = 512
         full(rope_scaling=llama3, rope_factor=8, rope_low_freq=1, rope_high_freq=4)
     """
-    for m in s.mixers():
-        if m.opts.get("rope_scaling") != "llama3":
-            continue
-        lo, hi = m.opts["rope_low_freq"], m.opts["rope_high_freq"]
-        if hi > lo:
-            continue
-        yield error(
-            "E0521",
-            f"`rope_high_freq` ({hi}) of `{m.type}` must be greater than `rope_low_freq` ({lo})",
-            s.where(m, ("rope_high_freq", "rope_low_freq"), ()),
-            label="Llama 3 scaling interpolates between the two wavelengths",
-            help="Llama 3.x checkpoints use `rope_low_freq=1, rope_high_freq=4`",
-        )
+    yield from constraint_errors(s, "E0521")

@@ -33,6 +33,7 @@ TOPICS = {
 RULE_MODULES = (
     "lt2dsl.validate.names",
     "lt2dsl.validate.values",
+    "lt2dsl.validate.limits",
     "lt2dsl.validate.structure",
     "lt2dsl.validate.shapes",
     "lt2dsl.validate.kernels",

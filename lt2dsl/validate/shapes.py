@@ -8,42 +8,28 @@ the value came from, else at the call.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from fractions import Fraction
 
 from lt2dsl.diagnostics import Diagnostic, error, warning
 from lt2dsl.ir import nodes as n
+from lt2dsl.ir.constraints import BY_CODE, divisors
 from lt2dsl.ir.printer import size
-from lt2dsl.suggest import quoted
 from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import rule
 
-# Kinds with key/value heads shared by groups of query heads (`gla`: fla's `num_kv_heads`).
-ATTENTION = ("full", "swa", "dsa", "nsa", "gla")
 # Kinds whose heads / head_dim / kv_heads default to the model settings of the same name.
 INHERITS = ("heads", "head_dim", "kv_heads")
 
 
-def exact(x) -> Fraction:
-    """An option value as an exact fraction (floats by their shortest decimal form, `0.3` → 3/10)."""
-    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
-
-
-def divisors(x: int, limit: int = 6) -> str:
-    ds = [d for d in range(1, x + 1) if x % d == 0]
-    return quoted(str(d) for d in ds[:limit]) + (" …" if len(ds) > limit else "")
-
-
-def show(x) -> str:
-    """`37.5` for a short decimal, `100/3` for a fraction that has none."""
-    x = exact(x)
-    if x.denominator == 1:
-        return str(x.numerator)
-    d = x.denominator
-    while d % 2 == 0:
-        d //= 2
-    while d % 5 == 0:
-        d //= 5
-    return f"{float(x):g}" if d == 1 and len(f"{float(x):g}") < 10 else f"{x.numerator}/{x.denominator}"
+def constraint_errors(s: ShapeCtx, code: str, skip=lambda m: False) -> Iterator[Diagnostic]:
+    """The diagnostics of constraint `code` (lt2dsl/ir/constraints.py, which the lowering
+    asserts too), each at the option value the user wrote, else the setting it inherits."""
+    c = BY_CODE[code]
+    for m in s.mixers():
+        if m.type not in c.kinds or skip(m):
+            continue
+        if (p := c.check(m.type, m.opts, s.cfg)) is not None:
+            where = s.where(m, c.options(m.type), INHERITS if c.inherits else ())
+            yield error(code, p.message, where, label=p.label, help=p.help)
 
 
 @rule("E0501")
@@ -69,22 +55,19 @@ def check_kv_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
     cfg = s.cfg
     if "kv_heads" in s.settings and cfg.heads % cfg.kv_heads:
         yield _kv_error(cfg.heads, cfg.kv_heads, s.setting_span("kv_heads"))
-    for m in s.mixers():
-        if m.type not in ATTENTION:
-            continue
+
+    def from_model(m: n.Mixer) -> bool:
         call = s.call_of(m)
-        if s.written(call, "heads") is None and s.written(call, "kv_heads") is None:
-            continue  # both come from the model: reported once above
-        H, KV = m.opts["heads"], m.opts["kv_heads"]
-        if H % KV:
-            yield _kv_error(H, KV, s.where(m, ("kv_heads", "heads"), INHERITS), m.type)
+        # both come from the model: reported once above
+        return s.written(call, "heads") is None and s.written(call, "kv_heads") is None
+
+    yield from constraint_errors(s, "E0501", skip=from_model)
 
 
-def _kv_error(H: int, KV: int, span, kind: str | None = None) -> Diagnostic:
-    where = f" of `{kind}`" if kind else ""
+def _kv_error(H: int, KV: int, span) -> Diagnostic:
     return error(
         "E0501",
-        f"`heads` ({H}) is not a multiple of `kv_heads` ({KV}){where}",
+        f"`heads` ({H}) is not a multiple of `kv_heads` ({KV})",
         span,
         label=f"{H} query heads do not split into groups of {KV} key/value heads"
         if KV <= H
@@ -112,28 +95,8 @@ def check_value_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
         dim = 1024
         gdn(heads=4, v_heads=8)
     """
-    for m in s.mixers():
-        if "v_heads" not in m.opts:
-            continue
-        H, HV = m.opts["heads"], m.opts["v_heads"]
-        if HV % H:
-            yield error(
-                "E0502",
-                f"`v_heads` ({HV}) of `{m.type}` is not a multiple of `heads` ({H})",
-                s.where(m, ("v_heads", "heads"), INHERITS),
-                label=f"{HV} value heads cannot be shared evenly by {H} query/key heads",
-                help=f"choose `v_heads` as a multiple of {H}: {H}, {2 * H}, {4 * H}, …",
-            )
+    yield from constraint_errors(s, "E0502")
 
-
-# kind → (factor option, what the product is)
-DERIVED = {
-    "gdn": ("expand_v", "value head dim"),
-    "kda": ("expand_v", "value head dim"),
-    "retnet": ("expand_v", "value head dim"),
-    "gla": ("expand_k", "key head dim"),
-    "mlstm": ("qk_dim_factor", "key head dim"),
-}
 
 
 @rule("E0503")
@@ -157,23 +120,8 @@ def check_derived_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
         head_dim = 128
         gla(expand_k=0.375)
     """
-    for m in s.mixers():
-        if m.type not in DERIVED:
-            continue
-        factor, what = DERIVED[m.type]
-        d, f = m.opts["head_dim"], m.opts[factor]
-        prod = exact(d) * exact(f)
-        if prod.denominator == 1 and prod >= 1:
-            continue
-        yield error(
-            "E0503",
-            f"`{m.type}` {what} `head_dim · {factor}` = {d} · {show(f)} = {show(prod)} is not a whole number"
-            if prod.denominator != 1
-            else f"`{m.type}` {what} `head_dim · {factor}` = {d} · {show(f)} is less than 1",
-            s.where(m, (factor, "head_dim"), INHERITS),
-            label=f"gives a {what} of {show(prod)}",
-            help=f"choose `head_dim` and `{factor}` whose product is a whole number",
-        )
+    yield from constraint_errors(s, "E0503")
+
 
 
 @rule("E0504")
@@ -196,21 +144,8 @@ def check_mamba2_width(s: ShapeCtx) -> Iterator[Diagnostic]:
         dim = 1024
         mamba2(head_dim=64)
     """
-    for m in s.mixers():
-        if m.type != "mamba2":
-            continue
-        H, P = m.opts["heads"], m.opts["head_dim"]
-        d_in = exact(m.opts["expand"]) * s.cfg.dim
-        if d_in == H * P:
-            continue
-        yield error(
-            "E0504",
-            f"`mamba2` heads · head_dim = {H} · {P} = {H * P} does not equal expand · dim = {show(d_in)}",
-            s.where(m, ("heads", "head_dim", "expand")),
-            label="heads do not tile the inner width",
-            help=f"choose `head_dim` dividing {show(d_in)}, or set `heads` so that "
-            f"heads · head_dim = {show(d_in)}",
-        )
+    yield from constraint_errors(s, "E0504")
+
 
 
 @rule("E0505")
@@ -234,16 +169,8 @@ def check_tmm_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
         max_len = 4k
         tmm(heads=4)
     """
-    for m in s.mixers():
-        if m.type == "tmm" and s.cfg.dim % m.opts["heads"]:
-            H = m.opts["heads"]
-            yield error(
-                "E0505",
-                f"`tmm` heads ({H}) do not divide `dim` ({s.cfg.dim})",
-                s.where(m, ("heads",)),
-                label=f"{s.cfg.dim} channels do not split into {H} equal groups",
-                help=f"choose `heads` dividing {s.cfg.dim}: {divisors(s.cfg.dim)}",
-            )
+    yield from constraint_errors(s, "E0505")
+
 
 
 @rule("E0506")
@@ -312,19 +239,8 @@ def check_nsa_stride(s: ShapeCtx) -> Iterator[Diagnostic]:
         dim = 1024
         nsa(stride=16)
     """
-    for m in s.mixers():
-        if m.type != "nsa":
-            continue
-        st = m.opts["stride"]
-        bad = [f"`{k}` ({m.opts[k]})" for k in ("cmp_block", "block") if m.opts[k] % st]
-        if bad:
-            yield error(
-                "E0507",
-                f"`nsa` stride ({st}) does not divide {' and '.join(bad)}",
-                s.where(m, ("stride", "cmp_block", "block")),
-                label="stride must divide the block sizes",
-                help=f"choose a stride dividing {m.opts['cmp_block']} and {m.opts['block']}",
-            )
+    yield from constraint_errors(s, "E0507")
+
 
 
 @rule("E0508")
@@ -426,3 +342,49 @@ def check_topk_fits(s: ShapeCtx) -> Iterator[Diagnostic]:
                 label="selects every key",
                 help="use `full`, or a top-k well below `max_len`",
             )
+
+
+@rule("E0509")
+def check_rope_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
+    """Odd head dim on a mixer with rotary position embeddings.
+
+    What it checks:
+        For `full`, `swa`, `dsa`, `nsa` and `retnet`: `head_dim` is even.
+
+    Why it matters:
+        RoPE (and RetNet's xPos) rotates the query and key dims in pairs; an odd head dim
+        leaves one dim without a partner, which the kernels cannot rotate.
+
+    Example:
+        dim = 64
+        heads = 64
+        full
+
+    Use instead:
+        dim = 64
+        heads = 32
+        full
+    """
+    yield from constraint_errors(s, "E0509")
+
+
+@rule("E0510")
+def check_mamba2_groups(s: ShapeCtx) -> Iterator[Diagnostic]:
+    """Mamba2 groups do not divide the heads.
+
+    What it checks:
+        For `mamba2`: `heads % groups == 0` (each group of heads shares one B and one C).
+
+    Why it matters:
+        The heads are split into `groups` equal groups; with a remainder some heads would have
+        no B and C to read.
+
+    Example:
+        dim = 64
+        mamba2(groups=3)
+
+    Use instead:
+        dim = 64
+        mamba2(groups=2)
+    """
+    yield from constraint_errors(s, "E0510")

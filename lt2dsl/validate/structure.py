@@ -270,8 +270,9 @@ def check_let_recursion(ctx: Ctx) -> Iterator[Diagnostic]:
         a
     """
     uses = {name: _uses(ctx, let.item) for name, let in ctx.lets.items()}
+    cyclic = on_cycles(uses)
     reported: set[frozenset[str]] = set()
-    for name in ctx.lets:
+    for name in (name for name in ctx.lets if name in cyclic):
         cycle = _cycle_from(name, uses)
         if cycle is None or frozenset(cycle) in reported:
             continue
@@ -295,6 +296,49 @@ def _uses(ctx: Ctx, item: n.Node) -> list[str]:
         calls = [it] if isinstance(it, n.Call) else list(it.calls) if isinstance(it, n.Par) else []
         out += [c.name for c in calls if c.name in ctx.lets and lookup(c.name) is None]
         todo += children(it)
+    return out
+
+
+def on_cycles(uses: dict[str, list[str]]) -> set[str]:
+    """The names that lie on a cycle of `uses`: Tarjan's strongly connected components, without
+    recursion (a chain of thousands of `let`s is legal input), in time linear in the graph."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: list[str] = []
+    stacked: set[str] = set()
+    out: set[str] = set()
+    for root in uses:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = len(index)
+                on_stack.append(v)
+                stacked.add(v)
+            succ = uses.get(v, [])
+            if i < len(succ):
+                work.append((v, i + 1))
+                w = succ[i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in stacked:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = on_stack.pop()
+                    stacked.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 or v in succ:
+                    out.update(comp)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
     return out
 
 

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from lt2dsl.diagnostics import Diagnostic, error
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.printer import value as show
+from lt2dsl.ir.settings import MODEL_SETTINGS
 from lt2dsl.ir.spec import Option
+from lt2dsl.suggest import nearby
 from lt2dsl.validate.context import CALL_CHOICES, OVERRIDE_ONLY, Ctx, Site
 from lt2dsl.validate.rules import rule
 
@@ -94,6 +96,8 @@ def _type_problem(site: Site) -> Diagnostic | None:
         help_ = f"choices are names: write `{v.value}` without quotes" if v.value in o.choices else help_
     if o.type in ("int", "size") and isinstance(v, n.Float | n.Frac):
         help_ += "; sizes can be written `32k` (= 32768) or `1M`"
+    if (alt := _sibling_taking(site, v)) is not None:
+        help_ = f"did you mean `{alt}`? " + help_
     return error(
         "E0201",
         f"{site.what} expects {wants(o)}, found {describe(v)}",
@@ -101,6 +105,17 @@ def _type_problem(site: Site) -> Diagnostic | None:
         label=f"expected {wants(o)}",
         help=help_,
     )
+
+
+def _sibling_taking(site: Site, v: n.Node) -> str | None:
+    """For a model setting given a value of the wrong type (`head = 4`), a setting with a
+    close name that takes that value (`heads`)."""
+    if not site.what.startswith("setting "):
+        return None
+    name = site.option.name
+    takes = [o.name for o in MODEL_SETTINGS if isinstance(v, ACCEPTS.get(o.type, ())) and o.name != name]
+    close = nearby(name, takes)
+    return close[0] if close else None
 
 
 @rule("E0202")

@@ -11,6 +11,8 @@ from lt2dsl.validate.rules import RULES, SECTIONS, all_rules
 PIPELINE = (*SURFACE, *SHAPES, *KERNELS)
 CHECKS = {code: r for code, r in all_rules().items() if r.topic not in ("syntax", "driver", "internal")}
 NEEDS_NOTE = not any(s.kernel_note for s in REGISTRY.values())
+# Codes whose example is abridged (it needs 65 lines), and where the whole one is tested.
+ABRIDGED = {"E0206": "tests/validate/test_limits.py::test_let_chain_past_the_nesting_limit"}
 
 
 def validate(program):
@@ -37,6 +39,8 @@ def test_every_check_runs_in_the_pipeline():
 def test_example_reproduces_the_code_and_the_fix_does_not(code):
     if code == "W0402" and NEEDS_NOTE:
         pytest.skip("no layer spec defines kernel_note yet; tests/validate/test_kernels.py covers W0402")
+    if code in ABRIDGED:
+        pytest.skip(f"the example is abridged; {ABRIDGED[code]} covers it")
     r = CHECKS[code]
     program, errors = parse(r.sections["Example"])
     assert errors == [], errors

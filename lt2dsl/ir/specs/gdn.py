@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
 from lt2dsl.ir.specs.common import (
     COMMON,
     CONV,
@@ -32,7 +32,7 @@ PROJ = [
 
 def dims(o: Opts) -> tuple[int, int, int, int]:
     """(H, HV, K, V): q/k heads, value heads, key dim, value dim = K · expand_v."""
-    return o["heads"], o["v_heads"], o["head_dim"], int(o["head_dim"] * o["expand_v"])
+    return o["heads"], o["v_heads"], o["head_dim"], scaled(o["head_dim"], o["expand_v"])
 
 
 @dataclass(frozen=True)

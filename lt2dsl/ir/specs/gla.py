@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
 from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, identity_map, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
@@ -23,7 +23,7 @@ SUB = 16
 
 def dims(o: Opts) -> tuple[int, int, int]:
     """(H, K, V): V = head_dim, K = head_dim · expand_k (fla: key_dim = D·expand_k)."""
-    return o["heads"], int(o["head_dim"] * o["expand_k"]), o["head_dim"]
+    return o["heads"], scaled(o["head_dim"], o["expand_k"]), o["head_dim"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ SPEC = GlaSpec(
         Option("gate_rank", "int", "rank of the low-rank decay gate", default=16, min=1),
         Option(
             "gate_norm",
-            "number",
+            "float",
             "gate logit normalizer τ: log α = logσ(·)/τ",
             default=16,
             min=0,

@@ -5,21 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
 from lt2dsl.ir.specs.common import HEAD_DIM, conv_flops, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of
 
 
 def dims(o: Opts, D: int) -> tuple[int, int, int, int, int]:
     """(d_in, H, P, N, G): inner width expand·D, heads d_in/P, head dim P, state N, groups G."""
-    d_in = int(o["expand"] * D)
+    d_in = scaled(D, o["expand"])
     return d_in, o["heads"], o["head_dim"], o["state"], o["groups"]
 
 
 def _heads(cfg: ModelConfig | None, o: Opts) -> int:
     if cfg is None:
         return 1
-    return max(1, int(o.get("expand", 2) * cfg.dim) // o.get("head_dim", 64))
+    return max(1, scaled(cfg.dim, o.get("expand", 2)) // o.get("head_dim", 64))
 
 
 @dataclass(frozen=True)

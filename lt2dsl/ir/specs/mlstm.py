@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
 from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core
 
@@ -22,7 +22,7 @@ PROJ = [
 
 def dims(o: Opts) -> tuple[int, int, int]:
     """(H, K, V): V = head_dim, K = head_dim · qk_dim_factor."""
-    return o["heads"], int(o["head_dim"] * o["qk_dim_factor"]), o["head_dim"]
+    return o["heads"], scaled(o["head_dim"], o["qk_dim_factor"]), o["head_dim"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ SPEC = MlstmSpec(
         ),
         Option(
             "gate_cap",
-            "number",
+            "float",
             "soft cap of the gate pre-activations: cap·tanh(x/cap)",
             default=15,
             min=0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
 from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
@@ -13,7 +13,7 @@ PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_p
 
 
 def dims(o: Opts) -> tuple[int, int, int]:
-    return o["heads"], o["head_dim"], int(o["head_dim"] * o["expand_v"])
+    return o["heads"], o["head_dim"], scaled(o["head_dim"], o["expand_v"])
 
 
 @dataclass(frozen=True)

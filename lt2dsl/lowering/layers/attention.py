@@ -58,22 +58,18 @@ class Attention(MixerLayer):
 
     kind: ClassVar[str] = "full"
 
+    @classmethod
+    def kind_of(cls, opts: dict[str, Any]) -> str:
+        return "swa" if opts.get("window") is not None else "full"
+
     def __init__(self, opts: dict[str, Any], cfg: ModelConfig, backend: str = "reference"):
         super().__init__(opts, cfg, backend)
         o, D = self.opts, cfg.dim
         self.window: int | None = o.get("window")
-        if self.window is not None:
-            self.layer_kind = "swa"
         self.H, self.HKV, self.d = o["heads"], o["kv_heads"], o["head_dim"]
         self.theta, self.gate = float(o["rope_theta"]), o["gate"]
-        if self.H % self.HKV:
-            raise ValueError(f"{self.spec.kind}: heads={self.H} must be a multiple of kv_heads={self.HKV}")
-        if self.d % 2:
-            raise ValueError(f"{self.spec.kind}: head_dim must be even for RoPE, got {self.d}")
         self.rope_dim = int(o.get("rope_dim", self.d))
         self.scaling = rope_scaling_of(o)
-        if self.rope_dim % 2 or self.rope_dim > self.d:
-            raise ValueError(f"{self.spec.kind}: rope_dim must be even and <= head_dim, got {self.rope_dim}")
         add_projections(self, D, o, cfg.norm)
         self.reset_parameters()
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from lt2dsl.dtypes import torch_dtype
+from lt2dsl.ir.constraints import require
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.registry import lookup
 
@@ -40,7 +41,14 @@ class MixerLayer(nn.Module):
     def __init__(self, opts: dict[str, Any], cfg: ModelConfig, backend: str = "reference"):
         super().__init__()
         self.opts, self.cfg, self.backend = dict(opts), cfg, backend
-        self.layer_kind = self.kind  # a class may serve several kinds (Attention: full and swa)
+        self.layer_kind = self.kind_of(self.opts)
+        # the validator's shape rules and limits, asserted: a Model built in Python skips them
+        require(self.layer_kind, self.opts, cfg)
+
+    @classmethod
+    def kind_of(cls, opts: dict[str, Any]) -> str:
+        """The layer kind these options belong to (a class may serve several kinds)."""
+        return cls.kind
 
     @property
     def spec(self):

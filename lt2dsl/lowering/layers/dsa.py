@@ -55,10 +55,6 @@ class SparseAttention(MixerLayer):
         self.H, self.HKV, self.d = o["heads"], o["kv_heads"], o["head_dim"]
         self.HI, self.dI = o["index_heads"], o["index_dim"]
         self.topk, self.theta, self.gate = o["topk"], float(o["rope_theta"]), o["gate"]
-        if self.H % self.HKV:
-            raise ValueError(f"dsa: heads={self.H} must be a multiple of kv_heads={self.HKV}")
-        if self.d % 2:
-            raise ValueError(f"dsa: head_dim must be even for RoPE, got {self.d}")
         self.idx_scale = self.dI**-0.5
         self.idx_rope_dims = 2 * (self.dI // 4)
         add_projections(self, D, o, NORM_EPS)

@@ -35,8 +35,6 @@ class GatedLinearAttention(MixerLayer):
         super().__init__(opts, cfg, backend)
         H, K, V = dims(self.opts)
         D, r, HKV = cfg.dim, self.opts["gate_rank"], self.opts.get("kv_heads", H)
-        if H % HKV:
-            raise ValueError(f"gla: heads={H} must be a multiple of kv_heads={HKV}")
         self.H, self.HKV, self.K, self.V = H, HKV, K, V
         self.q_proj, self.k_proj = linear(D, H * K), linear(D, HKV * K)
         self.v_proj, self.g_proj = linear(D, HKV * V), linear(D, H * V)

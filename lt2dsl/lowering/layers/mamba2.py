@@ -39,10 +39,6 @@ class Mamba2(MixerLayer):
     def __init__(self, opts, cfg, backend: str = "reference"):
         super().__init__(opts, cfg, backend)
         d_in, H, P, N, G = dims(self.opts, cfg.dim)
-        if d_in != H * P:
-            raise ValueError(f"`mamba2` needs heads · head_dim = expand · dim = {d_in}, got {H} · {P}")
-        if H % G or d_in % G:
-            raise ValueError(f"`mamba2` groups G = {G} must divide the heads ({H}) and d_in ({d_in})")
         self.d_in, self.H, self.P, self.N, self.G, self.W = d_in, H, P, N, G, self.opts["conv"]
         xbc = d_in + 2 * G * N
         self.in_proj = linear(cfg.dim, 2 * d_in + 2 * G * N + H)

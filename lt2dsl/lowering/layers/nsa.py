@@ -72,7 +72,6 @@ class NativeSparseAttention(MixerLayer):
             cmp_block=o["cmp_block"],
             stride=o["stride"],
         )
-        self._check_options()
         self.q_proj = linear(D, self.H * self.d)
         self.k_proj = linear(D, self.HKV * self.d)
         self.v_proj = linear(D, self.HKV * self.d)
@@ -82,17 +81,6 @@ class NativeSparseAttention(MixerLayer):
             self.cmp_k = BlockCompressor(o["cmp_block"], self.d)
             self.cmp_v = BlockCompressor(o["cmp_block"], self.d)
         self.reset_parameters()
-
-    def _check_options(self) -> None:
-        o = self.opts
-        if self.H % self.HKV:
-            raise ValueError(f"nsa: heads={self.H} must be a multiple of kv_heads={self.HKV}")
-        if self.d % 2:
-            raise ValueError(f"nsa: head_dim must be even for RoPE, got {self.d}")
-        if o["cmp_block"] % o["stride"] or o["block"] % o["stride"]:
-            raise ValueError(
-                f"nsa: stride={o['stride']} must divide cmp_block={o['cmp_block']} and block={o['block']}"
-            )
 
     def reset_parameters(self) -> None:
         """Projections normal(0, 0.02) (the model rescales o_proj by depth); φ as mean pooling."""

@@ -33,8 +33,6 @@ class MultiScaleRetention(MixerLayer):
     def __init__(self, opts, cfg, backend: str = "reference"):
         super().__init__(opts, cfg, backend)
         H, K, V = dims(self.opts)
-        if K % 2:
-            raise ValueError(f"`retnet` rotates key dims in pairs: head_dim must be even, got {K}")
         D = cfg.dim
         self.H, self.K, self.V = H, K, V
         self.q_proj, self.k_proj = linear(D, H * K), linear(D, H * K)

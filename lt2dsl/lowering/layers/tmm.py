@@ -40,8 +40,6 @@ class ToeplitzMixer(MixerLayer):
         super().__init__(opts, cfg, backend)
         o, D = self.opts, cfg.dim
         self.heads, self.kernel, self.max_len = o["heads"], o["kernel"], o["max_len"]
-        if D % self.heads:
-            raise ValueError(f"tmm: dim={D} must be divisible by heads={self.heads}")
         self.w = nn.Parameter(torch.empty(self.kernel, self.heads, self.max_len))
         self.bias = nn.Parameter(torch.empty(self.heads, self.max_len))
         if self.heads > 1:
