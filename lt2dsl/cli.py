@@ -108,13 +108,18 @@ def cmd_check(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_fmt(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from lt2dsl.frontend import read_source, source_text
+
     status = EXIT_OK
     for f in args.files:
-        text = sys.stdin.read() if f == "-" else existing(f).read_text(encoding="utf-8")
-        name = "<stdin>" if f == "-" else f
-        formatted, diags = format_text(text, name)
-        if formatted is None:
-            report(err, diags, {name: SourceFile(name=name, text=text)})
+        if f == "-":
+            name, (text, diags) = "<stdin>", source_text(stdin_bytes(), "<stdin>")
+        else:
+            name, text, diags = read_source(existing(f))
+        if text is not None:
+            formatted, diags = format_text(text, name)
+        if text is None or formatted is None:
+            report(err, diags, {} if text is None else {name: SourceFile(name=name, text=text)})
             status = max(status, EXIT_ERRORS)
         elif f == "-":
             out.file.write(formatted)
@@ -122,9 +127,33 @@ def cmd_fmt(args: argparse.Namespace, out: Console, err: Console) -> int:
             emit(err, f"would reformat {f}")
             status = max(status, EXIT_ERRORS)
         elif formatted != text:
-            Path(f).write_text(formatted, encoding="utf-8")
+            write_atomically(Path(f), formatted)
             emit(err, f"reformatted {f}")
     return status
+
+
+def stdin_bytes() -> bytes:
+    """Standard input as bytes (decoded by `source_text` like a file's)."""
+    if hasattr(sys.stdin, "buffer"):
+        return sys.stdin.buffer.read()
+    return sys.stdin.read().encode("utf-8", "surrogateescape")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader (or
+    a crash) never sees half a file."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def format_text(text: str, name: str) -> tuple[str | None, list[Diagnostic]]:
@@ -249,6 +278,7 @@ def build_parser(for_compile: bool = False, verb: str | None = None) -> argparse
     p = argparse.ArgumentParser(
         prog="lt2dsl", description="Compile looped linear-time transformer descriptions (.lt2)."
     )
+    p.add_argument("--version", action="version", version=f"lt2dsl {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sets = dict(
         action="append",
@@ -311,6 +341,17 @@ def _room_verb(sub, verb: str, module: str, help: str, chosen: str | None) -> No
     room = _optional(module, verb)
     room.add_arguments(p)
     p.set_defaults(run=room.run)
+
+
+def version() -> str:
+    """The installed distribution's version (`pyproject.toml`)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("lt2dsl")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _add_estimate_flags(parser: argparse.ArgumentParser) -> None:

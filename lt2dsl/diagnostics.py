@@ -85,8 +85,34 @@ def sort_diagnostics(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
     return out
 
 
+# A quoted source line longer than this is cut to a window around its span.
+MAX_LINE = 100
+# More diagnostics than this of one code are summarised in one line (warnings sooner).
+MAX_SAME = {Severity.ERROR: 20, Severity.WARNING: 3, Severity.NOTE: 3}
+
+
+def visible(text: str) -> str:
+    """`text` safe to print: a tab becomes a space and other control characters (NUL, ESC, …)
+    their Unicode control pictures (␀, ␛), each one column wide so carets still line up;
+    invisible format characters (a BOM, a bidirectional override) become U+FFFD."""
+    if text.isprintable():
+        return text
+    return "".join(_visible_char(c) for c in text)
+
+
+def _visible_char(c: str) -> str:
+    if c.isprintable() or c == "\n":
+        return c
+    if c == "\t":
+        return " "
+    o = ord(c)
+    if o < 0x20:
+        return chr(0x2400 + o)
+    return "\u2421" if o == 0x7F else "\ufffd"
+
+
 def render(d: Diagnostic, sources: Mapping[str, SourceFile]) -> str:
-    head = f"{d.severity.value}[{d.code}]: {d.message}"
+    head = f"{d.severity.value}[{d.code}]: {visible(d.message)}"
     lines = [head]
     spans = [(d.span, d.label, "^")] + [(lb.span, lb.message, "-") for lb in d.labels]
     spans = [s for s in spans if s[0].known]
@@ -97,28 +123,43 @@ def render(d: Diagnostic, sources: Mapping[str, SourceFile]) -> str:
     if spans:
         lines.append(f"{pad} |")
         for span, msg, mark in sorted(spans, key=lambda s: s[0].key()):
-            lines += _snippet(span, msg, mark, sources.get(span.file), width)
+            lines += _snippet(span, visible(msg), mark, sources.get(span.file), width)
         lines.append(f"{pad} |")
-    lines += [f"{pad} = note: {n}" for n in d.notes]
+    lines += [f"{pad} = note: {visible(n)}" for n in d.notes]
     if d.help:
-        lines.append(f"help: {d.help}")
+        lines.append(f"help: {visible(d.help)}")
     return "\n".join(lines)
 
 
 def _snippet(span: Span, msg: str, mark: str, src: SourceFile | None, width: int) -> list[str]:
-    text = src.line(span.line) if src else ""
+    text = visible(src.line(span.line)) if src else ""
     start = max(span.col, 1)
     if span.end_line == span.line and span.end_col > span.col:
         n = span.end_col - span.col
     else:  # multi-line span: underline to the end of its first line
         n = max(len(text) - start + 1, 1)
+    text, start, n = window(text, start, n)
     under = " " * (start - 1) + mark * n + (f" {msg}" if msg else "")
     return [f"{span.line:>{width}} | {text}".rstrip(), f"{' ' * width} | {under}".rstrip()]
 
 
+def window(text: str, start: int, n: int, limit: int = MAX_LINE) -> tuple[str, int, int]:
+    """A line of at most about `limit` columns around columns [start, start + n): the line cut
+    on either side with `…`, the span's start column moved to match and its length capped."""
+    if len(text) <= limit:
+        return text, start, n
+    n = min(n, limit // 2)
+    left = max(0, min(start - 1 - limit // 4, len(text) - limit))
+    cut = text[left : left + limit]
+    head = "…" if left > 0 else ""
+    tail = "…" if left + limit < len(text) else ""
+    return head + cut + tail, start - left + len(head), n
+
+
 def render_all(diags: Iterable[Diagnostic], sources: Mapping[str, SourceFile]) -> str:
     diags = list(diags)
-    parts = [render(d, sources) for d in diags]
+    parts = [render(d, sources) for d in shown(diags)]
+    parts += summaries(diags)
     n_err = sum(d.is_error for d in diags)
     n_warn = sum(d.severity is Severity.WARNING for d in diags)
     if n_err:
@@ -128,3 +169,30 @@ def render_all(diags: Iterable[Diagnostic], sources: Mapping[str, SourceFile]) -
             + (f"; {n_warn} warning{'s' if n_warn > 1 else ''} emitted" if n_warn else "")
         )
     return "\n\n".join(parts)
+
+
+def shown(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """The diagnostics printed in full: the first MAX_SAME of each (severity, code)."""
+    seen: dict[tuple[Severity, str], int] = {}
+    out = []
+    for d in diags:
+        k = (d.severity, d.code)
+        seen[k] = seen.get(k, 0) + 1
+        if seen[k] <= MAX_SAME[d.severity]:
+            out.append(d)
+    return out
+
+
+def summaries(diags: list[Diagnostic]) -> list[str]:
+    """One line per (severity, code) with more diagnostics than are printed in full."""
+    counts: dict[tuple[Severity, str], int] = {}
+    for d in diags:
+        counts[(d.severity, d.code)] = counts.get((d.severity, d.code), 0) + 1
+    out = []
+    for (sev, code), count in counts.items():
+        if (more := count - MAX_SAME[sev]) > 0:
+            out.append(
+                f"{sev.value}[{code}]: {more} more like the above, not shown\n"
+                f"  = note: `lt2dsl explain {code}` describes them"
+            )
+    return out

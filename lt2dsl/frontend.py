@@ -34,9 +34,9 @@ from lt2dsl.diagnostics import Diagnostic, DiagnosticError, error, render_all, s
 from lt2dsl.grammar.parse import parse
 from lt2dsl.ir import nodes as n
 from lt2dsl.passes.manager import FunctionPass, PassManager, PassResult
-from lt2dsl.passes.overrides import applicable, apply_overrides, parse_overrides
+from lt2dsl.passes.overrides import applicable, apply_overrides, check_loop_override, parse_overrides
 from lt2dsl.passes.resolve import resolve
-from lt2dsl.source import SourceFile
+from lt2dsl.source import BOM, MAX_SOURCE_BYTES, SourceFile, decode_source
 from lt2dsl.validate import check, check_resolved
 from lt2dsl.validate.rules import rule
 
@@ -115,6 +115,8 @@ def _parse(u: Unit) -> PassResult[Unit]:
 
 def _overrides(u: Unit) -> PassResult[Unit]:
     values, diags = parse_overrides(u.given, u.sources)
+    if u.program is not None:
+        diags += list(check_loop_override(u.program, values))
     if u.program is None or diags:
         return PassResult(replace(u, overrides=values), tuple(diags), halt=True)
     applied = apply_overrides(u.program, applicable(values))
@@ -186,23 +188,39 @@ def is_path(source: str | os.PathLike) -> bool:
 
 
 def read_source(source: str | os.PathLike) -> tuple[str, str | None, list[Diagnostic]]:
-    """(name, text, diagnostics): text is None when the file cannot be read (E0901)."""
+    """(name, text, diagnostics): text is None when the source cannot be used (E0901, E0903)."""
     if not is_path(source):
-        return TEXT_NAME, str(source), []
+        text = str(source)
+        if problems := list(check_size(TEXT_NAME, len(text.encode("utf-8", "surrogatepass")))):
+            return TEXT_NAME, None, problems
+        return TEXT_NAME, text.removeprefix(BOM), []
     name = os.fspath(source)
-    problems = list(check_readable(Path(name)))
-    if problems:
-        return name, None, problems
-    return name, Path(name).read_text(encoding="utf-8"), []
+    path = Path(name)
+    why = "no such file" if not path.exists() else None if path.is_file() else "not a file"
+    if why is None:
+        try:
+            return (name, *source_text(path.read_bytes(), name))
+        except OSError as e:
+            why = e.strerror or type(e).__name__
+    return name, None, list(check_readable(name, why))
+
+
+def source_text(data: bytes, name: str) -> tuple[str | None, list[Diagnostic]]:
+    """(text, []) for the bytes of a source file, else (None, the E0901 / E0903 diagnostic)."""
+    if problems := list(check_size(name, len(data))):
+        return None, problems
+    text, why = decode_source(data)
+    return text, [] if why is None else list(check_readable(name, why))
 
 
 @rule("E0901")
-def check_readable(path: Path) -> Iterator[Diagnostic]:
+def check_readable(name: str, why: str) -> Iterator[Diagnostic]:
     """Source file cannot be read.
 
     What it checks:
-        The `.lt2` file given to `lt2dsl.load` exists, is a file and holds UTF-8 text. (The
-        command line reports a missing file as a usage error, exit code 2.)
+        The `.lt2` file exists, is a file and holds UTF-8 text (a byte-order mark at the start
+        is accepted): a NUL byte or an invalid UTF-8 sequence marks a binary file. The command
+        line reports a missing file as a usage error, exit code 2.
 
     Why it matters:
         There is nothing to compile.
@@ -213,17 +231,33 @@ def check_readable(path: Path) -> Iterator[Diagnostic]:
     Use instead:
         lt2dsl.load("examples/lt2_hybrid_gdn_dsa.lt2")
     """
-    why = None
-    if not path.exists():
-        why = "no such file"
-    elif not path.is_file():
-        why = "not a file"
-    else:
-        try:
-            path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            why = "not UTF-8 text"
-        except OSError as e:
-            why = e.strerror or type(e).__name__
-    if why:
-        yield error("E0901", f"cannot read `{path}`: {why}", help="check the path")
+    help_ = "check the path" if why in ("no such file", "not a file") else "save the file as UTF-8 text"
+    yield error("E0901", f"cannot read `{name}`: {why}", help=help_)
+
+
+@rule("E0903")
+def check_size(name: str, size: int) -> Iterator[Diagnostic]:
+    """Source too large.
+
+    What it checks:
+        A `.lt2` source (a file, standard input or text given to `lt2dsl.load`) is at most
+        128 KiB.
+
+    Why it matters:
+        A real model's description is a few kilobytes, even written one block per line; a
+        larger source is generated or not a model, and checking it would take minutes and
+        gigabytes before saying so.
+
+    Example:
+        lt2dsl check blocks_written_out_one_million_times.lt2
+
+    Use instead:
+        loop T=4 < gdn; gdn; gdn; dsa >
+    """
+    if size > MAX_SOURCE_BYTES:
+        yield error(
+            "E0903",
+            f"`{name}` is too large to be a `.lt2` source ({size:,} bytes)",
+            help=f"lt2dsl reads sources of at most {MAX_SOURCE_BYTES:,} bytes (128 KiB); write repeated "
+            "blocks with `repeat n < ... >`, `block * n` or `loop T=n < ... >`",
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
 from lt2dsl.cost import render
 from lt2dsl.cost.estimate import EstimateOptions, estimate
@@ -83,6 +84,32 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * {"": 1, "k": 1024, "M": 1024**2}[m.group(2)]
 
 
+def parse_exit_profile(text: str, model) -> tuple[float, ...]:
+    """`--exit-profile P1,P2,...`: the probabilities of exiting after iteration 1, 2, … of the
+    model's gated loops. Each is in [0, 1], at least one is positive, and there are at most as
+    many as the shortest gated loop has iterations (a token cannot exit after iteration T + 1)."""
+    from lt2dsl.passes.resolve import loops
+
+    gated = [lp for lp in loops(model.body) if lp.exit]
+    if not gated:
+        raise UsageError("--exit-profile needs a loop with an exit gate (`loop T=4, exit=gate < ... >`)")
+    try:
+        profile = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--exit-profile expects numbers like 0.1,0.3,0.6, got {text!r}") from None
+    T = min(lp.T for lp in gated)
+    if len(profile) > T:
+        raise UsageError(
+            f"--exit-profile gives {len(profile)} probabilities but the gated loop has T={T} "
+            f"iterations: give at most {T}"
+        )
+    if not all(0.0 <= p <= 1.0 for p in profile) or not any(profile):
+        raise UsageError(
+            f"--exit-profile values are probabilities in [0, 1], at least one positive, got {text!r}"
+        )
+    return profile
+
+
 def options_from(args, model) -> list[EstimateOptions]:
     cfg = model.config
     try:
@@ -91,14 +118,7 @@ def options_from(args, model) -> list[EstimateOptions]:
         raise UsageError(str(e)) from None
     if args.batch < 1 or args.gen < 0:
         raise UsageError("--batch must be >= 1 and --gen >= 0")
-    profile = None
-    if args.exit_profile:
-        try:
-            profile = tuple(float(x) for x in args.exit_profile.split(","))
-        except ValueError:
-            raise UsageError(
-                f"--exit-profile expects numbers like 0.1,0.3,0.6, got {args.exit_profile!r}"
-            ) from None
+    profile = parse_exit_profile(args.exit_profile, model) if args.exit_profile else None
     dt = Dtypes(act=args.dtype, state=args.state_dtype, kv=args.kv_dtype)
     lengths = parse_lengths(args.seq) if args.seq else [cfg.max_len]
     return [
@@ -127,6 +147,9 @@ def vs_model(args, loaded):
         return to_baseline(loaded.model), "baseline (all full)"
     from lt2dsl.frontend import load
 
+    if not Path(args.vs).is_file():  # as for the input file: a usage error, exit code 2
+        why = "not a file" if Path(args.vs).exists() else "no such file"
+        raise UsageError(f"cannot read --vs `{args.vs}`: {why}")
     other = load(args.vs, overrides=getattr(args, "overrides", None))
     if other.model is None:
         return other, None
@@ -137,10 +160,10 @@ def run(loaded, args, console) -> int:
     """Print the report for `loaded.model` in the format asked for. Returns the exit code."""
     try:
         opts = options_from(args, loaded.model)
+        other, other_name = vs_model(args, loaded)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    other, other_name = vs_model(args, loaded)
     if other is not None and other_name is None:  # the --vs file had errors
         from lt2dsl.diagnostics import render_all
 

@@ -184,7 +184,7 @@ def rope_freq_factors(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
     if hi > lo:
         return None
     return Problem(
-        f"`rope_high_freq` ({hi}) of `{kind}` must be greater than `rope_low_freq` ({lo})",
+        f"`rope_high_freq` ({show(hi)}) of `{kind}` must be greater than `rope_low_freq` ({show(lo)})",
         "Llama 3 scaling interpolates between the two wavelengths",
         "Llama 3.x checkpoints use `rope_low_freq=1, rope_high_freq=4`",
     )

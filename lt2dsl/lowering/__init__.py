@@ -44,6 +44,7 @@ def compile_model(
     """
     model = resolve_source(source, dict(overrides or {}))
     dt = torch_dtype(dtype if dtype is not None else model.config.dtype)
+    device = _device(device)
     with torch.device(device) if device is not None else nullcontext():
         lowered = LT2Model(model, backend=backend)
     if fuse:
@@ -68,3 +69,24 @@ def resolve_source(source, overrides: dict[str, Any]) -> n.Model:
     from lt2dsl.frontend import load_or_raise
 
     return load_or_raise(source, {k: as_node(v) for k, v in overrides.items()}).model
+
+
+def _device(device: torch.device | str | None) -> torch.device | None:
+    """`device` as a `torch.device`, refusing one this machine does not have."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(
+            f"device must be a torch.device or a name like 'cpu' or 'cuda:0', got {device!r}"
+        ) from e
+    backend = getattr(torch, dev.type, None)
+    if dev.type not in ("cpu", "meta") and not (backend and backend.is_available()):
+        raise ValueError(
+            f"device {str(dev)!r} is not available on this machine (torch.{dev.type}.is_available() is "
+            "False); use device='cpu'"
+        )
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(dev)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev

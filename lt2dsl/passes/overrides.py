@@ -77,6 +77,52 @@ def check_override_value(key: str, raw: str, file: str) -> Iterator[Diagnostic]:
         )
 
 
+@rule("E0904")
+def check_loop_override(program: n.Program, overrides: Mapping[str, n.Node]) -> Iterator[Diagnostic]:
+    """Loop count override on a model without a loop.
+
+    What it checks:
+        `--set loop.T=n` (or `compile(..., loop_T=n)`) is given for a program that has no
+        `loop` (in its body or in a `let`).
+
+    Why it matters:
+        The override sets the iteration count of every loop; with no loop it would change
+        nothing, and the model compiled is not the one asked for.
+
+    Example:
+        lt2dsl compile model.lt2 --set loop.T=8   # model.lt2: `dim = 1024` and `gdn`
+
+    Use instead:
+        lt2dsl compile model.lt2   # or write the blocks inside `loop T=8 < ... >`
+    """
+    key = next((k for k in LOOP_T_KEYS if k in overrides), None)
+    if key is None or has_loop([*program.body, *(let.item for let in program.lets)]):
+        return
+    v = overrides[key]
+    span = Span(file=v.span.file, line=1, col=1, end_line=1, end_col=len(key) + 1) if v.span.known else v.span
+    yield error(
+        "E0904",
+        f"`{key}` is set but the model has no loop",
+        span,
+        label="no loop to set",
+        help="drop the override, or put the blocks inside `loop T=n < ... >`",
+    )
+
+
+def has_loop(items: list[n.Node]) -> bool:
+    """Whether a loop is among `items` or inside them (surface items or resolved stages)."""
+    todo = list(items)
+    while todo:
+        item = todo.pop()
+        if isinstance(item, n.Loop | n.LoopBlock):
+            return True
+        if isinstance(item, n.Repeat):
+            todo += item.body
+        elif isinstance(item, n.Times):
+            todo.append(item.item)
+    return False
+
+
 def as_node(v: Any, parse: bool = False) -> Any:
     """A Python override value as an IR value node. Text is parsed only with `parse` (raising
     ValueError); otherwise it stays text for `parse_overrides`, which reports it as a diagnostic."""
@@ -139,6 +185,8 @@ def override_model(model: n.Model, overrides: Mapping[str, Any]) -> n.Model:
         return model
     if isinstance(T, bool) or not isinstance(T, int) or T < 1:
         raise ValueError(f"loop_T must be a positive integer, got {T!r}")
+    if not has_loop(list(model.body)):
+        raise ValueError("loop_T is set but the model has no loop [E0904]")
     return model.model_copy(update={"body": tuple(set_loop_T(s, T) for s in model.body)})
 
 

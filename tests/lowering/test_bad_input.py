@@ -16,7 +16,9 @@ def model():
 @pytest.mark.parametrize(
     ("ids", "match"),
     [
-        (torch.zeros(1, 4), r"integer dtype \(torch.long\).*float32"),
+        (torch.zeros(1, 4), r"integer dtype \(torch.long or torch.int32.*float32"),
+        (torch.zeros(1, 4, dtype=torch.uint8), r"integer dtype \(torch.long or torch.int32.*uint8"),
+        (torch.zeros(1, 4, dtype=torch.int8), r"integer dtype.*int8.*\.long\(\)"),
         (torch.zeros(1, 4, dtype=torch.bool), "integer dtype"),
         (torch.zeros(4, dtype=torch.long), r"shape \[B, T\].*\[4\]"),
         (torch.zeros(1, 4, 2, dtype=torch.long), r"shape \[B, T\]"),
