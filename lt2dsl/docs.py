@@ -28,6 +28,7 @@ DERIVED = {
     "_head_dim": "model `head_dim`",
     "_kv_heads": "`heads` in an MHA model, else model `kv_heads`",
     "_max_len": "model `max_len`",
+    "_normalize": "`true`; `false` for `feature_map=identity`",
 }
 
 

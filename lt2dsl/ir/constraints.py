@@ -190,6 +190,17 @@ def rope_freq_factors(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
     )
 
 
+def positive_features(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
+    if not (o["normalize"] and o["feature_map"] == "identity"):
+        return None
+    return Problem(
+        "`linear` divides by q̂ᵀz, which identity features can make zero or negative",
+        "the normaliser needs features that are never negative",
+        "write `normalize=false` (a per-head RMSNorm on the output instead), or use a feature map "
+        "that is never negative: `elu1`, `relu`, `hedgehog`",
+    )
+
+
 CONSTRAINTS = (
     Constraint("E0501", KV_GROUPED, lambda k: ("kv_heads", "heads"), kv_heads_divide),
     Constraint("E0502", ("gdn", "kda"), lambda k: ("v_heads", "heads"), value_heads_divide),
@@ -199,6 +210,7 @@ CONSTRAINTS = (
     Constraint("E0507", ("nsa",), lambda k: ("stride", "cmp_block", "block"), nsa_stride, False),
     Constraint("E0509", ROTARY, lambda k: ("head_dim",), rope_pairs),
     Constraint("E0510", ("mamba2",), lambda k: ("groups", "heads"), mamba2_groups, False),
+    Constraint("E0511", ("linear",), lambda k: ("normalize", "feature_map"), positive_features, False),
     Constraint("E0520", ROPE_OPTIONS, lambda k: ("rope_dim", "head_dim"), rope_dim_fits),
     Constraint(
         "E0521", ROPE_OPTIONS, lambda k: ("rope_high_freq", "rope_low_freq"), rope_freq_factors, False

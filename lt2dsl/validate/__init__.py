@@ -57,6 +57,7 @@ SHAPES: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
     shapes.check_model_head_dim,
     shapes.check_rope_head_dim,
     shapes.check_mamba2_groups,
+    shapes.check_linear_normalizer,
     shapes.check_window_fits,
     shapes.check_topk_fits,
     rope.check_rope_dim,

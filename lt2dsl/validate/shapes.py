@@ -388,3 +388,28 @@ def check_mamba2_groups(s: ShapeCtx) -> Iterator[Diagnostic]:
         mamba2(groups=2)
     """
     yield from constraint_errors(s, "E0510")
+
+
+@rule("E0511")
+def check_linear_normalizer(s: ShapeCtx) -> Iterator[Diagnostic]:
+    """Normalised linear attention with identity features.
+
+    What it checks:
+        For `linear`: `normalize=true` together with `feature_map=identity` (the default of
+        `normalize` is `false` for identity features).
+
+    Why it matters:
+        The normaliser divides by q̂ᵀz, the sum of products of the query's features with every
+        past key's. Identity features have either sign, so the sum crosses zero: the output
+        blows up near it, and a forward and a decode of the same tokens, which add the same
+        terms in another order, give different results (mixers.md §1(e)).
+
+    Example:
+        dim = 1024
+        linear(feature_map=identity, normalize=true)
+
+    Use instead:
+        dim = 1024
+        linear(feature_map=identity, normalize=false)
+    """
+    yield from constraint_errors(s, "E0511")

@@ -20,6 +20,12 @@ def value_dim(o: Opts) -> int:
     return o["head_dim"] + (1 if o["normalize"] else 0)
 
 
+def _normalize(cfg: ModelConfig | None, o: Opts) -> bool:
+    """The normaliser q̂ᵀz is a sum of feature products: positive for elu1 and hedgehog, never
+    negative for relu, of either sign for identity (mixers.md §1(e)); identity gets the RMSNorm."""
+    return o.get("feature_map", "elu1") != "identity"
+
+
 @dataclass(frozen=True)
 class LinearSpec(LayerSpec):
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -70,7 +76,12 @@ SPEC = LinearSpec(
             choices=("elu1", "relu", "identity", "hedgehog"),
             positional=True,
         ),
-        Option("normalize", "bool", "divide by q̂ᵀz (else a per-head RMSNorm on the output)", default=True),
+        Option(
+            "normalize",
+            "bool",
+            "divide by q̂ᵀz (else a per-head RMSNorm on the output); needs positive features",
+            default=_normalize,
+        ),
     ),
     module="lt2dsl.lowering.layers.linear:LinearAttention",
     source="mixers.md §1 (arXiv 2006.16236); fast-transformers causal_linear_attention",
