@@ -116,7 +116,14 @@ def title(r: Report) -> str:
 
 
 def blocks_table(r: Report) -> Table:
-    t = Table(title=title(r), box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    t = Table(
+        title=title(r),
+        caption=PER_APPLICATION,
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        caption_justify="left",
+        pad_edge=False,
+    )
     for name, just in [
         ("block", "left"),
         ("kind", "left"),
@@ -174,31 +181,52 @@ def totals_table(e: Entry, mode: str = "all") -> Table:
     return t
 
 
-def notes(r: Report) -> Text:
+# The block table's columns after `executed` are per application: one pass of the block, which
+# a loop of T iterations makes T times; the totals multiply them by ×T.
+PER_APPLICATION = (
+    "per application (one iteration of a looped block): FLOP/tok, state/seq, KV/seq and decode "
+    "B/tok; totals multiply them by ×T"
+)
+
+
+def notes(r: Report, mode: str = "all", sweep: bool = False) -> Text:
+    """The figures under the tables, those of `mode` only; in a sweep, the L-dependent ones are
+    labelled as the first length's."""
     p, th, ro, m = r.params, r.theory, r.roofline, r.memory
-    lines = [
+    shows = {part: mode in ("all", part) for part in ("train", "prefill", "decode")}
+    first = [
         f"embedding share {p.embedding_share:.1%} · effective depth {th.effective_depth} · "
         f"receptive field {fmt.length(th.receptive_field)} tokens"
-        + (f" · looped delta-rule update rank ≤ {th.update_rank} per token" if th.update_rank else ""),
-        f"prefill {ro.prefill_bound}-bound, decode {ro.decode_bound}-bound "
-        f"({fmt.nbytes(ro.decode_bytes_per_step)} moved per step, {fmt.seconds(ro.decode_step_s)}) · "
-        f"train activations {fmt.nbytes(m.train_activations_bytes)} "
-        f"({fmt.nbytes(m.train_activations_recompute_bytes)} with recomputation)",
+        + (f" · looped delta-rule update rank ≤ {th.update_rank} per token" if th.update_rank else "")
     ]
-    if ro.generate_s is not None:
+    at_L = [
+        f"prefill {ro.prefill_bound}-bound" if shows["prefill"] else "",
+        f"decode {ro.decode_bound}-bound ({fmt.nbytes(ro.decode_bytes_per_step)} moved per step, "
+        f"{fmt.seconds(ro.decode_step_s)})"
+        if shows["decode"]
+        else "",
+        f"train activations {fmt.nbytes(m.train_activations_bytes)} "
+        f"({fmt.nbytes(m.train_activations_recompute_bytes)} with recomputation)"
+        if shows["train"]
+        else "",
+    ]
+    bounds = ", ".join(x for x in at_L[:2] if x)
+    lines = [" · ".join(x for x in (bounds, at_L[2]) if x)] if any(at_L) else []
+    if ro.generate_s is not None and shows["decode"]:
         lines.append(
             f"generating {r.inputs.gen} tokens after a prompt of {fmt.length(r.inputs.seq)}: "
             f"{fmt.seconds(ro.generate_s)} ({fmt.si(r.inputs.gen * r.inputs.batch / ro.generate_s)} "
             f"tokens/s with the prefill)"
         )
-    if r.flops_per_token.decode_expected is not None:
+    if r.flops_per_token.decode_expected is not None and shows["decode"]:
         lines.append(
             f"expected decode FLOPs/token with the exit profile: {fmt.si(r.flops_per_token.decode_expected)}"
         )
-    if r.capacity.max_len_note:
+    if r.capacity.max_len_note and shows["decode"]:
         lines.append(f"max L: {r.capacity.max_len_note}")
-    lines.append("conventions:")
-    lines += [f"  - {c}" for c in r.conventions]
+    if sweep and lines:
+        lines = [f"at L={fmt.length(r.inputs.seq)}, the sweep's first length:", *(f"  {x}" for x in lines)]
+    lines = first + lines + ["conventions:"] + [f"  - {c}" for c in r.conventions]
     return Text("\n".join(lines))
 
 
@@ -238,9 +266,9 @@ def sweep_table(entries: list[Entry]) -> Table:
 
 def rich_output(entries: list[Entry], mode: str = "all"):
     if len(entries) > 1:
-        return Group(sweep_table(entries), Text(""), notes(entries[0].report))
+        return Group(sweep_table(entries), Text(""), notes(entries[0].report, mode, sweep=True))
     e = entries[0]
-    return Group(blocks_table(e.report), totals_table(e, mode), notes(e.report))
+    return Group(blocks_table(e.report), totals_table(e, mode), notes(e.report, mode))
 
 
 def to_text(entries: list[Entry], width: int = 160, mode: str = "all") -> str:
@@ -349,6 +377,8 @@ def to_markdown(entries: list[Entry]) -> str:
         out.append("|" + "---|" * len(hdr))
         for row in r.blocks + r.extras:
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row)) + " |")
+        out.append("")
+        out.append(PER_APPLICATION[0].upper() + PER_APPLICATION[1:] + ".")
         out.append("")
         hdr = ["figure", r.inputs.model] + ([e.vs_name or e.vs.inputs.model, "ratio"] if e.vs else [])
         out.append("| " + " | ".join(hdr) + " |")
