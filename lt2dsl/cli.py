@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from lt2dsl.diagnostics import Diagnostic, render_all, sort_diagnostics
+from lt2dsl.diagnostics import Diagnostic, render_all, sort_diagnostics, visible
 from lt2dsl.source import SourceFile
 from lt2dsl.validate.rules import rule
 
@@ -43,9 +43,11 @@ def consoles() -> tuple[Console, Console]:
 
 
 def emit(console: Console, text: str) -> None:
-    """Print plain text; on a terminal, colour the `error:`/`warning:`/`help:` heads."""
+    """Print plain text (control characters a file name or flag may hold made visible); on a
+    terminal, colour the `error:`/`warning:`/`help:` heads."""
     if not text:
         return
+    text = visible(text)
     if not console.is_terminal:
         console.file.write(text + "\n")
         return
@@ -274,8 +276,16 @@ def _optional(module: str, flag: str):
 # ---- the parser ---------------------------------------------------------------------------------
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose messages (which quote the user's arguments) show control
+    characters visibly, as every other message of the CLI does."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        super()._print_message(visible(message) if message else message, file)
+
+
 def build_parser(for_compile: bool = False, verb: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="lt2dsl", description="Compile looped linear-time transformer descriptions (.lt2)."
     )
     p.add_argument("--version", action="version", version=f"lt2dsl {version()}")

@@ -119,7 +119,7 @@ def render(d: Diagnostic, sources: Mapping[str, SourceFile]) -> str:
     width = max((len(str(s.end_line or s.line)) for s, _, _ in spans), default=1)
     pad = " " * width
     if d.span.known:
-        lines.append(f"{pad}--> {d.span}")
+        lines.append(f"{pad}--> {visible(str(d.span))}")
     if spans:
         lines.append(f"{pad} |")
         for span, msg, mark in sorted(spans, key=lambda s: s[0].key()):

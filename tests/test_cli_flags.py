@@ -88,3 +88,18 @@ def test_a_near_miss_setting_of_the_wrong_type_suggests_the_right_one(files, cap
     else:
         status, _, err = run(capsys, "check", "flat.lt2", "--set", "head=4")
     assert status == 1 and "help: did you mean `heads`?" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "a\x1b[2Jb.lt2"],
+        ["check", "flat.lt2", "--bogus\x07"],
+        ["check", "flat.lt2", "--set", "d\x01m=4"],
+        ["compile", "flat.lt2", "--estimate", "--vs", "m\x00.lt2"],
+    ],
+    ids=["file", "flag", "set-key", "vs"],
+)
+def test_control_characters_in_arguments_are_not_echoed_raw(files, capsys, argv):
+    status, _, err = run(capsys, *argv)
+    assert status in (1, 2) and err and not any(c in err for c in "\x00\x01\x07\x1b"), err

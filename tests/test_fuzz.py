@@ -1,98 +1,42 @@
 """Random and mutated `.lt2` text through the CLI, in-process: a diagnostic, never a crash.
 
-Mutations of valid files (a token deleted, duplicated or swapped with its neighbour, random
-bytes inserted, the text truncated, a character replaced) and random byte strings go through
-`lt2dsl check`. Every run must end with exit code 1 and at least one `error[...]` diagnostic,
-or — when the mutation happens to leave a valid program — exit code 0 and no error; never an
-internal error (exit 3), never a traceback. The seed is fixed, so a failure reproduces.
+Mutations of valid files (`lt2dsl.fuzz.mutants`: a token deleted, duplicated or swapped with its
+neighbour, random characters inserted (NUL and a BOM among them), the text truncated, a
+character replaced) and random byte strings go through `lt2dsl check` and `lt2dsl fmt --check`.
+Every run must end with exit code 1 and at least one `error[...]` diagnostic, or — when the
+mutation happens to leave a valid program — exit code 0 and no error; never an internal error
+(exit 3), never a traceback, never a raw control character echoed. The seed is fixed, so a
+failure reproduces. `python -m lt2dsl.fuzz` runs the same at the sizes of docs/reliability.md.
 """
 
-import contextlib
-import io
 import random
 import re
 from pathlib import Path
 
 import pytest
 
-from lt2dsl.cli import main
 from lt2dsl.frontend import load
+from lt2dsl.fuzz import mutants
+from lt2dsl.fuzz.runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-SEEDS = sorted([*ROOT.glob("examples/*.lt2"), *ROOT.glob("tests/grammar/inputs/*.lt2")])
-TOKEN = re.compile(r"\w+|[^\w\s]|\s+")
 N = 300
-
-
-def mutate(text: str, rnd: random.Random) -> str:
-    toks = TOKEN.findall(text)
-    # mutate code, not the spaces between it
-    i = rnd.choice([k for k, t in enumerate(toks) if not t.isspace()])
-    match rnd.randrange(7):
-        case 0:
-            del toks[i]
-        case 1:
-            toks.insert(i, toks[i])
-        case 2 if i + 1 < len(toks):
-            toks[i], toks[i + 1] = toks[i + 1], toks[i]
-        case 3:
-            toks.insert(i, "".join(chr(rnd.randrange(1, 0x250)) for _ in range(rnd.randint(1, 4))))
-        case 4:
-            return text[: rnd.randrange(len(text))]
-        case 5:
-            pos = rnd.randrange(len(text))
-            return text[:pos] + rnd.choice("<>(){};,=*#\"'/.-+0123456789kMTx \n") + text[pos + 1 :]
-        case _:
-            toks[i] = rnd.choice(
-                [
-                    "loop",
-                    "let",
-                    "par",
-                    "repeat",
-                    "model",
-                    "T",
-                    "=",
-                    "<",
-                    ">",
-                    "none",
-                    "1e999",
-                    "8/0",
-                    "32kb",
-                    "-1",
-                    "0",
-                    "\n",
-                    ";;",
-                    "gdn",
-                    "dsaa",
-                    "(",
-                    ")",
-                ]
-            )
-    return "".join(toks)
+# Control characters other than newline and tab must never reach the terminal raw.
+RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def inputs() -> list[bytes]:
-    rnd = random.Random(20260101)
-    # without comments: a mutation inside a comment would change nothing
-    texts = [re.sub(r"#[^\n]*", "", s.read_text()) for s in SEEDS]
-    out = [mutate(rnd.choice(texts), rnd).encode() for _ in range(N)]
-    out += [bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 80))) for _ in range(N // 8)]
-    # proper prefixes only: past a short text's end a "prefix" would be the whole valid text again
-    text = rnd.choice(texts)
-    out += [text[:k].encode() for k in range(0, min(400, len(text)), 7)]
-    return out
+    return mutants.inputs(mutants.seeds(ROOT), N, random.Random(20260101))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[tuple[bytes, int, str]]:
-    f = tmp_path_factory.mktemp("fuzz") / "case.lt2"
+    work = str(tmp_path_factory.mktemp("fuzz"))
     out = []
     for data in inputs():
-        f.write_bytes(data)
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            status = main(["check", str(f)])
-        out.append((data, status, err.getvalue()))
+        o = run_cli(["check"], data, work)
+        assert not o.escaped, (data, o.escaped)
+        out.append((data, o.status, o.stderr))
     return out
 
 
@@ -110,6 +54,11 @@ def test_errors_come_with_diagnostics(results):
             assert "error[" not in err, (data, err)
 
 
+def test_no_raw_control_characters_are_echoed(results):
+    for data, _, err in results:
+        assert not RAW_CONTROL.search(err), (data, err)
+
+
 def test_the_api_agrees_with_the_cli(results):
     for data, status, _ in results[::10]:
         text = data.decode("utf-8", errors="replace")
@@ -120,3 +69,11 @@ def test_the_api_agrees_with_the_cli(results):
 def test_most_mutations_are_errors(results):
     errors = sum(status == 1 for _, status, _ in results)
     assert errors > 0.85 * len(results), f"only {errors} of {len(results)} inputs were errors"
+
+
+def test_fmt_never_fails_internally(tmp_path):
+    """`fmt --check` reads the same bytes: exit 0 or 1, a diagnostic for what it refuses."""
+    for data in inputs()[::3]:
+        o = run_cli(["fmt", "--check"], data, str(tmp_path))
+        assert o.status in (0, 1) and not o.internal, (data, o.stderr, o.escaped)
+        assert not RAW_CONTROL.search(o.stderr), (data, o.stderr)

@@ -162,7 +162,9 @@ def run(loaded, args, console) -> int:
         opts = options_from(args, loaded.model)
         other, other_name = vs_model(args, loaded)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from lt2dsl.diagnostics import visible
+
+        print(visible(f"error: {e}"), file=sys.stderr)
         return 2
     if other is not None and other_name is None:  # the --vs file had errors
         from lt2dsl.diagnostics import render_all

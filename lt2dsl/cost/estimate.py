@@ -24,6 +24,7 @@ from lt2dsl.cost.report import (
 )
 from lt2dsl.dtypes import Dtypes
 from lt2dsl.ir import nodes as n
+from lt2dsl.ir.constraints import require_model
 from lt2dsl.ir.registry import lookup
 from lt2dsl.ir.specs.channel import block_norm_count, mlp_flops, mlp_weights, norm_weights
 from lt2dsl.passes.resolve import blocks as iter_blocks
@@ -156,6 +157,7 @@ def model_weights(model: n.Model) -> dict[str, tuple[int, ...]]:
 
 
 def estimate(model: n.Model, opt: EstimateOptions | None = None) -> Report:
+    require_model(model)  # the validator's limits (E0204, E0205), for a Model built in Python
     opt = opt or EstimateOptions()
     cfg = model.config
     L = opt.seq or cfg.max_len

@@ -90,3 +90,11 @@ def test_the_lowering_asserts_the_same_limits(text, match):
     program, _ = parse(text)
     with pytest.raises(ValueError, match=match):
         compile_model(resolve(program), device="meta", dtype=torch.float32, fuse=False)
+
+
+def test_the_estimate_refuses_an_effective_depth_of_2_to_the_63():
+    from lt2dsl.cost.estimate import estimate
+
+    program, _ = parse("dim = 64\n" + "loop T=2 < " * 63 + "gdn" + " >" * 63)
+    with pytest.raises(ValueError, match=r"about 9\.2e\+18 blocks.*\[E0205\]"):
+        estimate(resolve(program))

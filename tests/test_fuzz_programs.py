@@ -1,0 +1,72 @@
+"""Whatever `check` accepts compiles and runs: generated programs over every kind and option.
+
+A fixed-seed generator (`lt2dsl.fuzz.programs`) writes well-formed programs from the registry's
+option schemas, mostly in range, sometimes not. Each goes through `lt2dsl compile --emit fx`
+in-process: exit 0 (accepted and lowered) or 1 (a diagnostic), never an internal error. A
+sample of the accepted ones runs on the reference backend in fp32: forward and backward finite,
+a prefill followed by single-token decode steps equal to the forward within 1e-4 relative.
+`python -m lt2dsl.fuzz` runs the same at the sizes of docs/reliability.md.
+"""
+
+import random
+import re
+
+import pytest
+
+from lt2dsl.fuzz import programs
+from lt2dsl.fuzz.pool import HANG, run_jobs
+from lt2dsl.fuzz.runner import DECODE_RTOL, run_cli, run_model
+from lt2dsl.ir.registry import REGISTRY
+
+N = 240
+RUN_EVERY = 4  # every 4th accepted program runs (about 20)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> list[tuple[str, int, str]]:
+    work = str(tmp_path_factory.mktemp("programs"))
+    rnd = random.Random(20260102)
+    out = []
+    for _ in range(N):
+        text = programs.generate(rnd)
+        o = run_cli(["compile", "--emit", "fx"], text.encode(), work)
+        assert not o.escaped, (text, o.escaped)
+        out.append((text, o.status, o.stderr))
+    return out
+
+
+def accepted(generated) -> list[str]:
+    return [text for text, status, _ in generated if status == 0]
+
+
+def test_accepted_programs_lower_and_rejected_ones_have_diagnostics(generated):
+    for text, status, err in generated:
+        assert status in (0, 1) and "E9999" not in err and "Traceback" not in err, (text, err)
+        assert (status == 1) == bool(re.search(r"^error\[E\d{4}\]: ", err, re.M)), (text, err)
+
+
+def test_the_generator_covers_every_kind_and_option(generated):
+    texts = "\n".join(text for text, _, _ in generated)
+    ok = "\n".join(accepted(generated))
+    assert len(accepted(generated)) > N // 4, "too few programs were accepted to test anything"
+    for kind, spec in REGISTRY.items():
+        assert re.search(rf"\b({'|'.join([kind, *spec.aliases])})\b", ok), f"no accepted `{kind}`"
+        for o in spec.options:
+            assert f"{o.name}=" in texts, f"option `{o.name}` of `{kind}` never generated"
+    for construct in ("loop T=", "repeat ", "par(", " * ", "let ", "exit=gate", "inject=", "final_norm="):
+        assert construct in ok, construct
+
+
+def test_accepted_programs_run_finite_and_decode_as_they_run(generated):
+    for text in accepted(generated)[::RUN_EVERY]:
+        o = run_model(text)
+        assert not o.error, (text, o.error)
+        assert o.finite and o.grads_finite, text
+        assert o.decode_error <= DECODE_RTOL, (text, o.decode_error)
+
+
+@pytest.mark.slow  # two worker processes start (torch imports): ~10 s
+def test_the_hang_guard_kills_a_job_past_its_timeout():
+    slow = "dim = 64\nloop T=64 < gdn; full; mamba2 >\n"
+    results = dict(run_jobs([("run", slow), ("cli", (["check"], b"dim = 64\ngdn\n"))], timeout=2.0))
+    assert results[0] == HANG and results[1].status == 0
