@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from lt2dsl.cli import main, version
+from lt2dsl.cli import version
+from tests.test_cli import run
 
 GATED = "dim = 64\nloop T=4, exit=gate < gdn >\n"
 LOOPED = "dim = 64\nloop T=4 < gdn >\n"
@@ -18,12 +19,6 @@ def files(tmp_path, monkeypatch):
     for name, text in {"gated.lt2": GATED, "looped.lt2": LOOPED, "flat.lt2": FLAT}.items():
         (tmp_path / name).write_text(text)
     return tmp_path
-
-
-def run(capsys, *argv):
-    status = main(list(argv))
-    out = capsys.readouterr()
-    return status, out.out, out.err
 
 
 def test_version(capsys):

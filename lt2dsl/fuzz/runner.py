@@ -4,7 +4,17 @@
 happened: an exit code, an internal error (E9999 or a traceback), or an exception that escaped
 `main`. `run_model(text)` compiles an accepted program on the reference backend in fp32, runs a
 forward and a backward (every output and gradient must be finite) and a prefill followed by
-single-token decode steps through one cache, which must equal the forward.
+single-token decode steps through one cache, which must equal the forward within 1e-4.
+
+Where fp32 decode and forward differ by more, the model is run again in float64. Some
+programs are ill-conditioned at their random initialisation: a sandwich norm, or a final norm
+after every iteration, adds a branch of the same size as the residual, and a mixer that scales
+its input (a one-head, one-tap `tmm` at the first position) can make the branch its negative,
+so the sum is rounding noise that the next norm amplifies. Their fp32 forward is then itself far
+from the float64 forward, and no implementation could make fp32 decode agree to 1e-4. Such a
+program passes when it is ill-conditioned (fp32 forward off the float64 forward by more than
+1e-5) and its float64 decode equals its float64 forward within 1e-8: a cache or decode bug
+cannot hide there.
 """
 
 from __future__ import annotations
@@ -21,6 +31,9 @@ from dataclasses import dataclass
 SEQ, PREFILL, BATCH = 10, 4, 2
 # Decode must equal the forward to this relative error, max |a − b| / max |b| (fp32).
 DECODE_RTOL = 1e-4
+# An fp32 forward this far from the float64 forward cannot resolve DECODE_RTOL; its float64
+# decode must then equal its float64 forward within EXACT_RTOL.
+ILL_CONDITIONED, EXACT_RTOL = 1e-5, 1e-8
 
 
 @dataclass(frozen=True)
@@ -38,12 +51,30 @@ class CliOutcome:
 class RunOutcome:
     finite: bool
     grads_finite: bool
-    decode_error: float  # max |decode − forward| / max |forward|
+    decode_error: float  # max |decode − forward| / max |forward|, fp32
     error: str = ""  # an exception raised by compile or run
+    # measured only when decode_error > DECODE_RTOL: the fp32 forward against the float64 one,
+    # and the float64 decode against the float64 forward
+    forward_error: float | None = None
+    decode_error_fp64: float | None = None
+
+    @property
+    def ill_conditioned(self) -> bool:
+        """fp32 cannot resolve this model's output, and its float64 decode is exact."""
+        return (
+            self.forward_error is not None
+            and self.forward_error > ILL_CONDITIONED
+            and self.decode_error_fp64 is not None
+            and self.decode_error_fp64 <= EXACT_RTOL
+        )
+
+    @property
+    def decodes_as_it_runs(self) -> bool:
+        return self.decode_error <= DECODE_RTOL or self.ill_conditioned
 
     @property
     def ok(self) -> bool:
-        return not self.error and self.finite and self.grads_finite and self.decode_error <= DECODE_RTOL
+        return not self.error and self.finite and self.grads_finite and self.decodes_as_it_runs
 
 
 def run_cli(argv: list[str], data: bytes, workdir: str | None = None) -> CliOutcome:
@@ -78,9 +109,28 @@ def run_model(text: str, seed: int = 0) -> RunOutcome:
         finite = bool(torch.isfinite(out).all())
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         grads_finite = all(bool(torch.isfinite(g).all()) for g in grads)
-        return RunOutcome(finite, grads_finite, decode_error(model, ids))
+        err = decode_error(model, ids)
+        if err <= DECODE_RTOL:
+            return RunOutcome(finite, grads_finite, err)
+        return RunOutcome(finite, grads_finite, err, "", *in_float64(model, ids))
     except Exception as e:
         return RunOutcome(False, False, math.inf, f"{type(e).__name__}: {e}")
+
+
+def in_float64(model, ids) -> tuple[float, float]:
+    """(fp32 forward against the float64 forward, float64 decode against it) of one model."""
+    import copy
+
+    import torch
+
+    exact = copy.deepcopy(model).double()
+    with torch.no_grad():
+        model.eval()
+        exact.eval()
+        truth = exact(ids)
+        scale = max(truth.abs().max().item(), 1e-30)
+        forward = (model(ids).double() - truth).abs().max().item() / scale
+    return forward, decode_error(exact, ids)
 
 
 def _tokens(model, seed: int):

@@ -14,18 +14,12 @@ import time
 import pytest
 
 from lt2dsl import diagnostics as dg
-from lt2dsl.cli import main
 from lt2dsl.frontend import load
 from lt2dsl.source import MAX_SOURCE_BYTES, SourceFile, Span
+from tests.test_cli import run
 
 COMMANDS = [["check"], ["fmt"], ["fmt", "--check"], ["graph"], ["compile"], ["compile", "--estimate"]]
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    out = capsys.readouterr()
-    return status, out.out, out.err
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
