@@ -166,7 +166,8 @@ def rope_pairs(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
 
 
 def rope_dim_fits(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
-    r, d = o["rope_dim"], o["head_dim"]
+    d = o["head_dim"]
+    r = o.get("rope_dim", d)
     # a whole odd head rotated is E0509's problem (the head dim), not the rotated width's
     if r <= d and (r % 2 == 0 or r == d):
         return None

@@ -125,5 +125,5 @@ def test_heads_must_be_a_multiple_of_kv_heads():
         "rope_theta": 1e4,
         "bias": False,
     }
-    with pytest.raises(ValueError, match="multiple of kv_heads"):
+    with pytest.raises(ValueError, match=r"multiple of `kv_heads`.*\[E0501\]"):
         Attention(opts, cfg)
