@@ -59,6 +59,8 @@ class Worker:
         self.conn.close()
 
     def close(self) -> None:
+        if not self.proc.is_alive():
+            return
         with contextlib.suppress(OSError):
             self.conn.send(None)
         self.proc.join(timeout=10)
@@ -88,16 +90,18 @@ def run_jobs(jobs: Iterable[Any], workers: int = 1, timeout: float = 30.0) -> It
                         w.job = None
                     except EOFError:  # the interpreter itself died: report it, replace the worker
                         result = f"worker died with exit code {w.proc.exitcode}"
-                        pool[pool.index(w)] = _replace(w, ctx)
+                        w.kill()
+                        pool[pool.index(w)] = Worker(ctx)
                     yield index, result
                 elif time.monotonic() - w.since > timeout:
-                    pool[pool.index(w)] = _replace(w, ctx)
+                    w.kill()
+                    w.job = None
+                    if todo:  # a fresh worker only where jobs are left for it
+                        pool[pool.index(w)] = Worker(ctx)
+                    else:
+                        pool.remove(w)
                     yield index, HANG
     finally:
         for w in pool:
             w.close()
 
-
-def _replace(w: Worker, ctx) -> Worker:
-    w.kill()
-    return Worker(ctx)
