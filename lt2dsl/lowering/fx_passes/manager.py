@@ -69,8 +69,18 @@ class Ctx:
         mod = self.gm.get_submodule(node.target)
         return mod if isinstance(mod, cls) else None
 
-    def order(self) -> dict[Node, int]:
-        return {n: i for i, n in enumerate(self.graph.nodes)}
+    @staticmethod
+    def users_in_order(node: Node) -> list[Node]:
+        """The users of `node` in graph order. Users come after their input, so a walk forward
+        from `node` finds them all; it stops at the last one, which keeps a sweep over an unrolled
+        loop of n blocks linear in n (a full-graph order per match is quadratic)."""
+        left, found, n = set(node.users), [], node
+        while left:
+            n = n.next
+            if n in left:
+                found.append(n)
+                left.discard(n)
+        return found
 
     # ---- writing --------------------------------------------------------------------------------
 

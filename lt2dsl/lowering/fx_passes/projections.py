@@ -52,7 +52,7 @@ def is_normed(ctx: Ctx, node: Node) -> bool:
 def match(ctx: Ctx, node: Node) -> Match | None:
     if not is_normed(ctx, node) or len(node.users) < 2:
         return None
-    users = sorted(node.users, key=ctx.order().__getitem__)
+    users = ctx.users_in_order(node)
     mods = [ctx.module(u, nn.Linear) for u in users]
     if any(m is None for m in mods) or any(u.args != (node,) or u.kwargs for u in users):
         return None

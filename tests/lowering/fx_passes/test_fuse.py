@@ -248,3 +248,18 @@ def test_gpu_torch_compile_fullgraph_inductor(kind):
     rel_close("out", cout.float(), out.float(), 1e-2)
     for i, (c, g) in enumerate(zip(cgrads, grads)):
         rel_close(f"grad {i}", c.float(), g.float(), 2e-2)
+
+
+def test_users_come_back_in_graph_order_not_creation_order():
+    """`norm_proj` concatenates a norm's projections in graph order (a deterministic layout);
+    the users here are created last-first, so their `users` dict is in the reverse order."""
+    from lt2dsl.lowering.fx_passes.manager import Ctx
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    out = g.output(None)
+    made = []
+    for i in range(3):
+        with g.inserting_before(made[-1] if made else out):
+            made.append(g.call_function(torch.add, (x, i)))
+    assert list(x.users) == made and Ctx.users_in_order(x) == made[::-1]
