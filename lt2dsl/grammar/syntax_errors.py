@@ -739,8 +739,12 @@ def _example_error(text: str) -> UnexpectedInput | None:
 
 
 def _raise_example(text: str):
+    # The cached error is raised again for every syntax error a run meets; raising an exception
+    # object adds the raising frames to its traceback, so without a fresh traceback the cache
+    # would hold every frame of every earlier match (a process checking many inputs grows
+    # without bound, and each garbage collection walks all of it).
     if (e := _example_error(text)) is not None:
-        raise e
+        raise e.with_traceback(None)
 
 
 def match(e: UnexpectedToken, text: str) -> SyntaxRule | None:

@@ -105,3 +105,26 @@ def test_catalogue_order_is_stable():
     # rules earlier in the catalogue win ties; E0005 must come before E0006 (see the module doc)
     codes = [r.code for r in CATALOGUE]
     assert codes.index("E0005") < codes.index("E0006")
+
+
+def _frames_held_by_the_example_cache() -> int:
+    from lt2dsl.grammar.syntax_errors import _example_error
+
+    held = 0
+    for rule in CATALOGUE:
+        for text in rule.examples:
+            tb = getattr(_example_error(text), "__traceback__", None)
+            while tb is not None:
+                held, tb = held + 1, tb.tb_next
+    return held
+
+
+def test_matching_many_syntax_errors_holds_no_more_frames():
+    """A process that checks many inputs (an editor, the fuzz campaign) must not keep the frames
+    of every syntax error it matched alive."""
+    bad = "dim = 64\nloop T=2 < gla(expand_k=0.5 gate_rank=16) >\n"
+    parse(bad, "x.lt2")
+    held = _frames_held_by_the_example_cache()
+    for _ in range(3):
+        parse(bad, "x.lt2")
+    assert _frames_held_by_the_example_cache() == held
