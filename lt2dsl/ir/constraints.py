@@ -142,6 +142,17 @@ def tmm_heads(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
     )
 
 
+def tmm_kernel_fits(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
+    k = o["kernel"]
+    if k <= cfg.dim:
+        return None
+    return Problem(
+        f"`tmm` kernel ({k}) taps more channels than the model has (`dim` = {cfg.dim})",
+        f"{k} taps, {cfg.dim} channels to tap",
+        f"choose `kernel` <= {cfg.dim}",
+    )
+
+
 def nsa_stride(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
     st = o["stride"]
     bad = [f"`{k}` ({o[k]})" for k in ("cmp_block", "block") if o[k] % st]
@@ -212,6 +223,7 @@ CONSTRAINTS = (
     Constraint("E0509", ROTARY, lambda k: ("head_dim",), rope_pairs),
     Constraint("E0510", ("mamba2",), lambda k: ("groups", "heads"), mamba2_groups, False),
     Constraint("E0511", ("linear",), lambda k: ("normalize", "feature_map"), positive_features, False),
+    Constraint("E0512", ("tmm",), lambda k: ("kernel",), tmm_kernel_fits, False),
     Constraint("E0520", ROPE_OPTIONS, lambda k: ("rope_dim", "head_dim"), rope_dim_fits),
     Constraint(
         "E0521", ROPE_OPTIONS, lambda k: ("rope_high_freq", "rope_low_freq"), rope_freq_factors, False

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from lt2dsl.diagnostics import Diagnostic, sort_diagnostics
 from lt2dsl.ir import nodes as n
-from lt2dsl.validate import kernels, limits, names, rope, shapes, structure, values
+from lt2dsl.validate import kernels, limits, names, rope, shapes, structure, tmm, values
 from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import RULES, Rule, all_rules
 
@@ -53,6 +53,7 @@ SHAPES: tuple[Callable[[ShapeCtx], Iterator[Diagnostic]], ...] = (
     shapes.check_mamba2_width,
     shapes.check_tmm_heads,
     shapes.check_tmm_max_len,
+    tmm.check_tmm_kernel,
     shapes.check_nsa_stride,
     shapes.check_model_head_dim,
     shapes.check_rope_head_dim,

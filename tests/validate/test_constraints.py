@@ -25,6 +25,7 @@ BROKEN = {
     "E0509": "dim = 64\nheads = 64\nfull",
     "E0510": "dim = 64\nmamba2(groups=3)",
     "E0511": "dim = 64\nlinear(feature_map=identity, normalize=true)",
+    "E0512": "dim = 8\nmax_len = 64\ntmm(kernel=16)",
     "E0520": "dim = 512\nfull(head_dim=64, rope_dim=96)",
     "E0521": "dim = 512\nfull(rope_scaling=llama3, rope_factor=8, rope_low_freq=4, rope_high_freq=4)",
 }
