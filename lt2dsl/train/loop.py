@@ -32,6 +32,7 @@ from lt2dsl.train.config import TrainConfig, load_config, validate
 from lt2dsl.train.files import atomic_write
 from lt2dsl.train.loader import IGNORE, Batch
 from lt2dsl.train.metrics import Metrics, peak_flops, train_flops_per_token
+from lt2dsl.train.objective import LMObjective, Objective
 from lt2dsl.train.optim import build_optimizer, build_scheduler
 from lt2dsl.train.parallel import Dist, TrainModel, init_dist, no_sync_unless, parallelize
 from lt2dsl.train.plot import plot_metrics
@@ -57,6 +58,7 @@ def run(
     *,
     resume: bool | str | Path = False,
     on_step: Callable[[int, RunResult], None] | None = None,
+    objective: Objective | None = None,
 ) -> RunResult:
     """Train one run (see the module docstring).
 
@@ -67,6 +69,8 @@ def run(
             Default: `False`.
         on_step (callable, Optional): called as `on_step(step, result)` after every step; a
             true return value ends the run after that step (no further evaluation or checkpoint).
+        objective (Objective, Optional): what a step minimises and which weights train
+            (`train/objective.py`). Default: the LM loss over every parameter.
     Raises:
         ValueError: a bad config or data, naming the field.
     """
@@ -79,7 +83,7 @@ def run(
     owns_group = not torch.distributed.is_initialized()
     d = init_dist(cfg.training.device)
     try:
-        return Trainer(cfg, d).fit(resume, on_step)
+        return Trainer(cfg, d, objective).fit(resume, on_step)
     finally:
         if owns_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -88,21 +92,25 @@ def run(
 class Trainer:
     """One run's state; `fit` runs it."""
 
-    def __init__(self, cfg: TrainConfig, d: Dist):
+    def __init__(self, cfg: TrainConfig, d: Dist, objective: Objective | None = None):
         self.cfg, self.d, t = cfg, d, cfg.training
+        objective = objective or LMObjective()
         self.out = t.out
         if d.main:
             self.out.mkdir(parents=True, exist_ok=True)
             atomic_write(self.out / "config.json", cfg.model_dump_json(indent=1))
         torch.manual_seed(t.seed)
         model = self.model = build_model(cfg)
+        objective.prepare(model)
         self.ir = model.ir
         self.shard = shard_of(cfg, d.world, d.rank)
         self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
         self.tm = TrainModel(model.to(d.device), t.activation_checkpoint == "per_application")
         self.tm.indexer = indexer.attach(model, t.indexer_loss, t.indexer_loss_keys, t.grad_accum)
         compile_backend = t.compile_backend if t.compile else None
-        self.fwd = parallelize(self.tm, d, cfg.parallel, t.precision, compile_backend, t.loss_chunk)
+        self.fwd = parallelize(
+            self.tm, d, cfg.parallel, t.precision, compile_backend, t.loss_chunk, objective.loss_module
+        )
         self.opt = build_optimizer(self.tm, cfg.optimizer)
         self.sched = build_scheduler(self.opt, t.steps, cfg.scheduler)
         self.state = ckpt.Stateful(self.tm, self.opt, self.sched, self.data.train)

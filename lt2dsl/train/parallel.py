@@ -142,10 +142,17 @@ class WithLoss(nn.Module):
 
 
 def parallelize(
-    tm: TrainModel, d: Dist, pcfg: ParallelConfig, precision: str, compile_backend: str | None, chunk: int
+    tm: TrainModel,
+    d: Dist,
+    pcfg: ParallelConfig,
+    precision: str,
+    compile_backend: str | None,
+    chunk: int,
+    make_loss=WithLoss,
 ):
     """Compile (with `compile_backend`, None for eager) and shard `tm` (module docstring); returns
-    the `WithLoss` module to call (wrapped in DDP for that strategy)."""
+    the loss module to call (wrapped in DDP for that strategy): `make_loss(tm, chunk, dtype)`, the
+    LM loss `WithLoss` unless an objective (`train/objective.py`) gives another."""
     if compile_backend is not None:
         # Every block runs one code object (its class's forward): each block structure, grad mode
         # (training, evaluation) and input shape is an entry of that one cache, and with fullgraph
@@ -154,7 +161,7 @@ def parallelize(
         dynamo.recompile_limit = max(dynamo.recompile_limit, 8 * len(tm.blocks))
         for block in tm.blocks:
             compile_block(block, compile_backend)
-    fwd = WithLoss(tm, chunk, torch.bfloat16 if precision == "bf16" else torch.float32)
+    fwd = make_loss(tm, chunk, torch.bfloat16 if precision == "bf16" else torch.float32)
     if d.world == 1:
         return fwd
     if pcfg.strategy == "ddp":
