@@ -34,14 +34,21 @@ SECTIONS: dict[str, type[BaseModel]] = {
 def render_reference() -> str:
     out = [MARKER, "", "## Run-file reference", ""]
     for section, model in SECTIONS.items():
-        name, _, rest = section.partition(" ")
-        out += [f"### `[{name}]`{' ' + rest if rest else ''}", ""]
-        out += [(model.__doc__ or "").strip(), "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        for name, field in model.model_fields.items():
-            doc = " ".join((field.description or "").split()).replace("|", "\\|")
-            out.append(f"| `{name}` | {_type(field.annotation)} | {_default(field)} | {doc} |")
-        out.append("")
+        out += section_lines(section, model)
     return "\n".join(out)
+
+
+def section_lines(section: str, model: type[BaseModel]) -> list[str]:
+    """One section's reference: `### [name] rest`, the model's docstring, a table of its keys
+    (type, default, the field's docstring), a blank line."""
+    name, _, rest = section.partition(" ")
+    out = [f"### `[{name}]`{' ' + rest if rest else ''}", ""]
+    doc = " ".join((model.__doc__ or "").split())
+    out += [doc, "", "| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, field in model.model_fields.items():
+        doc = " ".join((field.description or "").split()).replace("|", "\\|")
+        out.append(f"| `{key}` | {_type(field.annotation)} | {_default(field)} | {doc} |")
+    return [*out, ""]
 
 
 def _type(annotation: Any) -> str:
