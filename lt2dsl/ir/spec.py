@@ -116,6 +116,21 @@ Mode = Literal["prefill", "decode"]
 
 
 @dataclass(frozen=True)
+class FromAttention:
+    """Where one mixer weight starts when a student is initialised from a softmax-attention
+    teacher (`lt2dsl/distill`): the teacher's weight `source` (`q_proj.weight`, ...), whose heads
+    lie along `axis` (0: the output features of q/k/v, 1: the inputs of the output projection),
+    repeated to the count this kind's option `heads` names (`heads`, `v_heads`, `kv_heads`) — GQA's
+    shared k/v heads become one per student head. The head dims must agree. `heads=None` copies a
+    tensor without heads (a norm weight, o_proj's bias) as it is.
+    """
+
+    source: str
+    heads: str | None
+    axis: int = 0
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """A layer kind. Subclasses (one file per kind in `lt2dsl/ir/specs/`) fill in the formulas."""
 
@@ -132,6 +147,10 @@ class LayerSpec:
     # (relative to the layer's mixer prefix, e.g. `self_attn.`) → its own `weights()` names; None
     # drops a stored tensor that is not a parameter (a saved rotary buffer).
     hf_map: Mapping[str, str | None] = field(default_factory=dict, compare=False)
+    # Distillation (`lt2dsl/distill`): the mixer's weights that start from a softmax-attention
+    # teacher's (its own name → `FromAttention`); the others keep their `reset_parameters` values.
+    # Empty: the kind cannot start from attention.
+    from_attention: Mapping[str, FromAttention] = field(default_factory=dict, compare=False)
 
     def option(self, name: str) -> Option | None:
         return next((o for o in self.options if o.name == name), None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import Option, Opts
+from lt2dsl.ir.spec import FromAttention, Option, Opts
 
 
 def _heads(cfg: ModelConfig | None, o: Opts) -> int:
@@ -123,3 +123,16 @@ def causal_mean(L: int, cap: int | None = None) -> float:
 def identity_map(*names: str) -> dict[str, str]:
     """An `hf_map` for weights stored under the same names as ours (HF Llama-style, fla)."""
     return {k: k for k in names}
+
+
+def from_attention(
+    q: str = "heads", k: str = "heads", v: str = "heads", o: str = "heads", out: str = "o_proj.weight"
+) -> dict[str, FromAttention]:
+    """A `from_attention` map: q/k/v projections from the teacher's, each with the head count its
+    option names (q, k, v), and the output projection `out` from the teacher's o_proj (o)."""
+    return {
+        "q_proj.weight": FromAttention("q_proj.weight", q),
+        "k_proj.weight": FromAttention("k_proj.weight", k),
+        "v_proj.weight": FromAttention("v_proj.weight", v),
+        out: FromAttention("o_proj.weight", o, axis=1),
+    }

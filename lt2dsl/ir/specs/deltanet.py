@@ -11,6 +11,7 @@ from lt2dsl.ir.specs.common import (
     CONV,
     NORM_EPS,
     conv_flops,
+    from_attention,
     identity_map,
     lin,
     proj_flops,
@@ -71,6 +72,7 @@ SPEC = DeltaNetSpec(
         NORM_EPS,
     ),
     hf_map=HF_MAP,
+    from_attention=from_attention(),
     module="lt2dsl.lowering.layers.deltanet:DeltaNet",
     source="mixers.md §4 (arXiv 2406.06484); fla `fla/layers/delta_net.py`",
 )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, Mode, Option, Opts
 from lt2dsl.ir.specs.common import ATTENTION, COMMON, causal_mean, lin, proj_flops
-from lt2dsl.ir.specs.full import PROJ, FullSpec, attention_core, attention_weights
+from lt2dsl.ir.specs.full import FROM_ATTENTION, PROJ, FullSpec, attention_core, attention_weights
 
 IDX = ["idx_q.weight", "idx_k.weight", "idx_w.weight"]
 
@@ -68,6 +68,7 @@ SPEC = DsaSpec(
         Option("index_dim", "int", "lightning-indexer head dim d_I", default=64, min=1),
         *ATTENTION,
     ),
+    from_attention=FROM_ATTENTION,
     module="lt2dsl.lowering.layers.dsa:SparseAttention",
     source="mixers.md §11 (DeepSeek-V3.2-Exp report, Eqs. 1-4); GQA main attention per §11(c)",
 )

@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import ATTENTION, ATTENTION_HF, COMMON, causal_mean, identity_map, lin, proj_flops
+from lt2dsl.ir.spec import CacheTensor, Flops, FromAttention, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.common import (
+    ATTENTION,
+    ATTENTION_HF,
+    COMMON,
+    causal_mean,
+    from_attention,
+    identity_map,
+    lin,
+    proj_flops,
+)
 
 
 def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
@@ -44,6 +53,19 @@ HF_MAP: dict[str, str | None] = identity_map(
 ) | {"rotary_emb.inv_freq": None}
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "g_proj.weight"]
+
+# An attention student of an attention teacher (`full`, `swa`, `dsa`, `nsa`) starts as that teacher:
+# every weight both have, k/v heads repeated where the student has more kv heads.
+FROM_ATTENTION = from_attention(k="kv_heads", v="kv_heads") | {
+    "q_proj.bias": FromAttention("q_proj.bias", "heads"),
+    "k_proj.bias": FromAttention("k_proj.bias", "kv_heads"),
+    "v_proj.bias": FromAttention("v_proj.bias", "kv_heads"),
+    "o_proj.bias": FromAttention("o_proj.bias", None),
+    "g_proj.weight": FromAttention("g_proj.weight", "heads"),
+    "g_proj.bias": FromAttention("g_proj.bias", "heads"),
+    "q_norm.weight": FromAttention("q_norm.weight", None),
+    "k_norm.weight": FromAttention("k_norm.weight", None),
+}
 
 
 def attention_core(H: int, d: int, keys: float) -> float:
@@ -86,6 +108,7 @@ SPEC = FullSpec(
     options=(*COMMON, *ATTENTION, *ATTENTION_HF),
     module="lt2dsl.lowering.layers.attention:Attention",
     hf_map=HF_MAP,
+    from_attention=FROM_ATTENTION,
     source="mixers.md §12 (Qiu et al. 2025, arXiv 2505.06708); HF LLaMA for the GQA layout",
 )
 

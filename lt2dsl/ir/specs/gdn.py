@@ -12,6 +12,7 @@ from lt2dsl.ir.specs.common import (
     NORM_EPS,
     V_HEADS,
     conv_flops,
+    from_attention,
     identity_map,
     lin,
     proj_flops,
@@ -100,6 +101,7 @@ SPEC = GdnSpec(
         NORM_EPS,
     ),
     hf_map=HF_MAP,
+    from_attention=from_attention(v="v_heads", o="v_heads"),
     module="lt2dsl.lowering.layers.gdn:GatedDeltaNet",
     source="mixers.md §5 (arXiv 2412.06464); fla `fla/layers/gated_deltanet.py`",
 )

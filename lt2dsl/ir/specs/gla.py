@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
-from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, identity_map, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, from_attention, identity_map, lin, proj_flops
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 PROJ = [
@@ -89,6 +89,7 @@ SPEC = GlaSpec(
         NORM_EPS,
     ),
     hf_map=HF_MAP,
+    from_attention=from_attention(k="kv_heads", v="kv_heads"),
     module="lt2dsl.lowering.layers.gla:GatedLinearAttention",
     source="mixers.md §3 (arXiv 2312.06635); fla `fla/layers/gla.py`",
 )

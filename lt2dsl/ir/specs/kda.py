@@ -12,6 +12,7 @@ from lt2dsl.ir.specs.common import (
     NORM_EPS,
     V_HEADS,
     conv_flops,
+    from_attention,
     identity_map,
     lin,
     proj_flops,
@@ -113,6 +114,7 @@ SPEC = KdaSpec(
         NORM_EPS,
     ),
     hf_map=HF_MAP,
+    from_attention=from_attention(v="v_heads", o="v_heads"),
     module="lt2dsl.lowering.layers.kda:KimiDeltaAttention",
     source="mixers.md §6 (arXiv 2510.26692); fla `fla/layers/kda.py`",
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, from_attention, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 
@@ -83,6 +83,7 @@ SPEC = LinearSpec(
             default=_normalize,
         ),
     ),
+    from_attention=from_attention(),
     module="lt2dsl.lowering.layers.linear:LinearAttention",
     source="mixers.md §1 (arXiv 2006.16236); fast-transformers causal_linear_attention",
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, from_attention, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core
 
 PROJ = [
@@ -82,6 +82,7 @@ SPEC = MlstmSpec(
             min_open=True,
         ),
     ),
+    from_attention=from_attention(out="out_proj.weight"),
     module="lt2dsl.lowering.layers.mlstm:MLSTM",
     source="mixers.md §8 (arXiv 2503.13427, xLSTM-7B); NX-AI/xlstm `xlstm_large/model.py`",
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, causal_mean, from_attention, lin, proj_flops
 from lt2dsl.ir.specs.full import attention_core
 
 
@@ -111,6 +111,7 @@ SPEC = NsaSpec(
         ),
         Option("rope_theta", "float", "RoPE base", default=10000.0, min=0, min_open=True),
     ),
+    from_attention=from_attention(k="kv_heads", v="kv_heads"),
     module="lt2dsl.lowering.layers.nsa:NativeSparseAttention",
     source="mixers.md §10 (arXiv 2502.11089); fla `fla/ops/nsa/naive.py`, `fla/layers/nsa.py`",
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
-from lt2dsl.ir.specs.common import COMMON, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, from_attention, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_proj.weight"]
@@ -47,6 +47,7 @@ SPEC = RetNetSpec(
         *COMMON,
         Option("expand_v", "number", "value head dim = head_dim · expand_v", default=2, min=0, min_open=True),
     ),
+    from_attention=from_attention(),
     module="lt2dsl.lowering.layers.retnet:MultiScaleRetention",
     source="mixers.md §2 (arXiv 2307.08621); torchscale `multiscale_retention.py`",
 )

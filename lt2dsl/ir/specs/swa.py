@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.spec import Mode, Opts
 from lt2dsl.ir.specs.common import ATTENTION, ATTENTION_HF, COMMON, causal_mean
-from lt2dsl.ir.specs.full import HF_MAP, SWA_OPTIONS, FullSpec
+from lt2dsl.ir.specs.full import FROM_ATTENTION, HF_MAP, SWA_OPTIONS, FullSpec
 
 
 @dataclass(frozen=True)
@@ -37,5 +37,6 @@ SPEC = SwaSpec(
     options=(*COMMON, *SWA_OPTIONS, *ATTENTION, *ATTENTION_HF),
     module="lt2dsl.lowering.layers.attention:Attention",
     hf_map=HF_MAP,
+    from_attention=FROM_ATTENTION,
     source="mixers.md §9; fla `fla/ops/attn/naive.py` window convention",
 )
