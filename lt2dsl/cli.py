@@ -338,6 +338,7 @@ def build_parser(for_compile: bool = False, verb: str | None = None) -> argparse
     _room_verb(sub, "bench", "lt2dsl.engine.cli", "measure a compiled model against its estimate", verb)
     _room_verb(sub, "warmup", "lt2dsl.engine.warmup", "fill the autotune cache for decode shapes", verb)
     _room_verb(sub, "train", "lt2dsl.train.cli", "train a model from a TOML run file (docs/train.md)", verb)
+    _room_verb(sub, "distill", "lt2dsl.distill.cli", "distil a model into a student (docs/distill.md)", verb)
     return p
 
 
