@@ -7,6 +7,7 @@ exist whole.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -28,12 +29,17 @@ def heldout_batches(train_cfg, rows: int, vocab: int) -> list[Batch]:
     Raises:
         ValueError: the data has no held-out split (`data.val` empty and `val_fraction = 0`).
     """
+    val = validation(train_cfg, vocab)
+    if val is None:
+        raise ValueError("data: held-out figures need a validation split (`data.val` or `val_fraction`)")
+    return val.eval_batches(rows)
+
+
+def validation(train_cfg, vocab: int):
+    """The validation loader of a trainer config's data (None: it has no held-out split)."""
     from lt2dsl.train.build import build_data, shard_of
 
-    data = build_data(train_cfg, shard_of(train_cfg, 1, 0), vocab, True, lambda: None)
-    if data.val is None:
-        raise ValueError("data: held-out figures need a validation split (`data.val` or `val_fraction`)")
-    return data.val.eval_batches(rows)
+    return build_data(train_cfg, shard_of(train_cfg, 1, 0), vocab, True, lambda: None).val
 
 
 def _tm(model: nn.Module) -> TrainModel:
@@ -81,6 +87,14 @@ def kl_sum(t: TrainModel, s: TrainModel, b: Batch) -> torch.Tensor:
     """Σ over the labelled tokens of `b` of KL(teacher ‖ student)."""
     ht, hs = t(b.input_ids, None, b.cu_seqlens), s(b.input_ids, None, b.cu_seqlens)
     return linear_kd_loss(hs, s.head_weight(), ht, t.head_weight(), b.labels, ce_weight=0.0, chunk=CHUNK)
+
+
+def objective_loss(loss_module: nn.Module, batches: list[Batch], device, bf16: bool = False) -> float:
+    """Mean per labelled token of a trainer loss module (`Objective.loss_module`: summed over the
+    labelled tokens) over `batches`, as the trainer's own held-out evaluation computes it."""
+    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with ctx:
+        return _mean(lambda b: loss_module(b.input_ids, b.labels, b.cu_seqlens), batches, device)
 
 
 def perplexity(loss: float) -> float:

@@ -27,11 +27,12 @@ import torch
 
 from lt2dsl.distill import select
 from lt2dsl.distill.config import DistillConfig, load_config, validate
-from lt2dsl.distill.evaluate import heldout_batches
+from lt2dsl.distill.evaluate import heldout_batches, objective_loss, validation
 from lt2dsl.distill.init import init_student, plan_init
 from lt2dsl.distill.lineup import line_up
 from lt2dsl.distill.objectives import KdTerms, StageObjective, frozen_teacher
 from lt2dsl.distill.teacher import WEIGHTS, Loaded, build, load_into, load_teacher, read_weights
+from lt2dsl.train.build import build_model
 from lt2dsl.train.config import ModelSection, TrainConfig, TrainingSection
 from lt2dsl.train.data import DataConfig
 from lt2dsl.train.files import atomic_write
@@ -47,7 +48,8 @@ PROGRAM = "student.lt2"
 @dataclass
 class StageResult:
     """One stage as it ended: the student it left (`student`, `weights`), its loss per logged step
-    and held-out loss per evaluation, and for `select` the scores and the chosen blocks."""
+    and held-out loss per evaluation (step 0: before its first step), and for `select` the scores
+    and the chosen blocks."""
 
     index: int
     kind: str
@@ -206,8 +208,27 @@ def _train(
         KdTerms(stage.kl_weight, stage.ce_weight, stage.temperature) if hasattr(stage, "kl_weight") else None
     )
     objective = StageObjective(stage.kind, teacher.model, stage.train, weights, terms)
+    start = heldout_start(tcfg, objective)
     train_run(tcfg, resume=resume, on_step=on_step, objective=objective)
-    return _finish(k, stage.kind, folder, current.program.read_text(), objective.model)
+    return _finish(k, stage.kind, folder, current.program.read_text(), objective.model, start=start)
+
+
+def heldout_start(tcfg: TrainConfig, objective: StageObjective) -> float | None:
+    """The stage's held-out loss before its first step (None without a held-out split): the
+    student as the trainer starts it (same seed, same `prepare`) on the rows the trainer evaluates
+    at the end, so the two figures compare the stage's own objective on the same tokens."""
+    t = tcfg.training
+    torch.manual_seed(t.seed)
+    model = build_model(tcfg)
+    val = validation(tcfg, model.config.vocab)
+    if val is None:
+        return None
+    objective.prepare(model)
+    device = init_dist(t.device).device
+    dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
+    fwd = objective.loss_module(TrainModel(model.to(device)), t.loss_chunk, dtype)
+    bf16 = t.precision == "bf16"
+    return objective_loss(fwd, val.eval_batches(tcfg.metrics.eval_rows), device, bf16)
 
 
 def _select(cfg, stage, k: int, folder: Path, teacher: Loaded, current: Current) -> StageResult:
@@ -245,12 +266,23 @@ def _cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in state.items()}
 
 
-def _finish(k: int, kind: str, folder: Path, text: str, model, selection: dict | None = None) -> StageResult:
-    """Write the student as it leaves the stage, then `done.json` (last: it marks the stage done)."""
+def _finish(
+    k: int,
+    kind: str,
+    folder: Path,
+    text: str,
+    model,
+    selection: dict | None = None,
+    start: float | None = None,
+) -> StageResult:
+    """Write the student as it leaves the stage, then `done.json` (last: it marks the stage done);
+    `start` is the held-out loss before the first step (`evals[0]`)."""
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / PROGRAM, text)
     save_weights(model, folder / WEIGHTS)
     losses, evals = _metrics(folder)
+    if start is not None:
+        evals = {0: start} | evals
     result = StageResult(k, kind, folder, folder / PROGRAM, folder / WEIGHTS, losses, evals, selection)
     done = {"kind": kind, "losses": losses, "evals": evals, "selection": selection}
     atomic_write(folder / DONE, json.dumps(done, indent=1))

@@ -82,7 +82,9 @@ def _stage_row(s) -> dict:
     row = {"stage": s.index, "kind": s.kind, "folder": str(s.folder)}
     if steps:
         row |= {"steps": steps[-1], "first_loss": s.losses[steps[0]], "last_loss": s.losses[steps[-1]]}
-    if s.evals:
+    if 0 in s.evals:
+        row["heldout_start"] = s.evals[0]
+    if s.evals and max(s.evals) > 0:
         row["heldout_loss"] = s.evals[max(s.evals)]
     return row
 
@@ -160,14 +162,14 @@ def plot_ranking(selection: dict, path: Path) -> Path | None:
 def tables(report: dict) -> list[Table]:
     """The report's rich tables: stages, layer selection, held-out figures."""
     st = Table(title="stages")
-    for col in ("stage", "kind", "steps", "first loss", "last loss", "held-out"):
+    for col in ("stage", "kind", "steps", "first loss", "last loss", "held-out before", "held-out after"):
         st.add_column(col, justify="right" if col != "kind" else "left")
     for r in report["stages"]:
         st.add_row(
             str(r["stage"]),
             r["kind"],
             str(r.get("steps", "")),
-            *(_num(r.get(k)) for k in ("first_loss", "last_loss", "heldout_loss")),
+            *(_num(r.get(k)) for k in ("first_loss", "last_loss", "heldout_start", "heldout_loss")),
         )
     out = [st]
     if report["selection"]:
