@@ -1,0 +1,38 @@
+"""bench/distill_gpu.py at toy size on the CPU: every phase runs and the table holds every model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+import lt2dsl
+from bench.distill_gpu import SIZES, bodies, main
+from lt2dsl.frontend import load_or_raise
+from lt2dsl.passes.resolve import blocks
+
+
+def test_the_students_are_the_issues_three_and_line_up_with_the_teacher():
+    b = bodies(SIZES["gpu"])
+    assert b["teacher"] == "full * 12" and b["gdn"] == b["full+gdn"] == "gdn(expand_v=1) * 12"
+    assert b["gdn+dsa"].startswith("repeat 6 < gdn(expand_v=1); dsa(topk=256")
+
+
+def test_tiny_run_writes_the_table_of_every_model(tmp_path):
+    result = main(["--tiny", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    saved = json.loads((tmp_path / "out" / "distill_gpu.json").read_text())
+    assert set(saved["students"]) == {"gdn", "gdn+dsa", "full+gdn"}
+    table = (tmp_path / "out" / "distill_gpu.md").read_text()
+    assert len([line for line in table.splitlines() if line.startswith("| ")]) == 1 + 1 + 3 * 2
+    hybrid = result["students"]["full+gdn"]
+    kinds = [b.mixers[0].type for b, _ in blocks(load_or_raise(hybrid["program"]).model.body)]
+    assert sorted(kinds) == ["full", "gdn", "gdn", "gdn"]  # 25% of 4 kept as attention
+    assert (tmp_path / "out" / "kl_ranking.png").is_file()
+    teacher = lt2dsl.compile(tmp_path / "work" / "teacher.lt2", device="meta")
+    assert result["teacher"]["params"] == sum(p.numel() for p in teacher.parameters())
+    for r in result["students"].values():
+        for row in r["heldout"].values():
+            assert math.isfinite(row["perplexity"])
+        assert r["decode"]["tok_s"] > 0 and r["stages"][-1]["kind"] == "kd"
+    assert not torch.cuda.is_available() or result["device"] != "cpu"
