@@ -3,16 +3,20 @@ teacher gives a looped student."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 from safetensors.torch import load_file
 
+from bench.hf_layouts import ouro_config, ouro_shapes, random_state, write_checkpoint
 from lt2dsl.distill import init_student, run
 from lt2dsl.distill.config import validate
 from lt2dsl.distill.objectives import StageObjective
 from lt2dsl.distill.pipeline import train_config
+from lt2dsl.hf.importer import import_checkpoint
 from lt2dsl.train import run as train
 
-from .helpers import compiled, distill_config, program, random_teacher
+from .helpers import compiled, data, distill_config, program, random_teacher
 
 
 def changed(a: dict, b: dict) -> set[str]:
@@ -55,3 +59,22 @@ def test_hidden_and_long_stages_lower_their_losses_and_a_looped_teacher_gives_a_
     assert {k.split(".")[1] for k in weights if k.startswith("blocks.")} == {"0", "1"}  # shared, not unrolled
     heldout = result.report["heldout"]
     assert heldout["student"]["kl_to_teacher"] > 0 and heldout["teacher"]["kl_to_teacher"] == 0
+
+
+def test_an_imported_looped_checkpoint_is_a_teacher(tmp_path):
+    """Ouro's layout (the LT2 paper's teacher, shrunk): the `lt2dsl import` of its folder teaches a
+    GDN student written over the imported program, which stays looped with its blocks shared."""
+    cfg = ouro_config(vocab_size=256)
+    root = write_checkpoint(tmp_path / "ouro", cfg, random_state(ouro_shapes(cfg)))
+    text = import_checkpoint(root).text
+    assert "loop T=3" in text and "let attn = full(" in text
+    student = tmp_path / "student.lt2"
+    student.write_text(re.sub(r"let attn = full\([^)]*\)", "let attn = gdn(expand_v=1)", text))
+    stages = [{"kind": "align", "steps": 4, "lr": 1e-2}]
+    run_cfg = distill_config(tmp_path, (tmp_path, tmp_path), student, stages, data=data(tmp_path, 32))
+    run_cfg["teacher"] = {"hf": str(root), "backend": "reference"}
+    (align,) = run(run_cfg).stages
+    assert align.evals[4] < align.evals[0], align.evals
+    assert "loop T=3" in align.student.read_text()
+    weights = load_file(str(align.weights))
+    assert {k.split(".")[1] for k in weights if k.startswith("blocks.")} == {"0", "1"}
