@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lt2dsl.train.loss import IGNORE
+from lt2dsl.train.loss import IGNORE, accumulate, stored_grads
 
 
 def linear_kd_loss(
@@ -70,27 +70,14 @@ def linear_kd_loss(
 class _LinearKD(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, th, t_weight, labels, terms, chunk, dtype):
-        wide = torch.float64 if dtype == torch.float64 else torch.float32
         grads = ctx is not None
-        total = torch.zeros((), dtype=wide, device=h.device)
-        dh = torch.empty_like(h) if grads and ctx.needs_input_grad[0] else None
-        dw = (
-            torch.zeros(weight.shape, dtype=wide, device=weight.device)
-            if grads and ctx.needs_input_grad[1]
-            else None
-        )
-        w, tw = weight.to(dtype), t_weight.to(dtype)
-        with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, h.shape[0], chunk):
-                rows = slice(s, s + chunk)
-                loss, g = _chunk(
-                    h[rows].to(dtype) @ w.t(), th[rows].to(dtype) @ tw.t(), labels[rows], terms, grads
-                )
-                total += loss
-                if dh is not None:
-                    dh[rows] = (g.to(dtype) @ w).to(h.dtype)
-                if dw is not None:
-                    dw += g.t() @ h[rows].to(wide)
+        tw = t_weight.to(dtype)
+
+        def chunk_loss(rows, logits):
+            return _chunk(logits, th[rows].to(dtype) @ tw.t(), labels[rows], terms, grads)
+
+        need = ctx.needs_input_grad[:2] if grads else (False, False)
+        total, dh, dw = accumulate(h, weight, chunk, dtype, chunk_loss, *need)
         if grads:
             ctx.save_for_backward(dh, dw)
             ctx.weight_dtype = weight.dtype
@@ -98,10 +85,7 @@ class _LinearKD(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        dh, dw = ctx.saved_tensors
-        gh = None if dh is None else dh * grad_out.to(dh.dtype)
-        gw = None if dw is None else (dw * grad_out).to(ctx.weight_dtype)
-        return gh, gw, None, None, None, None, None, None
+        return stored_grads(ctx, grad_out, 8)
 
 
 def _chunk(s: torch.Tensor, t: torch.Tensor, y: torch.Tensor, terms: tuple, grads: bool):

@@ -91,15 +91,20 @@ def line_up(teacher: n.Model, student: n.Model) -> list[Pair]:
 
 
 def _check_settings(t: n.ModelConfig, s: n.ModelConfig, student: n.Model) -> None:
-    for name in SHARED_SETTINGS:
-        tv, sv = getattr(t, name), getattr(s, name)
-        if tv != sv:
-            raise Mismatch(
-                E_LINEUP,
-                f"the student's `{name}` is {_show(sv)}, the teacher's {_show(tv)}",
-                student.span,
-                help=f"set `{name}` as the teacher has it: embeddings, norms and MLPs are copied",
-            )
+    if (diff := _first_difference(t, s, SHARED_SETTINGS)) is None:
+        return
+    name, tv, sv = diff
+    raise Mismatch(
+        E_LINEUP,
+        f"the student's `{name}` is {_show(sv)}, the teacher's {_show(tv)}",
+        student.span,
+        help=f"set `{name}` as the teacher has it: embeddings, norms and MLPs are copied",
+    )
+
+
+def _first_difference(t, s, names: tuple[str, ...]) -> tuple[str, object, object] | None:
+    """The first of `names` whose value differs between `t` and `s`: (name, t's, s's)."""
+    return next(((k, getattr(t, k), getattr(s, k)) for k in names if getattr(t, k) != getattr(s, k)), None)
 
 
 def _walk(ts: tuple, ss: tuple, pairs: list[Pair], where: Span) -> None:
@@ -141,17 +146,17 @@ def _stage(t: n.Block | n.LoopBlock, s: n.Block | n.LoopBlock, pairs: list[Pair]
 
 
 def _check_loop(t: n.LoopBlock, s: n.LoopBlock) -> None:
-    for name in LOOP_FIELDS:
-        tv, sv = getattr(t, name), getattr(s, name)
-        if tv != sv:
-            raise Mismatch(
-                E_LINEUP,
-                f"student loop `{s.id}` has `{name}` = {_show(sv)}, the teacher's {_show(tv)}",
-                s.span,
-                label="differs from the teacher's loop",
-                help="a looped teacher's blocks line up with a loop of the same options",
-                teacher=t.span,
-            )
+    if (diff := _first_difference(t, s, LOOP_FIELDS)) is None:
+        return
+    name, tv, sv = diff
+    raise Mismatch(
+        E_LINEUP,
+        f"student loop `{s.id}` has `{name}` = {_show(sv)}, the teacher's {_show(tv)}",
+        s.span,
+        label="differs from the teacher's loop",
+        help="a looped teacher's blocks line up with a loop of the same options",
+        teacher=t.span,
+    )
 
 
 def _check_block(t: n.Block, s: n.Block) -> None:

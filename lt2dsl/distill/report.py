@@ -17,7 +17,6 @@ The final student is also written as an `LT2ForCausalLM` folder `<out>/student/`
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from rich.console import Console
@@ -29,6 +28,7 @@ from lt2dsl.distill.teacher import build, load_into, read_weights
 from lt2dsl.train.data import DataConfig
 from lt2dsl.train.files import atomic_write
 from lt2dsl.train.parallel import TrainModel, init_dist
+from lt2dsl.train.plot import pyplot, save_figure
 
 
 def write_report(cfg, teacher, stages: list, baseline) -> dict:
@@ -108,30 +108,10 @@ def _estimates(cfg, teacher_ir, student_ir) -> tuple[str, dict]:
 # ---- plots ----------------------------------------------------------------------------------------
 
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ModuleNotFoundError:
-        return None
-    return plt
-
-
-def _save(fig, plt, path: Path) -> Path:
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
-
-
 def plot_losses(stages: list, path: Path) -> Path | None:
     """One panel per training stage: its loss against the step."""
     trained = [s for s in stages if s.losses]
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None or not trained:
         return None
     fig, axes = plt.subplots(1, len(trained), figsize=(4 * len(trained), 3.4), squeeze=False)
@@ -139,12 +119,12 @@ def plot_losses(stages: list, path: Path) -> Path | None:
         steps = sorted(s.losses)
         ax.plot(steps, [s.losses[k] for k in steps])
         ax.set(title=f"{s.index}. {s.kind}", xlabel="step", ylabel="loss")
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def plot_ranking(selection: dict, path: Path) -> Path | None:
     """The KL increase of each replaced block, largest first, the kept ones highlighted."""
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     ranked = sorted(selection["scores"].items(), key=lambda kv: -kv[1])
@@ -153,7 +133,7 @@ def plot_ranking(selection: dict, path: Path) -> Path | None:
     ax.bar(range(len(ranked)), [v for _, v in ranked], color=colors)
     ax.set_xticks(range(len(ranked)), [b for b, _ in ranked], rotation=60, ha="right", fontsize=7)
     ax.set(ylabel="KL increase (nats / token)", title=f"layer selection ({selection['method']}): red = kept")
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 # ---- console and export -----------------------------------------------------------------------------

@@ -26,9 +26,7 @@ MODEL_SETTINGS = (
         choices=("lm", "none"),
     ),
     Option("dtype", "enum", "weights and activations", default=DEFAULT_DTYPE, choices=SETTING_DTYPES),
-    Option(
-        "state_dtype", "enum", "recurrent states", default=DEFAULT_STATE_DTYPE, choices=SETTING_DTYPES
-    ),
+    Option("state_dtype", "enum", "recurrent states", default=DEFAULT_STATE_DTYPE, choices=SETTING_DTYPES),
 )
 
 # Overrides that are no model setting: `--set loop.T=8` (`loop_T=8` from Python) sets every loop's T.

@@ -47,40 +47,62 @@ def linear_cross_entropy(
     dtype = dtype or hidden.dtype
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(h, weight, y, int(chunk), dtype)
-    with torch.no_grad(), torch.autocast(h.device.type, enabled=False):
-        w = weight.to(dtype)
-        sums = [
-            _chunk(h[s : s + chunk].to(dtype), w, y[s : s + chunk], False)[0] for s in range(0, len(y), chunk)
-        ]
-    return torch.stack(sums).sum()
+    with torch.no_grad():
+        return accumulate(h, weight, chunk, dtype, lambda rows, logits: _chunk(logits, y[rows], False))[0]
+
+
+def accumulate(h, weight, chunk: int, dtype: torch.dtype, chunk_loss, need_dh=False, need_dw=False):
+    """The chunk loop of a loss on the head's logits (this file's, and `distill/kl.py`'s).
+
+    For each `chunk` rows of `h` `[N, D]`, `chunk_loss(rows, logits)` — logits `h[rows] @ weightᵀ`
+    `[n, V]` in `dtype` — returns the chunk's loss sum and d(loss)/d(logits) (None when no gradient
+    is needed). Returns the total and the gradients of `h` and of `weight` `[V, D]` where asked
+    (else None), accumulated in the wide dtype, under no autocast.
+    """
+    wide = _wide(dtype)
+    total = torch.zeros((), dtype=wide, device=h.device)
+    dh = torch.empty_like(h) if need_dh else None
+    dw = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_dw else None
+    w = weight.to(dtype)
+    with torch.autocast(h.device.type, enabled=False):
+        for s in range(0, h.shape[0], chunk):
+            rows = slice(s, s + chunk)
+            loss, g = chunk_loss(rows, h[rows].to(dtype) @ w.t())
+            total += loss
+            if dh is not None:
+                dh[rows] = (g.to(dtype) @ w).to(h.dtype)
+            if dw is not None:
+                dw += g.t() @ h[rows].to(wide)
+    return total, dh, dw
+
+
+def stored_grads(ctx, grad_out: torch.Tensor, inputs: int) -> tuple:
+    """Backward of a chunked loss whose forward saved (dh, dw) and `weight_dtype`: those scaled by
+    `grad_out`, None for the other `inputs - 2` inputs."""
+    dh, dw = ctx.saved_tensors
+    gh = None if dh is None else dh * grad_out.to(dh.dtype)
+    gw = None if dw is None else (dw * grad_out).to(ctx.weight_dtype)
+    return (gh, gw) + (None,) * (inputs - 2)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, labels, chunk, dtype):
-        wide = _wide(dtype)
-        total = torch.zeros((), dtype=wide, device=h.device)
-        dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        dw = torch.zeros(weight.shape, dtype=wide, device=weight.device) if ctx.needs_input_grad[1] else None
-        w = weight.to(dtype)
-        with torch.autocast(h.device.type, enabled=False):
-            for s in range(0, h.shape[0], chunk):
-                loss, g = _chunk(h[s : s + chunk].to(dtype), w, labels[s : s + chunk], True)
-                total += loss
-                if dh is not None:
-                    dh[s : s + chunk] = (g.to(dtype) @ w).to(h.dtype)
-                if dw is not None:
-                    dw += g.t() @ h[s : s + chunk].to(wide)
+        total, dh, dw = accumulate(
+            h,
+            weight,
+            chunk,
+            dtype,
+            lambda rows, logits: _chunk(logits, labels[rows], True),
+            *ctx.needs_input_grad[:2],
+        )
         ctx.save_for_backward(dh, dw)
         ctx.weight_dtype = weight.dtype
         return total
 
     @staticmethod
     def backward(ctx, grad_out):
-        dh, dw = ctx.saved_tensors
-        gh = None if dh is None else dh * grad_out.to(dh.dtype)
-        gw = None if dw is None else (dw * grad_out).to(ctx.weight_dtype)
-        return gh, gw, None, None, None
+        return stored_grads(ctx, grad_out, 5)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -88,9 +110,10 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _chunk(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor, grads: bool):
-    """Loss sum of one chunk and d(loss)/d(logits) `[n, V]` in the wide dtype (None without gradients)."""
-    logits = (h @ w.t()).to(_wide(h.dtype))  # [n, V]
+def _chunk(logits: torch.Tensor, y: torch.Tensor, grads: bool):
+    """Loss sum of one chunk from its logits `[n, V]`, and d(loss)/d(logits) in the wide dtype
+    (None without gradients)."""
+    logits = logits.to(_wide(logits.dtype))
     loss = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
     if not grads:
         return loss, None

@@ -12,12 +12,8 @@ def plot_metrics(rows: list[dict], path: Path, title: str = "") -> Path | None:
     evals = [r for r in rows if "eval/loss" in r]
     if not train and not evals:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ModuleNotFoundError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, (ax_loss, ax_tps) = plt.subplots(1, 2, figsize=(11, 4))
     if train:
@@ -29,6 +25,23 @@ def plot_metrics(rows: list[dict], path: Path, title: str = "") -> Path | None:
     ax_loss.legend()
     ax_tps.set(xlabel="step", ylabel="tokens / s / process", title="throughput")
     fig.suptitle(title)
+    return save_figure(fig, plt, path)
+
+
+def pyplot():
+    """`matplotlib.pyplot` on the Agg backend; None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        return None
+    return plt
+
+
+def save_figure(fig, plt, path: Path) -> Path:
+    """Lay out `fig`, write it to `path` atomically (a temporary PNG beside it, then a rename), close it."""
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=110)

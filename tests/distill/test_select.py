@@ -17,22 +17,16 @@ from lt2dsl.train.parallel import TrainModel
 
 from .helpers import HEAD, compiled
 
-STUDENT = """model s {
-  dim = 32
-  vocab = 256
-  heads = 2
-  head_dim = 16
-  kv_heads = 1
-  mlp = swiglu(hidden=64)
-
+STUDENT = HEAD.format(
+    name="s",
+    body="""
   let g = gdn(expand_v=1)
 
   loop T=2 <
     g * 3  # three
     repeat 2 < g; gdn(expand_v=1, mlp=swiglu(hidden=64)) >
-  >
-}
-"""
+  >""",
+)
 TEACHER = HEAD.format(name="t", body="loop T=2 < full(rope_theta=500000) * 7 >")
 
 
