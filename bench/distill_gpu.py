@@ -20,7 +20,7 @@ Results: `<out>/distill_gpu.json` (written after every phase, so a run cut short
 measured), `<out>/distill_gpu.md` (the table) and the selection's `kl_ranking.png`. Each phase's
 wall time is recorded, to scale `--scale` for another card.
 
-    python bench/distill_gpu.py --out "$OUT"                    # the GPU run (~9 min on an H100)
+    python bench/distill_gpu.py --out "$OUT"                    # one H100, sized for a 10-minute call
     python bench/distill_gpu.py --tiny --out /tmp/distill_gpu   # CPU, toy sizes: it runs; no claims
 """
 
@@ -31,6 +31,7 @@ import json
 import shutil
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,7 +77,10 @@ def args_of(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="where the JSON, table and PNG go")
     p.add_argument(
-        "--work", type=Path, default=None, help="run folders and the corpus [<out>/../distill_work]"
+        "--work",
+        type=Path,
+        default=None,
+        help="run folders and the corpus (new or empty) [a temporary folder]",
     )
     p.add_argument("--scale", type=float, default=1.0, help="multiply every step budget")
     p.add_argument("--students", default="gdn,gdn+dsa,full+gdn")
@@ -247,9 +251,10 @@ def main(argv=None) -> dict:
     s = SIZES["tiny" if a.tiny else "gpu"]
     if not a.tiny and not torch.cuda.is_available():
         raise SystemExit("error: the GPU sizes need CUDA; pass --tiny for the CPU toy run")
-    work = a.work or a.out.parent / "distill_work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = a.work or Path(tempfile.mkdtemp(prefix="distill_gpu_"))
+    if work.is_dir() and any(work.iterdir()):
+        raise SystemExit(f"error: --work `{work}` is not empty (the runs would mix with what it holds)")
+    work.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     result = {"device": device, "sizes": s, "scale": a.scale, "decode_ctx": s["decode_ctx"], "students": {}}
     programs = write_programs(s, work)
