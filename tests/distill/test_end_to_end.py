@@ -3,8 +3,9 @@ distilled into an all-GDN student and into 25%-attention hybrids (KL-guided and 
 
 The three students share one `align` stage (the GDN run's, reused through `student.weights`) and
 then run the same `kd` steps with the same seed, so they differ only in which block stays
-attention. Figures are held-out means over the same rows; the margins measured at these sizes
-(seeds 0-2) are several times the asserted ones.
+attention. Figures are held-out means over the same rows. Measured at seed 0: teacher perplexity
+10.78, GDN 11.95 (KL 0.185), KL-guided hybrid 10.94 (KL 0.051), random hybrid 11.73 (KL 0.170),
+random-init GDN 20.5; the claims also held at seeds 1 and 2.
 """
 
 from __future__ import annotations
