@@ -27,7 +27,7 @@ STUDENT = HEAD.format(
     repeat 2 < g; gdn(expand_v=1, mlp=swiglu(hidden=64)) >
   >""",
 )
-TEACHER = HEAD.format(name="t", body="loop T=2 < full(rope_theta=500000) * 7 >")
+TEACHER = HEAD.format(name="t", body="loop T=2 < full(rope_theta=500000.0) * 7 >")
 
 
 def kinds(text: str) -> list[str]:
@@ -37,11 +37,11 @@ def kinds(text: str) -> list[str]:
 @pytest.mark.parametrize(
     ("chosen", "body"),
     [
-        ([1], "g; full(rope_theta=500000); g; repeat 2 < g; gdn(expand_v=1, mlp=swiglu(hidden=64)) >"),
+        ([1], "g; full(rope_theta=500000.0); g; repeat 2 < g; gdn(expand_v=1, mlp=swiglu(hidden=64)) >"),
         (
             [0, 6],
-            "full(rope_theta=500000); g * 2; g; gdn(expand_v=1, mlp=swiglu(hidden=64)); g; "
-            "full(rope_theta=500000, mlp=swiglu(hidden=64))",
+            "full(rope_theta=500000.0); g * 2; g; gdn(expand_v=1, mlp=swiglu(hidden=64)); g; "
+            "full(rope_theta=500000.0, mlp=swiglu(hidden=64))",
         ),
     ],
 )
@@ -62,7 +62,7 @@ def test_chosen_blocks_are_written_back_and_every_other_block_stays(chosen, body
 def test_mixer_call_is_the_shortest_call_and_a_bad_id_is_refused():
     m = load_or_raise(TEACHER).model
     mixer = m.body[0].body[0].mixers[0]
-    assert inline(mixer_call(mixer, m.config)) == "full(rope_theta=500000)"
+    assert inline(mixer_call(mixer, m.config)) == "full(rope_theta=500000.0)"
     with pytest.raises(ValueError, match="no block of the program has the id"):
         replace_blocks(load_or_raise(STUDENT).program, {"loop0/9:gdn": mixer_call(mixer, m.config)})
 
