@@ -35,21 +35,6 @@ SMEM_LIMIT = 232448  # bytes of shared memory a block may have on sm_90 (227 KiB
 _JOBS: list = []  # the jobs of this run, read by the forked workers
 
 
-def _source(job) -> object:
-    """The `ASTSource` of a job, specialised as the JIT would (16-divisible pointers and `aligned`)."""
-    from triton.compiler import ASTSource
-
-    fn = job.kernel
-    sig = {n: ("constexpr" if n in job.constexprs else job.types[n]) for n in fn.arg_names}
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(fn.arg_names)
-        if sig[n].startswith("*") or n in job.aligned
-    }
-    cex = {(fn.arg_names.index(k),): v for k, v in job.constexprs.items()}
-    return ASTSource(fn=fn, signature=sig, constexprs=cex, attrs=attrs)
-
-
 def _checker_hash() -> str:
     text = Path(__file__).read_bytes() + (ROOT / "bench" / "ttgir_checks.py").read_bytes()
     return hashlib.sha256(text).hexdigest()[:16]
@@ -60,8 +45,10 @@ def cache_key(job) -> str:
     options, the Triton version and this checker."""
     import triton
 
+    from lt2dsl.kernels.common.aot import source
+
     key = [
-        _source(job).hash(),
+        source(job).hash(),
         job.num_warps,
         job.num_stages,
         job.max_stack,
@@ -89,9 +76,10 @@ def compile_job(job) -> dict:
     from triton.backends.compiler import GPUTarget
 
     from bench.ttgir_checks import pipeline_hazards
+    from lt2dsl.kernels.common.aot import source
 
     opts = {"num_warps": job.num_warps, "num_stages": job.num_stages}
-    kernel = triton.compile(_source(job), target=GPUTarget("cuda", 90, 32), options=opts)
+    kernel = triton.compile(source(job), target=GPUTarget("cuda", 90, 32), options=opts)
     stack, regs = _stack_and_registers(kernel.asm["cubin"])
     hazards = [list(map(str, h)) for h in pipeline_hazards(kernel.asm["ttgir"])]
     return {"shared": kernel.metadata.shared, "registers": regs, "stack": stack, "hazards": hazards}

@@ -52,6 +52,21 @@ class Job:
         return f"{self.kernel.fn.__module__}.{self.kernel.fn.__name__}"
 
 
+def source(job: Job):
+    """The `ASTSource` of a job, specialised as the JIT would (16-divisible pointers and `aligned`)."""
+    from triton.compiler import ASTSource
+
+    fn = job.kernel
+    sig = {n: ("constexpr" if n in job.constexprs else job.types[n]) for n in fn.arg_names}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if sig[n].startswith("*") or n in job.aligned
+    }
+    cex = {(fn.arg_names.index(k),): v for k, v in job.constexprs.items()}
+    return ASTSource(fn=fn, signature=sig, constexprs=cex, attrs=attrs)
+
+
 def signature(
     kernel, ptrs: Mapping[str, str], scalars: Mapping[str, str], constexprs: Mapping[str, Any], default: str
 ) -> dict:
