@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from lt2dsl.diagnostics import Diagnostic, render_all, sort_diagnostics, visible
+from lt2dsl.env import debug_level
 from lt2dsl.source import SourceFile
 from lt2dsl.validate.rules import rule
 
@@ -421,7 +422,7 @@ def internal_error(exc: BaseException) -> Iterator[str]:
     """
     yield f"error[E9999]: internal compiler error: {type(exc).__name__}: {exc}"
     yield "  = note: this is a bug in lt2dsl, not in your input"
-    if os.environ.get("LT2_DEBUG", "0") not in ("", "0"):
+    if debug_level():
         yield "".join(traceback.format_exception(exc)).rstrip()
     else:
         yield "  = note: run with `LT2_DEBUG=1` for the traceback"

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lt2dsl.diagnostics import Diagnostic, DiagnosticError, error, render_all, sort_diagnostics
+from lt2dsl.env import debug_level
 from lt2dsl.grammar.parse import parse
 from lt2dsl.ir import nodes as n
 from lt2dsl.passes.manager import FunctionPass, PassManager, PassResult
@@ -65,13 +66,6 @@ class Loaded:
 
     def render(self) -> str:
         return render_all(self.diagnostics, self.sources)
-
-
-def debug_level() -> int:
-    try:
-        return int(os.environ.get("LT2_DEBUG", "0") or 0)
-    except ValueError:
-        return 1
 
 
 def _trace(name: str, seconds: float, unit: object) -> None:

@@ -16,3 +16,10 @@ def gpu_triton(request) -> Path:
     if path is None:
         pytest.skip("compiling for sm_90 needs --gpu-triton DIR (make test passes it)")
     return path
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Every buffer a Triton launcher allocates starts as NaN (`LT2_POISON=1`), so an element a kernel
+    forgets to write fails the comparison instead of passing on leftover memory."""
+    monkeypatch.setenv("LT2_POISON", "1")

@@ -1,5 +1,5 @@
 """Shared pieces of the decay family: varlen bookkeeping, the chunk-local cumsum kernel, and the
-helpers the per-op Triton tests import (`poison`, `run_fwd_bwd`, `DEVICE`, `TOL`)."""
+helpers the per-op Triton tests import (`run_fwd_bwd`, `DEVICE`, `TOL`)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,6 @@ from tests.kernels.utils import assert_close
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = torch.float64
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
-
-
-@pytest.fixture
-def poison(monkeypatch):
-    """Every buffer the decay-family Triton launchers allocate starts as NaN."""
-    from lt2dsl.kernels.common import decay_triton
-
-    monkeypatch.setattr(decay_triton, "POISON", True)
 
 
 def _flat(x):

@@ -142,13 +142,6 @@ def test_bad_shapes_raise():
 # ---- Triton backend ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def poison(monkeypatch):
-    from lt2dsl.kernels.common import attn_utils
-
-    monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
-
-
 def check_triton(B, Tq, HQ, HKV, D, topk, dtype, device=DEVICE, HI=3, DI=16, cu=None):
     """Triton indexer selects a valid top-k; Triton attention over it matches the float64 reference.
 

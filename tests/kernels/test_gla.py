@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lt2dsl.kernels.gla import chunk_gla_ref, gla, naive_recurrent_gla
-from tests.kernels.test_decay_common import DEVICE, TOL, poison, run_fwd_bwd  # noqa: F401
+from tests.kernels.test_decay_common import DEVICE, TOL, run_fwd_bwd
 from tests.kernels.utils import assert_close
 
 F64 = torch.float64

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lt2dsl.kernels.mlstm import chunk_mlstm_ref, mlstm, naive_recurrent_mlstm
-from tests.kernels.test_decay_common import DEVICE, TOL, poison, run_fwd_bwd  # noqa: F401
+from tests.kernels.test_decay_common import DEVICE, TOL, run_fwd_bwd
 from tests.kernels.utils import assert_close, rel_rms
 
 F64 = torch.float64

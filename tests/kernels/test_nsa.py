@@ -133,13 +133,6 @@ def test_bad_args_raise():
 # ---- Triton backend ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def poison(monkeypatch):
-    from lt2dsl.kernels.common import attn_utils
-
-    monkeypatch.setattr(attn_utils, "POISON_OUTPUTS", True)
-
-
 def check_triton(B, Tq, Tk, HQ, HKV, D, dtype, device=DEVICE, grads=True, **kw):
     """Triton NSA vs the float64 reference: same blocks (fp32), outputs and every gradient."""
     tol = 1e-4 if dtype == torch.float32 else 1e-2

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lt2dsl.kernels.simple_gla import chunk_simple_gla_ref, naive_recurrent_simple_gla, simple_gla
-from tests.kernels.test_decay_common import DEVICE, TOL, poison, run_fwd_bwd  # noqa: F401
+from tests.kernels.test_decay_common import DEVICE, TOL, run_fwd_bwd
 from tests.kernels.utils import assert_close
 
 F64 = torch.float64

@@ -119,13 +119,6 @@ def test_errors():
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture
-def poison(monkeypatch):
-    from lt2dsl.kernels.common import decay_triton
-
-    monkeypatch.setattr(decay_triton, "POISON", True)
-
-
 def check_triton(x, w, b, tol):
     """Triton forward and all gradients versus the float64 dense product."""
     leaves = [t.detach().clone().requires_grad_() for t in (x, w, b) if t is not None]

@@ -85,13 +85,6 @@ def test_block_size_balances_the_passes():
 # Triton kernels (interpreter on CPU, compiled on the GPU)
 
 
-@pytest.fixture
-def poison(monkeypatch):
-    from lt2dsl.kernels.common import decay_triton
-
-    monkeypatch.setattr(decay_triton, "POISON", True)
-
-
 def check(x, w, b, S, tol, device=DEVICE):
     """Blocked op forward and all gradients against the float64 dense product."""
     inputs = (x, w.float(), None if b is None else b.float())

@@ -32,11 +32,6 @@ def seeded_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
     return torch.randn(t.shape, generator=g, dtype=torch.float32).to(device=t.device, dtype=t.dtype)
 
 
-def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill with NaN so an element a kernel forgets to write fails the comparison."""
-    return t.fill_(float("nan"))
-
-
 # Where the small-shape Triton tests run: compiled on the GPU when there is one, else under the
 # CPU interpreter (TRITON_INTERPRET=1, set by tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -14,12 +14,12 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
+from ..common.backend import check_triton_dtype
 from .triton_bwd import attn_bwd
 from .triton_decode import attention_decode_triton
 from .triton_fwd import attn_fwd
 
 Tensor = torch.Tensor
-_SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _cu(cu_q: Tensor | None, cu_k: Tensor | None):
@@ -177,11 +177,7 @@ def decode_eligible(q, k, v, causal: bool, cu_seqlens) -> bool:
 
 def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_seqlens=None) -> Tensor:
     """`attention(backend="triton")`: inputs already validated by the public op."""
-    if q.dtype not in _SUPPORTED or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(
-            f"the Triton attention takes fp16/bf16/fp32 q, k, v of one dtype, got "
-            f"{q.dtype}/{k.dtype}/{v.dtype}; use backend='reference' for float64"
-        )
+    check_triton_dtype(q, k, v)
     gate = None if gate is None else gate.contiguous()
     Tq, Tk = q.shape[1], k.shape[1]
     if decode_eligible(q, k, v, causal, cu_seqlens) and (gate is None or not gate.requires_grad):

@@ -23,8 +23,7 @@ import triton
 import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
-from ..common.attn_utils import new_empty
-from ..common.backend import autotuned_on_gpu, forced_autotune_config, triton_interpreting
+from ..common.backend import autotuned_on_gpu, forced_autotune_config, new_empty, triton_interpreting
 from ..common.tl_util import cast
 from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, launch_order, varlen_blocks
 
@@ -860,9 +859,9 @@ def attn_bwd(
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     nrows = B * Tq
     gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
-    delta = new_empty(HQ, nrows, like=q, dtype=torch.float32)
-    du = do if gate is None else new_empty(*do.shape, like=do)
-    dg = None if gate is None else new_empty(*gate.shape, like=gate)
+    delta = new_empty(q, HQ, nrows, dtype=torch.float32)
+    du = do if gate is None else new_empty(do, *do.shape)
+    dg = None if gate is None else new_empty(gate, *gate.shape)
     pre_bm = 16 if triton_interpreting() else 64
     _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
         o,
@@ -879,7 +878,7 @@ def attn_bwd(
         GATE_MODE=gate_mode,
     )
     cfg = bwd_config(max(D, DV), q.dtype)
-    dq, dk, dv = (new_empty(*t.shape, like=t) for t in (q, k, v))
+    dq, dk, dv = (new_empty(t, *t.shape) for t in (q, k, v))
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
     common = dict(
         HQ=HQ,

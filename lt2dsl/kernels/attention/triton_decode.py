@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
-from ..common.attn_utils import new_empty, rows_contiguous
-from ..common.backend import triton_interpreting
+from ..common.attn_utils import rows_contiguous
+from ..common.backend import check_triton_dtype, new_empty, triton_interpreting
 from .triton_fwd import LOG2E, NEG_BIG
 
 
@@ -159,8 +159,7 @@ def _splits(B: int, HKV: int, L: int, BN: int, device) -> tuple[int, int]:
 
 def attention_decode_triton(q, k_cache, v_cache, cache_seqlens, *, window, ring: bool, gate, scale: float):
     """Triton `attention_decode` (forward only). Shapes as in `decode.attention_decode`."""
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k_cache.dtype != q.dtype:
-        raise ValueError(f"Triton decode takes fp16/bf16/fp32 q and cache of one dtype, got {q.dtype}")
+    check_triton_dtype(q, k_cache)
     q, k_cache, v_cache = q.contiguous(), rows_contiguous(k_cache), rows_contiguous(v_cache)
     B, Tq, HQ, D = q.shape
     L, HKV, DV = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
@@ -168,8 +167,8 @@ def attention_decode_triton(q, k_cache, v_cache, cache_seqlens, *, window, ring:
     BR, BDV = pow2(Tq * grp), pow2(DV)
     BN = 16 if triton_interpreting() else 64
     nsplit, chunk = _splits(B, HKV, L, BN, q.device)
-    o_part = new_empty(B * HKV * nsplit * BR, BDV, like=q, dtype=torch.float32)
-    lse_part = new_empty(B * HKV * nsplit * BR, like=q, dtype=torch.float32)
+    o_part = new_empty(q, B * HKV * nsplit * BR, BDV, dtype=torch.float32)
+    lse_part = new_empty(q, B * HKV * nsplit * BR, dtype=torch.float32)
     seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32)
     _decode_split_kernel[(B * HKV, nsplit)](
         q,
@@ -204,7 +203,7 @@ def attention_decode_triton(q, k_cache, v_cache, cache_seqlens, *, window, ring:
         num_warps=1 if triton_interpreting() else 4,
         num_stages=1 if triton_interpreting() else 3,
     )
-    o = new_empty(B, Tq, HQ, DV, like=v_cache)
+    o = new_empty(v_cache, B, Tq, HQ, DV)
     gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
     _decode_combine_kernel[(B * HKV, Tq * grp)](
         o_part,

@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
-from ..common.attn_utils import new_empty
-from ..common.backend import triton_interpreting
+from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
 
 LOG2E = 1.4426950408889634
@@ -385,8 +384,8 @@ def attn_fwd(
     """
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
-    o = new_empty(B, Tq, HQ, DV, like=v)
-    lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
+    o = new_empty(v, B, Tq, HQ, DV)
+    lse = new_empty(q, HQ, B * Tq, dtype=torch.float32)
     cfg = fwd_config(max(D, DV), q.dtype)
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
     order = launch_order(causal, window, cu is not None)

@@ -12,19 +12,6 @@ from .backend import check_float, check_shape
 
 _INT64_MIN = -(2**63)
 
-# Tests set this to True: kernel outputs are then allocated NaN-filled, so an element a kernel forgets
-# to write fails the comparison instead of passing with leftover memory.
-POISON_OUTPUTS = False
-
-
-def new_empty(*shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`torch.empty` for kernel outputs (NaN-filled when POISON_OUTPUTS is set)."""
-    t = torch.empty(*shape, device=like.device, dtype=like.dtype if dtype is None else dtype)
-    if POISON_OUTPUTS and t.is_floating_point():
-        t.fill_(float("nan"))
-    return t
-
-
 def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its last dim is contiguous and its other strides are multiples of 16
     elements (kernels that take those strides read it in place: the lowering's KV caches are

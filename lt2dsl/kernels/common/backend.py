@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 
+from lt2dsl.dtypes import SETTING_DTYPES, torch_dtype
+from lt2dsl.env import poison, triton_interpreting
+
 BACKENDS = ("reference", "triton", "auto")
-
-
-def triton_interpreting() -> bool:
-    """True when Triton kernels run through the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# The dtypes every Triton kernel takes: the model-setting dtypes of the package's table (fp32, bf16,
+# fp16); float64, the reference's truth, runs on `backend="reference"` only.
+TRITON_DTYPES: tuple[torch.dtype, ...] = tuple(torch_dtype(n) for n in SETTING_DTYPES)
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -54,6 +54,25 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int | None], what
     ok = t.dim() == len(expected) and all(e is None or s == e for s, e in zip(t.shape, expected))
     if not ok:
         raise ValueError(f"`{name}` must have shape {what} = {_fmt(expected)}, got {list(t.shape)}")
+
+
+def check_triton_dtype(*tensors: torch.Tensor | None) -> None:
+    """Raise ValueError unless the given tensors (None skipped) share one dtype of `TRITON_DTYPES`."""
+    dtypes = {t.dtype for t in tensors if t is not None}
+    if len(dtypes) > 1 or not dtypes <= set(TRITON_DTYPES):
+        got = "/".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        names = "/".join(str(d).removeprefix("torch.") for d in TRITON_DTYPES)
+        raise ValueError(
+            f"backend='triton' takes {names} inputs of one dtype, got {got}; use backend='reference'"
+        )
+
+
+def new_empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised kernel output or scratch buffer `shape` on `like`'s device, in `dtype` (default
+    like's); NaN-filled under `LT2_POISON=1`, so an element a kernel forgets to write fails a test's
+    comparison instead of passing on leftover memory."""
+    t = like.new_empty(shape, dtype=like.dtype if dtype is None else dtype)
+    return t.fill_(float("nan")) if t.is_floating_point() and poison() else t
 
 
 def check_float(name: str, t: torch.Tensor) -> None:

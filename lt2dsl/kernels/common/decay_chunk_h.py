@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .backend import new_empty
 from .decay_triton import (
     Varlen,
     block,
@@ -22,7 +23,6 @@ from .decay_triton import (
     load_tile,
     load_vec,
     mma,
-    new_empty,
     seq_span,
     store_tile,
     tuned,

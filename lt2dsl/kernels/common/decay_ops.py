@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import torch
 
+from .backend import check_triton_dtype
 from .decay_recurrent import decay_fused_recurrent, decay_fused_recurrent_
-from .decay_triton import CHUNK, TRITON_DTYPES
+from .decay_triton import CHUNK
 
 # calls with at most this many tokens per sequence and no gradient use the token-recurrent kernel
 RECURRENT_MAX_T = 64
-
-
-def check_triton_dtype(x: torch.Tensor) -> None:
-    if x.dtype not in TRITON_DTYPES:
-        raise ValueError(f"backend='triton' supports {TRITON_DTYPES}, got {x.dtype}; use backend='reference'")
 
 
 def prepare_inputs(q, k, v, g, initial_state):

@@ -12,12 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import triton_interpreting
+from .backend import new_empty, triton_interpreting
 from .decay_utils import chunk_indices, chunk_offsets
 from .tl_util import NO_CACHE_MODIFIER
 from .tl_util import cast as cast  # re-exported: the decay kernels import it from here
 
-TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CHUNK = 64
 # Triton 3.9's CPU interpreter gets bf16 wrong in two ways the GPU does not: tl.dot multiplies bf16
 # tiles as raw integers (off by ~1e10), and fp32 → bf16 casts truncate instead of rounding to
@@ -26,9 +25,6 @@ CHUNK = 64
 INTERPRET = tl.constexpr(triton_interpreting())
 
 
-# tests set this: every buffer a launcher allocates starts as NaN, so an element a kernel forgets
-# to write makes the comparison fail instead of passing on leftover memory
-POISON = False
 # every autotuned decay kernel, so GPU tests can run each candidate config (`force_config`)
 AUTOTUNED: list = []
 
@@ -80,12 +76,6 @@ def force_config(index: int | None) -> None:
 
 def max_configs() -> int:
     return max((len(at.all_configs) for at in AUTOTUNED), default=1)
-
-
-def new_empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An output/scratch buffer on like's device (NaN-filled when POISON is set)."""
-    t = like.new_empty(*shape, dtype=like.dtype if dtype is None else dtype)
-    return t.fill_(float("nan")) if POISON else t
 
 
 def dot_precision(dtype: torch.dtype) -> str:

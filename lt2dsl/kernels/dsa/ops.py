@@ -13,6 +13,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
+from ..common.backend import check_triton_dtype
 from .triton_attn import sparse_attn_bwd, sparse_attn_fwd
 from .triton_indexer import dsa_indexer_triton
 
@@ -98,11 +99,7 @@ def dsa_triton(
 ):
     """`dsa(backend="triton")`: Triton indexer + top-k, then the sparse attention custom op; the
     returned selection is in rank order only if `ordered` (the attention does not need it)."""
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or {k.dtype, v.dtype} != {q.dtype}:
-        raise ValueError(
-            f"the Triton DSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
-            "use backend='reference' for float64"
-        )
+    check_triton_dtype(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if cu_seqlens is not None and isinstance(cu_seqlens, tuple | list):
         raise ValueError("the Triton DSA takes one cu_seqlens (Tq == Tk per sequence)")

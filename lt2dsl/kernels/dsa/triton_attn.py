@@ -19,8 +19,8 @@ import triton.language as tl
 from ..attention.triton_bwd import _bwd_pre_kernel
 from ..attention.triton_fwd import LOG2E, NEG_BIG
 from ..common.attn_triton import dot_precision, mm, pow2
-from ..common.attn_utils import new_empty, rows_contiguous
-from ..common.backend import triton_interpreting
+from ..common.attn_utils import rows_contiguous
+from ..common.backend import new_empty, triton_interpreting
 
 
 @triton.jit
@@ -211,8 +211,8 @@ def sparse_attn_fwd(q, k, v, indices, scale: float):
     k, v = rows_contiguous(k), rows_contiguous(v)
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
-    o = new_empty(B, Tq, HQ, DV, like=v)
-    lse = new_empty(HQ, B * Tq, like=q, dtype=torch.float32)
+    o = new_empty(v, B, Tq, HQ, DV)
+    lse = new_empty(q, HQ, B * Tq, dtype=torch.float32)
     cfg = _cfg(q.dtype)
     _sparse_fwd_kernel[(Tq, B * HKV)](
         q,
@@ -253,12 +253,12 @@ def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float):
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     nrows = B * Tq
-    delta = new_empty(HQ, nrows, like=q, dtype=torch.float32)
+    delta = new_empty(q, HQ, nrows, dtype=torch.float32)
     pre_bm = 16 if triton_interpreting() else 64
     _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
         o, do, o, do, do, delta, nrows, HQ=HQ, DV=DV, BDV=pow2(DV), BM=pre_bm, GATE_MODE=0
     )
-    dq = new_empty(*q.shape, like=q)
+    dq = new_empty(q, *q.shape)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     cfg = _cfg(q.dtype)

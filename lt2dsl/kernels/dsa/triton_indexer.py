@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
-from ..common.backend import triton_interpreting
+from ..common.backend import check_triton_dtype, triton_interpreting
 from .triton_topk import select_topk
 
 _INT64_MIN = -(2**63)
@@ -105,8 +105,7 @@ def dsa_indexer_triton(
     last (what the sparse attention takes)."""
     B, Tq, HI, DI = q_idx.shape
     Tk = k_idx.shape[1]
-    if q_idx.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"the Triton indexer takes fp16/bf16/fp32 inputs, got {q_idx.dtype}")
+    check_triton_dtype(q_idx)
     idx_scale = DI**-0.5 if idx_scale is None else float(idx_scale)
     q_idx, k_idx = q_idx.contiguous(), k_idx.to(q_idx.dtype).contiguous()
     w = None if w_idx is None else w_idx.contiguous()

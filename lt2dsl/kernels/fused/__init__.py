@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from lt2dsl.kernels.common.backend import resolve_backend
+from lt2dsl.kernels.common.backend import TRITON_DTYPES, resolve_backend
 
 from . import naive
-from .common import TRITON_DTYPES, rows_view
+from .common import rows_view
 
 __all__ = [
     "add_rmsnorm",

@@ -10,9 +10,6 @@ import torch
 
 from lt2dsl.kernels.common.backend import triton_interpreting
 
-# dtypes the fused Triton kernels take; float64 always runs the reference.
-TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 def configs(*warps: int) -> list:
     """Autotune candidates by warp count (the first only, under the CPU interpreter).

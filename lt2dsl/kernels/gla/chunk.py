@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.backend import new_empty
 from ..common.decay_chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ..common.decay_triton import (
     Varlen,
@@ -33,7 +34,6 @@ from ..common.decay_triton import (
     load_tile,
     load_tile_apart,
     mma,
-    new_empty,
     store_tile,
     tuned,
 )

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ..common.backend import triton_interpreting
+from ..common.backend import new_empty, triton_interpreting
 from ..common.decay_triton import (
     Varlen,
     block,
@@ -28,7 +28,6 @@ from ..common.decay_triton import (
     load_tile,
     load_vec,
     mma,
-    new_empty,
     seq_span,
     store_tile,
     store_vec,

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.backend import new_empty
 from ..common.decay_triton import (
     Varlen,
     block,
@@ -24,7 +25,6 @@ from ..common.decay_triton import (
     load_tile_apart,
     load_vec,
     mma,
-    new_empty,
     seq_span,
     store_tile,
     store_vec,

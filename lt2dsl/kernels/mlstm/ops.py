@@ -12,7 +12,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
-from ..common.decay_ops import check_triton_dtype, empty_grad, needs_grad
+from ..common.backend import check_triton_dtype
+from ..common.decay_ops import empty_grad, needs_grad
 from ..common.decay_triton import CHUNK
 from .chunk import chunk_mlstm_fwd
 from .chunk_bwd import chunk_mlstm_bwd

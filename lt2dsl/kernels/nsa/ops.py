@@ -20,6 +20,7 @@ from lt2dsl.kernels.common.custom_op import custom_op
 
 from ..attention.ops import attn_decode_op, attn_fwd_op, decode_eligible
 from ..common.attn_utils import topk_select
+from ..common.backend import check_triton_dtype
 from ..dsa.ops import dsa_attn_fwd_op
 from .common import NSAGeometry, apply_quota, block_ranking_inputs, mean_pool, n_slots, slc_scores
 from .triton_scores import group_probs
@@ -79,11 +80,7 @@ def nsa_triton(
     cu_seqlens,
 ):
     """Triton NSA; arguments as `lt2dsl.kernels.nsa.nsa`. Returns (o, block_indices)."""
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or {k.dtype, v.dtype} != {q.dtype}:
-        raise ValueError(
-            f"the Triton NSA takes fp16/bf16/fp32 q, k, v of one dtype, got {q.dtype}; "
-            "use backend='reference' for float64"
-        )
+    check_triton_dtype(q, k, v)
     kw = dict(
         block_counts=block_counts,
         block_size=block_size,

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..common.backend import new_empty
 from ..common.decay_chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ..common.decay_triton import (
     Varlen,
@@ -31,7 +32,6 @@ from ..common.decay_triton import (
     load_tile_apart,
     load_vec,
     mma,
-    new_empty,
     store_tile,
     store_vec,
     tuned,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_float, check_shape
+from ..common.backend import check_float, check_shape, check_triton_dtype
 from ..common.decay_utils import pick_backend
 from .blocked_ref import block_size
 from .fft_ref import fft_size, fft_toeplitz_mix
@@ -133,7 +133,7 @@ def _impl():
 
 def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, method: str) -> torch.Tensor:
     eligible, ops, eager_autograd_ok = _impl()
-    ops.check_dtype(x)
+    check_triton_dtype(x)
     B, T, C = x.shape
     w3, b2 = normalize_weights(w, bias, C, T)
     kernel, heads = w3.shape[0], w3.shape[1]
@@ -184,8 +184,8 @@ def toeplitz_mix_step(
         raise ValueError("`x_cache` must hold at least the newest input: [B, t, C] with t ≥ 1")
     w3, b2 = normalize_weights(w, bias, C, t)
     if pick_backend(backend, x_cache) == "triton":
-        from .ops import check_dtype, toeplitz_step
+        from .ops import toeplitz_step
 
-        check_dtype(x_cache)
+        check_triton_dtype(x_cache)
         return toeplitz_step(x_cache, w3.contiguous(), None if b2 is None else b2.contiguous())
     return toeplitz_step_ref(x_cache, w3, b2).to(x_cache.dtype)

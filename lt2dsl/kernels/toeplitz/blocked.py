@@ -38,7 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.decay_triton import cast, mma, new_empty, tuned
+from ..common.backend import new_empty
+from ..common.decay_triton import cast, mma, tuned
 from ..common.launch import launch
 from ..common.tl_util import helper
 from .blocked_ref import dft_matrices, packed_dft, window_lags

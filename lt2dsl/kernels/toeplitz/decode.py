@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.decay_triton import new_empty
+from ..common.backend import new_empty
 
 BLOCK_S, BLOCK_C = 64, 64
 

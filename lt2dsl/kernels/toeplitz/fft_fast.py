@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.decay_triton import cast, new_empty
+from ..common.backend import new_empty
+from ..common.decay_triton import cast
 from .fft_ref import fft_size
 
 BLOCK_T, BLOCK_C, BLOCK_F = 64, 64, 512

@@ -20,8 +20,6 @@ from .decode import toeplitz_step_triton
 from .fft_fast import toeplitz_fft_bwd, toeplitz_fft_fwd
 from .fft_ref import fft_size
 
-TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 @custom_op("lt2dsl::toeplitz_fft", mutates_args=())
 def toeplitz_fft(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -178,8 +176,3 @@ def _step_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
     """2·t·kernel per channel (mixers.md §13(c))."""
     B, t, C = x_shape
     return 2 * B * t * C * w_shape[0]
-
-
-def check_dtype(x: torch.Tensor) -> None:
-    if x.dtype not in TRITON_DTYPES:
-        raise ValueError(f"backend='triton' supports {TRITON_DTYPES}, got {x.dtype}; use backend='reference'")

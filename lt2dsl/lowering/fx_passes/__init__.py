@@ -21,13 +21,14 @@ contract and the pass; `leaves.py` the cache-aware functions the fused graph cal
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
 
 import torch.fx
 from torch.fx.passes.infra.pass_base import PassResult
+
+from lt2dsl.env import debug_level
 
 from . import add_norm, conv, gates, out_norm, projections, swiglu
 from .manager import FuseAdjacent, Rule
@@ -49,13 +50,6 @@ RULES: dict[str, Rule] = {
 
 # rule name -> how many times it fired in the last `fuse` call
 COUNTERS: dict[str, int] = dict.fromkeys(RULES, 0)
-
-
-def debug_level() -> int:
-    try:
-        return int(os.environ.get("LT2_DEBUG", "0") or 0)
-    except ValueError:
-        return 1
 
 
 def select(rules: Sequence[str] | None) -> list[Rule]:
