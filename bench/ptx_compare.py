@@ -88,10 +88,15 @@ def normalise(ptx: str) -> str:
     return text
 
 
-def compare(before: Path, after: Path) -> dict:
-    """{identical, different, only_before, only_after}: job names, by the normalised PTX."""
-    a = json.loads((before / "index.json").read_text())
-    b = json.loads((after / "index.json").read_text())
+def _index(folder: Path, families: list[str] | None) -> dict:
+    index = json.loads((folder / "index.json").read_text())
+    return {n: v for n, v in index.items() if families is None or n.split("/")[0] in families}
+
+
+def compare(before: Path, after: Path, families: list[str] | None = None) -> dict:
+    """{identical, different, only_before, only_after}: job names (of `families`, default all), by
+    the normalised PTX."""
+    a, b = _index(before, families), _index(after, families)
     out = {"identical": [], "different": [], "only_before": sorted(set(a) - set(b)), "only_after": []}
     out["only_after"] = sorted(set(b) - set(a))
     for name in sorted(set(a) & set(b)):
@@ -110,14 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="compare two dumps job by job")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
+    c.add_argument("--families", default=None, help="comma-separated job families (default: all)")
     c.add_argument("--json", type=Path, default=None, help="write the comparison here")
     args = ap.parse_args(argv)
+    families = args.families.split(",") if args.families else None
     if args.cmd == "dump":
         os.environ.pop("TRITON_INTERPRET", None)
         os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
         os.environ.setdefault("TRITON_CACHE_DIR", str(Path(".tcache/ptx").resolve()))
-        return dump(args.folder, args.families.split(",") if args.families else None, args.workers)
-    res = compare(args.before, args.after)
+        return dump(args.folder, families, args.workers)
+    res = compare(args.before, args.after, families)
     if args.json is not None:
         _write(args.json, json.dumps(res, indent=1))
     for key in ("different", "only_before", "only_after"):
