@@ -48,16 +48,14 @@ def _case(group, impl, make, flops, backward):
 def _full_cases(T: int) -> list[Case]:
     from lt2dsl.kernels.attention import attention
 
-    def ours(gate, dq="ds"):
+    def ours(gate, recipe=""):
         def make():
             q, k, v = _rnd(B, T, H, D), _rnd(B, T, H, D), _rnd(B, T, H, D)
             g = _rnd(B, T, H, D) if gate else None
             leaves = [q, k, v] + ([g] if gate else [])
 
             def fn():
-                # set at every call and left set: the harness runs the backward after fn returns
-                os.environ["LT2_ATTN_DQ"] = dq
-                return attention(q, k, v, gate=g, backend="triton")
+                return attention(q, k, v, gate=g, backend="triton", recipe=recipe)
 
             return fn, leaves
 

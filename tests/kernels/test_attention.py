@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lt2dsl.kernels.attention import attention, attention_decode, attention_naive
+from lt2dsl.kernels.attention.recipe import RECIPES, AttnRecipe, default_recipe
 from lt2dsl.kernels.attention.triton_bwd import N_BWD_CONFIGS
 from tests.kernels.utils import DEVICE, assert_close, seeded_like
 
@@ -149,21 +150,37 @@ TRITON_CASES = {
 }
 
 
-def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device=DEVICE, cu=None):
-    """Triton forward and all gradients against the float64 reference."""
+def check_triton_case(B, Tq, Tk, HQ, HKV, D, causal, window, gate, dtype, device=DEVICE, cu=None, recipe=""):
+    """Triton forward and all gradients against the float64 reference; `recipe` names the
+    backward's, or is an `AttnRecipe` the launchers run (fixed-length batches)."""
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     q, k, v, g = make(B, Tq, Tk, HQ, HKV, D, dtype=dtype, gate=gate, device=device)
     leaves = [t.requires_grad_() for t in (q, k, v, g) if t is not None]
     kw = dict(causal=causal, window=window, cu_seqlens=cu)
-    out = attention(q, k, v, gate=g, backend="triton", **kw)
-    do = seeded_like(out)
-    grads = torch.autograd.grad(out, leaves, do)
+    if isinstance(recipe, AttnRecipe):
+        out, grads, do = _by_launchers(q, k, v, g, causal, window, recipe)
+    else:
+        out = attention(q, k, v, gate=g, backend="triton", recipe=recipe, **kw)
+        do = seeded_like(out)
+        grads = torch.autograd.grad(out, leaves, do)
     ref_in = [t.detach().double().requires_grad_() for t in leaves]
     ref = attention(*ref_in[:3], gate=ref_in[3] if g is not None else None, **kw)
     ref_grads = torch.autograd.grad(ref, ref_in, do.double())
     assert_close("o", out, ref, tol)
     for name, a, b in zip("qkvg", grads, ref_grads):
         assert_close(f"d{name}", a, b, tol)
+
+
+def _by_launchers(q, k, v, g, causal, window, recipe):
+    """o, the gradients and dO of the forward and backward launchers run with `recipe`."""
+    from lt2dsl.kernels.attention.triton_bwd import attn_bwd
+    from lt2dsl.kernels.attention.triton_fwd import attn_fwd
+
+    scale = q.shape[-1] ** -0.5
+    o, lse = attn_fwd(q, k, v, g, scale, causal, window)
+    do = seeded_like(o)
+    dq, dk, dv, dg = attn_bwd(do, q, k, v, o, lse, g, scale, causal, window, recipe=recipe)
+    return o, [dq, dk, dv] + ([dg] if g is not None else []), do
 
 
 @pytest.mark.parametrize("case", list(TRITON_CASES))
@@ -187,58 +204,49 @@ def test_triton_backward_uneven_tiles(case, poison, monkeypatch):
     check_triton_case(*TRITON_CASES[case])
 
 
+DQ_CASES = dict(TRITON_CASES, **{"bf16-head": (2, 63, 63, 4, 2, 32, True, None, "head", torch.bfloat16)})
+
+
+def _one_head_of_ds(case: str) -> AttnRecipe:
+    """dQ from dS through a buffer of one kv head's dS: B·HKV launches of each kernel."""
+    B, Tq, Tk, HQ, HKV, *_, dtype = DQ_CASES[case]
+    return AttnRecipe(ds_bytes=(HQ // HKV) * Tq * Tk * dtype.itemsize)
+
+
 @pytest.mark.parametrize("form", ["ds", "split", "ds-groups"])
 @pytest.mark.parametrize("case", ["gqa", "T1-head", "noncausal-prefill", "bf16-head"])
-def test_triton_dq_forms(case, form, poison, monkeypatch):
-    """dQ both ways: from the dS the dK/dV kernel writes (the default; "ds-groups" with a budget of
-    one kv head, so several launches share one buffer) and by the split dQ kernel. The kernel the
-    other form uses is broken, so each run shows which path it took."""
-    from lt2dsl.kernels.attention import triton_bwd
+def test_triton_dq_forms(case, form, poison):
+    """dQ by each recipe: from the dS the dK/dV kernel writes (the default; "ds-groups" with a
+    buffer of one kv head, so several launches share it) and by the split dQ kernel."""
+    from lt2dsl.kernels.attention.triton_bwd import ds_group_heads
 
-    cases = dict(TRITON_CASES, **{"bf16-head": (2, 63, 63, 4, 2, 32, True, None, "head", torch.bfloat16)})
-    B, Tq, Tk, HQ, HKV, D, *_, dtype = cases[case]
-    monkeypatch.setenv("LT2_ATTN_DQ", "split" if form == "split" else "ds")
-    if form == "ds-groups":
-        slab = (HQ // HKV) * Tq * Tk * dtype.itemsize
-        monkeypatch.setenv("LT2_ATTN_DS_BYTES", str(slab))
-        assert triton_bwd.ds_group_heads(B, HQ, HKV, Tq, Tk, torch.empty(0, dtype=dtype)) == 1
-    unused = "_bwd_dq_ds_kernel" if form == "split" else "_bwd_dq_kernel"
-    monkeypatch.setattr(triton_bwd, unused, None)
-    check_triton_case(*cases[case])
+    recipe = _one_head_of_ds(case) if form == "ds-groups" else RECIPES[form]
+    B, Tq, Tk, HQ, HKV, *_, dtype = DQ_CASES[case]
+    heads = ds_group_heads(recipe, B, HQ, HKV, Tq, Tk, torch.empty(0, dtype=dtype))
+    assert heads == {"ds": B * HKV, "split": 0, "ds-groups": 1}[form]
+    check_triton_case(*DQ_CASES[case], recipe=recipe)
 
 
-@pytest.mark.parametrize("case", ["window7-elem", "T1-head", "w>T-D24", "bf16-w16-head"])
-def test_triton_gate_loaded_early(case, poison, monkeypatch):
-    """The forward loading the gate before its diagonal blocks (LT2_ATTN_GATE_EARLY=1), per element
-    and per head: the launches record that they ran that form."""
-    from lt2dsl.kernels.attention import triton_fwd
-
-    plain, seen = triton_fwd._attn_fwd_kernel, []
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append(kw["GATE_EARLY"])
-                return plain[grid](*args, **kw)
-
-            return launch
-
-    monkeypatch.setattr(triton_fwd, "_attn_fwd_kernel", Recording())
-    monkeypatch.setenv("LT2_ATTN_GATE_EARLY", "1")
-    check_triton_case(*TRITON_CASES[case])
-    assert seen and all(seen)
-
-
-def test_triton_ds_budget_falls_back_to_split(poison, monkeypatch):
+def test_triton_ds_budget_falls_back_to_split(poison):
     """A dS slab larger than the budget takes the split dQ kernel (and stays correct)."""
-    from lt2dsl.kernels.attention import triton_bwd
+    from lt2dsl.kernels.attention.triton_bwd import ds_group_heads
 
-    monkeypatch.setenv("LT2_ATTN_DS_BYTES", "0")
-    monkeypatch.setattr(triton_bwd, "_bwd_dq_ds_kernel", None)
-    check_triton_case(*TRITON_CASES["gqa"])
-    monkeypatch.setenv("LT2_ATTN_DQ", "atomic")
-    with pytest.raises(ValueError, match="LT2_ATTN_DQ"):
-        check_triton_case(*TRITON_CASES["gqa"])
+    recipe = AttnRecipe(ds_bytes=0)
+    assert ds_group_heads(recipe, 2, 4, 2, 63, 63, torch.empty(0)) == 0
+    check_triton_case(*TRITON_CASES["gqa"], recipe=recipe)
+
+
+def test_recipes_are_chosen_by_shape_and_named_ones_are_checked():
+    assert default_recipe(None, None, 1, 0, 0) == RECIPES["ds"]
+    split = ((7, None, 1, 0, 0), (None, [0, 3], 1, 0, 0), (None, None, 4, 3, 0), (None, None, 1, 0, -2))
+    assert all(default_recipe(*call) == RECIPES["split"] for call in split)
+    q, k, v, _ = make(1, 8, 8, 2, 1, 16, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match="unknown attention recipe 'atomic'; known: ds, split"):
+        attention(q, k, v, backend="triton", recipe="atomic")
+    with pytest.raises(ValueError, match="needs no window"):
+        attention(q, k, v, window=3, backend="triton", recipe="ds")
+    with pytest.raises(ValueError, match="'ds' or 'split'"):
+        AttnRecipe(dq="atomic")
 
 
 def test_triton_window_one_is_identity(poison):
@@ -290,20 +298,18 @@ def test_gpu_full_size(shape, dtype, mode, poison):
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", range(N_BWD_CONFIGS))
 @pytest.mark.parametrize("mode", ["full", "full-split", "full-groups", "w512-elem"])
-def test_gpu_every_backward_config(config, mode, poison, monkeypatch):
+def test_gpu_every_backward_config(config, mode, poison):
     """Each backward tile config the autotuner may pick on this GPU, forced one at a time (Hopper
     miscompiles are per config: /work/shared/bench/README.md). Full attention takes dQ from dS by
     default; "full-split" forces the split dQ kernel, "full-groups" a dS budget of two kv heads
     (eight launches of each kernel through one buffer)."""
     from lt2dsl.kernels.attention.triton_bwd import forced_bwd_config
 
-    if mode == "full-split":
-        monkeypatch.setenv("LT2_ATTN_DQ", "split")
-    if mode == "full-groups":
-        monkeypatch.setenv("LT2_ATTN_DS_BYTES", str(2 * 4 * 1000 * 1000 * 2))
+    recipe = {"full-split": RECIPES["split"], "full-groups": AttnRecipe(ds_bytes=2 * 4 * 1000 * 1000 * 2)}
     window, gate = {"full": (None, None), "w512-elem": (512, "elem")}.get(mode, (None, None))
+    shape = (2, 1000, 1000, 16, 4, 128, True, window, gate, torch.bfloat16)
     with forced_bwd_config(config):
-        check_triton_case(2, 1000, 1000, 16, 4, 128, True, window, gate, torch.bfloat16, device="cuda")
+        check_triton_case(*shape, device="cuda", recipe=recipe.get(mode, ""))
 
 
 @pytest.mark.gpu

@@ -2,7 +2,8 @@
 
 Math: mixers.md §9 (window: key j visible to query i iff i − w + 1 ≤ j ≤ i) and §12 (output gate
 σ(g) ⊙ o after SDPA). RoPE is applied by the caller. Files: `naive.py` (per-query truth),
-`reference.py` (dense masked PyTorch), `triton_fwd.py` / `triton_bwd.py` (tiled online softmax),
+`reference.py` (dense masked PyTorch), `triton_fwd.py` / `triton_bwd.py` (tiled online softmax;
+`recipe.py` says how the backward forms dQ),
 `decode.py` (flash-decoding over a KV cache or sliding-window ring buffer), `ops.py` (torch.library).
 """
 
@@ -30,6 +31,7 @@ def attention(
     scale: float | None = None,
     cu_seqlens: torch.LongTensor | tuple[torch.LongTensor, torch.LongTensor] | None = None,
     backend: str = "reference",
+    recipe: str = "",
 ) -> torch.Tensor:
     """Softmax attention with grouped query heads, optional sliding window and output gate.
 
@@ -48,6 +50,8 @@ def attention(
             `B == 1`; with a pair, sequence n has queries cu_q[n]:cu_q[n+1] that are the last
             positions of its keys cu_k[n]:cu_k[n+1]. Default: `None`.
         backend (str, Optional): "reference", "triton" or "auto". Default: "reference".
+        recipe (str, Optional): the Triton backward's recipe, a name of `recipe.RECIPES` ("ds",
+            "split"); "" picks the default for the call's shape. Default: "".
 
     Returns:
         o (torch.Tensor): `[B, Tq, HQ, V]` in the dtype of `v`.
@@ -55,13 +59,11 @@ def attention(
     B, Tq, Tk, HQ, HKV, K, V = check_qkv(q, k, v, cu_seqlens)
     _check_options(causal, window, gate, (B, Tq, HQ, V))
     scale = K**-0.5 if scale is None else float(scale)
+    kw = dict(causal=causal, window=window, scale=scale)
     if resolve_backend(backend, q) == "triton":
         from .ops import attention_triton
 
-        return attention_triton(
-            q, k, v, causal=causal, window=window, gate=gate, scale=scale, cu_seqlens=cu_seqlens
-        )
-    kw = dict(causal=causal, window=window, scale=scale)
+        return attention_triton(q, k, v, gate=gate, cu_seqlens=cu_seqlens, recipe=recipe, **kw)
     if cu_seqlens is None:
         return attention_reference(q, k, v, gate=gate, **kw)
     return run_by_sequence(attention_reference, cu_seqlens, dict(q=q, gate=gate), dict(k=k, v=v), **kw)

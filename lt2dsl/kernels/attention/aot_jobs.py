@@ -3,8 +3,9 @@
 bf16 (the autotuned path) at head dims 64 and 128 for the forward, 128 for the backward: causal
 with an elementwise output gate (the `full(gate=sdpa)` blocks), and causal with a sliding window
 and no gate (`swa`); with the lengths divisible by 16 (as the JIT specialises T = 8192) and, for
-the forward, the gated backward and the dS path, without. The fixed-tile launches `bwd_config`
-picks (fp32, packed sequences) and the decode kernels at their one config. Spills are bounded:
+the forward, the gated backward and the dS path, without. The backward's kernels are those of each
+recipe (`recipe.RECIPES`) that applies to a form. The fixed-tile launches `bwd_config` picks (fp32,
+packed sequences) and the decode kernels at their one config. Spills are bounded:
 MAX_STACK with aligned lengths, UNALIGNED_STACK without (the dS path's dK/dV configs spill up to
 344 B per thread there with Triton 3.6, 80 B aligned; spills cost speed, not correctness).
 """
@@ -16,6 +17,7 @@ import torch
 from lt2dsl.kernels.attention import triton_bwd as B
 from lt2dsl.kernels.attention import triton_decode as Dec
 from lt2dsl.kernels.attention import triton_fwd as F
+from lt2dsl.kernels.attention.recipe import RECIPES, ds_applies
 from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
 
@@ -65,9 +67,14 @@ def _jobs(name, tuned, dt, cex, aligned: bool, launch=None) -> list[Job]:
                       max_stack=stack)  # fmt: skip
 
 
+def _recipes(window: bool, varlen: bool = False) -> list[str]:
+    """The dQ forms of the recipes that apply to a form: "ds" and "split", or "split" alone."""
+    applies = ds_applies(7 if window else None, [0] if varlen else None, 1, 0, 0)
+    return sorted({r.dq for r in RECIPES.values() if r.dq == "split" or applies})
+
+
 def _forward(aligned: bool) -> list[Job]:
-    """bf16 at D = 64 and 128 in each form (the gate loaded early or, LT2_ATTN_GATE_EARLY=0, late);
-    fp32 once (aligned, gated)."""
+    """bf16 at D = 64 and 128 in each form; fp32 once (aligned, gated)."""
     jobs = []
     for D, dtype in ((64, torch.bfloat16), (128, torch.bfloat16), (128, torch.float32)):
         cfg = F.fwd_config(D, dtype)
@@ -78,45 +85,49 @@ def _forward(aligned: bool) -> list[Job]:
                 continue
             order = F.launch_order(causal, window or None, False)
             cex = dict(attn_constexprs(D, dtype, causal, window), GATE_MODE=gate, ORDER=order, **tiles)
-            for early in (True, False) if gate and dt == "*bf16" else (bool(gate),):
-                name = f"attn/fwd-{form}-D{D}-{dt[1:]}" + ("" if early or not gate else "-gate-late")
-                launch = (cfg["num_warps"], cfg["num_stages"])
-                jobs += _jobs(name, F._attn_fwd_kernel, dt, dict(cex, GATE_EARLY=early), aligned, launch)
+            launch = (cfg["num_warps"], cfg["num_stages"])
+            jobs += _jobs(f"attn/fwd-{form}-D{D}-{dt[1:]}", F._attn_fwd_kernel, dt, cex, aligned, launch)
     return jobs
 
 
 def _backward_tuned(aligned: bool) -> list[Job]:
-    """The autotuned backward (bf16, D ≤ 128, fixed lengths): dK/dV and dQ, and the dS path
-    (LT2_ATTN_DQ=ds, the default, without a window): dK/dV storing dS, dQ = dS K. With unaligned
-    lengths the gated form and the dS path only (the window changes no tile)."""
+    """The autotuned backward (bf16, D ≤ 128, fixed lengths) of each form's recipes: the split dQ
+    kernel with its dK/dV kernel, and the dS path (dK/dV storing dS, dQ = dS K). With unaligned
+    lengths the gated form only (the window changes no tile)."""
     jobs, dt = [], "*bf16"
     for form, causal, window, _ in FORMS if aligned else FORMS[:1]:
         com = attn_constexprs(128, torch.bfloat16, causal, window)
         o_q = F.launch_order(causal, window or None, False)
-        jobs += _jobs(f"attn/dkdv-{form}", B._dkdv_tuned, dt, dict(com, ORDER=0, STORE_DS=False), aligned)
-        jobs += _jobs(f"attn/dq-{form}", B._dq_tuned, dt, dict(com, ORDER=o_q), aligned)
-    com = attn_constexprs(128, torch.bfloat16, True, False)
-    jobs += _jobs("attn/dkdv-ds", B._dkdv_ds_tuned, dt, dict(com, ORDER=0, STORE_DS=True), aligned)
-    ds = {n: com[n] for n in ("HQ", "GRP", "D", "BD", "CAUSAL", "DOT_PREC")}
-    return jobs + _jobs("attn/dq-ds", B._dq_ds_tuned, dt, dict(ds, ORDER=1), aligned)
+        for dq in _recipes(window):
+            kv = dict(com, ORDER=0, STORE_DS=dq == "ds")
+            if dq == "split":
+                jobs += _jobs(f"attn/dkdv-{form}", B._dkdv_tuned, dt, kv, aligned)
+                jobs += _jobs(f"attn/dq-{form}", B._dq_tuned, dt, dict(com, ORDER=o_q), aligned)
+                continue
+            jobs += _jobs("attn/dkdv-ds", B._dkdv_ds_tuned, dt, kv, aligned)
+            ds = {n: com[n] for n in ("HQ", "GRP", "D", "BD", "CAUSAL", "DOT_PREC")}
+            jobs += _jobs("attn/dq-ds", B._dq_ds_tuned, dt, dict(ds, ORDER=o_q), aligned)
+    return jobs
 
 
 def _backward_fixed() -> list[Job]:
-    """`bwd_config`'s fixed tiles: fp32 (both dQ paths) and packed bf16 sequences (no dS path)."""
+    """`bwd_config`'s fixed tiles, each recipe's kernels: fp32 (both dQ forms) and packed bf16
+    sequences (the split dQ kernel alone)."""
     jobs = []
     for dtype, varlen in ((torch.float32, False), (torch.bfloat16, True)):
         cfg, dt = B.bwd_config(128, dtype), "*fp32" if dtype == torch.float32 else "*bf16"
         com, tag = attn_constexprs(128, dtype, True, False, varlen), "varlen" if varlen else "fp32"
         kv, q = cfg["kv"], cfg["q"]
         kv_tiles, q_tiles = {"BM": kv["BM"], "BN": kv["BN"]}, {"BM": q["BM"], "BN": q["BN"]}
-        for store_ds in (False, True) if not varlen else (False,):
+        forms = _recipes(False, varlen)
+        for store_ds in (dq == "ds" for dq in forms):
             cex = dict(com, ORDER=0, STORE_DS=store_ds, **kv_tiles)
             name = f"attn/dkdv-{tag}" + ("-ds" if store_ds else "")
             jobs += _jobs(name, B._bwd_dkdv_kernel, dt, cex, True, (kv["num_warps"], kv["num_stages"]))
         o_q = F.launch_order(True, None, varlen)
         cex = dict(com, ORDER=o_q, **q_tiles)
         jobs += _jobs(f"attn/dq-{tag}", B._bwd_dq_kernel, dt, cex, True, (q["num_warps"], q["num_stages"]))
-        if not varlen:
+        if "ds" in forms:
             ds = cfg["ds"]
             cex = {n: com[n] for n in ("HQ", "GRP", "D", "BD", "CAUSAL", "DOT_PREC")}
             cex.update(ORDER=o_q, BM=ds["BM"], BN=ds["BN"])

@@ -4,7 +4,8 @@
 with fake (meta) implementations, autograd wiring and FLOP formulas, so `torch.compile(fullgraph=True)`
 traces through and `FlopCounterMode` counts them. Integer encodings: `window = 0` means no window,
 `kstride` / `koff` place key c at position c·kstride + koff, `qoff` is the position of query row 0;
-`cu_q` / `cu_k` are int32 offsets of a packed batch (or None).
+`cu_q` / `cu_k` are int32 offsets of a packed batch (or None); `recipe` names the backward's
+`AttnRecipe` (`recipe.RECIPES`, "" for the default of the call's shape).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch.utils.flop_counter import register_flop_formula
 from lt2dsl.kernels.common.custom_op import custom_op
 
 from ..common.backend import check_triton_dtype
+from .recipe import pick
 from .triton_bwd import attn_bwd
 from .triton_decode import attention_decode_triton
 from .triton_fwd import attn_fwd
@@ -40,13 +42,15 @@ def attn_fwd_op(
     kstride: int,
     koff: int,
     qoff: int,
+    recipe: str,
 ) -> tuple[Tensor, Tensor]:
-    """Tiled attention forward; returns (o `[B, Tq, HQ, DV]`, lse `[HQ, B·Tq]` fp32 log2 units)."""
+    """Tiled attention forward; returns (o `[B, Tq, HQ, DV]`, lse `[HQ, B·Tq]` fp32 log2 units).
+    `recipe` is the backward's (autograd passes it on)."""
     return attn_fwd(q, k, v, gate, scale, causal, window or None, _cu(cu_q, cu_k), kstride, koff, qoff)
 
 
 @attn_fwd_op.register_fake
-def _(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff):
+def _(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff, recipe):
     B, Tq, HQ, _ = q.shape
     return q.new_empty(B, Tq, HQ, v.shape[-1], dtype=v.dtype), q.new_empty(HQ, B * Tq, dtype=torch.float32)
 
@@ -68,29 +72,19 @@ def attn_bwd_op(
     kstride: int,
     koff: int,
     qoff: int,
+    recipe: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of `attn_fwd_op`'s o; dgate is an empty tensor when there is no gate."""
+    """Gradients of `attn_fwd_op`'s o by the named recipe; dgate is an empty tensor without a gate."""
+    cu = _cu(cu_q, cu_k)
+    how = pick(recipe, window or None, cu, kstride, koff, qoff)
     dq, dk, dv, dg = attn_bwd(
-        do.contiguous(),
-        q,
-        k,
-        v,
-        o,
-        lse,
-        gate,
-        scale,
-        causal,
-        window or None,
-        _cu(cu_q, cu_k),
-        kstride,
-        koff,
-        qoff,
+        do.contiguous(), q, k, v, o, lse, gate, scale, causal, window or None, cu, kstride, koff, qoff, how
     )
     return dq, dk, dv, (q.new_empty(0) if dg is None else dg)
 
 
 @attn_bwd_op.register_fake
-def _(do, q, k, v, o, lse, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff):
+def _(do, q, k, v, o, lse, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff, recipe):
     dg = q.new_empty(0) if gate is None else torch.empty_like(gate)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dg
 
@@ -175,8 +169,11 @@ def decode_eligible(q, k, v, causal: bool, cu_seqlens) -> bool:
     return q.shape[1] * (q.shape[2] // k.shape[2]) <= 64 and k.shape[1] >= 4 * q.shape[1]
 
 
-def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_seqlens=None) -> Tensor:
-    """`attention(backend="triton")`: inputs already validated by the public op."""
+def attention_triton(
+    q, k, v, *, causal: bool, window, gate, scale: float, cu_seqlens=None, recipe: str = ""
+) -> Tensor:
+    """`attention(backend="triton")`: inputs already validated by the public op; `recipe` names the
+    backward's `AttnRecipe` ("" for the default)."""
     check_triton_dtype(q, k, v)
     gate = None if gate is None else gate.contiguous()
     Tq, Tk = q.shape[1], k.shape[1]
@@ -189,4 +186,6 @@ def attention_triton(q, k, v, *, causal: bool, window, gate, scale: float, cu_se
     if cu_seqlens is not None:
         pair = cu_seqlens if isinstance(cu_seqlens, tuple | list) else (cu_seqlens, cu_seqlens)
         cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32) for c in pair)
-    return attn_fwd_op(q, k, v, gate, scale, causal, window or 0, cu_q, cu_k, 1, 0, Tk - Tq)[0]
+    if recipe:  # an unknown name, or "ds" where it does not apply, fails here rather than in the backward
+        pick(recipe, window or None, cu_seqlens, 1, 0, Tk - Tq)
+    return attn_fwd_op(q, k, v, gate, scale, causal, window or 0, cu_q, cu_k, 1, 0, Tk - Tq, recipe)[0]

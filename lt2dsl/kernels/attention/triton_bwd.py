@@ -16,8 +16,6 @@ buffer is bounded (`ds_group_heads`); larger problems run in groups of heads thr
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +23,7 @@ import triton.language as tl
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, new_empty, triton_interpreting
 from ..common.tl_util import cast
+from .recipe import AttnRecipe, default_recipe, ds_applies
 from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, launch_order, varlen_blocks
 
 
@@ -766,28 +765,16 @@ def forced_bwd_config(i: int):
     return forced_autotune_config([t for t in tuned if t is not None], i)
 
 
-def dq_mode() -> str:
-    """How the backward forms dQ: "ds" (default) — the dK/dV kernel writes dS in the input dtype and
-    one dot per tile reads it back — or "split", the FlashAttention-2 dQ kernel that recomputes p
-    and dp (three dots per tile). Read at each call (`LT2_ATTN_DQ`), so a benchmark can switch it."""
-    mode = os.environ.get("LT2_ATTN_DQ", "ds")
-    if mode not in ("ds", "split"):
-        raise ValueError(f"LT2_ATTN_DQ must be 'ds' or 'split', got {mode!r}")
-    return mode
-
-
-# Bytes the dS buffer may take by default; at most a quarter of the device memory free at the call.
-DS_BYTES = 4 << 30
-
-
-def ds_group_heads(B: int, HQ: int, HKV: int, Tq: int, Tk: int, ref: torch.Tensor) -> int:
-    """KV heads (of the B·HKV) per launch of the dS path, 0 when one does not fit the budget.
+def ds_group_heads(recipe: AttnRecipe, B: int, HQ: int, HKV: int, Tq: int, Tk: int, ref: torch.Tensor) -> int:
+    """KV heads (of the B·HKV) per launch of the dS path, 0 for the split dQ kernel: the recipe's, or
+    one kv head's dS over `recipe.ds_bytes` (at most a quarter of the device memory free at the call).
 
     Causal dS fills half of each [Tk, Tq] slab, but a slab is addressed densely so any tile
-    sizes of the two kernels agree on it; the budget (`LT2_ATTN_DS_BYTES`, default 4 GiB) bounds
-    the buffer, and larger problems run in groups of heads through one buffer.
+    sizes of the two kernels agree on it; larger problems run in groups of heads through one buffer.
     """
-    budget = int(os.environ.get("LT2_ATTN_DS_BYTES", DS_BYTES))
+    if recipe.dq != "ds":
+        return 0
+    budget = recipe.ds_bytes
     if ref.is_cuda:
         budget = min(budget, torch.cuda.mem_get_info(ref.device)[0] // 4)
     per_kv = (HQ // HKV) * Tq * Tk * ref.element_size()
@@ -853,8 +840,10 @@ def attn_bwd(
     kstride: int = 1,
     koff: int = 0,
     qoff: int | None = None,
+    recipe: AttnRecipe | None = None,
 ):
-    """Gradients (dq, dk, dv, dgate) of `attn_fwd`'s output `o` (the gated one) for upstream `do`."""
+    """Gradients (dq, dk, dv, dgate) of `attn_fwd`'s output `o` (the gated one) for upstream `do`,
+    by `recipe` (default: `default_recipe` of the call)."""
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     nrows = B * Tq
@@ -900,8 +889,11 @@ def attn_bwd(
     o_q, o_k = launch_order(causal, window, cu is not None), 0
     tuned = _dkdv_tuned is not None and cu is None and q.dtype != torch.float32 and max(D, DV) <= 128
     qo = Tk - Tq if qoff is None else qoff
-    group = ds_group_heads(B, HQ, HKV, Tq, Tk, q) if dq_mode() == "ds" else 0
-    if group and window is None and kstride == 1 and koff == 0 and cu is None and qo >= 0:
+    recipe = recipe or default_recipe(window, cu, kstride, koff, qo)
+    if recipe.dq == "ds" and not ds_applies(window, cu, kstride, koff, qo):
+        raise ValueError("dQ from dS (recipe dq='ds') needs no window, no cu_seqlens and plain key positions")
+    group = ds_group_heads(recipe, B, HQ, HKV, Tq, Tk, q)
+    if group:
         _bwd_ds(q, k, v, du, lse, delta, dq, dk, dv, dummy, scalars, common, cfg, tuned, group, o_q)
         return dq, dk, dv, dg
     if tuned:

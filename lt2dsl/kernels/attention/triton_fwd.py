@@ -11,8 +11,6 @@ miscompile of the peer's tracker); k is read through a transposed pointer instea
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -187,7 +185,6 @@ def _attn_fwd_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     ORDER: tl.constexpr,
-    GATE_EARLY: tl.constexpr = False,
 ):
     """o[b, rows, h] = softmax(q kᵀ · scale + mask) v, times σ(gate); lse in log2 units.
 
@@ -271,15 +268,15 @@ def _attn_fwd_kernel(
         DOT_PREC,
     )
     row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
-    # GATE_EARLY issues the gate's load before the last (diagonal) blocks, so its latency hides
-    # behind their dots instead of stalling the epilogue
-    if GATE_EARLY and GATE_MODE == 1:
+    # the gate is loaded before the last (diagonal) blocks, so its latency hides behind their dots
+    # instead of stalling the epilogue (3% of the gated forward, BENCHMARKS.md "Tried and dropped")
+    if GATE_MODE == 1:
         g = tl.load(
             GATE + row_off[:, None] * DV + offs_dv[None, :],
             mask=in_q[:, None] & (offs_dv[None, :] < DV),
             other=0.0,
         )
-    if GATE_EARLY and GATE_MODE == 2:
+    if GATE_MODE == 2:
         g = tl.load(GATE + row_off, mask=in_q, other=0.0)
     acc, m_i, l_i = _fwd_inner(
         acc,
@@ -311,14 +308,6 @@ def _attn_fwd_kernel(
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if not GATE_EARLY and GATE_MODE == 1:
-        g = tl.load(
-            GATE + row_off[:, None] * DV + offs_dv[None, :],
-            mask=in_q[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
-    if not GATE_EARLY and GATE_MODE == 2:
-        g = tl.load(GATE + row_off, mask=in_q, other=0.0)
     if GATE_MODE == 1:
         o = o * tl.sigmoid(g.to(tl.float32))
     if GATE_MODE == 2:
@@ -347,14 +336,6 @@ def fwd_config(D: int, dtype: torch.dtype) -> dict:
     if dtype == torch.float32 or D > 128:
         return dict(BM=64, BN=32, num_warps=4, num_stages=2)
     return dict(BM=128, BN=64, num_warps=4 if D <= 64 else 8, num_stages=3)
-
-
-def gate_early() -> bool:
-    """Whether the forward loads the gate before its diagonal blocks (the default) rather than in
-    the epilogue (`LT2_ATTN_GATE_EARLY=0`); read at each call, so a benchmark can switch it. On the
-    H200 (seventeenth session, B=4, T=8192, H=16, D=128, bf16) early: 2.539 ms forward against
-    2.625, the epilogue load no longer stalling each program's end (233 registers, no spills)."""
-    return os.environ.get("LT2_ATTN_GATE_EARLY", "1") == "1"
 
 
 def varlen_blocks(cu: list[int], bm: int, device) -> torch.Tensor:
@@ -426,7 +407,6 @@ def attn_fwd(
         VARLEN=cu is not None,
         DOT_PREC=dot_precision(q.dtype),
         ORDER=order,
-        GATE_EARLY=gate_early() and gate is not None,
         **cfg,
     )
     return o, lse
@@ -437,7 +417,6 @@ __all__ = [
     "attn_fwd",
     "dot_precision",
     "fwd_config",
-    "gate_early",
     "launch_order",
     "varlen_blocks",
 ]

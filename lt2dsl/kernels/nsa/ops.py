@@ -101,7 +101,8 @@ def nsa_triton(
     kc = (mean_pool(k, geo) if k_cmp is None else k_cmp).to(q.dtype).contiguous()
     vc = (mean_pool(v, geo) if v_cmp is None else v_cmp).to(q.dtype).contiguous()
     if kc.shape[1]:
-        o_cmp, lse = attn_fwd_op(q, kc, vc, None, scale, True, 0, None, None, geo.stride, geo.cmp - 1, qoff)
+        cmp_keys = dict(kstride=geo.stride, koff=geo.cmp - 1, qoff=qoff, recipe="")
+        o_cmp, lse = attn_fwd_op(q, kc, vc, None, scale, True, 0, None, None, **cmp_keys)
     else:
         o_cmp = q.new_zeros(*q.shape[:3], v.shape[-1])
         lse = torch.full((q.shape[2], q.shape[0] * Tq), float("inf"), device=q.device)
@@ -116,9 +117,8 @@ def nsa_triton(
             seqlens = torch.full((q.shape[0],), Tk, dtype=torch.int32, device=q.device)
             o_swa = attn_decode_op(q, k, v, seqlens, None, scale, int(window_size), False)
         else:
-            o_swa = attn_fwd_op(
-                q, k.contiguous(), v.contiguous(), None, scale, True, int(window_size), None, None, 1, 0, qoff
-            )[0]
+            kv = k.contiguous(), v.contiguous()
+            o_swa = attn_fwd_op(q, *kv, None, scale, True, int(window_size), None, None, 1, 0, qoff, "")[0]
         o = o + _gated(o_swa, g_swa)
     return o.to(v.dtype), block_indices
 
