@@ -1,4 +1,4 @@
-"""`common.launch`: the kept autotuner pick and CompiledKernel give what Triton's own launch does."""
+"""`toeplitz/launch.py`: the kept autotuner pick and CompiledKernel give what Triton's own launch does."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common import launch as L
 from lt2dsl.kernels.common.backend import triton_interpreting
 from lt2dsl.kernels.common.decay_triton import autotune_configs
+from lt2dsl.kernels.toeplitz import launch as L
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
@@ -34,11 +34,11 @@ _tuned = triton.autotune(
 )(_axpy)
 
 
-def _run(kernel, x, y, a, neg=False):
+def _run(kernel, x, y, a, neg=False, path="static"):
     n = x.numel()
     out = torch.full_like(x, float("nan"))
     kw = {"NEG": neg} if kernel is _tuned else {"BLOCK": 32, "NEG": neg}
-    L.launch(kernel, lambda meta: (triton.cdiv(n, meta["BLOCK"]),), (n,), x, y, out, n, a, **kw)
+    L.launch(kernel, lambda meta: (triton.cdiv(n, meta["BLOCK"]),), (n,), x, y, out, n, a, path=path, **kw)
     return out
 
 
@@ -47,20 +47,19 @@ def _unaligned(n: int) -> torch.Tensor:
     return torch.randn(n + 1, device=DEVICE)[1:]
 
 
-@pytest.mark.parametrize("mode", ["static", "runner"])
+@pytest.mark.parametrize("path", ["static", "runner", "triton"])
 @pytest.mark.parametrize("kernel", [_axpy, _tuned], ids=["jit", "autotuned"])
-def test_every_specialization_launches_right(monkeypatch, kernel, mode):
+def test_every_specialization_launches_right(kernel, path):
     """Sizes 1 (Triton's `== 1` case), 16 (divisible) and 17, aligned and unaligned pointers,
     both constexpr values, each called twice: the second call of a key takes the kept kernel,
     launched by torch's static launcher or the CompiledKernel's runner."""
-    monkeypatch.setattr(L, "MODE", mode)
     L.clear()
     for n in (1, 16, 17, 100):
         for make in (lambda n: torch.randn(n, device=DEVICE), _unaligned):
             for neg in (False, True):
                 for _ in range(2):
                     x, y = make(n), make(n)
-                    out = _run(kernel, x, y, 0.5, neg)
+                    out = _run(kernel, x, y, 0.5, neg, path)
                     ref = 0.5 * x + y
                     torch.testing.assert_close(out, -ref if neg else ref)
 
@@ -75,7 +74,7 @@ def test_repeated_calls_take_the_fast_path():
     for _ in range(3):
         out = _run(_tuned, x, y, 2.0)
     assert L.COUNTS["fast"] - before["fast"] == 3 and L.COUNTS["full"] == before["full"]
-    if L.MODE == "static" and L._static_launcher() is not None:  # torch's C++ launcher took it
+    if L._static_launcher() is not None:  # torch's C++ launcher took it
         assert L.COUNTS["static"] - before["static"] == 3
     torch.testing.assert_close(out, 2.0 * x + y)
     x1 = _unaligned(100)  # a new specialization: Triton's own path once

@@ -17,6 +17,7 @@ from lt2dsl.kernels.toeplitz.blocked_ref import (
     spectra,
     window_spectra,
 )
+from lt2dsl.kernels.toeplitz.recipe import RECIPES
 from tests.kernels.utils import DEVICE, assert_close, rel_rms
 
 F64 = torch.float64
@@ -85,13 +86,13 @@ def test_block_size_balances_the_passes():
 # Triton kernels (interpreter on CPU, compiled on the GPU)
 
 
-def check(x, w, b, S, tol, device=DEVICE):
-    """Blocked op forward and all gradients against the float64 dense product."""
+def check(x, w, b, S, tol, device=DEVICE, recipe=""):
+    """Blocked op forward and all gradients (by the named recipe) against the float64 dense product."""
     inputs = (x, w.float(), None if b is None else b.float())
     leaves = [t.detach().to(device).requires_grad_() for t in inputs if t is not None]
     xl, wl = leaves[0], leaves[1]
     bl = leaves[2] if b is not None else None
-    y = torch.ops.lt2dsl.toeplitz_blocked(xl, wl, bl, S)
+    y = torch.ops.lt2dsl.toeplitz_blocked(xl, wl, bl, S, recipe)
     assert y.dtype == x.dtype and y.shape == x.shape
     gen = torch.Generator().manual_seed(3)
     dy = torch.randn(*y.shape, generator=gen, dtype=F64)
@@ -121,27 +122,26 @@ def test_triton_blocked_matches_dense(poison, B, T, C, heads, S, dtype, bias):
     check(x, w, b, S, 1e-2)
 
 
+@pytest.mark.parametrize("recipe", list(RECIPES))
 @pytest.mark.parametrize(("B", "T", "C", "heads", "S"), [(2, 100, 64, 2, 16), (1, 1100, 32, 1, 16)])
-def test_triton_blocked_block_major_layout(poison, monkeypatch, B, T, C, heads, S):
-    """The spectra as `[B, M, 2S, C]` between the passes (LT2_TOEPLITZ_LAYOUT=block) give the same."""
-    from lt2dsl.kernels.toeplitz import blocked
-
-    monkeypatch.setattr(blocked, "LAYOUT", "block")
+def test_triton_blocked_recipes(poison, recipe, B, T, C, heads, S):
+    """Pass 2 from the precomputed Toeplitz tiles ("tiles") and gathering them from the packed
+    spectra ("gather", the default where the tiles would exceed TILE_BYTES): the same results."""
     x, w, b = data(B, T, C, heads, dtype=torch.bfloat16)
-    check(x, w, b, S, 1e-2)
+    check(x, w, b, S, 1e-2, recipe=recipe)
 
 
-@pytest.mark.parametrize(("B", "T", "C", "heads", "S"), [(2, 100, 64, 2, 16), (1, 1100, 32, 1, 16)])
-def test_triton_blocked_gathered_tiles(poison, monkeypatch, B, T, C, heads, S):
-    """Where the precomputed pass-2 tiles would exceed TILE_BYTES, the products gather their
-    Toeplitz tiles from the packed spectra (`mix_kernel`): the same results."""
-    from lt2dsl.kernels.toeplitz import blocked
+def test_recipes_are_chosen_by_shape_and_named_ones_are_checked(poison):
+    from lt2dsl.kernels.toeplitz.recipe import TILE_BYTES, default_recipe, tile_bytes
 
-    monkeypatch.setattr(blocked, "TILE_BYTES", 0)
-    blocked._TABLES.clear()
-    x, w, b = data(B, T, C, heads, dtype=torch.bfloat16)
-    check(x, w, b, S, 1e-2)
-    blocked._TABLES.clear()
+    assert default_recipe(1, 32768, 128) == RECIPES["tiles"]
+    assert tile_bytes(64, 128, 256) > TILE_BYTES and default_recipe(64, 32768, 128) == RECIPES["gather"]
+    x, w, _ = data(1, 50, 32, 1, dtype=torch.bfloat16)
+    x, w = x.to(DEVICE), w.float().to(DEVICE)
+    with pytest.raises(ValueError, match="unknown Toeplitz recipe 'dense'; known: tiles, gather"):
+        toeplitz_mix(x, w, backend="triton", recipe="dense")
+    with pytest.raises(ValueError, match="the FFT path"):
+        toeplitz_mix(x, w, backend="triton", method="fft", recipe="gather")
 
 
 @pytest.mark.parametrize("OT", [2, 4])
@@ -167,7 +167,7 @@ def test_autograd_function_path_equals_the_registered_op(poison):
         leaves = [t.detach().to(DEVICE).float().requires_grad_() for t in (w, b)]
         xl = x.to(DEVICE).requires_grad_()
         if use_op:
-            y = torch.ops.lt2dsl.toeplitz_blocked(xl, leaves[0], leaves[1], 64)
+            y = torch.ops.lt2dsl.toeplitz_blocked(xl, leaves[0], leaves[1], 64, "")
         else:
             y = toeplitz_mix(xl, leaves[0], leaves[1], backend="triton")
             assert type(y.grad_fn).__name__ == "BlockedFunctionBackward"
@@ -280,31 +280,26 @@ def test_gpu_full_size(poison, T, C, heads, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gathered", [False, True])
-def test_gpu_every_autotune_config(poison, monkeypatch, gathered):
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_gpu_every_autotune_config(poison, recipe):
     from lt2dsl.kernels.common.decay_triton import force_config, max_configs
-    from lt2dsl.kernels.toeplitz import blocked
 
-    if gathered:  # pass 2 gathers its Toeplitz tiles (`mix_kernel`), as for tables too big to keep
-        monkeypatch.setattr(blocked, "TILE_BYTES", 0)
-    blocked._TABLES.clear()
     x, w, b = data(2, 1000, 256, 1, dtype=torch.bfloat16)
     for config in range(max_configs()):
         force_config(config)
         try:
-            check(x, w, b, 16, 1e-2, device="cuda")  # 63 blocks of 16: every tile path
-            check(x, w, b, 64, 1e-2, device="cuda")
+            check(x, w, b, 16, 1e-2, device="cuda", recipe=recipe)  # 63 blocks of 16: every tile path
+            check(x, w, b, 64, 1e-2, device="cuda", recipe=recipe)
         finally:
             force_config(None)
-    blocked._TABLES.clear()
 
 
 @pytest.mark.gpu
 def test_gpu_repeated_calls_on_the_kept_kernels(poison):
     """From the second call of a shape on, the passes launch their kept CompiledKernels
-    (`common.launch`): new inputs each call, an input 2 bytes off a 16-byte boundary (a new
+    (`toeplitz/launch.py`): new inputs each call, an input 2 bytes off a 16-byte boundary (a new
     specialization) in between, and every result against float64."""
-    from lt2dsl.kernels.common import launch
+    from lt2dsl.kernels.toeplitz import launch
 
     launch.clear()
     before = launch.COUNTS["fast"]

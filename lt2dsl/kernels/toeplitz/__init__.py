@@ -6,7 +6,8 @@ one per head (w `[heads, n]`, channels split into equal groups) or the kernel va
 with the kernels of c's own head; the window reads across head boundaries, as §13(a)'s formula
 does). n is the maximum length. Files: `naive.py` (dense masked product and the step form, the truth),
 `fft_ref.py` (FFT in PyTorch), `fft_fast.py` (cuFFT with fused Triton pre/post passes),
-`blocked.py` (16-bit inputs: blocked DFTs on tensor cores; `blocked_ref.py` is its math), `decode.py`
+`blocked.py` (16-bit inputs: blocked DFTs on tensor cores; `blocked_ref.py` is its math, `recipe.py`
+its variants, `launch.py` its launches), `decode.py`
 (Triton step kernel), `ops.py` (torch.library registration). Decode: `toeplitz_mix_step` over the
 cached inputs, O(t) per token.
 """
@@ -20,6 +21,7 @@ from ..common.decay_utils import pick_backend
 from .blocked_ref import block_size
 from .fft_ref import fft_size, fft_toeplitz_mix
 from .naive import naive_toeplitz_mix, toeplitz_step_ref
+from .recipe import pick
 
 METHODS = ("auto", "fft", "blocked")
 
@@ -88,6 +90,7 @@ def toeplitz_mix(
     *,
     backend: str = "reference",
     method: str = "auto",
+    recipe: str = "",
 ) -> torch.Tensor:
     """Causal Toeplitz mixing along time, y_t = Σ_{s ≤ t} w[t − s] x_s + b[t], by FFT.
 
@@ -101,6 +104,8 @@ def toeplitz_mix(
             spectra, `blocked.py`: 16-bit x, kernel size 1, one head or heads of a multiple of 32
             channels; about the dense bf16 product's accuracy) or "auto" (blocked where it applies,
             else fft). Default: "auto".
+        recipe (str, Optional): the blocked path's recipe, a name of `recipe.RECIPES` ("tiles",
+            "gather"); "" picks the default for the call's shape. Default: "".
 
     Returns:
         y (torch.Tensor): `[B, T, C]` in the dtype of `x`.
@@ -111,7 +116,7 @@ def toeplitz_mix(
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}, got {method!r}")
     if pick_backend(backend, x) == "triton":
-        return _triton_mix(x, w, bias, method)
+        return _triton_mix(x, w, bias, method, recipe)
     w3, b2 = normalize_weights(w, bias, C, T)
     return fft_toeplitz_mix(x, w3, b2).to(x.dtype)
 
@@ -131,7 +136,7 @@ def _impl():
     return _IMPL[0]
 
 
-def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, method: str) -> torch.Tensor:
+def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, method: str, recipe: str):
     eligible, ops, eager_autograd_ok = _impl()
     check_triton_dtype(x)
     B, T, C = x.shape
@@ -145,6 +150,8 @@ def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, met
             f"one head or heads of a multiple of 32 channels; got {x.dtype}, w {list(w.shape)}, C={C}"
         )
     if not use_blocked or method == "fft":
+        if recipe:
+            raise ValueError(f"recipe {recipe!r} is the blocked path's; this call takes the FFT path")
         return ops.toeplitz_fft(x, w3.contiguous(), b2c)
     # w as given where it already is [heads, n] or [n] (indexing w3 costs host time)
     if w.dim() == 2 and w.shape[0] == heads:
@@ -154,9 +161,11 @@ def _triton_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, met
     else:
         w1 = w3[0].contiguous()
     S = block_size(T)
+    if recipe:  # an unknown name fails here, not in the backward
+        pick(recipe, heads, T, S)
     if torch.is_grad_enabled() and eager_autograd_ok(x, w1, b2c):
-        return ops.BlockedFunction.apply(x, w1, b2c, S)
-    return ops.toeplitz_blocked(x, w1, b2c, S)
+        return ops.BlockedFunction.apply(x, w1, b2c, S, recipe)
+    return ops.toeplitz_blocked(x, w1, b2c, S, recipe)
 
 
 def toeplitz_mix_step(

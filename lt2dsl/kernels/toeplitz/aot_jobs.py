@@ -1,8 +1,8 @@
 """sm_90 compile jobs of the Toeplitz mixer (`common.aot`): the blocked-DFT passes (bf16 x, the
-`tmm` example's 1024 channels in 4 heads at T = 2048, the block size `block_size` picks), forward
-and adjoint products from the precomputed tiles and from the packed spectra, every autotune config
-its pruner keeps for those heads; the FFT path's and the decode step's kernels at their fixed
-launches."""
+`tmm` example's 1024 channels in 4 heads at T = 2048, the block size `block_size` picks), pass 2's
+forward and adjoint products of each recipe (`recipe.RECIPES`: from the precomputed tiles, and
+gathered from the packed spectra), every autotune config its pruner keeps for those heads; the FFT
+path's and the decode step's kernels at their fixed launches."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from lt2dsl.kernels.toeplitz import blocked as Bk
 from lt2dsl.kernels.toeplitz import decode as Dec
 from lt2dsl.kernels.toeplitz import fft_fast as Fft
 from lt2dsl.kernels.toeplitz.blocked_ref import block_size
+from lt2dsl.kernels.toeplitz.recipe import RECIPES, TILE
 
 T, C, HEADS, KW = 2048, 1024, 4, 1
 S = block_size(T)
@@ -29,17 +30,23 @@ def _blocked() -> list[Job]:
     f32 = "*fp32"
     out = _jobs("window_dft", Bk.window_dft_kernel, {"w": f32, "F2": f32, "V": f32}, dict(S=S, BR=64, BD=32),
                 launch=(4, 3))  # fmt: skip
-    out += _jobs("tiles", Bk.tiles_kernel, {"V": f32}, dict(S=S, BT=Bk.TILE), launch=(4, 3))
     out += _jobs("spectra", Bk.spectra_kernel, {}, dict(S=S))
     for has_bias in (True, False):
         cex = dict(S=S, HAS_BIAS=has_bias, **({} if has_bias else {"bias": None}))
         out += _jobs(f"samples-b{has_bias:d}", Bk.samples_kernel, {"bias": f32}, cex)
-    for transpose in (False, True):
-        out += _jobs(
-            f"mix_tiles-t{transpose:d}", Bk.mix_tiles_kernel, {}, dict(S=S, BT=Bk.TILE, TRANSPOSE=transpose)
-        )
-        out += _jobs(f"mix-t{transpose:d}", Bk.mix_kernel, {}, dict(S=S, TRANSPOSE=transpose))
+    for pass2 in sorted({r.pass2 for r in RECIPES.values()}):
+        out += _pass2(pass2)
     return out + _jobs("corr", Bk.corr_kernel, {"dV": f32}, dict(S=S))
+
+
+def _pass2(pass2: str) -> list[Job]:
+    """Pass 2 forward and adjoint: from the tiles (and the kernel making them) or gathered."""
+    if pass2 == "gather":
+        return [j for t in (0, 1) for j in _jobs(f"mix-t{t}", Bk.mix_kernel, {}, dict(S=S, TRANSPOSE=t == 1))]
+    out = _jobs("tiles", Bk.tiles_kernel, {"V": "*fp32"}, dict(S=S, BT=TILE), launch=(4, 3))
+    for t in (0, 1):
+        out += _jobs(f"mix_tiles-t{t}", Bk.mix_tiles_kernel, {}, dict(S=S, BT=TILE, TRANSPOSE=t == 1))
+    return out
 
 
 def _fft_and_decode() -> list[Job]:

@@ -15,14 +15,15 @@ dx = Fᵀ dX (pass 3); the kernel spectra's gradient dV_k[D] = Σ_{I−J=D} Σ_c
 comes from `corr_kernel`, whose per-tile correlation matrices are summed along their diagonals in
 registers; dw follows from dV by the (small, exact) adjoint of the window DFT.
 
-Every launch goes through `common.launch` (the autotuner's pick and the compiled kernel kept per
-shape and argument specialization): at the benchmark shape the GPU work is ~0.27 ms in three
-launches, and Triton's own launch path cost 34–44 µs of host time each on the H200 machine.
+Every launch goes through `launch.py` (the autotuner's pick and the compiled kernel kept per shape
+and argument specialization): at the benchmark shape the GPU work is ~0.27 ms in three launches,
+and Triton's own launch path costs 34–44 µs of host time each. Where pass 2 reads its tiles and
+how kernels are launched is the call's `ToeplitzRecipe` (`recipe.py`).
 
 Why this form: one kernel shared by the channels makes each bin's block-axis product a matrix
 product over all channels at once, so every pass is a tensor-core GEMM; between passes only the
 spectra travel (2S reals per block: twice x's size), against ~1.2 GB of fp32 spectra for a
-65536-point FFT convolution of the same data (BENCHMARKS.md, eighth session). Dot operands are
+65536-point FFT convolution of the same data (BENCHMARKS.md, Toeplitz). Dot operands are
 16-bit with fp32 accumulation and the spectra are stored in bf16 (any 16-bit input), so the result
 carries a few bf16 roundings more than the dense bf16 product does (relative RMS 3.8e-3 against
 2.3e-3 at T = 32k); fp32 inputs, and `method="fft"`, take the fp32 cuFFT path (`fft_fast.py`).
@@ -30,7 +31,6 @@ carries a few bf16 roundings more than the dense bf16 product does (relative RMS
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import ClassVar
 
@@ -40,9 +40,10 @@ import triton.language as tl
 
 from ..common.backend import new_empty
 from ..common.decay_triton import cast, mma, tuned
-from ..common.launch import launch
 from ..common.tl_util import helper
 from .blocked_ref import dft_matrices, packed_dft, window_lags
+from .launch import launch
+from .recipe import TILE, ToeplitzRecipe, default_recipe
 
 BLOCKED_DTYPES = (torch.bfloat16, torch.float16)
 # 16-wide column tiles met wrong results in other kernels on the H200 (decay_triton.block)
@@ -413,10 +414,6 @@ def corr_kernel(
 # ---------------------------------------------------------------------------------------------
 # launchers
 
-# Layout of the spectra between the passes: "bin" `[B, 2S, M, C]` (a bin's blocks contiguous, what
-# pass 2 reads) or "block" `[B, M, 2S, C]` (a block's bins contiguous, what passes 1 and 3 touch).
-LAYOUT = os.environ.get("LT2_TOEPLITZ_LAYOUT", "bin")
-
 
 def _cdiv(a: int, b: int) -> int:
     # host-side grids: triton.cdiv is a constexpr_function in Triton 3.6 (µs of host time a call)
@@ -424,14 +421,19 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Plan:
-    """Sizes, layout and constant matrices of one call: block S, blocks M, the DFT pair."""
+    """Sizes and constant matrices of one call: block S, blocks M, the DFT pair; its `recipe`.
+
+    The spectra between the passes are bin-major, `[B, 2S, M, C]`: a bin's blocks contiguous, as
+    pass 2 reads them (block-major timed the same, BENCHMARKS.md "Tried and dropped").
+    """
 
     _cache: ClassVar[dict] = {}
 
-    def __init__(self, T: int, S: int, dtype: torch.dtype, device: torch.device, layout: str | None = None):
+    def __init__(self, T: int, S: int, dtype: torch.dtype, device, recipe: ToeplitzRecipe | None = None):
         self.T, self.S = T, S
         self.M = -(-T // self.S)
-        self.layout = layout or LAYOUT
+        self.recipe = recipe or ToeplitzRecipe()
+        self.path = self.recipe.launch
         key = (self.S, dtype, str(device))
         if key not in Plan._cache:
             F, G = dft_matrices(self.S, device=device)
@@ -445,28 +447,26 @@ class Plan:
         self.F, self.G, self.Gt, self.Ft, self.F2 = Plan._cache[key]
 
     def new_spectra(self, like: torch.Tensor, B: int, C: int) -> torch.Tensor:
-        """An uninitialised bf16 spectra buffer in this plan's layout (`[B, 2S, M, C]` or `[B, M, 2S, C]`)."""
-        R, M = 2 * self.S, self.M
-        shape = (B, R, M, C) if self.layout == "bin" else (B, M, R, C)
-        return new_empty(like, *shape, dtype=torch.bfloat16)
+        """An uninitialised bf16 spectra buffer `[B, 2S, M, C]`."""
+        return new_empty(like, B, 2 * self.S, self.M, C, dtype=torch.bfloat16)
 
     def strides(self, C: int) -> tuple[int, int, int]:
         """Element strides (batch, row r, block J) of a spectra buffer."""
         R, M = 2 * self.S, self.M
-        return (R * M * C, M * C, C) if self.layout == "bin" else (R * M * C, C, R * C)
+        return (R * M * C, M * C, C)
 
 
 _PLANS: dict = {}
 
 
-def _plan(T: int, S: int, dtype: torch.dtype, device: torch.device) -> Plan:
-    """The Plan of a call, kept per shape (building one per call costs host time)."""
-    key = (T, S, dtype, device, LAYOUT)
+def _plan(T: int, S: int, dtype: torch.dtype, device: torch.device, recipe: ToeplitzRecipe) -> Plan:
+    """The Plan of a call, kept per shape and recipe (building one per call costs host time)."""
+    key = (T, S, dtype, device, recipe)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) > 256:
             _PLANS.clear()
-        plan = _PLANS[key] = Plan(T, S, dtype, device)
+        plan = _PLANS[key] = Plan(T, S, dtype, device, recipe)
     return plan
 
 
@@ -477,17 +477,8 @@ def kernel_spectra(w: torch.Tensor, plan: Plan) -> torch.Tensor:
     V = new_empty(w, heads, 2 * S, M, dtype=torch.float32)
     BR, BD = 64, 32
     grid = (_cdiv(2 * S, BR), _cdiv(M, BD), heads)
-    launch(window_dft_kernel, grid, (), w, plan.F2, V, plan.T, M, n, S=S, BR=BR, BD=BD)
+    launch(window_dft_kernel, grid, (), w, plan.F2, V, plan.T, M, n, path=plan.path, S=S, BR=BR, BD=BD)
     return V.view(heads, S, 2, M)
-
-
-# the precomputed tiles of pass 2 are used while they take at most this much memory (else the
-# products gather their Toeplitz tiles from the packed spectra, `mix_kernel`)
-TILE_BYTES = 256 * 2**20
-# blocks per tile of pass 2 (its dots are [2·TILE, 2·TILE] × [2·TILE, BC]). 32, not 64: the
-# diagonal tiles, half zeros, are a smaller share, and each program runs more pipelined steps
-# (H200, B=1, T=32768, C=1024: pass 2 120 µs against 142, the op 0.268 ms against 0.288)
-TILE = int(os.environ.get("LT2_TOEPLITZ_TILE", "32"))
 
 
 _TABLES: dict = {}
@@ -512,7 +503,7 @@ def kernel_tables(w: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tens
         str(w.device),
         plan.T,
         plan.S,
-        TILE,
+        plan.recipe.pass2,
     )
     hit = _TABLES.get(key)
     if hit is not None and hit[0]() is owner:
@@ -526,13 +517,14 @@ def kernel_tables(w: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, torch.Tens
 
 
 def block_tiles(V: torch.Tensor, plan: Plan) -> torch.Tensor | None:
-    """`[heads, S, NT, 2·TILE, 2·TILE]` bf16 tiles of pass 2 (`tiles_kernel`), or None if too big."""
+    """`[heads, S, NT, 2·TILE, 2·TILE]` bf16 tiles of pass 2 (`tiles_kernel`); None for a recipe
+    that gathers them in pass 2."""
+    if plan.recipe.pass2 == "gather":
+        return None
     heads, S, _, M = V.shape
     NT = _cdiv(M, TILE)
-    if heads * S * NT * (2 * TILE) ** 2 * 2 > TILE_BYTES:
-        return None
     A = new_empty(V, heads, S, NT, 2 * TILE, 2 * TILE, dtype=torch.bfloat16)
-    launch(tiles_kernel, (NT, S, heads), (), V, A, M, NT, S=S, BT=TILE)
+    launch(tiles_kernel, (NT, S, heads), (), V, A, M, NT, path=plan.path, S=S, BT=TILE)
     return A
 
 
@@ -568,10 +560,9 @@ def to_spectra(x: torch.Tensor, mat: torch.Tensor, plan: Plan, CH: int) -> torch
     """Pass 1 on x `[B, T, C]` with the `[2S, S]` matrix mat: bf16 spectra in the plan's layout."""
     B, T, C = x.shape
     out = plan.new_spectra(x, B, C)
-    key = (plan.M, C, CH, plan.S, plan.layout, x.dtype)
-    launch(
-        spectra_kernel, _grid_io(B, plan.M, C), key, x, mat, out, T, plan.M, C, CH, *plan.strides(C), S=plan.S
-    )
+    key = (plan.M, C, CH, plan.S, x.dtype)
+    args = (x, mat, out, T, plan.M, C, CH, *plan.strides(C))
+    launch(spectra_kernel, _grid_io(B, plan.M, C), key, *args, path=plan.path, S=plan.S)
     return out
 
 
@@ -581,10 +572,11 @@ def from_spectra(z, mat, plan: Plan, CH: int, bias, dtype) -> torch.Tensor:
     M = plan.M
     out = new_empty(z, B, plan.T, C, dtype=dtype)
     n_bias = 0 if bias is None else bias.shape[-1]
-    key = (M, C, CH, plan.S, plan.layout, bias is None, dtype)
+    key = (M, C, CH, plan.S, bias is None, dtype)
     launch(
         samples_kernel, _grid_io(B, M, C), key,
-        z, mat, bias, out, plan.T, M, C, CH, n_bias, *plan.strides(C), S=plan.S, HAS_BIAS=bias is not None,
+        z, mat, bias, out, plan.T, M, C, CH, n_bias, *plan.strides(C), path=plan.path, S=plan.S,
+        HAS_BIAS=bias is not None,
     )  # fmt: skip
     return out
 
@@ -594,7 +586,7 @@ def mix(X: torch.Tensor, V: torch.Tensor, A, plan: Plan, CH: int, transpose: boo
     the packed spectra V `[heads, S, 2, M]` (bf16 copy made here)."""
     B, C, M = X.shape[0], X.shape[-1], plan.M
     Z = new_empty(X, *X.shape)
-    key = (M, C, CH, plan.S, plan.layout, transpose)
+    key = (M, C, CH, plan.S, transpose)
     if A is not None:
         NT = A.shape[2]
 
@@ -603,7 +595,7 @@ def mix(X: torch.Tensor, V: torch.Tensor, A, plan: Plan, CH: int, transpose: boo
 
         launch(
             mix_tiles_kernel, grid, key,
-            X, A, Z, M, C, CH, NT, *plan.strides(C), S=plan.S, BT=TILE, TRANSPOSE=transpose,
+            X, A, Z, M, C, CH, NT, *plan.strides(C), path=plan.path, S=plan.S, BT=TILE, TRANSPOSE=transpose,
         )  # fmt: skip
         return Z
     tab = V.to(torch.bfloat16)
@@ -611,7 +603,8 @@ def mix(X: torch.Tensor, V: torch.Tensor, A, plan: Plan, CH: int, transpose: boo
     def grid(meta):
         return (_cdiv(M, meta["BI"]), plan.S, B * _cdiv(C, meta["BC"]))
 
-    launch(mix_kernel, grid, key, X, tab, Z, M, C, CH, *plan.strides(C), S=plan.S, TRANSPOSE=transpose)
+    args = (X, tab, Z, M, C, CH, *plan.strides(C))
+    launch(mix_kernel, grid, key, *args, path=plan.path, S=plan.S, TRANSPOSE=transpose)
     return Z
 
 
@@ -626,17 +619,21 @@ def spectra_grad(dZ: torch.Tensor, X: torch.Tensor, plan: Plan, heads: int) -> t
     def grid(meta):
         return (_cdiv(M, meta["BD"]), plan.S, heads * nsplit)
 
-    key = (M, C, CH, plan.S, plan.layout, B, heads)
+    key = (M, C, CH, plan.S, B, heads)
     # the first call of a key autotunes, zeroing dV between timing runs (reset_to_zero)
-    launch(corr_kernel, grid, key, dZ, X, dV, M, C, CH, B, heads, nsplit, *plan.strides(C), S=plan.S)
+    args = (dZ, X, dV, M, C, CH, B, heads, nsplit, *plan.strides(C))
+    launch(corr_kernel, grid, key, *args, path=plan.path, S=plan.S)
     return dV.sum(0)
 
 
-def blocked_fwd(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, S: int) -> torch.Tensor:
-    """y `[B, T, C]` for 16-bit x, w `[heads, n]`, bias `[heads, n]` or None, blocks of S samples."""
+def blocked_fwd(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, S: int, recipe: ToeplitzRecipe | None = None
+) -> torch.Tensor:
+    """y `[B, T, C]` for 16-bit x, w `[heads, n]`, bias `[heads, n]` or None, blocks of S samples,
+    by `recipe` (default: `default_recipe` of the call)."""
     B, T, C = x.shape
     heads = w.shape[0]
-    plan = _plan(T, S, x.dtype, x.device)
+    plan = _plan(T, S, x.dtype, x.device, recipe or default_recipe(heads, T, S))
     V, A = kernel_tables(w, plan)
     X = to_spectra(x.contiguous(), plan.F, plan, C // heads)
     Z = mix(X, V, A, plan, C // heads, transpose=False)
@@ -644,12 +641,13 @@ def blocked_fwd(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, S: 
     return from_spectra(Z, plan.G, plan, C // heads, b, x.dtype)
 
 
-def blocked_bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bool, S: int):
-    """(dx `[B, T, C]`, dw `[heads, n]` fp32, db `[heads, n]` fp32 or None)."""
+def blocked_bwd(dy, x, w, has_bias: bool, S: int, recipe: ToeplitzRecipe | None = None):
+    """(dx `[B, T, C]`, dw `[heads, n]` fp32, db `[heads, n]` fp32 or None) for dy, x `[B, T, C]` and
+    w `[heads, n]`, by `recipe` (default: `default_recipe` of the call)."""
     B, T, C = x.shape
     heads, n = w.shape
     CH = C // heads
-    plan = _plan(T, S, x.dtype, x.device)
+    plan = _plan(T, S, x.dtype, x.device, recipe or default_recipe(heads, T, S))
     V, A = kernel_tables(w, plan)
     dZ = to_spectra(dy.to(x.dtype).contiguous(), plan.Gt, plan, CH)
     dX = mix(dZ, V, A, plan, CH, transpose=True)

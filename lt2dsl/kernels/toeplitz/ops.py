@@ -3,7 +3,8 @@
 `lt2dsl::toeplitz_fft` / `lt2dsl::toeplitz_fft_bwd` (cuFFT in fp32 with fused Triton passes, any
 float dtype, every variant) and `lt2dsl::toeplitz_blocked` / `lt2dsl::toeplitz_blocked_bwd`
 (blocked DFTs on tensor cores, 16-bit inputs, kernel size 1) are each tied by `register_autograd`;
-`lt2dsl::toeplitz_step` is the decode step. Each has a fake implementation and a FLOP formula.
+`lt2dsl::toeplitz_step` is the decode step. Each has a fake implementation and a FLOP formula. The
+blocked ops take the name of a `recipe.RECIPES` entry ("" for the default of the call's shape).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .blocked import blocked_bwd, blocked_fwd
 from .decode import toeplitz_step_triton
 from .fft_fast import toeplitz_fft_bwd, toeplitz_fft_fwd
 from .fft_ref import fft_size
+from .recipe import pick
 
 
 @custom_op("lt2dsl::toeplitz_fft", mutates_args=())
@@ -82,44 +84,46 @@ def _bwd_flops(dy_shape, *args, out_shape=None, **kwargs) -> int:
 
 
 @custom_op("lt2dsl::toeplitz_blocked", mutates_args=())
-def toeplitz_blocked(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block: int) -> torch.Tensor:
+def toeplitz_blocked(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, block: int, recipe: str
+) -> torch.Tensor:
     """y `[B, T, C]` for 16-bit x, w `[heads, n]`, bias `[heads, n]` (or None), time blocks of `block`."""
-    return blocked_fwd(x, w, bias, block)
+    return blocked_fwd(x, w, bias, block, pick(recipe, w.shape[0], x.shape[1], block))
 
 
 @toeplitz_blocked.register_fake
-def _(x, w, bias, block):
+def _(x, w, bias, block, recipe):
     return torch.empty_like(x)
 
 
 @custom_op("lt2dsl::toeplitz_blocked_bwd", mutates_args=())
 def toeplitz_blocked_bwd_op(
-    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bool, block: int
+    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, has_bias: bool, block: int, recipe: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db); db is an empty tensor without bias."""
-    dx, dw, db = blocked_bwd(dy, x, w, has_bias, block)
+    dx, dw, db = blocked_bwd(dy, x, w, has_bias, block, pick(recipe, w.shape[0], x.shape[1], block))
     return dx, dw, db if db is not None else x.new_empty(0, dtype=torch.float32)
 
 
 @toeplitz_blocked_bwd_op.register_fake
-def _(dy, x, w, has_bias, block):
+def _(dy, x, w, has_bias, block, recipe):
     f32 = torch.float32
     db = x.new_empty(w.shape[0], w.shape[1], dtype=f32) if has_bias else x.new_empty(0, dtype=f32)
     return torch.empty_like(x), torch.empty_like(w, dtype=f32), db
 
 
 def _setup_blocked(ctx, inputs, output):
-    x, w, bias, block = inputs
+    x, w, bias, block, recipe = inputs
     ctx.save_for_backward(x, w)
-    ctx.has_bias, ctx.block = bias is not None, block
+    ctx.has_bias, ctx.block, ctx.recipe = bias is not None, block, recipe
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _backward_blocked(ctx, dy, bwd=None):
     x, w = ctx.saved_tensors
     bwd = bwd or torch.ops.lt2dsl.toeplitz_blocked_bwd
-    dx, dw, db = bwd(dy.contiguous(), x, w, ctx.has_bias, ctx.block)
-    return dx, dw.to(w.dtype), db.to(ctx.bias_dtype) if ctx.has_bias else None, None
+    dx, dw, db = bwd(dy.contiguous(), x, w, ctx.has_bias, ctx.block, ctx.recipe)
+    return dx, dw.to(w.dtype), db.to(ctx.bias_dtype) if ctx.has_bias else None, None, None
 
 
 torch.library.register_autograd("lt2dsl::toeplitz_blocked", _backward_blocked, setup_context=_setup_blocked)
@@ -131,13 +135,13 @@ class BlockedFunction(torch.autograd.Function):
     (measured on the H200), and the op is host-bound at the benchmark shape."""
 
     @staticmethod
-    def forward(ctx, x, w, bias, block):
-        _setup_blocked(ctx, (x, w, bias, block), None)
-        return blocked_fwd(x, w, bias, block)
+    def forward(ctx, x, w, bias, block, recipe):
+        _setup_blocked(ctx, (x, w, bias, block, recipe), None)
+        return toeplitz_blocked.impl(x, w, bias, block, recipe)
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward_blocked(ctx, dy, bwd=blocked_bwd)
+        return _backward_blocked(ctx, dy, bwd=toeplitz_blocked_bwd_op.impl)
 
 
 def blocked_flops(x_shape, block: int, backward: bool = False) -> int:

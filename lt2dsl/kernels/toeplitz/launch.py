@@ -1,12 +1,12 @@
 """Kernel launches with less host time: the autotuner's pick and the compiled kernel, kept.
 
-`kernel[grid](...)` costs 34–44 µs of host time on the H200 machine (BENCHMARKS.md, eleventh
-session): the autotuner hashes its key arguments, then the JIT binds and specializes every
-argument, builds its cache key, looks it up, checks the globals the kernel read and launches.
-For an op whose GPU work is a few hundred µs in three launches (the blocked Toeplitz mixer) that
-host time is the limit. `launch` does the autotuner's pick once per caller key and keeps the
-`CompiledKernel` per argument specialization; a later call with the same specialization skips
-Triton's binding and lookup and launches the kept kernel directly (below).
+`kernel[grid](...)` costs 34–44 µs of host time (BENCHMARKS.md, Toeplitz): the autotuner hashes
+its key arguments, then the JIT binds and specializes every argument, builds its cache key, looks
+it up, checks the globals the kernel read and launches. For an op whose GPU work is a few hundred
+µs in three launches (the blocked Toeplitz mixer) that host time is the limit. `launch` does the
+autotuner's pick once per caller key and keeps the `CompiledKernel` per argument specialization; a
+later call with the same specialization skips Triton's binding and lookup and launches the kept
+kernel directly (below).
 
 The specialization key covers what Triton specializes on: each tensor's dtype and 16-byte
 alignment, each integer's `== 1`, divisibility by 16 and 32/64-bit range, None and bools by value,
@@ -16,24 +16,20 @@ path once. Under the CPU interpreter every call takes the full path.
 The kept kernel is launched, where it can be, by torch's static CUDA launcher (the C++ launcher
 `torch.compile` uses for Triton kernels, `torch._C._StaticCudaLauncher`) on Triton's own loaded
 function handle; where that launcher does not take the kernel (launch hooks, scratch memory,
-cooperative or PDL launches, a torch without it) by the CompiledKernel's runner.
-`LT2_FAST_LAUNCH` = "static" (the default), "runner" (the CompiledKernel's runner only) or "0"
-(Triton's own launch every time) selects the path, for A/B timing.
+cooperative or PDL launches, a torch without it) by the CompiledKernel's runner. The caller's
+`path` (`ToeplitzRecipe.launch`) may ask for the runner, or for Triton's own launch every time.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 from triton.compiler.compiler import CompiledKernel
 
-from .backend import triton_interpreting
+from ..common.backend import triton_interpreting
 
-MODE = os.environ.get("LT2_FAST_LAUNCH", "static")
-if not hasattr(CompiledKernel, "__getitem__"):
-    MODE = "0"
+# a Triton whose CompiledKernel cannot be launched directly takes its own launch path every call
+_KEEPS = hasattr(CompiledKernel, "__getitem__")
 
 _Autotuner = triton.runtime.Autotuner
 _INTERPRET = triton_interpreting()
@@ -110,10 +106,11 @@ def _kept_positions(compiled) -> list[int]:
     return [i for i in sorted(sig) if sig[i] != "constexpr" and i not in const]
 
 
-def _runner(compiled, n_args: int, tail: tuple):
-    """call(g3, args) launching the kept kernel: torch's static launcher where it takes the kernel."""
+def _runner(compiled, n_args: int, tail: tuple, path: str):
+    """call(g3, args) launching the kept kernel: torch's static launcher where `path` asks for it
+    and it takes the kernel, else the CompiledKernel's runner."""
     md = compiled.metadata
-    cls = _static_launcher() if MODE == "static" else None
+    cls = _static_launcher() if path == "static" else None
     if (
         cls is not None
         and not getattr(md, "launch_cooperative_grid", False)
@@ -154,12 +151,13 @@ def _runner(compiled, n_args: int, tail: tuple):
     return runner
 
 
-def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
+def launch(kernel, grid, key: tuple, *args, path: str = "static", **kwargs) -> None:
     """`kernel[grid](*args, **kwargs)` for a jitted or autotuned kernel, with less host time.
 
     `key` names the caller's shape class (what the autotuner's key arguments would): one pick per
     key. `grid` is a tuple or a callable of the meta-parameters (the keyword arguments and the
-    config's). A pinned config (`decay_triton.force_config`) is honoured."""
+    config's). `path` is `ToeplitzRecipe.launch` ("static", "runner" or "triton"). A pinned
+    config (`decay_triton.force_config`) is honoured."""
     at = kernel if isinstance(kernel, _Autotuner) else None
     if at is not None:
         cfg = _config(at, grid, key, args, kwargs)
@@ -170,12 +168,12 @@ def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
     else:
         meta, opts, fn, cid = {}, {}, kernel, None
     g = grid({**kwargs, **meta}) if callable(grid) else grid
-    if MODE == "0" or _INTERPRET:
+    if path == "triton" or _INTERPRET or not _KEEPS:
         COUNTS["full"] += 1
         fn[g](*args, **kwargs, **opts)
         return
     dev = torch.cuda.current_device()
-    ck = (id(fn), key, cid, dev, MODE, _spec(args), tuple(kwargs.items()))
+    ck = (id(fn), key, cid, dev, path, _spec(args), tuple(kwargs.items()))
     call = _COMPILED.get(ck)
     if call is None:
         COUNTS["full"] += 1
@@ -183,7 +181,7 @@ def launch(kernel, grid, key: tuple, *args, **kwargs) -> None:
         if isinstance(compiled, CompiledKernel):
             if len(_COMPILED) > 4096:
                 _COMPILED.clear()
-            _COMPILED[ck] = _runner(compiled, len(args), _tail(fn, len(args), kwargs, meta))
+            _COMPILED[ck] = _runner(compiled, len(args), _tail(fn, len(args), kwargs, meta), path)
         return
     COUNTS["fast"] += 1
     call((g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1), dev, args)
