@@ -5,6 +5,7 @@
 | `LT2_DEBUG` | `debug_level()` | 1: the traceback of an internal error, each front-end pass with its time, the fusion rules that fired; 2: also the IR after each pass and the graph before and after fusion |
 | `LT2_POISON` | `poison()` | 1: every kernel output and scratch buffer starts as NaN, so an element a kernel forgets to write fails a comparison instead of passing on leftover memory |
 | `TRITON_INTERPRET` | `triton_interpreting()` | Triton's own: kernels run on its CPU interpreter |
+| `WORLD_SIZE`, `RANK`, `LOCAL_RANK` | `torchrun_ranks()` | torchrun's: the process's place in a distributed run |
 
 Which kernel variant runs is a recipe (each kernel family's `recipe.py`), chosen from the shape,
 dtype and device or named by the caller, never an environment variable. Each function reads the
@@ -32,3 +33,9 @@ def poison() -> bool:
 def triton_interpreting() -> bool:
     """True when Triton kernels run through the CPU interpreter (`TRITON_INTERPRET=1`)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def torchrun_ranks() -> tuple[int, int, int]:
+    """(world size, global rank, local rank) that torchrun gives this process; (1, 0, 0) outside it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))

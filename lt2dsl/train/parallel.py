@@ -20,7 +20,6 @@ weights do not depend on the number of processes.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lt2dsl.env import torchrun_ranks
 from lt2dsl.lowering.model import LT2Model
 from lt2dsl.lowering.to_fx import Unrolled
 from lt2dsl.train.loss import label_hits, linear_cross_entropy
@@ -79,9 +79,7 @@ class Dist:
 
 def init_dist(device: str) -> Dist:
     """Join torchrun's process group (NCCL on CUDA, gloo on the CPU) when WORLD_SIZE > 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    world, rank, local = torchrun_ranks()
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("training.device = 'cuda' but no CUDA device is available")
