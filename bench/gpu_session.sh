@@ -75,7 +75,10 @@ for s in ${STAGES:-env}; do
     bench_kda) ONLY="kda B=4 T=8192" stage bench_kda "${LIM_KDA:-420}" python3 bench/kernels_delta.py ;;
     bench_delta) ONLY="${ONLY_DELTA-${ONLY:-}}" stage bench_delta "${BENCH_LIMIT:-300}" python3 bench/kernels_delta.py ;;
     bench_blocks) ONLY="${ONLY_BLOCKS-${ONLY:-}}" stage bench_blocks "${LIM_BLOCKS:-${BENCH_LIMIT:-400}}" python3 bench/blocks.py ;;
-    bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 bench/decode.py ;;
+    # whole-model decode against context (`lt2dsl bench decode`): MODELS names examples/*.lt2
+    bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 -m lt2dsl bench decode \
+                    $(m=${MODELS:-lt2_hybrid_gdn_dsa,ouro_looped_transformer}; printf 'examples/%s.lt2 ' ${m//,/ }) --ctx "${CONTEXTS:-4k,8k,16k,32k}" \
+                    --batch "${BATCHES:-1,8}" --steps "${STEPS:-32}" --warm "${WARM:-4}" --json "$OUT/decode.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

@@ -11,7 +11,7 @@ import torch
 
 from lt2dsl.kernels.common.attn_utils import compute_dtype, repeat_kv, topk_select
 from lt2dsl.kernels.nsa.common import NSAGeometry, slc_scores
-from lt2dsl.kernels.nsa.reference import _branch
+from lt2dsl.kernels.nsa.reference import masked_attention
 from lt2dsl.kernels.toeplitz import normalize_weights
 from lt2dsl.kernels.toeplitz.naive import shift_channels
 from lt2dsl.lowering.functional_sparse import compress_blocks
@@ -52,15 +52,15 @@ def nsa_rows(q, k, v, g, k_cmp, v_cmp, t, geometry: dict) -> torch.Tensor:
     qc = q.to(dt) * K**-0.5
     pos = t[:, None, None, None]  # [B, 1, 1, 1] against [B, heads, query, keys]
     ends = torch.arange(k_cmp.shape[1], device=q.device) * geo.stride + geo.cmp - 1
-    o_cmp, p_cmp = _branch(qc, kcx, vcx, ends <= pos)
+    o_cmp, p_cmp = masked_attention(qc, kcx, vcx, ends <= pos)
     tok = torch.arange(L, device=q.device)
     chosen = _choose(p_cmp, pos, geo, geo.n_sel(L), geometry["select"], G)
-    o = _branch(qc, kx, vx, (chosen[..., tok // geo.sel] & (tok <= pos)).repeat_interleave(G, 1))[0]
+    o = masked_attention(qc, kx, vx, (chosen[..., tok // geo.sel] & (tok <= pos)).repeat_interleave(G, 1))[0]
     g_cmp, g_slc, g_swa = (x.to(dt)[..., None] for x in g.unbind(-1))
     o = o * g_slc + o_cmp * g_cmp
     w = geometry["window"]
     if w > 0:
-        o = o + _branch(qc, kx, vx, (tok <= pos) & (tok >= pos - w + 1))[0] * g_swa
+        o = o + masked_attention(qc, kx, vx, (tok <= pos) & (tok >= pos - w + 1))[0] * g_swa
     return o.to(v.dtype)
 
 

@@ -51,8 +51,10 @@ def selected_token_mask(block_indices, pos, Tk: int, geo: NSAGeometry, G: int) -
     return m.repeat_interleave(G, dim=2).permute(0, 2, 1, 3)
 
 
-def _branch(qc, kx, vx, mask):
-    """Masked softmax attention: qc `[B, c, HQ, K]`, kx/vx `[B, n, HQ, *]`, mask `[B|1, HQ|1, c, n]`."""
+def masked_attention(qc, kx, vx, mask):
+    """Softmax attention of each NSA branch under its boolean mask, and its probabilities (the block
+    scores): qc `[B, c, HQ, K]`, kx/vx `[B, n, HQ, *]`, mask `[B|1, HQ|1, c, n]`; returns
+    (o `[B, c, HQ, V]`, p `[B, HQ, c, n]`)."""
     p = masked_softmax(torch.einsum("bihk,bjhk->bhij", qc, kx), mask)
     return torch.einsum("bhij,bjhv->bihv", p, vx), p
 
@@ -89,19 +91,19 @@ def nsa_reference(
     for i0 in range(0, Tq, chunk):
         qc = q[:, i0 : i0 + chunk].to(dt) * scale
         pos = torch.arange(i0, i0 + qc.shape[1], device=q.device) + (Tk - Tq)
-        o_cmp, p_cmp = _branch(qc, kcx, vcx, cmp_visible(pos, kc.shape[1], geo)[None, None])
+        o_cmp, p_cmp = masked_attention(qc, kcx, vcx, cmp_visible(pos, kc.shape[1], geo)[None, None])
         if block_indices is None:
             counts = block_counts if isinstance(block_counts, int) else block_counts[:, i0 : i0 + chunk]
             bi = select_blocks(p_cmp, pos, geo.n_sel(Tk), geo, counts, G)
         else:
             bi = block_indices[:, i0 : i0 + chunk]
-        o = _branch(qc, kx, vx, selected_token_mask(bi, pos, Tk, geo, G))[0]
+        o = masked_attention(qc, kx, vx, selected_token_mask(bi, pos, Tk, geo, G))[0]
         o = _gated(o, g_slc, i0, dt)
         if g_cmp is not None:
             o = o + _gated(o_cmp, g_cmp, i0, dt)
         if window_size > 0:
             mask = visible_mask(Tq, Tk, True, window_size, q.device)[i0 : i0 + chunk]
-            o = o + _gated(_branch(qc, kx, vx, mask[None, None])[0], g_swa, i0, dt)
+            o = o + _gated(masked_attention(qc, kx, vx, mask[None, None])[0], g_swa, i0, dt)
         outs.append(o)
         idxs.append(bi)
     o = torch.cat(outs, dim=1).to(v.dtype)
