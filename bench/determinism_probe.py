@@ -33,16 +33,16 @@ from bench.harness import _first
 def _families():
     """(benchmark module, groups, impls, forced-config context factory, number of configs)."""
     from lt2dsl.kernels.attention.triton_bwd import N_BWD_CONFIGS, forced_bwd_config
-    from lt2dsl.kernels.common import decay_triton
+    from lt2dsl.kernels.common import tiles
     from lt2dsl.kernels.delta.configs import N_CONFIGS, forced_config
 
     @contextlib.contextmanager
     def decay_forced(i):
-        decay_triton.force_config(i)
+        tiles.force_config(i)
         try:
             yield
         finally:
-            decay_triton.force_config(None)
+            tiles.force_config(None)
 
     return [
         (kernels_delta, ("gdn B=4", "deltanet B=4", "kda B=4"), ("lt2dsl",), forced_config, N_CONFIGS),
@@ -102,10 +102,10 @@ def main() -> None:
         for c in cases:
             fn, leaves = c.make()
             if n_cfg is None:
-                from lt2dsl.kernels.common import decay_triton
+                from lt2dsl.kernels.common import tiles
 
                 _run(fn, leaves)  # imports and registers the op's kernels
-                n_cfg = decay_triton.max_configs()
+                n_cfg = tiles.max_configs()
             for cfg in [None, *range(n_cfg)]:
                 ctx = contextlib.nullcontext() if cfg is None else forced(cfg)
                 t0 = time.time()

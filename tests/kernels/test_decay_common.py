@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lt2dsl.kernels.common.decay_utils import chunk_indices, chunk_offsets
+from lt2dsl.kernels.decay.utils import chunk_indices, chunk_offsets
 from tests.kernels.utils import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,7 +40,7 @@ def test_chunk_indices_and_offsets():
 @pytest.mark.parametrize("vector", [False, True])
 def test_chunk_local_cumsum_kernel(poison, vector):
     """Chunk-local cumsum over packed sequences and a fixed batch."""
-    from lt2dsl.kernels.common.decay_triton import Varlen, chunk_local_cumsum
+    from lt2dsl.kernels.decay.chunks import Varlen, chunk_local_cumsum
 
     cu = torch.tensor([0, 5, 69, 70, 100], device=DEVICE)
     g = torch.randn(1, 100, 3, *((20,) if vector else ()), device=DEVICE)

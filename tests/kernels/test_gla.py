@@ -270,7 +270,7 @@ def test_gpu_gva_varlen():
 @pytest.mark.parametrize("config", range(2))
 def test_gpu_every_autotune_config(config):
     """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles)."""
-    from lt2dsl.kernels.common.decay_triton import force_config
+    from lt2dsl.kernels.common.tiles import force_config
 
     try:
         force_config(config)

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.backend import triton_interpreting
-from lt2dsl.kernels.common.decay_triton import autotune_configs
+from lt2dsl.kernels.common.tiles import autotune_configs
 from lt2dsl.kernels.toeplitz import launch as L
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

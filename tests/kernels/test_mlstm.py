@@ -239,7 +239,7 @@ def test_stabiliser_scan_equals_chunk_loop(lens, with_m0):
     several scan blocks; a zero-length sequence writes no chunk."""
     import triton
 
-    from lt2dsl.kernels.common.decay_triton import Varlen, chunk_local_cumsum
+    from lt2dsl.kernels.decay.chunks import Varlen, chunk_local_cumsum
     from lt2dsl.kernels.mlstm.chunk import fwd_stab_kernel
 
     H, BT, BC = 2, 16, 4
@@ -440,7 +440,7 @@ def test_gpu_varlen():
 def test_gpu_every_autotune_config(config):
     """Each candidate config of every decay kernel, checked on the H200 itself (README: sm_90 miscompiles),
     at T = 8192 in bf16 too: dq/dk's 8-warp 2-stage config passed at T = 1000 and failed there."""
-    from lt2dsl.kernels.common.decay_triton import force_config
+    from lt2dsl.kernels.common.tiles import force_config
 
     try:
         force_config(config)

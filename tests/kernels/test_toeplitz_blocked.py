@@ -282,7 +282,7 @@ def test_gpu_full_size(poison, T, C, heads, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_gpu_every_autotune_config(poison, recipe):
-    from lt2dsl.kernels.common.decay_triton import force_config, max_configs
+    from lt2dsl.kernels.common.tiles import force_config, max_configs
 
     x, w, b = data(2, 1000, 256, 1, dtype=torch.bfloat16)
     for config in range(max_configs()):

@@ -12,6 +12,7 @@ from .backend import check_float, check_shape
 
 _INT64_MIN = -(2**63)
 
+
 def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its last dim is contiguous and its other strides are multiples of 16
     elements (kernels that take those strides read it in place: the lowering's KV caches are

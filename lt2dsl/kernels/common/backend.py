@@ -44,6 +44,18 @@ def resolve_backend(backend: str, ref: torch.Tensor, has_triton: bool = True) ->
     return "triton"
 
 
+def pick_backend(backend: str, x: torch.Tensor) -> str:
+    """ "reference" or "triton"; float64 has no Triton kernel ("auto" falls back, "triton" refuses)."""
+    which = resolve_backend(backend, x)
+    if which == "triton" and x.dtype == torch.float64:
+        if backend == "auto":
+            return "reference"
+        raise ValueError(
+            "backend='triton' supports float32, bfloat16 and float16; use 'reference' for float64"
+        )
+    return which
+
+
 def check_shape(name: str, t: torch.Tensor, expected: Sequence[int | None], what: str) -> None:
     """Raise ValueError unless `t` has `len(expected)` dims matching `expected` (None = any).
 

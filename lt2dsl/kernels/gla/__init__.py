@@ -3,22 +3,15 @@
 S_t = Diag(exp(g_t)) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ (s q_t), g `[B, T, HV, K]` (≤ 0, fp32).
 Files: `naive.py` (recurrent truth), `chunk_ref.py` (chunked PyTorch with 16-token sub-chunks),
 `chunk.py` (Triton chunked forward/backward), `ops.py` (torch.library registration); decode runs
-the fused recurrent kernel shared with `simple_gla` (common/decay_recurrent.py).
+the fused recurrent kernel shared with `simple_gla` (decay/recurrent.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_shape
-from ..common.decay_utils import (
-    check_inplace,
-    check_qkv,
-    check_state,
-    pick_backend,
-    run_by_sequence,
-    write_final_state,
-)
+from ..common.backend import check_shape, pick_backend
+from ..decay.utils import check_inplace, check_qkv, check_state, run_by_sequence, write_final_state
 from .chunk_ref import chunk_gla_ref
 from .naive import naive_recurrent_gla
 

@@ -1,13 +1,14 @@
 """sm_90 compile jobs of `gla`'s chunked kernels (`common.aot`): per-channel decay at the decay
-family's launch shape (`decay_aot_jobs.DIMS`), every autotune config; the intra-chunk kernels at
+family's launch shape (`decay.aot_jobs.DIMS`), every autotune config; the intra-chunk kernels at
 the diagonal span of 16-bit (bf16) inputs."""
 
 from __future__ import annotations
 
 from lt2dsl.kernels.common.aot import Job
-from lt2dsl.kernels.common.decay_aot_jobs import DIMS, decay_jobs
 from lt2dsl.kernels.common.tl_util import diag_span
 from lt2dsl.kernels.gla import chunk as C
+
+from ..decay.aot_jobs import DIMS, decay_jobs
 
 FP32 = ("g", "A", "dA", "dq_in", "dk_in", "dg")
 

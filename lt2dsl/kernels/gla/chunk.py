@@ -2,7 +2,7 @@
 
 Chunk BT = 64, sub-chunk BC = 16; b is the chunk-local cumulative log decay `[B, T, HV, K]` (fp32).
 Forward: A = intra-chunk scores `[B, T, HV, BT]` (fp32, `intra_A_kernel`), then
-o = s (Q ⊙ e^{b}) h[c] + A V (`fwd_o_kernel`); the states h come from common/decay_chunk_h.py.
+o = s (Q ⊙ e^{b}) h[c] + A V (`fwd_o_kernel`); the states h come from decay/chunk_h.py.
 A block of query sub-chunk i and key sub-chunk j < i is (Q_i ⊙ e^{b_i − b_n})(K_j ⊙ e^{b_n − b_j})ᵀ
 with b_n the decay at the first row of sub-chunk i; every exponent is ≤ 0. A diagonal 16 × 16 block
 is a dot through the same reference row when the decay over its sub-chunk, max over channels of
@@ -23,21 +23,10 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.decay_chunk_h import chunk_bwd_dh, chunk_fwd_h
-from ..common.decay_triton import (
-    Varlen,
-    block,
-    cast,
-    chunk_local_cumsum,
-    chunk_span,
-    dot_precision,
-    load_tile,
-    load_tile_apart,
-    mma,
-    store_tile,
-    tuned,
-)
+from ..common.tiles import block, cast, dot_precision, load_tile, load_tile_apart, mma, store_tile, tuned
 from ..common.tl_util import diag_span
+from ..decay.chunk_h import chunk_bwd_dh, chunk_fwd_h
+from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span
 
 BC = 16
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are

@@ -2,7 +2,7 @@
 
 Custom ops (each with a fake implementation and a FLOP formula): `lt2dsl::gla_chunk_fwd` and
 `lt2dsl::gla_chunk_bwd`, tied by `register_autograd`; decode and short gradient-free calls use the
-shared token-recurrent kernel `lt2dsl::decay_fused_recurrent[_]` (common/decay_recurrent.py).
+shared token-recurrent kernel `lt2dsl::decay_fused_recurrent[_]` (decay/recurrent.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
-from ..common.decay_ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
-from ..common.decay_triton import CHUNK
+from ..decay.chunks import CHUNK
+from ..decay.ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
 from .chunk import chunk_gla_bwd, chunk_gla_fwd
 
 # elementwise 16 × 16 diagonal sub-blocks: ≈ 3·16·K per token (mixers.md §3(d))

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_shape
-from ..common.decay_utils import (
-    check_inplace,
-    check_qkv,
-    check_state,
-    pick_backend,
-    run_by_sequence,
-    write_final_state,
-)
+from ..common.backend import check_shape, pick_backend
+from ..decay.utils import check_inplace, check_qkv, check_state, run_by_sequence, write_final_state
 from .chunk_ref import chunk_mlstm_ref
 from .naive import naive_recurrent_mlstm
 

@@ -1,5 +1,5 @@
 """sm_90 compile jobs of the mLSTM kernels (`common.aot`): the chunked forward and backward at the
-decay family's launch shape (`decay_aot_jobs.DIMS`, bf16 inputs, fp32 gates and stabilisers) with
+decay family's launch shape (`decay.aot_jobs.DIMS`, bf16 inputs, fp32 gates and stabilisers) with
 an initial and a final state, every autotune config; the stabiliser's routing kernel and the
 token-recurrent decode kernel at their launch code's fixed launches. Spills are bounded at
 MAX_STACK bytes per thread: registers decide how many programs share an SM (the output and dv
@@ -10,9 +10,10 @@ from __future__ import annotations
 import triton
 
 from lt2dsl.kernels.common.aot import Job, jit_of, tuned_jobs
-from lt2dsl.kernels.common.decay_aot_jobs import DIMS, SCALARS, K, V, decay_jobs
-from lt2dsl.kernels.common.decay_triton import block
 from lt2dsl.kernels.mlstm import chunk, chunk_bwd, fused_recurrent, stabiliser_triton
+
+from ..common.tiles import block
+from ..decay.aot_jobs import DIMS, SCALARS, K, V, decay_jobs
 
 MAX_STACK = 512
 BF16 = {"q", "k", "v", "o", "do", "Cs", "dnum", "dCs", "dv", "dq", "dk", "ds_scr"}

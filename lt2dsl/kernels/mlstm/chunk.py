@@ -17,22 +17,19 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty, triton_interpreting
-from ..common.decay_triton import (
-    Varlen,
+from ..common.tiles import (
     block,
     cast,
-    chunk_local_cumsum,
-    chunk_span,
     device_fn,
     dot_precision,
     load_tile,
     load_vec,
     mma,
-    seq_span,
     store_tile,
     store_vec,
     tuned,
 )
+from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span, seq_span
 
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
 # loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles

@@ -15,21 +15,19 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.decay_triton import (
-    Varlen,
+from ..common.tiles import (
     block,
     cast,
-    chunk_span,
     device_fn,
     load_tile,
     load_tile_apart,
     load_vec,
     mma,
-    seq_span,
     store_tile,
     store_vec,
     tuned,
 )
+from ..decay.chunks import Varlen, chunk_span, seq_span
 from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states
 from .stabiliser_triton import route_and_finish
 

@@ -13,8 +13,8 @@ from torch.utils.flop_counter import register_flop_formula
 from lt2dsl.kernels.common.custom_op import custom_op
 
 from ..common.backend import check_triton_dtype
-from ..common.decay_ops import empty_grad, needs_grad
-from ..common.decay_triton import CHUNK
+from ..decay.chunks import CHUNK
+from ..decay.ops import empty_grad, needs_grad
 from .chunk import chunk_mlstm_fwd
 from .chunk_bwd import chunk_mlstm_bwd
 from .fused_recurrent import mlstm_fused_recurrent, mlstm_fused_recurrent_

@@ -9,22 +9,15 @@ Math: mixers.md §1, §2, §7. S_t = exp(g_t) S_{t−1} + k_t v_tᵀ, o_t = S_t�
   output column (mixers.md §1(b)).
 Files: `naive.py` (recurrent truth), `chunk_ref.py` (chunked PyTorch), `chunk.py` (Triton chunked
 forward/backward), `ops.py` (torch.library registration); decode and short gradient-free calls run
-the fused recurrent kernel shared with `gla` (common/decay_recurrent.py).
+the fused recurrent kernel shared with `gla` (decay/recurrent.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_shape
-from ..common.decay_utils import (
-    check_inplace,
-    check_qkv,
-    check_state,
-    pick_backend,
-    run_by_sequence,
-    write_final_state,
-)
+from ..common.backend import check_shape, pick_backend
+from ..decay.utils import check_inplace, check_qkv, check_state, run_by_sequence, write_final_state
 from .chunk_ref import chunk_simple_gla_ref
 from .naive import naive_recurrent_simple_gla
 

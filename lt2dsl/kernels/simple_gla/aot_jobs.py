@@ -1,12 +1,13 @@
 """sm_90 compile jobs of `simple_gla`'s chunked kernels (`common.aot`): with the scalar decay and
 without (RetNet's fixed decay enters as g; linear attention has none), at the decay family's launch
-shape (`decay_aot_jobs.DIMS`) and every autotune config."""
+shape (`decay.aot_jobs.DIMS`) and every autotune config."""
 
 from __future__ import annotations
 
 from lt2dsl.kernels.common.aot import Job
-from lt2dsl.kernels.common.decay_aot_jobs import DIMS, decay_jobs
 from lt2dsl.kernels.simple_gla.chunk import bwd_dqkg_kernel, bwd_dv_kernel, fwd_o_kernel
+
+from ..decay.aot_jobs import DIMS, decay_jobs
 
 
 def jobs() -> list[Job]:

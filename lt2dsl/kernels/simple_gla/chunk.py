@@ -19,13 +19,9 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.decay_chunk_h import chunk_bwd_dh, chunk_fwd_h
-from ..common.decay_triton import (
-    Varlen,
+from ..common.tiles import (
     block,
     cast,
-    chunk_local_cumsum,
-    chunk_span,
     device_fn,
     dot_precision,
     load_tile,
@@ -36,6 +32,8 @@ from ..common.decay_triton import (
     store_vec,
     tuned,
 )
+from ..decay.chunk_h import chunk_bwd_dh, chunk_fwd_h
+from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span
 
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
 # loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles

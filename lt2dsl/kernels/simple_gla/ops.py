@@ -4,7 +4,7 @@ Custom ops (each with a fake implementation and a FLOP formula, so `torch.compil
 traces through and `FlopCounterMode` counts them):
 * `lt2dsl::simple_gla_chunk_fwd` / `lt2dsl::simple_gla_chunk_bwd`: the chunked kernels, tied by
   `register_autograd`.
-* the shared token-recurrent kernels `lt2dsl::decay_fused_recurrent[_]` (common/decay_recurrent.py),
+* the shared token-recurrent kernels `lt2dsl::decay_fused_recurrent[_]` (decay/recurrent.py),
   used for decode and short calls that need no gradient.
 """
 
@@ -15,7 +15,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
-from ..common.decay_ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
+from ..decay.ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
 from .chunk import chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
 

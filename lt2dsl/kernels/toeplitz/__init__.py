@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_float, check_shape, check_triton_dtype
-from ..common.decay_utils import pick_backend
+from ..common.backend import check_float, check_shape, check_triton_dtype, pick_backend
 from .blocked_ref import block_size
 from .fft_ref import fft_size, fft_toeplitz_mix
 from .naive import naive_toeplitz_mix, toeplitz_step_ref

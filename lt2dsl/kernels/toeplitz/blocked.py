@@ -39,14 +39,14 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.decay_triton import cast, mma, tuned
+from ..common.tiles import cast, mma, tuned
 from ..common.tl_util import helper
 from .blocked_ref import dft_matrices, packed_dft, window_lags
 from .launch import launch
 from .recipe import TILE, ToeplitzRecipe, default_recipe
 
 BLOCKED_DTYPES = (torch.bfloat16, torch.float16)
-# 16-wide column tiles met wrong results in other kernels on the H200 (decay_triton.block)
+# 16-wide column tiles met wrong results in other kernels on the H200 (common.tiles.block)
 MIN_COLS = 32
 
 
@@ -290,7 +290,7 @@ def mix_kernel(
     T(V_k)[I, J] = V_k[I − J] (0 for J > I), complex for k ≥ 1 (tab rows Re, Im); bin 0 holds the two
     real bins 0 and S, each its own real product. The four real products go to four accumulators
     and are combined once at the end, so no loaded tile has a use besides its dots (the 2-stage
-    pipelining race of decay_triton.load_tile_apart cannot arise).
+    pipelining race of common.tiles.load_tile_apart cannot arise).
     """
     i_i0, k, i_bc = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_i = tl.cdiv(M, BI)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.decay_triton import cast
+from ..common.tiles import cast
 from .fft_ref import fft_size
 
 BLOCK_T, BLOCK_C, BLOCK_F = 64, 64, 512

@@ -157,7 +157,7 @@ def launch(kernel, grid, key: tuple, *args, path: str = "static", **kwargs) -> N
     `key` names the caller's shape class (what the autotuner's key arguments would): one pick per
     key. `grid` is a tuple or a callable of the meta-parameters (the keyword arguments and the
     config's). `path` is `ToeplitzRecipe.launch` ("static", "runner" or "triton"). A pinned
-    config (`decay_triton.force_config`) is honoured."""
+    config (`tiles.force_config`) is honoured."""
     at = kernel if isinstance(kernel, _Autotuner) else None
     if at is not None:
         cfg = _config(at, grid, key, args, kwargs)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from .backend import check_triton_dtype
-from .decay_recurrent import decay_fused_recurrent, decay_fused_recurrent_
-from .decay_triton import CHUNK
+from ..common.backend import check_triton_dtype
+from .chunks import CHUNK
+from .recurrent import decay_fused_recurrent, decay_fused_recurrent_
 
 # calls with at most this many tokens per sequence and no gradient use the token-recurrent kernel
 RECURRENT_MAX_T = 64

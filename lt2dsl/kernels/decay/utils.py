@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import check_float, check_shape
+from ..common.backend import check_float, check_shape
 
 
 @dataclass(frozen=True)
@@ -161,17 +161,3 @@ def run_by_sequence(fn, cu_seqlens: torch.Tensor, seq_tensors: list, state):
         outs.append(o)
         finals.append(fin)
     return torch.cat(outs, dim=1), _state_cat(finals)
-
-
-def pick_backend(backend: str, x: torch.Tensor) -> str:
-    """ "reference" or "triton"; float64 has no Triton kernel ("auto" falls back, "triton" refuses)."""
-    from .backend import resolve_backend
-
-    which = resolve_backend(backend, x)
-    if which == "triton" and x.dtype == torch.float64:
-        if backend == "auto":
-            return "reference"
-        raise ValueError(
-            "backend='triton' supports float32, bfloat16 and float16; use 'reference' for float64"
-        )
-    return which

@@ -17,8 +17,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
-from .backend import new_empty
-from .decay_triton import tuned
+from ..common.backend import new_empty
+from ..common.tiles import tuned
 
 # One config, never benchmarked: the in-place variant overwrites its own input state, so an
 # autotuner timing several runs would apply the update several times. Hopper notes: elementwise

@@ -14,19 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import new_empty
-from .decay_triton import (
-    Varlen,
-    block,
-    cast,
-    dot_precision,
-    load_tile,
-    load_vec,
-    mma,
-    seq_span,
-    store_tile,
-    tuned,
-)
+from ..common.backend import new_empty
+from ..common.tiles import block, cast, dot_precision, load_tile, load_vec, mma, store_tile, tuned
+from .chunks import Varlen, seq_span
 
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
 # loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles

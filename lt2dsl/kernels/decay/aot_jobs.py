@@ -1,5 +1,5 @@
 """sm_90 compile jobs of the decay family's shared kernels (`common.aot`): the chunk-boundary state
-scans (`decay_chunk_h`), the chunk-local cumulative sum and the token-recurrent decode kernel, at
+scans (`chunk_h.py`), the chunk-local cumulative sum and the token-recurrent decode kernel, at
 each gate mode (0 none, 1 scalar per token, 2 per key channel).
 
 `DIMS` and `decay_jobs` are the decay family's common launch shape, used by `gla`, `simple_gla` and
@@ -16,9 +16,11 @@ import torch
 import triton
 
 from lt2dsl.kernels.common.aot import Job, tuned_jobs
-from lt2dsl.kernels.common.decay_chunk_h import chunk_bwd_dh_kernel, chunk_fwd_h_kernel
-from lt2dsl.kernels.common.decay_recurrent import fused_recurrent_kernel
-from lt2dsl.kernels.common.decay_triton import CHUNK, block, chunk_cumsum_kernel, dot_precision
+
+from ..common.tiles import block, dot_precision
+from .chunk_h import chunk_bwd_dh_kernel, chunk_fwd_h_kernel
+from .chunks import CHUNK, chunk_cumsum_kernel
+from .recurrent import fused_recurrent_kernel
 
 K = V = 128
 DT = torch.bfloat16
@@ -49,7 +51,7 @@ def jobs() -> list[Job]:
         out += decay_jobs(f"decay/fwd_h-g{g}", chunk_fwd_h_kernel, fwd, fp32=("g", "h0", "ht"))
         bwd = dict(cex, HAS_DHT=True, STORE_DH0=True)
         out += decay_jobs(f"decay/bwd_dh-g{g}", chunk_bwd_dh_kernel, bwd, fp32=("g", "dht", "dh0"))
-        # `decay_recurrent._launch`: the whole key, 32 value columns a program
+        # `recurrent._launch`: the whole key, 32 value columns a program
         rec = dict(H=16, HV=16, K=K, V=V, BK=triton.next_power_of_2(K), BV=min(32, triton.next_power_of_2(V)),
                    G_MODE=g, HAS_H0=True, IS_VARLEN=False, cu_seqlens=None, **gate)  # fmt: skip
         out += decay_jobs(f"decay/recurrent-g{g}", fused_recurrent_kernel, rec, fp32=("g", "h0", "ht"))

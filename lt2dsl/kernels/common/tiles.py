@@ -1,7 +1,8 @@
-"""Triton building blocks shared by the decay-family kernels (`gla`, `simple_gla`, `mlstm`).
+"""Triton building blocks of the chunked kernels (the decay family and the blocked Toeplitz
+product): tile and vector loads and stores, `mma`, recorded autotuners (`tuned`, `force_config`).
 
 Tiles are loaded with plain pointer arithmetic and masks (no block pointers: Triton 3.9 removed
-them, and the H200 runs 3.6, so this is the one form both accept). A transposed operand is always
+them, and the GPU's Triton 3.6 has them, so this is the one form both accept). A transposed operand is always
 *loaded* transposed from global memory; no kernel calls `tl.trans` on a value that came out of a
 `tl.dot` (that pattern miscompiles on Hopper with Triton 3.4–3.7.0, /work/shared/bench/README.md).
 """
@@ -12,12 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import new_empty, triton_interpreting
-from .decay_utils import chunk_indices, chunk_offsets
+from .backend import triton_interpreting
 from .tl_util import NO_CACHE_MODIFIER
 from .tl_util import cast as cast  # re-exported: the decay kernels import it from here
 
-CHUNK = 64
 # Triton 3.9's CPU interpreter gets bf16 wrong in two ways the GPU does not: tl.dot multiplies bf16
 # tiles as raw integers (off by ~1e10), and fp32 → bf16 casts truncate instead of rounding to
 # nearest even (twice the GPU's error, biased). Under the interpreter `mma` runs on fp32 copies
@@ -94,36 +93,6 @@ def block(n: int, cap: int = 64) -> int:
     return min(cap, max(32, triton.next_power_of_2(n)))
 
 
-class Varlen:
-    """Chunk bookkeeping for one call: fixed-length batch or packed sequences (`cu_seqlens`).
-
-    Attributes: `cu` (int32 `[N + 1]` or None), `idx` (`[NT_total, 2]` (sequence, chunk) pairs),
-    `offsets` (`[N + 1]` first chunk of each sequence), `N`, `NT` (chunks per row of the grid),
-    `n_chunks` (all chunks: the leading dim of per-chunk states).
-    """
-
-    def __init__(self, cu_seqlens: torch.Tensor | None, B: int, T: int, chunk: int = CHUNK):
-        self.chunk = chunk
-        if cu_seqlens is None:
-            self.cu = self.idx = self.offsets = None
-            self.N, self.NT = B, triton.cdiv(T, chunk)
-            self.n_chunks = B * self.NT
-        else:
-            self.cu = cu_seqlens.to(torch.int32)
-            self.idx = chunk_indices(cu_seqlens, chunk)
-            self.offsets = chunk_offsets(cu_seqlens, chunk)
-            self.N, self.NT = cu_seqlens.numel() - 1, self.idx.shape[0]
-            self.n_chunks = self.NT
-
-    @property
-    def is_varlen(self) -> bool:
-        return self.cu is not None
-
-    def grid_rows(self, B: int) -> int:
-        """Grid extent along batch: B rows of NT chunks, or 1 packed row of all chunks."""
-        return 1 if self.is_varlen else B
-
-
 @device_fn
 def mma(a, b, PREC: tl.constexpr):
     """tl.dot(a, b) with fp32 accumulation; `PREC` is "ieee" for fp32 inputs."""
@@ -179,70 +148,3 @@ def load_vec(ptr, r0, R, sr, BR: tl.constexpr):
 def store_vec(ptr, val, r0, R, sr, BR: tl.constexpr):
     rows = r0 + tl.arange(0, BR)
     tl.store(ptr + rows * sr, cast(val, ptr.dtype.element_ty), mask=rows < R)
-
-
-@device_fn
-def seq_span(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(first token, length, first chunk) of sequence i_n."""
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        boc = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
-    return bos, T, boc
-
-
-@device_fn
-def chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Grid chunk i_t of batch row i_b → (sequence, chunk in it, global chunk, first token, length)."""
-    if IS_VARLEN:
-        i_tg = i_t.to(tl.int64)
-        i_n = tl.load(chunk_idx + 2 * i_t)
-        i_c = tl.load(chunk_idx + 2 * i_t + 1)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-    else:
-        i_n = i_b
-        i_c = i_t
-        i_tg = i_b.to(tl.int64) * tl.cdiv(T, BT) + i_t
-        bos = i_b.to(tl.int64) * T
-    return i_n, i_c, i_tg, bos, T
-
-
-@triton.jit(do_not_specialize=["T"])
-def chunk_cumsum_kernel(
-    g,
-    out,
-    cu_seqlens,
-    chunk_idx,
-    T,
-    HV: tl.constexpr,
-    S: tl.constexpr,
-    BT: tl.constexpr,
-    BS: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-):
-    """Chunk-local cumulative sum of g `[B, T, HV, S]` along T (restarting every BT tokens), fp32."""
-    i_s, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // HV, i_bh % HV
-    _, i_c, _, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
-    base = (bos * HV + i_h) * S
-    b_g = load_tile(g + base, i_c * BT, i_s * BS, T, S, HV * S, 1, BT, BS).to(tl.float32)
-    b_g = tl.cumsum(b_g, axis=0)
-    store_tile(out + base, b_g, i_c * BT, i_s * BS, T, S, HV * S, 1, BT, BS)
-
-
-def chunk_local_cumsum(g: torch.Tensor, vl: Varlen) -> torch.Tensor:
-    """Cumulative sum of g (`[B, T, HV]` or `[B, T, HV, K]`) inside every chunk, in fp32."""
-    B, T, HV = g.shape[:3]
-    S = g.shape[3] if g.dim() == 4 else 1
-    g = g.contiguous()
-    out = new_empty(g, *g.shape, dtype=torch.float32)
-    BS = min(64, triton.next_power_of_2(S))
-    grid = (triton.cdiv(S, BS), vl.NT, vl.grid_rows(B) * HV)
-    chunk_cumsum_kernel[grid](
-        g, out, vl.cu, vl.idx, T, HV=HV, S=S, BT=vl.chunk, BS=BS, IS_VARLEN=vl.is_varlen
-    )
-    return out
