@@ -731,8 +731,8 @@ Q_CONFIGS = [
 # The dK/dV kernel writing dS holds one more tile through the loop (the 16-bit dsᵀ, converted to a
 # row-contiguous layout for 16-byte stores), so it runs the same list. Offline sm_90 the 128 x 64
 # 2-stage tile spills 536 B per thread with the integer arguments unaligned (T = 1000) but 272 B
-# with them divisible by 16, as the JIT specialises T = 8192; on the H200 (seventeenth session) it
-# is the tuner's pick there, 0.6 ms of fwd+bwd faster than the 64 x 32 tile picked without it.
+# with them divisible by 16, as the JIT specialises T = 8192, where it is the tuner's pick on the
+# GPU (0.6 ms of fwd+bwd faster than the 64 x 32 tile; BENCHMARKS.md, attention).
 KV_DS_CONFIGS = KV_CONFIGS
 # dQ = dS K reads 2 bytes of dS per 256 FLOPs (D = 128): below the H200's ~180 FLOP/byte ridge, so
 # the tiles are chosen for streaming dS (deep pipelines) more than for the dots.

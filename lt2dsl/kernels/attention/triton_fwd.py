@@ -48,7 +48,7 @@ def _program_ids(ORDER: tl.constexpr):
     query blocks and ends on its shortest, which fill the last wave's tail. The blocks of one head
     stay adjacent in launch order, so the programs running at once share a few heads' K and V in
     L2: a heads-fastest order (every head's longest block first) streamed all heads' K and V at
-    once and was 6–18% slower on the H200 (BENCHMARKS.md, sixth session).
+    once and was 6–18% slower on the GPU (BENCHMARKS.md, attention).
     """
     pid_m = tl.program_id(0)
     if ORDER == 1:
@@ -329,7 +329,7 @@ def fwd_config(D: int, dtype: torch.dtype) -> dict:
     fp32 or D > 128: BM=64, BN=32, 4 warps, 2 stages (shared memory). None of them transposes a dot
     accumulator (the Hopper miscompile). Autotuning among 128-key steps (BM 128 × BN 128 at 2 and 3
     stages, BM 64 × BN 128 at 4 warps) gained nothing on the H200 (B=4, T=8192, H=16, D=128: the
-    tuner's pick flipped between BN 64 and 128 within one run; sixth session, BENCHMARKS.md).
+    tuner's pick flipped between BN 64 and 128 within one run; BENCHMARKS.md, attention).
     """
     if triton_interpreting():
         return dict(BM=16, BN=16, num_warps=1, num_stages=1)

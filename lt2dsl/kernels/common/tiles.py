@@ -121,9 +121,9 @@ def load_tile_apart(ptr, r0, c0, R, C, sr, sc, BR: tl.constexpr, BC: tl.constexp
     """`load_tile` as a load of its own, for the elementwise use of a tile that also feeds `tl.dot`.
 
     A dot operand with a second, non-dot use gets one shared buffer from Triton's pipeliner at 2
-    stages, refilled while asynchronous wgmma dots still read it (the ninth session's race;
-    bench/ttgir_checks.py). An identical second `load_tile` is merged back into the first by
-    CSE (seen in the sm_90 TTGIR); the cache modifier keeps this one apart. Its read hits L2.
+    stages, refilled while asynchronous wgmma dots still read it (a race bench/ttgir_checks.py
+    flags). An identical second `load_tile` is merged back into the first by CSE (seen in the sm_90
+    TTGIR); the cache modifier keeps this one apart. Its read hits L2.
     """
     return load_tile(ptr, r0, c0, R, C, sr, sc, BR, BC, ".cg")
 

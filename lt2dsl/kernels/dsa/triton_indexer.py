@@ -3,7 +3,7 @@
 Kernel: one program per (query block, key block, batch) computes
 I[t, s] = Σ_j w[t, j] · ReLU(idx_scale · q_idx[t, j] · k_idx[s]) with one `tl.dot` per indexer head.
 Two selections, each the faster for its output (H200, B=4, T=32k, 4 index heads of 128, top-k
-2048, `bench/dsa_radix.py`, eighth session):
+2048):
 
 * the set (what the sparse attention takes; `ordered=False`): 32-bit keys `ordered(I)` and the
   radix select of `triton_topk` (59.0 ms against 74.0 for `torch.topk(sorted=False)` over int64 keys);

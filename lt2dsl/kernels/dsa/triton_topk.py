@@ -10,13 +10,11 @@ above the threshold, and of the keys equal to it the lowest indices first, so th
 exactly the reference's (largest score, then the lower index: `common.attn_utils.rank_keys`). A
 row reads only its causal prefix (keys s ≤ its position), 4 bytes a key per pass.
 
-Measured on the H200 (`bench/dsa_radix.py`): the first version, three passes of 11/11/10 bits,
-selected exactly what `torch.topk` does but took 313 ms: a 2048-bin `tl.histogram` pass ran ~10×
-slower than a 256-bin one (12.7 against 1.5 ms over 2 GB of keys; a plain counting pass 0.47 ms).
-With four 8-bit passes (eighth session, same benchmark): 59.0 ms against 74.0 for `torch.topk`
-(sorted=False) over the int64 keys, the same sets. Rank order (what `dsa_indexer` and
-`dsa(..., return_indices=True)` return) stays with `torch.topk`: the radix select followed by a
-sort of its k entries took 90.8 ms against 86.4.
+Passes are 8 bits wide because a 2048-bin `tl.histogram` pass runs ~10× slower than a 256-bin one
+on the GPU (12.7 against 1.5 ms over 2 GB of keys). With four 8-bit passes the select takes 59.0 ms
+against 74.0 for `torch.topk` (sorted=False) over the int64 keys, the same sets (H200). Rank order
+(what `dsa_indexer` and `dsa(..., return_indices=True)` return) stays with `torch.topk`: the radix
+select followed by a sort of its k entries took 90.8 ms against 86.4.
 """
 
 from __future__ import annotations

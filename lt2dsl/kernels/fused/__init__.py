@@ -89,7 +89,7 @@ _CAT_ATTR = "_lt2_concat_cache"
 # stride is a multiple of 16 elements: cuBLAS keeps its aligned kernels, and Triton kernels reading
 # the slices in place can prove the stride 16-divisible and vectorise. (DSA's q, k, v, indexer q, k
 # and weights add up to 6468 columns at dim 2048; its fused block ran 1.5x slower than the unfused
-# one on the H200 both unpadded and padded to 8, fourth session. Padding to 16 is not measured.)
+# one on the H200 both unpadded and padded to 8. Padding to 16 is not measured.)
 CAT_ALIGN = 16
 
 

@@ -43,8 +43,8 @@ _CONFIGS = [
 ]
 # dq/dk/dg: while Σ hᵀ ⊙ dhᵀ (the dg term) read the hᵀ and dhᵀ tiles that the dots take, Triton's
 # pipeliner kept one shared buffer for each at 4 warps, 2 stages and refilled it while asynchronous
-# wgmma dots still read it (the ninth session's race; bench/ttgir_checks.py). The sum now
-# reads loads of its own (`load_tile_apart`). 8 warps, 2 stages compiles without spills for sm_90 at
+# wgmma dots still read it (a race bench/ttgir_checks.py flags), so the sum reads loads of its own
+# (`load_tile_apart`). 8 warps, 2 stages compiles without spills for sm_90 at
 # D = 128 (4 warps spills 56 bytes, 2 warps 1.9 KB).
 _DQKG_CONFIGS = [triton.Config({}, num_warps=4, num_stages=2), triton.Config({}, num_warps=8, num_stages=2)]
 _KEY = ["H", "HV", "K", "V", "BK", "BV"]

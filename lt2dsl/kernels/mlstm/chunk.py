@@ -43,17 +43,13 @@ _CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "K", "V", "BK", "BV"]
-# The output kernel's 4-warp, 2-stage config gave wrong outputs on the H200 (ninth session: h errors
-# of 7-52 where every other config gives 0.45) while q·n was formed from the dots' q tile; see
-# `fwd_o_kernel`. With q·n in a loop of its own every config is right (ninth session's call 6, tenth
-# session's call 1: six runs of six per config at 0.45).
+# The output kernel forms q·n in a loop of its own (`fwd_o_kernel`): formed from the dots' q tile,
+# its 4-warp, 2-stage config races in shared memory (h errors of 7-52 on the GPU where every other
+# config gives 0.45). Apart, every config is right (`test_gpu_every_autotune_config`).
 _O_CONFIGS = _CONFIGS
 # Value-tile cap of the output kernel (16-bit inputs). A 128-wide tile forms Q Kᵀ, the weights and
-# q·n once per chunk instead of once per 64-wide tile. In the fifth session it gave wrong bf16
-# output on the H200 while q·n still came from the dots' q tile, the race above, which
-# the sm_90 compile check (`make sm90`) now rules out for every candidate. On the H200 (tenth
-# session, `bench/mlstm_o_configs.py`) the mLSTM forward took 0.576 ms at 4 warps, 2 stages
-# (0.571 at 3 stages, 0.670 at 8 warps) against 0.722 with 64-wide tiles, h right in six runs of six.
+# q·n once per chunk instead of once per 64-wide tile: the mLSTM forward takes 0.576 ms at 4 warps,
+# 2 stages against 0.722 with 64-wide tiles (H200, B=4, T=8192, H=16, D=128).
 O_BV_CAP = 128
 
 
@@ -120,7 +116,7 @@ def fwd_state_kernel(
     registers at 4 warps offline; 586 -> 496 µs for two calls on the H200, B=4, T=8192, H=16).
     Forming the key weights, decays and the normaliser's per-chunk terms in a parallel kernel first
     (as the dh scan's `chunk_bwd.bwd_weights_kernel`) made the forward slower on the H200: 0.80
-    against 0.65 ms, fwd+bwd 2.90 against 2.87 (BENCHMARKS.md, eighth session)."""
+    against 0.65 ms, fwd+bwd 2.90 against 2.87 (BENCHMARKS.md, mLSTM)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
@@ -195,10 +191,9 @@ def fwd_o_kernel(
         b_S += mma(b_q, b_kT, PREC)
     # q·n in a loop of its own, from its own loads. Read from the q tile the dots take, it gave that
     # tile a non-dot use, and Triton's pipeliner then kept one shared-memory copy of q at 2 stages
-    # and prefetched the next K step's q into it while the asynchronous dots still read it: the 4-warp,
-    # 2-stage race of the ninth session (seen in the sm_90 TTGIR, 3.9: q 1 buffer, k and C 2;
-    # `warp_group_dot_wait {pendings = 2}` before the copy). As a tensor-core dot, q [BT, BK] ·
-    # N [BK, 16] gave wrong bf16 output at D = 64 in the sixth session, likely the same fault.
+    # and prefetched the next K step's q into it while the asynchronous dots still read it (the sm_90
+    # TTGIR shows q with 1 buffer, k and C with 2, `warp_group_dot_wait {pendings = 2}` before the
+    # copy). As a tensor-core dot, q [BT, BK] · N [BK, 16] gives wrong bf16 output at D = 64.
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         b_qe = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)

@@ -109,7 +109,7 @@ def bwd_dh_kernel(
     weights (scale included), the normaliser's per-chunk terms and the decays come from
     `bwd_weights_kernel` (wq, dnl, dec), so the loop has no exponential, no scalar stabiliser load
     and no cross-warp sum (offline sm_90: 11 -> 4 barriers and 6 -> 2 loads outside the pipeline;
-    on the H200 mLSTM fwd+bwd 2.874 -> 2.801 ms against forming them in the loop, eighth session)."""
+    on the H200 mLSTM fwd+bwd 2.874 -> 2.801 ms against forming them in the loop)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
@@ -202,12 +202,11 @@ def bwd_dv_kernel(
     store_tile(dv + (bos * H + i_h) * V, b_dv, i_c * BT, i_v * BV, T, V, H * V, 1, BT, BV)
 
 
-# dq/dk: while ⟨C, dC⟩ read the Cᵀ and dCᵀ tiles that the dots take, Triton's pipeliner kept one
-# shared buffer for each at 2 stages and refilled it while asynchronous wgmma dots still read it:
-# the race of the output kernel (ninth session; bench/ttgir_checks.py). It explains this
-# kernel's failures at 8 warps, 2 stages (dq 1.6e-2 and 1.33e-2 at T = 8192 in bf16, seventh and
-# eighth sessions, where the CPU emulation of the same inputs stays at 4e-3). The sum now reads
-# loads of its own (`load_tile_apart`). 4 warps spill 1.3 KB per thread at 128-wide key tiles.
+# dq/dk: ⟨C, dC⟩ reads loads of its own (`load_tile_apart`). Read from the Cᵀ and dCᵀ tiles the dots
+# take, Triton's pipeliner keeps one shared buffer for each at 2 stages and refills it while
+# asynchronous wgmma dots still read it (bench/ttgir_checks.py), which gave dq errors of 1.6e-2 at
+# 8 warps, 2 stages (T = 8192, bf16; the CPU emulation stays at 4e-3). 4 warps spill 1.3 KB per
+# thread at 128-wide key tiles.
 _DQK_CONFIGS = [triton.Config({}, num_warps=8, num_stages=2), triton.Config({}, num_warps=8, num_stages=3)]
 
 

@@ -47,11 +47,10 @@ _CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=3),
 ]
 _KEY = ["H", "HV", "K", "V", "BK", "BV", "HAS_G"]
-# dq/dk/dg: while Σ hᵀ ⊙ dhᵀ (the dg term) read the hᵀ and dhᵀ tiles that the dots take, Triton's
-# pipeliner kept one shared buffer for each at 2 stages and prefetched into it while asynchronous
-# wgmma dots still read it: the race of mLSTM's output kernel (ninth session; flagged by the sm_90
-# TTGIR check in bench/ttgir_checks.py). The sum now reads loads of its own (`load_tile_apart`),
-# so every config double-buffers the dot operands.
+# dq/dk/dg: the dg term Σ hᵀ ⊙ dhᵀ reads loads of its own (`load_tile_apart`). Read from the hᵀ
+# and dhᵀ tiles the dots take, Triton's pipeliner keeps one shared buffer for each at 2 stages and
+# prefetches into it while asynchronous wgmma dots still read it (a race the sm_90 TTGIR check,
+# bench/ttgir_checks.py, flags); apart, every config double-buffers the dot operands.
 _DQKG_CONFIGS = _CONFIGS
 
 
