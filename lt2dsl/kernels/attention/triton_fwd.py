@@ -88,6 +88,19 @@ def _band(
 
 
 @triton.jit
+def band_part(PART: tl.constexpr, lo, full_lo, full_hi, hi):
+    """[start, end) of part PART of a band from `_band` or `_row_band`: 0 the masked edge blocks
+    before the unmasked ones, 1 the unmasked blocks, 2 the masked edge blocks after them. A kernel
+    walks the parts in order, `MASK` on for 0 and 2."""
+    if PART == 0:
+        return lo, tl.minimum(full_lo, hi)
+    elif PART == 1:
+        return full_lo, full_hi
+    else:
+        return tl.maximum(full_lo, full_hi), hi
+
+
+@triton.jit
 def _fwd_inner(
     acc,
     m_i,
@@ -213,98 +226,48 @@ def _attn_fwd_kernel(
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
     m_i = tl.full([BM], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
-    acc, m_i, l_i = _fwd_inner(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_ptr,
-        v_ptr,
-        HKV * D,
-        HKV * DV,
-        lo,
-        tl.minimum(full_lo, hi),
-        qpos,
-        Tk_n,
-        W,
-        KOFF,
-        qk_scale,
-        offs_d,
-        offs_dv,
-        D,
-        DV,
-        BN,
-        True,
-        CAUSAL,
-        HAS_W,
-        KSTRIDE,
-        DOT_PREC,
-    )
-    acc, m_i, l_i = _fwd_inner(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_ptr,
-        v_ptr,
-        HKV * D,
-        HKV * DV,
-        full_lo,
-        full_hi,
-        qpos,
-        Tk_n,
-        W,
-        KOFF,
-        qk_scale,
-        offs_d,
-        offs_dv,
-        D,
-        DV,
-        BN,
-        False,
-        CAUSAL,
-        HAS_W,
-        KSTRIDE,
-        DOT_PREC,
-    )
-    row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
-    # the gate is loaded before the last (diagonal) blocks, so its latency hides behind their dots
-    # instead of stalling the epilogue (3% of the gated forward, BENCHMARKS.md "Tried and dropped")
-    if GATE_MODE == 1:
-        g = tl.load(
-            GATE + row_off[:, None] * DV + offs_dv[None, :],
-            mask=in_q[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
+    for PART in tl.static_range(3):
+        if PART == 2:
+            row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
+            # the gate is loaded before the last (diagonal) blocks, so its latency hides behind their
+            # dots instead of stalling the epilogue (3% of the gated forward, BENCHMARKS.md "Tried and
+            # dropped")
+            if GATE_MODE == 1:
+                g = tl.load(
+                    GATE + row_off[:, None] * DV + offs_dv[None, :],
+                    mask=in_q[:, None] & (offs_dv[None, :] < DV),
+                    other=0.0,
+                )
+            if GATE_MODE == 2:
+                g = tl.load(GATE + row_off, mask=in_q, other=0.0)
+        start, end = band_part(PART, lo, full_lo, full_hi, hi)
+        acc, m_i, l_i = _fwd_inner(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_ptr,
+            v_ptr,
+            HKV * D,
+            HKV * DV,
+            start,
+            end,
+            qpos,
+            Tk_n,
+            W,
+            KOFF,
+            qk_scale,
+            offs_d,
+            offs_dv,
+            D,
+            DV,
+            BN,
+            PART != 1,
+            CAUSAL,
+            HAS_W,
+            KSTRIDE,
+            DOT_PREC,
         )
-    if GATE_MODE == 2:
-        g = tl.load(GATE + row_off, mask=in_q, other=0.0)
-    acc, m_i, l_i = _fwd_inner(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_ptr,
-        v_ptr,
-        HKV * D,
-        HKV * DV,
-        tl.maximum(full_lo, full_hi),
-        hi,
-        qpos,
-        Tk_n,
-        W,
-        KOFF,
-        qk_scale,
-        offs_d,
-        offs_dv,
-        D,
-        DV,
-        BN,
-        True,
-        CAUSAL,
-        HAS_W,
-        KSTRIDE,
-        DOT_PREC,
-    )
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
