@@ -148,12 +148,15 @@ def _state_cat(states: list):
     return torch.cat(states, dim=0)
 
 
-def run_by_sequence(fn, cu_seqlens: torch.Tensor, seq_tensors: list, state):
+def run_by_sequence(fn, cu_seqlens: torch.Tensor | None, seq_tensors: list, state):
     """Run `fn(*slices, state_n) -> (o, final_n)` on every packed sequence and reassemble.
 
     `seq_tensors` are `[1, T, ...]` tensors (or None) sliced along T; `state` is None, an `[N, ...]`
     tensor or a tuple of them. Returns o concatenated along T and the final states stacked `[N, ...]`.
+    Without `cu_seqlens` the batch is one call, `fn(*seq_tensors, state)`.
     """
+    if cu_seqlens is None:
+        return fn(*seq_tensors, state)
     outs, finals = [], []
     for n, (_, s, e) in enumerate(seq_bounds(cu_seqlens, 1, int(cu_seqlens[-1]))):
         parts = [None if x is None else x[:, s:e] for x in seq_tensors]

@@ -83,7 +83,11 @@ def mlstm(
             q, k, v, i, f, scale, float(eps), initial_state, want_final, inplace_final_state, cu_seqlens
         )
         return h, final
-    h, final = _reference(q, k, v, i, f, scale, float(eps), initial_state, cu_seqlens)
+
+    def run(q_, k_, v_, i_, f_, s0):  # the chunked PyTorch form of one batch of equal-length sequences
+        return chunk_mlstm_ref(q_, k_, v_, i_, f_, scale, float(eps), s0)
+
+    h, final = run_by_sequence(run, cu_seqlens, [q, k, v, i, f], initial_state)
     final = write_final_state(final, initial_state, inplace_final_state) if want_final else None
     return h.to(v.dtype), final
 
@@ -98,14 +102,3 @@ def _check_mlstm_state(state, d) -> None:
     check_state("initial_state[0] (C)", C, [d.N, d.H, d.K, d.V], "[N, H, K, V]")
     check_state("initial_state[1] (n)", n, [d.N, d.H, d.K], "[N, H, K]")
     check_state("initial_state[2] (m)", m, [d.N, d.H], "[N, H]")
-
-
-def _reference(q, k, v, i, f, scale, eps, initial_state, cu_seqlens):
-    """Chunked PyTorch form, one call per packed sequence when `cu_seqlens` is given."""
-
-    def run(q_, k_, v_, i_, f_, s0):
-        return chunk_mlstm_ref(q_, k_, v_, i_, f_, scale, eps, s0)
-
-    if cu_seqlens is None:
-        return run(q, k, v, i, f, initial_state)
-    return run_by_sequence(run, cu_seqlens, [q, k, v, i, f], initial_state)

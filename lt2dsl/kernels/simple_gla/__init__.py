@@ -75,17 +75,10 @@ def simple_gla(
         return simple_gla_triton(
             q, k, v, g, scale, initial_state, want_final, inplace_final_state, cu_seqlens
         )
-    o, final = _reference(q, k, v, g, scale, initial_state, cu_seqlens)
-    final = write_final_state(final, initial_state, inplace_final_state) if want_final else None
-    return o.to(v.dtype), final
 
-
-def _reference(q, k, v, g, scale, initial_state, cu_seqlens):
-    """Chunked PyTorch form, one call per packed sequence when `cu_seqlens` is given."""
-
-    def run(q_, k_, v_, g_, h0):
+    def run(q_, k_, v_, g_, h0):  # the chunked PyTorch form of one batch of equal-length sequences
         return chunk_simple_gla_ref(q_, k_, v_, g_, scale, h0)
 
-    if cu_seqlens is None:
-        return run(q, k, v, g, initial_state)
-    return run_by_sequence(run, cu_seqlens, [q, k, v, g], initial_state)
+    o, final = run_by_sequence(run, cu_seqlens, [q, k, v, g], initial_state)
+    final = write_final_state(final, initial_state, inplace_final_state) if want_final else None
+    return o.to(v.dtype), final

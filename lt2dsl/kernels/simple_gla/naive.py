@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..gla.naive import naive_recurrent_gla
+
 
 def naive_recurrent_simple_gla(
     q: torch.Tensor,
@@ -31,19 +33,8 @@ def naive_recurrent_simple_gla(
         o (torch.Tensor): `[B, T, HV, V]` in the compute dtype (fp32 or float64).
         final_state (torch.Tensor): `[B, HV, K, V]`.
     """
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-    scale = K**-0.5 if scale is None else scale
-    # expand q/k heads to value heads (GVA)
-    q = q.to(dt).repeat_interleave(HV // H, dim=2) * scale
-    k = k.to(dt).repeat_interleave(HV // H, dim=2)
-    v = v.to(dt)
-    S = q.new_zeros(B, HV, K, V) if initial_state is None else initial_state.to(dt).clone()
-    o = q.new_empty(B, T, HV, V)
-    for t in range(T):
-        if g is not None:
-            S = S * g[:, t].to(dt).exp()[..., None, None]
-        S = S + k[:, t, :, :, None] * v[:, t, :, None, :]
-        o[:, t] = torch.einsum("bhk,bhkv->bhv", q[:, t], S)
-    return o, S
+    B, T, _, K = q.shape
+    HV = v.shape[2]
+    # gla's recurrence with the scalar decay on every key channel (exp(0) = 1 without one)
+    g = q.new_zeros(B, T, HV, dtype=torch.float32) if g is None else g
+    return naive_recurrent_gla(q, k, v, g[..., None].expand(B, T, HV, K), scale, initial_state)
