@@ -145,7 +145,6 @@ def test_no_comment_outside_the_kernels_narrates_past_sessions():
     assert not hits, "state the invariant and its reason instead (git keeps the history):\n" + "\n".join(hits)
 
 
-@pytest.mark.xfail(strict=True, reason="the kernels' comments are rewritten with their recipes (issue 34)")
 def test_no_comment_in_the_kernels_narrates_past_sessions():
     hits = _narrating(ROOT / "lt2dsl" / "kernels")
     assert not hits, "state the invariant and its reason instead (git keeps the history):\n" + "\n".join(hits)

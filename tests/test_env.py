@@ -43,7 +43,6 @@ def test_the_triton_dtypes_are_the_setting_dtypes_of_the_one_table():
         check_triton_dtype(torch.zeros(1), torch.zeros(1, dtype=torch.float16))
 
 
-@pytest.mark.xfail(strict=True, reason="the delta kernels' variables leave with their recipe (issue 34)")
 def test_only_the_env_module_reads_the_environment():
     readers = sorted(
         str(p.relative_to(ROOT))

@@ -32,6 +32,7 @@ from lt2dsl.distill.init import init_student, plan_init
 from lt2dsl.distill.lineup import line_up
 from lt2dsl.distill.objectives import KdTerms, StageObjective, frozen_teacher
 from lt2dsl.distill.teacher import WEIGHTS, Loaded, build, load_into, load_teacher, read_weights
+from lt2dsl.env import torchrun_ranks
 from lt2dsl.train.build import build_model
 from lt2dsl.train.config import ModelSection, TrainConfig, TrainingSection
 from lt2dsl.train.data import DataConfig
@@ -94,7 +95,7 @@ def run(
             not line up with the teacher.
     """
     cfg = _config(cfg)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if torchrun_ranks()[0] > 1:
         raise ValueError("`lt2dsl distill` runs on one process (not under torchrun with several)")
     out = cfg.training.out
     _check_fresh(out, resume)

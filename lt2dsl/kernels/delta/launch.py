@@ -10,13 +10,12 @@ Decode runs `recurrent.delta_recurrent_kernel` (`ops`).
 
 from __future__ import annotations
 
-import os
 from itertools import pairwise
 
 import torch
 import triton
 
-from lt2dsl.kernels.common.backend import triton_interpreting
+from lt2dsl.kernels.common.backend import new_empty, triton_interpreting
 from lt2dsl.kernels.delta import configs
 from lt2dsl.kernels.delta.helpers import DOT_IEEE, DOT_INTERP, DOT_NATIVE
 from lt2dsl.kernels.delta.kda_prep import kda_intra_fwd_kernel
@@ -31,10 +30,8 @@ KDA_FWD_BK, KDA_FWD_WARPS = 32, 8
 
 
 def empty(like: torch.Tensor, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """torch.empty on `like`'s device, NaN-filled under LT2_POISON=1 (the tests set it: an element a
-    kernel forgets to write then fails the comparison instead of passing on leftover memory)."""
-    t = torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
-    return t.fill_(float("nan")) if os.environ.get("LT2_POISON", "0") == "1" else t
+    """`common.backend.new_empty`: torch.empty on `like`'s device, NaN-filled under LT2_POISON=1."""
+    return new_empty(like, *shape, dtype=dtype)
 
 
 def launch(tuned, plain, grid, *args, fixed: dict | None = None, **kwargs):
