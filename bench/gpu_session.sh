@@ -26,8 +26,8 @@ stage() {  # stage NAME LIMIT_S CMD...
   local t=$(date +%s)
   printf "\n===== %s: %s\n" "$name" "$*" >> "$LOG"
   # Test stages tune at their own (small) shapes; the tuning key leaves out T and B, so picks
-  # cached there would be reused by a later bench stage at B=4, T=8192 (as they were in the
-  # fourteenth session's calls 1 and 2): tests never write the autotune cache.
+  # cached there would be reused by a later bench stage at B=4, T=8192: tests never write the
+  # autotune cache.
   local tune=$TRITON_CACHE_AUTOTUNING
   case $name in tests_*) tune=0 ;; esac
   TRITON_CACHE_AUTOTUNING=$tune timeout "$limit" "$@" >> "$LOG" 2>&1
@@ -53,21 +53,14 @@ for s in ${STAGES:-env}; do
     # any pytest selection: TESTS_CUSTOM is eval'd, so it may quote a -k expression
     tests_custom) eval "stage tests_custom ${LIM_CUSTOM:-200} $PYT -n ${NPROC_CUSTOM:-${NPROC:-6}} ${TESTS_CUSTOM:-}" ;;
     tests_model) stage tests_model 300 $PYT -n ${NPROC:-6} -m "not slow" tests/lowering/test_decode.py tests/lowering/test_api.py ;;
-    probe_delta) stage probe_delta ${LIM_PROBE:-200} python3 bench/gpu_probe.py ;;
-    route_mlstm) stage route_mlstm 120 python3 bench/mlstm_route.py ;;
     # every op's fwd+bwd run again per forced config: races show as run-to-run differences
     determinism) stage determinism ${LIM_DETERMINISM:-330} python3 bench/determinism_probe.py ;;
-    mlstm_o_configs) stage mlstm_o_configs ${LIM_MLSTM_O:-170} python3 bench/mlstm_o_configs.py ;;
     profile)     stage profile "${LIM_PROFILE:-200}" python3 bench/profile_ops.py ;;
-    # the blocked Toeplitz path: each pass at each candidate config, host time per call
-    toeplitz_probe) stage toeplitz_probe "${LIM_TPROBE:-200}" python3 bench/toeplitz_probe.py ;;
     # per-kernel counters (stall reasons, occupancy) of one forward of ours and of the peer's
     ncu_pair) stage ncu_pair "${LIM_NCU:-240}" bash -c 'ncu --clock-control none --profile-from-start off \
                 --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
                 --csv --page details python3 bench/ncu_pair.py > "$1/ncu_pair.csv"' _ "$OUT" ;;
     bench_attn)  ONLY="${ONLY_ATTN-${ONLY:-}}" stage bench_attn "${BENCH_LIMIT:-300}" python3 bench/kernels_attn.py ;;
-    # DSA's indexer selections (rank order and the radix set) timed alone
-    dsa_radix) stage dsa_radix ${LIM_RADIX:-200} python3 bench/dsa_radix.py ;;
     bench_decay) ONLY="${ONLY_DECAY-${ONLY:-}}" stage bench_decay "${BENCH_LIMIT:-300}" python3 bench/kernels_decay.py ;;
     tests_mlstm) stage tests_mlstm ${LIM_MLSTM:-200} $PYT -n ${NPROC:-6} tests/kernels/test_mlstm.py -k "gpu or stabiliser or route" ;;
     # KDA with the peer alone: the peer's KDA backward autotunes dozens of configs on its first call
@@ -99,7 +92,7 @@ for s in ${STAGES:-}; do
     grep -E '[0-9]+ (passed|failed)' <<< "$body" | tail -1 ;; esac
 done
 for s in ${STAGES:-}; do
-  case $s in bench_*|probe_*|profile|toeplitz_probe) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
+  case $s in bench_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
 [ -s "$LT2_FAIL_LOG" ] && { echo "---- failure reasons ($LT2_FAIL_LOG)"; grep -E "^(==|E )" "$LT2_FAIL_LOG" | cut -c1-200 | head -${FAIL_LINES:-40}; }
