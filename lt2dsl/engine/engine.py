@@ -39,6 +39,10 @@ class Slot:
             self.pad = torch.zeros((), dtype=torch.long, device=dev)
         self.generator = torch.Generator(device=dev)
         self.graphs: dict[Sampling, Captured] = {}
+        # The slot's captured steps share one memory pool, which lives exactly as long as they do:
+        # the allocator frees a pool once its last graph is gone, and a capture into a freed pool's
+        # handle fails, so a pool is never shared with another slot (which may be replaced first).
+        self.pool = None
 
     def reset(self, req: Request) -> None:
         """Fresh cache and step state for `req`, its stop tokens and its seed."""
@@ -88,7 +92,6 @@ class Engine:
         if self.capture and not cuda:
             raise ValueError("capture=True needs the model on a CUDA device")
         self.slots: dict[int, Slot] = {}
-        self._pool = None
         # the traced graph the slots were made for: `.to()` / new graph passes retrace it
         self._graph: weakref.ref | None = None
 
@@ -127,7 +130,6 @@ class Engine:
     def release(self) -> None:
         """Free every cache and captured step."""
         self.slots.clear()
-        self._pool = None
 
     # ---- running --------------------------------------------------------------------------------
 
@@ -180,10 +182,10 @@ class Engine:
         if s not in slot.graphs:
             with torch.no_grad():
                 slot.reset(req)  # warm-up steps write at positions from 0
-                if self._pool is None:
-                    self._pool = torch.cuda.graph_pool_handle()
+                if slot.pool is None:
+                    slot.pool = torch.cuda.graph_pool_handle()
                 gen = None if s.greedy else slot.generator
-                slot.graphs[s] = Captured(step, generator=gen, pool=self._pool)
+                slot.graphs[s] = Captured(step, generator=gen, pool=slot.pool)
         return slot.graphs[s]
 
     def _slot(self, rows: int, longest: int) -> Slot:

@@ -53,6 +53,21 @@ def test_gpu_decode_steps_allocate_nothing():
     assert torch.cuda.memory_allocated() == before
 
 
+@pytest.mark.gpu
+def test_gpu_a_longer_call_after_a_capture_replaces_the_slot_and_captures_again():
+    """generate(1), then a call whose cache must grow (its slot and captured step are replaced),
+    then the short call again: each captures into a live pool and gives the eager path's tokens.
+    A pool shared across slots was freed with the first slot's graph and the second capture
+    failed inside the CUDA allocator (the decode comparison's call order)."""
+    path = ROOT / "examples/lt2_linear_gdn.lt2"
+    model = lt2dsl.compile(path, device="cuda", dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, model.config.vocab, (1, 100), generator=torch.Generator().manual_seed(0)).cuda()
+    engine = Engine(model)
+    engine.generate(ids, 1)
+    assert torch.equal(engine.generate(ids, 130), eager_greedy(model, ids, 130))
+    assert torch.equal(engine.generate(ids, 1), eager_greedy(model, ids, 1))
+
+
 FIRST_CALL = """
 import sys, time, torch
 import lt2dsl
