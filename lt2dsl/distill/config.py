@@ -36,9 +36,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from lt2dsl.tasks import parse_config as parse_task
 from lt2dsl.train.checkpoint import CheckpointConfig
 from lt2dsl.train.config import AnyData, TrainingSection
 from lt2dsl.train.config import _field_errors as field_errors
+from lt2dsl.train.data import TaskDataConfig
 from lt2dsl.train.metrics import MetricsConfig
 from lt2dsl.train.optim import OptimConfig, SchedulerConfig
 
@@ -217,6 +219,23 @@ class DistillConfig(BaseModel):
     def _one_select(self) -> DistillConfig:
         if sum(s.kind == "select" for s in self.stages) > 1:
             raise ValueError("a run selects layers once: more than one `select` stage")
+        return self
+
+    @model_validator(mode="after")
+    def _curriculum_needs_logits(self) -> DistillConfig:
+        # a curriculum advances on the student's exact match, which only a stage whose student
+        # predicts tokens (`kd`, `long`) can report; `align`/`hidden` match activations only
+        if not isinstance(self.data, TaskDataConfig):
+            return self
+        if parse_task(self.data.task_dict()).curriculum() is None:
+            return self
+        bad = sorted({s.kind for s in self.stages if s.kind in ("align", "hidden")})
+        if bad:
+            raise ValueError(
+                f"task `{self.data.task}` trains on a curriculum, which advances on the student's "
+                f"predictions, but {' and '.join(f'`{k}`' for k in bad)} stages predict no tokens: "
+                "use `kd`/`long` stages, or fix the task's length (no curriculum)"
+            )
         return self
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from lt2dsl.distill.init import init_student
 from lt2dsl.distill.kl import linear_kd_loss
 from lt2dsl.distill.lineup import Pair, line_up
-from lt2dsl.train.loss import IGNORE, linear_cross_entropy
+from lt2dsl.train.loss import IGNORE, label_hits, linear_cross_entropy
 from lt2dsl.train.parallel import TrainModel
 
 Trainable = Literal["mixers", "blocks", "all"]
@@ -154,7 +154,9 @@ class MatchOutputs(nn.Module):
 
 
 class KdLoss(nn.Module):
-    """`kd`: the student's forward and the teacher's, then the chunked KL + CE (`kl.py`)."""
+    """`kd`: the student's forward and the teacher's, then the chunked KL + CE (`kl.py`). With
+    `hits=True` (a task source that observes) it returns (loss, labelled tokens the student's
+    argmax predicts right), as the trainer's `WithLoss`."""
 
     def __init__(
         self, teacher: TrainModel, student: TrainModel, chunk: int, dtype: torch.dtype, terms: KdTerms
@@ -162,9 +164,16 @@ class KdLoss(nn.Module):
         super().__init__()
         self.teacher, self.tm, self.chunk, self.dtype, self.terms = teacher, student, chunk, dtype, terms
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens=None, hits: bool = False):
         h = self.tm(input_ids, None, cu_seqlens)
-        w, terms = self.tm.head_weight(), self.terms
+        w = self.tm.head_weight()
+        loss = self._loss(input_ids, labels, cu_seqlens, h, w)
+        if not hits:
+            return loss
+        return loss, label_hits(h.detach(), w.detach(), labels, self.chunk, self.dtype)
+
+    def _loss(self, input_ids, labels, cu_seqlens, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        terms = self.terms
         if not terms.kl_weight:
             return terms.ce_weight * linear_cross_entropy(h, w, labels, self.chunk, self.dtype)
         with torch.no_grad():

@@ -69,6 +69,10 @@ def test_paths_are_relative_to_the_run_file_and_stages_are_typed(tmp_path):
         ({"teacher": {"file": "t.lt2"}}, "give `file` and `weights` (or `hf`)"),
         ({"training": {"steps": 3}}, "`training.steps`: unknown key"),
         ({"stages": []}, "`stages`"),
+        (
+            {"data": {"task": "state_tracking", "group": "parity", "max_stage": 2}},
+            "`align` stages predict no tokens",
+        ),
     ],
 )
 def test_bad_run_files_name_the_field(change, words):

@@ -3,6 +3,7 @@ teacher gives a looped student."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -78,3 +79,18 @@ def test_an_imported_looped_checkpoint_is_a_teacher(tmp_path):
     assert "loop T=3" in align.student.read_text()
     weights = load_file(str(align.weights))
     assert {k.split(".")[1] for k in weights if k.startswith("blocks.")} == {"0", "1"}
+
+
+def test_a_kd_stage_feeds_a_curriculum_task_the_students_hits(tmp_path):
+    """A task source that observes asks the loss for (loss, hits); `kd` answers with the student's
+    argmax hits, and the curriculum reports an accuracy every step."""
+    teacher = random_teacher(tmp_path, "full * 2")
+    student = program(tmp_path, "s", "gdn(expand_v=1); full")
+    task = {"task": "state_tracking", "group": "parity", "max_stage": 2, "window": 2, "threshold": 0.55}
+    cfg = distill_config(tmp_path, teacher, student, [{"kind": "kd", "steps": 2}])
+    cfg["data"] = task
+    (stage,) = run(cfg).stages
+    assert set(stage.losses) == {1, 2}
+    lines = (stage.folder / "metrics.jsonl").read_text().splitlines()
+    rows = [r for r in map(json.loads, lines) if "task/accuracy" in r]
+    assert len(rows) == 2 and all(0.0 <= r["task/accuracy"] <= 1.0 for r in rows), rows
