@@ -91,7 +91,7 @@ def diagnostics_section() -> list[str]:
         "",
         "Codes are stable. The letter is the severity (E error, W warning); the first two digits "
         "the topic: 00 syntax, 01 names, 02 values, 03 structure, 04 kernels, 05 shapes, "
-        "09 the driver, 99 internal errors. `lt2dsl explain CODE` prints one entry.",
+        "09 the driver, 10 checkpoint import, 99 internal errors. `lt2dsl explain CODE` prints one entry.",
         "",
         "| code | severity | topic | problem |",
         "|---|---|---|---|",
@@ -103,7 +103,7 @@ def diagnostics_section() -> list[str]:
         for sec in SECTIONS:
             text = r.sections.get(sec, "")
             if sec in ("Example", "Use instead"):
-                lang = "lt2" if r.topic not in ("driver", "internal") else "text"
+                lang = "lt2" if r.topic not in ("driver", "import", "internal") else "text"
                 out += [f"*{sec}:*", "", f"```{lang}", text, "```", ""]
             else:
                 out += [f"*{sec}:* {' '.join(text.split())}", ""]

@@ -98,6 +98,10 @@ def test_explain(capsys):
     assert "Use instead:" in out
     status, out, _ = run(capsys, "explain", "E0005")
     assert status == 0 and "syntax" in out
+    status, out, _ = run(capsys, "explain", "E1001")
+    assert status == 0 and out.startswith("E1001 (error, import): Checkpoint feature `.lt2` cannot express")
+    status, out, _ = run(capsys, "explain", "e1002")
+    assert status == 0 and out.startswith("E1002 (error, import): Checkpoint folder or weights disagree")
     status, _, err = run(capsys, "explain", "E0102x")
     assert status == 2 and "did you mean `E0102`" in err
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 
-from lt2dsl.diagnostics import Diagnostic, error
+from lt2dsl.diagnostics import Diagnostic
 from lt2dsl.source import Span
-
-# E1001: the checkpoint has a feature `.lt2` cannot express; E1002: the folder or its weights are
-# not what its config says.
-UNSUPPORTED, MALFORMED = "E1001", "E1002"
+from lt2dsl.validate.checkpoints import check_expressible, check_weights_match
 
 
 class Refused(ValueError):
@@ -22,10 +19,10 @@ class Refused(ValueError):
 
     def diagnostic(self, config_path: str, config_text: str) -> Diagnostic:
         """The refusal as an error pointing at the field in config.json (at the file otherwise)."""
-        code = UNSUPPORTED if self.field else MALFORMED
-        span = field_span(config_path, config_text, self.field) if self.field else Span(file=self.file)
-        label = f"`{self.field}` is not supported" if self.field else ""
-        return error(code, self.message, span, label=label, help=self.help)
+        if self.field:
+            span = field_span(config_path, config_text, self.field)
+            return next(check_expressible(self.field, self.message, span, self.help))
+        return next(check_weights_match(self.message, Span(file=self.file), self.help))
 
 
 def field_span(path: str, text: str, field: str) -> Span:

@@ -5,7 +5,7 @@ Its docstring is the rule's page (`lt2dsl explain CODE`, the docs catalogue): a 
 then the sections *What it checks*, *Why it matters*, *Example* and *Use instead*, each a header
 line ending in `:` followed by an indented block. Codes are stable; the letter is the severity
 (E error, W warning), the first two digits the topic: 00 syntax, 01 names, 02 values,
-03 structure, 04 kernels, 05 shapes, 09 the driver, 99 internal errors.
+03 structure, 04 kernels, 05 shapes, 09 the driver, 10 checkpoint import, 99 internal errors.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ TOPICS = {
     "04": "kernels",
     "05": "shapes",
     "09": "driver",
+    "10": "import",
     "99": "internal",
 }
 # Modules whose import registers rules (docs and `explain` need all of them).
@@ -37,6 +38,7 @@ RULE_MODULES = (
     "lt2dsl.validate.structure",
     "lt2dsl.validate.shapes",
     "lt2dsl.validate.kernels",
+    "lt2dsl.validate.checkpoints",
     "lt2dsl.frontend",
     "lt2dsl.passes.overrides",
     "lt2dsl.cli",

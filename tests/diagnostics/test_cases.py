@@ -21,6 +21,8 @@ NO_CASE = {
     "E0901": "an unreadable file: tests/test_frontend.py::test_unreadable_sources",
     "E9999": "an internal error: tests/test_cli.py::test_internal_error_is_reported_not_raised",
     "E0903": "a source over 128 KiB: tests/diagnostics/test_inputs.py::test_sources_over_the_size_limit",
+    "E1001": "import: tests/hf/test_cli.py::test_unsupported_feature_is_a_diagnostic_naming_the_field",
+    "E1002": "import: tests/hf/test_cli.py::test_weights_that_do_not_match_the_config_are_refused",
 }
 if not any(spec.kernel_note for spec in REGISTRY.values()):
     NO_CASE["W0402"] = (

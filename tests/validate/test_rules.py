@@ -9,7 +9,8 @@ from lt2dsl.validate import KERNELS, SHAPES, SURFACE
 from lt2dsl.validate.rules import RULES, SECTIONS, all_rules
 
 PIPELINE = (*SURFACE, *SHAPES, *KERNELS)
-CHECKS = {code: r for code, r in all_rules().items() if r.topic not in ("syntax", "driver", "internal")}
+NOT_PROGRAMS = ("syntax", "driver", "import", "internal")  # topics whose examples are not `.lt2` programs
+CHECKS = {code: r for code, r in all_rules().items() if r.topic not in NOT_PROGRAMS}
 NEEDS_NOTE = not any(s.kernel_note for s in REGISTRY.values())
 # Codes whose example is abridged (it needs 65 lines), and where the whole one is tested.
 ABRIDGED = {"E0206": "tests/validate/test_limits.py::test_let_chain_past_the_nesting_limit"}
