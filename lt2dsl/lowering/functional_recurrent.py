@@ -73,6 +73,17 @@ def conv_silu(
     return short_conv(x, weight, None, entry, f"{name}_conv", cu_seqlens=cu_seqlens)
 
 
+def conv_qkv(module: nn.Module, x: torch.Tensor, entry, v_heads: int, v_dim: int, cu_seqlens=None):
+    """fla's delta-rule q, k, v from x `[B, T, D]`: `q_proj`/`k_proj`/`v_proj` of `module`, each
+    through `conv_silu` (width `module.W`) → q, k `[B, T, H, K]` (`module.H`, `module.K`), v
+    `[B, T, v_heads, v_dim]`."""
+    H, K, W = module.H, module.K, module.W
+    q = conv_silu(module, module.q_proj(x), "q", entry, W, cu_seqlens).unflatten(-1, (H, K))
+    k = conv_silu(module, module.k_proj(x), "k", entry, W, cu_seqlens).unflatten(-1, (H, K))
+    v = conv_silu(module, module.v_proj(x), "v", entry, W, cu_seqlens).unflatten(-1, (v_heads, v_dim))
+    return q, k, v
+
+
 def depthwise_conv(channels: int, width: int) -> nn.Conv1d:
     """A depthwise causal conv's weight holder `[C, 1, W]` without bias (PyTorch's default init, as fla)."""
     return nn.Conv1d(channels, channels, width, groups=channels, bias=False)

@@ -7,7 +7,7 @@ import torch
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     check_input,
-    conv_silu,
+    conv_qkv,
     delta_rule_core,
     depthwise_conv,
     init_linears,
@@ -49,9 +49,7 @@ class DeltaNet(MixerLayer):
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, K]` and the conv buffers."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
-        q = conv_silu(self, self.q_proj(x), "q", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
-        k = conv_silu(self, self.k_proj(x), "k", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
-        v = conv_silu(self, self.v_proj(x), "v", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
+        q, k, v = conv_qkv(self, x, entry, self.H, self.K, cu_seqlens)
         beta = torch.sigmoid(self.b_proj(x).to(math_dtype(self)))  # [B, T, H]
         o = delta_rule_core(q, k, v, beta, entry, scale=self.K**-0.5, **self.core_kwargs(cu_seqlens))
         gate = self.g_proj(x).unflatten(-1, (self.H, self.K)) if self.opts["gate"] else None

@@ -10,7 +10,7 @@ from lt2dsl.ir.specs.gdn import dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     check_input,
-    conv_silu,
+    conv_qkv,
     depthwise_conv,
     gated_delta_rule_core,
     init_A_log,
@@ -63,9 +63,7 @@ class GatedDeltaNet(MixerLayer):
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, HV, K, V]` and the conv buffers."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
-        q = conv_silu(self, self.q_proj(x), "q", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
-        k = conv_silu(self, self.k_proj(x), "k", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
-        v = conv_silu(self, self.v_proj(x), "v", entry, self.W, cu_seqlens).unflatten(-1, (self.HV, self.V))
+        q, k, v = conv_qkv(self, x, entry, self.HV, self.V, cu_seqlens)
         gd = math_dtype(self)
         A = self.A_log.to(gd).exp()
         g = -A * F.softplus(self.a_proj(x).to(gd) + self.dt_bias.to(gd))  # [B, T, HV]

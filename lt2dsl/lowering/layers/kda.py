@@ -10,7 +10,7 @@ from lt2dsl.ir.specs.kda import dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     check_input,
-    conv_silu,
+    conv_qkv,
     depthwise_conv,
     init_A_log,
     init_dt_bias,
@@ -68,9 +68,7 @@ class KimiDeltaAttention(MixerLayer):
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, HV, K, V]` and the conv buffers."""
         check_input(x, self.cfg.dim, param_dtype(self), self.kind)
-        q = conv_silu(self, self.q_proj(x), "q", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
-        k = conv_silu(self, self.k_proj(x), "k", entry, self.W, cu_seqlens).unflatten(-1, (self.H, self.K))
-        v = conv_silu(self, self.v_proj(x), "v", entry, self.W, cu_seqlens).unflatten(-1, (self.HV, self.V))
+        q, k, v = conv_qkv(self, x, entry, self.HV, self.V, cu_seqlens)
         gd = math_dtype(self)
         f = (self.f_proj(x).to(gd) + self.dt_bias.to(gd)).unflatten(-1, (self.HV, self.K))
         A = self.A_log.to(gd).exp()[:, None]  # [HV, 1]
