@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lt2dsl.train.loss import IGNORE, accumulate, stored_grads
+from lt2dsl.train.loss import IGNORE, accumulate, save_grads, stored_grads, wide_dtype
 
 
 def linear_kd_loss(
@@ -79,8 +79,7 @@ class _LinearKD(torch.autograd.Function):
         need = ctx.needs_input_grad[:2] if grads else (False, False)
         total, dh, dw = accumulate(h, weight, chunk, dtype, chunk_loss, *need)
         if grads:
-            ctx.save_for_backward(dh, dw)
-            ctx.weight_dtype = weight.dtype
+            save_grads(ctx, dh, dw, weight)
         return total
 
     @staticmethod
@@ -92,7 +91,7 @@ def _chunk(s: torch.Tensor, t: torch.Tensor, y: torch.Tensor, terms: tuple, grad
     """Loss sum of one chunk from its student logits `s` and teacher logits `t` `[n, V]`, and
     d(loss)/d(s) in the wide dtype (None without gradients)."""
     kl_w, ce_w, tau = terms
-    wide = torch.float64 if s.dtype == torch.float64 else torch.float32
+    wide = wide_dtype(s.dtype)
     s, t = s.to(wide), t.to(wide)
     valid = y != IGNORE
     loss = torch.zeros((), dtype=wide, device=s.device)

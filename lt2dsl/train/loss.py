@@ -40,15 +40,20 @@ def linear_cross_entropy(
         torch.Tensor: a scalar fp32 (float64 for float64 inputs) sum; divide by the number of
         labelled tokens for the mean.
     """
-    if hidden.shape[:-1] != labels.shape:
-        raise ValueError(f"hidden {list(hidden.shape)} and labels {list(labels.shape)} disagree")
-    h = hidden.reshape(-1, hidden.shape[-1])
-    y = labels.reshape(-1)
+    h, y = token_rows(hidden, labels)
     dtype = dtype or hidden.dtype
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(h, weight, y, int(chunk), dtype)
     with torch.no_grad():
         return accumulate(h, weight, chunk, dtype, lambda rows, logits: _chunk(logits, y[rows], False))[0]
+
+
+def token_rows(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden `[..., D]` and labels `[...]` as rows `[N, D]` and `[N]`; a ValueError when the
+    leading dims disagree."""
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"hidden {list(hidden.shape)} and labels {list(labels.shape)} disagree")
+    return hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
 
 
 def accumulate(h, weight, chunk: int, dtype: torch.dtype, chunk_loss, need_dh=False, need_dw=False):
@@ -59,7 +64,7 @@ def accumulate(h, weight, chunk: int, dtype: torch.dtype, chunk_loss, need_dh=Fa
     is needed). Returns the total and the gradients of `h` and of `weight` `[V, D]` where asked
     (else None), accumulated in the wide dtype, under no autocast.
     """
-    wide = _wide(dtype)
+    wide = wide_dtype(dtype)
     total = torch.zeros((), dtype=wide, device=h.device)
     dh = torch.empty_like(h) if need_dh else None
     dw = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_dw else None
@@ -74,6 +79,12 @@ def accumulate(h, weight, chunk: int, dtype: torch.dtype, chunk_loss, need_dh=Fa
             if dw is not None:
                 dw += g.t() @ h[rows].to(wide)
     return total, dh, dw
+
+
+def save_grads(ctx, dh: torch.Tensor | None, dw: torch.Tensor | None, weight: torch.Tensor) -> None:
+    """Keep a chunked loss's gradients (from `accumulate`) for `stored_grads`."""
+    ctx.save_for_backward(dh, dw)
+    ctx.weight_dtype = weight.dtype
 
 
 def stored_grads(ctx, grad_out: torch.Tensor, inputs: int) -> tuple:
@@ -96,8 +107,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             lambda rows, logits: _chunk(logits, labels[rows], True),
             *ctx.needs_input_grad[:2],
         )
-        ctx.save_for_backward(dh, dw)
-        ctx.weight_dtype = weight.dtype
+        save_grads(ctx, dh, dw, weight)
         return total
 
     @staticmethod
@@ -105,7 +115,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return stored_grads(ctx, grad_out, 5)
 
 
-def _wide(dtype: torch.dtype) -> torch.dtype:
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
     """Loss and gradient accumulation dtype: fp32, float64 for float64 inputs (exact tests)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -113,7 +123,7 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 def _chunk(logits: torch.Tensor, y: torch.Tensor, grads: bool):
     """Loss sum of one chunk from its logits `[n, V]`, and d(loss)/d(logits) in the wide dtype
     (None without gradients)."""
-    logits = logits.to(_wide(logits.dtype))
+    logits = logits.to(wide_dtype(logits.dtype))
     loss = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
     if not grads:
         return loss, None
@@ -145,11 +155,9 @@ def label_hits(
     Returns:
         torch.Tensor: a scalar int64 count on `hidden`'s device.
     """
-    if hidden.shape[:-1] != labels.shape:
-        raise ValueError(f"hidden {list(hidden.shape)} and labels {list(labels.shape)} disagree")
-    y = labels.reshape(-1).to(hidden.device)
+    h, y = token_rows(hidden, labels)
+    y = y.to(hidden.device)
     at = (y != IGNORE).nonzero().squeeze(1)  # [n] the labelled tokens
-    h = hidden.reshape(-1, hidden.shape[-1])
     dtype = dtype or hidden.dtype
     w = weight.to(dtype)
     hits = torch.zeros((), dtype=torch.int64, device=hidden.device)
