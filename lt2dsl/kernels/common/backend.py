@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -54,6 +55,20 @@ def pick_backend(backend: str, x: torch.Tensor) -> str:
             "backend='triton' supports float32, bfloat16 and float16; use 'reference' for float64"
         )
     return which
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Sizes of one call of a linear-attention op: batch B, time T, q/k heads H, value heads HV (a
+    multiple of H: value head j reads q/k head j // (HV // H)), head dims K and V, sequences N."""
+
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    N: int
 
 
 def check_shape(name: str, t: torch.Tensor, expected: Sequence[int | None], what: str) -> None:

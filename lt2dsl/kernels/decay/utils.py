@@ -7,29 +7,9 @@ j // (HV // H)) and keep recurrent states in fp32 (float64 when the inputs are f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..common.backend import check_float, check_shape
-
-
-@dataclass(frozen=True)
-class Dims:
-    """Sizes of one call: batch B, time T, q/k heads H, value heads HV, K, V, sequences N."""
-
-    B: int
-    T: int
-    H: int
-    HV: int
-    K: int
-    V: int
-    N: int
-
-    @property
-    def group(self) -> int:
-        """Value heads per q/k head (GVA group size)."""
-        return self.HV // self.H
+from ..common.backend import Dims, check_float, check_shape
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens) -> Dims:

@@ -9,32 +9,13 @@ The three ops (`gated_delta_rule`, `delta_rule`, `kda`) take the same tensors ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
 
-from lt2dsl.kernels.common.backend import check_float, check_shape
+from lt2dsl.kernels.common.backend import Dims, check_float, check_shape
 
 GATES = ("none", "scalar", "channel")
-
-
-@dataclass(frozen=True)
-class DeltaDims:
-    """Sizes of one call: batch B, length T, q/k heads H, value heads HV, dims K and V, states N."""
-
-    B: int
-    T: int
-    H: int
-    HV: int
-    K: int
-    V: int
-    N: int
-
-    @property
-    def G(self) -> int:
-        """Value heads per q/k head (grouped value heads)."""
-        return self.HV // self.H
 
 
 def check_delta_args(
@@ -47,7 +28,7 @@ def check_delta_args(
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
     inplace_final_state: bool = False,
-) -> DeltaDims:
+) -> Dims:
     """Validate the tensors of a delta-rule call and return its sizes; raise ValueError otherwise."""
     check_shape("q", q, [None] * 4, "[B, T, H, K]")
     B, T, H, K = q.shape
@@ -68,7 +49,7 @@ def check_delta_args(
         check_float("initial_state", initial_state)
     if inplace_final_state and initial_state is None:
         raise ValueError("inplace_final_state=True needs an `initial_state` tensor to write into")
-    return DeltaDims(B, T, H, HV, K, V, N)
+    return Dims(B, T, H, HV, K, V, N)
 
 
 def _check_gate(g: torch.Tensor | None, gate: str, B: int, T: int, HV: int, K: int) -> None:
