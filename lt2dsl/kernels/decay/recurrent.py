@@ -135,11 +135,6 @@ def recurrent_flops(q_shape, v_shape) -> int:
     return 5 * B * T * HV * K * V
 
 
-@register_flop_formula(torch.ops.lt2dsl.decay_fused_recurrent)
+@register_flop_formula([torch.ops.lt2dsl.decay_fused_recurrent, torch.ops.lt2dsl.decay_fused_recurrent_])
 def _flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    return recurrent_flops(q_shape, v_shape)
-
-
-@register_flop_formula(torch.ops.lt2dsl.decay_fused_recurrent_)
-def _flops_(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
     return recurrent_flops(q_shape, v_shape)
