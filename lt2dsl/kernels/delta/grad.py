@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.delta.helpers import chunk_coords, mm, mm_xr, mm_xr_acc, mm_xx, rcumsum, rsum
+from lt2dsl.kernels.delta.helpers import chunk_head, mm, mm_xr, mm_xr_acc, mm_xx, rcumsum, rsum
 from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_tile, load_tile_t, store_tile
 
 
@@ -67,9 +67,7 @@ def delta_grad_cc_kernel(
     PREC: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     DT = q.dtype.element_ty
     L, r0, b64 = eos - bos, i_t * BT, bos.to(tl.int64)
     v_base = (b64 * HV + i_hv) * V
@@ -159,10 +157,7 @@ def delta_grad_k_kernel(
     PREC: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
+    i_hv, i_h, i_t, bos, eos, i_g = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     DT = q.dtype.element_ty
     L, r0, b64 = eos - bos, i_t * BT, bos.to(tl.int64)
     v_base = (b64 * HV + i_hv) * V
@@ -265,9 +260,7 @@ def delta_grad_final_kernel(
     IS_VARLEN: tl.constexpr,
 ):
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
+    i_hv, _, i_t, bos, eos, i_g = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, HV, HV, BT, IS_VARLEN)
     L, r0 = eos - bos, i_t * BT
     ot = tl.arange(0, BT)
     rows = bos.to(tl.int64) + r0 + ot

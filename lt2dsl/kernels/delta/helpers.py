@@ -181,6 +181,47 @@ def seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: t
 
 
 @helper
+def chunk_head(
+    i_c,
+    i_bh,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """(value head, q/k head, chunk index in its sequence, bos, eos, index of the chunk in
+    chunk-indexed buffers) of chunk program (i_c, i_bh = batch row * HV + value head); value head j
+    reads q/k head j // (HV // H)."""
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
+    return i_hv, i_h, i_t, bos, eos, i_g
+
+
+@helper
+def seq_head(
+    i_nh,
+    cu_seqlens,
+    chunk_offsets,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """(value head, q/k head, bos, eos, number of chunks, index of the first chunk in chunk-indexed
+    buffers) of sequence program i_nh = sequence * HV + value head."""
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    return i_hv, i_h, bos, eos, NT, boh
+
+
+@helper
 def stack4(X0, X1, X2, X3):
     """Four equal 2-D tiles as one `[4, M, N]` tensor (sub-chunk index first)."""
     blk = tl.arange(0, 4)[:, None, None]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.delta.helpers import chunk_coords, helper, load_vec16, mm, rcumsum, rsum
+from lt2dsl.kernels.delta.helpers import chunk_head, helper, load_vec16, mm, rcumsum, rsum
 from lt2dsl.kernels.delta.kda_prep import sub_chunks
 
 
@@ -219,9 +219,7 @@ def kda_grad_intra_kernel(
     SPAN: tl.constexpr,
 ):
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT
     ok = i_k * BK + tl.arange(0, BK)
     m_k = ok < K

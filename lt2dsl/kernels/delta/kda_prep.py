@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.delta.helpers import (
-    chunk_coords,
+    chunk_head,
     helper,
     inv_unit_lower64,
     load_vec16,
@@ -196,9 +196,7 @@ def kda_intra_fwd_kernel(
     WANT_Q: tl.constexpr = PART == 1
     WANT_K: tl.constexpr = PART == 2
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT
     pq, pk = q + i_h * K, k + i_h * K
     pg, pgc = g + i_hv * K, gcum + i_hv * K

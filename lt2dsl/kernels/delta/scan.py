@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.tl_util import cast, helper
-from lt2dsl.kernels.delta.helpers import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords
+from lt2dsl.kernels.delta.helpers import causal_scores, chunk_head, mm, mm_xr, mm_xx, seq_head
 from lt2dsl.kernels.delta.tiles import (
     gate_factors,
     load_chunk_gate,
@@ -66,9 +66,7 @@ def delta_h_fwd_kernel(
     PREC: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    i_hv, i_h, bos, eos, NT, boh = seq_head(i_nh, cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
     DT = k.dtype.element_ty
     L = eos - bos
     b64 = bos.to(tl.int64)
@@ -197,9 +195,7 @@ def delta_hot_fwd_kernel(
     writes neither."""
     tl.static_assert(GATE <= 1, "the fused scan takes no gate or a scalar one")
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    i_hv, i_h, bos, eos, NT, boh = seq_head(i_nh, cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
     DT = k.dtype.element_ty
     L = eos - bos
     b64 = bos.to(tl.int64)
@@ -271,10 +267,7 @@ def delta_o_fwd_kernel(
     PREC: tl.constexpr,
 ):
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
-    i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
+    i_hv, i_h, i_t, bos, eos, i_g = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT
     n = eos - t0
     DT = q.dtype.element_ty

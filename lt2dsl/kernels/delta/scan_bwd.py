@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.tl_util import cast
-from lt2dsl.kernels.delta.helpers import causal_scores, chunk_coords, mm, mm_xr, mm_xx, seq_coords, split16
+from lt2dsl.kernels.delta.helpers import causal_scores, chunk_head, mm, mm_xr, mm_xx, seq_head, split16
 from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_square, load_tile, store_tile
 
 
@@ -39,9 +39,7 @@ def delta_w_kernel(
     """W = T Diag(β) (K ⊙ γ) `[B*T, HV, K]` of one chunk, in the input dtype, for the reverse scan
     (recomputed rather than kept from the forward)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT
     n = eos - t0
     DT = k.dtype.element_ty
@@ -89,9 +87,7 @@ def delta_du0_kernel(
     """The chunk-local part of dU', Pᵀ dO `[B*T, HV, V]` fp32, for every chunk at once (backward of
     the output's intra-chunk term; the reverse scan adds (K ⊙ e^{b_C − b}) dS')."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT
     n = eos - t0
     DT = q.dtype.element_ty
@@ -160,9 +156,7 @@ def delta_dh_bwd_kernel(
     """
     tl.static_assert(GATE == 0 or not D16, "the 16-bit reverse scan is the gate-free one")
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    i_hv, i_h, bos, eos, NT, boh = seq_head(i_nh, cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
     DT = q.dtype.element_ty
     L = eos - bos
     b64 = bos.to(tl.int64)
@@ -235,8 +229,7 @@ def delta_y_kernel(
     """Y = Tᵀ dU' `[B*T, HV, V]` (fp32) per (V tile, chunk). Out of place: the autotuner runs a
     kernel several times on the same buffers, so no autotuned kernel may read what it writes."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_hv, _, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, HV, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT
     n = eos - t0
     off = (t0.to(tl.int64) * HV + i_hv) * V

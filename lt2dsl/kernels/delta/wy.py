@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.delta.helpers import (
-    chunk_coords,
+    chunk_head,
     helper,
     inv_block_lower64,
     mm,
@@ -64,9 +64,7 @@ def delta_wy_rows_kernel(
     writes, reads and the final T over Ainv within the program.
     """
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
+    i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT
     n = eos - t0
     t64 = t0.to(tl.int64)
