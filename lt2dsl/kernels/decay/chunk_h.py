@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.tiles import block, cast, dot_precision, load_tile, load_vec, mma, store_tile, tuned
+from ..common.tiles import block, cast, device_fn, dot_precision, load_tile, load_vec, mma, store_tile, tuned
 from .chunks import Varlen, seq_span
 
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
@@ -29,6 +29,37 @@ _STATE_CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     triton.Config({}, num_warps=2, num_stages=3),
 ]
+
+
+@device_fn
+def chunk_gate(
+    g,
+    bos,
+    i_hv,
+    i_t,
+    i_k,
+    o_k,
+    T,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    G_MODE: tl.constexpr,
+):
+    """Log decays of chunk i_t of the sequence starting at token bos, value head i_hv: (at the
+    chunk's last token, at each of its tokens); a scalar and `[BT]` for a per-head gate (G_MODE 1),
+    `[BK]` and `[BK, BT]` (key channels o_k = i_k * BK + arange(BK), transposed) for a per-channel
+    one (G_MODE 2)."""
+    last = tl.minimum((i_t + 1) * BT, T) - 1
+    if G_MODE == 1:
+        p_g = g + bos * HV + i_hv
+        b_glast = tl.load(p_g + last * HV)
+        b_g = load_vec(p_g, i_t * BT, T, HV, BT)
+    else:
+        p_g = g + (bos * HV + i_hv) * K
+        b_glast = tl.load(p_g + last * HV * K + o_k, mask=o_k < K, other=0.0)
+        b_g = load_tile(p_g, i_k * BK, i_t * BT, K, T, 1, HV * K, BK, BT)
+    return b_glast, b_g
 
 
 @tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
@@ -75,19 +106,14 @@ def chunk_fwd_h_kernel(
         # [BK, BT]: kᵀ loaded transposed
         b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
         b_v = load_tile(v, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-        last = tl.minimum((i_t + 1) * BT, T) - 1
+        if G_MODE > 0:
+            b_glast, b_g = chunk_gate(g, bos, i_hv, i_t, i_k, o_k, T, HV, K, BT, BK, G_MODE)
         if G_MODE == 1:
-            p_g = g + bos * HV + i_hv
-            b_glast = tl.load(p_g + last * HV)
-            b_g = load_vec(p_g, i_t * BT, T, HV, BT)
             b_h *= tl.exp(b_glast)
             b_v = cast(b_v * tl.exp(b_glast - b_g)[:, None], b_v.dtype)
         if G_MODE == 2:
-            p_g = g + (bos * HV + i_hv) * K
-            b_glast = tl.load(p_g + last * HV * K + o_k, mask=o_k < K, other=0.0)
-            b_gT = load_tile(p_g, i_k * BK, i_t * BT, K, T, 1, HV * K, BK, BT)
             b_h *= tl.exp(b_glast)[:, None]
-            b_kT = cast(b_kT * tl.exp(b_glast[:, None] - b_gT), b_kT.dtype)
+            b_kT = cast(b_kT * tl.exp(b_glast[:, None] - b_g), b_kT.dtype)
         b_h += mma(b_kT, b_v, PREC)
     if STORE_HT:
         store_tile(ht + i_nh.to(tl.int64) * K * V, b_h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
@@ -137,22 +163,17 @@ def chunk_bwd_dh_kernel(
         store_tile(p_dh, b_dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
         b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
         b_do = load_tile(do, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-        last = tl.minimum((i_t + 1) * BT, T) - 1
         if G_MODE == 0:
             # fp32 before scaling: a 16-bit tile times a scalar stays 16-bit (and the interpreter
             # gets bf16 arithmetic wrong)
             b_qT = cast(b_qT.to(tl.float32) * scale, b_qT.dtype)
+        if G_MODE > 0:
+            b_glast, b_g = chunk_gate(g, bos, i_hv, i_t, i_k, o_k, T, HV, K, BT, BK, G_MODE)
         if G_MODE == 1:
-            p_g = g + bos * HV + i_hv
-            b_glast = tl.load(p_g + last * HV)
-            b_g = load_vec(p_g, i_t * BT, T, HV, BT)
             b_qT = cast(b_qT * (tl.exp(b_g) * scale)[None, :], b_qT.dtype)
             b_dh *= tl.exp(b_glast)
         if G_MODE == 2:
-            p_g = g + (bos * HV + i_hv) * K
-            b_glast = tl.load(p_g + last * HV * K + o_k, mask=o_k < K, other=0.0)
-            b_gT = load_tile(p_g, i_k * BK, i_t * BT, K, T, 1, HV * K, BK, BT)
-            b_qT = cast(b_qT * tl.exp(b_gT) * scale, b_qT.dtype)
+            b_qT = cast(b_qT * tl.exp(b_g) * scale, b_qT.dtype)
             b_dh *= tl.exp(b_glast)[:, None]
         b_dh += mma(b_qT, cast(b_do, b_qT.dtype), PREC)
     if STORE_DH0:
