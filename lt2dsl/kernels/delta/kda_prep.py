@@ -167,6 +167,28 @@ def diag16(xq, xk, bI, c, pk, pg, t0, I: tl.constexpr, eos, KS: tl.constexpr, GS
     return Aq, Ak
 
 
+@helper
+def add_parts(acc_q, acc_k, x_q, x_k, WANT_Q: tl.constexpr, WANT_K: tl.constexpr):
+    """(acc_q + x_q, acc_k + x_k), each sum formed only where the launch wants that part; the other
+    accumulator passes through unchanged."""
+    if WANT_Q:
+        acc_q += x_q
+    if WANT_K:
+        acc_k += x_k
+    return acc_q, acc_k
+
+
+@helper
+def add_scores(acc_q, acc_k, xs, ks, kr, DOT: tl.constexpr, WANT_Q: tl.constexpr, WANT_K: tl.constexpr):
+    """`add_parts` of the off-diagonal blocks xs·kr and ks·kr (`[16, 16]`), each dot formed only where
+    the launch wants that part."""
+    if WANT_Q:
+        acc_q += mm(xs, kr, DOT)
+    if WANT_K:
+        acc_k += mm(ks, kr, DOT)
+    return acc_q, acc_k
+
+
 @triton.jit
 def kda_intra_fwd_kernel(
     q,
@@ -219,61 +241,31 @@ def kda_intra_fwd_kernel(
         c = tl.zeros([BK], dtype=tl.float32)
         xs, ks, A, Kk, ke0, c = sub_chunk(pq, pk, pg, pgc, t0, 0, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
-        if WANT_Q:
-            d0 += A
-        if WANT_K:
-            e0 += Kk
+        d0, e0 = add_parts(d0, e0, A, Kk, WANT_Q, WANT_K)
         c1 = c
         xs, ks, A, Kk, ke1, c = sub_chunk(pq, pk, pg, pgc, t0, 1, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
-        if WANT_Q:
-            d1 += A
-        if WANT_K:
-            e1 += Kk
+        d1, e1 = add_parts(d1, e1, A, Kk, WANT_Q, WANT_K)
         kr = tl.trans(ke0)
-        if WANT_Q:
-            q10 += mm(xs, kr, DOT)
-        if WANT_K:
-            a10 += mm(ks, kr, DOT)
+        q10, a10 = add_scores(q10, a10, xs, ks, kr, DOT, WANT_Q, WANT_K)
         c2 = c
         xs, ks, A, Kk, ke2, c = sub_chunk(pq, pk, pg, pgc, t0, 2, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
-        if WANT_Q:
-            d2 += A
-        if WANT_K:
-            e2 += Kk
+        d2, e2 = add_parts(d2, e2, A, Kk, WANT_Q, WANT_K)
         kr = tl.trans(rescale(ke0, c2 - c1))
-        if WANT_Q:
-            q20 += mm(xs, kr, DOT)
-        if WANT_K:
-            a20 += mm(ks, kr, DOT)
+        q20, a20 = add_scores(q20, a20, xs, ks, kr, DOT, WANT_Q, WANT_K)
         kr = tl.trans(ke1)
-        if WANT_Q:
-            q21 += mm(xs, kr, DOT)
-        if WANT_K:
-            a21 += mm(ks, kr, DOT)
+        q21, a21 = add_scores(q21, a21, xs, ks, kr, DOT, WANT_Q, WANT_K)
         c3 = c
         xs, ks, A, Kk, ke3, c = sub_chunk(pq, pk, pg, pgc, t0, 3, eos, c, H * K, HV * K, ok, m_k, DOT,
                                           SPAN, WANT_Q, WANT_K)  # fmt: skip
-        if WANT_Q:
-            d3 += A
-        if WANT_K:
-            e3 += Kk
+        d3, e3 = add_parts(d3, e3, A, Kk, WANT_Q, WANT_K)
         kr = tl.trans(rescale(ke0, c3 - c1))
-        if WANT_Q:
-            q30 += mm(xs, kr, DOT)
-        if WANT_K:
-            a30 += mm(ks, kr, DOT)
+        q30, a30 = add_scores(q30, a30, xs, ks, kr, DOT, WANT_Q, WANT_K)
         kr = tl.trans(rescale(ke1, c3 - c2))
-        if WANT_Q:
-            q31 += mm(xs, kr, DOT)
-        if WANT_K:
-            a31 += mm(ks, kr, DOT)
+        q31, a31 = add_scores(q31, a31, xs, ks, kr, DOT, WANT_Q, WANT_K)
         kr = tl.trans(ke2)
-        if WANT_Q:
-            q32 += mm(xs, kr, DOT)
-        if WANT_K:
-            a32 += mm(ks, kr, DOT)
+        q32, a32 = add_scores(q32, a32, xs, ks, kr, DOT, WANT_Q, WANT_K)
 
     o = tl.arange(0, 16)
     strict = o[:, None] > o[None, :]
