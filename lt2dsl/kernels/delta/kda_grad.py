@@ -147,6 +147,17 @@ def off_pair(
 
 
 @helper
+def add_off_pair(
+    dqI, zI, dkaJ, dkbJ, MA, MB, t0, eos, i_hv, I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr,
+    BT: tl.constexpr, qI, kI, bI, beI, ref, kJ, bJ, DOT: tl.constexpr,
+):  # fmt: skip
+    """Block (I, J)'s `off_pair` added to sub-chunk I's (dq / s, Z) and sub-chunk J's (dk from Aqk / s,
+    dk from Akk)."""
+    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, I, J, HV, BT, qI, kI, bI, beI, ref, kJ, bJ, DOT)
+    return dqI + xq, zI + xz, dkaJ + xa, dkbJ + xb
+
+
+@helper
 def diag_pair(
     MA, MB, pq, pk, pb, pMA, pMB, t0, I: tl.constexpr, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr,
     qI, kI, bI, beI, c, c_next, b_last, ok, m_k, KS: tl.constexpr, GS: tl.constexpr, MS: tl.constexpr,
@@ -257,36 +268,18 @@ def kda_grad_intra_kernel(
                                     c3, b_last, b_last, ok, m_k, H * K, HV * K, MS, DOT,
                                     SPAN)  # fmt: skip
 
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 1, 0, HV, BT, q1, k1, b1, be1, c1, k0, b0, DOT)
-    dq1 += xq
-    z1 += xz
-    dka0 += xa
-    dkb0 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 0, HV, BT, q2, k2, b2, be2, c2, k0, b0, DOT)
-    dq2 += xq
-    z2 += xz
-    dka0 += xa
-    dkb0 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 2, 1, HV, BT, q2, k2, b2, be2, c2, k1, b1, DOT)
-    dq2 += xq
-    z2 += xz
-    dka1 += xa
-    dkb1 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 0, HV, BT, q3, k3, b3, be3, c3, k0, b0, DOT)
-    dq3 += xq
-    z3 += xz
-    dka0 += xa
-    dkb0 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 1, HV, BT, q3, k3, b3, be3, c3, k1, b1, DOT)
-    dq3 += xq
-    z3 += xz
-    dka1 += xa
-    dkb1 += xb
-    xq, xz, xa, xb = off_pair(MA, MB, t0, eos, i_hv, 3, 2, HV, BT, q3, k3, b3, be3, c3, k2, b2, DOT)
-    dq3 += xq
-    z3 += xz
-    dka2 += xa
-    dkb2 += xb
+    dq1, z1, dka0, dkb0 = add_off_pair(dq1, z1, dka0, dkb0, MA, MB, t0, eos, i_hv, 1, 0, HV, BT,
+                                       q1, k1, b1, be1, c1, k0, b0, DOT)  # fmt: skip
+    dq2, z2, dka0, dkb0 = add_off_pair(dq2, z2, dka0, dkb0, MA, MB, t0, eos, i_hv, 2, 0, HV, BT,
+                                       q2, k2, b2, be2, c2, k0, b0, DOT)  # fmt: skip
+    dq2, z2, dka1, dkb1 = add_off_pair(dq2, z2, dka1, dkb1, MA, MB, t0, eos, i_hv, 2, 1, HV, BT,
+                                       q2, k2, b2, be2, c2, k1, b1, DOT)  # fmt: skip
+    dq3, z3, dka0, dkb0 = add_off_pair(dq3, z3, dka0, dkb0, MA, MB, t0, eos, i_hv, 3, 0, HV, BT,
+                                       q3, k3, b3, be3, c3, k0, b0, DOT)  # fmt: skip
+    dq3, z3, dka1, dkb1 = add_off_pair(dq3, z3, dka1, dkb1, MA, MB, t0, eos, i_hv, 3, 1, HV, BT,
+                                       q3, k3, b3, be3, c3, k1, b1, DOT)  # fmt: skip
+    dq3, z3, dka2, dkb2 = add_off_pair(dq3, z3, dka2, dkb2, MA, MB, t0, eos, i_hv, 3, 2, HV, BT,
+                                       q3, k3, b3, be3, c3, k2, b2, DOT)  # fmt: skip
 
     # Write dq, dk, and dg = the reverse cumulative sum of db over the chunk, last sub-chunk first
     # (`carry`: Σ db of the sub-chunks after the current one).
