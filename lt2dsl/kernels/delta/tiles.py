@@ -13,6 +13,35 @@ from lt2dsl.kernels.common.tl_util import cast, helper
 
 
 @helper
+def tile_at(
+    base,
+    r0,
+    n_rows,
+    STRIDE: tl.constexpr,
+    c0,
+    D: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+):
+    """(pointers, mask) of the `load_tile` tile, `[BR, BC]` or, TRANSPOSED, `[BC, BR]`: rows ≥ n_rows
+    masked, columns ≥ D masked only when D is not a multiple of BC (so the access stays vectorised)."""
+    orow = r0 + tl.arange(0, BR)
+    ocol = c0 + tl.arange(0, BC)
+    if TRANSPOSED:
+        p = base + orow[None, :] * STRIDE + ocol[:, None]
+        m = (orow < n_rows)[None, :]
+        if D % BC != 0:
+            m = m & (ocol < D)[:, None]
+    else:
+        p = base + orow[:, None] * STRIDE + ocol[None, :]
+        m = (orow < n_rows)[:, None]
+        if D % BC != 0:
+            m = m & (ocol < D)[None, :]
+    return p, m
+
+
+@helper
 def load_tile(
     base,
     r0,
@@ -28,14 +57,8 @@ def load_tile(
     Rows ≥ n_rows and columns ≥ D read 0. Offsets are int32 relative to the (int64) scalar base;
     when D is a multiple of BC only the rows are masked, which keeps the loads vectorised.
     """
-    orow = r0 + tl.arange(0, BR)
-    ocol = c0 + tl.arange(0, BC)
-    p = base + orow[:, None] * STRIDE + ocol[None, :]
-    if D % BC == 0:
-        x = tl.load(p, mask=(orow < n_rows)[:, None], other=0.0)
-    else:
-        x = tl.load(p, mask=(orow < n_rows)[:, None] & (ocol < D)[None, :], other=0.0)
-    return x
+    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, False)
+    return tl.load(p, mask=m, other=0.0)
 
 
 @helper
@@ -43,13 +66,8 @@ def store_tile(
     base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
 ):
     """Store `x` `[BR, BC]` where `load_tile` reads (same masks), cast to the buffer's dtype."""
-    orow = r0 + tl.arange(0, BR)
-    ocol = c0 + tl.arange(0, BC)
-    p = base + orow[:, None] * STRIDE + ocol[None, :]
-    if D % BC == 0:
-        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[:, None])
-    else:
-        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[:, None] & (ocol < D)[None, :])
+    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, False)
+    tl.store(p, cast(x, base.dtype.element_ty), mask=m)
 
 
 @helper
@@ -58,14 +76,8 @@ def load_tile_t(
 ):
     """The `load_tile` tile transposed, `[BC, BR]`, read through transposed pointers (no tile is
     transposed in registers)."""
-    orow = r0 + tl.arange(0, BR)
-    ocol = c0 + tl.arange(0, BC)
-    p = base + orow[None, :] * STRIDE + ocol[:, None]
-    if D % BC == 0:
-        x = tl.load(p, mask=(orow < n_rows)[None, :], other=0.0)
-    else:
-        x = tl.load(p, mask=(orow < n_rows)[None, :] & (ocol < D)[:, None], other=0.0)
-    return x
+    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, True)
+    return tl.load(p, mask=m, other=0.0)
 
 
 @helper
@@ -73,13 +85,8 @@ def store_tile_t(
     base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
 ):
     """Store `x` `[BC, BR]` transposed where `load_tile` reads `[BR, BC]` (same masks)."""
-    orow = r0 + tl.arange(0, BR)
-    ocol = c0 + tl.arange(0, BC)
-    p = base + orow[None, :] * STRIDE + ocol[:, None]
-    if D % BC == 0:
-        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :])
-    else:
-        tl.store(p, cast(x, base.dtype.element_ty), mask=(orow < n_rows)[None, :] & (ocol < D)[:, None])
+    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, True)
+    tl.store(p, cast(x, base.dtype.element_ty), mask=m)
 
 
 @helper
