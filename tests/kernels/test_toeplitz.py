@@ -12,6 +12,7 @@ from lt2dsl.kernels.toeplitz import (
     toeplitz_mix,
     toeplitz_mix_step,
 )
+from lt2dsl.kernels.toeplitz.naive import shift_channels
 from tests.kernels.utils import assert_close
 
 F64 = torch.float64
@@ -79,6 +80,21 @@ def test_kernel_variant_channel_window():
     y[..., 7].sum().backward()
     touched = (x.grad.abs().sum((0, 1)) > 0).nonzero().flatten().tolist()
     assert touched == [5, 6, 7]
+
+
+@pytest.mark.parametrize("shift", [0, 2, 3, 4, 7])
+def test_shift_channels_any_shift(shift):
+    """shift_channels keeps the shape for every shift, zero when the shift reaches C."""
+    x = torch.arange(1.0, 7.0).reshape(2, 3)
+    want = torch.stack(
+        [torch.tensor([row[c - shift].item() if c >= shift else 0.0 for c in range(3)]) for row in x]
+    )
+    assert torch.equal(shift_channels(x, shift), want)
+
+
+def test_shift_channels_negative_is_a_value_error():
+    with pytest.raises(ValueError, match="shift >= 0"):
+        shift_channels(torch.zeros(2, 3), -1)
 
 
 @pytest.mark.parametrize("variant", ["heads", "kernel"])

@@ -12,11 +12,19 @@ import torch
 
 
 def shift_channels(x: torch.Tensor, shift: int) -> torch.Tensor:
-    """x[..., c − shift] along the last dim, zeros where c − shift < 0 (`[..., C]` → `[..., C]`)."""
+    """x[..., c − shift] along the last dim, zeros where c − shift < 0 (`[..., C]` → `[..., C]`).
+
+    A shift of C or more leaves no channel in range: all zeros. A negative shift is a `ValueError`.
+    """
+    if shift < 0:
+        raise ValueError(f"shift_channels: expected a shift >= 0, got {shift}")
     if shift == 0:
         return x
+    C = x.shape[-1]
+    if shift >= C:
+        return torch.zeros_like(x)
     pad = x.new_zeros(*x.shape[:-1], shift)
-    return torch.cat([pad, x[..., : x.shape[-1] - shift]], dim=-1)
+    return torch.cat([pad, x[..., : C - shift]], dim=-1)
 
 
 def naive_toeplitz_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
