@@ -23,7 +23,17 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.tiles import block, cast, dot_precision, load_tile, load_tile_apart, mma, store_tile, tuned
+from ..common.tiles import (
+    block,
+    cast,
+    device_fn,
+    dot_precision,
+    load_tile,
+    load_tile_apart,
+    mma,
+    store_tile,
+    tuned,
+)
 from ..common.tl_util import diag_span
 from ..decay.chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span
@@ -50,6 +60,55 @@ _DQKG_CONFIGS = [triton.Config({}, num_warps=4, num_stages=2), triton.Config({},
 _KEY = ["H", "HV", "K", "V", "BK", "BV"]
 
 
+@device_fn
+def head_chunk(
+    i_t, i_bh, cu_seqlens, chunk_idx, T,
+    BT: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """(value head, its key head, chunk within the sequence, global chunk, sequence start, sequence
+    length) of the program on chunk `i_t` of batch·value-head `i_bh`; HV / H value heads share a key head."""
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    return i_hv, i_h, i_c, i_tg, bos, T
+
+
+@device_fn
+def dqk_state_terms(
+    v, do, h, dh, i_c, i_k, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DS: tl.constexpr, HDH: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Sums over the value blocks of chunk `i_c`, key block `i_k` (v, do at the sequence's value head,
+    h, dh at the chunk's state): dO hᵀ and V dhᵀ `[BT, BK]`; with DS the scores dS = dO Vᵀ and dSᵀ
+    `[BT, BT]` (each formed directly, zeros without); with HDH Σ_v hᵀ ⊙ dhᵀ `[BK]` from loads of its
+    own (`load_tile_apart`: sharing the dots' tiles let the pipeliner race on their buffer)."""
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_v = load_tile(v, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        b_do = load_tile(do, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        if DS:
+            b_vT = load_tile(v, i_v * BV, i_c * BT, V, T, 1, HV * V, BV, BT)
+            b_doT = load_tile(do, i_v * BV, i_c * BT, V, T, 1, HV * V, BV, BT)
+        # hᵀ, dhᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
+        b_hT = load_tile(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        b_dhT = load_tile(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+        if DS:
+            b_ds += mma(b_do, b_vT, PREC)
+            b_dsT += mma(b_v, b_doT, PREC)
+        b_dq += mma(b_do, cast(b_hT, b_do.dtype), PREC)
+        b_dk += mma(b_v, cast(b_dhT, b_v.dtype), PREC)
+        if HDH:
+            b_hT2 = load_tile_apart(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+            b_dhT2 = load_tile_apart(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
+            b_hdh += tl.sum(b_hT2.to(tl.float32) * b_dhT2.to(tl.float32), axis=0)
+    return b_dq, b_dk, b_ds, b_dsT, b_hdh
+
+
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def intra_A_kernel(
@@ -60,9 +119,7 @@ def intra_A_kernel(
 ):  # fmt: skip
     """Row block of query sub-chunk i_i: A[rows of i_i, 0:(i_i + 1)·BC] (`[BC, BC]` blocks)."""
     i_i, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, _, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, _, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     r0 = i_c * BT + i_i * BC
     if r0 >= T:
         return
@@ -130,9 +187,7 @@ def fwd_o_kernel(
     IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     q += (bos * H + i_h) * K
     g += (bos * HV + i_hv) * K
     h += (i_tg * HV + i_hv) * K * V
@@ -162,8 +217,7 @@ def bwd_dA_kernel(
 ):  # fmt: skip
     """dA[r, j] = do_r·v_j for j ≤ r (zero above the diagonal), fp32."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    _, i_c, _, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, _, i_c, _, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     v += (bos * HV + i_hv) * V
     do += (bos * HV + i_hv) * V
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -186,9 +240,7 @@ def bwd_dv_kernel(
 ):  # fmt: skip
     """dv = Aᵀ dO (Aᵀ loaded transposed) + (K ⊙ e^{b_C − b}) dh[c]."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     k += (bos * H + i_h) * K
     g += (bos * HV + i_hv) * K
     dh += (i_tg * HV + i_hv) * K * V
@@ -224,9 +276,7 @@ def bwd_dqk_intra_kernel(
     i_ki, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     NC: tl.constexpr = BT // BC
     i_k, i_i = i_ki // NC, i_ki % NC
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, _, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, _, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     r0 = i_c * BT + i_i * BC
     if r0 >= T:
         return
@@ -314,27 +364,14 @@ def bwd_dqkg_kernel(
 ):  # fmt: skip
     """State terms of dq, dk added to the intra-chunk ones, and dg `[B, T, HV, K]` (fp32)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     v += (bos * HV + i_hv) * V
     do += (bos * HV + i_hv) * V
     h += (i_tg * HV + i_hv) * K * V
     dh += (i_tg * HV + i_hv) * K * V
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        b_v = load_tile(v, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-        b_do = load_tile(do, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-        # hᵀ, dhᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
-        b_hT = load_tile(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_dhT = load_tile(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_dq += mma(b_do, cast(b_hT, b_do.dtype), PREC)
-        b_dk += mma(b_v, cast(b_dhT, b_v.dtype), PREC)
-        b_hT2 = load_tile_apart(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_dhT2 = load_tile_apart(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_hdh += tl.sum(b_hT2.to(tl.float32) * b_dhT2.to(tl.float32), axis=0)
+    b_dq, b_dk, _, _, b_hdh = dqk_state_terms(
+        v, do, h, dh, i_c, i_k, T, HV, K, V, BT, BK, BV, False, True, PREC
+    )
 
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K

@@ -25,7 +25,6 @@ from ..common.tiles import (
     device_fn,
     dot_precision,
     load_tile,
-    load_tile_apart,
     load_vec,
     mma,
     store_tile,
@@ -33,7 +32,8 @@ from ..common.tiles import (
     tuned,
 )
 from ..decay.chunk_h import chunk_bwd_dh, chunk_fwd_h
-from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span
+from ..decay.chunks import Varlen, chunk_local_cumsum
+from ..gla.chunk import dqk_state_terms, head_chunk
 
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
 # loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles
@@ -88,9 +88,7 @@ def fwd_o_kernel(
     HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     h += (i_tg * HV + i_hv) * K * V
@@ -123,9 +121,7 @@ def bwd_dv_kernel(
     HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     dh += (i_tg * HV + i_hv) * K * V
@@ -161,36 +157,15 @@ def bwd_dqkg_kernel(
     HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
-    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     v += (bos * HV + i_hv) * V
     do += (bos * HV + i_hv) * V
     h += (i_tg * HV + i_hv) * K * V
     dh += (i_tg * HV + i_hv) * K * V
 
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    # dS[r, i] = do_r·v_i and its transpose, each formed directly
-    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        b_v = load_tile(v, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-        b_do = load_tile(do, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-        b_vT = load_tile(v, i_v * BV, i_c * BT, V, T, 1, HV * V, BV, BT)
-        b_doT = load_tile(do, i_v * BV, i_c * BT, V, T, 1, HV * V, BV, BT)
-        # hᵀ, dhᵀ `[BV, BK]` loaded transposed from the `[K, V]` states
-        b_hT = load_tile(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_dhT = load_tile(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-        b_ds += mma(b_do, b_vT, PREC)
-        b_dsT += mma(b_v, b_doT, PREC)
-        b_dq += mma(b_do, cast(b_hT, b_do.dtype), PREC)
-        b_dk += mma(b_v, cast(b_dhT, b_v.dtype), PREC)
-        if HAS_G:
-            b_hT2 = load_tile_apart(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-            b_dhT2 = load_tile_apart(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
-            b_hdh += tl.sum(b_hT2.to(tl.float32) * b_dhT2.to(tl.float32), axis=0)
+    b_dq, b_dk, b_ds, b_dsT, b_hdh = dqk_state_terms(
+        v, do, h, dh, i_c, i_k, T, HV, K, V, BT, BK, BV, True, HAS_G, PREC
+    )
 
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
