@@ -24,7 +24,18 @@ from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, new_empty, triton_interpreting
 from ..common.tl_util import cast
 from .recipe import AttnRecipe, default_recipe, ds_applies
-from .triton_fwd import LOG2E, _band, _program_ids, _seq_bounds, band_part, launch_order, varlen_blocks
+from .triton_fwd import (
+    LOG2E,
+    _program_ids,
+    _seq_bounds,
+    band_part,
+    launch_order,
+    load_keys_t,
+    query_band,
+    query_block,
+    varlen_blocks,
+    visible,
+)
 
 
 @triton.jit
@@ -97,24 +108,11 @@ def _dq_inner(
     for n in range(start, end, BN):
         offs_n = n + tl.arange(0, BN)
         in_k = offs_n < Tk_n
-        kt = tl.load(
-            k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
-            mask=in_k[None, :] & (offs_d[:, None] < D),
-            other=0.0,
-        )
-        vt = tl.load(
-            v_ptr + offs_n[None, :] * stride_vt + offs_dv[:, None],
-            mask=in_k[None, :] & (offs_dv[:, None] < DV),
-            other=0.0,
-        )
+        kt = load_keys_t(k_ptr, offs_n, in_k, stride_kt, offs_d, D)
+        vt = load_keys_t(v_ptr, offs_n, in_k, stride_vt, offs_dv, DV)
         p = tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None])
         if MASK:
-            kpos = offs_n * KSTRIDE + KOFF
-            ok = in_k[None, :] & (qpos[:, None] >= 0)
-            if CAUSAL:
-                ok = ok & (kpos[None, :] <= qpos[:, None])
-            if HAS_W:
-                ok = ok & (kpos[None, :] > qpos[:, None] - W)
+            ok = visible(offs_n, in_k, qpos, W, KOFF, CAUSAL, HAS_W, KSTRIDE)
             p = tl.where(ok, p, 0.0)
         dp = mm(do, vt, DOT_PREC)
         ds = p * (dp - delta[:, None])
@@ -158,15 +156,11 @@ def _bwd_dq_kernel(
     ORDER: tl.constexpr,
 ):
     """dQ of BM query rows of one head; same program layout and key band as the forward."""
-    pid_m, pid_bh = _program_ids(ORDER)
-    b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
+    h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos = query_block(
+        CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, BM, VARLEN, ORDER
     )
     hk = h // GRP
     HKV = HQ // GRP
-    rows = i_m * BM + tl.arange(0, BM)
-    in_q = rows < Tq_n
-    qpos = tl.where(in_q, rows + qo, -1)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
@@ -180,9 +174,7 @@ def _bwd_dq_kernel(
     delta = tl.load(DELTA + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=0.0)
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
     v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
-    p0 = i_m * BM + qo
-    p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
-    lo, full_lo, full_hi, hi = _band(p0, p1, Tk_n, W, KOFF, BN, CAUSAL, HAS_W, KSTRIDE)
+    lo, full_lo, full_hi, hi = query_band(i_m, Tq_n, qo, Tk_n, W, KOFF, BM, BN, CAUSAL, HAS_W, KSTRIDE)
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     for PART in tl.static_range(3):
         start, end = band_part(PART, lo, full_lo, full_hi, hi)
@@ -290,9 +282,7 @@ def _bwd_dq_ds_kernel(
     in_q = rows < Tq
     qpos = rows + qoff
     offs_d = tl.arange(0, BD)
-    p0 = pid_m * BM + qoff
-    p1 = tl.minimum(pid_m * BM + BM, Tq) - 1 + qoff
-    lo, full_lo, full_hi, hi = _band(p0, p1, Tk, 0, 0, BN, CAUSAL, False, 1)
+    lo, full_lo, full_hi, hi = query_band(pid_m, Tq, qoff, Tk, 0, 0, BM, BN, CAUSAL, False, 1)
     ds_base = DS + pid_l.to(tl.int64) * Tk * Tq
     k_ptr = K + ((b * Tk).to(tl.int64) * HKV + h // GRP) * D
     dq = tl.zeros([BM, BD], dtype=tl.float32)

@@ -88,6 +88,57 @@ def _band(
 
 
 @triton.jit
+def query_block(
+    CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff,
+    HQ: tl.constexpr, BM: tl.constexpr, VARLEN: tl.constexpr, ORDER: tl.constexpr,
+):  # fmt: skip
+    """(head, block index, q start, k start, Tq_n, Tk_n, query position offset, rows `[BM]`, rows in
+    range, query positions with -1 for rows past the end) of a query-block program."""
+    pid_m, pid_bh = _program_ids(ORDER)
+    b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
+        pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
+    )
+    rows = i_m * BM + tl.arange(0, BM)
+    in_q = rows < Tq_n
+    qpos = tl.where(in_q, rows + qo, -1)
+    return h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos
+
+
+@triton.jit
+def query_band(
+    i_m, Tq_n, qo, Tk_n, W, KOFF,
+    BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr,
+):  # fmt: skip
+    """`_band` of query block `i_m` (rows i_m·BM … min(i_m·BM + BM, Tq_n) − 1, shifted by qo)."""
+    p0 = i_m * BM + qo
+    p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
+    return _band(p0, p1, Tk_n, W, KOFF, BN, CAUSAL, HAS_W, KSTRIDE)
+
+
+@triton.jit
+def load_keys_t(ptr, offs_n, in_k, stride_t, offs_d, D: tl.constexpr):
+    """The `[BD, BN]` transposed tile of keys `offs_n` (rows `stride_t` apart), zero past Tk or D."""
+    return tl.load(
+        ptr + offs_n[None, :] * stride_t + offs_d[:, None],
+        mask=in_k[None, :] & (offs_d[:, None] < D),
+        other=0.0,
+    )
+
+
+@triton.jit
+def visible(offs_n, in_k, qpos, W, KOFF, CAUSAL: tl.constexpr, HAS_W: tl.constexpr, KSTRIDE: tl.constexpr):
+    """`[BM, BN]`: key `offs_n` (position offs_n·KSTRIDE + KOFF) is in range and seen by the query at
+    `qpos` (−1 for a row past the end) under the causal mask and the window W."""
+    kpos = offs_n * KSTRIDE + KOFF
+    ok = in_k[None, :] & (qpos[:, None] >= 0)
+    if CAUSAL:
+        ok = ok & (kpos[None, :] <= qpos[:, None])
+    if HAS_W:
+        ok = ok & (kpos[None, :] > qpos[:, None] - W)
+    return ok
+
+
+@triton.jit
 def band_part(PART: tl.constexpr, lo, full_lo, full_hi, hi):
     """[start, end) of part PART of a band from `_band` or `_row_band`: 0 the masked edge blocks
     before the unmasked ones, 1 the unmasked blocks, 2 the masked edge blocks after them. A kernel
@@ -132,19 +183,10 @@ def _fwd_inner(
     for n in range(start, end, BN):
         offs_n = n + tl.arange(0, BN)
         in_k = offs_n < Tk_n
-        kt = tl.load(
-            k_ptr + offs_n[None, :] * stride_kt + offs_d[:, None],
-            mask=in_k[None, :] & (offs_d[:, None] < D),
-            other=0.0,
-        )
+        kt = load_keys_t(k_ptr, offs_n, in_k, stride_kt, offs_d, D)
         qk = mm(q, kt, DOT_PREC)
         if MASK:
-            kpos = offs_n * KSTRIDE + KOFF
-            ok = in_k[None, :] & (qpos[:, None] >= 0)
-            if CAUSAL:
-                ok = ok & (kpos[None, :] <= qpos[:, None])
-            if HAS_W:
-                ok = ok & (kpos[None, :] > qpos[:, None] - W)
+            ok = visible(offs_n, in_k, qpos, W, KOFF, CAUSAL, HAS_W, KSTRIDE)
             s = tl.where(ok, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
@@ -204,15 +246,11 @@ def _attn_fwd_kernel(
     Q `[B, Tq, HQ, D]`, K `[B, Tk, HKV, D]`, V `[B, Tk, HKV, DV]`, GATE `[B, Tq, HQ, DV]` or `[B, Tq, HQ]`,
     O like Q with DV, LSE `[HQ, NROWS = B·Tq]` fp32 (+inf for a row that sees no key).
     """
-    pid_m, pid_bh = _program_ids(ORDER)
-    b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
-        pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
+    h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos = query_block(
+        CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, BM, VARLEN, ORDER
     )
     hk = h // GRP
     HKV = HQ // GRP
-    rows = i_m * BM + tl.arange(0, BM)
-    in_q = rows < Tq_n
-    qpos = tl.where(in_q, rows + qo, -1)
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     q_ptr = Q + ((bos_q + rows) * HQ + h).to(tl.int64)[:, None] * D + offs_d[None, :]
@@ -220,9 +258,7 @@ def _attn_fwd_kernel(
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
     v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
 
-    p0 = i_m * BM + qo
-    p1 = tl.minimum(i_m * BM + BM, Tq_n) - 1 + qo
-    lo, full_lo, full_hi, hi = _band(p0, p1, Tk_n, W, KOFF, BN, CAUSAL, HAS_W, KSTRIDE)
+    lo, full_lo, full_hi, hi = query_band(i_m, Tq_n, qo, Tk_n, W, KOFF, BM, BN, CAUSAL, HAS_W, KSTRIDE)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
     m_i = tl.full([BM], NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
