@@ -44,6 +44,25 @@ def _gather_strided(base, idx, offs, WIDTH: tl.constexpr, ROW_STRIDE, ok):
 
 
 @triton.jit
+def _query_group(
+    Q, Tq, Tk, HQ: tl.constexpr, GRP: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
+):  # fmt: skip
+    """The program's query t and kv head hk (grid `(Tq, B·HKV)`): (t, b, hk, t's key position, group
+    rows r `[BR]`, rows in range, head-dim and value-dim offsets, rows of Q `[BR]`, q `[BR, BD]`)."""
+    HKV = HQ // GRP
+    t, pid = tl.program_id(0), tl.program_id(1)
+    b, hk = pid // HKV, pid % HKV
+    pos = t + Tk - Tq
+    r = tl.arange(0, BR)
+    in_r = r < GRP
+    offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
+    row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
+    q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    return t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q
+
+
+@triton.jit
 def _sparse_fwd_kernel(
     Q,
     K,
@@ -74,15 +93,7 @@ def _sparse_fwd_kernel(
     DOT_PREC: tl.constexpr,
 ):
     """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
-    HKV = HQ // GRP
-    t, pid = tl.program_id(0), tl.program_id(1)
-    b, hk = pid // HKV, pid % HKV
-    pos = t + Tk - Tq
-    r = tl.arange(0, BR)
-    in_r = r < GRP
-    offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
-    row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
-    q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q = _query_group(Q, Tq, Tk, HQ, GRP, D, BD, BDV, BR)
     # element strides (batch, position, head) of k and v, last dim contiguous: a decode step reads
     # the cache's views in place instead of a contiguous copy of the whole cache
     k_base = K + b.to(tl.int64) * SKB + hk.to(tl.int64) * SKH
@@ -146,14 +157,7 @@ def _sparse_bwd_kernel(
 ):
     """dq of one query's G heads; dk, dv of its selected keys added atomically into fp32 buffers."""
     HKV = HQ // GRP
-    t, pid = tl.program_id(0), tl.program_id(1)
-    b, hk = pid // HKV, pid % HKV
-    pos = t + Tk - Tq
-    r = tl.arange(0, BR)
-    in_r = r < GRP
-    offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
-    row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
-    q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q = _query_group(Q, Tq, Tk, HQ, GRP, D, BD, BDV, BR)
     do = tl.load(
         DO + row[:, None] * DV + offs_dv[None, :], mask=in_r[:, None] & (offs_dv[None, :] < DV), other=0.0
     )
