@@ -46,7 +46,8 @@ def test_bench_decode_writes_table_json_and_plot(toy, tmp_path, capsys):
     assert data["device"].startswith("cpu") and data["hw"] == "cpu" and data["dtype"] == "fp32"
     assert [(p["batch"], p["ctx"]) for p in data["points"]] == [(1, 8), (1, 16), (2, 8), (2, 16)]
     for p in data["points"]:
-        assert p["tok_s"] > 0 and p["estimate_tok_s"] > 0 and p["first_s"] >= p["prefill_s"] > 0
+        # first_s and prefill_s are separate timings: at toy sizes on a CPU their order is noise
+        assert p["tok_s"] > 0 and p["estimate_tok_s"] > 0 and p["first_s"] > 0 and p["prefill_s"] > 0
         assert p["tok_s"] == pytest.approx(p["batch"] / p["step_ms"] * 1e3)
         assert p["bandwidth_gb_s"] == pytest.approx((WEIGHTS + p["cache_bytes"]) / p["step_ms"] / 1e6)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
