@@ -296,6 +296,15 @@ def block_rows(ptr, t0, I: tl.constexpr, eos, HV: tl.constexpr, BT: tl.constexpr
 
 
 @helper
+def store_block_row(p, m, X0, X1, X2, X3):
+    """Store the four `[16, 16]` blocks X0..X3 as the columns 0..63 of one block row (`block_rows`)."""
+    tl.store(p, X0, mask=m)
+    tl.store(p + 16, X1, mask=m)
+    tl.store(p + 32, X2, mask=m)
+    tl.store(p + 48, X3, mask=m)
+
+
+@helper
 def store_lower64(
     p, t0, eos, X00, X10, X11, X20, X21, X22, X30, X31, X32, X33, HV: tl.constexpr, BT: tl.constexpr
 ):
@@ -305,19 +314,7 @@ def store_lower64(
     p1, m1 = block_rows(p, t0, 1, eos, HV, BT)
     p2, m2 = block_rows(p, t0, 2, eos, HV, BT)
     p3, m3 = block_rows(p, t0, 3, eos, HV, BT)
-    tl.store(p0, X00, mask=m0)
-    tl.store(p0 + 16, z, mask=m0)
-    tl.store(p0 + 32, z, mask=m0)
-    tl.store(p0 + 48, z, mask=m0)
-    tl.store(p1, X10, mask=m1)
-    tl.store(p1 + 16, X11, mask=m1)
-    tl.store(p1 + 32, z, mask=m1)
-    tl.store(p1 + 48, z, mask=m1)
-    tl.store(p2, X20, mask=m2)
-    tl.store(p2 + 16, X21, mask=m2)
-    tl.store(p2 + 32, X22, mask=m2)
-    tl.store(p2 + 48, z, mask=m2)
-    tl.store(p3, X30, mask=m3)
-    tl.store(p3 + 16, X31, mask=m3)
-    tl.store(p3 + 32, X32, mask=m3)
-    tl.store(p3 + 48, X33, mask=m3)
+    store_block_row(p0, m0, X00, z, z, z)
+    store_block_row(p1, m1, X10, X11, z, z)
+    store_block_row(p2, m2, X20, X21, X22, z)
+    store_block_row(p3, m3, X30, X31, X32, X33)
