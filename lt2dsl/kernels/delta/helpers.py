@@ -222,6 +222,13 @@ def seq_head(
 
 
 @helper
+def head_bases(row, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Element offsets of token `row` (int64) at q/k head i_h of a `[B*T, H, K]` buffer and at value
+    head i_hv of a `[B*T, HV, V]` one."""
+    return (row * H + i_h) * K, (row * HV + i_hv) * V
+
+
+@helper
 def stack4(X0, X1, X2, X3):
     """Four equal 2-D tiles as one `[4, M, N]` tensor (sub-chunk index first)."""
     blk = tl.arange(0, 4)[:, None, None]

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.tl_util import cast, helper
-from lt2dsl.kernels.delta.helpers import causal_scores, chunk_head, mm, mm_xr, mm_xx, seq_head
+from lt2dsl.kernels.delta.helpers import causal_scores, chunk_head, head_bases, mm, mm_xr, mm_xx, seq_head
 from lt2dsl.kernels.delta.tiles import (
     gate_factors,
     load_chunk_gate,
@@ -70,8 +70,7 @@ def delta_h_fwd_kernel(
     DT = k.dtype.element_ty
     L = eos - bos
     b64 = bos.to(tl.int64)
-    k_base = (b64 * H + i_h) * K
-    v_base = (b64 * HV + i_hv) * V
+    k_base, v_base = head_bases(b64, i_h, i_hv, H, HV, K, V)
     s_base = i_nh.to(tl.int64) * K * V
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
@@ -199,8 +198,7 @@ def delta_hot_fwd_kernel(
     DT = k.dtype.element_ty
     L = eos - bos
     b64 = bos.to(tl.int64)
-    k_base = (b64 * H + i_h) * K
-    v_base = (b64 * HV + i_hv) * V
+    k_base, v_base = head_bases(b64, i_h, i_hv, H, HV, K, V)
     s_base = i_nh.to(tl.int64) * K * V
     ot = tl.arange(0, BT)
 
@@ -272,8 +270,7 @@ def delta_o_fwd_kernel(
     n = eos - t0
     DT = q.dtype.element_ty
     t64 = t0.to(tl.int64)
-    qk_base = (t64 * H + i_h) * K
-    v_base = (t64 * HV + i_hv) * V
+    qk_base, v_base = head_bases(t64, i_h, i_hv, H, HV, K, V)
 
     b_q = load_tile(q + qk_base, 0, n, H * K, 0, K, BT, BK)
     b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)

@@ -12,7 +12,16 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.tl_util import cast
-from lt2dsl.kernels.delta.helpers import causal_scores, chunk_head, mm, mm_xr, mm_xx, seq_head, split16
+from lt2dsl.kernels.delta.helpers import (
+    causal_scores,
+    chunk_head,
+    head_bases,
+    mm,
+    mm_xr,
+    mm_xx,
+    seq_head,
+    split16,
+)
 from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_square, load_tile, store_tile
 
 
@@ -92,8 +101,7 @@ def delta_du0_kernel(
     n = eos - t0
     DT = q.dtype.element_ty
     t64 = t0.to(tl.int64)
-    qk_base = (t64 * H + i_h) * K
-    v_base = (t64 * HV + i_hv) * V
+    qk_base, v_base = head_bases(t64, i_h, i_hv, H, HV, K, V)
     if GATE == 1:
         b_g, _ = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
         b_q = load_tile(q + qk_base, 0, n, H * K, 0, K, BT, BK)
@@ -160,9 +168,8 @@ def delta_dh_bwd_kernel(
     DT = q.dtype.element_ty
     L = eos - bos
     b64 = bos.to(tl.int64)
-    qk_base = (b64 * H + i_h) * K
+    qk_base, v_base = head_bases(b64, i_h, i_hv, H, HV, K, V)
     w_base = (b64 * HV + i_hv) * K
-    v_base = (b64 * HV + i_hv) * V
     s_base = i_nh.to(tl.int64) * K * V
     ok = tl.arange(0, BK)
     ot = tl.arange(0, BT)
