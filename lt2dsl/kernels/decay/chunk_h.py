@@ -62,6 +62,31 @@ def chunk_gate(
     return b_glast, b_g
 
 
+@device_fn
+def state_program(
+    cu_seqlens, chunk_offsets, T, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr
+):
+    """(i_k, i_v, i_nh, value head, q/k head, first token, length, first chunk) of the program that
+    owns state tile (i_k, i_v) of (sequence, value head) i_nh = sequence * HV + value head."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    return i_k, i_v, i_nh, i_hv, i_h, bos, T, boc
+
+
+@device_fn
+def load_state(p, i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Tile (i_k, i_v) `[BK, BV]` of the `[K, V]` state at p, in fp32."""
+    return load_tile(p, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
+
+
+@device_fn
+def store_state(p, x, i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Store x `[BK, BV]` as tile (i_k, i_v) of the `[K, V]` state at p."""
+    store_tile(p, x, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+
+
 @tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
 @triton.jit(do_not_specialize=["T"])
 def chunk_fwd_h_kernel(
@@ -87,22 +112,17 @@ def chunk_fwd_h_kernel(
     IS_VARLEN: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    i_k, i_v, i_nh, i_hv, i_h, bos, T, boc = state_program(cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
     k += (bos * H + i_h) * K
     v += (bos * HV + i_hv) * V
     o_k = i_k * BK + tl.arange(0, BK)
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        b_h += load_tile(h0 + i_nh.to(tl.int64) * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(
-            tl.float32
-        )
+        b_h += load_state(h0 + i_nh.to(tl.int64) * K * V, i_k, i_v, K, V, BK, BV)
     for i_t in range(tl.cdiv(T, BT)):
         p_h = h + ((boc + i_t) * HV + i_hv) * K * V
-        store_tile(p_h, b_h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        store_state(p_h, b_h, i_k, i_v, K, V, BK, BV)
         # [BK, BT]: kᵀ loaded transposed
         b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
         b_v = load_tile(v, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
@@ -116,7 +136,7 @@ def chunk_fwd_h_kernel(
             b_kT = cast(b_kT * tl.exp(b_glast[:, None] - b_g), b_kT.dtype)
         b_h += mma(b_kT, b_v, PREC)
     if STORE_HT:
-        store_tile(ht + i_nh.to(tl.int64) * K * V, b_h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        store_state(ht + i_nh.to(tl.int64) * K * V, b_h, i_k, i_v, K, V, BK, BV)
 
 
 @tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
@@ -145,22 +165,17 @@ def chunk_bwd_dh_kernel(
     IS_VARLEN: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    i_k, i_v, i_nh, i_hv, i_h, bos, T, boc = state_program(cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
     q += (bos * H + i_h) * K
     do += (bos * HV + i_hv) * V
     o_k = i_k * BK + tl.arange(0, BK)
 
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        b_dh += load_tile(dht + i_nh.to(tl.int64) * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(
-            tl.float32
-        )
+        b_dh += load_state(dht + i_nh.to(tl.int64) * K * V, i_k, i_v, K, V, BK, BV)
     for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
         p_dh = dh + ((boc + i_t) * HV + i_hv) * K * V
-        store_tile(p_dh, b_dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        store_state(p_dh, b_dh, i_k, i_v, K, V, BK, BV)
         b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
         b_do = load_tile(do, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
         if G_MODE == 0:
@@ -177,7 +192,7 @@ def chunk_bwd_dh_kernel(
             b_dh *= tl.exp(b_glast)[:, None]
         b_dh += mma(b_qT, cast(b_do, b_qT.dtype), PREC)
     if STORE_DH0:
-        store_tile(dh0 + i_nh.to(tl.int64) * K * V, b_dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        store_state(dh0 + i_nh.to(tl.int64) * K * V, b_dh, i_k, i_v, K, V, BK, BV)
 
 
 def _g_mode(g: torch.Tensor | None) -> int:
