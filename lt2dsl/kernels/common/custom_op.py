@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.flop_counter import register_flop_formula
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -82,3 +83,17 @@ def custom_op(name: str, fn: Callable | None = None, /, *, mutates_args, **kwarg
         return EagerOp(torch.library.custom_op(name, impl, mutates_args=mutates_args, **kwargs), impl)
 
     return register if fn is None else register(fn)
+
+
+def register_chunk_flops(fwd, bwd, flops: Callable[..., int]) -> None:
+    """FLOP formulas of a chunked forward op and its backward: `flops(q_shape, v_shape)` for the
+    forward, twice that for the backward (mixers.md §0: training ≈ 3× forward)."""
+
+    def fwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+        return flops(q_shape, v_shape)
+
+    def bwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+        return 2 * flops(q_shape, v_shape)
+
+    register_flop_formula(fwd)(fwd_flops)
+    register_flop_formula(bwd)(bwd_flops)

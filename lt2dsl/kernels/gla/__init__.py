@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import torch
 
-from ..common.backend import check_shape, pick_backend
-from ..decay.utils import check_inplace, check_qkv, check_state, run_by_sequence, write_final_state
+from ..common.backend import check_shape
+from ..decay.utils import check_qkv
 from .chunk_ref import chunk_gla_ref
+from .front import decay_front
 from .naive import naive_recurrent_gla
 
 __all__ = ["chunk_gla_ref", "gla", "naive_recurrent_gla"]
+
+
+def _chunk_op():
+    """`lt2dsl::gla_chunk_fwd`, imported on first use: the reference path needs no Triton."""
+    from . import ops  # noqa: F401  (registers the op)
+
+    return torch.ops.lt2dsl.gla_chunk_fwd
 
 
 def gla(
@@ -52,18 +60,5 @@ def gla(
     """
     d = check_qkv(q, k, v, cu_seqlens)
     check_shape("g", g, [d.B, d.T, d.HV, d.K], "[B, T, HV, K]")
-    check_state("initial_state", initial_state, [d.N, d.HV, d.K, d.V], "[N, HV, K, V]")
-    check_inplace(inplace_final_state, initial_state)
-    scale = d.K**-0.5 if scale is None else float(scale)
-    want_final = output_final_state or inplace_final_state
-    if pick_backend(backend, q) == "triton":
-        from .ops import gla_triton
-
-        return gla_triton(q, k, v, g, scale, initial_state, want_final, inplace_final_state, cu_seqlens)
-
-    def run(q_, k_, v_, g_, h0):  # the chunked PyTorch form of one batch of equal-length sequences
-        return chunk_gla_ref(q_, k_, v_, g_, scale, h0)
-
-    o, final = run_by_sequence(run, cu_seqlens, [q, k, v, g], initial_state)
-    final = write_final_state(final, initial_state, inplace_final_state) if want_final else None
-    return o.to(v.dtype), final
+    args = (scale, initial_state, output_final_state, inplace_final_state, cu_seqlens, backend)
+    return decay_front(_chunk_op, chunk_gla_ref, d, q, k, v, g, *args)

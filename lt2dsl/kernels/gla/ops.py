@@ -8,28 +8,27 @@ shared token-recurrent kernel `lt2dsl::decay_fused_recurrent[_]` (decay/recurren
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
-from lt2dsl.kernels.common.custom_op import custom_op
+from lt2dsl.kernels.common.custom_op import custom_op, register_chunk_flops
 
 from ..decay.chunks import CHUNK
-from ..decay.ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
+from ..decay.ops import chunk_flops, empty_grad
 from .chunk import chunk_gla_bwd, chunk_gla_fwd
 
 # elementwise 16 × 16 diagonal sub-blocks: ≈ 3·16·K per token (mixers.md §3(d))
 _SUBCHUNK_FLOPS = 3 * 16
 
 
-@custom_op("lt2dsl::gla_chunk_fwd", mutates_args=())
-def gla_chunk_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    h0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# the inputs both chunk ops take first: q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV, K]`
+# (fp32), h0 `[N, HV, K, V]` (fp32), cu_seqlens `[N + 1]`
+INPUTS = "Tensor q, Tensor k, Tensor v, Tensor g, Tensor? h0, Tensor? cu_seqlens"
+_FWD = f"({INPUTS}, float scale) -> (Tensor, Tensor, Tensor)"
+_GRADS = "(Tensor, Tensor, Tensor, Tensor, Tensor)"  # dq, dk, dv, dg, dh0
+_BWD = f"({INPUTS}, Tensor A, Tensor do, Tensor? dht, float scale) -> {_GRADS}"
+
+
+@custom_op("lt2dsl::gla_chunk_fwd", mutates_args=(), schema=_FWD)
+def gla_chunk_fwd(q, k, v, g, h0, cu_seqlens, scale):
     """o `[B, T, HV, V]`, final state `[N, HV, K, V]` (fp32) and the intra-chunk scores A
     `[B, T, HV, 64]` (fp32), saved for the backward instead of being recomputed."""
     return chunk_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final=True)
@@ -43,19 +42,8 @@ def _(q, k, v, g, h0, cu_seqlens, scale):
     return torch.empty_like(v), ht, q.new_empty(B, T, HV, CHUNK, dtype=torch.float32)
 
 
-@custom_op("lt2dsl::gla_chunk_bwd", mutates_args=())
-def gla_chunk_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    h0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    A: torch.Tensor,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+@custom_op("lt2dsl::gla_chunk_bwd", mutates_args=(), schema=_BWD)
+def gla_chunk_bwd(q, k, v, g, h0, cu_seqlens, A, do, dht, scale):
     """(dq, dk, dv, dg, dh0); dh0 is an empty tensor when h0 is None."""
     dq, dk, dv, dg, dh0 = chunk_gla_bwd(q, k, v, g, A, scale, h0, do, dht, cu_seqlens)
     return dq, dk, dv, dg, empty_grad(dh0, q)
@@ -85,20 +73,8 @@ def _backward(ctx, do, dht, dA_unused):
 torch.library.register_autograd("lt2dsl::gla_chunk_fwd", _backward, setup_context=_setup_context)
 
 
-@register_flop_formula(torch.ops.lt2dsl.gla_chunk_fwd)
-def _fwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+def _flops(q_shape, v_shape) -> int:
     return chunk_flops(q_shape, v_shape, _SUBCHUNK_FLOPS * q_shape[3])
 
 
-@register_flop_formula(torch.ops.lt2dsl.gla_chunk_bwd)
-def _bwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    # backward ≈ 2× forward (mixers.md §0: training ≈ 3× forward)
-    return 2 * chunk_flops(q_shape, v_shape, _SUBCHUNK_FLOPS * q_shape[3])
-
-
-def gla_triton(q, k, v, g, scale, initial_state, want_final, inplace, cu_seqlens):
-    """backend="triton": chunked kernels with autograd, or the fused recurrent kernel for decode."""
-    q, k, v, g, h0 = prepare_inputs(q, k, v, g, initial_state)
-    return run_decay_triton(
-        torch.ops.lt2dsl.gla_chunk_fwd, q, k, v, g, h0, initial_state, scale, want_final, inplace, cu_seqlens
-    )
+register_chunk_flops(torch.ops.lt2dsl.gla_chunk_fwd, torch.ops.lt2dsl.gla_chunk_bwd, _flops)

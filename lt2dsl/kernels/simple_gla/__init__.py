@@ -17,11 +17,19 @@ from __future__ import annotations
 import torch
 
 from ..common.backend import check_shape, pick_backend
-from ..decay.utils import check_inplace, check_qkv, check_state, run_by_sequence, write_final_state
+from ..decay.utils import check_qkv
+from ..gla.front import decay_front
 from .chunk_ref import chunk_simple_gla_ref
 from .naive import naive_recurrent_simple_gla
 
 __all__ = ["chunk_simple_gla_ref", "naive_recurrent_simple_gla", "simple_gla"]
+
+
+def _chunk_op():
+    """`lt2dsl::simple_gla_chunk_fwd`, imported on first use: the reference path needs no Triton."""
+    from . import ops  # noqa: F401  (registers the op)
+
+    return torch.ops.lt2dsl.simple_gla_chunk_fwd
 
 
 def simple_gla(
@@ -59,26 +67,10 @@ def simple_gla(
     d = check_qkv(q, k, v, cu_seqlens)
     if g is not None:
         check_shape("g", g, [d.B, d.T, d.HV], "[B, T, HV]")
-    check_state("initial_state", initial_state, [d.N, d.HV, d.K, d.V], "[N, HV, K, V]")
-    check_inplace(inplace_final_state, initial_state)
-    scale = d.K**-0.5 if scale is None else float(scale)
-    want_final = output_final_state or inplace_final_state
-    if pick_backend(backend, q) == "triton":
-        from .ops import simple_gla_triton
-
-        if g is None and q.is_cuda and q.dtype != torch.float32:
-            # The no-decay 16-bit kernels gave o 0.61 relative error on the H200 at small head dims
-            # (K=32, V=16, T=100; D=128 was right), where the decayed ones at the same shape were
-            # right: a zero decay runs the decayed code, which is the same math.
-            g = q.new_zeros(d.B, d.T, d.HV, dtype=torch.float32)
-
-        return simple_gla_triton(
-            q, k, v, g, scale, initial_state, want_final, inplace_final_state, cu_seqlens
-        )
-
-    def run(q_, k_, v_, g_, h0):  # the chunked PyTorch form of one batch of equal-length sequences
-        return chunk_simple_gla_ref(q_, k_, v_, g_, scale, h0)
-
-    o, final = run_by_sequence(run, cu_seqlens, [q, k, v, g], initial_state)
-    final = write_final_state(final, initial_state, inplace_final_state) if want_final else None
-    return o.to(v.dtype), final
+    if g is None and pick_backend(backend, q) == "triton" and q.is_cuda and q.dtype != torch.float32:
+        # The no-decay 16-bit kernels gave o 0.61 relative error on the H200 at small head dims
+        # (K=32, V=16, T=100; D=128 was right), where the decayed ones at the same shape were
+        # right: a zero decay runs the decayed code, which is the same math.
+        g = q.new_zeros(d.B, d.T, d.HV, dtype=torch.float32)
+    args = (scale, initial_state, output_final_state, inplace_final_state, cu_seqlens, backend)
+    return decay_front(_chunk_op, chunk_simple_gla_ref, d, q, k, v, g, *args)

@@ -11,24 +11,24 @@ traces through and `FlopCounterMode` counts them):
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
-from lt2dsl.kernels.common.custom_op import custom_op
+from lt2dsl.kernels.common.custom_op import custom_op, register_chunk_flops
 
-from ..decay.ops import chunk_flops, empty_grad, prepare_inputs, run_decay_triton
+from ..decay.ops import chunk_flops, empty_grad
 from .chunk import chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
+# the inputs both chunk ops take first: q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV]` (fp32),
+# h0 `[N, HV, K, V]` (fp32), cu_seqlens `[N + 1]`
+INPUTS = "Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? h0, Tensor? cu_seqlens"
 
-@custom_op("lt2dsl::simple_gla_chunk_fwd", mutates_args=())
-def simple_gla_chunk_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    h0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+
+_FWD = f"({INPUTS}, float scale) -> (Tensor, Tensor)"
+_GRADS = "(Tensor, Tensor, Tensor, Tensor, Tensor)"  # dq, dk, dv, dg, dh0
+_BWD = f"({INPUTS}, Tensor do, Tensor? dht, float scale) -> {_GRADS}"
+
+
+@custom_op("lt2dsl::simple_gla_chunk_fwd", mutates_args=(), schema=_FWD)
+def simple_gla_chunk_fwd(q, k, v, g, h0, cu_seqlens, scale):
     """o `[B, T, HV, V]` and final state `[N, HV, K, V]` (fp32)."""
     return chunk_simple_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final=True)
 
@@ -39,18 +39,8 @@ def _(q, k, v, g, h0, cu_seqlens, scale):
     return torch.empty_like(v), q.new_empty(N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
 
 
-@custom_op("lt2dsl::simple_gla_chunk_bwd", mutates_args=())
-def simple_gla_chunk_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    h0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+@custom_op("lt2dsl::simple_gla_chunk_bwd", mutates_args=(), schema=_BWD)
+def simple_gla_chunk_bwd(q, k, v, g, h0, cu_seqlens, do, dht, scale):
     """(dq, dk, dv, dg, dh0); dg and dh0 are empty tensors when g / h0 are None."""
     dq, dk, dv, dg, dh0 = chunk_simple_gla_bwd(q, k, v, g, scale, h0, do, dht, cu_seqlens)
     return dq, dk, dv, empty_grad(dg, q), empty_grad(dh0, q)
@@ -83,30 +73,5 @@ def _backward(ctx, do, dht):
 torch.library.register_autograd("lt2dsl::simple_gla_chunk_fwd", _backward, setup_context=_setup_context)
 
 
-@register_flop_formula(torch.ops.lt2dsl.simple_gla_chunk_fwd)
-def _fwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    return chunk_flops(q_shape, v_shape)
-
-
-@register_flop_formula(torch.ops.lt2dsl.simple_gla_chunk_bwd)
-def _bwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    # backward ≈ 2× forward (mixers.md §0: training ≈ 3× forward)
-    return 2 * chunk_flops(q_shape, v_shape)
-
-
-def simple_gla_triton(q, k, v, g, scale, initial_state, want_final, inplace, cu_seqlens):
-    """backend="triton": chunked kernels with autograd, or the fused recurrent kernel for decode."""
-    q, k, v, g, h0 = prepare_inputs(q, k, v, g, initial_state)
-    return run_decay_triton(
-        torch.ops.lt2dsl.simple_gla_chunk_fwd,
-        q,
-        k,
-        v,
-        g,
-        h0,
-        initial_state,
-        scale,
-        want_final,
-        inplace,
-        cu_seqlens,
-    )
+ops = torch.ops.lt2dsl
+register_chunk_flops(ops.simple_gla_chunk_fwd, ops.simple_gla_chunk_bwd, chunk_flops)
