@@ -19,12 +19,21 @@ from .chunk import chunk_gla_bwd, chunk_gla_fwd
 _SUBCHUNK_FLOPS = 3 * 16
 
 
-# the inputs both chunk ops take first: q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV, K]`
-# (fp32), h0 `[N, HV, K, V]` (fp32), cu_seqlens `[N + 1]`
-INPUTS = "Tensor q, Tensor k, Tensor v, Tensor g, Tensor? h0, Tensor? cu_seqlens"
-_FWD = f"({INPUTS}, float scale) -> (Tensor, Tensor, Tensor)"
-_GRADS = "(Tensor, Tensor, Tensor, Tensor, Tensor)"  # dq, dk, dv, dg, dh0
-_BWD = f"({INPUTS}, Tensor A, Tensor do, Tensor? dht, float scale) -> {_GRADS}"
+def chunk_schemas(g: str, saved: str, outputs: int) -> tuple[str, str]:
+    """Schemas of a decay family's chunk forward and backward ops. Both take q, k `[B, T, H, K]`,
+    v `[B, T, HV, V]`, the log decay g (`g`: its schema type), h0 `[N, HV, K, V]` (fp32) and
+    cu_seqlens `[N + 1]`; the forward returns `outputs` tensors, the backward takes what the forward
+    saved (`saved`, a schema fragment), do and dht, and returns dq, dk, dv, dg, dh0."""
+    inputs = f"Tensor q, Tensor k, Tensor v, {g} g, Tensor? h0, Tensor? cu_seqlens"
+    fwd = f"({inputs}, float scale) -> ({', '.join(['Tensor'] * outputs)})"
+    bwd = (
+        f"({inputs}, {saved}Tensor do, Tensor? dht, float scale) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    )
+    return fwd, bwd
+
+
+# the forward's third output is A, the intra-chunk scores
+_FWD, _BWD = chunk_schemas("Tensor", "Tensor A, ", 3)
 
 
 @custom_op("lt2dsl::gla_chunk_fwd", mutates_args=(), schema=_FWD)

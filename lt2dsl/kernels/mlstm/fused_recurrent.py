@@ -103,20 +103,20 @@ def _new_state(q, v, N):
     )
 
 
-@custom_op("lt2dsl::mlstm_fused_recurrent", mutates_args=())
-def mlstm_fused_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
-    C0: torch.Tensor | None,
-    n0: torch.Tensor | None,
-    m0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    scale: float,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+# the inputs every mLSTM op takes first: q, k `[B, T, H, K]`, v `[B, T, H, V]`, the gate
+# pre-activations i, f `[B, T, H]`, the initial state C0 `[N, H, K, V]`, n0 `[N, H, K]`, m0 `[N, H]`
+# (fp32; all three or none), cu_seqlens `[N + 1]`
+INPUTS = (
+    "Tensor q, Tensor k, Tensor v, Tensor i, Tensor f, Tensor? C0, Tensor? n0, Tensor? m0, Tensor? cu_seqlens"
+)
+
+
+@custom_op(
+    "lt2dsl::mlstm_fused_recurrent",
+    mutates_args=(),
+    schema=f"({INPUTS}, float scale, float eps) -> (Tensor, Tensor, Tensor, Tensor)",
+)
+def mlstm_fused_recurrent(q, k, v, i, f, C0, n0, m0, cu_seqlens, scale, eps):
     """Token-recurrent forward (no autograd): h `[B, T, H, V]` and the final (C, n, m) in fp32."""
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     state0 = None if C0 is None else (C0, n0, m0)
@@ -133,20 +133,16 @@ def _(q, k, v, i, f, C0, n0, m0, cu_seqlens, scale, eps):
             q.new_empty(N, H, dtype=f32))  # fmt: skip
 
 
-@custom_op("lt2dsl::mlstm_fused_recurrent_", mutates_args=("C", "n", "m"))
-def mlstm_fused_recurrent_(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
-    C: torch.Tensor,
-    n: torch.Tensor,
-    m: torch.Tensor,
-    cu_seqlens: torch.Tensor | None,
-    scale: float,
-    eps: float,
-) -> torch.Tensor:
+# the state (C, n, m) is read and overwritten: `(a!)` marks each as mutated
+_INPLACE = "Tensor q, Tensor k, Tensor v, Tensor i, Tensor f, Tensor(a!) C, Tensor(b!) n, Tensor(c!) m"
+
+
+@custom_op(
+    "lt2dsl::mlstm_fused_recurrent_",
+    mutates_args=("C", "n", "m"),
+    schema=f"({_INPLACE}, Tensor? cu_seqlens, float scale, float eps) -> Tensor",
+)
+def mlstm_fused_recurrent_(q, k, v, i, f, C, n, m, cu_seqlens, scale, eps):
     """As `mlstm_fused_recurrent`, reading the initial (C, n, m) (fp32) and overwriting them."""
     return _launch(q, k, v, i, f, scale, eps, (C, n, m), (C, n, m), cu_seqlens)
 

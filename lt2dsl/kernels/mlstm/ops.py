@@ -8,34 +8,31 @@ Custom ops (each with a fake implementation and a FLOP formula): `lt2dsl::mlstm_
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
-from lt2dsl.kernels.common.custom_op import custom_op
+from lt2dsl.kernels.common.custom_op import custom_op, register_chunk_flops
 
 from ..common.backend import check_triton_dtype
 from ..decay.chunks import CHUNK
 from ..decay.ops import empty_grad, needs_grad
 from .chunk import chunk_mlstm_fwd
 from .chunk_bwd import chunk_mlstm_bwd
-from .fused_recurrent import mlstm_fused_recurrent, mlstm_fused_recurrent_
+from .fused_recurrent import INPUTS, mlstm_fused_recurrent, mlstm_fused_recurrent_
 
 RECURRENT_MAX_T = 64
 
 
-@custom_op("lt2dsl::mlstm_chunk_fwd", mutates_args=())
-def mlstm_chunk_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
-    C0: torch.Tensor | None,
-    n0: torch.Tensor | None,
-    m0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    scale: float,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+# h, C, n, m, m_tok, a_tok
+_FWD = f"({INPUTS}, float scale, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+# the forward's output h and its m_tok, a_tok; the gradients of h and of the final (C, n, m)
+_BWD_IN = "Tensor o, Tensor m_tok, Tensor a_tok, Tensor do, Tensor? dCt, Tensor? dnt, Tensor? dmt"
+_GRADS = (
+    "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"  # dq, dk, dv, di, df, dC0, dn0, dm0
+)
+_BWD = f"({INPUTS}, {_BWD_IN}, float scale, float eps) -> {_GRADS}"
+
+
+@custom_op("lt2dsl::mlstm_chunk_fwd", mutates_args=(), schema=_FWD)
+def mlstm_chunk_fwd(q, k, v, i, f, C0, n0, m0, cu_seqlens, scale, eps):
     """h `[B, T, H, V]`, final (C, n, m) fp32, and per-token m, a `[B, T, H]` saved for the backward."""
     state0 = None if C0 is None else (C0, n0, m0)
     h, (Ct, nt, mt), m_tok, a_tok = chunk_mlstm_fwd(q, k, v, i, f, scale, eps, state0, cu_seqlens)
@@ -55,36 +52,8 @@ def _(q, k, v, i, f, C0, n0, m0, cu_seqlens, scale, eps):
     return torch.empty_like(v), *state, q.new_empty(B, T, H, dtype=f32), q.new_empty(B, T, H, dtype=f32)
 
 
-@custom_op("lt2dsl::mlstm_chunk_bwd", mutates_args=())
-def mlstm_chunk_bwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
-    C0: torch.Tensor | None,
-    n0: torch.Tensor | None,
-    m0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    o: torch.Tensor,
-    m_tok: torch.Tensor,
-    a_tok: torch.Tensor,
-    do: torch.Tensor,
-    dCt: torch.Tensor | None,
-    dnt: torch.Tensor | None,
-    dmt: torch.Tensor | None,
-    scale: float,
-    eps: float,
-) -> tuple[
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-    torch.Tensor,
-]:
+@custom_op("lt2dsl::mlstm_chunk_bwd", mutates_args=(), schema=_BWD)
+def mlstm_chunk_bwd(q, k, v, i, f, C0, n0, m0, cu_seqlens, o, m_tok, a_tok, do, dCt, dnt, dmt, scale, eps):
     """(dq, dk, dv, di, df, dC0, dn0, dm0); the state gradients are empty tensors without C0."""
     state0 = None if C0 is None else (C0, n0, m0)
     dstate = None if dCt is None and dnt is None and dmt is None else (dCt, dnt, dmt)
@@ -135,15 +104,7 @@ def chunk_flops(q_shape, v_shape) -> int:
     return B * T * H * (2 * C * (K + V) + 4 * K * V + 4 * K + C)
 
 
-@register_flop_formula(torch.ops.lt2dsl.mlstm_chunk_fwd)
-def _fwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    return chunk_flops(q_shape, v_shape)
-
-
-@register_flop_formula(torch.ops.lt2dsl.mlstm_chunk_bwd)
-def _bwd_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    # backward ≈ 2× forward (mixers.md §0: training ≈ 3× forward)
-    return 2 * chunk_flops(q_shape, v_shape)
+register_chunk_flops(torch.ops.lt2dsl.mlstm_chunk_fwd, torch.ops.lt2dsl.mlstm_chunk_bwd, chunk_flops)
 
 
 def mlstm_triton(q, k, v, i, f, scale, eps, initial_state, want_final, inplace, cu_seqlens):

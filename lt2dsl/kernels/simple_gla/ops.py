@@ -15,16 +15,11 @@ import torch
 from lt2dsl.kernels.common.custom_op import custom_op, register_chunk_flops
 
 from ..decay.ops import chunk_flops, empty_grad
+from ..gla.ops import chunk_schemas
 from .chunk import chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
-# the inputs both chunk ops take first: q, k `[B, T, H, K]`, v `[B, T, HV, V]`, g `[B, T, HV]` (fp32),
-# h0 `[N, HV, K, V]` (fp32), cu_seqlens `[N + 1]`
-INPUTS = "Tensor q, Tensor k, Tensor v, Tensor? g, Tensor? h0, Tensor? cu_seqlens"
-
-
-_FWD = f"({INPUTS}, float scale) -> (Tensor, Tensor)"
-_GRADS = "(Tensor, Tensor, Tensor, Tensor, Tensor)"  # dq, dk, dv, dg, dh0
-_BWD = f"({INPUTS}, Tensor do, Tensor? dht, float scale) -> {_GRADS}"
+# g `[B, T, HV]` (fp32) or None (no decay); the forward saves nothing beyond its inputs
+_FWD, _BWD = chunk_schemas("Tensor?", "", 2)
 
 
 @custom_op("lt2dsl::simple_gla_chunk_fwd", mutates_args=(), schema=_FWD)
