@@ -209,6 +209,18 @@ def prepare(x: torch.Tensor, hist: torch.Tensor | None) -> tuple[torch.Tensor, t
     return x, hist
 
 
+def _launch_pre(kernel, x, hist, w2, bias, tensors, head_dim: int) -> None:
+    """Launch `kernel` (`conv_silu_fwd_kernel` or `conv_silu_bwd_pre_kernel`, which both recompute
+    the pre-activation of their (channel tile, time tile, sequence)) on x `[B, T, C]`, hist, w2 and
+    bias, then `tensors` (the kernel's own outputs and inputs)."""
+    B, T, C = x.shape
+    BT, BC, HD = _blocks(T, C, head_dim)
+    grid = (triton.cdiv(C, HD), triton.cdiv(T, BT), B)
+    flags = dict(HAS_H=hist is not None, HAS_B=bias is not None, L2=head_dim > 0)
+    strides = _strides(x, hist)
+    kernel[grid](x, hist, w2, bias, *tensors, T, C, *strides, W=w2.shape[1], BT=BT, BC=BC, HD=HD, **flags)
+
+
 def conv_silu_fwd(
     x: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None, hist: torch.Tensor | None, head_dim: int
 ) -> torch.Tensor:
@@ -216,27 +228,8 @@ def conv_silu_fwd(
     x, hist = prepare(x, hist)
     B, T, C = x.shape
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    if not B * T * C:
-        return y
-    BT, BC, HD = _blocks(T, C, head_dim)
-    grid = (triton.cdiv(C, HD), triton.cdiv(T, BT), B)
-    conv_silu_fwd_kernel[grid](
-        x,
-        hist,
-        w2,
-        bias,
-        y,
-        T,
-        C,
-        *_strides(x, hist),
-        W=w2.shape[1],
-        BT=BT,
-        BC=BC,
-        HD=HD,
-        HAS_H=hist is not None,
-        HAS_B=bias is not None,
-        L2=head_dim > 0,
-    )
+    if B * T * C:
+        _launch_pre(conv_silu_fwd_kernel, x, hist, w2, bias, (y,), head_dim)
     return y
 
 
@@ -256,27 +249,8 @@ def conv_silu_bwd(
     if not B * T * C:
         return dx, x.new_zeros(C, W, dtype=torch.float32), x.new_zeros(C, dtype=torch.float32)
     dy = dy if dy.is_contiguous() else dy.contiguous()
-    strides = _strides(x, hist)
-    BT, BC, HD = _blocks(T, C, head_dim)
     dpre = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    conv_silu_bwd_pre_kernel[(triton.cdiv(C, HD), triton.cdiv(T, BT), B)](
-        x,
-        hist,
-        w2,
-        bias,
-        dy,
-        dpre,
-        T,
-        C,
-        *strides,
-        W=W,
-        BT=BT,
-        BC=BC,
-        HD=HD,
-        HAS_H=hist is not None,
-        HAS_B=bias is not None,
-        L2=head_dim > 0,
-    )
+    _launch_pre(conv_silu_bwd_pre_kernel, x, hist, w2, bias, (dy, dpre), head_dim)
     # dx is channel-parallel: any channel tile works, so the plain (widest) one is used
     BT, BC, HD = _blocks(T, C, 0)
     n_t = triton.cdiv(T, BT)
@@ -292,7 +266,7 @@ def conv_silu_bwd(
         db_part,
         T,
         C,
-        *strides,
+        *_strides(x, hist),
         n_t,
         W=W,
         BT=BT,
