@@ -76,51 +76,6 @@ def _bwd_pre_kernel(
 
 
 @triton.jit
-def _dq_inner(
-    dq,
-    q,
-    do,
-    lse,
-    delta,
-    k_ptr,
-    v_ptr,
-    stride_kt,
-    stride_vt,
-    start,
-    end,
-    qpos,
-    Tk_n,
-    W,
-    KOFF,
-    qk_scale,
-    offs_d,
-    offs_dv,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BN: tl.constexpr,
-    MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_W: tl.constexpr,
-    KSTRIDE: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """dq += ds k over key blocks [start, end), ds = p (dp − D)."""
-    for n in range(start, end, BN):
-        offs_n = n + tl.arange(0, BN)
-        in_k = offs_n < Tk_n
-        kt = load_keys_t(k_ptr, offs_n, in_k, stride_kt, offs_d, D)
-        vt = load_keys_t(v_ptr, offs_n, in_k, stride_vt, offs_dv, DV)
-        p = tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None])
-        if MASK:
-            ok = visible(offs_n, in_k, qpos, W, KOFF, CAUSAL, HAS_W, KSTRIDE)
-            p = tl.where(ok, p, 0.0)
-        dp = mm(do, vt, DOT_PREC)
-        ds = p * (dp - delta[:, None])
-        dq += mm(cast(ds, kt.dtype), tl.trans(kt), DOT_PREC)
-    return dq
-
-
-@triton.jit
 def _bwd_dq_kernel(
     Q,
     K,
@@ -178,77 +133,24 @@ def _bwd_dq_kernel(
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     for PART in tl.static_range(3):
         start, end = band_part(PART, lo, full_lo, full_hi, hi)
-        dq = _dq_inner(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_ptr,
-            v_ptr,
-            HKV * D,
-            HKV * DV,
-            start,
-            end,
-            qpos,
-            Tk_n,
-            W,
-            KOFF,
-            qk_scale,
-            offs_d,
-            offs_dv,
-            D,
-            DV,
-            BN,
-            PART != 1,
-            CAUSAL,
-            HAS_W,
-            KSTRIDE,
-            DOT_PREC,
-        )
+        # dq += ds k over the part's key blocks, ds = p (dp − D)
+        for n in range(start, end, BN):
+            offs_n = n + tl.arange(0, BN)
+            in_k = offs_n < Tk_n
+            kt = load_keys_t(k_ptr, offs_n, in_k, HKV * D, offs_d, D)
+            vt = load_keys_t(v_ptr, offs_n, in_k, HKV * DV, offs_dv, DV)
+            p = tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None])
+            if PART != 1:
+                ok = visible(offs_n, in_k, qpos, W, KOFF, CAUSAL, HAS_W, KSTRIDE)
+                p = tl.where(ok, p, 0.0)
+            dp = mm(do, vt, DOT_PREC)
+            ds = p * (dp - delta[:, None])
+            dq += mm(cast(ds, kt.dtype), tl.trans(kt), DOT_PREC)
     tl.store(
         DQ + row_off[:, None] * D + offs_d[None, :],
         cast(dq * scale, DQ.dtype.element_ty),
         mask=in_q[:, None] & (offs_d[None, :] < D),
     )
-
-
-@triton.jit
-def _dq_ds_inner(
-    dq,
-    ds_base,
-    k_ptr,
-    start,
-    end,
-    rows,
-    in_q,
-    qpos,
-    Tq,
-    Tk,
-    offs_d,
-    stride_kt,
-    D: tl.constexpr,
-    BN: tl.constexpr,
-    MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """dq += ds k over key blocks [start, end), ds read from a key-major dS."""
-    for n in range(start, end, BN):
-        keys = n + tl.arange(0, BN)
-        in_k = keys < Tk
-        ok = in_q[:, None] & in_k[None, :]
-        if MASK and CAUSAL:
-            # the dK/dV kernel wrote every causal pair; the rest of a tile is never read
-            ok = ok & (keys[None, :] <= qpos[:, None])
-        ds = tl.load(ds_base + keys[None, :].to(tl.int64) * Tq + rows[:, None], mask=ok, other=0.0)
-        k = tl.load(
-            k_ptr + keys[:, None].to(tl.int64) * stride_kt + offs_d[None, :],
-            mask=in_k[:, None] & (offs_d[None, :] < D),
-            other=0.0,
-        )
-        dq += mm(ds, k, DOT_PREC)
-    return dq
 
 
 @triton.jit
@@ -288,25 +190,21 @@ def _bwd_dq_ds_kernel(
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     for PART in tl.static_range(1, 3):  # part 0 is empty: no window, so `_band` gives lo = full_lo
         start, end = band_part(PART, lo, full_lo, full_hi, hi)
-        dq = _dq_ds_inner(
-            dq,
-            ds_base,
-            k_ptr,
-            start,
-            end,
-            rows,
-            in_q,
-            qpos,
-            Tq,
-            Tk,
-            offs_d,
-            HKV * D,
-            D,
-            BN,
-            PART != 1,
-            CAUSAL,
-            DOT_PREC,
-        )
+        # dq += ds k over the part's key blocks, ds read from the key-major dS
+        for n in range(start, end, BN):
+            keys = n + tl.arange(0, BN)
+            in_k = keys < Tk
+            ok = in_q[:, None] & in_k[None, :]
+            if PART != 1 and CAUSAL:
+                # the dK/dV kernel wrote every causal pair; the rest of a tile is never read
+                ok = ok & (keys[None, :] <= qpos[:, None])
+            ds = tl.load(ds_base + keys[None, :].to(tl.int64) * Tq + rows[:, None], mask=ok, other=0.0)
+            k = tl.load(
+                k_ptr + keys[:, None].to(tl.int64) * (HKV * D) + offs_d[None, :],
+                mask=in_k[:, None] & (offs_d[None, :] < D),
+                other=0.0,
+            )
+            dq += mm(ds, k, DOT_PREC)
     row_off = ((b * Tq + rows) * HQ + h).to(tl.int64)
     tl.store(
         DQ + row_off[:, None] * D + offs_d[None, :],
@@ -346,73 +244,6 @@ def _row_band(
         full_hi = tl.minimum(full_hi, (tl.maximum(kmin + W - qo, 0) // BM) * BM)
     full_lo = tl.maximum(full_lo, lo)
     return lo, full_lo, full_hi, hi
-
-
-@triton.jit
-def _dkdv_inner(
-    dk,
-    dv,
-    k,
-    v,
-    q_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    start,
-    end,
-    kpos,
-    in_k,
-    Tq_n,
-    qo,
-    W,
-    qk_scale,
-    offs_d,
-    offs_dv,
-    ds_blk,
-    ds_rows,
-    HQ: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BM: tl.constexpr,
-    MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_W: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    STORE_DS: tl.constexpr,
-):
-    """dv += pᵀ dU, dk += dsᵀ q over query-row blocks [start, end) of one query head; with
-    STORE_DS each dsᵀ tile also goes to this key block's rows of a key-major dS (`ds_blk` their
-    start, `ds_rows` each row's offset)."""
-    for m in range(start, end, BM):
-        rows = m + tl.arange(0, BM)
-        in_q = rows < Tq_n
-        roff = rows.to(tl.int64) * HQ
-        qt = tl.load(
-            q_ptr + roff[None, :] * D + offs_d[:, None], mask=in_q[None, :] & (offs_d[:, None] < D), other=0.0
-        )
-        do = tl.load(
-            do_ptr + roff[:, None] * DV + offs_dv[None, :],
-            mask=in_q[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
-        lse = tl.load(lse_ptr + rows, mask=in_q, other=float("inf"))
-        delta = tl.load(delta_ptr + rows, mask=in_q, other=0.0)
-        pt = tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :])
-        if MASK:
-            qpos = rows + qo
-            ok = in_k[:, None] & in_q[None, :]
-            if CAUSAL:
-                ok = ok & (kpos[:, None] <= qpos[None, :])
-            if HAS_W:
-                ok = ok & (kpos[:, None] > qpos[None, :] - W)
-            pt = tl.where(ok, pt, 0.0)
-        dv += mm(cast(pt, do.dtype), do, DOT_PREC)
-        dpt = mm(v, tl.trans(do), DOT_PREC)
-        dst = cast(pt * (dpt - delta[None, :]), qt.dtype)
-        if STORE_DS:
-            tl.store(ds_blk + (ds_rows + rows[None, :]), dst, mask=in_k[:, None] & in_q[None, :])
-        dk += mm(dst, tl.trans(qt), DOT_PREC)
-    return dk, dv
 
 
 @triton.jit
@@ -499,37 +330,39 @@ def _bwd_dkdv_kernel(
         delta_ptr = DELTA + h.to(tl.int64) * NROWS + bos_q
         for PART in tl.static_range(3):
             start, end = band_part(PART, lo, full_lo, full_hi, hi)
-            dk, dv = _dkdv_inner(
-                dk,
-                dv,
-                k,
-                v,
-                q_ptr,
-                do_ptr,
-                lse_ptr,
-                delta_ptr,
-                start,
-                end,
-                kpos,
-                in_k,
-                Tq_n,
-                qo,
-                W,
-                qk_scale,
-                offs_d,
-                offs_dv,
-                ds_blk,
-                ds_rows,
-                HQ,
-                D,
-                DV,
-                BM,
-                PART != 1,
-                CAUSAL,
-                HAS_W,
-                DOT_PREC,
-                STORE_DS,
-            )
+            # dv += pᵀ dU, dk += dsᵀ q over the part's query-row blocks; with STORE_DS each dsᵀ
+            # tile also goes to this key block's rows of the key-major dS
+            for m in range(start, end, BM):
+                rows = m + tl.arange(0, BM)
+                in_q = rows < Tq_n
+                roff = rows.to(tl.int64) * HQ
+                qt = tl.load(
+                    q_ptr + roff[None, :] * D + offs_d[:, None],
+                    mask=in_q[None, :] & (offs_d[:, None] < D),
+                    other=0.0,
+                )
+                do = tl.load(
+                    do_ptr + roff[:, None] * DV + offs_dv[None, :],
+                    mask=in_q[:, None] & (offs_dv[None, :] < DV),
+                    other=0.0,
+                )
+                lse = tl.load(lse_ptr + rows, mask=in_q, other=float("inf"))
+                delta = tl.load(delta_ptr + rows, mask=in_q, other=0.0)
+                pt = tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :])
+                if PART != 1:
+                    qpos = rows + qo
+                    ok = in_k[:, None] & in_q[None, :]
+                    if CAUSAL:
+                        ok = ok & (kpos[:, None] <= qpos[None, :])
+                    if HAS_W:
+                        ok = ok & (kpos[:, None] > qpos[None, :] - W)
+                    pt = tl.where(ok, pt, 0.0)
+                dv += mm(cast(pt, do.dtype), do, DOT_PREC)
+                dpt = mm(v, tl.trans(do), DOT_PREC)
+                dst = cast(pt * (dpt - delta[None, :]), qt.dtype)
+                if STORE_DS:
+                    tl.store(ds_blk + (ds_rows + rows[None, :]), dst, mask=in_k[:, None] & in_q[None, :])
+                dk += mm(dst, tl.trans(qt), DOT_PREC)
     tl.store(
         DK + k_off[:, None] * D + offs_d[None, :],
         cast(dk * scale, DK.dtype.element_ty),

@@ -152,62 +152,6 @@ def band_part(PART: tl.constexpr, lo, full_lo, full_hi, hi):
 
 
 @triton.jit
-def _fwd_inner(
-    acc,
-    m_i,
-    l_i,
-    q,
-    k_ptr,
-    v_ptr,
-    stride_kt,
-    stride_vt,
-    start,
-    end,
-    qpos,
-    Tk_n,
-    W,
-    KOFF,
-    qk_scale,
-    offs_d,
-    offs_dv,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BN: tl.constexpr,
-    MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_W: tl.constexpr,
-    KSTRIDE: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    """Online-softmax update over key blocks [start, end); scores in log2 units."""
-    for n in range(start, end, BN):
-        offs_n = n + tl.arange(0, BN)
-        in_k = offs_n < Tk_n
-        kt = load_keys_t(k_ptr, offs_n, in_k, stride_kt, offs_d, D)
-        qk = mm(q, kt, DOT_PREC)
-        if MASK:
-            ok = visible(offs_n, in_k, qpos, W, KOFF, CAUSAL, HAS_W, KSTRIDE)
-            s = tl.where(ok, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-        else:
-            # scale > 0, so max(qk)·scale = max(qk·scale); the exponent is then one FMA per score
-            # (a scaled copy of the tile with two uses would not contract into one)
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            p = tl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_ptr + offs_n[:, None] * stride_vt + offs_dv[None, :],
-            mask=in_k[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + mm(cast(p, v.dtype), v, DOT_PREC)
-        m_i = m_new
-    return acc, m_i, l_i
-
-
-@triton.jit
 def _attn_fwd_kernel(
     Q,
     K,
@@ -277,34 +221,31 @@ def _attn_fwd_kernel(
             if GATE_MODE == 2:
                 g = tl.load(GATE + row_off, mask=in_q, other=0.0)
         start, end = band_part(PART, lo, full_lo, full_hi, hi)
-        acc, m_i, l_i = _fwd_inner(
-            acc,
-            m_i,
-            l_i,
-            q,
-            k_ptr,
-            v_ptr,
-            HKV * D,
-            HKV * DV,
-            start,
-            end,
-            qpos,
-            Tk_n,
-            W,
-            KOFF,
-            qk_scale,
-            offs_d,
-            offs_dv,
-            D,
-            DV,
-            BN,
-            PART != 1,
-            CAUSAL,
-            HAS_W,
-            KSTRIDE,
-            DOT_PREC,
-        )
-
+        # online-softmax update over the part's key blocks; scores in log2 units
+        for n in range(start, end, BN):
+            offs_n = n + tl.arange(0, BN)
+            in_k = offs_n < Tk_n
+            kt = load_keys_t(k_ptr, offs_n, in_k, HKV * D, offs_d, D)
+            qk = mm(q, kt, DOT_PREC)
+            if PART != 1:
+                ok = visible(offs_n, in_k, qpos, W, KOFF, CAUSAL, HAS_W, KSTRIDE)
+                s = tl.where(ok, qk * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                p = tl.exp2(s - m_new[:, None])
+            else:
+                # scale > 0, so max(qk)·scale = max(qk·scale); the exponent is then one FMA per score
+                # (a scaled copy of the tile with two uses would not contract into one)
+                m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+                p = tl.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                v_ptr + offs_n[:, None] * (HKV * DV) + offs_dv[None, :],
+                mask=in_k[:, None] & (offs_dv[None, :] < DV),
+                other=0.0,
+            )
+            acc = acc * alpha[:, None] + mm(cast(p, v.dtype), v, DOT_PREC)
+            m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     if GATE_MODE == 1:
