@@ -20,6 +20,14 @@ from .triton_fwd import LOG2E, NEG_BIG
 
 
 @triton.jit
+def _kv_program(HQ: tl.constexpr, GRP: tl.constexpr):
+    """(program_id(0), program_id(1), batch, kv head) of a program on a `(B·HKV, ·)` grid."""
+    HKV = HQ // GRP
+    pid, j = tl.program_id(0), tl.program_id(1)
+    return pid, j, pid // HKV, pid % HKV
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,
     K,
@@ -52,9 +60,7 @@ def _decode_split_kernel(
     DOT_PREC: tl.constexpr,
 ):
     """Partial attention of rows (t, g) of kv head `hk` over slots [split·CHUNK, (split+1)·CHUNK)."""
-    HKV = HQ // GRP
-    pid, split = tl.program_id(0), tl.program_id(1)
-    b, hk = pid // HKV, pid % HKV
+    pid, split, b, hk = _kv_program(HQ, GRP)
     n = tl.load(SEQLENS + b).to(tl.int32)
     r = tl.arange(0, BR)
     t, g = r // GRP, r % GRP
@@ -125,9 +131,7 @@ def _decode_combine_kernel(
     GATE_MODE: tl.constexpr,
 ):
     """Merge the NSPLIT partials of one (b, kv head, row) by their lse; apply σ(gate)."""
-    HKV = HQ // GRP
-    pid, r = tl.program_id(0), tl.program_id(1)
-    b, hk = pid // HKV, pid % HKV
+    pid, r, b, hk = _kv_program(HQ, GRP)
     t, g = r // GRP, r % GRP
     sp = tl.arange(0, BS)
     part = (pid * NSPLIT + sp).to(tl.int64) * BR + r
