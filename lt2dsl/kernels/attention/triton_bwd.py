@@ -517,6 +517,32 @@ def _bwd_ds(q, k, v, du, lse, delta, dq, dk, dv, dummy, scalars, common, cfg, tu
         )
 
 
+def bwd_preprocess(o, do, gate):
+    """(delta `[HQ, B·Tq]` fp32, dU, dgate or None) of the gated output o `[B, Tq, HQ, DV]` and its
+    gradient do: delta = Σ_v dO ⊙ o per row, dU = dO ⊙ σ(g) (do itself without a gate)."""
+    B, Tq, HQ, DV = o.shape
+    nrows = B * Tq
+    delta = new_empty(o, HQ, nrows, dtype=torch.float32)
+    du = do if gate is None else new_empty(do, *do.shape)
+    dg = None if gate is None else new_empty(gate, *gate.shape)
+    pre_bm = 16 if triton_interpreting() else 64
+    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
+        o,
+        do,
+        o if gate is None else gate,
+        du,
+        do if dg is None else dg,
+        delta,
+        nrows,
+        HQ=HQ,
+        DV=DV,
+        BDV=pow2(DV),
+        BM=pre_bm,
+        GATE_MODE=0 if gate is None else (1 if gate.dim() == 4 else 2),
+    )
+    return delta, du, dg
+
+
 def attn_bwd(
     do,
     q,
@@ -539,25 +565,7 @@ def attn_bwd(
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     nrows = B * Tq
-    gate_mode = 0 if gate is None else (1 if gate.dim() == 4 else 2)
-    delta = new_empty(q, HQ, nrows, dtype=torch.float32)
-    du = do if gate is None else new_empty(do, *do.shape)
-    dg = None if gate is None else new_empty(gate, *gate.shape)
-    pre_bm = 16 if triton_interpreting() else 64
-    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
-        o,
-        do,
-        q if gate is None else gate,
-        du,
-        do if dg is None else dg,
-        delta,
-        nrows,
-        HQ=HQ,
-        DV=DV,
-        BDV=pow2(DV),
-        BM=pre_bm,
-        GATE_MODE=gate_mode,
-    )
+    delta, du, dg = bwd_preprocess(o, do, gate)
     cfg = bwd_config(max(D, DV), q.dtype)
     dq, dk, dv = (new_empty(t, *t.shape) for t in (q, k, v))
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)

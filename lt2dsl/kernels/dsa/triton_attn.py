@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention.triton_bwd import _bwd_pre_kernel
+from ..attention.triton_bwd import bwd_preprocess
 from ..attention.triton_fwd import LOG2E, NEG_BIG
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.attn_utils import rows_contiguous
@@ -206,6 +206,27 @@ def _cfg(dtype: torch.dtype) -> dict:
     return dict(BK=32 if dtype == torch.float32 else 64, num_warps=4, num_stages=2)
 
 
+def _launch(q, k, v, indices) -> dict:
+    """The constexprs and launch settings both sparse kernels take for q `[B, Tq, HQ, K]`, k/v
+    `[B, Tk, HKV, *]` and indices `[B, Tq, (HKV,) NIDX]`."""
+    HQ, D, HKV, DV = q.shape[2], q.shape[3], k.shape[2], v.shape[3]
+    cfg = _cfg(q.dtype)
+    return dict(
+        HQ=HQ,
+        GRP=HQ // HKV,
+        D=D,
+        DV=DV,
+        BD=pow2(D),
+        BDV=pow2(DV),
+        BR=pow2(HQ // HKV),
+        BK=cfg["BK"],
+        IDX_H=indices.shape[2] if indices.dim() == 4 else 1,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
 def sparse_attn_fwd(q, k, v, indices, scale: float):
     """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]` (any strides but a contiguous last dim), indices
     `[B, Tq, (HKV,) NIDX]`.
@@ -217,7 +238,6 @@ def sparse_attn_fwd(q, k, v, indices, scale: float):
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     o = new_empty(v, B, Tq, HQ, DV)
     lse = new_empty(q, HQ, B * Tq, dtype=torch.float32)
-    cfg = _cfg(q.dtype)
     _sparse_fwd_kernel[(Tq, B * HKV)](
         q,
         k,
@@ -236,36 +256,20 @@ def sparse_attn_fwd(q, k, v, indices, scale: float):
         v.stride(0),
         v.stride(1),
         v.stride(2),
-        HQ=HQ,
-        GRP=HQ // HKV,
-        D=D,
-        DV=DV,
-        BD=pow2(D),
-        BDV=pow2(DV),
-        BR=pow2(HQ // HKV),
-        BK=cfg["BK"],
-        IDX_H=indices.shape[2] if indices.dim() == 4 else 1,
-        DOT_PREC=dot_precision(q.dtype),
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        **_launch(q, k, v, indices),
     )
     return o, lse
 
 
 def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float):
     """(dq, dk, dv) of `sparse_attn_fwd`."""
-    B, Tq, HQ, D = q.shape
-    Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    B, Tq, _, _ = q.shape
+    Tk, HKV = k.shape[1], k.shape[2]
     nrows = B * Tq
-    delta = new_empty(q, HQ, nrows, dtype=torch.float32)
-    pre_bm = 16 if triton_interpreting() else 64
-    _bwd_pre_kernel[(triton.cdiv(nrows, pre_bm), HQ)](
-        o, do, o, do, do, delta, nrows, HQ=HQ, DV=DV, BDV=pow2(DV), BM=pre_bm, GATE_MODE=0
-    )
+    delta = bwd_preprocess(o, do, None)[0]
     dq = new_empty(q, *q.shape)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-    cfg = _cfg(q.dtype)
     _sparse_bwd_kernel[(Tq, B * HKV)](
         q,
         k,
@@ -283,17 +287,6 @@ def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float):
         scale * LOG2E,
         scale,
         nrows,
-        HQ=HQ,
-        GRP=HQ // HKV,
-        D=D,
-        DV=DV,
-        BD=pow2(D),
-        BDV=pow2(DV),
-        BR=pow2(HQ // HKV),
-        BK=cfg["BK"],
-        IDX_H=indices.shape[2] if indices.dim() == 4 else 1,
-        DOT_PREC=dot_precision(q.dtype),
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        **_launch(q, k, v, indices),
     )
     return dq, dk.to(k.dtype), dv.to(v.dtype)
