@@ -60,38 +60,14 @@ def block_tokens(block_indices: Tensor, sel: int) -> Tensor:
     return torch.where(block_indices[..., None] >= 0, tok, -1).flatten(-2).contiguous()
 
 
-def nsa_triton(
-    q,
-    k,
-    v,
-    g_cmp,
-    g_slc,
-    g_swa,
-    *,
-    block_counts,
-    block_size,
-    window_size,
-    scale,
-    cmp_block,
-    cmp_stride,
-    k_cmp,
-    v_cmp,
-    block_indices,
-    cu_seqlens,
-):
-    """Triton NSA; arguments as `lt2dsl.kernels.nsa.nsa`. Returns (o, block_indices)."""
+def nsa_triton(q, k, v, g_cmp, g_slc, g_swa, *, k_cmp, v_cmp, block_indices, cu_seqlens, **kw):
+    """Triton NSA; arguments as `lt2dsl.kernels.nsa.nsa`, `kw` its options block_counts, block_size,
+    window_size, scale, cmp_block and cmp_stride. Returns (o, block_indices)."""
     check_triton_dtype(q, k, v)
-    kw = dict(
-        block_counts=block_counts,
-        block_size=block_size,
-        window_size=window_size,
-        scale=scale,
-        cmp_block=cmp_block,
-        cmp_stride=cmp_stride,
-    )
     if cu_seqlens is not None:
         return _by_sequence(q, k, v, g_cmp, g_slc, g_swa, block_indices, cu_seqlens, kw)
-    geo = NSAGeometry.make(block_size, cmp_block, cmp_stride)
+    block_counts, window_size, scale = kw["block_counts"], kw["window_size"], kw["scale"]
+    geo = NSAGeometry.make(kw["block_size"], kw["cmp_block"], kw["cmp_stride"])
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     # k, v stay as they are where a kernel takes their strides (the selected branch; the window
     # branch in decode): in the lowering's decode they are views of the KV cache
