@@ -95,26 +95,13 @@ def nsa(
         cmp_block=cmp_block,
         cmp_stride=cmp_stride,
     )
+    inputs = dict(k_cmp=k_cmp, v_cmp=v_cmp, block_indices=block_indices)
     if resolve_backend(backend, q) == "triton":
         from .ops import nsa_triton
 
-        o, idx = nsa_triton(
-            q,
-            k,
-            v,
-            g_cmp,
-            g_slc,
-            g_swa,
-            k_cmp=k_cmp,
-            v_cmp=v_cmp,
-            block_indices=block_indices,
-            cu_seqlens=cu_seqlens,
-            **kw,
-        )
+        o, idx = nsa_triton(q, k, v, g_cmp, g_slc, g_swa, cu_seqlens=cu_seqlens, **inputs, **kw)
     elif cu_seqlens is None:
-        o, idx = nsa_reference(
-            q, k, v, g_cmp, g_slc, g_swa, k_cmp=k_cmp, v_cmp=v_cmp, block_indices=block_indices, **kw
-        )
+        o, idx = nsa_reference(q, k, v, g_cmp, g_slc, g_swa, **inputs, **kw)
     else:
         if k_cmp is not None or not isinstance(block_counts, int):
             raise ValueError("cu_seqlens with k_cmp/v_cmp or tensor block_counts is not supported")
