@@ -19,15 +19,8 @@ def fft_size(T: int) -> int:
 
 
 def fft_toeplitz_mix(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """FFT form of the causal Toeplitz mixer, differentiable by autograd.
-
-    Args:
-        x (torch.Tensor): `[B, T, C]`.
-        w (torch.Tensor): `[kernel, heads, n]` with n ≥ T; C divisible by heads.
-        bias (torch.Tensor, Optional): `[heads, n]`. Default: `None`.
-
-    Returns:
-        y (torch.Tensor): `[B, T, C]` in the transform dtype (fp32, or float64 for float64 inputs).
+    """FFT form of the causal Toeplitz mixer, differentiable by autograd: x `[B, T, C]`, w and bias
+    as `naive_toeplitz_mix`; y `[B, T, C]` in the transform dtype (fp32, or float64 for float64 inputs).
     """
     B, T, C = x.shape
     kernel, heads, _ = w.shape
