@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, new_empty, triton_interpreting
 from ..common.tl_util import cast
 from .recipe import AttnRecipe, default_recipe, ds_applies
@@ -570,12 +570,7 @@ def attn_bwd(
     dq, dk, dv = (new_empty(t, *t.shape) for t in (q, k, v))
     dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
     common = dict(
-        HQ=HQ,
-        GRP=HQ // HKV,
-        D=D,
-        DV=DV,
-        BD=pow2(D),
-        BDV=pow2(DV),
+        **head_constexprs(q, k, v),
         CAUSAL=causal,
         HAS_W=window is not None,
         KSTRIDE=kstride,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_triton import dot_precision, head_constexprs, mm
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
 
@@ -304,7 +304,7 @@ def attn_fwd(
     log2 units, +inf for rows without keys).
     """
     B, Tq, HQ, D = q.shape
-    Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    Tk, DV = k.shape[1], v.shape[3]
     o = new_empty(v, B, Tq, HQ, DV)
     lse = new_empty(q, HQ, B * Tq, dtype=torch.float32)
     cfg = fwd_config(max(D, DV), q.dtype)
@@ -334,12 +334,7 @@ def attn_fwd(
         koff,
         scale * LOG2E,
         B * Tq,
-        HQ=HQ,
-        GRP=HQ // HKV,
-        D=D,
-        DV=DV,
-        BD=pow2(D),
-        BDV=pow2(DV),
+        **head_constexprs(q, k, v),
         CAUSAL=causal,
         HAS_W=window is not None,
         KSTRIDE=kstride,

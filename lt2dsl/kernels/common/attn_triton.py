@@ -33,3 +33,10 @@ def dot_precision(dtype: torch.dtype) -> str:
 def pow2(n: int) -> int:
     """Tile width for a head dim: a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, triton.next_power_of_2(n))
+
+
+def head_constexprs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
+    """The head constexprs of an attention kernel for q `[B, Tq, HQ, D]`, k `[B, Tk, HKV, D]` and
+    v `[B, Tk, HKV, DV]`: HQ, GRP = HQ // HKV, D, DV and their tile widths BD, BDV."""
+    HQ, D, HKV, DV = q.shape[2], q.shape[3], k.shape[2], v.shape[3]
+    return dict(HQ=HQ, GRP=HQ // HKV, D=D, DV=DV, BD=pow2(D), BDV=pow2(DV))

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..attention.triton_bwd import bwd_preprocess
 from ..attention.triton_fwd import LOG2E, NEG_BIG
-from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
 from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
 
@@ -209,15 +209,10 @@ def _cfg(dtype: torch.dtype) -> dict:
 def _launch(q, k, v, indices) -> dict:
     """The constexprs and launch settings both sparse kernels take for q `[B, Tq, HQ, K]`, k/v
     `[B, Tk, HKV, *]` and indices `[B, Tq, (HKV,) NIDX]`."""
-    HQ, D, HKV, DV = q.shape[2], q.shape[3], k.shape[2], v.shape[3]
+    HQ, HKV = q.shape[2], k.shape[2]
     cfg = _cfg(q.dtype)
     return dict(
-        HQ=HQ,
-        GRP=HQ // HKV,
-        D=D,
-        DV=DV,
-        BD=pow2(D),
-        BDV=pow2(DV),
+        **head_constexprs(q, k, v),
         BR=pow2(HQ // HKV),
         BK=cfg["BK"],
         IDX_H=indices.shape[2] if indices.dim() == 4 else 1,
