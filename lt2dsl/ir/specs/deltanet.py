@@ -5,28 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import (
-    COMMON,
-    CONV,
-    NORM_EPS,
-    conv_flops,
-    from_attention,
-    identity_map,
-    lin,
-    proj_flops,
-    qkv_weights,
-)
-from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
+from lt2dsl.ir.spec import Mode, Option, Opts
+from lt2dsl.ir.specs.common import COMMON, CONV, NORM_EPS, from_attention, identity_map, lin, qkv_weights
+from lt2dsl.ir.specs.recurrent import DeltaSpec, chunk_of, conv_weights, delta_core
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_proj.weight", "o_proj.weight"]
 
 
 @dataclass(frozen=True)
-class DeltaNetSpec(LayerSpec):
-    def conv_channels(self, o: Opts) -> dict[str, int]:
-        n = o["heads"] * o["head_dim"]
-        return {"q": n, "k": n, "v": n}
+class DeltaNetSpec(DeltaSpec):
+    proj = tuple(PROJ)
+
+    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
+        """(H, H, K, K): one state per head, value dim = key dim."""
+        H, K = o["heads"], o["head_dim"]
+        return H, H, K, K
+
+    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
+        """Per head: chunked 6CK + 4CV + C²/3 + 6KV, decode 6KV (mixers.md §4(d))."""
+        return 6 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L))
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k, v (H·K, D) with K = V; b (H, D); g (H·V, D) when `gate`; o (D, H·V); convs;
@@ -41,21 +38,6 @@ class DeltaNetSpec(LayerSpec):
         w["o_proj.weight"] = lin(D, H * K)
         w |= conv_weights(self.conv_channels(o), o["conv"])
         return w | {"o_norm.weight": (K,)}
-
-    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
-        H, K = o["heads"], o["head_dim"]
-        return state(batch, H, K, K) | conv_cache(self.conv_channels(o), o["conv"], batch)
-
-    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
-        """Core per head: chunked 6CK + 4CV + C²/3 + 6KV, decode 6KV (mixers.md §4(d))."""
-        H, K = o["heads"], o["head_dim"]
-        proj = proj_flops(self.weights(o, cfg), PROJ)
-        proj += conv_flops(sum(self.conv_channels(o).values()), o["conv"])
-        core = 6 * K * K if mode == "decode" else delta_core(K, K, chunk_of(L))
-        return Flops(proj=proj, core=float(H * core))
-
-    def is_delta_rule(self) -> bool:
-        return True
 
 
 # fla's layer (`attn.` in its models) names its weights as we do.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
-from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, from_attention, identity_map, lin, proj_flops
-from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
+from lt2dsl.ir.spec import Mode, Option, Opts, scaled
+from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, from_attention, identity_map, lin
+from lt2dsl.ir.specs.recurrent import StateSpec, chunk_of, decay_core
 
 PROJ = [
     "q_proj.weight",
@@ -27,7 +27,17 @@ def dims(o: Opts) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class GlaSpec(LayerSpec):
+class GlaSpec(StateSpec):
+    proj = tuple(PROJ)
+
+    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
+        H, K, V = dims(o)
+        return H, H, K, V
+
+    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
+        """Per head: 2C(K+V) + 4KV + 3·16·K (fp32 diagonal sub-blocks); decode 5KV."""
+        return 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L)) + 3 * SUB * K
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q (H·K, D), g (H·V, D); k (HKV·K, D), v (HKV·V, D) and the decay gate D → rank → HKV·K
         (+ bias), each shared by H / HKV query heads (fla's `num_kv_heads`); o (D, H·V); g_norm (V)
@@ -45,16 +55,6 @@ class GlaSpec(LayerSpec):
             "o_proj.weight": lin(D, H * V),
             "g_norm.weight": (V,),
         }
-
-    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
-        H, K, V = dims(o)
-        return state(batch, H, K, V)
-
-    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
-        """Core per head: 2C(K+V) + 4KV + 3·16·K (fp32 diagonal sub-blocks); decode 5KV."""
-        H, K, V = dims(o)
-        core = 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L)) + 3 * SUB * K
-        return Flops(proj=proj_flops(self.weights(o, cfg), PROJ), core=float(H * core))
 
 
 # fla's layer (`attn.` in its models) names its weights as we do; its output norm is

@@ -5,20 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
+from lt2dsl.ir.spec import Mode, Option, Opts, scaled
 from lt2dsl.ir.specs.common import (
     COMMON,
     CONV,
     NORM_EPS,
     V_HEADS,
-    conv_flops,
     from_attention,
     identity_map,
     lin,
-    proj_flops,
     qkv_weights,
 )
-from lt2dsl.ir.specs.recurrent import chunk_of, conv_cache, conv_weights, delta_core, state
+from lt2dsl.ir.specs.recurrent import DeltaSpec, chunk_of, conv_weights, delta_core
 
 PROJ = [
     "q_proj.weight",
@@ -40,10 +38,16 @@ def dims(o: Opts) -> tuple[int, int, int, int]:
 
 
 @dataclass(frozen=True)
-class KdaSpec(LayerSpec):
-    def conv_channels(self, o: Opts) -> dict[str, int]:
-        H, HV, K, V = dims(o)
-        return {"q": H * K, "k": H * K, "v": HV * V}
+class KdaSpec(DeltaSpec):
+    proj = tuple(PROJ)
+
+    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
+        return dims(o)
+
+    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
+        """Per value head: GDN's chunked count + 3·16·K for the gated 16-token diagonal
+        sub-blocks (mixers.md §6(d)); decode 7KV."""
+        return 7 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L)) + 3 * SUB * K
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D) with V = K · expand_v; low-rank forget gate f: D → V → HV·K;
@@ -63,22 +67,6 @@ class KdaSpec(LayerSpec):
         }
         w |= conv_weights(self.conv_channels(o), o["conv"])
         return w | {"A_log": (HV,), "dt_bias": (HV * K,), "o_norm.weight": (V,)}
-
-    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
-        H, HV, K, V = dims(o)
-        return state(batch, HV, K, V) | conv_cache(self.conv_channels(o), o["conv"], batch)
-
-    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
-        """Core per value head: GDN's chunked count + 3·16·K for the gated 16-token diagonal
-        sub-blocks (mixers.md §6(d)); decode 7KV."""
-        H, HV, K, V = dims(o)
-        proj = proj_flops(self.weights(o, cfg), PROJ)
-        proj += conv_flops(sum(self.conv_channels(o).values()), o["conv"])
-        core = 7 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L)) + 3 * SUB * K
-        return Flops(proj=proj, core=float(o["v_heads"] * core))
-
-    def is_delta_rule(self) -> bool:
-        return True
 
 
 # fla's layer (`attn.` in its models) names its weights as we do.

@@ -1,8 +1,14 @@
-"""Shared pieces of the linear-recurrent specs: conv weights and caches, chunked core FLOPs."""
+"""Shared pieces of the linear-recurrent specs: conv weights and caches, chunked core FLOPs, and
+the formulas every kind with one (B, heads, K, V) state has in common."""
 
 from __future__ import annotations
 
-from lt2dsl.ir.spec import CacheTensor
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lt2dsl.ir.nodes import ModelConfig
+from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Opts
+from lt2dsl.ir.specs.common import conv_flops, proj_flops
 
 CHUNK = 64  # chunk size of the chunked kernels (mixers.md §0)
 
@@ -41,3 +47,47 @@ def decay_core(K: int, V: int, C: int) -> float:
     """Chunked linear attention with decay per head per token: QKᵀ (2CK), A·V (2CV),
     QS and KᵀV (2KV each): 2C(K + V) + 4KV (mixers.md §1(d), §2(d))."""
     return 2 * C * (K + V) + 4 * K * V
+
+
+@dataclass(frozen=True)
+class StateSpec(LayerSpec):
+    """A kind whose decode cache is one fp32 state `[B, HS, K, V]` (HS: state heads) and whose
+    FLOPs are its projections `proj` plus HS times `core`. Subclasses give `heads_dims` and `core`."""
+
+    proj: ClassVar[tuple[str, ...]] = ()
+
+    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
+        """(H, HS, K, V): q/k heads, state heads, key dim, value dim."""
+        raise NotImplementedError
+
+    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
+        """Core FLOPs per state head per token."""
+        raise NotImplementedError
+
+    def conv_channels(self, o: Opts) -> dict[str, int]:
+        return {}
+
+    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """fp32 state (B, HS, K, V) + conv buffers: 4·HS·K·V + b·(W−1)·(2HK + HS·V) per sequence."""
+        H, HS, K, V = self.heads_dims(o)
+        return state(batch, HS, K, V) | conv_cache(self.conv_channels(o), o.get("conv", 0), batch)
+
+    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
+        H, HS, K, V = self.heads_dims(o)
+        proj = proj_flops(self.weights(o, cfg), list(self.proj))
+        if channels := self.conv_channels(o):
+            proj += conv_flops(sum(channels.values()), o["conv"])
+        return Flops(proj=proj, core=float(HS * self.core(K, V, L, mode)))
+
+
+@dataclass(frozen=True)
+class DeltaSpec(StateSpec):
+    """A delta-rule kind (`deltanet`, `gdn`, `kda`): short convs on q, k and v, one state per
+    value head, served by the delta-rule kernels."""
+
+    def conv_channels(self, o: Opts) -> dict[str, int]:
+        H, HV, K, V = self.heads_dims(o)
+        return {"q": H * K, "k": H * K, "v": HV * V}
+
+    def is_delta_rule(self) -> bool:
+        return True

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts, scaled
-from lt2dsl.ir.specs.common import COMMON, from_attention, lin, proj_flops, qkv_weights
-from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
+from lt2dsl.ir.spec import Mode, Option, Opts, scaled
+from lt2dsl.ir.specs.common import COMMON, from_attention, lin, qkv_weights
+from lt2dsl.ir.specs.recurrent import StateSpec, chunk_of, decay_core
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_proj.weight"]
 
@@ -17,7 +17,17 @@ def dims(o: Opts) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class RetNetSpec(LayerSpec):
+class RetNetSpec(StateSpec):
+    proj = tuple(PROJ)
+
+    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
+        H, K, V = dims(o)
+        return H, H, K, V
+
+    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
+        """Per head: 2C(K+V) + 4KV chunked, 5KV decode (mixers.md §2(d))."""
+        return 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L))
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v, g (H·V, D) with V = K · expand_v; o (D, H·V); g_norm (V)."""
         H, K, V = dims(o)
@@ -28,16 +38,6 @@ class RetNetSpec(LayerSpec):
             "o_proj.weight": lin(D, H * V),
             "g_norm.weight": (V,),
         }
-
-    def cache(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
-        H, K, V = dims(o)
-        return state(batch, H, K, V)
-
-    def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
-        """Core per head: 2C(K+V) + 4KV chunked, 5KV decode (mixers.md §2(d))."""
-        H, K, V = dims(o)
-        core = 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L))
-        return Flops(proj=proj_flops(self.weights(o, cfg), PROJ), core=float(H * core))
 
 
 SPEC = RetNetSpec(
