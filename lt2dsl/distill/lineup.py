@@ -91,20 +91,26 @@ def line_up(teacher: n.Model, student: n.Model) -> list[Pair]:
 
 
 def _check_settings(t: n.ModelConfig, s: n.ModelConfig, student: n.Model) -> None:
-    if (diff := _first_difference(t, s, SHARED_SETTINGS)) is None:
-        return
-    name, tv, sv = diff
-    raise Mismatch(
-        E_LINEUP,
-        f"the student's `{name}` is {_show(sv)}, the teacher's {_show(tv)}",
+    _require_same(
+        t,
+        s,
+        SHARED_SETTINGS,
+        "the student's `{name}` is {student}, the teacher's {teacher}",
         student.span,
-        help=f"set `{name}` as the teacher has it: embeddings, norms and MLPs are copied",
+        help="set `{name}` as the teacher has it: embeddings, norms and MLPs are copied",
     )
 
 
-def _first_difference(t, s, names: tuple[str, ...]) -> tuple[str, object, object] | None:
-    """The first of `names` whose value differs between `t` and `s`: (name, t's, s's)."""
-    return next(((k, getattr(t, k), getattr(s, k)) for k in names if getattr(t, k) != getattr(s, k)), None)
+def _require_same(t, s, names: tuple[str, ...], message: str, span: Span, **kw) -> None:
+    """Raise a `Mismatch` at `span` for the first of `names` whose value differs between the teacher
+    `t` and the student `s`; `message` and `help` are formatted with that `name`, the `teacher`'s and
+    the `student`'s shown values and the student's `id`."""
+    for name in names:
+        tv, sv = getattr(t, name), getattr(s, name)
+        if tv != sv:
+            fields = {"name": name, "teacher": _show(tv), "student": _show(sv), "id": getattr(s, "id", "")}
+            kw["help"] = kw["help"].format(**fields)
+            raise Mismatch(E_LINEUP, message.format(**fields), span, **kw)
 
 
 def _walk(ts: tuple, ss: tuple, pairs: list[Pair], where: Span) -> None:
@@ -146,12 +152,11 @@ def _stage(t: n.Block | n.LoopBlock, s: n.Block | n.LoopBlock, pairs: list[Pair]
 
 
 def _check_loop(t: n.LoopBlock, s: n.LoopBlock) -> None:
-    if (diff := _first_difference(t, s, LOOP_FIELDS)) is None:
-        return
-    name, tv, sv = diff
-    raise Mismatch(
-        E_LINEUP,
-        f"student loop `{s.id}` has `{name}` = {_show(sv)}, the teacher's {_show(tv)}",
+    _require_same(
+        t,
+        s,
+        LOOP_FIELDS,
+        "student loop `{id}` has `{name}` = {student}, the teacher's {teacher}",
         s.span,
         label="differs from the teacher's loop",
         help="a looped teacher's blocks line up with a loop of the same options",
