@@ -183,10 +183,7 @@ class StaticCache(Cache):
         self.seen = 0
 
     def __repr__(self) -> str:
-        return (
-            f"StaticCache(entries={len(self.entries)}, batch={self.batch_size}, max_len={self.max_len}, "
-            f"nbytes={self.nbytes()})"
-        )
+        return self._repr("StaticCache", max_len=self.max_len)
 
 
 class _RowView(StaticCache):

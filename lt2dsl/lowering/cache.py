@@ -135,10 +135,12 @@ class Cache:
         self.seen = 0
 
     def __repr__(self) -> str:
-        return (
-            f"Cache(entries={len(self.entries)}, batch={self.batch_size}, seen={self.seen}, "
-            f"nbytes={self.nbytes()})"
-        )
+        return self._repr("Cache", seen=self.seen)
+
+    def _repr(self, name: str, **middle) -> str:
+        """`name(entries=…, batch=…, <middle>, nbytes=…)`, the form every cache class prints."""
+        fields = {"entries": len(self.entries), "batch": self.batch_size, **middle, "nbytes": self.nbytes()}
+        return f"{name}({', '.join(f'{k}={v}' for k, v in fields.items())})"
 
 
 class StaticEntry(Entry):
