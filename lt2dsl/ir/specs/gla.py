@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import Mode, Option, Opts, scaled
+from lt2dsl.ir.spec import Option, Opts, scaled
 from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, from_attention, identity_map, lin
-from lt2dsl.ir.specs.recurrent import StateSpec, chunk_of, decay_core
+from lt2dsl.ir.specs.recurrent import DecaySpec
 
 PROJ = [
     "q_proj.weight",
@@ -27,16 +27,10 @@ def dims(o: Opts) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class GlaSpec(StateSpec):
+class GlaSpec(DecaySpec):
     proj = tuple(PROJ)
-
-    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
-        H, K, V = dims(o)
-        return H, H, K, V
-
-    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
-        """Per head: 2C(K+V) + 4KV + 3·16·K (fp32 diagonal sub-blocks); decode 5KV."""
-        return 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L)) + 3 * SUB * K
+    dims = staticmethod(dims)
+    sub = SUB
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q (H·K, D), g (H·V, D); k (HKV·K, D), v (HKV·V, D) and the decay gate D → rank → HKV·K

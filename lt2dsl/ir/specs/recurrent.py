@@ -91,3 +91,23 @@ class DeltaSpec(StateSpec):
 
     def is_delta_rule(self) -> bool:
         return True
+
+
+@dataclass(frozen=True)
+class DecaySpec(StateSpec):
+    """Chunked linear attention with a decay and one state per head (`gla`, `retnet`). A subclass
+    gives `dims(o) -> (H, K, V)` and `sub`, the size of the fp32 diagonal sub-blocks (0: none).
+    Core per head: 2C(K+V) + 4KV + 3·sub·K chunked (mixers.md §2(d), §3(d)); decode 5KV."""
+
+    sub: ClassVar[int] = 0
+
+    @staticmethod
+    def dims(o: Opts) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
+        H, K, V = self.dims(o)
+        return H, H, K, V
+
+    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
+        return 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L)) + 3 * self.sub * K

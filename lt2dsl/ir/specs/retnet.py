@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import Mode, Option, Opts, scaled
+from lt2dsl.ir.spec import Option, Opts, scaled
 from lt2dsl.ir.specs.common import COMMON, from_attention, lin, qkv_weights
-from lt2dsl.ir.specs.recurrent import StateSpec, chunk_of, decay_core
+from lt2dsl.ir.specs.recurrent import DecaySpec
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_proj.weight"]
 
@@ -17,16 +17,9 @@ def dims(o: Opts) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class RetNetSpec(StateSpec):
+class RetNetSpec(DecaySpec):
     proj = tuple(PROJ)
-
-    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
-        H, K, V = dims(o)
-        return H, H, K, V
-
-    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
-        """Per head: 2C(K+V) + 4KV chunked, 5KV decode (mixers.md §2(d))."""
-        return 5 * K * V if mode == "decode" else decay_core(K, V, chunk_of(L))
+    dims = staticmethod(dims)
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v, g (H·V, D) with V = K · expand_v; o (D, H·V); g_norm (V)."""
