@@ -89,6 +89,14 @@ def depthwise_conv(channels: int, width: int) -> nn.Conv1d:
     return nn.Conv1d(channels, channels, width, groups=channels, bias=False)
 
 
+def add_qkv_convs(module: nn.Module, qk: int, v: int, width: int) -> None:
+    """The convs `conv_qkv` runs: `q_conv1d`, `k_conv1d` over `qk` channels and `v_conv1d` over `v`,
+    registered in that order (their default init draws from the RNG in it); none when `width` is 0."""
+    if width > 0:
+        module.q_conv1d, module.k_conv1d = depthwise_conv(qk, width), depthwise_conv(qk, width)
+        module.v_conv1d = depthwise_conv(v, width)
+
+
 def _autocast(x: torch.Tensor) -> bool:
     """Under autocast the layer input may legitimately differ from the parameters' dtype."""
     try:

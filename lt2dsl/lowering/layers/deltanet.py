@@ -6,10 +6,10 @@ import torch
 
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
+    add_qkv_convs,
     check_input,
     conv_qkv,
     delta_rule_core,
-    depthwise_conv,
     init_linears,
     math_dtype,
     param_dtype,
@@ -38,8 +38,7 @@ class DeltaNet(MixerLayer):
         if self.opts["gate"]:
             self.g_proj = linear(D, H * K)
         self.o_proj = linear(H * K, D)
-        if W > 0:
-            self.q_conv1d, self.k_conv1d, self.v_conv1d = (depthwise_conv(H * K, W) for _ in range(3))
+        add_qkv_convs(self, H * K, H * K, W)
         self.o_norm = GatedRMSNorm(K, eps=self.opts["norm_eps"], act="silu" if self.opts["gate"] else None)
         self.reset_parameters()
 

@@ -9,9 +9,9 @@ from torch import nn
 from lt2dsl.ir.specs.gdn import dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
+    add_qkv_convs,
     check_input,
     conv_qkv,
-    depthwise_conv,
     gated_delta_rule_core,
     init_A_log,
     init_dt_bias,
@@ -47,9 +47,7 @@ class GatedDeltaNet(MixerLayer):
         if self.opts["gate"]:
             self.g_proj = linear(D, HV * V)
         self.o_proj = linear(HV * V, D)
-        if W > 0:
-            self.q_conv1d, self.k_conv1d = depthwise_conv(H * K, W), depthwise_conv(H * K, W)
-            self.v_conv1d = depthwise_conv(HV * V, W)
+        add_qkv_convs(self, H * K, HV * V, W)
         self.A_log = nn.Parameter(torch.empty(HV))
         self.dt_bias = nn.Parameter(torch.empty(HV))
         self.o_norm = GatedRMSNorm(V, eps=self.opts["norm_eps"], act="silu" if self.opts["gate"] else None)
