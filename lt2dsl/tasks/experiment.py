@@ -9,13 +9,16 @@ summary (`results.json`, `results.md`, `results.png`) from the files present.
 
 Options: `--device` (default cuda when available), `--steps` (override every training's steps,
 for a smoke run), `--backend` (override the kernel backend), `--out` (default
-`docs/results/<name>`), `--force` (train again).
+`docs/results/<name>`), `--force` (train again), `--jobs N` (train N (run, seed) pairs at once,
+each in its own process logging to `<out>/logs/`: the small models of these experiments leave
+one GPU mostly idle, so their wall time is bound by the host and divides by N up to its cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -138,7 +141,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="results folder (default docs/results/<name>)")
     p.add_argument("--force", action="store_true", help="train again where a result file exists")
     p.add_argument("--report-only", action="store_true", help="only rebuild the summary")
-    return p.parse_args(argv)
+    p.add_argument("--jobs", type=int, default=1, help="(run, seed) pairs trained at once [1]")
+    p.add_argument("--no-report", action="store_true", help="train only; leave the summary to the caller")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {args.jobs}")
+    return args
 
 
 def select(exp: ExperimentConfig, args: argparse.Namespace) -> tuple[list[RunConfig], list[int]]:
@@ -156,6 +164,7 @@ def select(exp: ExperimentConfig, args: argparse.Namespace) -> tuple[list[RunCon
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(stderr=True)
+    failed: list[str] = []
     try:
         exp, root = load_experiment(args.config)
         changes = {"steps": args.steps, "backend": args.backend}
@@ -167,16 +176,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_equal_params(exp, root)
             columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"))
             with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
-                for run in runs:
-                    for data in exp.data:
-                        for seed in seeds:
-                            path = out / "runs" / f"{slug(run.name)}--{slug(data.name)}--seed{seed}.json"
-                            if path.exists() and not args.force:
-                                continue
-                            write_json(path, run_one(exp, run, data, seed, root, args.device, progress))
+                if args.jobs > 1:
+                    failed = run_parallel(args, pending(exp, runs, seeds, out, args.force), out, progress)
+                else:
+                    for run in runs:
+                        for data in exp.data:
+                            for seed in seeds:
+                                path = out / "runs" / result_name(run, data, seed)
+                                if path.exists() and not args.force:
+                                    continue
+                                write_json(path, run_one(exp, run, data, seed, root, args.device, progress))
     except (ValueError, DiagnosticError) as e:
         console.print(f"error: {e}", markup=False, highlight=False)
         return 1
+    for line in failed:
+        console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+    if args.no_report:
+        return 1 if failed else 0
     results = [_read(p) for p in sorted((out / "runs").glob("*.json"))]
     summary = summarize(exp, [r for r in results if r is not None])
     command = f"python -m lt2dsl.tasks.experiment {args.config}"
@@ -185,7 +201,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     for c in summary["checks"]:
         console.print(f"{c['verdict']:>9}: {c['says']} ({c['detail']})", markup=False, highlight=False)
     console.print("wrote " + ", ".join(map(str, paths)), markup=False, highlight=False)
-    return 0
+    return 1 if failed else 0
+
+
+def result_name(run: RunConfig, data: DataEntry, seed: int) -> str:
+    return f"{slug(run.name)}--{slug(data.name)}--seed{seed}.json"
+
+
+def pending(
+    exp: ExperimentConfig, runs: list[RunConfig], seeds: list[int], out: Path, force: bool
+) -> list[tuple[RunConfig, int]]:
+    """The (run, seed) pairs with a result file of some data entry missing (all of them with `force`)."""
+    return [
+        (run, seed)
+        for run in runs
+        for seed in seeds
+        if force or any(not (out / "runs" / result_name(run, d, seed)).exists() for d in exp.data)
+    ]
+
+
+def child_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """This module's command line for one child of `run_parallel`, less `--runs` and `--seeds`."""
+    cmd = [sys.executable, "-m", "lt2dsl.tasks.experiment", args.config, "--out", str(out)]
+    for flag, value in (("--device", args.device), ("--steps", args.steps), ("--backend", args.backend)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    return cmd + ["--no-report"] + (["--force"] if args.force else [])
+
+
+def run_parallel(
+    args: argparse.Namespace, units: list[tuple[RunConfig, int]], out: Path, progress
+) -> list[str]:
+    """Each (run, seed) of `units` in a child process of this module (`--runs R --seeds S
+    --no-report`), at most `args.jobs` at once, its output in `<out>/logs/`; the failures as lines."""
+    base = child_command(args, out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    bar = progress.add_task(f"{len(units)} trainings, {args.jobs} at once", total=len(units), info="")
+    waiting, running, failed = list(units), [], []
+    while waiting or running:
+        while waiting and len(running) < args.jobs:
+            run, seed = waiting.pop(0)
+            log = out / "logs" / f"{slug(run.name)}--seed{seed}.log"
+            with log.open("w") as f:
+                cmd = [*base, "--runs", run.name, "--seeds", str(seed)]
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+            running.append((proc, run.name, seed, log))
+        time.sleep(0.2)
+        for item in [r for r in running if r[0].poll() is not None]:
+            proc, name, seed, log = item
+            running.remove(item)
+            if proc.returncode != 0:
+                failed.append(f"{name} seed {seed} exited with {proc.returncode}; see {log}")
+            progress.update(bar, advance=1, info=f"{len(failed)} failed" if failed else "")
+    return failed
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -116,6 +116,33 @@ def test_the_runner_end_to_end(tmp_path, capsys):
     assert main([*argv, "--runs", "gdm"]) == 1 and "unknown runs" in capsys.readouterr().err
 
 
+def test_parallel_trainings_equal_the_sequential_ones_and_a_failure_is_reported(tmp_path, capsys):
+    """`--jobs 2`: one child process per (run, seed), the same result files and metrics as one
+    process training them in turn, one summary; a child that fails makes the exit status 1 and is
+    named with its log."""
+    (tmp_path / "smoke.toml").write_text(SMOKE)
+    (tmp_path / "m.lt2").write_text(MODEL)
+    argv = [str(tmp_path / "smoke.toml"), "--device", "cpu", "--seeds", "0"]
+    assert main([*argv, "--out", str(tmp_path / "seq")]) == 0, capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "par"), "--jobs", "2"]) == 0, capsys.readouterr().err
+    for name in ("gdn--parity--seed0.json", "gdn_frozen--parity--seed0.json"):
+        seq, par = (json.loads((tmp_path / d / "runs" / name).read_text()) for d in ("seq", "par"))
+        losses = [[(r["step"], r["loss"], r["grad_norm"]) for r in x["history"]] for x in (seq, par)]
+        assert par["metrics"] == seq["metrics"] and losses[0] == losses[1]
+    assert sorted(p.name for p in (tmp_path / "par" / "logs").glob("*.log")) == [
+        "gdn--seed0.log",
+        "gdn_frozen--seed0.log",
+    ]
+    assert json.loads((tmp_path / "par" / "results.json").read_text())["runs"].keys() == {"gdn", "gdn frozen"}
+    # a freeze pattern that matches nothing: found by the child's trainer, not by the parent
+    (tmp_path / "smoke.toml").write_text(SMOKE.replace('"blocks.?.mixers.*"', '"nothing.*"'))
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "bad"), "--jobs", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "gdn frozen seed 0 exited with 1" in err and "gdn_frozen--seed0.log" in err
+    assert "matches no parameter" in (tmp_path / "bad" / "logs" / "gdn_frozen--seed0.log").read_text()
+
+
 def test_bad_experiment_files_name_the_problem(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text(
