@@ -22,6 +22,30 @@ _EPS = tl.constexpr(L2_EPS)
 
 
 @triton.jit
+def _tile(T, C, BT: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr):
+    """This program's tile of `[B, T, C]`: (sequence i_b (int64), time tile i_t, positions o_t `[BT]`,
+    channels o_c `[BC]` (HD of them real), their masks m_t, m_c)."""
+    i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_c = i_c * HD + tl.arange(0, BC)
+    m_t, m_c = o_t < T, (tl.arange(0, BC) < HD) & (o_c < C)
+    return i_b, i_t, o_t, o_c, m_t, m_c
+
+
+@triton.jit
+def _tap_input(x, h, i_b, src, o_c, m_t, m_c, sxb, sxt, shb, shc, W: tl.constexpr, HAS_H: tl.constexpr):
+    """x at positions src = t−W+1+j `[BT, BC]` (fp32), what tap j reads for pre_t: from `hist` before
+    the sequence's start (with HAS_H), else 0 there; m_t masks the rows t, m_c the channels."""
+    m_x = ((src >= 0) & m_t)[:, None] & m_c[None, :]
+    b_x = tl.load(x + i_b * sxb + src[:, None] * sxt + o_c[None, :], mask=m_x, other=0.0).to(tl.float32)
+    if HAS_H:
+        m_h = ((src < 0) & m_t)[:, None] & m_c[None, :]
+        p_h = h + i_b * shb + o_c[None, :] * shc + (src + (W - 1))[:, None]
+        b_x += tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
+    return b_x
+
+
+@triton.jit
 def _conv_tile(
     x,
     h,
@@ -49,12 +73,7 @@ def _conv_tile(
     for j in tl.static_range(W):
         src = o_t - (W - 1) + j
         b_w = tl.load(w + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
-        m_x = ((src >= 0) & m_t)[:, None] & m_c[None, :]
-        b_x = tl.load(x + i_b * sxb + src[:, None] * sxt + o_c[None, :], mask=m_x, other=0.0).to(tl.float32)
-        if HAS_H:
-            m_h = ((src < 0) & m_t)[:, None] & m_c[None, :]
-            p_h = h + i_b * shb + o_c[None, :] * shc + (src + (W - 1))[:, None]
-            b_x += tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
+        b_x = _tap_input(x, h, i_b, src, o_c, m_t, m_c, sxb, sxt, shb, shc, W, HAS_H)
         acc += b_x * b_w[None, :]
     return acc
 
@@ -81,10 +100,7 @@ def conv_silu_fwd_kernel(
     HAS_B: tl.constexpr,
     L2: tl.constexpr,
 ):
-    i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_c = i_c * HD + tl.arange(0, BC)
-    m_t, m_c = o_t < T, (tl.arange(0, BC) < HD) & (o_c < C)
+    i_b, i_t, o_t, o_c, m_t, m_c = _tile(T, C, BT, BC, HD)
     pre = _conv_tile(x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc, W, BT, BC, HAS_H, HAS_B)
     b_y = pre * tl.sigmoid(pre)
     if L2:
@@ -116,10 +132,7 @@ def conv_silu_bwd_pre_kernel(
     HAS_B: tl.constexpr,
     L2: tl.constexpr,
 ):
-    i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_c = i_c * HD + tl.arange(0, BC)
-    m_t, m_c = o_t < T, (tl.arange(0, BC) < HD) & (o_c < C)
+    i_b, i_t, o_t, o_c, m_t, m_c = _tile(T, C, BT, BC, HD)
     m = m_t[:, None] & m_c[None, :]
     pre = _conv_tile(x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc, W, BT, BC, HAS_H, HAS_B)
     p = (i_b * T + o_t)[:, None] * C + o_c[None, :]
@@ -157,10 +170,7 @@ def conv_silu_bwd_dx_kernel(
     HD: tl.constexpr,
     HAS_H: tl.constexpr,
 ):
-    i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_c = i_c * HD + tl.arange(0, BC)
-    m_t, m_c = o_t < T, (tl.arange(0, BC) < HD) & (o_c < C)
+    i_b, i_t, o_t, o_c, m_t, m_c = _tile(T, C, BT, BC, HD)
     m = m_t[:, None] & m_c[None, :]
     b_dx = tl.zeros([BT, BC], dtype=tl.float32)
     b_d = tl.load(dpre + (i_b * T + o_t)[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
@@ -175,12 +185,7 @@ def conv_silu_bwd_dx_kernel(
         b_dx += b_dd.to(tl.float32) * b_w[None, :]
         # tap j reads x_{t−W+1+j} for pre_t
         src = o_t - (W - 1) + j
-        m_x = ((src >= 0) & m_t)[:, None] & m_c[None, :]
-        b_x = tl.load(x + i_b * sxb + src[:, None] * sxt + o_c[None, :], mask=m_x, other=0.0).to(tl.float32)
-        if HAS_H:
-            m_h = ((src < 0) & m_t)[:, None] & m_c[None, :]
-            p_h = h + i_b * shb + o_c[None, :] * shc + (src + (W - 1))[:, None]
-            b_x += tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
+        b_x = _tap_input(x, h, i_b, src, o_c, m_t, m_c, sxb, sxt, shb, shc, W, HAS_H)
         tl.store(dw_part + p_part * W + j, tl.sum(b_d * b_x, axis=0), mask=m_c)
     tl.store(dx + (i_b * T + o_t)[:, None] * C + o_c[None, :], b_dx.to(dx.dtype.element_ty), mask=m)
 
