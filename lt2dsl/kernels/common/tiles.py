@@ -66,6 +66,20 @@ def tuned(configs: list[triton.Config], key: list[str], prune=None, reset_to_zer
     return wrap
 
 
+# The configs of the chunked linear-attention kernels (simple_gla, mlstm; gla's kernels follow the
+# same notes with a config list of their own). Hopper (sm_90, Triton 3.6) notes, every config: no
+# tl.trans of any value (transposed operands are loaded transposed), so the accumulator-transpose
+# miscompile of Triton 3.4–3.7.0 cannot hit; tiles are powers of two ≥ 16. A head dim that is not a
+# multiple of the tile is a masked pointer load; the README's sm_90 crash for odd head dims in
+# 16-bit backward kernels is not ruled out (the GPU tests use 64 and 128). num_warps=4 failed on
+# sm_90 in the peer's delta-rule WY backward (a triangular solve), a pattern absent here. Every
+# config is checked on the H200 by `test_gpu_every_autotune_config` (force_config).
+CHUNK_CONFIGS = [
+    triton.Config({}, num_warps=4, num_stages=2),
+    triton.Config({}, num_warps=8, num_stages=3),
+]
+
+
 def force_config(index: int | None) -> None:
     """Pin every autotuned decay kernel to its `index`-th candidate (modulo its count); None restores."""
     for at in AUTOTUNED:

@@ -39,13 +39,7 @@ from ..decay.chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span
 
 BC = 16
-# Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
-# loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles
-# are powers of two ≥ 16. A head dim that is not a multiple of the tile is a masked pointer load;
-# the README's sm_90 crash for odd head dims in 16-bit backward kernels is not ruled out (the GPU
-# tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
-# triangular solve), a pattern absent here. Every config is checked on the H200 by
-# `test_gpu_every_autotune_config` (force_config).
+# The sm_90 notes at `common.tiles.CHUNK_CONFIGS` hold for every config here.
 _CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     # the 16-row sub-chunk tiles of the intra kernels leave 4 warps half idle

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tiles import (
+    CHUNK_CONFIGS,
     block,
     cast,
     device_fn,
@@ -31,17 +32,7 @@ from ..common.tiles import (
 )
 from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span, seq_span
 
-# Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
-# loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles
-# are powers of two ≥ 16. A head dim that is not a multiple of the tile is a masked pointer load;
-# the README's sm_90 crash for odd head dims in 16-bit backward kernels is not ruled out (the GPU
-# tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
-# triangular solve), a pattern absent here. Every config is checked on the H200 by
-# `test_gpu_every_autotune_config` (force_config).
-_CONFIGS = [
-    triton.Config({}, num_warps=4, num_stages=2),
-    triton.Config({}, num_warps=8, num_stages=3),
-]
+_CONFIGS = CHUNK_CONFIGS  # sm_90 notes at `CHUNK_CONFIGS`
 _KEY = ["H", "K", "V", "BK", "BV"]
 # The output kernel forms q·n in a loop of its own (`fwd_o_kernel`): formed from the dots' q tile,
 # its 4-warp, 2-stage config races in shared memory (h errors of 7-52 on the GPU where every other

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..common.backend import new_empty
 from ..common.tiles import (
+    CHUNK_CONFIGS,
     block,
     cast,
     device_fn,
@@ -35,17 +36,7 @@ from ..decay.chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ..decay.chunks import Varlen, chunk_local_cumsum
 from ..gla.chunk import dqk_state_terms, head_chunk
 
-# Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
-# loaded transposed), so the accumulator-transpose miscompile of Triton 3.4–3.7.0 cannot hit; tiles
-# are powers of two ≥ 16. A head dim that is not a multiple of the tile is a masked pointer load;
-# the README's sm_90 crash for odd head dims in 16-bit backward kernels is not ruled out (the GPU
-# tests use 64 and 128). num_warps=4 failed on sm_90 in the peer's delta-rule WY backward (a
-# triangular solve), a pattern absent here. Every config is checked on the H200 by
-# `test_gpu_every_autotune_config` (force_config).
-_CONFIGS = [
-    triton.Config({}, num_warps=4, num_stages=2),
-    triton.Config({}, num_warps=8, num_stages=3),
-]
+_CONFIGS = CHUNK_CONFIGS  # sm_90 notes at `CHUNK_CONFIGS`
 _KEY = ["H", "HV", "K", "V", "BK", "BV", "HAS_G"]
 # dq/dk/dg: the dg term Σ hᵀ ⊙ dhᵀ reads loads of its own (`load_tile_apart`). Read from the hᵀ
 # and dhᵀ tiles the dots take, Triton's pipeliner keeps one shared buffer for each at 2 stages and
