@@ -69,14 +69,19 @@ def head_chunk(
 
 @device_fn
 def dqk_state_terms(
-    v, do, h, dh, i_c, i_k, T,
+    v, do, h, dh, bos, i_hv, i_tg, i_c, i_k, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DS: tl.constexpr, HDH: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Sums over the value blocks of chunk `i_c`, key block `i_k` (v, do at the sequence's value head,
-    h, dh at the chunk's state): dO hᵀ and V dhᵀ `[BT, BK]`; with DS the scores dS = dO Vᵀ and dSᵀ
-    `[BT, BT]` (each formed directly, zeros without); with HDH Σ_v hᵀ ⊙ dhᵀ `[BK]` from loads of its
-    own (`load_tile_apart`: sharing the dots' tiles let the pipeliner race on their buffer)."""
+    """Sums over the value blocks of chunk `i_c`, key block `i_k` of value head `i_hv` (v, do
+    `[B, T, HV, V]` from the sequence start `bos`, h, dh `[NT, HV, K, V]` at global chunk `i_tg`):
+    dO hᵀ and V dhᵀ `[BT, BK]`; with DS the scores dS = dO Vᵀ and dSᵀ `[BT, BT]` (each formed
+    directly, zeros without); with HDH Σ_v hᵀ ⊙ dhᵀ `[BK]` from loads of its own
+    (`load_tile_apart`: sharing the dots' tiles let the pipeliner race on their buffer)."""
+    v += (bos * HV + i_hv) * V
+    do += (bos * HV + i_hv) * V
+    h += (i_tg * HV + i_hv) * K * V
+    dh += (i_tg * HV + i_hv) * K * V
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
@@ -359,12 +364,8 @@ def bwd_dqkg_kernel(
     """State terms of dq, dk added to the intra-chunk ones, and dg `[B, T, HV, K]` (fp32)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    v += (bos * HV + i_hv) * V
-    do += (bos * HV + i_hv) * V
-    h += (i_tg * HV + i_hv) * K * V
-    dh += (i_tg * HV + i_hv) * K * V
     b_dq, b_dk, _, _, b_hdh = dqk_state_terms(
-        v, do, h, dh, i_c, i_k, T, HV, K, V, BT, BK, BV, False, True, PREC
+        v, do, h, dh, bos, i_hv, i_tg, i_c, i_k, T, HV, K, V, BT, BK, BV, False, True, PREC
     )
 
     q += (bos * H + i_h) * K

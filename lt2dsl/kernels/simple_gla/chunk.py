@@ -149,13 +149,8 @@ def bwd_dqkg_kernel(
 ):  # fmt: skip
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    v += (bos * HV + i_hv) * V
-    do += (bos * HV + i_hv) * V
-    h += (i_tg * HV + i_hv) * K * V
-    dh += (i_tg * HV + i_hv) * K * V
-
     b_dq, b_dk, b_ds, b_dsT, b_hdh = dqk_state_terms(
-        v, do, h, dh, i_c, i_k, T, HV, K, V, BT, BK, BV, True, HAS_G, PREC
+        v, do, h, dh, bos, i_hv, i_tg, i_c, i_k, T, HV, K, V, BT, BK, BV, True, HAS_G, PREC
     )
 
     q += (bos * H + i_h) * K
