@@ -38,8 +38,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# the repo root, not bench/ (whose kernels.py would shadow the `kernels` package transformers imports)
-sys.path = [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 from lt2dsl.distill import run as distill  # noqa: E402

@@ -1,4 +1,4 @@
-"""Shared timing harness for the GPU benchmarks (`bench/kernels.py`, `bench/blocks.py`).
+"""Shared timing harness for the GPU benchmarks (`bench/kernel_times.py`, `bench/blocks.py`).
 
 Each benchmark module registers `Case`s; `run_cases` times them with `triton.testing.do_bench`
 (median, events), prints a short table last and writes every figure to `$OUT/<name>.json`.

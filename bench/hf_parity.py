@@ -28,8 +28,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-# the repo root, not bench/ (whose kernels.py would shadow the `kernels` package transformers imports)
-sys.path = [q for q in sys.path if Path(q or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Full-size configs of public checkpoints (their config.json values that matter here).

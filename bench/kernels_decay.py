@@ -1,6 +1,6 @@
 """GPU benchmark of the decay family and the Toeplitz mixer, side by side with the peer (fla).
 
-`cases()` returns harness Cases (bench/kernels.py can merge them); `python bench/kernels_decay.py`
+`cases()` returns harness Cases (bench/kernel_times.py can merge them); `python bench/kernels_decay.py`
 runs them standalone, prints a table with ratios to the peer and writes `$OUT/kernels_decay.json`.
 Selection: `ONLY=substring,substring` keeps the cases whose group contains one of the substrings;
 `TAG=name` writes `$OUT/kernels_decay_<name>.json` instead, so split runs do not overwrite each other.

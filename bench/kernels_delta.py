@@ -1,6 +1,6 @@
 """GPU benchmark of the delta-rule family (GDN, DeltaNet, KDA), side by side with the peer (fla).
 
-`cases()` returns harness Cases (bench/kernels.py merges them); `python bench/kernels_delta.py`
+`cases()` returns harness Cases (bench/kernel_times.py merges them); `python bench/kernels_delta.py`
 runs them standalone, prints a table with ratios to the peer and writes `$OUT/kernels_delta.json`.
 Selection: `ONLY=substring,substring` keeps the cases whose group contains one of the substrings,
 `IMPLS=name,name` those rows only (e.g. `IMPLS=lt2dsl,lt2dsl-split,fla`);

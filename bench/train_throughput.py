@@ -34,8 +34,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# the repo root, not bench/ (whose kernels.py would shadow the `kernels` package transformers imports)
-sys.path = [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
 from bench.gdn12 import GDN12  # noqa: E402

@@ -1,6 +1,6 @@
 """GPU kernel benchmark: every lt2dsl op next to the peer (fla) and torch, in one run.
 
-    PYTHONPATH=. python bench/kernels.py [--only delta,decay,attn]
+    PYTHONPATH=. python bench/kernel_times.py [--only delta,decay,attn]
 
 Each family module (`bench/kernels_<family>.py`) exposes `cases() -> list[harness.Case]` and
 reads its own size knobs from the environment (see each module's docstring).
