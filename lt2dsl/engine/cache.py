@@ -61,12 +61,25 @@ def entry_layouts(model, batch_size: int, max_len: int) -> list[dict[str, tuple[
     return out
 
 
+class Cursor:
+    """Where a static cache's rows stand, shared by the cache and its entries: `positions [B]` on
+    the device; for a prefill view (`decoding` false) also `seen`, the host position of its rows.
+
+    Entries read the cursor, never the cache, so a cache owns its entries without a reference
+    cycle: dropping it frees every tensor at once, not at the next cyclic garbage collection."""
+
+    __slots__ = ("decoding", "positions", "seen")
+
+    def __init__(self, positions: torch.Tensor, decoding: bool):
+        self.positions, self.decoding, self.seen = positions, decoding, 0
+
+
 class Slots(StaticEntry):
     """The entry of one application in a `StaticCache`: its tensors, written in place."""
 
-    def __init__(self, cache: StaticCache, tensors: dict[str, torch.Tensor]):
+    def __init__(self, cursor: Cursor, tensors: dict[str, torch.Tensor]):
         super().__init__(reserve=None)
-        self.cache = cache
+        self.cursor = cursor
         for k, t in tensors.items():
             dict.__setitem__(self, k, t)
 
@@ -76,10 +89,10 @@ class Slots(StaticEntry):
     def sub(self, j: int) -> Slots:
         """Mixer j's names of a `par` block, over the same tensors."""
         p = f"{j}."
-        return Slots(self.cache, {k[len(p) :]: t for k, t in self.items() if k.startswith(p)})
+        return Slots(self.cursor, {k[len(p) :]: t for k, t in self.items() if k.startswith(p)})
 
     def append(self, key: str, new: torch.Tensor, dim: int, keep: int | None) -> torch.Tensor:
-        buf, c = self[key], self.cache
+        buf, c = self[key], self.cursor
         if c.decoding:
             return _write_rows(buf, c.positions, new, dim, keep is not None)
         if keep is None:
@@ -88,7 +101,7 @@ class Slots(StaticEntry):
         return _append_ring(buf, c.seen, new, dim)
 
     def compress(self, x: torch.Tensor, key: str, cmp_block: int, stride: int, phi: tuple) -> torch.Tensor:
-        buf, c = self[key], self.cache
+        buf, c = self[key], self.cursor
         if c.decoding:
             return compress_rows(buf, x, c.positions, cmp_block, stride, phi)
         old, now = n_blocks(c.seen, cmp_block, stride), n_blocks(x.shape[1], cmp_block, stride)
@@ -98,7 +111,7 @@ class Slots(StaticEntry):
         return buf[:, :, :now].transpose(1, 2)
 
     def toeplitz(self, u: torch.Tensor, w, bias, max_len: int, backend: str) -> torch.Tensor:
-        buf, c = self["x"], self.cache
+        buf, c = self["x"], self.cursor
         if c.decoding:
             return toeplitz_rows(_write_rows(buf, c.positions, u, 1, False), c.positions, w, bias, u.dtype)
         seen, T = c.seen, u.shape[1]
@@ -137,10 +150,19 @@ class StaticCache(Cache):
     decoding = True
 
     def __init__(self, batch_size: int, max_len: int, positions: torch.Tensor):
+        self.cursor = Cursor(positions, self.decoding)
         super().__init__(0, batch_size, max_len)
         self.max_len = max_len
         self.positions = positions
         self.step_positions = Positions(positions, max_len)
+
+    @property
+    def seen(self) -> int:
+        return self.cursor.seen
+
+    @seen.setter
+    def seen(self, value: int) -> None:
+        self.cursor.seen = value
 
     @classmethod
     def allocate(cls, model, batch_size: int, max_len: int) -> StaticCache:
@@ -149,13 +171,13 @@ class StaticCache(Cache):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
-        device = model.embed.weight.device
+        dev = model.embed.weight.device
         # plain tensors even when called under inference mode: steps outside it write into them
         with torch.inference_mode(False):
             layouts = entry_layouts(model, batch_size, max_len)
-            cache = cls(batch_size, max_len, torch.zeros(batch_size, dtype=torch.long, device=device))
+            cache = cls(batch_size, max_len, torch.zeros(batch_size, dtype=torch.long, device=dev))
             cache.entries = [
-                Slots(cache, {k: torch.zeros(s, dtype=dt, device=device) for k, (s, dt) in lay.items()})
+                Slots(cache.cursor, {k: torch.zeros(s, dtype=dt, device=dev) for k, (s, dt) in lay.items()})
                 for lay in layouts
             ]
         return cache
@@ -171,7 +193,7 @@ class StaticCache(Cache):
     def rows(self, a: int, b: int) -> StaticCache:
         """A prefill view of rows a..b−1 (same memory), starting at position 0."""
         view = _RowView(b - a, self.max_len, self.positions[a:b])
-        view.entries = [Slots(view, {k: t[a:b] for k, t in e.items()}) for e in self.entries]
+        view.entries = [Slots(view.cursor, {k: t[a:b] for k, t in e.items()}) for e in self.entries]
         return view
 
     def reset(self) -> None:

@@ -195,13 +195,15 @@ class Engine:
         if gm is not model.graph_module:
             self.release()
             self._graph = weakref.ref(model.graph_module)
-        slot = self.slots.get(rows)
-        if slot is None or slot.cache.max_len < longest:
-            self.slots.pop(rows, None)
-            cap = model.max_len if model.max_len is not None else float("inf")
-            length = int(min(-(-max(longest, 1) // self.granule) * self.granule, cap))
-            slot = self.slots[rows] = Slot(model, rows, length)
-        return slot
+        old = self.slots.get(rows)
+        if old is not None and old.cache.max_len >= longest:
+            return old
+        del old  # the replaced slot's memory is free before its successor is allocated
+        self.slots.pop(rows, None)
+        cap = model.max_len if model.max_len is not None else float("inf")
+        length = int(min(-(-max(longest, 1) // self.granule) * self.granule, cap))
+        self.slots[rows] = Slot(model, rows, length)
+        return self.slots[rows]
 
     def bucket(self, B: int) -> int:
         """The number of rows a batch of B runs in."""

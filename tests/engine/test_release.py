@@ -1,0 +1,85 @@
+"""An engine's caches are freed by reference counting alone: `release()`, dropping the engine, a
+slot replaced by a longer call and a finished stream each free every cache tensor at once, with the
+cyclic garbage collector off (on CUDA a cache left for the collector crowds out the next one)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from lt2dsl.engine import Engine, StaticCache
+
+from ..lowering.util import call, lower, tokens
+
+HYBRID = f"loop T=2 < {call('gdn')}; {call('swa')}; {call('dsa')} >"
+
+
+@pytest.fixture
+def no_gc():
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def cache_refs(engine: Engine) -> list[weakref.ref]:
+    """Weak references to every tensor of every slot's cache (and its positions)."""
+    refs = []
+    for slot in engine.slots.values():
+        refs += [weakref.ref(t) for t in slot.cache.tensors()]
+        refs.append(weakref.ref(slot.cache.positions))
+    return refs
+
+
+def used(engine: Engine) -> list[weakref.ref]:
+    """Two buckets, ragged prompts (prefill through row views) and a stream run to its end."""
+    engine.generate(tokens(2, 5), 4)
+    prompts = list(tokens(3, 6))
+    engine.generate([prompts[0][:6], prompts[1][:2], prompts[2][:4]], 3)
+    assert len(list(engine.stream(tokens(3, 4), 3))) == 3
+    assert sorted(engine.slots) == [2, 3]
+    return cache_refs(engine)
+
+
+def alive(refs: list[weakref.ref]) -> int:
+    return sum(r() is not None for r in refs)
+
+
+def test_release_frees_every_cache_tensor(no_gc):
+    model = lower(HYBRID)  # the engine holds its model weakly
+    engine = Engine(model)
+    refs = used(engine)
+    assert alive(refs) == len(refs)
+    engine.release()
+    assert alive(refs) == 0
+
+
+def test_dropping_the_engine_frees_every_cache_tensor(no_gc):
+    model = lower(HYBRID)
+    engine = Engine(model)
+    refs = used(engine)
+    del engine
+    assert alive(refs) == 0
+
+
+def test_a_slot_replaced_by_a_longer_call_is_freed_before_its_successor_is_allocated(no_gc, monkeypatch):
+    model = lower(HYBRID)
+    engine = Engine(model, granule=8)
+    engine.generate(tokens(1, 4), 2)
+    refs = cache_refs(engine)
+    alive_at_allocation = []
+    allocate = StaticCache.allocate.__func__
+
+    def watched(cls, *args):
+        alive_at_allocation.append(alive(refs))
+        return allocate(cls, *args)
+
+    monkeypatch.setattr(StaticCache, "allocate", classmethod(watched))
+    engine.generate(tokens(1, 4), 20)  # 23 tokens: the 8-token cache is replaced
+    assert engine.slots[1].cache.max_len == 24
+    assert alive_at_allocation == [0]
+    assert alive(refs) == 0
