@@ -117,7 +117,7 @@ def run(models: list[tuple[str, object]], plan: Plan, progress=None) -> list[dic
     for name, model in models:
         engine = Engine(model)
         for batch in plan.batches:
-            engine.release()  # one bucket's cache at a time: the others would crowd this one
+            release(engine)  # one bucket's cache at a time: the others would crowd this one
             failed = None
             for ctx in plan.contexts:
                 row = {"model": name, "batch": batch, "ctx": ctx, **predicted(model, batch, ctx, plan.hw)}
@@ -125,8 +125,18 @@ def run(models: list[tuple[str, object]], plan: Plan, progress=None) -> list[dic
                 failed = failed or ("oom" if rows[-1].get("oom") else None)
                 if progress is not None:
                     progress(f"{name} B={batch} L={ctx}")
-        engine.release()
+        release(engine)
     return rows
+
+
+def release(engine: Engine) -> None:
+    """Free the engine's caches and captured steps, and on CUDA hand the allocator's cached blocks
+    back, so the next point starts from the memory the weights leave (an OOM is then a real one,
+    not the fragments of an earlier bucket's cache)."""
+    device = engine.model.embed.weight.device
+    engine.release()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def warm(models: list[tuple[str, object]], batches, contexts, progress=None) -> list[dict]:
@@ -137,14 +147,14 @@ def warm(models: list[tuple[str, object]], batches, contexts, progress=None) -> 
         engine = Engine(model)
         device = model.embed.weight.device
         for batch in batches:
-            engine.release()
+            release(engine)
             for ctx in contexts:
                 ids = torch.zeros(batch, ctx, dtype=torch.long, device=device)
                 first_s, _ = timed(device, lambda ids=ids, engine=engine: engine.generate(ids, 2))
                 rows.append({"model": name, "batch": batch, "ctx": ctx, "first_s": first_s})
                 if progress is not None:
                     progress(f"{name} B={batch} L={ctx}")
-        engine.release()
+        release(engine)
     return rows
 
 
@@ -156,10 +166,9 @@ def _point(engine: Engine, batch: int, ctx: int, plan: Plan, failed: str | None)
     except Exception as e:
         if not is_oom(e):
             raise
-        engine.release()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return {"oom": True}
+    # outside the handler: the exception's frames (and the tensors their locals hold) are gone
+    release(engine)
+    return {"oom": True}
 
 
 def meta(device: torch.device, plan: Plan, dtype: torch.dtype) -> dict:

@@ -8,8 +8,10 @@ import gc
 import weakref
 
 import pytest
+import torch
 
-from lt2dsl.engine import Engine, StaticCache
+from lt2dsl.cost.hardware import load_hardware
+from lt2dsl.engine import Engine, StaticCache, bench
 
 from ..lowering.util import call, lower, tokens
 
@@ -83,3 +85,25 @@ def test_a_slot_replaced_by_a_longer_call_is_freed_before_its_successor_is_alloc
     assert engine.slots[1].cache.max_len == 24
     assert alive_at_allocation == [0]
     assert alive(refs) == 0
+
+
+def test_bench_frees_each_bucket_before_the_next_one_even_after_an_oom(no_gc, monkeypatch):
+    """`bench.run`: when a batch size starts, no cache of an earlier batch size is alive, whether
+    that batch's last point finished or ran out of memory."""
+    model = lower(HYBRID)
+    real, earlier, seen = bench.measure, {}, []
+
+    def measure(engine, batch, ctx, plan):
+        seen.append((batch, ctx, sum(alive(refs) for b, refs in earlier.items() if b != batch)))
+        out = real(engine, batch, ctx, plan)
+        earlier.setdefault(batch, []).extend(cache_refs(engine))
+        if batch == 2 and ctx == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return out
+
+    monkeypatch.setattr(bench, "measure", measure)
+    plan = bench.Plan((8, 16), (1, 2, 3), 1, 0, load_hardware("h100"))
+    rows = bench.run([("toy", model)], plan)
+    assert [(r["batch"], r["ctx"]) for r in rows if r.get("oom")] == [(2, 16)]
+    assert seen == [(b, L, 0) for b in (1, 2, 3) for L in (8, 16)]
+    assert all(alive(refs) == 0 for refs in earlier.values())
