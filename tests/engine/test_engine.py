@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lt2dsl.engine import Engine, engine_for, stream
+from lt2dsl.engine import Engine, StaticCache, engine_for, stream
 
 from ..lowering.util import KINDS, call, lower, tokens
-from .util import eager_greedy
+from .util import BF16_TOL, assert_near_the_dynamic_path, eager_greedy, greedy_pairs, same
 
 HYBRID = f"loop T=2 < {call('gdn')}; {call('swa')}; {call('dsa')} >"
 
@@ -37,6 +37,29 @@ def test_a_batch_of_different_lengths_gives_each_prompt_its_tokens_alone():
     assert [len(t) for t in together] == [11, 8, 13]
     lists = engine.generate([p.tolist() for p in prompts], 6)  # lists of ids work the same
     assert all(torch.equal(a, b) for a, b in zip(lists, together))
+
+
+def test_the_gpu_comparisons_on_the_cpu(monkeypatch):
+    """`test_gpu`'s checks with both engines eager: one engine's calls (its slot replaced by a longer
+    call, then reused) give bitwise the tokens of another's and of a fresh engine's, each prompt
+    alone in the same bucket gives its row of the pair, and the static cache's logits equal the
+    dynamic cache's; steps that stay at one position are far outside the bf16 tolerance."""
+    model = lower(HYBRID)
+    ids = tokens(2, 6)
+    prompts = [ids[0], ids[1, :3]]
+    calls = [(ids, 1), (prompts, 12), (ids, 1)]
+    engine, runs = greedy_pairs(model, calls, buckets=(2,), granule=8)
+    assert engine.slots[2].cache.max_len == 24
+    assert all(same(got, want) for got, want in runs)
+    assert all(same(got, Engine(model, buckets=(2,)).generate(p, n)) for (got, _), (p, n) in zip(runs, calls))
+    for p, row in zip(prompts, runs[1][0]):
+        assert torch.equal(row, engine.generate([p], 12)[0])
+    seq = runs[1][0][0][None]
+    assert assert_near_the_dynamic_path(model, seq, 6, tol=1e-9) <= 1e-9
+    advance = StaticCache.advance
+    monkeypatch.setattr(StaticCache, "advance", lambda c, T: advance(c, 0 if c.decoding else T))
+    with pytest.raises(AssertionError, match="static-cache logits"):
+        assert_near_the_dynamic_path(model, seq, 6, tol=BF16_TOL)
 
 
 def test_same_seed_same_tokens_and_temperature_zero_is_deterministic():

@@ -1,4 +1,4 @@
-"""GPU: the captured engine against the eager path at full size, steady memory, the first call.
+"""GPU: the captured engine against the same steps run eagerly at full size, steady memory, the first call.
 
 Skipped without CUDA (conftest). Full-size examples in bf16 on the Triton kernels.
 """
@@ -15,7 +15,7 @@ import torch
 import lt2dsl
 from lt2dsl.engine import Engine
 
-from .util import eager_greedy
+from .util import BF16_TOL, assert_near_the_dynamic_path, greedy_pairs, same
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted(ROOT.joinpath("examples").glob("*.lt2"))
@@ -25,16 +25,20 @@ EXAMPLES = sorted(ROOT.joinpath("examples").glob("*.lt2"))
 @pytest.mark.gpu_heavy
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_gpu_captured_greedy_tokens_equal_the_eager_path(path):
-    """Every example at full size: the captured engine's greedy tokens are the eager path's, and a
-    batch of two prompts of different lengths gives each its tokens alone."""
+    """Every example at full size: the captured engine's greedy tokens are bitwise those of the same
+    steps run eagerly (a batch, and two prompts of different lengths), each prompt of the pair alone
+    (in the same two-row bucket, a dummy row beside it) gives its row of the pair, and the static
+    cache's logits along the tokens are near the dynamic cache's (bf16 rounding apart)."""
     model = lt2dsl.compile(path, device="cuda", dtype=torch.bfloat16).eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab, (2, 96), generator=g).cuda()
-    engine = Engine(model)
-    assert torch.equal(engine.generate(ids, 8), eager_greedy(model, ids, 8))
-    pair = engine.generate([ids[0, :96], ids[1, :40]], 8)
-    assert torch.equal(pair[1], engine.generate([ids[1, :40]], 8)[0])
-    assert torch.equal(pair[0], eager_greedy(model, ids[:1], 8)[0])
+    prompts = [ids[0, :96], ids[1, :40]]
+    captured, runs = greedy_pairs(model, [(ids, 8), (prompts, 8)], buckets=(2,))
+    assert all(same(got, want) for got, want in runs)
+    pair = runs[1][0]
+    for p, row in zip(prompts, pair):
+        assert torch.equal(row, captured.generate([p], 8)[0])
+    assert_near_the_dynamic_path(model, runs[0][0], 96, tol=BF16_TOL)
 
 
 @pytest.mark.gpu
@@ -56,16 +60,18 @@ def test_gpu_decode_steps_allocate_nothing():
 @pytest.mark.gpu
 def test_gpu_a_longer_call_after_a_capture_replaces_the_slot_and_captures_again():
     """generate(1), then a call whose cache must grow (its slot and captured step are replaced),
-    then the short call again: each captures into a live pool and gives the eager path's tokens.
+    then the short call again: each captures into a live pool and gives bitwise the tokens of the
+    same calls run eagerly, and the long call's static-cache logits are near the dynamic cache's.
     A pool shared across slots was freed with the first slot's graph and the second capture
     failed inside the CUDA allocator (the decode comparison's call order)."""
     path = ROOT / "examples/lt2_linear_gdn.lt2"
     model = lt2dsl.compile(path, device="cuda", dtype=torch.bfloat16).eval()
     ids = torch.randint(0, model.config.vocab, (1, 100), generator=torch.Generator().manual_seed(0)).cuda()
-    engine = Engine(model)
-    engine.generate(ids, 1)
-    assert torch.equal(engine.generate(ids, 130), eager_greedy(model, ids, 130))
-    assert torch.equal(engine.generate(ids, 1), eager_greedy(model, ids, 1))
+    captured, runs = greedy_pairs(model, [(ids, 1), (ids, 130), (ids, 1)])
+    assert [tuple(got.shape) for got, _ in runs] == [(1, 101), (1, 230), (1, 101)]
+    assert all(same(got, want) for got, want in runs)
+    assert captured.slots[1].cache.max_len == 256 and len(captured.slots[1].graphs) == 1
+    assert_near_the_dynamic_path(model, runs[1][0], 100, tol=BF16_TOL)
 
 
 FIRST_CALL = """
