@@ -35,3 +35,20 @@ def test_speed_ratio_per_batch_against_the_estimate():
         {"batch": 1, "measured": 5.0, "estimate": 6.0},
         {"batch": 8, "measured": None, "estimate": 6.0},
     ]
+
+
+def test_a_failing_peer_is_a_recorded_row_not_the_end_of_the_comparison(monkeypatch):
+    """A peer raising inside its own stack (HF's compiled static cache did, on torch 2.11) leaves its
+    row with the error and NaN, and the rows after it still run."""
+    module = load()
+    monkeypatch.setattr(module, "lt2dsl_rate", lambda ids, new: (100.0, 7))
+
+    def broken(ids, new):
+        raise RuntimeError("output of CUDAGraphs overwritten\nstack")
+
+    peers = (("broken", broken), ("after", lambda ids, new: (50.0, 5)))
+    rows = module.gdn_vs_peers(16, 4, skip_peers=False, peers=peers, device="cpu")
+    assert rows["broken"]["error"] == "RuntimeError: output of CUDAGraphs overwritten"
+    assert rows["broken"]["tok_s"] != rows["broken"]["tok_s"]
+    assert rows["after"] == {"tok_s": 50.0, "params": 5, "lt2dsl_speedup": 2.0, "error": None}
+    assert rows["lt2dsl"]["error"] is None
