@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lt2dsl.tasks.curriculum import Curriculum
 
@@ -90,13 +90,20 @@ def require(ok: bool, message: str) -> None:
 class TaskConfig(BaseModel):
     """Base of every task config: frozen, closed (unknown keys are errors), `task` names it.
 
-    A subclass names its numpy `generator`, whose keyword arguments are the config's fields, and
-    its `seq_len`; a config is validated by generating one row, so the generator's preconditions
-    are the config's.
+    A subclass names its numpy `generator`, whose keyword arguments are the config's fields but
+    the training controls (`CONTROLS`), and its `seq_len`; a config is validated by generating
+    one row, so the generator's preconditions are the config's.
+
+    `threshold` / `window`: the task is solved once the mean exact match of the last `window`
+    training batches reaches `threshold` (a curriculum: its stage is, and it moves on); unset,
+    it never is. The experiment runner ends a training once its task is solved.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    CONTROLS: ClassVar[frozenset[str]] = frozenset({"task", "threshold", "window"})
     task: str
+    threshold: float | None = Field(None, gt=0, le=1, description="training accuracy that solves the task")
+    window: int = Field(10, ge=1, description="training batches averaged against the threshold")
     description: ClassVar[str] = ""
     generator: ClassVar[Callable[..., TaskData]]
 
@@ -111,7 +118,7 @@ class TaskConfig(BaseModel):
         return True
 
     def generator_args(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"task"})
+        return self.model_dump(exclude=set(self.CONTROLS))
 
     def curriculum(self) -> Curriculum | None:
         """A fresh length curriculum when the config trains on one (state tracking without a

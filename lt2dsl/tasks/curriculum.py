@@ -1,5 +1,8 @@
 """A length curriculum: stage k trains on sequences of n = 2^(k+2) tokens (stage 4 = 64, 5 = 128).
 
+Stages below 1 (0: n = 4, −1: n = 2) keep the formula, so a curriculum that starts shorter than
+the research's first stage reports the same stage numbers for the same n.
+
 The trainer reports the exact-match accuracy of each training batch (`update`); once the mean of
 the last `window` reports reaches `threshold`, the curriculum moves to the next stage (the reports
 start over). At the last stage it marks itself `solved` instead. Its whole state is a small dict
@@ -11,13 +14,14 @@ from __future__ import annotations
 
 from collections import deque
 
+MIN_STAGE = -1  # n = 2: one product, the group's multiplication table
 MAX_STAGE = 14  # n = 65536
 
 
 def stage_length(stage: int) -> int:
     """n of curriculum stage k: 2^(k+2)."""
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 1 <= stage <= MAX_STAGE:
-        raise ValueError(f"a curriculum stage is an integer in [1, {MAX_STAGE}], got {stage!r}")
+    if isinstance(stage, bool) or not isinstance(stage, int) or not MIN_STAGE <= stage <= MAX_STAGE:
+        raise ValueError(f"a curriculum stage is an integer in [{MIN_STAGE}, {MAX_STAGE}], got {stage!r}")
     return 2 ** (stage + 2)
 
 

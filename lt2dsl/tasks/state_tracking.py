@@ -24,7 +24,7 @@ from lt2dsl.tasks.base import (
     show,  # noqa: F401  (the docstring examples call it)
     with_positions,
 )
-from lt2dsl.tasks.curriculum import MAX_STAGE, Curriculum, stage_length
+from lt2dsl.tasks.curriculum import MAX_STAGE, MIN_STAGE, Curriculum, stage_length
 
 DEGREE = {"parity": 2, "s3": 3, "s5": 5}
 
@@ -87,9 +87,9 @@ class StateTrackingConfig(TaskConfig):
     task: Literal["state_tracking"] = "state_tracking"
     group: Literal["parity", "s3", "s5"] = "s5"
     length: int | None = Field(None, ge=1, description="fixed n; unset: the curriculum sets n")
-    stage: int = Field(1, ge=1, le=MAX_STAGE, description="first curriculum stage (n = 2^(stage+2))")
-    max_stage: int = Field(5, ge=1, le=MAX_STAGE, description="last curriculum stage")
-    threshold: float = Field(0.99, gt=0, le=1, description="accuracy that moves to the next stage")
+    stage: int = Field(1, ge=MIN_STAGE, le=MAX_STAGE, description="first curriculum stage (n = 2^(stage+2))")
+    max_stage: int = Field(5, ge=MIN_STAGE, le=MAX_STAGE, description="last curriculum stage")
+    threshold: float = Field(0.99, gt=0, le=1, description="accuracy that solves a stage (or the fixed n)")
     window: int = Field(10, ge=1, description="training batches averaged against the threshold")
     answers: Literal["all", "last"] = "all"
     description: ClassVar[str] = "running product of S5 / S3 / parity elements, with a length curriculum"
@@ -127,4 +127,7 @@ class StateTrackingConfig(TaskConfig):
     def eval_variants(self) -> dict[str, TaskConfig]:
         if self.length is not None:
             return {f"n={self.length}": self}
-        return {f"stage {k} (n={stage_length(k)})": self.at_stage(k) for k in range(1, self.max_stage + 1)}
+        first = min(self.stage, 1)  # stage 1 on, and the stages below it the curriculum starts from
+        return {
+            f"stage {k} (n={stage_length(k)})": self.at_stage(k) for k in range(first, self.max_stage + 1)
+        }

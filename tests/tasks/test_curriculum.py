@@ -12,9 +12,10 @@ TABLE = {"task": "state_tracking", "group": "s5", "stage": 1, "max_stage": 3, "t
 
 
 def test_stage_lengths():
-    assert [stage_length(k) for k in (1, 2, 3, 4, 5)] == [8, 16, 32, 64, 128]
-    with pytest.raises(ValueError):
-        stage_length(0)
+    assert [stage_length(k) for k in (-1, 0, 1, 2, 3, 4, 5)] == [2, 4, 8, 16, 32, 64, 128]
+    for bad in (-2, 15, 1.0, True):
+        with pytest.raises(ValueError):
+            stage_length(bad)
 
 
 def test_advances_on_the_window_mean_then_solves():
@@ -56,4 +57,32 @@ def test_state_dict_resumes_the_same_stream():
 
 def test_fixed_length_has_no_curriculum():
     src = build({"task": "state_tracking", "group": "parity", "length": 20})
-    assert src.curriculum is None and src.state_dict() == {} and src.seq_len == 20
+    assert src.curriculum is None and src.seq_len == 20
+    assert src.observes and not src.solved  # the threshold (0.99) still judges the fixed n
+
+
+def test_a_curriculum_can_start_below_stage_1_with_the_same_numbering():
+    src = build({**TABLE, "stage": -1, "window": 1})
+    assert src.batch(0, 2)[0].shape == (2, 2)
+    src.observe(0, 2, 2)
+    assert src.curriculum.stage == 0 and src.batch(1, 2)[0].shape == (2, 4)
+    names = list(src.cfg.eval_variants())
+    assert names == ["stage -1 (n=2)", "stage 0 (n=4)", "stage 1 (n=8)", "stage 2 (n=16)", "stage 3 (n=32)"]
+
+
+def test_a_threshold_solves_a_task_without_a_curriculum_and_resumes():
+    cfg = {"task": "copy", "length": 4, "vocab": 5}
+    assert not build(cfg).observes  # no threshold: trained for all its steps
+    a = build({**cfg, "threshold": 0.9, "window": 3})
+    assert a.observes and a.batch(0, 2)[0].shape == (2, 8)  # the generator does not see the controls
+    for step, right in enumerate([4, 8, 8]):  # mean 0.83
+        a.observe(step, right, 8)
+    assert not a.solved
+    b = build({**cfg, "threshold": 0.9, "window": 3})
+    b.load_state_dict(a.state_dict())
+    for src in (a, b):
+        src.observe(3, 8, 8)  # the 0.5 leaves the window: mean 1.0
+        assert src.solved
+    assert a.state_dict() == b.state_dict() == {"until": {"reports": [1.0, 1.0, 1.0], "solved": True}}
+    with pytest.raises(ValueError, match="not a threshold state"):
+        b.load_state_dict({"until": {"reports": 3}})
