@@ -1,24 +1,26 @@
 """Run one claim's experiment: `python -m lt2dsl.tasks.experiment examples/experiments/c_copy.toml`.
 
 Every (run, data entry, seed) trains a fresh model with the trainer (`lt2dsl.train.run`, in a
-temporary run folder, no checkpoints; a curriculum ends the training once solved), is evaluated
-on the test split, and lands in `<out>/runs/<run>--<data>--seed<k>.json` (written atomically).
-A training whose file exists is skipped, so an experiment can be run in pieces (`--runs`,
-`--seeds`) across several calls and resumed after an interruption; `--report-only` rebuilds the
-summary (`results.json`, `results.md`, `results.png`) from the files present.
+temporary run folder, no checkpoints; a training ends early once its task source is `solved`: a
+curriculum's last stage, or a task's `threshold` reached), is evaluated on the test split, and
+lands in `<out>/runs/<run>--<data>--seed<k>.json` (written atomically). A training whose file
+exists is skipped, so an experiment can be run in pieces (`--runs`, `--seeds`) across several
+calls and resumed after an interruption; `--report-only` rebuilds the summary (`results.json`,
+`results.md`, `results.png`, with the trainings still missing) from the files present.
 
 Options: `--device` (default cuda when available), `--steps` (override every training's steps,
 for a smoke run), `--backend` (override the kernel backend), `--out` (default
 `docs/results/<name>`), `--force` (train again), `--jobs N` (train N (run, seed) pairs at once,
-each in its own process logging to `<out>/logs/`: the small models of these experiments leave
-one GPU mostly idle, so their wall time is bound by the host and divides by N up to its cores).
+each in its own process logging to `<out>/logs/` with `max(1, cores // N)` CPU threads: the
+small models of these experiments leave one GPU mostly idle, so their wall time is bound by the
+host and divides by N up to its cores), `--threads` (this process's intra-op CPU threads),
+`--deadline S` (stop the trainings still running S seconds after the start, and report; a later
+call trains them), `--archive PATH` (also pack the results folder into one `.tar.gz`).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,14 +40,16 @@ from lt2dsl.tasks.experiment_config import (
     DataEntry,
     ExperimentConfig,
     RunConfig,
+    budget,
     load_experiment,
     train_config,
 )
-from lt2dsl.tasks.report import summarize, summary_table, write_json, write_summary
+from lt2dsl.tasks.jobs import Outcome, pending, result_name, run_parallel
+from lt2dsl.tasks.report import summarize, summary_table, write_archive, write_json, write_summary
 
 
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+class DeadlineReached(Exception):
+    """The experiment's wall-clock deadline passed during a training (which leaves no result)."""
 
 
 def count_params(root: Path, run: RunConfig) -> int:
@@ -67,6 +71,20 @@ def check_equal_params(exp: ExperimentConfig, root: Path) -> dict[str, int]:
     return counts
 
 
+def training_flops(exp: ExperimentConfig, root: Path, run: RunConfig, data: list[DataEntry]) -> float:
+    """The estimated FLOPs of training `run` on `data` for their full steps (`lt2dsl.cost`): how
+    the parallel runner orders the trainings, longest first, so the slow ones do not start last."""
+    from lt2dsl.cost.estimate import EstimateOptions, estimate
+
+    ir = lt2dsl.compile(root / run.model, device="meta", **run.overrides).ir
+    total = 0.0
+    for d in data:
+        steps, rows = budget(exp, d)
+        seq = d.task().seq_len
+        total += estimate(ir, EstimateOptions(seq=seq)).flops_per_token.train * steps * rows * seq
+    return total
+
+
 def metrics_of(source, data: DataEntry, reports: dict[str, Any]) -> dict[str, float]:
     """`<prefix>/accuracy` per evaluation (and per variant), the curriculum's stage and solved:
     the names `DataEntry.metric_names` lists."""
@@ -84,15 +102,27 @@ def metrics_of(source, data: DataEntry, reports: dict[str, Any]) -> dict[str, fl
 
 
 def run_one(
-    exp: ExperimentConfig, run: RunConfig, data: DataEntry, seed: int, root: Path, device: str, progress
+    exp: ExperimentConfig,
+    run: RunConfig,
+    data: DataEntry,
+    seed: int,
+    root: Path,
+    device: str,
+    progress,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Train, evaluate and describe one (run, data entry, seed)."""
+    """Train, evaluate and describe one (run, data entry, seed).
+
+    Raises:
+        DeadlineReached: `time.monotonic()` passed `deadline` during the training.
+    """
     from lt2dsl.train import run as train
 
     t0 = time.perf_counter()
     tc = exp.training
     check_model_fits(lt2dsl.compile(root / run.model, device="meta", **run.overrides), data.task())
-    bar = progress.add_task(f"{run.name} · {data.name} · seed {seed}", total=tc.steps, info="")
+    steps = budget(exp, data)[0]
+    bar = progress.add_task(f"{run.name} · {data.name} · seed {seed}", total=steps, info="")
 
     def on_step(step: int, result) -> bool:
         row = result.rows[-1] if result.rows else {}
@@ -102,14 +132,15 @@ def run_one(
         if "task/stage" in row:
             info += f" stage {row['task/stage']}"
         progress.update(bar, completed=step, info=info)
-        curriculum = getattr(result.task, "curriculum", None)
-        return curriculum is not None and curriculum.solved
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlineReached(f"{run.name} · {data.name} · seed {seed} stopped at step {step}")
+        return result.task.solved
 
     with tempfile.TemporaryDirectory(prefix="lt2-experiment-") as work:
         kind = "cuda" if device.startswith("cuda") else "cpu"
         cfg = train_config(exp, run, data, seed, root, kind, Path(work))
         result = train(cfg, on_step=on_step)
-    progress.update(bar, completed=tc.steps)
+    progress.update(bar, completed=steps)
     model, source = result.model, result.task
     reports = {
         prefix: evaluate(model, task, batches=tc.eval_batches, batch_size=tc.eval_batch_size, seed=seed)
@@ -123,6 +154,7 @@ def run_one(
         "config": cfg.model_dump(mode="json", exclude={"training": {"out"}}),
         "metrics": metrics_of(source, data, reports),
         "curriculum": source.state_dict().get("curriculum"),
+        "steps": max(result.losses, default=0),
         "history": [r for r in result.rows if "loss" in r],
         "eval": {k: r.to_json() for k, r in reports.items()},
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
@@ -135,6 +167,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("config", help="the experiment's TOML file")
     p.add_argument("--runs", help="comma-separated run names (default: all)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the file's)")
+    p.add_argument("--data", help="comma-separated data entry names (default: all)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, help="override the training steps (smoke runs)")
     p.add_argument("--backend", choices=["auto", "reference", "triton"], help="override the kernel backend")
@@ -142,57 +175,112 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="train again where a result file exists")
     p.add_argument("--report-only", action="store_true", help="only rebuild the summary")
     p.add_argument("--jobs", type=int, default=1, help="(run, seed) pairs trained at once [1]")
+    p.add_argument("--threads", type=int, help="intra-op CPU threads of this process [torch's default]")
+    p.add_argument("--deadline", type=float, help="seconds after which running trainings stop [none]")
+    p.add_argument("--archive", help="also write the results folder as this .tar.gz")
     p.add_argument("--no-report", action="store_true", help="train only; leave the summary to the caller")
     args = p.parse_args(argv)
-    if args.jobs < 1:
-        p.error(f"--jobs must be at least 1, got {args.jobs}")
+    for flag, value in (("--jobs", args.jobs), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be at least 1, got {value}")
+    if args.deadline is not None and not args.deadline > 0:
+        p.error(f"--deadline must be a positive number of seconds, got {args.deadline}")
     return args
 
 
-def select(exp: ExperimentConfig, args: argparse.Namespace) -> tuple[list[RunConfig], list[int]]:
-    runs = exp.runs
+def select(
+    exp: ExperimentConfig, args: argparse.Namespace
+) -> tuple[list[RunConfig], list[DataEntry], list[int]]:
+    """The runs, data entries and seeds that `--runs`, `--data` and `--seeds` name (default: all)."""
+    runs, data = exp.runs, exp.data
     if args.runs:
-        wanted = [s.strip() for s in args.runs.split(",")]
-        unknown = sorted(set(wanted) - {r.name for r in runs})
-        if unknown:
-            raise ValueError(f"unknown runs {unknown}; the file has {[r.name for r in runs]}")
-        runs = [r for r in runs if r.name in wanted]
+        runs = _named(runs, args.runs, "runs")
+    if args.data:
+        data = _named(data, args.data, "data entries")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else exp.seeds
-    return runs, seeds
+    return runs, data, seeds
+
+
+def _named(items: list, names: str, what: str) -> list:
+    wanted = [s.strip() for s in names.split(",")]
+    unknown = sorted(set(wanted) - {x.name for x in items})
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; the file has {[x.name for x in items]}")
+    return [x for x in items if x.name in wanted]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    deadline = None if args.deadline is None else time.monotonic() + args.deadline
     console = Console(stderr=True)
-    failed: list[str] = []
+    outcome = Outcome()
     try:
         exp, root = load_experiment(args.config)
-        changes = {"steps": args.steps, "backend": args.backend}
-        changes = {k: v for k, v in changes.items() if v is not None}
-        exp = exp.model_copy(update={"training": exp.training.model_copy(update=changes)})
-        runs, seeds = select(exp, args)
+        exp = overridden(exp, args)
+        runs, data, seeds = select(exp, args)
         out = Path(args.out or f"docs/results/{exp.name}")
         if not args.report_only:
             check_equal_params(exp, root)
+            units = pending(data, runs, seeds, out, args.force)
+            flops = {r.name: training_flops(exp, root, r, data) for r in runs}
+            units.sort(key=lambda u: -flops[u[0].name])  # stable: the file's order among equals
             columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"))
             with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
                 if args.jobs > 1:
-                    failed = run_parallel(args, pending(exp, runs, seeds, out, args.force), out, progress)
+                    outcome = run_parallel(args, units, out, progress, deadline)
                 else:
-                    for run in runs:
-                        for data in exp.data:
-                            for seed in seeds:
-                                path = out / "runs" / result_name(run, data, seed)
-                                if path.exists() and not args.force:
-                                    continue
-                                write_json(path, run_one(exp, run, data, seed, root, args.device, progress))
+                    outcome = train_in_turn(exp, units, root, args, out, progress, deadline)
     except (ValueError, DiagnosticError) as e:
         console.print(f"error: {e}", markup=False, highlight=False)
         return 1
-    for line in failed:
+    for line in outcome.failed:
         console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
-    if args.no_report:
-        return 1 if failed else 0
+    if outcome.cut:
+        cut = ", ".join(f"{name} seed {seed}" for name, seed in outcome.cut)
+        console.print(f"stopped at the deadline: {cut}", markup=False, highlight=False, soft_wrap=True)
+    if not args.no_report:
+        report(exp, out, args, console)
+    return 1 if outcome.failed else 0
+
+
+def overridden(exp: ExperimentConfig, args: argparse.Namespace) -> ExperimentConfig:
+    """`exp` with `--steps` (every training's, the data entries' own too) and `--backend`."""
+    changes = {k: v for k, v in (("steps", args.steps), ("backend", args.backend)) if v is not None}
+    exp = exp.model_copy(update={"training": exp.training.model_copy(update=changes)})
+    if args.steps is not None:
+        exp = exp.model_copy(update={"data": [d.model_copy(update={"steps": None}) for d in exp.data]})
+    return exp
+
+
+def train_in_turn(
+    exp: ExperimentConfig,
+    units: list[tuple[RunConfig, int]],
+    root: Path,
+    args: argparse.Namespace,
+    out: Path,
+    progress,
+    deadline: float | None,
+) -> Outcome:
+    """Train the data entries of each (run, seed) of `units` in this process, one at a time."""
+    outcome, entries = Outcome(), select(exp, args)[1]
+    for i, (run, seed) in enumerate(units):
+        try:
+            for data in entries:
+                path = out / "runs" / result_name(run, data, seed)
+                if args.force or not path.exists():
+                    result = run_one(exp, run, data, seed, root, args.device, progress, deadline)
+                    write_json(path, result)
+        except DeadlineReached:
+            outcome.cut += [(r.name, s) for r, s in units[i:]]
+            break
+    return outcome
+
+
+def report(exp: ExperimentConfig, out: Path, args: argparse.Namespace, console: Console) -> None:
+    """Summarize the result files in `out` (the table on stdout, the checks and what is missing on
+    stderr), write `results.*` and, with `--archive`, the folder as one `.tar.gz`."""
     results = [_read(p) for p in sorted((out / "runs").glob("*.json"))]
     summary = summarize(exp, [r for r in results if r is not None])
     command = f"python -m lt2dsl.tasks.experiment {args.config}"
@@ -200,60 +288,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Console().print(summary_table(exp, summary))
     for c in summary["checks"]:
         console.print(f"{c['verdict']:>9}: {c['says']} ({c['detail']})", markup=False, highlight=False)
+    if summary["missing"]:
+        gaps = ", ".join(f"{m['run']} · {m['data']} · seed {m['seed']}" for m in summary["missing"])
+        console.print(f"missing: {gaps}", markup=False, highlight=False, soft_wrap=True)
+    if args.archive:
+        paths.append(write_archive(out, Path(args.archive)))
     console.print("wrote " + ", ".join(map(str, paths)), markup=False, highlight=False)
-    return 1 if failed else 0
-
-
-def result_name(run: RunConfig, data: DataEntry, seed: int) -> str:
-    return f"{slug(run.name)}--{slug(data.name)}--seed{seed}.json"
-
-
-def pending(
-    exp: ExperimentConfig, runs: list[RunConfig], seeds: list[int], out: Path, force: bool
-) -> list[tuple[RunConfig, int]]:
-    """The (run, seed) pairs with a result file of some data entry missing (all of them with `force`)."""
-    return [
-        (run, seed)
-        for run in runs
-        for seed in seeds
-        if force or any(not (out / "runs" / result_name(run, d, seed)).exists() for d in exp.data)
-    ]
-
-
-def child_command(args: argparse.Namespace, out: Path) -> list[str]:
-    """This module's command line for one child of `run_parallel`, less `--runs` and `--seeds`."""
-    cmd = [sys.executable, "-m", "lt2dsl.tasks.experiment", args.config, "--out", str(out)]
-    for flag, value in (("--device", args.device), ("--steps", args.steps), ("--backend", args.backend)):
-        if value is not None:
-            cmd += [flag, str(value)]
-    return cmd + ["--no-report"] + (["--force"] if args.force else [])
-
-
-def run_parallel(
-    args: argparse.Namespace, units: list[tuple[RunConfig, int]], out: Path, progress
-) -> list[str]:
-    """Each (run, seed) of `units` in a child process of this module (`--runs R --seeds S
-    --no-report`), at most `args.jobs` at once, its output in `<out>/logs/`; the failures as lines."""
-    base = child_command(args, out)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    bar = progress.add_task(f"{len(units)} trainings, {args.jobs} at once", total=len(units), info="")
-    waiting, running, failed = list(units), [], []
-    while waiting or running:
-        while waiting and len(running) < args.jobs:
-            run, seed = waiting.pop(0)
-            log = out / "logs" / f"{slug(run.name)}--seed{seed}.log"
-            with log.open("w") as f:
-                cmd = [*base, "--runs", run.name, "--seeds", str(seed)]
-                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-            running.append((proc, run.name, seed, log))
-        time.sleep(0.2)
-        for item in [r for r in running if r[0].poll() is not None]:
-            proc, name, seed, log = item
-            running.remove(item)
-            if proc.returncode != 0:
-                failed.append(f"{name} seed {seed} exited with {proc.returncode}; see {log}")
-            progress.update(bar, advance=1, info=f"{len(failed)} failed" if failed else "")
-    return failed
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -69,11 +69,16 @@ class RunConfig(BaseModel):
 
 
 class DataEntry(BaseModel):
-    """`[[data]]`: a task table plus its `name` (the metric prefix) and extra evaluations."""
+    """`[[data]]`: a task table plus its `name` (the metric prefix), extra evaluations, and the
+    training budget where it differs from `[training]`'s."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
     name: str
     eval: list[dict[str, Any]] = Field(default_factory=list, description="task keys changed for extra evals")
+    steps: int | None = Field(None, ge=1, description="training steps on this entry [training.steps]")
+    batch_size: int | None = Field(
+        None, ge=1, description="rows per step on this entry [training.batch_size]"
+    )
 
     def task(self) -> TaskConfig:
         return parse_config(dict(self.model_extra or {}))
@@ -193,6 +198,7 @@ def train_config(
     from lt2dsl.train.config import validate
 
     o, t = exp.optimizer, exp.training
+    steps, batch_size = budget(exp, data)
     optimizer = {"lr": o.lr, "weight_decay": o.weight_decay, "betas": o.betas, "grad_clip": o.grad_clip}
     metrics = {"log_interval": t.log_every, "eval_rows": t.eval_batch_size, "progress": False, "plot": False}
     return validate(
@@ -205,8 +211,8 @@ def train_config(
             },
             "data": dict(data.model_extra or {}),
             "training": {
-                "steps": t.steps,
-                "batch_size": t.batch_size,
+                "steps": steps,
+                "batch_size": batch_size,
                 "seed": seed,
                 "precision": t.precision,
                 "device": device,
@@ -219,3 +225,8 @@ def train_config(
         },
         f"{exp.name}: run {run.name!r}",
     )
+
+
+def budget(exp: ExperimentConfig, data: DataEntry) -> tuple[int, int]:
+    """(steps, batch_size) of a training on `data`: the entry's own, else `[training]`'s."""
+    return data.steps or exp.training.steps, data.batch_size or exp.training.batch_size

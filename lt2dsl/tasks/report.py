@@ -7,10 +7,12 @@ an experiment's per-run means over seeds and each check's verdict; `write_summar
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import statistics
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,8 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def summarize(exp: ExperimentConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per run and metric: seed values, mean, std; per check: the verdict on the means."""
+    """Per run and metric: seed values, mean, std; per check: the verdict on the means; `missing`:
+    each (run, data entry, seed) of the experiment that `results` lacks."""
     runs: dict[str, dict[str, Any]] = {}
     for r in exp.runs:
         mine = [x for x in results if x["run"] == r.name]
@@ -68,7 +71,22 @@ def summarize(exp: ExperimentConfig, results: list[dict[str, Any]]) -> dict[str,
         params = next((x["params"] for x in mine), None)
         runs[r.name] = {"params": params, "metrics": metrics}
     checks = [verdict(c, runs) for c in exp.checks]
-    return {"name": exp.name, "claim": exp.claim, "seeds": exp.seeds, "runs": runs, "checks": checks}
+    done = {(x["run"], x["data"], x["seed"]) for x in results}
+    missing = [
+        {"run": r.name, "data": d.name, "seed": s}
+        for r in exp.runs
+        for s in exp.seeds
+        for d in exp.data
+        if (r.name, d.name, s) not in done
+    ]
+    return {
+        "name": exp.name,
+        "claim": exp.claim,
+        "seeds": exp.seeds,
+        "runs": runs,
+        "checks": checks,
+        "missing": missing,
+    }
 
 
 def _stats(values: list[float]) -> dict[str, float | int]:
@@ -122,6 +140,12 @@ def markdown(exp: ExperimentConfig, summary: dict[str, Any], command: str) -> st
         lines.append("| " + " | ".join(cells + [_cell(r["metrics"].get(m)) for m in exp.metrics]) + " |")
     lines += ["", "| check | verdict | means |", "|---|---|---|"]
     lines += [f"| {c['says']} | {c['verdict']} | {c['detail']} |" for c in summary["checks"]]
+    missing = summary.get("missing", [])
+    if missing:
+        total = len(exp.runs) * len(exp.seeds) * len(exp.data)
+        head = f"Incomplete: {len(missing)} of {total} trainings have no result yet (run the command again):"
+        lines += ["", head, ""]
+        lines += [f"- {m['run']} · {m['data']} · seed {m['seed']}" for m in missing]
     return "\n".join(lines) + "\n"
 
 
@@ -156,6 +180,21 @@ def plot(exp: ExperimentConfig, summary: dict[str, Any], path: Path) -> None:
     finally:
         plt.close(fig)
         Path(tmp).unlink(missing_ok=True)
+
+
+def write_archive(out: Path, path: Path) -> Path:
+    """`path` (a `.tar.gz`): the summary, the result files and the logs of the results folder
+    `out`, under `<out's name>/`, so one file carries a whole experiment; written atomically."""
+    names = ["results.json", "results.md", "results.png"]
+    members = [out / n for n in names] + sorted((out / "runs").glob("*.json"))
+    members += sorted((out / "logs").glob("*.log"))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for m in members:
+            if m.is_file():
+                tar.add(m, arcname=str(Path(out.name) / m.relative_to(out)))
+    atomic_write(path, buf.getvalue())
+    return path
 
 
 def write_summary(exp: ExperimentConfig, summary: dict[str, Any], out: Path, command: str) -> list[Path]:

@@ -155,3 +155,101 @@ def test_bad_experiment_files_name_the_problem(tmp_path):
     path.write_text(SMOKE.replace('than = "gdn frozen"', 'than = "gdn froze"'))
     with pytest.raises(ValueError, match="names run 'gdn froze'"):
         load_experiment(path)
+
+
+def test_a_deadline_leaves_a_summary_naming_what_is_missing_and_one_archive(tmp_path, capsys):
+    """In one process and with children: trainings not done at the deadline leave no result file;
+    the summary and `results.md` list every missing (run, data, seed), and `--archive` packs the
+    folder into one file. The same command without a deadline then trains just what is missing."""
+    import tarfile
+
+    (tmp_path / "smoke.toml").write_text(SMOKE)
+    (tmp_path / "m.lt2").write_text(MODEL)
+    out, archive = tmp_path / "out", tmp_path / "out.tgz"
+    argv = [str(tmp_path / "smoke.toml"), "--out", str(out), "--device", "cpu"]
+    for jobs in ("1", "2"):
+        assert main([*argv, "--jobs", jobs, "--deadline", "0.01", "--archive", str(archive)]) == 0
+        err = capsys.readouterr().err
+        assert "stopped at the deadline: gdn seed 0, gdn seed 1, gdn frozen seed 0" in err
+        assert "missing: gdn · parity · seed 0" in err
+        summary = json.loads((out / "results.json").read_text())
+        assert len(summary["missing"]) == 4 and not list((out / "runs").glob("*.json"))
+        assert {c["verdict"] for c in summary["checks"]} == {"not run"}
+        assert "Incomplete: 4 of 4 trainings" in (out / "results.md").read_text()
+        with tarfile.open(archive) as tar:
+            assert {"out/results.json", "out/results.md", "out/results.png"} <= set(tar.getnames())
+    assert main([*argv, "--seeds", "1", "--archive", str(archive)]) == 0, capsys.readouterr().err
+    missing = json.loads((out / "results.json").read_text())["missing"]
+    assert [(m["run"], m["seed"]) for m in missing] == [("gdn", 0), ("gdn frozen", 0)]
+    with tarfile.open(archive) as tar:
+        assert "out/runs/gdn--parity--seed1.json" in tar.getnames()
+
+
+def test_children_running_at_the_deadline_are_stopped(tmp_path, monkeypatch):
+    """`run_parallel` stops the children still running at the deadline (here: sleeping ones) and
+    names their pairs, running first, then those it never started."""
+    import argparse
+    import sys
+    import time
+
+    from rich.progress import Progress
+
+    from lt2dsl.tasks import jobs
+    from lt2dsl.tasks.experiment_config import RunConfig
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    monkeypatch.setattr(jobs, "child_command", lambda args, out, threads: sleeper)
+    started, start = [], jobs._start
+    monkeypatch.setattr(jobs, "_start", lambda *a: started.append(start(*a)) or started[-1])
+    runs = [RunConfig(name=n, model="m.lt2") for n in ("a", "b")]
+    units = [(runs[0], 0), (runs[1], 0), (runs[1], 1)]
+    t0 = time.monotonic()
+    with Progress(disable=True) as progress:
+        outcome = jobs.run_parallel(argparse.Namespace(jobs=2), units, tmp_path, progress, t0 + 1.0)
+    assert outcome.cut == [("a", 0), ("b", 0), ("b", 1)] and outcome.failed == []
+    assert time.monotonic() - t0 < 1.0 + jobs.GRACE_S + 5
+    assert len(started) == 2 and all(proc.poll() is not None for proc, *_ in started)
+    assert sorted(p.name for p in (tmp_path / "logs").glob("*.log")) == ["a--seed0.log", "b--seed0.log"]
+
+
+def test_children_share_the_cores(tmp_path):
+    """`--jobs N` gives each child `max(1, cores // N)` intra-op threads on its command line, and
+    `--threads` sets this process's."""
+    import argparse
+
+    import torch
+
+    from lt2dsl.tasks.jobs import child_command, child_threads
+
+    assert [child_threads(j, cores=16) for j in (1, 5, 15, 16, 32)] == [16, 3, 1, 1, 1]
+    args = argparse.Namespace(
+        config="x.toml", device="cuda", steps=None, backend=None, data="mqar", force=False
+    )
+    cmd = child_command(args, tmp_path, threads=3)
+    assert cmd[cmd.index("--threads") + 1] == "3" and cmd[cmd.index("--data") + 1] == "mqar"
+    assert "--steps" not in cmd
+    (tmp_path / "smoke.toml").write_text(SMOKE)
+    before = torch.get_num_threads()
+    wanted = 2 if before != 2 else 1
+    try:
+        argv = [str(tmp_path / "smoke.toml"), "--out", str(tmp_path), "--report-only"]
+        assert main([*argv, "--threads", str(wanted)]) == 0
+        assert torch.get_num_threads() == wanted
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_task_threshold_ends_the_training_early(tmp_path, capsys):
+    """A data entry's `threshold` on a task without a curriculum: the training stops once the
+    window of training batches reaches it (here at once), and the result file says after how many
+    steps; without it the training takes all its steps."""
+    toml = SMOKE.split("[[data]]")[0].replace('"parity/accuracy", "parity/stage"', '"copy/accuracy"')
+    data = '[[data]]\nname = "copy"\ntask = "copy"\nlength = 4\nvocab = 2\n'
+    runs = '[[runs]]\nname = "gdn"\nmodel = "m.lt2"\n'
+    (tmp_path / "m.lt2").write_text(MODEL)
+    for threshold, steps in (("threshold = 0.01\nwindow = 1\n", 1), ("", 3)):
+        (tmp_path / "copy.toml").write_text(toml + data + threshold + runs)
+        out = tmp_path / f"o{steps}"
+        argv = [str(tmp_path / "copy.toml"), "--out", str(out), "--device", "cpu", "--seeds", "0"]
+        assert main(argv) == 0, capsys.readouterr().err
+        assert json.loads((out / "runs" / "gdn--copy--seed0.json").read_text())["steps"] == steps
