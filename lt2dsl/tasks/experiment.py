@@ -290,7 +290,9 @@ def report(exp: ExperimentConfig, out: Path, args: argparse.Namespace, console: 
         console.print(f"{c['verdict']:>9}: {c['says']} ({c['detail']})", markup=False, highlight=False)
     if summary["missing"]:
         gaps = ", ".join(f"{m['run']} · {m['data']} · seed {m['seed']}" for m in summary["missing"])
-        console.print(f"missing: {gaps}", markup=False, highlight=False, soft_wrap=True)
+        total = len(exp.runs) * len(exp.data) * len(exp.seeds)
+        line = f"missing {len(summary['missing'])} of {total} trainings: {gaps}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if args.archive:
         paths.append(write_archive(out, Path(args.archive)))
     console.print("wrote " + ", ".join(map(str, paths)), markup=False, highlight=False)

@@ -171,7 +171,7 @@ def test_a_deadline_leaves_a_summary_naming_what_is_missing_and_one_archive(tmp_
         assert main([*argv, "--jobs", jobs, "--deadline", "0.01", "--archive", str(archive)]) == 0
         err = capsys.readouterr().err
         assert "stopped at the deadline: gdn seed 0, gdn seed 1, gdn frozen seed 0" in err
-        assert "missing: gdn · parity · seed 0" in err
+        assert "missing 4 of 4 trainings: gdn · parity · seed 0" in err
         summary = json.loads((out / "results.json").read_text())
         assert len(summary["missing"]) == 4 and not list((out / "runs").glob("*.json"))
         assert {c["verdict"] for c in summary["checks"]} == {"not run"}
