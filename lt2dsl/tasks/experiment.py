@@ -155,6 +155,7 @@ def run_one(
         "metrics": metrics_of(source, data, reports),
         "curriculum": source.state_dict().get("curriculum"),
         "steps": max(result.losses, default=0),
+        "solved": source.solved,
         "history": [r for r in result.rows if "loss" in r],
         "eval": {k: r.to_json() for k, r in reports.items()},
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,

@@ -252,4 +252,5 @@ def test_a_task_threshold_ends_the_training_early(tmp_path, capsys):
         out = tmp_path / f"o{steps}"
         argv = [str(tmp_path / "copy.toml"), "--out", str(out), "--device", "cpu", "--seeds", "0"]
         assert main(argv) == 0, capsys.readouterr().err
-        assert json.loads((out / "runs" / "gdn--copy--seed0.json").read_text())["steps"] == steps
+        one = json.loads((out / "runs" / "gdn--copy--seed0.json").read_text())
+        assert (one["steps"], one["solved"]) == (steps, bool(threshold))
