@@ -100,18 +100,33 @@ def dsa(
 
 
 def dsa_indexer(
-    q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, backend: str = "reference", ordered: bool = True
+    q_idx,
+    k_idx,
+    w_idx=None,
+    *,
+    topk: int,
+    idx_scale=None,
+    cu_seqlens=None,
+    backend: str = "reference",
+    ordered: bool = True,
 ):
     """The lightning indexer alone: `[B, Tq, topk]` causal top-k key indices (rank order, −1 pads).
 
     `ordered=False` lets the Triton backend return each query's selection in any order (the same
-    set, −1 pads possibly among the indices), skipping the rank sort when only the set matters."""
+    set, −1 pads possibly among the indices), skipping the rank sort when only the set matters.
+    With `cu_seqlens` (a packed row, B = 1, Tq = Tk) every document selects among its own keys and
+    the indices are local to it, as `dsa` takes them."""
     _check_indexer(q_idx, k_idx, w_idx, q_idx.shape[0], q_idx.shape[1], k_idx.shape[1])
     if resolve_backend(backend, q_idx) == "triton":
         from .ops import _indexer
 
-        return _indexer(q_idx, k_idx, w_idx, topk, idx_scale, None, ordered)
-    return dsa_indexer_reference(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
+        return _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens, ordered)
+    kw = dict(topk=topk, idx_scale=idx_scale)
+    if cu_seqlens is None:
+        return dsa_indexer_reference(q_idx, k_idx, w_idx, **kw)
+    return run_by_sequence(
+        dsa_indexer_reference, cu_seqlens, dict(q_idx=q_idx, w_idx=w_idx), dict(k_idx=k_idx), **kw
+    )
 
 
 def _check_indexer(q_idx, k_idx, w_idx, B: int, Tq: int, Tk: int) -> None:

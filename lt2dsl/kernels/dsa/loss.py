@@ -1,17 +1,35 @@
 """The lightning indexer's KL alignment loss (mixers.md §11(b)), for training code.
 
-Dense warm-up: L = Σ_t KL(p_t ‖ softmax(I[t, :])) over causal keys, where p_t is the main attention's
-probability summed over heads and L1-normalised. Sparse stage (`indices` given): both distributions
-are restricted to the selected keys S_t. The main attention is a fixed target: q and k are detached,
-so the loss trains only the indexer (q_idx, k_idx, w_idx).
+L = Σ_t KL(p_t ‖ softmax(I[t, S_t])): p_t is the main attention's probability over the keys S_t, summed
+over heads and L1-normalised. It is a fixed target (q and k are detached), so the loss trains only the
+indexer (q_idx, k_idx, w_idx). S_t is every causal key of t's sequence (the dense warm-up) or, with
+`indices`, the keys t selected (the sparse stage).
+
+Cost. The sparse stage gathers each query's k selected keys (main keys for the target, index keys for
+the logits): O(T·k) work and memory, never a `[T, T]` tensor. The dense stage scores a query chunk
+against the key window its documents reach (the chunk's first document start to its last query).
+A packed row (`cu_seqlens`) goes in one pass, not one per document: masks keep every query inside
+its document. Query chunks are sized by an element budget and checkpointed, so backward keeps only
+the inputs and, in the sparse stage, the targets `[B, T, k]`. The per-row formula it is tested
+against is `reference.dsa_indexer_kl_reference`.
 """
 
 from __future__ import annotations
 
-import torch
+import bisect
+import math
 
-from ..common.attn_utils import compute_dtype, repeat_kv
-from .reference import causal_keys, indexer_scores, masked_softmax, selection_mask
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..common.attn_utils import compute_dtype
+from .reference import doc_starts, indexer_scores, masked_softmax, to_global
+
+# Elements of a chunk's largest tensor (the gathered main keys, or the dense scores): 2^27 is
+# 256 MiB of bf16 keys, and a layer's loss at T = 32k, topk 256, 4 kv heads of 64 takes 16 chunks
+# (a chunk costs ~150 eager ops, which bounds the loss on the GPU as much as its bytes do).
+BUDGET = 2**27
+MIN_ROWS = 512
 
 
 def dsa_indexer_kl(
@@ -24,13 +42,14 @@ def dsa_indexer_kl(
     scale: float | None = None,
     idx_scale: float | None = None,
     indices: torch.LongTensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
     reduction: str = "sum",
-    chunk: int = 256,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """KL(p_t ‖ softmax(I_t)) of the indexer against the main attention, summed over heads.
 
     Args:
-        q (torch.Tensor): main queries `[B, Tq, HQ, K]` (detached here).
+        q (torch.Tensor): main queries `[B, Tq, HQ, K]` (detached here), the last Tq of the keys.
         k (torch.Tensor): main keys `[B, Tk, HKV, K]` (detached here).
         q_idx (torch.Tensor): index queries `[B, Tq, HI, DI]`.
         k_idx (torch.Tensor): index keys `[B, Tk, DI]`.
@@ -40,40 +59,153 @@ def dsa_indexer_kl(
             `(HI · DI) ** -0.5` as in mixers.md §11(b). The softmax is not scale-invariant, unlike the
             top-k, so this is the sheet's value rather than the `dsa` op's selection default `DI ** -0.5`;
             pass `DI ** -0.5` when `w_idx` already carries the `HI ** -0.5` factor.
-        indices (torch.LongTensor, Optional): `[B, Tq, topk]` selection of the sparse stage.
+        indices (torch.LongTensor, Optional): `[B, Tq, topk]` selection of the sparse stage (−1 pads;
+            keys past the query or repeated count once), local to each document with `cu_seqlens`.
+        cu_seqlens (torch.Tensor, Optional): `[N + 1]` document starts of a packed row (B = 1,
+            Tq = Tk): every document is a sequence of its own. Default: `None`.
         reduction (str, Optional): "sum" (Σ over queries and batch), "mean" or "none" (`[B, Tq]`).
+        chunk (int, Optional): queries per chunk; default: as many as fit `BUDGET`.
 
     Returns:
         loss (torch.Tensor): scalar (or `[B, Tq]`), float32 (float64 for float64 inputs).
     """
     B, Tq, HQ, K = q.shape
-    Tk, HKV = k.shape[1:3]
-    HI, DI = q_idx.shape[2:]
+    Tk = k.shape[1]
+    if reduction not in ("sum", "mean", "none"):
+        raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
+    if cu_seqlens is not None and (B != 1 or Tq != Tk):
+        raise ValueError(f"cu_seqlens takes one packed row with Tq == Tk, got B={B}, Tq={Tq}, Tk={Tk}")
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
     scale = K**-0.5 if scale is None else scale
-    idx_scale = (HI * DI) ** -0.5 if idx_scale is None else idx_scale
+    idx_scale = (q_idx.shape[2] * q_idx.shape[3]) ** -0.5 if idx_scale is None else idx_scale
     dt = compute_dtype(q, k, q_idx, k_idx, w_idx)
-    kx = repeat_kv(k.detach(), HQ // HKV).to(dt)
-    rows = []
-    for i0 in range(0, Tq, chunk):
-        c = min(chunk, Tq - i0)
+    # Autocast off: the softmaxes and the index scores are in dt (fp32, or float64 for the truth); the
+    # main scores are products in k's dtype (bf16 when training in bf16, as autocast made them), so the
+    # main keys gathered per query, the loss's largest tensor, stay in k's dtype.
+    with torch.autocast(q.device.type, enabled=False):
+        qs = (q.detach().to(dt) * scale).to(k.dtype).unflatten(2, (k.shape[2], HQ // k.shape[2]))
+        args = (qs, k.detach(), q_idx.to(dt), k_idx.to(dt), None if w_idx is None else w_idx.to(dt))
         if indices is None:
-            mask = causal_keys(i0, c, Tq, Tk, q.device).expand(B, c, Tk)
+            per_query = _dense(*args, idx_scale, chunk, cu_seqlens)
         else:
-            mask = selection_mask(indices[:, i0 : i0 + c], i0, Tq, Tk)
-        target = _head_summed_probs(q.detach()[:, i0 : i0 + c].to(dt) * scale, kx, mask)
-        w = None if w_idx is None else w_idx[:, i0 : i0 + c]
-        logits = indexer_scores(q_idx[:, i0 : i0 + c], k_idx, w, idx_scale, dt)
-        logq = torch.log_softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-        kl = torch.where(target > 0, target * (torch.log(target.clamp_min(1e-300)) - logq), 0.0)
-        rows.append(kl.sum(-1))
-    per_query = torch.cat(rows, dim=1)
+            sel = indices if cu_seqlens is None else to_global(indices, cu_seqlens)
+            per_query = _sparse(*args, idx_scale, chunk, sel)
     if reduction == "none":
         return per_query
     return per_query.sum() if reduction == "sum" else per_query.mean()
 
 
-def _head_summed_probs(qs, kx, mask) -> torch.Tensor:
-    """Main attention probabilities summed over heads, L1-normalised: `[B, c, Tk]`."""
-    s = torch.einsum("bihk,bjhk->bhij", qs, kx)
-    p = masked_softmax(s, mask[:, None]).sum(1)
+def _sparse(qs, k, q_idx, k_idx, w_idx, idx_scale: float, chunk, sel) -> torch.Tensor:
+    """Per-query KL `[B, Tq]` over the selected keys `sel [B, Tq, n]` (positions in the row) of the
+    scaled queries `qs [B, Tq, HKV, G, K]`."""
+    B, Tq, HKV, _, K = qs.shape
+    Tk, n = k.shape[1], sel.shape[-1]
+    kh = k.transpose(1, 2).contiguous()  # [B, HKV, Tk, K]: gathers land as [B, c, HKV, n, K]
+    c = chunk or max(1, BUDGET // (B * n * HKV * K))
+    pos = torch.arange(Tq, device=qs.device) + (Tk - Tq)
+    rows = []
+    for a in range(0, Tq, c):
+        b = min(a + c, Tq)
+        valid, idx = selected(sel[:, a:b], pos[a:b], Tk)
+        with torch.no_grad():
+            s = qs[:, a:b] @ _gather_heads(kh, idx).transpose(-1, -2)  # [B, c, HKV, G, n]
+            target = _head_summed(s.to(q_idx.dtype), valid[:, :, None, None])
+        w = None if w_idx is None else w_idx[:, a:b]
+        args = (target, q_idx[:, a:b], k_idx, w, idx, valid, idx_scale)
+        rows.append(checkpoint(_gathered_kl, *args, use_reentrant=False))
+    return torch.cat(rows, dim=1)
+
+
+def selected(sel: torch.Tensor, pos: torch.Tensor, Tk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid `[B, c, n]`, keys `[B, c, n]`): each query's distinct selected keys s, 0 ≤ s ≤ pos < Tk,
+    in index order; the invalid slots hold key 0."""
+    ok = (sel >= 0) & (sel <= pos[:, None]) & (sel < Tk)
+    keys = torch.where(ok, sel, -1).sort(dim=-1).values
+    valid = keys >= 0
+    valid[..., 1:] &= keys[..., 1:] != keys[..., :-1]
+    return valid, keys.clamp_min(0)
+
+
+def _gather_heads(kh: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows of `kh [B, H, T, K]` at `idx [B, c, n]`: `[B, c, H, n, K]`."""
+    B, H = kh.shape[:2]
+    b = torch.arange(B, device=kh.device)[:, None, None, None]
+    h = torch.arange(H, device=kh.device)[None, None, :, None]
+    return kh[b, h, idx[:, :, None, :]]
+
+
+def _gathered_kl(target, q_idx, k_idx, w_idx, idx, valid, idx_scale: float) -> torch.Tensor:
+    """KL `[B, c]` of the index scores of q_idx `[B, c, HI, DI]` over the keys `idx` against `target`."""
+    keys = k_idx[torch.arange(k_idx.shape[0], device=k_idx.device)[:, None, None], idx]  # [B, c, n, DI]
+    dots = torch.relu(idx_scale * (q_idx @ keys.transpose(-1, -2)))  # [B, c, HI, n]
+    logits = dots.sum(2) if w_idx is None else (w_idx.unsqueeze(-2) @ dots).squeeze(-2)
+    return _kl(target, logits, valid)
+
+
+def _dense(qs, k, q_idx, k_idx, w_idx, idx_scale: float, chunk, cu_seqlens) -> torch.Tensor:
+    """Per-query KL `[B, Tq]` over every key of the query's document up to the query."""
+    B, Tq, HKV, G, _ = qs.shape
+    Tk = k.shape[1]
+    pos = torch.arange(Tq, device=qs.device) + (Tk - Tq)
+    first = None if cu_seqlens is None else doc_starts(cu_seqlens.to(qs.device), Tq)
+    starts = [0] if cu_seqlens is None else cu_seqlens.tolist()[:-1]
+    rows = []
+    for a, b, lo in windows(Tq, Tk, starts, B * HKV * G, chunk):
+        hi = b + Tk - Tq
+        keys = torch.arange(lo, hi, device=qs.device)
+        mask = keys <= pos[a:b, None]
+        if first is not None:
+            mask = mask & (keys >= first[a:b, None])
+        w = None if w_idx is None else w_idx[:, a:b]
+        args = (qs[:, a:b], k[:, lo:hi], q_idx[:, a:b], k_idx[:, lo:hi], w, mask, idx_scale)
+        rows.append(checkpoint(_dense_kl, *args, use_reentrant=False))
+    return torch.cat(rows, dim=1)
+
+
+def windows(Tq: int, Tk: int, starts: list[int], heads: int, chunk: int | None) -> list[tuple[int, int, int]]:
+    """(a, b, lo) per query chunk: rows a..b−1 score keys lo..b−1+Tk−Tq, lo the document start of
+    row a (`starts`: sorted document starts). Without `chunk`, a chunk's `heads · rows · keys`
+    scores fit `BUDGET / 4` (they exist in fp32 a few times over; at least one row), and it has at
+    most max(`MIN_ROWS`, keys row a sees) rows, so a window that runs into later documents scores
+    at most ~2× the keys its rows see."""
+    out, a = [], 0
+    while a < Tq:
+        lo = starts[bisect.bisect_right(starts, a) - 1]
+        reach = a + Tk - Tq + 1 - lo  # keys row a sees; a chunk of c rows scores reach + c − 1 keys
+        c = chunk or min(max(MIN_ROWS, reach), _rows_within(BUDGET // (4 * heads), reach))
+        b = min(Tq, a + c)
+        out.append((a, b, lo))
+        a = b
+    return out
+
+
+def _rows_within(budget: int, reach: int) -> int:
+    """The most rows c (≥ 1) with c · (reach + c) ≤ budget."""
+    return max(1, int((math.sqrt(reach * reach + 4 * budget) - reach) / 2))
+
+
+def _dense_kl(qs, k, q_idx, k_idx, w_idx, mask, idx_scale: float) -> torch.Tensor:
+    """KL `[B, c]` of queries `[B, c, ...]` over the window keys `[B, S, ...]` that `mask [c, S]` allows."""
+    with torch.no_grad():
+        s = torch.einsum("bcngd,bknd->bcngk", qs, k)
+        target = _head_summed(s.to(q_idx.dtype), mask[None, :, None, None])
+    return _kl(target, indexer_scores(q_idx, k_idx, w_idx, idx_scale, q_idx.dtype), mask[None])
+
+
+def _head_summed(s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax of `s [B, c, HKV, G, N]` over `mask`, summed over heads and L1-normalised: `[B, c, N]`."""
+    p = masked_softmax(s, mask).sum((2, 3))
     return p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def _kl(target: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ_s target · (log target − log_softmax(logits)) over `mask` `[B, c, N]` -> `[B, c]`.
+
+    A row with no allowed key has logits 0 (not −inf) before the log-softmax, so neither it nor its
+    gradient is NaN; its target is 0, so its KL is 0."""
+    logits = logits.masked_fill(~mask, float("-inf"))
+    logits = torch.where(mask.any(-1, keepdim=True), logits, logits.new_zeros(()))
+    logq = torch.log_softmax(logits, dim=-1)
+    tiny = torch.finfo(target.dtype).tiny
+    return torch.where(target > 0, target * (torch.log(target.clamp_min(tiny)) - logq), 0.0).sum(-1)

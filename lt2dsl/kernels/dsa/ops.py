@@ -14,6 +14,7 @@ from torch.utils.flop_counter import register_flop_formula
 from lt2dsl.kernels.common.custom_op import custom_op
 
 from ..common.backend import check_triton_dtype
+from .reference import to_global
 from .triton_attn import sparse_attn_bwd, sparse_attn_fwd
 from .triton_indexer import dsa_indexer_triton
 
@@ -106,7 +107,7 @@ def dsa_triton(
     local = indices
     if local is None:
         local = _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens, ordered)
-    glob = local if cu_seqlens is None else _to_global(local, cu_seqlens)
+    glob = local if cu_seqlens is None else to_global(local, cu_seqlens)
     # k, v as they are (the kernel takes their strides): in decode they are views of the KV cache
     o = dsa_attn_fwd_op(q.contiguous(), k, v, glob.contiguous(), scale)[0]
     return o, local
@@ -132,10 +133,3 @@ def _indexer(q_idx, k_idx, w_idx, topk, idx_scale, cu_seqlens, ordered=True):
         for a, b in itertools.pairwise(cu)
     ]
     return torch.cat(parts, dim=1)
-
-
-def _to_global(local: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """Local per-sequence indices `[1, T, k]` -> positions in the packed batch (−1 stays −1)."""
-    cu = cu_seqlens.to(local.device)
-    seq = torch.searchsorted(cu[1:], torch.arange(local.shape[1], device=local.device), right=True)
-    return torch.where(local >= 0, local + cu[seq][None, :, None], local)

@@ -1,6 +1,8 @@
 """Parallel PyTorch form of `dsa`: dense index scores and masked attention over query chunks.
 
 `backend="reference"`; autograd gives the gradients of the attention part (the selection is discrete).
+`dsa_indexer_kl_reference` is the indexer's KL loss over dense `[B, c, Tk]` rows, the truth `loss.py`
+is tested against.
 """
 
 from __future__ import annotations
@@ -81,3 +83,44 @@ def dsa_reference(q, k, v, q_idx, k_idx, w_idx=None, *, topk: int, scale=None, i
     if indices is None:
         indices = dsa_indexer_reference(q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale)
     return sparse_attention_reference(q, k, v, indices, scale).to(v.dtype), indices
+
+
+def doc_starts(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
+    """`[T]` int64: the start of the packed document each position of a `[1, T]` row belongs to."""
+    cu = cu_seqlens.to(torch.int64)
+    seq = torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True)
+    return cu[seq]
+
+
+def to_global(local: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Local per-document indices `[1, T, k]` -> positions in the packed row (−1 stays −1)."""
+    start = doc_starts(cu_seqlens.to(local.device), local.shape[1])
+    return torch.where(local >= 0, local + start[None, :, None], local)
+
+
+def dsa_indexer_kl_reference(q, k, q_idx, k_idx, w_idx=None, *, scale=None, idx_scale=None, indices=None):
+    """Per-query KL `[B, Tq]` of `dsa_indexer_kl` (one sequence, no `cu_seqlens`), each query chunk
+    against every key as a dense masked row: the main attention's probabilities summed over heads
+    and L1-normalised (detached) against the log-softmax of the index scores."""
+    B, Tq, HQ, K = q.shape
+    Tk, HKV = k.shape[1:3]
+    scale = K**-0.5 if scale is None else scale
+    idx_scale = (q_idx.shape[2] * q_idx.shape[3]) ** -0.5 if idx_scale is None else idx_scale
+    dt = compute_dtype(q, k, q_idx, k_idx, w_idx)
+    kx = repeat_kv(k.detach(), HQ // HKV).to(dt)
+    rows = []
+    for i0 in range(0, Tq, 256):
+        c = min(256, Tq - i0)
+        if indices is None:
+            mask = causal_keys(i0, c, Tq, Tk, q.device).expand(B, c, Tk)
+        else:
+            mask = selection_mask(indices[:, i0 : i0 + c], i0, Tq, Tk)
+        s = torch.einsum("bihk,bjhk->bhij", q.detach()[:, i0 : i0 + c].to(dt) * scale, kx)
+        p = masked_softmax(s, mask[:, None]).sum(1)
+        target = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+        w = None if w_idx is None else w_idx[:, i0 : i0 + c]
+        logits = indexer_scores(q_idx[:, i0 : i0 + c], k_idx, w, idx_scale, dt)
+        logq = torch.log_softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+        kl = torch.where(target > 0, target * (torch.log(target.clamp_min(1e-300)) - logq), 0.0)
+        rows.append(kl.sum(-1))
+    return torch.cat(rows, dim=1)

@@ -30,13 +30,11 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.kernels.dsa import dsa_indexer, dsa_indexer_kl
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering import functional_sparse as fs
-from lt2dsl.lowering import packed
 from lt2dsl.lowering.layers.attention import add_projections
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
@@ -122,7 +120,7 @@ class SparseAttention(MixerLayer):
         sparse: bool = False,
         reduction: str = "sum",
         cu_seqlens: torch.Tensor | None = None,
-        chunk: int = 256,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """The indexer's KL alignment loss Σ_t KL(p_t ‖ softmax(I[t, :])) (mixers.md §11(b)).
 
@@ -132,10 +130,10 @@ class SparseAttention(MixerLayer):
         learns only from the LM loss (DeepSeek's recipe; in the dense warm-up the main model is
         frozen anyway). Call it on the layer's normed block input, e.g. captured by a forward hook.
 
-        Queries go `chunk` at a time, each chunk against the keys up to its last query and
-        recomputed in backward (activation checkpointing): the scores of one chunk `[B, H, chunk, t]`
-        exist at a time, as in the layer's reference attention, and backward keeps only the
-        projections `[B, T, HI, dI]`.
+        The whole row goes through `dsa_indexer_kl` at once (a packed row too): the sparse stage
+        gathers each query's top-k keys, O(T·topk); the dense warm-up scores query chunks against
+        their documents' keys. Chunks are checkpointed, so backward keeps the projections `[B, T, ·]`
+        and the sparse stage's targets `[B, T, topk]`.
 
         Args:
             x (torch.Tensor): `[B, T, D]` normed block input of a whole sequence (no cache).
@@ -145,7 +143,7 @@ class SparseAttention(MixerLayer):
             reduction (str, Optional): "sum", "mean" or "none" (`[B, T]`). Default: `"sum"`.
             cu_seqlens (torch.Tensor, Optional): `[N + 1]` document starts of a packed row (B = 1):
                 each document is its own sequence, at positions from 0. Default: `None`.
-            chunk (int, Optional): queries per chunk. Default: `256`.
+            chunk (int, Optional): queries per chunk; default: `dsa_indexer_kl`'s memory budget.
 
         Returns:
             torch.Tensor: scalar (or `[B, T]`), fp32 (float64 for a float64 layer).
@@ -153,29 +151,10 @@ class SparseAttention(MixerLayer):
         fs.check_input(x, self, "dsa")
         if reduction not in ("sum", "mean", "none"):
             raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
-        if cu_seqlens is None:
-            per_query = self._indexer_kl(x.detach(), pos, sparse, chunk)
-        else:
-            docs = x.detach().split(packed.split(cu_seqlens), dim=1)
-            per_query = torch.cat([self._indexer_kl(xd, 0, sparse, chunk) for xd in docs], dim=1)
-        if reduction == "none":
-            return per_query
-        return per_query.sum() if reduction == "sum" else per_query.mean()
-
-    def _indexer_kl(self, x: torch.Tensor, pos, sparse: bool, chunk: int) -> torch.Tensor:
-        """Per-query KL `[B, T]` of one sequence x (detached), query chunks checkpointed."""
+        x = x.detach()
         with torch.no_grad():
-            q, k, _ = self._qkv(x, pos)
-        q_idx, k_idx, w_idx = self._indexer(x, pos)
-        rows = []
-        for a in range(0, x.shape[1], chunk):
-            b = min(a + chunk, x.shape[1])
-            args = (q[:, a:b], k[:, :b], q_idx[:, a:b], k_idx[:, :b], w_idx[:, a:b])
-            rows.append(checkpoint(self._kl_rows, *args, sparse, use_reentrant=False))
-        return torch.cat(rows, dim=1)
-
-    def _kl_rows(self, q, k, q_idx, k_idx, w_idx, sparse: bool) -> torch.Tensor:
-        """KL `[B, c]` of c queries, the last c of the keys (`dsa_indexer_kl`'s convention)."""
+            q, k, _ = self._qkv(x, pos, cu_seqlens)
+        q_idx, k_idx, w_idx = self._indexer(x, pos, cu_seqlens)
         indices = None
         if sparse:
             indices = dsa_indexer(
@@ -184,8 +163,19 @@ class SparseAttention(MixerLayer):
                 w_idx.detach(),
                 topk=self.topk,
                 idx_scale=self.idx_scale,
+                cu_seqlens=cu_seqlens,
                 backend=self.backend,
+                ordered=False,
             )
         return dsa_indexer_kl(
-            q, k, q_idx, k_idx, w_idx, idx_scale=self.idx_scale, indices=indices, reduction="none"
+            q,
+            k,
+            q_idx,
+            k_idx,
+            w_idx,
+            idx_scale=self.idx_scale,
+            indices=indices,
+            cu_seqlens=cu_seqlens,
+            reduction=reduction,
+            chunk=chunk,
         )
