@@ -84,3 +84,15 @@ def test_delta_bench_runs_default_and_peer_before_variants(monkeypatch):
     for key in dict.fromkeys((g, b) for g, b, _ in rows):
         impls = [impl for g, b, impl in rows if (g, b) == key]
         assert impls[:2] == ["lt2dsl", "fla"], impls
+
+
+def test_dsa_train_step_bench_smoke(tmp_path):
+    """Every row of `bench/dsa_train_step.py` runs at toy sizes; the one-pass KL dispatches fewer
+    ops than the per-document one it replaced."""
+    cmd = [sys.executable, "bench/dsa_train_step.py", "--smoke", "--steps", "1", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "dsa_train_step.json").read_text())["rows"]
+    assert set(rows) == {"full", "gdn", "dsa", "dsa+kl", "dsa+kl legacy", "dsa+kl all"}
+    assert all(r["ms"] > 0 and r["aten_ops"] > 0 for r in rows.values())
+    assert rows["dsa"]["aten_ops"] < rows["dsa+kl"]["aten_ops"] < rows["dsa+kl legacy"]["aten_ops"]

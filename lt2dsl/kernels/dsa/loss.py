@@ -29,7 +29,7 @@ from .reference import doc_starts, indexer_scores, masked_softmax, to_global
 # 256 MiB of bf16 keys, and a layer's loss at T = 32k, topk 256, 4 kv heads of 64 takes 16 chunks
 # (a chunk costs ~150 eager ops, which bounds the loss on the GPU as much as its bytes do).
 BUDGET = 2**27
-MIN_ROWS = 512
+SHORT = 256
 
 
 def dsa_indexer_kl(
@@ -104,17 +104,23 @@ def _sparse(qs, k, q_idx, k_idx, w_idx, idx_scale: float, chunk, sel) -> torch.T
     kh = k.transpose(1, 2).contiguous()  # [B, HKV, Tk, K]: gathers land as [B, c, HKV, n, K]
     c = chunk or max(1, BUDGET // (B * n * HKV * K))
     pos = torch.arange(Tq, device=qs.device) + (Tk - Tq)
+    starts = range(0, Tq, c)
     rows = []
-    for a in range(0, Tq, c):
-        b = min(a + c, Tq)
+    for a, qi, w in zip(starts, *_split_rows((q_idx, w_idx), [min(c, Tq - a) for a in starts])):
+        b = a + qi.shape[1]
         valid, idx = selected(sel[:, a:b], pos[a:b], Tk)
         with torch.no_grad():
             s = qs[:, a:b] @ _gather_heads(kh, idx).transpose(-1, -2)  # [B, c, HKV, G, n]
             target = _head_summed(s.to(q_idx.dtype), valid[:, :, None, None])
-        w = None if w_idx is None else w_idx[:, a:b]
-        args = (target, q_idx[:, a:b], k_idx, w, idx, valid, idx_scale)
+        args = (target, qi, k_idx, w, idx, valid, idx_scale)
         rows.append(checkpoint(_gathered_kl, *args, use_reentrant=False))
     return torch.cat(rows, dim=1)
+
+
+def _split_rows(ts: tuple, sizes: list[int]) -> list:
+    """Each tensor of `ts` (`[B, T, ...]`, or None) split along T into `sizes`: its backward is one
+    concatenation, where slices would each write a zero-padded gradient of the whole row."""
+    return [[None] * len(sizes) if t is None else t.split(sizes, dim=1) for t in ts]
 
 
 def selected(sel: torch.Tensor, pos: torch.Tensor, Tk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,31 +156,34 @@ def _dense(qs, k, q_idx, k_idx, w_idx, idx_scale: float, chunk, cu_seqlens) -> t
     pos = torch.arange(Tq, device=qs.device) + (Tk - Tq)
     first = None if cu_seqlens is None else doc_starts(cu_seqlens.to(qs.device), Tq)
     starts = [0] if cu_seqlens is None else cu_seqlens.tolist()[:-1]
+    spans = windows(Tq, Tk, starts, B * HKV * G, chunk)
     rows = []
-    for a, b, lo in windows(Tq, Tk, starts, B * HKV * G, chunk):
+    for (a, b, lo), qi, w in zip(spans, *_split_rows((q_idx, w_idx), [b - a for a, b, _ in spans])):
         hi = b + Tk - Tq
         keys = torch.arange(lo, hi, device=qs.device)
         mask = keys <= pos[a:b, None]
         if first is not None:
             mask = mask & (keys >= first[a:b, None])
-        w = None if w_idx is None else w_idx[:, a:b]
-        args = (qs[:, a:b], k[:, lo:hi], q_idx[:, a:b], k_idx[:, lo:hi], w, mask, idx_scale)
+        args = (qs[:, a:b], k[:, lo:hi], qi, k_idx[:, lo:hi], w, mask, idx_scale)
         rows.append(checkpoint(_dense_kl, *args, use_reentrant=False))
     return torch.cat(rows, dim=1)
 
 
 def windows(Tq: int, Tk: int, starts: list[int], heads: int, chunk: int | None) -> list[tuple[int, int, int]]:
     """(a, b, lo) per query chunk: rows a..b−1 score keys lo..b−1+Tk−Tq, lo the document start of
-    row a (`starts`: sorted document starts). Without `chunk`, a chunk's `heads · rows · keys`
-    scores fit `BUDGET / 4` (they exist in fp32 a few times over; at least one row), and it has at
-    most max(`MIN_ROWS`, keys row a sees) rows, so a window that runs into later documents scores
-    at most ~2× the keys its rows see."""
+    row a (`starts`: sorted document starts). `chunk` rows each; without it, a chunk's
+    `heads · rows · keys` scores fit `BUDGET / 4` (they exist in fp32 a few times over; at least one
+    row), and it ends at the first document start `SHORT` or more keys after lo, so short documents
+    share a chunk and every row scores fewer than `SHORT` keys of earlier documents."""
     out, a = [], 0
     while a < Tq:
         lo = starts[bisect.bisect_right(starts, a) - 1]
-        reach = a + Tk - Tq + 1 - lo  # keys row a sees; a chunk of c rows scores reach + c − 1 keys
-        c = chunk or min(max(MIN_ROWS, reach), _rows_within(BUDGET // (4 * heads), reach))
-        b = min(Tq, a + c)
+        if chunk:
+            b = min(Tq, a + chunk)
+        else:
+            b = min(Tq, a + _rows_within(BUDGET // (4 * heads), a + Tk - Tq + 1 - lo))
+            cut = bisect.bisect_left(starts, max(lo + SHORT, a + 1))
+            b = min(b, starts[cut]) if cut < len(starts) else b
         out.append((a, b, lo))
         a = b
     return out
