@@ -9,17 +9,17 @@ start at every row and at `--docs` random points besides (the trainer's packed b
 * `dsa`: the DSA mixer alone (indexer, top-k, sparse attention);
 * `dsa+kl`: plus the indexer's KL loss over the selected keys as the trainer adds it (its default
   `indexer_loss = 1`, `indexer_loss_keys = "selected"`): `SparseAttention.indexer_loss`;
-* `dsa+kl legacy`: the same loss computed as `indexer_loss` did before it went through
+* `dsa+kl-legacy`: the same loss computed as `indexer_loss` did before it went through
   `dsa_indexer_kl` in one pass: each document alone, 256 queries at a time, every chunk checkpointed
   with its own indexer call and dense `[B, H, 256, t]` scores;
-* `dsa+kl all`: the dense warm-up's loss (`indexer_loss_keys = "all"`).
+* `dsa+kl-all`: the dense warm-up's loss (`indexer_loss_keys = "all"`).
 
 Each row: the median wall ms of `--steps` steps after two warm-up steps (CUDA events around the
 whole step, so host time counts), tokens/s, the aten ops one step dispatches, peak memory, and the
 cost model's training FLOPs of the mixer (`spec.flops`, × (1 + backward factor); the KL is not in
 it) as the ms it takes at the card's bf16 peak and the share of it in the measured time.
 
-    python bench/dsa_train_step.py --out $OUT/dsa_step            # GPU: about a minute with compiles
+    python bench/dsa_train_step.py --out $OUT/dsa_step --steps 3  # GPU: about a minute with compiles
     python bench/dsa_train_step.py --smoke --out /tmp/dsa_step    # CPU, toy sizes: it runs; no claims
 """
 
@@ -44,7 +44,7 @@ import lt2dsl  # noqa: E402
 from lt2dsl.kernels.dsa.reference import dsa_indexer_kl_reference  # noqa: E402
 from lt2dsl.lowering.packed import split  # noqa: E402
 
-ROWS = ("full", "gdn", "dsa", "dsa+kl", "dsa+kl legacy", "dsa+kl all")
+ROWS = ("full", "gdn", "dsa", "dsa+kl", "dsa+kl-legacy", "dsa+kl-all")
 # the distillation shape of bench/distill_gpu.py; SMOKE: toy sizes
 SIZES = {
     "gpu": dict(dim=768, heads=12, kv_heads=4, head_dim=64, topk=256, rows=32, seq=1024, docs=8),
@@ -121,7 +121,7 @@ def step_fn(row: str, layer, x: torch.Tensor, cu: torch.Tensor):
             t.grad = None
         with torch.autocast(device, dtype=dtype, enabled=device == "cuda"):
             loss = layer(x, None, 0, cu).float().square().mean()
-            if row == "dsa+kl legacy":
+            if row == "dsa+kl-legacy":
                 loss = loss + legacy_kl(layer, x, cu)
             elif row.startswith("dsa+kl"):
                 kl = layer.indexer_loss(x, 0, sparse=row == "dsa+kl", reduction="mean", cu_seqlens=cu)
