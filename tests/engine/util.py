@@ -1,4 +1,4 @@
-"""Shared helpers of the engine tests: the eager reference paths and a no-host-sync check."""
+"""Shared helpers of the engine tests: the eager reference paths, the float64 truth, a no-host-sync check."""
 
 from __future__ import annotations
 
@@ -7,13 +7,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lt2dsl.engine import Engine, StaticCache
 from lt2dsl.engine.step import decode_one, prefill
+from lt2dsl.lowering import compile_model
 
 # aten ops that read a device value back to the host or whose output shape depends on data: a
 # captured step can contain none of them
-# relative distance of bf16 static-cache logits from the dynamic cache's: two roundings of the same
-# sums (a wrong position, mask or state gives distances of order one)
-BF16_TOL = 0.05
-
 HOST_SYNC = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"}
 
 
@@ -70,13 +67,78 @@ def static_logits(model, seq: torch.Tensor, T: int, chunk: int = 2048) -> torch.
     return torch.stack(out, dim=1)
 
 
-def assert_near_the_dynamic_path(model, seq: torch.Tensor, T: int, tol: float) -> float:
-    """The static and dynamic caches' logits along `seq` (a prompt of T tokens and what followed)
-    differ by at most `tol` relative to the logits (Frobenius norms); the relative error."""
-    static, dynamic = static_logits(model, seq, T).double(), dynamic_logits(model, seq, T).double()
-    err = float((static - dynamic).norm() / dynamic.norm())
-    assert err <= tol, f"static-cache logits {err:.3g} (relative) from the dynamic cache's, above {tol}"
-    return err
+class Unresolvable(AssertionError):
+    """The model's own forward in its dtype is too far from the float64 truth for a comparison of
+    the cache paths against that truth to tell a wrong step from rounding."""
+
+
+# A cache path may be at most RATIO times as far from the float64 truth as the model's own forward
+# in the same dtype and kernels, plus FLOOR: on the CPU both paths measured within 2% of the bf16
+# forward's distance (Triton interpreter, both delta-rule recipes, 70-token prompts, 20-30 steps)
+# and within 10% of a float32 forward's (1.2e-5 against 1.3e-5), where the decode kernels' sums
+# differ from the chunked ones by more than the forward's tiny distance: FLOOR covers that.
+RATIO, FLOOR = 1.25, 0.01
+# The comparison is made only where the forward is within RESOLVABLE of the truth, so that a wrong
+# step stays outside the largest bound, RATIO · RESOLVABLE + FLOOR: a decode step stuck at one
+# position moved a tiny hybrid's logits by 0.16 (`test_the_gpu_comparisons_on_the_cpu`). Elsewhere
+# the model's dtype cannot tell a wrong step from rounding: random-init sandwich-norm GDN stacks
+# amplify bf16 rounding until a forward is uncorrelated with the truth (distance ~1.41 at 96
+# layers, dim 256 on the CPU; 0.036 in float32); the other examples' bf16 forwards measured
+# 0.013-0.17 there, their float32 ones below 1e-4.
+RESOLVABLE = 0.1
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ (Frobenius, in float64)."""
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def forward_logits(model, seq: torch.Tensor, T: int) -> torch.Tensor:
+    """One forward over `seq [B, N]` without a cache: the logits predicting tokens T..N−1,
+    `[B, N − T, vocab]`."""
+    with torch.no_grad():
+        return model(seq)[:, T - 1 : -1]
+
+
+def truth_logits(model, seq: torch.Tensor, T: int) -> torch.Tensor:
+    """`forward_logits` of a float64 copy of `model` (same weights, reference kernels, unfused)."""
+    ref = compile_model(model.ir, backend="reference", dtype=torch.float64, device=model.embed.weight.device,
+                        fuse=False)  # fmt: skip
+    ref.load_state_dict(model.state_dict())
+    return forward_logits(ref.eval(), seq, T).double()
+
+
+def assert_near_the_truth(model, seq: torch.Tensor, T: int, truth: torch.Tensor | None = None) -> dict:
+    """The static and dynamic caches' logits along `seq` (a prompt of T tokens, then one token per
+    step) are at most `RATIO` times (+ `FLOOR`) as far from the float64 truth (`truth_logits`, given
+    or made here) as one forward of the model over `seq`; the relative distances by path.
+
+    Raises `Unresolvable` when that forward itself is farther than `RESOLVABLE` from the truth."""
+    truth = truth_logits(model, seq, T) if truth is None else truth
+    errs = {"forward": relative(forward_logits(model, seq, T), truth)}
+    if errs["forward"] > RESOLVABLE:
+        raise Unresolvable(
+            f"the {model.embed.weight.dtype} forward is {errs['forward']:.3g} from the float64 truth "
+            f"(over {RESOLVABLE}): the comparison cannot resolve a wrong step from rounding"
+        )
+    errs["static"] = relative(static_logits(model, seq, T), truth)
+    errs["dynamic"] = relative(dynamic_logits(model, seq, T), truth)
+    bound = RATIO * errs["forward"] + FLOOR
+    far = ", ".join(f"{k} {v:.3g}" for k, v in errs.items())
+    ok = errs["static"] <= bound and errs["dynamic"] <= bound
+    assert ok, f"cache logits from the truth: {far} (bound {bound:.3g})"
+    return errs
+
+
+def assert_near_the_truth_resolved(model, seq: torch.Tensor, T: int) -> dict:
+    """`assert_near_the_truth` in the model's dtype or, where that cannot resolve (`Unresolvable`),
+    on the model converted to float32 (in place, exact: same weights); the distances and the dtype."""
+    truth = truth_logits(model, seq, T)
+    try:
+        return assert_near_the_truth(model, seq, T, truth) | {"dtype": str(model.embed.weight.dtype)}
+    except Unresolvable:
+        return assert_near_the_truth(model.float(), seq, T, truth) | {"dtype": "torch.float32"}
 
 
 def greedy_pairs(model, calls, **kw) -> tuple[Engine, list[tuple]]:
