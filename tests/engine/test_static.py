@@ -116,6 +116,26 @@ def test_row_views_share_memory_and_reset_zeroes():
     assert not any(bool(t.any()) for t in cache.tensors()) and cache.positions.tolist() == [0, 0, 0]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_static_tensor_has_the_dtype_the_dynamic_cache_keeps_it_in(kind):
+    """bf16, fused: after a prefill and a step, every tensor of the static cache has the dtype of
+    the dynamic cache's tensor of that name, recurrent states fp32 (the estimate's state bytes),
+    so neither path rounds a state the other keeps wider."""
+    model = lower(f"{call(kind)}; full", dtype=torch.bfloat16, fuse=True)
+    ids = tokens(1, 6)
+    dynamic, static = model.new_cache(1), StaticCache.allocate(model, 1, 8)
+    with torch.no_grad():
+        model(ids[:, :5], dynamic)
+        model(ids[:, 5:], dynamic)
+        prefill(model, ids[:, :5], static.rows(0, 1), 2)
+        decode_one(model, ids[:, 5:], static)
+    for d, s in zip(dynamic.entries, static.entries):
+        assert {k: t.dtype for k, t in s.items()} == {k: t.dtype for k, t in d.items()}
+    states = [t for e in static.entries for t in e.values() if t.dtype != torch.bfloat16]
+    assert all(t.dtype == torch.float32 for t in states)
+    assert bool(states) == (kind not in ("full", "swa", "dsa", "nsa", "tmm"))
+
+
 def test_assignment_writes_in_place():
     model = lower(call("gdn"))
     cache = StaticCache.allocate(model, 1, 4)
