@@ -88,7 +88,26 @@ class LeafTracer(torch.fx.Tracer):
 
     def __init__(self):
         super().__init__(autowrap_functions=leaves())
+        self._param_names: dict[int, str] | None = None
 
     def trace(self, root, concrete_args=None) -> torch.fx.Graph:
+        self._param_names = None
         with _leaves_traced():
             return super().trace(root, concrete_args)
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+        """torch's `Tracer.getattr` for parameters, found by identity in an index of the root's
+        parameters (the first name of a shared one, as torch's scan finds) instead of a scan of
+        them per access: the scan made a full-size looped model's trace quadratic in its size."""
+        if not isinstance(attr_val, torch.nn.Parameter):
+            return super().getattr(attr, attr_val, parameter_proxy_cache)
+        if self._param_names is None:
+            self._param_names = {}
+            for name, p in self.root.named_parameters():
+                self._param_names.setdefault(id(p), name)
+        name = self._param_names.get(id(attr_val))
+        if name is None:
+            return super().getattr(attr, attr_val, parameter_proxy_cache)
+        if name not in parameter_proxy_cache:
+            parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
+        return parameter_proxy_cache[name]

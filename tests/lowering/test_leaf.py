@@ -8,7 +8,7 @@ from lt2dsl.lowering import leaf as leaf_module
 from lt2dsl.lowering.functional import short_conv
 from lt2dsl.lowering.functional_recurrent import conv_silu
 from lt2dsl.lowering.leaf import is_leaf, leaf, leaves
-from lt2dsl.lowering.to_fx import trace
+from lt2dsl.lowering.to_fx import Unrolled, trace
 
 
 @leaf
@@ -56,3 +56,25 @@ def test_the_registry_holds_the_lowerings_leaves():
     names = {f.__name__ for f in leaves()}
     assert {"cache_entry", "cache_advance", "short_conv", "attention_core", "gated_delta_rule_core"} <= names
     assert {"dsa_attend", "toeplitz_cached", "conv_silu_cached", "kda_core_normed"} <= names
+
+
+def test_parameters_are_found_by_one_scan_under_the_names_torch_gives_them(monkeypatch):
+    """Parameters reached while tracing become `get_attr` nodes named as torch's own tracer names
+    them (a tied weight by its first name), with the root's parameters listed once per trace (a
+    scan per access made a full-size looped model's trace quadratic in its size)."""
+    from .util import lower
+
+    model = lower("loop T=2 < gdn(expand_v=1); swa(window=4) >", tie_embeddings="true")
+    want = model.graph_module.code
+    scans = []
+    named = Unrolled.named_parameters
+    def counted(module, *args, **kwargs):
+        scans.append(module)
+        return named(module, *args, **kwargs)
+
+    monkeypatch.setattr(Unrolled, "named_parameters", counted)
+    model.rebuild_graph()
+    assert model.graph_module.code == want and len(scans) == 1
+    monkeypatch.setattr(leaf_module.LeafTracer, "getattr", torch.fx.Tracer.getattr)
+    model.rebuild_graph()
+    assert model.graph_module.code == want and len(scans) > 10
