@@ -1,10 +1,11 @@
 """A fresh process's first two `generate` calls, timed, with where the first one's extra time went.
 
-Run as a script by `test_gpu.py` (`python tests/engine/first_call.py MODEL.lt2`): compiles the model
-on CUDA in bf16, times two generates of 16 tokens after a 1024-token prompt, and prints one line
-`FIRST_CALL {json}`: both times and, per phase of the first call, its seconds and calls (phases
-nest: the capture's warm-up steps load kernels too). Triton's own autotuning report
-(`knobs.autotuning.print`) names every kernel whose configs were timed rather than read from disk.
+Run by `test_gpu.py` in a fresh process (`python -m tests.engine.first_call MODEL.lt2` from the
+repository root): compiles the model on CUDA in bf16, times two generates of 16 tokens after a
+1024-token prompt, and prints one line `FIRST_CALL {json}`: both times and, per phase of the first
+call, its seconds and calls (phases nest: the capture's warm-up steps load kernels too). Triton's
+own autotuning report (`knobs.autotuning.print`) names every kernel whose configs were timed
+rather than read from disk; a phase with no calls was not reached by its hook.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_gpu_first_generate_of_a_fresh_process_is_within_2s_of_the_second():
     path = str(ROOT / "examples/lt2_hybrid_gdn_dsa.lt2")
 
     def run() -> tuple[dict, str]:
-        cmd = [sys.executable, str(Path(__file__).with_name("first_call.py")), path]
+        cmd = [sys.executable, "-m", "tests.engine.first_call", path]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 0, out.stderr[-2000:]
         line = next(x for x in out.stdout.splitlines() if x.startswith("FIRST_CALL "))
