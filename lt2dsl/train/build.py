@@ -14,7 +14,7 @@ from lt2dsl.train.loader import Shard, TaskLoader, TokenLoader
 
 
 def build_model(cfg: TrainConfig) -> LT2Model:
-    """The `.lt2` program with its overrides, in fp32 (the master weights), unfused, on the CPU.
+    """The `.lt2` program with its overrides, in fp32 (the master weights), on the CPU.
 
     Built under the run's seed before anything else draws random numbers, so every process
     starts from the same weights.
@@ -26,7 +26,11 @@ def build_model(cfg: TrainConfig) -> LT2Model:
         raise ValueError(f"model.file: cannot read `{cfg.model.file}`")
     try:
         model = compile_lt2(
-            cfg.model.file, backend=cfg.model.backend, dtype=torch.float32, fuse=False, **cfg.model.set
+            cfg.model.file,
+            backend=cfg.model.backend,
+            dtype=torch.float32,
+            fuse=cfg.model.fuse,
+            **cfg.model.set,
         )
     except DiagnosticError as e:
         raise ValueError(f"model.file `{cfg.model.file}` has errors:\n{e}") from None

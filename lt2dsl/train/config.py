@@ -48,6 +48,10 @@ class ModelSection(BaseModel):
     """Setting overrides, as `lt2dsl compile --set` takes them (`dim = 512`, `"loop.T" = 2`)."""
     backend: Literal["auto", "reference", "triton"] = "auto"
     """Kernel backend of every mixer: Triton where a kernel exists for the device, else PyTorch."""
+    fuse: bool = True
+    """Run every block through the lowering's fusion passes (`lt2dsl.compile`'s fused ops), one
+    graph per block so FSDP2 and activation checkpointing still wrap each application; false runs
+    the blocks' modules eagerly, as written (what a forward hook on a mixer needs)."""
     freeze: list[str] = Field(default_factory=list)
     """Parameter-name globs (`LT2Model` names, e.g. `blocks.*.mixers.*.w`) kept at their initial
     values: no gradient, no optimizer state. A glob that matches nothing is an error."""

@@ -7,15 +7,15 @@ over heads, L1-normalised, detached) and the index scores, over the indexer's to
 "selected"`, V3.2's sparse stage) or over all causal keys (`"all"`, its dense warm-up). The
 indexer reads a detached input, so the KL trains only `idx_*` and the LM loss everything else.
 
-The KL enters through a forward hook on each `dsa` layer: it runs inside the layer's call (so
-inside FSDP's unit for the block, activation checkpointing and `torch.compile`), and `AddAux` hangs
-`weight / grad_accum · mean_t KL` on the layer's output, whose backward sends gradient 1 into it:
+The KL enters through a forward hook on each block holding a `dsa` layer: it runs inside the
+block's call (so inside FSDP's unit for the block and activation checkpointing; outside a compiled
+block's graph, and alike whether the block runs fused or eagerly), reads the layers' input — the
+block's first norm of its input, recomputed without gradient — and `AddAux` hangs
+`weight / grad_accum · mean_t KL` on the block's output, whose backward sends gradient 1 into it:
 whatever loss is backpropagated through the model trains the indexer too. Per optimizer step the
 indexer's objective is `weight` × Σ over applications of the mean KL per token (micro-batches and
 processes averaged). The values of the training forwards are kept for the metric row
 (`indexer_loss`: mean KL per token and application); a recomputation in backward keeps none.
-The hook records in both alike (the next forward drops the recomputation's values), so a compiled
-block traces one graph for both, as activation checkpointing needs.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def freeze_indexers(model: nn.Module) -> None:
 
 
 class IndexerLoss:
-    """The hooks on a model's `dsa` layers (module docstring). `TrainModel.forward` calls `begin()`
-    and `end()` around a forward; `pop()` reads the values of the forwards since the last call."""
+    """The hooks on the blocks of a model's `dsa` layers (module docstring). `TrainModel.forward`
+    calls `begin()` and `end()` around a forward; `pop()` reads the values of the forwards since
+    the last call."""
 
     def __init__(self, model: nn.Module, weight: float, keys: str, grad_accum: int):
         if keys not in ("selected", "all"):
@@ -61,17 +62,26 @@ class IndexerLoss:
         # `values`: every value since the last `begin()` (recomputations too); `kept`: the forwards'
         self.values: list[torch.Tensor] = []
         self.kept: list[torch.Tensor] = []
-        self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in dsa_layers(model)]
+        self.handles = [
+            block.register_forward_hook(self._hook, with_kwargs=True)
+            for block in model.blocks
+            if dsa_layers(block)
+        ]
 
-    def _hook(self, layer: SparseAttention, args: tuple, kwargs: dict, out: torch.Tensor):
-        if not (layer.training and torch.is_grad_enabled()):
+    def _hook(self, block: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor):
+        if not (block.training and torch.is_grad_enabled()):
             return None
-        x = args[0]
+        h = args[0]
         pos = args[2] if len(args) > 2 else kwargs.get("pos", 0)
         cu = args[3] if len(args) > 3 else kwargs.get("cu_seqlens")
-        kl = layer.indexer_loss(x, pos, sparse=self.sparse, reduction="mean", cu_seqlens=cu)
-        self.values.append(kl.detach())
-        return AddAux.apply(out, kl * self.scale)
+        with torch.no_grad():
+            x = block.norms[0](h)  # what every mixer of the block reads (`ResidualBlock.forward`)
+        total = None
+        for layer in dsa_layers(block):
+            kl = layer.indexer_loss(x, pos, sparse=self.sparse, reduction="mean", cu_seqlens=cu)
+            self.values.append(kl.detach())
+            total = kl if total is None else total + kl
+        return AddAux.apply(out, total * self.scale)
 
     def begin(self) -> None:
         """A forward starts: what was recorded since the last one came from recomputations."""

@@ -105,7 +105,8 @@ class Trainer:
         self.ir = model.ir
         self.shard = shard_of(cfg, d.world, d.rank)
         self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
-        self.tm = TrainModel(model.to(d.device), t.activation_checkpoint == "per_application")
+        checkpointed = t.activation_checkpoint == "per_application"
+        self.tm = TrainModel(model.to(d.device), checkpointed, fuse=cfg.model.fuse)
         self.tm.indexer = indexer.attach(model, t.indexer_loss, t.indexer_loss_keys, t.grad_accum)
         compile_backend = t.compile_backend if t.compile else None
         self.fwd = parallelize(
@@ -115,6 +116,8 @@ class Trainer:
         self.sched = build_scheduler(self.opt, t.steps, cfg.scheduler)
         self.state = ckpt.Stateful(self.tm, self.opt, self.sched, self.data.train)
         sharded_mp = d.world > 1 and cfg.parallel.strategy == "fsdp"
+        # for what the objective runs beside the model (a distillation teacher); the model itself
+        # runs on bf16 weight copies with autocast off (`TrainModel.cast`)
         self.autocast = t.precision == "bf16" and not sharded_mp
         self.ckpt_root = self.out / cfg.checkpoint.folder
         self.observes = bool(getattr(self.data.train, "observes", False))

@@ -1,6 +1,7 @@
 """Processes and sharding: the training forward, activation checkpointing, compile, FSDP2 / DDP.
 
-`parallelize` applies, in this order (torchtitan's `parallelize_llama`):
+`TrainModel` runs each block through its fused graph (`train/fused.py`) or eagerly; `parallelize`
+then applies, in this order (torchtitan's `parallelize_llama`):
 
 1. activation checkpointing: `TrainModel.run_block` keeps only each block application's input and
    recomputes the application in backward — a looped block is checkpointed once per iteration;
@@ -32,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from lt2dsl.env import torchrun_ranks
 from lt2dsl.lowering.model import LT2Model
 from lt2dsl.lowering.to_fx import Unrolled
+from lt2dsl.train.fused import fuse_blocks
 from lt2dsl.train.loss import label_hits, linear_cross_entropy
 
 STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -92,12 +94,18 @@ def init_dist(device: str) -> Dist:
 
 
 class TrainModel(Unrolled):
-    """The training forward: `LT2Model`'s modules called eagerly (so FSDP's per-module hooks and
+    """The training forward: `LT2Model`'s modules called one by one (so FSDP's per-module hooks and
     checkpointing see every block application), returning the final hidden states `[B, T, D]`
-    for the chunked loss. Parameter names are `LT2Model`'s."""
+    for the chunked loss. Parameter names are `LT2Model`'s.
 
-    def __init__(self, model: LT2Model, checkpoint_blocks: bool = False):
+    With `fuse`, every block runs the lowering's fused graph of itself (`train/fused.py`; the
+    model's blocks become `FusedBlock`s); without, the blocks' modules run eagerly, as written
+    (what a forward hook on a mixer needs to fire; fused blocks become plain ones again).
+    """
+
+    def __init__(self, model: LT2Model, checkpoint_blocks: bool = False, fuse: bool = False):
         head = getattr(model, "lm_head", None)
+        fuse_blocks(model.blocks, fuse)
         super().__init__(model.ir, model.embed, model.blocks, model.loops, model.final_norm, head, head=False)
         self.checkpoint_blocks = checkpoint_blocks
         self.tied = model.config.tie_embeddings
