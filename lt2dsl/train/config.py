@@ -71,8 +71,9 @@ class TrainingSection(BaseModel):
     seed: int = Field(default=0, ge=0, lt=2**31)
     """Seeds the initialisation and the data order; the same seed gives the same run."""
     precision: Literal["bf16", "fp32"] = "bf16"
-    """bf16: autocast (one process, DDP) or FSDP's param dtype, with fp32 master weights,
-    gradients and optimizer state. fp32: everything in fp32 (CPU tests, exact comparisons)."""
+    """bf16: the forward on bf16 copies of the weights (FSDP's param dtype; the trainer's own
+    casts for one process and DDP), with fp32 master weights, gradients and optimizer state.
+    fp32: everything in fp32 (CPU tests, exact comparisons)."""
     activation_checkpoint: Literal["none", "per_application"] = "none"
     """`per_application`: keep only each block application's input and recompute it in backward
     (a looped block is checkpointed once per iteration)."""

@@ -13,6 +13,8 @@ then applies, in this order (torchtitan's `parallelize_llama`):
    (the loss reads the head right after the norm; tied embeddings and the final norm stay in
    the root unit instead), then every block (a block a loop reuses is one module, hence one unit,
    gathered again for each iteration), then the root — or DDP (`parallel.strategy = "ddp"`).
+   Without FSDP, bf16 runs the forward on bf16 copies of the fp32 weights (`ParamCast`), as
+   FSDP's `param_dtype` does.
 
 The model is built whole on every process from the same seed and then sharded, so its initial
 weights do not depend on the number of processes.
@@ -35,6 +37,7 @@ from lt2dsl.lowering.model import LT2Model
 from lt2dsl.lowering.to_fx import Unrolled
 from lt2dsl.train.fused import fuse_blocks
 from lt2dsl.train.loss import label_hits, linear_cross_entropy
+from lt2dsl.train.precision import ParamCast
 
 STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -110,14 +113,20 @@ class TrainModel(Unrolled):
         self.checkpoint_blocks = checkpoint_blocks
         self.tied = model.config.tie_embeddings
         self.indexer = None  # the DSA indexer's loss hooks (`train/indexer.py`)
+        self.cast: ParamCast | None = None  # bf16 weight copies without FSDP (`train/precision.py`)
 
     def forward(self, input_ids: torch.Tensor, cache=None, cu_seqlens=None) -> torch.Tensor:
-        if self.indexer is None:
-            return super().forward(input_ids, cache, cu_seqlens)
-        self.indexer.begin()
-        out = super().forward(input_ids, cache, cu_seqlens)
-        self.indexer.end()
-        return out
+        with contextlib.ExitStack() as scope:
+            if self.cast is not None:
+                # the weights are bf16 already; autocast would widen the ops it keeps in fp32
+                scope.enter_context(torch.autocast(input_ids.device.type, enabled=False))
+                scope.enter_context(self.cast.forward())
+            if self.indexer is None:
+                return super().forward(input_ids, cache, cu_seqlens)
+            self.indexer.begin()
+            out = super().forward(input_ids, cache, cu_seqlens)
+            self.indexer.end()
+            return out
 
     def run_block(self, i: int, h: torch.Tensor, app: int, run: tuple) -> torch.Tensor:
         if self.checkpoint_blocks and torch.is_grad_enabled():
@@ -167,6 +176,9 @@ def parallelize(
         dynamo.recompile_limit = max(dynamo.recompile_limit, 8 * len(tm.blocks))
         for block in tm.blocks:
             compile_block(block, compile_backend)
+    sharded = d.world > 1 and pcfg.strategy == "fsdp"
+    if precision == "bf16" and not sharded:
+        tm.cast = ParamCast(tm, torch.bfloat16)  # FSDP's param dtype, without FSDP
     fwd = make_loss(tm, chunk, torch.bfloat16 if precision == "bf16" else torch.float32)
     if d.world == 1:
         return fwd

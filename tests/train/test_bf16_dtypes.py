@@ -1,10 +1,10 @@
-"""bf16 autocast over fp32 master weights: the Triton kernels see bf16 activations.
+"""bf16 over fp32 master weights: the Triton kernels see bf16 activations.
 
-Autocast casts the inputs of aten's matmuls and convolutions, not those of lt2dsl's custom ops:
-an fp32 tensor that reached a kernel (an fp32 weight promoting a bf16 input on the way) would run
-the kernel's dots in fp32 and keep twice the bytes for backward, silently. One training step of
-the tests' GDN + DSA model with the Triton backend (interpreted on the CPU) records the dtype of
-every q, k, v a kernel op receives, forward and backward.
+The forward runs on bf16 copies of the weights (`train/precision.py`); an fp32 tensor that
+reached a kernel (an fp32 weight promoting a bf16 input on the way) would run the kernel's dots in
+fp32 and keep twice the bytes for backward, silently. One training step of the tests' GDN + DSA
+model with the Triton backend (interpreted on the CPU) records the dtype of every q, k, v a kernel
+op receives, forward and backward.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class KernelDtypes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_kernels_see_bf16_activations_under_autocast_over_fp32_weights(tmp_path):
+def test_kernels_see_bf16_activations_over_fp32_master_weights(tmp_path):
     cfg = config(
         tmp_path,
         model={"backend": "triton"},
