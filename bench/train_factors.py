@@ -1,13 +1,19 @@
-"""Where the trainer's step time and memory go: one model trained five ways, fwd + bwd + loss.
+"""Where the trainer's step time and memory go: the gdn12 model trained four ways, fwd + bwd + loss.
 
 Rows (same tokens per step, `--batch` rows of `--seq` tokens, no optimizer):
 
-* `graph bf16 fused`: `lt2dsl.compile` in bf16 with the fusion passes, full-logits loss (issue 37's
+* `lowered bf16`: `lt2dsl.compile` in bf16 with the fusion passes, full-logits loss (issue 37's
   172k tok/s reference);
-* `graph bf16 unfused`: the same without fusion;
-* `graph fp32+autocast fused` / `unfused`: fp32 weights under bf16 autocast;
-* `trainer path`: `TrainModel` + `WithLoss` (the eager blocks and the chunked loss `lt2dsl.train`
-  runs) under bf16 autocast over fp32 weights.
+* `trainer`: the trainer's forward — fused blocks (`train/fused.py`) on bf16 copies of fp32 master
+  weights (`train/precision.py`) and the chunked loss;
+* `trainer fused, autocast`: the fused blocks under bf16 autocast over the fp32 weights instead
+  (the fused ops then fall back to their reference forms: why the trainer casts its weights);
+* `trainer eager, autocast`: the blocks' modules eagerly under autocast (the trainer before fused
+  blocks).
+
+Each row: tok/s, the peak memory the CUDA allocator held, and the bytes each way keeps for backward
+per token and block application (`lt2dsl.train.saved`, measured at two depths and two lengths)
+against the estimate's (`lt2dsl.cost.estimate.block_activations`, 2 bytes an element).
 
     python bench/train_factors.py --out $OUT/factors              # GPU: the gdn12 model
     python bench/train_factors.py --smoke --out /tmp/factors      # CPU, toy sizes, no claims
@@ -34,8 +40,8 @@ TOY = (
     .replace("vocab = 32000", "vocab = 512")
     .replace("heads=8, head_dim=128", "heads=2, head_dim=32")
     .replace("hidden=2816", "hidden=128")
-    .replace("* 12", "* 2")
 )
+WAYS = ("lowered bf16", "trainer", "trainer fused, autocast", "trainer eager, autocast")
 
 
 def args_of(argv=None) -> argparse.Namespace:
@@ -48,27 +54,65 @@ def args_of(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def graph_step(model, autocast: bool):
+def model_of(way: str, src: str, device: torch.device):
+    """(the module to call, whether autocast runs around it)."""
+    import lt2dsl
+    from lt2dsl.train.parallel import TrainModel, WithLoss
+    from lt2dsl.train.precision import ParamCast
+
+    lowered = way == "lowered bf16"
+    dtype = torch.bfloat16 if lowered else torch.float32
+    model = lt2dsl.compile(src, backend="auto", device=device, dtype=dtype, fuse=lowered)
+    if lowered:
+        return model, False
+    tm = TrainModel(model, fuse=way != "trainer eager, autocast")
+    if way == "trainer":
+        tm.cast = ParamCast(tm, torch.bfloat16)
+    return WithLoss(tm, 4096, torch.bfloat16), way != "trainer"
+
+
+def step_of(way: str, src: str, device: torch.device):
+    """fwd + loss + bwd of one way on ids `[B, T + 1]`."""
+    module, autocast = model_of(way, src, device)
+
     def step(ids):
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(ids)
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+            if way == "lowered bf16":
+                logits = module(ids[:, :-1])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+            else:
+                loss = module(ids[:, :-1], ids[:, 1:])
         loss.backward()
 
     return step
 
 
-def trainer_step(model):
-    from lt2dsl.train.parallel import TrainModel, WithLoss
+def saved_per_application(way: str, src: str, device: torch.device, lengths: tuple[int, int]) -> float:
+    """Bytes kept for backward per token and block application (one and two GDN blocks)."""
+    from lt2dsl.train.saved import per_token_application, saved_bytes
 
-    fwd = WithLoss(TrainModel(model), 4096, torch.bfloat16)
+    def saved(n: int, T: int) -> int:
+        module, autocast = model_of(way, src.replace("* 12", f"* {n}"), device)
+        ids = torch.randint(0, 512, (1, T + 1), device=device)
 
-    def step(ids):
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16):
-            loss = fwd(ids[:, :-1], ids[:, 1:])
-        loss.backward()
+        def forward():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                if way == "lowered bf16":
+                    return module(ids[:, :-1])
+                return module.tm(ids[:, :-1])
 
-    return step
+        return saved_bytes(forward)
+
+    return per_token_application(saved, lengths=lengths)
+
+
+def estimate_per_application(src: str) -> int:
+    from lt2dsl.cost.estimate import block_activations
+    from lt2dsl.lowering import resolve_source
+    from lt2dsl.passes.resolve import blocks
+
+    ir = resolve_source(src, {})
+    return 2 * block_activations(blocks(ir.body)[0][0], ir.config)
 
 
 def measure(step, ids, steps: int) -> dict:
@@ -87,8 +131,34 @@ def measure(step, ids, steps: int) -> dict:
     return {"tok_s": ids[:, 1:].numel() / s, "peak_gib": peak}
 
 
+def row_of(way: str, src: str, ids: torch.Tensor, a) -> dict:
+    device = ids.device
+    try:  # a way that fails (out of memory) is its row's result
+        row = {"way": way, **measure(step_of(way, src, device), ids, 1 if a.smoke else a.steps)}
+        lengths = (64, 128) if a.smoke else (1024, 2048)
+        row["saved_per_token_app"] = saved_per_application(way, src, device, lengths)
+    except Exception as e:
+        row = {"way": way, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def table(rows: list[dict], estimate: int, card: str) -> str:
+    lines = [f"Card: {card}; the estimate keeps {estimate:,} bytes per token and application", ""]
+    lines += ["| way | tok/s | peak GiB | saved B/token/app | vs estimate |", "|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['way']} | {r['error']} | | | |")
+            continue
+        peak = "—" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
+        saved = r["saved_per_token_app"]
+        lines.append(f"| {r['way']} | {r['tok_s']:,.0f} | {peak} | {saved:,.0f} | {saved / estimate:.2f}× |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-    import lt2dsl
+    from lt2dsl.train.files import atomic_write
 
     a = args_of(argv)
     if not a.smoke and not torch.cuda.is_available():
@@ -98,28 +168,16 @@ def main(argv=None) -> int:
     src, batch, seq = (TOY, 1, 65) if a.smoke else (GDN12, a.batch, a.seq + 1)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 512 if a.smoke else 32000, (batch, seq), generator=gen).to(device)
-    ways = [
-        ("graph bf16 fused", torch.bfloat16, True, False),
-        ("graph bf16 unfused", torch.bfloat16, False, False),
-        ("graph fp32+autocast fused", torch.float32, True, True),
-        ("graph fp32+autocast unfused", torch.float32, False, True),
-        ("trainer path", torch.float32, False, None),
-    ]
     rows = []
-    for name, dtype, fuse, autocast in ways:
-        try:  # a way that fails (out of memory, a kernel refusing fp32 weights) is its row's result
-            model = lt2dsl.compile(src, backend="auto", device=device, dtype=dtype, fuse=fuse)
-            step = trainer_step(model) if autocast is None else graph_step(model, autocast)
-            rows.append({"way": name, **measure(step, ids, 1 if a.smoke else a.steps)})
-        except Exception as e:
-            rows.append({"way": name, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    for way in WAYS:
+        rows.append(row_of(way, src, ids, a))
         print(rows[-1], flush=True)
-        model = step = None
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    a.out.mkdir(parents=True, exist_ok=True)
+    estimate = estimate_per_application(src)
     card = "cpu (smoke: no claims)" if a.smoke else torch.cuda.get_device_name(device)
-    (a.out / "train_factors.json").write_text(json.dumps({"card": card, "rows": rows}, indent=1))
+    a.out.mkdir(parents=True, exist_ok=True)
+    payload = {"card": card, "estimate_per_token_app": estimate, "rows": rows}
+    atomic_write(a.out / "train_factors.json", json.dumps(payload, indent=1))
+    print(table(rows, estimate, card))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""`bench/train_throughput.py --smoke` runs end to end on the CPU (toy sizes, no timing claims), so a
-GPU session does not find the script broken after paying for the machine."""
+"""`bench/train_throughput.py --smoke` and `bench/train_factors.py --smoke` run end to end on the CPU
+(toy sizes, no timing claims), so a GPU session does not find the scripts broken after paying for
+the machine."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ ROOT = Path(__file__).parents[2]
 
 def test_train_throughput_smoke(tmp_path):
     cmd = [sys.executable, "bench/train_throughput.py", "--smoke", "--out", str(tmp_path)]
-    cmd += ["--models", "llama", "--contexts", "32", "--tokens", "64", "--steps", "2", "--bare-steps", "1"]
+    cmd += ["--models", "llama12", "--contexts", "32", "--tokens", "64"]
+    cmd += ["--window-s", "0", "--max-steps", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -23,7 +25,20 @@ def test_train_throughput_smoke(tmp_path):
     impls = {r["impl"]: r for r in data["rows"]}
     assert {"trainer", "bare"} <= set(impls)
     assert impls["trainer"]["tok_s"] > 0 and impls["trainer"]["estimate_gib"] > 0
+    assert impls["trainer"]["steps"] == impls["bare"]["steps"] == 2
     assert "overhead_pct" in impls["trainer"] and impls["bare"]["mfu"] > 0
     if importlib.util.find_spec("transformers") is not None:  # HF Llama of the same shape, same loop
         assert impls["hf"]["tok_s"] > 0
     assert "| model | T | B | impl | tok/s | MFU %" in out.stdout
+
+
+def test_train_factors_smoke(tmp_path):
+    cmd = [sys.executable, "bench/train_factors.py", "--smoke", "--out", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads((tmp_path / "train_factors.json").read_text())
+    rows = {r["way"]: r for r in data["rows"]}
+    assert set(rows) == {"lowered bf16", "trainer", "trainer fused, autocast", "trainer eager, autocast"}
+    assert all(r["tok_s"] > 0 and r["saved_per_token_app"] > 0 for r in rows.values()), rows
+    assert "| way | tok/s | peak GiB | saved B/token/app" in out.stdout
