@@ -11,6 +11,7 @@ fused graph computes what the unfused one does on every input.
 | `add_rmsnorm(x, r, γ, eps)` → (normed, sum) | `h + y` then `nn.RMSNorm` | 1 / 1 (+ dγ sum) |
 | `linear_split(x, W_cat, b_cat, sizes)` | several `nn.Linear` of one input | one GEMM (cuBLAS) |
 | `conv_silu(x, w, b, hist, head_dim)` | `short_conv` (+ the core's q/k L2Norm) | 1 / 2 (+ dw sum) |
+| `conv_silu_step(xs, ws, bs, hists, hds)` | ≤ 3 convs' decode steps, their history updates | 1 / none |
 | `gdn_gate(a, b, A_log, dt_bias)` → (g, β) | exp, neg, softplus, add, sigmoid, casts | 1 / 1 |
 | `gated_rmsnorm_linear(o, g, γ, W, b)` | `GatedRMSNorm` then flatten, `o_proj` | 1 + GEMM / 2 + 2 GEMMs |
 | `swiglu(a, b)` | `silu(a) * b` | 1 / 1 |
@@ -33,6 +34,7 @@ __all__ = [
     "concat_biases",
     "concat_weights",
     "conv_silu",
+    "conv_silu_step",
     "gated_rmsnorm_linear",
     "gdn_gate",
     "linear_split",
@@ -164,6 +166,54 @@ def conv_silu(
         return naive.conv_silu_ref(x, weight, bias, hist, head_dim)
     w2 = weight.reshape(weight.shape[0], W).contiguous()
     return _ops().conv_silu_op(x, w2, bias, None if hist is None else hist.detach(), head_dim)
+
+
+def conv_silu_step(
+    xs: Sequence[torch.Tensor],
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor | None],
+    hists: Sequence[torch.Tensor],
+    *,
+    head_dims: Sequence[int],
+    backend: str = "auto",
+) -> tuple[torch.Tensor, ...]:
+    """One decode token through up to three short convs (+ SiLU, + L2Norm per head), one kernel;
+    each history takes its x as newest input, in place (no autograd: decode only).
+
+    Args:
+        xs: `[B, 1, C_i]` the new inputs; weights `[C_i, 1, W]` (one W); biases `[C_i]` or None.
+        hists: `[B, C_i, W−1]` the inputs before x, in x's dtype; overwritten with the last W−1.
+        head_dims: per conv, L2-normalise groups of this many channels after the SiLU (0: none).
+    Returns:
+        the ys `[B, 1, C_i]` in x's dtype.
+    """
+    n = len(xs)
+    if not (1 <= n <= 3 and len(weights) == len(biases) == len(hists) == len(head_dims) == n):
+        raise ValueError(f"conv_silu_step takes 1 to 3 convs, each with its weight, bias, history; got {n}")
+    W = weights[0].shape[-1]
+    if W < 2 or any(x.shape[1] != 1 for x in xs) or any(w.shape[-1] != W for w in weights):
+        raise ValueError("conv_silu_step takes x `[B, 1, C]` (one token per row) and convs of one width ≥ 2")
+    if not _step_on_triton(xs, hists, head_dims, backend, (*weights, *biases)):
+        return naive.conv_silu_step_ref(list(xs), list(weights), list(biases), list(hists), list(head_dims))
+    w2s = [w.reshape(w.shape[0], W).contiguous() for w in weights]
+    x2s = [x.reshape(x.shape[0], x.shape[2]) for x in xs]
+    h0, h1, h2 = [h.detach() for h in hists] + [None] * (3 - n)
+    ys = _ops().conv_silu_step_op(x2s, w2s, list(biases), h0, h1, h2, list(head_dims))
+    return tuple(y.view(x.shape) for x, y in zip(xs, ys[:n]))
+
+
+def _step_on_triton(xs, hists, head_dims, backend: str, params) -> bool:
+    """Whether `conv_silu_step` runs its kernel: Triton for these tensors, x and its history of one
+    dtype with unit channel / time strides, one L2 head width ≤ 256."""
+    heads = {d for d in head_dims if d}
+    if len(heads) > 1 or max(heads, default=0) > 256:
+        return False
+    for x, h in zip(xs, hists):
+        if h.dtype != x.dtype or h.shape[:2] != (x.shape[0], x.shape[2]):
+            return False
+        if x.stride(-1) != 1 or h.stride(-1) != 1:
+            return False
+    return use_triton(backend, *xs, *hists, *params)
 
 
 def gdn_gate(

@@ -65,6 +65,22 @@ def conv_silu_ref(
     return l2norm(y.unflatten(-1, (-1, head_dim))).flatten(-2)
 
 
+def conv_silu_step_ref(
+    xs: list[torch.Tensor],
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    hists: list[torch.Tensor],
+    head_dims: list[int],
+) -> tuple[torch.Tensor, ...]:
+    """The decode step of several short convs: `conv_silu_ref` of each x `[B, 1, C_i]` with its
+    history `[B, C_i, W−1]`, which then takes x as its newest column (in place). Returns the ys."""
+    ys = []
+    for x, w, b, h, hd in zip(xs, weights, biases, hists, head_dims, strict=True):
+        ys.append(conv_silu_ref(x, w, b, h, hd))
+        h.copy_(torch.cat([h[..., 1:], x.detach().transpose(1, 2).to(h.dtype)], dim=-1))
+    return tuple(ys)
+
+
 def gdn_gate_ref(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
-from . import triton_act, triton_conv, triton_norm
+from . import triton_act, triton_conv, triton_conv_step, triton_norm
 
 Tensor = torch.Tensor
 
@@ -219,6 +219,36 @@ def _conv_bwd_flops(dy_shape, x_shape, w_shape, *args, out_shape=None, **kwargs)
     """dx and dw: 2 · (2 · B · T · C · W)."""
     B, T, C = x_shape
     return 4 * B * T * C * w_shape[1]
+
+
+# Histories and outputs are separate tensors, not lists: functionalization (torch.compile) takes
+# an op that mutates tensors only if it returns plain tensors.
+@custom_op("lt2dsl::fused_conv_silu_step", mutates_args=("h0", "h1", "h2"))
+def conv_silu_step_op(
+    xs: list[Tensor],
+    w2s: list[Tensor],
+    biases: list[Tensor | None],
+    h0: Tensor,
+    h1: Tensor | None,
+    h2: Tensor | None,
+    head_dims: list[int],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The decode step of up to three short convs, one launch: (y_0, y_1, y_2) `[B, C_i]` (empty
+    past the last x); the histories h_i (one per x, None past them) shifted in place."""
+    hists = [h for h in (h0, h1, h2) if h is not None]
+    ys = triton_conv_step.conv_silu_step_fwd(xs, w2s, biases, hists, head_dims)
+    return tuple(ys + [xs[0].new_empty(0) for _ in range(3 - len(ys))])
+
+
+@conv_silu_step_op.register_fake
+def _(xs, w2s, biases, h0, h1, h2, head_dims):
+    return tuple([x.new_empty(x.shape) for x in xs] + [xs[0].new_empty(0) for _ in range(3 - len(xs))])
+
+
+@register_flop_formula(torch.ops.lt2dsl.fused_conv_silu_step)
+def _conv_step_flops(xs_shapes, w_shapes, *args, out_shape=None, **kwargs) -> int:
+    """Depthwise convs as FlopCounterMode counts convolutions: Σ_i 2 · B · C_i · W."""
+    return sum(2 * x[0] * x[1] * w[1] for x, w in zip(xs_shapes, w_shapes))
 
 
 # ---- GDN gates ----------------------------------------------------------------------------------

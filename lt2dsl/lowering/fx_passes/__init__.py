@@ -8,7 +8,7 @@ with their counts, `LT2_DEBUG=2` also the graph code before and after.
 | rule | pattern → replacement |
 |---|---|
 | `gdn_gate` | −exp(A_log)·softplus(a + dt_bias), σ(b) [·2] → `gdn_gate(a, b, A_log, dt_bias)` |
-| `conv_silu_l2norm` | q, k short conv + SiLU, the core's L2Norm → one conv kernel with L2Norm each |
+| `conv_silu_l2norm` | q, k (, v) short convs + SiLU, the core's q/k L2Norm → one node, one decode launch |
 | `conv_silu` | short conv + SiLU → one conv kernel |
 | `gated_norm_proj` | GatedRMSNorm(o, g) → flatten → o_proj → `gated_rmsnorm_linear` |
 | `swiglu` | silu(a) · b → `swiglu(a, b)` |

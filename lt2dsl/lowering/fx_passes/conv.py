@@ -1,20 +1,26 @@
 """Rules `conv_silu_l2norm` and `conv_silu`: the short causal conv + SiLU (+ the q/k L2Norm).
 
-    y = silu(conv(x)); core(l2norm(y_q), l2norm(y_k), ...)   ->   core'(conv_silu(x_q, head_dim=K), ...)
-    y = silu(conv(x))                                        ->   y = conv_silu(x)
+    core(l2(silu(conv(x_q))), l2(silu(conv(x_k))), silu(conv(x_v)), ...)
+        ->   q, k, v = conv_silu_group(x_q, x_k, x_v; head_dims=(K, K, 0));  core'(q, k, v, ...)
+    y = silu(conv(x))   ->   y = conv_silu(x)
 
 `lowering.functional.short_conv` runs the conv as cat + conv1d + SiLU (three kernels and their
 backward), and the delta-rule cores (gdn, kda, deltanet) L2-normalise q and k in the op (more
 kernels in the Triton path, whose L2Norm is plain PyTorch). `conv_silu_l2norm` needs both q and
 k of such a core to come from short convs (through `unflatten(-1, (H, K))`) that nothing else
 reads; it moves the L2Norm into those convs' kernel and calls the core variant without it
-(`leaves.NORMED_CORES`). `conv_silu` then takes every remaining SiLU short conv (v, Mamba2's
-xBC): the leaf is replaced by the one-kernel op; it has no intermediate node of its own, so its
-negative case is a conv whose activation is not SiLU. Both keep the conv's decode cache exactly
+(`leaves.NORMED_CORES`). When v too comes from such a conv, it joins them: the three convs become
+one node (`leaves.conv_silu_group_cached`), whose decode step is one launch. The node sits just
+before the core and the views (`unflatten`) move after it: they are read by the core alone.
+`conv_silu` then takes every remaining SiLU short conv (Mamba2's xBC, a v left out): the leaf is
+replaced by the one-kernel op; it has no intermediate node of its own, so its negative case is a
+conv whose activation is not SiLU. Both keep the conv's decode cache exactly
 (`leaves.conv_silu_cached`).
 """
 
 from __future__ import annotations
+
+import operator
 
 from torch.fx.node import Node
 
@@ -23,10 +29,10 @@ from lt2dsl.kernels.common.norm import l2norm
 from lt2dsl.kernels.fused import naive
 from lt2dsl.lowering import functional
 
-from .leaves import NORMED_CORES, conv_silu_cached
+from .leaves import NORMED_CORES, conv_silu_cached, conv_silu_group_cached
 from .manager import Ctx, Match, Rule, is_call, is_method, only_user
 
-ALGEBRA_L2 = "core(l2(silu(conv(x_q))), l2(silu(conv(x_k)))) -> core'(conv_silu_l2(x_q), conv_silu_l2(x_k))"
+ALGEBRA_L2 = "core(l2(silu(conv(q))), l2(silu(conv(k))), [silu(conv(v))]) -> core'(*conv_group(q, k[, v]))"
 ALGEBRA = "silu(conv(x)) -> conv_silu(x)"
 
 
@@ -68,12 +74,20 @@ def _head_conv(arg, core: Node) -> tuple[Node, Node, int] | None:
     return conv, arg, int(shape[1])
 
 
+def _same_cache(a: Node, b: Node) -> bool:
+    """Two convs of one cache entry and one packing (`cu_seqlens`)."""
+    return a.args[3] is b.args[3] and a.kwargs.get("cu_seqlens") is b.kwargs.get("cu_seqlens")
+
+
 def match_l2(ctx: Ctx, node: Node) -> Match | None:
     if not (isinstance(node, Node) and node.op == "call_function" and node.target in NORMED_CORES):
         return None
     q, k = _head_conv(node.args[0], node), _head_conv(node.args[1], node)
-    if q is None or k is None:
+    if q is None or k is None or not _same_cache(q[0], k[0]):
         return None
+    v = _head_conv(node.args[2], node)
+    if v is not None and v[0] is not q[0] and v[0] is not k[0] and _same_cache(q[0], v[0]):
+        return {"core": node, "convs": [q, k, (v[0], v[1], 0)]}
     return {"core": node, "convs": [q, k]}
 
 
@@ -87,10 +101,19 @@ def _fused_conv(ctx: Ctx, conv: Node, head_dim: int, backend: str) -> None:
 
 
 def rewrite_l2(ctx: Ctx, m: Match) -> None:
-    core = m["core"]
+    core, convs = m["core"], m["convs"]
     backend = core.kwargs.get("backend", ctx.backend)
-    for conv, _, K in m["convs"]:
-        _fused_conv(ctx, conv, K, backend)
+    xs, weights, biases = (tuple(c.args[i] for c, _, _ in convs) for i in range(3))
+    entry = convs[0][0].args[3]
+    keys, head_dims = tuple(c.args[4] for c, _, _ in convs), tuple(hd for _, _, hd in convs)
+    kwargs = {"head_dims": head_dims, "backend": backend, "cu_seqlens": convs[0][0].kwargs.get("cu_seqlens")}
+    with ctx.graph.inserting_before(core):
+        group = ctx.graph.call_function(conv_silu_group_cached, (xs, weights, biases, entry, keys), kwargs)
+        outs = [ctx.graph.call_function(operator.getitem, (group, i)) for i in range(len(convs))]
+    for (conv, view, _), out in zip(convs, outs):
+        conv.replace_all_uses_with(out)
+        ctx.erase(conv)
+        core.prepend(view)  # read by the core alone: after the group, still before the core
     core.target = NORMED_CORES[core.target]
 
 

@@ -3,6 +3,10 @@
 * `conv_silu_cached`: the fused short conv with exactly the cache behaviour of
   `lowering.functional.short_conv` (reads `entry[key]`, the last W−1 inputs `[B, C, W−1]`, and
   stores the new ones in the activation dtype), so prefill + decode still equals a full forward.
+  A decode step (one token, a history held in x's dtype, no autograd) runs the step kernel, which
+  shifts the history in place: one launch, no concatenation and no copy into the cache.
+* `conv_silu_group_cached`: a delta-rule layer's q, k, v convs as one node; their decode step is
+  one launch for all three.
 * `*_core_normed`: the delta-rule cores with q and k already L2-normalised (by the conv kernel),
   i.e. `use_qk_l2norm_in_kernel=False`; everything else as the lowering's leaves.
 """
@@ -37,10 +41,45 @@ def conv_silu_cached(
         xp, index = packed.pad_documents(x, cu_seqlens, W - 1)
         return fused.conv_silu(xp, weight, bias, None, head_dim=head_dim, backend=backend)[:, index]
     hist = entry[key] if entry is not None and key in entry else None
+    if _steps_in_place(x, hist, W):
+        return fused.conv_silu_step([x], [weight], [bias], [hist], head_dims=[head_dim], backend=backend)[0]
     y = fused.conv_silu(x, weight, bias, hist, head_dim=head_dim, backend=backend)
     if entry is not None and W > 1:
         entry[key] = _next_hist(x, hist, W)
     return y
+
+
+@leaf
+def conv_silu_group_cached(
+    xs: tuple[torch.Tensor, ...],
+    weights: tuple[torch.Tensor, ...],
+    biases: tuple[torch.Tensor | None, ...],
+    entry,
+    keys: tuple[str, ...],
+    head_dims: tuple[int, ...],
+    backend: str = "auto",
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """`conv_silu_cached` of each (x, weight, bias, key, head_dim), up to three: a decode step of
+    all of them is one kernel (`fused.conv_silu_step`), anything else one call each."""
+    hists = [entry[k] if entry is not None and k in entry else None for k in keys]
+    W = weights[0].shape[-1]
+    if cu_seqlens is None and all(_steps_in_place(x, h, W) for x, h in zip(xs, hists)):
+        return fused.conv_silu_step(xs, weights, biases, hists, head_dims=head_dims, backend=backend)
+    return tuple(
+        conv_silu_cached(x, w, b, entry, k, hd, backend, cu_seqlens)
+        for x, w, b, k, hd in zip(xs, weights, biases, keys, head_dims, strict=True)
+    )
+
+
+def _steps_in_place(x: torch.Tensor, hist: torch.Tensor | None, W: int) -> bool:
+    """A decode step whose history can be shifted in place: one token, a history of x's dtype, no
+    autograd (a graph may have saved the history), no inference tensor outside inference mode."""
+    if hist is None or W < 2 or x.shape[1] != 1 or hist.dtype != x.dtype:
+        return False
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    return not hist.is_inference() or torch.is_inference_mode_enabled()
 
 
 def _next_hist(x: torch.Tensor, hist: torch.Tensor | None, W: int) -> torch.Tensor:

@@ -57,10 +57,10 @@ CASES = {
         (f"loop T=2 < {GDN}; {FULL} >", "fused_gdn_gate(", ["softplus", "torch.sigmoid"]),
     ],
     "conv_silu_l2norm": [
-        (GDN, "head_dim = 16", ["functional_recurrent_gated_delta_rule_core(", short_convs(1)]),
-        (DN, "leaves_delta_rule_core_normed(", ["functional_recurrent_delta_rule_core(", short_convs(1)]),
-        (KDA, "leaves_kda_core_normed(", ["functional_recurrent_kda_core(", short_convs(1)]),
-        (f"loop T=2 < {GDN} >", "leaves_gated_delta_rule_core_normed(", [short_convs(2)]),
+        (GDN, "head_dims = (16, 16, 0)", ["functional_recurrent_gated_delta_rule_core(", short_convs(0)]),
+        (DN, "leaves_delta_rule_core_normed(", ["functional_recurrent_delta_rule_core(", short_convs(0)]),
+        (KDA, "leaves_conv_silu_group_cached(", ["functional_recurrent_kda_core(", short_convs(0)]),
+        (f"loop T=2 < {GDN} >", "leaves_gated_delta_rule_core_normed(", [short_convs(0)]),
     ],
     "conv_silu": [
         (GDN, "leaves_conv_silu_cached(", ["functional_short_conv("]),
