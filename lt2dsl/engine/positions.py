@@ -16,7 +16,7 @@ from lt2dsl.kernels.common.attn_utils import compute_dtype, topk_select
 from lt2dsl.kernels.dsa import dsa
 from lt2dsl.kernels.dsa.reference import indexer_scores
 from lt2dsl.lowering.cache import RowPositions
-from lt2dsl.lowering.functional import rope_rows, rotate_rows
+from lt2dsl.lowering.functional import rope_rows
 from lt2dsl.lowering.functional_recurrent import xpos_at
 
 
@@ -25,7 +25,8 @@ class Positions(RowPositions):
 
     RoPE rows come from a table of `limit` positions built on first use and kept here (a captured
     step reads its memory, so it lives as long as the cache). Within one step the rows gathered for
-    a (head dim, θ, dtype, scaling) are shared by every layer; `fresh()` starts a step.
+    a (head dim, θ, dtype, scaling), the attention lengths and DSA's mask of valid slots are shared
+    by every layer; `fresh()` starts a step.
     """
 
     def __init__(self, t: torch.Tensor, limit: int):
@@ -37,28 +38,32 @@ class Positions(RowPositions):
         self._step.clear()
         return self
 
-    def _rope(self, d: int, theta: float, dt: torch.dtype, scaling) -> tuple[torch.Tensor, torch.Tensor]:
-        """(c, s) `[B, 1, 1, d]` of `rope_rows` at each row's position."""
+    def rope_rows(self, d: int, theta: float, dt: torch.dtype, scaling=None) -> tuple:
+        """(c, s) `[B, d]` of `rope_rows` at each row's position."""
         key = (d, theta, dt, scaling)
         if key not in self._step:
             if key not in self._tables:
                 with torch.inference_mode(False), torch.no_grad():
                     grid = torch.arange(self.limit, device=self.t.device)
                     self._tables[key] = rope_rows(d, theta, grid, dt, scaling)
-            c, s = (tab.index_select(0, self.t)[:, None, None, :] for tab in self._tables[key])
+            c, s = (tab.index_select(0, self.t) for tab in self._tables[key])
             self._step[key] = (c, s)
         return self._step[key]
-
-    def rope(self, x: torch.Tensor, theta: float, scaling=None) -> torch.Tensor:
-        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return rotate_rows(x, *self._rope(x.shape[-1], theta, dt, scaling))
 
     def xpos(self, x: torch.Tensor) -> torch.Tensor:
         return xpos_at(x, self.t[:, None] + torch.arange(x.shape[1], device=x.device))
 
+    def _per_step(self, key: tuple, make):
+        """`make()`, computed once per step and shared by every layer that asks for `key`."""
+        if key not in self._step:
+            self._step[key] = make()
+        return self._step[key]
+
     def attention(self, q, k, v, window, gate, backend: str) -> torch.Tensor:
         """Flash-decoding over the buffers: slot j of row b holds position j (a ring for a window)."""
-        seqlens = self.t + q.shape[1]
+        Tq = q.shape[1]
+        # int32, the kernel's index type: no cast per layer
+        seqlens = self._per_step(("seqlens", Tq), lambda: (self.t + Tq).to(torch.int32))
         return attention_decode(
             q, k, v, seqlens, window=window, ring=window is not None, gate=gate, backend=backend
         )
@@ -68,7 +73,9 @@ class Positions(RowPositions):
         `dsa_indexer`), then the sparse attention over the buffers with that selection."""
         L = k.shape[1]
         scores = indexer_scores(q_idx, k_idx, w_idx, idx_scale, compute_dtype(q_idx, k_idx, w_idx))
-        valid = torch.arange(L, device=q.device)[None, None, :] <= self.t[:, None, None]
+        valid = self._per_step(
+            ("valid", L), lambda: torch.arange(L, device=q.device)[None, None, :] <= self.t[:, None, None]
+        )
         chosen = topk_select(scores, valid, topk)  # [B, 1, topk]
         return dsa(q, k, v, None, None, topk=topk, indices=chosen, backend=backend)
 

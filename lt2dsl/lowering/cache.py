@@ -169,8 +169,9 @@ class RowPositions:
     the new token's position), so rows of different lengths decode together and the step holds no
     Python-int position. The leaves pass the ops that depend on positions to it."""
 
-    def rope(self, x: torch.Tensor, theta: float, scaling=None) -> torch.Tensor:
-        """`apply_rope` of x `[B, 1, H, d]` at each row's position (`scaling`: `rope_scaling.py`)."""
+    def rope_rows(self, d: int, theta: float, dtype: torch.dtype, scaling=None) -> tuple:
+        """(c, s) `[B, d]`: `functional.rope_rows` at each row's position (`scaling`:
+        `rope_scaling.py`), which `apply_rope` turns each row's new token by."""
         raise NotImplementedError
 
     def xpos(self, x: torch.Tensor) -> torch.Tensor:

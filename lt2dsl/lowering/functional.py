@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import has_side_effect
 
+from lt2dsl.kernels import fused
 from lt2dsl.lowering import packed
 from lt2dsl.lowering.cache import Cache, Entry, RowPositions, StaticEntry, SubEntry
 from lt2dsl.lowering.leaf import leaf
@@ -139,29 +140,64 @@ def apply_rope(
     theta: float,
     scaling: Scaling = None,
     cu_seqlens: torch.Tensor | None = None,
+    *,
+    dims: int | None = None,
+    backend: str = "reference",
 ) -> torch.Tensor:
     """Rotate `x [B, T, H, d]` at absolute positions pos … pos+T−1 (computed in fp32; float64 stays
     float64, so float64 tests and gradchecks see no fp32 rounding); `scaling` as in `rope_scaling.py`.
-    With `cu_seqlens` (a packed row, pos 0) positions restart at 0 at every document start."""
-    if isinstance(pos, RowPositions):
-        return pos.rope(x, theta, scaling)
-    T, d = x.shape[1], x.shape[-1]
+    With `cu_seqlens` (a packed row, pos 0) positions restart at 0 at every document start. Only
+    the first `dims` channels of each head turn (partial RoPE; default all, 0: none). `backend`:
+    the kernel backend of `kernels.fused.rope` (Triton for inference calls)."""
+    return rope_heads((x,), pos, theta, scaling, cu_seqlens, dims, backend)[0]
+
+
+def apply_rope_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos: int | RowPositions,
+    theta: float,
+    scaling: Scaling = None,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    dims: int | None = None,
+    backend: str = "reference",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`apply_rope` of q `[B, T, HQ, d]` and k `[B, T, HK, d]` at the same positions: one table,
+    one launch on the Triton path. Returns (q, k) rotated.
+
+    One graph node (`rope_pair`) read by index: unpacking a traced tuple (`Proxy.__iter__`) would
+    leave the tracing frames in a reference cycle, which keeps a decode cache alive past its engine.
+    """
+    qk = rope_pair(q, k, pos, theta, scaling, cu_seqlens, dims=dims, backend=backend)
+    return qk[0], qk[1]
+
+
+@leaf
+def rope_pair(q, k, pos, theta: float, scaling=None, cu_seqlens=None, *, dims=None, backend="reference"):
+    """The leaf of `apply_rope_qk`: (q, k) rotated."""
+    return rope_heads((q, k), pos, theta, scaling, cu_seqlens, dims, backend)
+
+
+def rope_heads(xs, pos, theta: float, scaling, cu_seqlens, dims: int | None, backend: str) -> tuple:
+    """The rotation of `apply_rope` for tensors of one shape but the head count: the table rows
+    `[B or 1, T, dims]` at their positions, then `kernels.fused.rope`."""
+    x = xs[0]
+    T, d = x.shape[1], x.shape[-1] if dims is None else dims
+    if d == 0:
+        return tuple(xs)
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    if cu_seqlens is not None:
+    if isinstance(pos, RowPositions):
+        c, s = (t[:, None, :] for t in pos.rope_rows(d, theta, dt, scaling))
+    elif cu_seqlens is not None:
         c, s = _rope_at(d, theta, packed.positions(cu_seqlens, T), T, x.device, dt, scaling)
     elif torch.compiler.is_compiling():  # traced code keeps no cache of its own
         c, s = rope_rows(d, theta, torch.arange(pos, pos + T, device=x.device), dt, scaling)
     else:
         c, s = (t[pos : pos + T] for t in rope_table(d, theta, pos + T, x.device, dt, scaling))
-    return rotate_rows(x, c[None, :, None, :], s[None, :, None, :])
-
-
-def rotate_rows(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """x ⊙ c + rotate(x) ⊙ s for x `[B, T, H, d]` and `rope_rows` broadcast to it (in c's dtype)."""
-    d = x.shape[-1]
-    xf = x.to(c.dtype)
-    rotated = torch.cat([xf[..., d // 2 :], xf[..., : d // 2]], dim=-1)
-    return torch.addcmul(xf * c, rotated, s).to(x.dtype)
+    if c.dim() == 2:
+        c, s = c[None], s[None]
+    return fused.rope(xs, c, s, backend=backend)
 
 
 def _rope_at(d: int, theta: float, at: torch.Tensor, end: int, device, dt, scaling) -> tuple:

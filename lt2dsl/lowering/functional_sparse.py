@@ -48,17 +48,6 @@ def sigmoid_gate(o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return (o.to(dt) * torch.sigmoid(g.to(dt))).to(o.dtype)
 
 
-def rope_prefix(x: torch.Tensor, pos, theta: float, dims: int, cu_seqlens=None) -> torch.Tensor:
-    """Half-split RoPE on the first `dims` channels of `x [B, T, H, d]` only, the rest unrotated.
-
-    `dims` is even (0: `x` unchanged). Calls the lead's `apply_rope` leaf on the rotated part.
-    """
-    if dims == 0:
-        return x
-    rotated = lf.apply_rope(x[..., :dims], pos, theta, cu_seqlens=cu_seqlens)
-    return torch.cat([rotated, x[..., dims:]], dim=-1)
-
-
 @leaf
 def dsa_attend(
     q,

@@ -15,6 +15,7 @@ fused graph computes what the unfused one does on every input.
 | `gdn_gate(a, b, A_log, dt_bias)` → (g, β) | exp, neg, softplus, add, sigmoid, casts | 1 / 1 |
 | `gated_rmsnorm_linear(o, g, γ, W, b)` | `GatedRMSNorm` then flatten, `o_proj` | 1 + GEMM / 2 + 2 GEMMs |
 | `swiglu(a, b)` | `silu(a) * b` | 1 / 1 |
+| `rope((q, k), c, s)` | casts, cat, mul, addcmul (+ the partial-RoPE cat), per tensor | 1 / none |
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "gated_rmsnorm_linear",
     "gdn_gate",
     "linear_split",
+    "rope",
     "swiglu",
 ]
 
@@ -104,20 +106,24 @@ def concat_weights(*ws: torch.Tensor) -> torch.Tensor:
     flow back through the cat), padded with zero rows to a multiple of CAT_ALIGN. Without autograd
     (eval, decode) the result is cached until any of the parameters changes (in-place version
     counter), so a decode step does not copy weights; a call with autograd drops the cached copy."""
-    pad = _pad_rows(sum(w.shape[0] for w in ws))
-    parts = [*ws, ws[0].new_zeros(pad, *ws[0].shape[1:])] if pad else list(ws)
     if torch.compiler.is_compiling():
-        return torch.cat(parts, dim=0)
+        return _padded_cat(ws)
     if torch.is_grad_enabled():
         ws[0].__dict__.pop(_CAT_ATTR, None)
-        return torch.cat(parts, dim=0)
+        return _padded_cat(ws)
     key = tuple((id(w), w._version, w.data_ptr()) for w in ws)
     hit = ws[0].__dict__.get(_CAT_ATTR)
     if hit is not None and hit[0] == key:
         return hit[1]
-    out = torch.cat(parts, dim=0)
+    out = _padded_cat(ws)
     ws[0].__dict__[_CAT_ATTR] = (key, out)
     return out
+
+
+def _padded_cat(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+    pad = _pad_rows(sum(w.shape[0] for w in ws))
+    parts = [*ws, ws[0].new_zeros(pad, *ws[0].shape[1:])] if pad else list(ws)
+    return torch.cat(parts, dim=0)
 
 
 def concat_biases(sizes: Sequence[int], *bs: torch.Tensor | None) -> torch.Tensor:
@@ -311,3 +317,34 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
         return naive.swiglu_ref(a, b)
     F_ = a.shape[-1]
     return _ops().swiglu_op(rows_view(a, F_), rows_view(b, F_)).view(a.shape)
+
+
+def rope(
+    xs: Sequence[torch.Tensor], c: torch.Tensor, s: torch.Tensor, *, backend: str = "auto"
+) -> tuple[torch.Tensor, ...]:
+    """Half-split RoPE of one or two tensors sharing a table (q and k), one kernel for both.
+
+    Args:
+        xs: `[B, T, H_i, D]` (one B, T, D); the first R channels of each head turn, the rest stay.
+        c, s: `[B or 1, T, R]` rows of `lowering.functional.rope_rows` (R even, ≤ D), fp32 (or
+            float64, which runs the reference).
+    Returns:
+        the ys in the xs' dtypes. The kernel has no backward: a call autograd must record runs the
+        reference (`naive.rope_ref`).
+    """
+    if not (1 <= len(xs) <= 2 and _rope_on_triton(xs, c, s, backend)):
+        return tuple(naive.rope_ref(x, c, s) for x in xs)
+    ys = _ops().rope_op(xs[0], xs[1] if len(xs) > 1 else None, c, s)
+    return ys[: len(xs)]
+
+
+def _rope_on_triton(xs, c: torch.Tensor, s: torch.Tensor, backend: str) -> bool:
+    """The kernel's case: no autograd to record, the table fp32 with c's strides, unit channel strides."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        return False
+    B, T, _, D = xs[0].shape
+    if any(x.shape[0] != B or x.shape[1] != T or x.shape[3] != D or x.stride(-1) != 1 for x in xs):
+        return False
+    if c.dtype != torch.float32 or s.dtype != c.dtype or s.shape != c.shape or s.stride() != c.stride():
+        return False
+    return c.shape[0] in (1, B) and c.shape[1] == T and c.stride(-1) == 1 and use_triton(backend, *xs)

@@ -81,6 +81,19 @@ def conv_silu_step_ref(
     return tuple(ys)
 
 
+def rope_ref(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Half-split RoPE of the first R channels of each head of x `[B, T, H, D]`, the rest as they are.
+
+    c, s: `[B or 1, T, R]` rows of `lowering.functional.rope_rows` (the rotation's dtype). In c's
+    dtype: x ⊙ c + rotate(x) ⊙ s with rotate(x) = (x₂, x₁) the halves swapped, rounded to x's dtype.
+    """
+    R = c.shape[-1]
+    xf = x[..., :R].to(c.dtype)
+    rotated = torch.cat([xf[..., R // 2 :], xf[..., : R // 2]], dim=-1)
+    y = torch.addcmul(xf * c[:, :, None, :], rotated, s[:, :, None, :]).to(x.dtype)
+    return y if x.shape[-1] == R else torch.cat([y, x[..., R:]], dim=-1)
+
+
 def gdn_gate_ref(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
 
-from . import triton_act, triton_conv, triton_conv_step, triton_norm
+from . import triton_act, triton_conv, triton_conv_step, triton_norm, triton_rope
 
 Tensor = torch.Tensor
 
@@ -249,6 +249,22 @@ def _(xs, w2s, biases, h0, h1, h2, head_dims):
 def _conv_step_flops(xs_shapes, w_shapes, *args, out_shape=None, **kwargs) -> int:
     """Depthwise convs as FlopCounterMode counts convolutions: Σ_i 2 · B · C_i · W."""
     return sum(2 * x[0] * x[1] * w[1] for x, w in zip(xs_shapes, w_shapes))
+
+
+# ---- RoPE ---------------------------------------------------------------------------------------
+
+
+@custom_op("lt2dsl::fused_rope", mutates_args=())
+def rope_op(x0: Tensor, x1: Tensor | None, c: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
+    """RoPE of x0 (and x1) `[B, T, H_i, D]` by the table rows c, s `[B or 1, T, R]`, one launch; no
+    autograd (inference). (y0, y1), y1 empty without x1."""
+    ys = triton_rope.rope_fwd([x0] if x1 is None else [x0, x1], c, s)
+    return ys[0], (ys[1] if x1 is not None else x0.new_empty(0))
+
+
+@rope_op.register_fake
+def _(x0, x1, c, s):
+    return x0.new_empty(x0.shape), (x1.new_empty(x1.shape) if x1 is not None else x0.new_empty(0))
 
 
 # ---- GDN gates ----------------------------------------------------------------------------------

@@ -90,7 +90,9 @@ class Attention(MixerLayer):
         v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         if self.opts["qk_norm"]:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, pos, cu_seqlens), self.rope(k, pos, cu_seqlens)
+        q, k = lf.apply_rope_qk(
+            q, k, pos, self.theta, self.scaling, cu_seqlens, dims=self.rope_dim, backend=self.backend
+        )
         # The cache layout is [B, HKV, L, d]; the op wants [B, L, HKV, d].
         k = lf.append_cache(entry, "k", k.transpose(1, 2), 2, self.window).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2), 2, self.window).transpose(1, 2)
@@ -104,8 +106,6 @@ class Attention(MixerLayer):
 
     def rope(self, x: torch.Tensor, pos, cu_seqlens=None) -> torch.Tensor:
         """RoPE on the first `rope_dim` dims of each head of x `[B, T, h, d]`, the rest unchanged."""
-        if self.rope_dim == self.d:
-            return lf.apply_rope(x, pos, self.theta, self.scaling, cu_seqlens)
-        r = self.rope_dim
-        rotated = lf.apply_rope(x[..., :r], pos, self.theta, self.scaling, cu_seqlens)
-        return torch.cat([rotated, x[..., r:]], dim=-1)
+        return lf.apply_rope(
+            x, pos, self.theta, self.scaling, cu_seqlens, dims=self.rope_dim, backend=self.backend
+        )

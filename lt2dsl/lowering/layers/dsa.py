@@ -95,17 +95,23 @@ class SparseAttention(MixerLayer):
         v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         if self.opts["qk_norm"]:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = lf.apply_rope(q, pos, self.theta, cu_seqlens=cu_seqlens)
-        return q, lf.apply_rope(k, pos, self.theta, cu_seqlens=cu_seqlens), v
+        q, k = lf.apply_rope_qk(q, k, pos, self.theta, cu_seqlens=cu_seqlens, backend=self.backend)
+        return q, k, v
 
     def _indexer(self, x: torch.Tensor, pos, cu_seqlens=None):
         """q_I `[B, T, HI, dI]`, k_I `[B, T, dI]` (first half rotated), w `[B, T, HI]` (× HI^{-1/2})."""
-        q_idx = fs.rope_prefix(
-            self.idx_q(x).unflatten(-1, (self.HI, self.dI)), pos, self.theta, self.idx_rope_dims, cu_seqlens
-        )
+        q_idx = self.idx_q(x).unflatten(-1, (self.HI, self.dI))
         k_idx = self.idx_k_norm(self.idx_k(x)).unsqueeze(2)
-        k_idx = fs.rope_prefix(k_idx, pos, self.theta, self.idx_rope_dims, cu_seqlens).squeeze(2)
-        return q_idx, k_idx, self.idx_w(x) * self.HI**-0.5
+        q_idx, k_idx = lf.apply_rope_qk(
+            q_idx,
+            k_idx,
+            pos,
+            self.theta,
+            cu_seqlens=cu_seqlens,
+            dims=self.idx_rope_dims,
+            backend=self.backend,
+        )
+        return q_idx, k_idx.squeeze(2), self.idx_w(x) * self.HI**-0.5
 
     def _gate_logits(self, x: torch.Tensor) -> torch.Tensor:
         """`[B, T, H, d]` (sdpa) or `[B, T, H, 1]` (headwise) pre-sigmoid gate."""

@@ -93,11 +93,13 @@ class NativeSparseAttention(MixerLayer):
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` normed block input, `pos` the position of x[:, 0] -> `[B, T, D]`."""
         fs.check_input(x, self, "nsa")
-        q = lf.apply_rope(
-            self.q_proj(x).unflatten(-1, (self.H, self.d)), pos, self.theta, cu_seqlens=cu_seqlens
-        )
-        k = lf.apply_rope(
-            self.k_proj(x).unflatten(-1, (self.HKV, self.d)), pos, self.theta, cu_seqlens=cu_seqlens
+        q, k = lf.apply_rope_qk(
+            self.q_proj(x).unflatten(-1, (self.H, self.d)),
+            self.k_proj(x).unflatten(-1, (self.HKV, self.d)),
+            pos,
+            self.theta,
+            cu_seqlens=cu_seqlens,
+            backend=self.backend,
         )
         v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.H, 3))
