@@ -13,6 +13,7 @@ import torch
 from lt2dsl.engine.sparse import nsa_rows
 from lt2dsl.kernels.attention import attention_decode
 from lt2dsl.kernels.common.attn_utils import compute_dtype, topk_select
+from lt2dsl.kernels.common.backend import pick_backend
 from lt2dsl.kernels.dsa import dsa
 from lt2dsl.kernels.dsa.reference import indexer_scores
 from lt2dsl.lowering.cache import RowPositions
@@ -70,7 +71,16 @@ class Positions(RowPositions):
 
     def dsa(self, q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
         """The indexer's top-k over each row's keys 0..t_b (ties to the lower index, −1 pads, as
-        `dsa_indexer`), then the sparse attention over the buffers with that selection."""
+        `dsa_indexer`), then the sparse attention over the buffers with that selection. On the
+        Triton path the selection is the same set in index order (what the cache-less forward's
+        sparse attention takes), scored and selected in two launches."""
+        if pick_backend(backend, q_idx) == "triton":
+            from lt2dsl.kernels.dsa.triton_indexer import dsa_indexer_triton  # imports Triton
+
+            chosen = dsa_indexer_triton(
+                q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, ordered=False, positions=self.t
+            )
+            return dsa(q, k, v, None, None, topk=topk, indices=chosen, backend=backend)
         L = k.shape[1]
         scores = indexer_scores(q_idx, k_idx, w_idx, idx_scale, compute_dtype(q_idx, k_idx, w_idx))
         valid = self._per_step(

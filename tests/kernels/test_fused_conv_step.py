@@ -96,8 +96,9 @@ def test_op_counts_flops_and_compiles():
     # first: the op (and its FLOP formula) registers on first use, and FlopCounterMode reads the
     # formulas when it is made
     eager = fused.conv_silu_step(xs, ws, [None, None], h_eager, head_dims=[4, 0], backend="triton")
+    h_count = [h.clone() for h in hs]
     with FlopCounterMode(display=False) as fc:
-        fused.conv_silu_step(xs, ws, [None, None], [h.clone() for h in hs], head_dims=[4, 0], backend="triton")
+        fused.conv_silu_step(xs, ws, [None, None], h_count, head_dims=[4, 0], backend="triton")
     assert fc.get_total_flops() == 2 * 2 * (8 + 12) * 4
 
     def f(xs, ws, hs):

@@ -40,7 +40,7 @@ def _attention() -> list[Job]:
 
 def _indexer() -> list[Job]:
     """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights.
-    The selection (`select_topk`): 2048 keys a step, 4 warps."""
+    The selection (`select_topk`): 2048 keys a step, 4 warps; causal, or at per-row positions."""
     jobs = []
     ptrs = {"QI": "*bf16", "KI": "*bf16", "WI": "*bf16"}
     kw = dict(aligned=(), max_stack=MAX_STACK)
@@ -51,9 +51,12 @@ def _indexer() -> list[Job]:
         jobs += tuned_jobs(
             f"dsa/indexer-u32{u32:d}", _indexer_kernel, ptrs | keys, SELECT_SCALARS, cex, launch=(8, 2), **kw
         )
-    sel = {"KEYS": "*i32", "OUT": "*i64"}
-    return jobs + tuned_jobs("dsa/select", _select_kernel, sel, SELECT_SCALARS, {"BLK": 2048}, launch=(4, 3),
-                             aligned=(), max_stack=MAX_STACK)  # fmt: skip
+    sel = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64"}
+    for has_pos in (False, True):
+        cex = {"BLK": 2048, "HAS_POS": has_pos}
+        jobs += tuned_jobs(f"dsa/select-pos{has_pos:d}", _select_kernel, sel, SELECT_SCALARS, cex,
+                           launch=(4, 3), aligned=(), max_stack=MAX_STACK)  # fmt: skip
+    return jobs
 
 
 def jobs() -> list[Job]:

@@ -97,14 +97,25 @@ def _indexer_kernel(
 
 
 def dsa_indexer_triton(
-    q_idx, k_idx, w_idx=None, *, topk: int, idx_scale=None, chunk: int | None = None, ordered: bool = True
+    q_idx,
+    k_idx,
+    w_idx=None,
+    *,
+    topk: int,
+    idx_scale=None,
+    chunk: int | None = None,
+    ordered: bool = True,
+    positions: torch.Tensor | None = None,
 ):
     """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference).
 
     `ordered=False` returns the same set per query, by the radix selection: index order, −1 pads
-    last (what the sparse attention takes)."""
+    last (what the sparse attention takes). `positions` `[B]` (decode over a static buffer, Tq = 1,
+    `ordered=False`): row b's query sits at positions[b], its keys are slots 0 … positions[b]."""
     B, Tq, HI, DI = q_idx.shape
     Tk = k_idx.shape[1]
+    if positions is not None and (Tq != 1 or ordered):
+        raise ValueError("per-row positions take one query per row (Tq = 1) and ordered=False")
     check_triton_dtype(q_idx)
     idx_scale = DI**-0.5 if idx_scale is None else float(idx_scale)
     q_idx, k_idx = q_idx.contiguous(), k_idx.to(q_idx.dtype).contiguous()
@@ -145,7 +156,7 @@ def dsa_indexer_triton(
             num_stages=1 if triton_interpreting() else 2,
         )
         if radix:
-            select_topk(keys, out, t0, Tk, topk)
+            select_topk(keys, out, t0, Tk, topk, positions)
             continue
         kc = min(kk, kw)
         top, idx = torch.topk(keys, kc, dim=-1)

@@ -57,6 +57,7 @@ def _pick(hist, rem, NB: tl.constexpr):
 def _select_kernel(
     KEYS,
     OUT,
+    POS,
     t0,
     Tq,
     Tk,
@@ -64,12 +65,18 @@ def _select_kernel(
     KW,
     K,
     BLK: tl.constexpr,
+    HAS_POS: tl.constexpr,
 ):
     """OUT[b, t0 + r, :] for chunk row r: the indices of the top-K keys among KEYS[b, r, 0:n],
-    n = min(pos + 1, KW), in index order; −1 past the count (OUT is filled with −1 beforehand)."""
+    n = min(pos + 1, KW), in index order; −1 past the count (OUT is filled with −1 beforehand).
+    pos: the row's query position, t0 + r + Tk − Tq, or with HAS_POS (one query per sequence over
+    a static buffer) POS[b]."""
     r, b = tl.program_id(0), tl.program_id(1)
     t = t0 + r
-    pos = t + (Tk - Tq)
+    if HAS_POS:
+        pos = tl.load(POS + b).to(tl.int32)
+    else:
+        pos = t + (Tk - Tq)
     n = tl.minimum(pos + 1, KW)
     keys = KEYS + (b.to(tl.int64) * C + r) * KW
     out = OUT + (b.to(tl.int64) * Tq + t) * K
@@ -111,13 +118,16 @@ def _select_kernel(
         n_eq += tl.sum(eq, 0)
 
 
-def select_topk(keys: torch.Tensor, out: torch.Tensor, t0: int, Tk: int, topk: int) -> None:
+def select_topk(
+    keys: torch.Tensor, out: torch.Tensor, t0: int, Tk: int, topk: int, positions: torch.Tensor | None = None
+) -> None:
     """Fill out[:, t0 : t0 + C] (`[B, Tq, topk]` int64, pre-filled with −1) from the chunk's
-    ordered keys `[B, C, KW]` (int32 storage of the unsigned keys), index order."""
+    ordered keys `[B, C, KW]` (int32 storage of the unsigned keys), index order; `positions` `[B]`
+    (Tq = 1): each row's query position, keys past it not candidates."""
     B, C, KW = keys.shape
     Tq = out.shape[1]
     interp = triton_interpreting()
     _select_kernel[(C, B)](
-        keys, out, t0, Tq, Tk, C, KW, topk,
-        BLK=64 if interp else 2048, num_warps=1 if interp else 4,
+        keys, out, out if positions is None else positions, t0, Tq, Tk, C, KW, topk,
+        BLK=64 if interp else 2048, HAS_POS=positions is not None, num_warps=1 if interp else 4,
     )  # fmt: skip

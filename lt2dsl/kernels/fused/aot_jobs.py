@@ -1,23 +1,27 @@
 """sm_90 compile jobs of the fused elementwise kernels (`common.aot`): add + RMSNorm, the gated
 RMSNorm of a mixer's output, the causal conv + SiLU (with the per-head L2 norm of GDN's q, k and
-without), SwiGLU and GDN's gate, forward and backward, every autotune config. Shapes of a 2048-wide
-model with 16 heads of 128 (the examples'), bf16 activations; tiles as the launch code computes
-them for those shapes."""
+without), SwiGLU and GDN's gate, forward and backward, every autotune config; the decode step of
+the q, k, v convs and the RoPE of q and k at their fixed launch. Shapes of a 2048-wide model with
+16 heads of 128 (the examples'), bf16 activations; tiles as the launch code computes them for
+those shapes."""
 
 from __future__ import annotations
 
 from lt2dsl.kernels.common.aot import Job, jit_of, tuned_jobs
 from lt2dsl.kernels.fused import triton_act as A
 from lt2dsl.kernels.fused import triton_conv as C
+from lt2dsl.kernels.fused import triton_conv_step as CS
 from lt2dsl.kernels.fused import triton_norm as N
+from lt2dsl.kernels.fused import triton_rope as R
 from lt2dsl.kernels.fused.common import pow2
 
 DIM, HEADS, HEAD_DIM, HIDDEN, WIDTH = 2048, 16, 128, 5632, 4
 INTS = ("M", "HV", "F", "sa", "sb", "blocks_per_prog", "T", "C", "sxb", "sxt", "shb", "shc", "n_t", "D",
         "stride_x", "stride_r", "stride_dn", "stride_ds", "rows_per_prog", "n_rows", "nsub", "so", "sg",
-        "group", "nseg")  # fmt: skip
+        "group", "nseg", "C0", "C1", "C2", "sx0", "sx1", "sx2", "sh0b", "sh1b", "sh2b", "sh0c", "sh1c",
+        "sh2c", "H0", "H1", "sx0b", "sx0t", "sx0h", "sx1b", "sx1t", "sx1h", "scb", "sct")  # fmt: skip
 SCALARS = {n: "i32" for n in INTS} | {"beta_scale": "fp32", "eps": "fp32"}
-FP32 = {"rstd", "dw_part", "db_part", "A_log", "dt_bias", "beta", "dbeta", "dA_part", "ddt_part"}
+FP32 = {"rstd", "dw_part", "db_part", "A_log", "dt_bias", "beta", "dbeta", "dA_part", "ddt_part", "c", "s"}
 
 
 def _jobs(name, kernel, cex) -> list[Job]:
@@ -65,5 +69,25 @@ def _acts() -> list[Job]:
     return out + _jobs("gdn_gate_bwd", A.gdn_gate_bwd_kernel, {"BM": BM, "BH": BH})
 
 
+def _decode() -> list[Job]:
+    """The q, k, v convs' step (L2 on q, k; one head a program) and one plain conv with a bias (128
+    channels a program); RoPE of q and k (16 heads of 128) and of the DSA indexer's (4 heads of 64,
+    the first 32 channels turned)."""
+    ptrs = {p.name: "*fp32" for p in jit_of(R.rope_fwd_kernel).params if p.name in FP32}
+    out = []
+    for tag, l2, bias in (("qkv-l2", (True, True, False), False), ("one-bias", (False,) * 3, True)):
+        BC, HD = CS.step_block([HEAD_DIM if f else 0 for f in l2], [DIM] * 3)
+        cex = dict(W=WIDTH, BC=BC, HD=HD) | {f"HB{i}": bias for i in range(3)}
+        cex |= {f"L2_{i}": f for i, f in enumerate(l2)}
+        out += tuned_jobs(f"fused/conv_step-{tag}", CS.conv_silu_step_kernel, {}, SCALARS, cex,
+                          launch=(CS.STEP_WARPS, 1), aligned=(), default_ptr="*bf16")  # fmt: skip
+    for tag, heads, D, rot in (("qk", HEADS, HEAD_DIM, HEAD_DIM), ("index", 4, 64, 32)):
+        BH, BD = R.rope_block(heads, D)
+        cex = dict(R=rot, BH=BH, BD=BD, D=D)
+        out += tuned_jobs(f"fused/rope-{tag}", R.rope_fwd_kernel, ptrs, SCALARS, cex,
+                          launch=(R.ROPE_WARPS, 1), aligned=(), default_ptr="*bf16")  # fmt: skip
+    return out
+
+
 def jobs() -> list[Job]:
-    return _norms() + _conv() + _acts()
+    return _norms() + _conv() + _acts() + _decode()

@@ -1,0 +1,43 @@
+"""The decode step's fused Triton kernels end to end (CPU interpreter here): the q, k, v convs'
+step with their histories shifted in place, RoPE of q and k at each row's position, DSA's
+selection at each row's position. A fused fp32 model on `backend="triton"`: rows of different
+lengths decode together through the static cache and one at a time through a dynamic cache, and
+every step's logits equal one forward over that row's tokens so far."""
+
+from __future__ import annotations
+
+import torch
+
+from lt2dsl.engine import StaticCache
+
+from ..lowering.util import call, lower, tokens
+from .test_static import LENGTHS, STEPS, assert_static_equals_forward
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BODY = f"{call('gdn')}; {call('full', 'rope_dim=8')}; {call('dsa')}"
+TOL = 2e-4  # fp32 kernels: the recurrent step against the chunked forward
+
+
+def triton_model():
+    return lower(BODY, dtype=torch.float32, backend="triton", device=DEVICE, fuse=True)
+
+
+def test_static_steps_equal_forward():
+    model = triton_model()
+    code = model.graph_module.code
+    assert "conv_silu_group_cached" in code and "rope_pair" in code
+    cache = assert_static_equals_forward(model, max_len=16, tol=TOL)
+    assert isinstance(cache, StaticCache)
+
+
+def test_dynamic_steps_equal_forward():
+    model = triton_model()
+    n = max(LENGTHS)
+    ids = tokens(2, n + STEPS).to(DEVICE)
+    cache = model.new_cache(2, max_len=n + STEPS)
+    with torch.no_grad():
+        model(ids[:, :n], cache)
+        for i in range(STEPS):
+            got = model(ids[:, n + i : n + i + 1], cache)[:, -1]
+            want = model(ids[:, : n + i + 1])[:, -1]
+            torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
