@@ -1,11 +1,13 @@
 """The decode step's fused Triton kernels end to end (CPU interpreter here): the q, k, v convs'
 step with their histories shifted in place, RoPE of q and k at each row's position, DSA's
-selection at each row's position. A fused fp32 model on `backend="triton"`: rows of different
-lengths decode together through the static cache and one at a time through a dynamic cache, and
-every step's logits equal one forward over that row's tokens so far."""
+selection at each row's position, a sandwich block's norm-add-norm. A fused fp32 model on
+`backend="triton"`: rows of different lengths decode together through the static cache and one at
+a time through a dynamic cache, and every step's logits equal one forward over that row's tokens
+so far."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lt2dsl.engine import StaticCache
@@ -18,8 +20,8 @@ BODY = f"{call('gdn')}; {call('full', 'rope_dim=8')}; {call('dsa')}"
 TOL = 2e-4  # fp32 kernels: the recurrent step against the chunked forward
 
 
-def triton_model():
-    return lower(BODY, dtype=torch.float32, backend="triton", device=DEVICE, fuse=True)
+def triton_model(body: str = BODY, **settings):
+    return lower(body, dtype=torch.float32, backend="triton", device=DEVICE, fuse=True, **settings)
 
 
 def test_static_steps_equal_forward():
@@ -30,8 +32,10 @@ def test_static_steps_equal_forward():
     assert isinstance(cache, StaticCache)
 
 
-def test_dynamic_steps_equal_forward():
-    model = triton_model()
+@pytest.mark.parametrize("sandwich", [False, True], ids=["pre-norm", "sandwich"])
+def test_dynamic_steps_equal_forward(sandwich):
+    model = triton_model(call("full"), norm="sandwich") if sandwich else triton_model()
+    assert ("fused_norm_add_rmsnorm" in model.graph_module.code) == sandwich
     n = max(LENGTHS)
     ids = tokens(2, n + STEPS).to(DEVICE)
     cache = model.new_cache(2, max_len=n + STEPS)

@@ -9,6 +9,7 @@ fused graph computes what the unfused one does on every input.
 | op | replaces | Triton launches (fwd / bwd) |
 |---|---|---|
 | `add_rmsnorm(x, r, γ, eps)` → (normed, sum) | `h + y` then `nn.RMSNorm` | 1 / 1 (+ dγ sum) |
+| `norm_add_rmsnorm(x, y, γ₁, ε₁, γ₂, ε₂)` | a sandwich's `nn.RMSNorm`, `h + y`, `nn.RMSNorm` | 1 / unfused |
 | `linear_split(x, W_cat, b_cat, sizes)` | several `nn.Linear` of one input | one GEMM (cuBLAS) |
 | `conv_silu(x, w, b, hist, head_dim)` | `short_conv` (+ the core's q/k L2Norm) | 1 / 2 (+ dw sum) |
 | `conv_silu_step(xs, ws, bs, hists, hds)` | ≤ 3 convs' decode steps, their history updates | 1 / none |
@@ -39,6 +40,7 @@ __all__ = [
     "gated_rmsnorm_linear",
     "gdn_gate",
     "linear_split",
+    "norm_add_rmsnorm",
     "rope",
     "swiglu",
 ]
@@ -83,6 +85,34 @@ def add_rmsnorm(
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     n, s, _ = _ops().add_rmsnorm_op(x, r, weight, eps)
     return n, s
+
+
+def norm_add_rmsnorm(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w1: torch.Tensor,
+    eps1: float | None,
+    w2: torch.Tensor,
+    eps2: float | None,
+    *,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sandwich block's residual add: the branch y normed, added, the sum normed; one kernel.
+
+    Args:
+        x, y: `[..., D]` the residual stream and the branch output (before its norm).
+        w1, eps1: the branch norm's γ₁ and eps; w2, eps2: the next norm's (None eps: dtype eps).
+    Returns:
+        (RMSNorm(s) · γ₂, s) with s = x + RMSNorm(y) · γ₁, both in x's dtype. The kernel has no
+        backward: a call autograd must record runs the branch norm and `add_rmsnorm`.
+    """
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, y, w1, w2))
+    same = x.shape == y.shape and x.dtype == y.dtype and w1.shape == w2.shape == x.shape[-1:]
+    if grad or not (same and use_triton(backend, x, y, w1, w2)):
+        return add_rmsnorm(x, F.rms_norm(y, (y.shape[-1],), w1, eps1), w2, eps2, backend=backend)
+    finfo = torch.finfo(x.dtype).eps
+    e1, e2 = finfo if eps1 is None else eps1, finfo if eps2 is None else eps2
+    return _ops().norm_add_rmsnorm_op(x, y, w1, e1, w2, e2)
 
 
 # attribute of the first weight holding (key of all weights and versions, their concatenation)

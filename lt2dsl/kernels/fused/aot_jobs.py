@@ -1,4 +1,5 @@
-"""sm_90 compile jobs of the fused elementwise kernels (`common.aot`): add + RMSNorm, the gated
+"""sm_90 compile jobs of the fused elementwise kernels (`common.aot`): add + RMSNorm (with a
+sandwich block's branch norm before the add and without), the gated
 RMSNorm of a mixer's output, the causal conv + SiLU (with the per-head L2 norm of GDN's q, k and
 without), SwiGLU and GDN's gate, forward and backward, every autotune config; the decode step of
 the q, k, v convs and the RoPE of q and k at their fixed launch. Shapes of a 2048-wide model with
@@ -19,8 +20,9 @@ DIM, HEADS, HEAD_DIM, HIDDEN, WIDTH = 2048, 16, 128, 5632, 4
 INTS = ("M", "HV", "F", "sa", "sb", "blocks_per_prog", "T", "C", "sxb", "sxt", "shb", "shc", "n_t", "D",
         "stride_x", "stride_r", "stride_dn", "stride_ds", "rows_per_prog", "n_rows", "nsub", "so", "sg",
         "group", "nseg", "C0", "C1", "C2", "sx0", "sx1", "sx2", "sh0b", "sh1b", "sh2b", "sh0c", "sh1c",
-        "sh2c", "H0", "H1", "sx0b", "sx0t", "sx0h", "sx1b", "sx1t", "sx1h", "scb", "sct")  # fmt: skip
-SCALARS = {n: "i32" for n in INTS} | {"beta_scale": "fp32", "eps": "fp32"}
+        "sh2c", "H0", "H1", "sx0b", "sx0t", "sx0h", "sx1b", "sx1t", "sx1h", "scb", "sct",
+        "stride_y")  # fmt: skip
+SCALARS = {n: "i32" for n in INTS} | {"beta_scale": "fp32", "eps": "fp32", "eps1": "fp32", "eps2": "fp32"}
 FP32 = {"rstd", "dw_part", "db_part", "A_log", "dt_bias", "beta", "dbeta", "dA_part", "ddt_part", "c", "s"}
 
 
@@ -33,6 +35,7 @@ def _jobs(name, kernel, cex) -> list[Job]:
 
 def _norms() -> list[Job]:
     out = _jobs("add_rmsnorm_fwd", N.add_rmsnorm_fwd_kernel, {"BD": pow2(DIM)})
+    out += _jobs("norm_add_rmsnorm_fwd", N.norm_add_rmsnorm_fwd_kernel, {"BD": pow2(DIM)})
     for has_ds in (True, False):
         cex = {"BD": pow2(DIM), "HAS_DS": has_ds, **({} if has_ds else {"ds": None})}
         out += _jobs(f"add_rmsnorm_bwd-ds{has_ds:d}", N.add_rmsnorm_bwd_kernel, cex)

@@ -30,6 +30,18 @@ def add_rmsnorm_ref(
     return F.rms_norm(s, (s.shape[-1],), weight, eps), s
 
 
+def norm_add_rmsnorm_ref(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    w1: torch.Tensor,
+    eps1: float | None,
+    w2: torch.Tensor,
+    eps2: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sandwich block's residual add: `add_rmsnorm_ref(x, RMSNorm(y) · γ₁, γ₂, eps2)`."""
+    return add_rmsnorm_ref(x, F.rms_norm(y, (y.shape[-1],), w1, eps1), w2, eps2)
+
+
 def linear_split_ref(
     x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor] | None
 ) -> tuple[torch.Tensor, ...]:

@@ -71,6 +71,19 @@ def _add_rmsnorm_backward(ctx, dn, ds, _drstd):
 add_rmsnorm_op.register_autograd(_add_rmsnorm_backward, setup_context=_add_rmsnorm_setup)
 
 
+@custom_op("lt2dsl::fused_norm_add_rmsnorm", mutates_args=())
+def norm_add_rmsnorm_op(
+    x: Tensor, y: Tensor, w1: Tensor, eps1: float, w2: Tensor, eps2: float
+) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(x + RMSNorm(y) · γ₁) · γ₂, x + RMSNorm(y) · γ₁); no autograd (inference)."""
+    return triton_norm.norm_add_rmsnorm_fwd(x, y, w1, eps1, w2, eps2)
+
+
+@norm_add_rmsnorm_op.register_fake
+def _(x, y, w1, eps1, w2, eps2):
+    return _like(x), _like(x)
+
+
 # ---- gated RMSNorm + output projection ----------------------------------------------------------
 
 

@@ -3,6 +3,8 @@
 * `add_rmsnorm`: s = x + r (rounded to x's dtype, as the unfused add), n = RMSNorm(s) · γ, one
   row of D per program; saves rstd `[M]` (fp32) for the backward, which walks blocks of rows
   per program and writes one partial dγ row per program (summed on the host, deterministic).
+* `norm_add_rmsnorm` (inference): the same with r = RMSNorm(y) · γ₁ first, a sandwich block's
+  branch norm (rounded to the activation dtype, as the unfused norm's output).
 * `gated_rmsnorm`: rows of `group` channels inside `[M, L]` (L a multiple of the weight length
   `dim`, `group` dividing `dim`); y = RMSNorm(o) · w ⊙ act(g) (fla, NORM_FIRST) or
   RMSNorm(o ⊙ act(g)) · w (Mamba2). A tile holds BR rows; the backward runs one grid column per
@@ -105,6 +107,41 @@ def add_rmsnorm_fwd(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps:
             x2, r2, weight, s, n, rstd, x2.stride(0), r2.stride(0), D, eps, BD=pow2(D)
         )
     return n, s, rstd
+
+
+@triton.autotune(configs(8, 4, 16), key=["BD"])
+@triton.jit
+def norm_add_rmsnorm_fwd_kernel(x, y, w1, w2, s, n, stride_x, stride_y, D, eps1, eps2, BD: tl.constexpr):
+    """A sandwich block's residual add (inference): s = x + RMSNorm(y) · γ₁, n = RMSNorm(s) · γ₂."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BD)
+    m = cols < D
+    b_y = tl.load(y + row * stride_y + cols, mask=m, other=0.0).to(tl.float32)
+    b_w1 = tl.load(w1 + cols, mask=m, other=0.0).to(tl.float32)
+    # the branch norm's output is rounded to the activation dtype, as the unfused norm's is
+    b_r = (b_y * (1.0 / tl.sqrt(tl.sum(b_y * b_y, axis=0) / D + eps1)) * b_w1).to(s.dtype.element_ty)
+    b_x = tl.load(x + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    b_s = (b_x + b_r.to(tl.float32)).to(s.dtype.element_ty)
+    tl.store(s + row * D + cols, b_s, mask=m)
+    b_s = b_s.to(tl.float32)
+    b_w2 = tl.load(w2 + cols, mask=m, other=0.0).to(tl.float32)
+    b_n = b_s * (1.0 / tl.sqrt(tl.sum(b_s * b_s, axis=0) / D + eps2)) * b_w2
+    tl.store(n + row * D + cols, b_n.to(n.dtype.element_ty), mask=m)
+
+
+def norm_add_rmsnorm_fwd(x, y, w1, eps1: float, w2, eps2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, y `[..., D]` (same shape and dtype) → (n, s) in x's dtype."""
+    D = x.shape[-1]
+    x2, y2 = x.reshape(-1, D), y.reshape(-1, D)
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    y2 = y2 if y2.stride(-1) == 1 else y2.contiguous()
+    s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = torch.empty_like(s)
+    if x2.shape[0]:
+        norm_add_rmsnorm_fwd_kernel[(x2.shape[0],)](
+            x2, y2, w1, w2, s, n, x2.stride(0), y2.stride(0), D, eps1, eps2, BD=pow2(D)
+        )
+    return n, s
 
 
 def add_rmsnorm_bwd(

@@ -12,6 +12,7 @@ with their counts, `LT2_DEBUG=2` also the graph code before and after.
 | `conv_silu` | short conv + SiLU → one conv kernel |
 | `gated_norm_proj` | GatedRMSNorm(o, g) → flatten → o_proj → `gated_rmsnorm_linear` |
 | `swiglu` | silu(a) · b → `swiglu(a, b)` |
+| `norm_add_rmsnorm` | x + RMSNorm(y) → RMSNorm (sandwich) → `norm_add_rmsnorm(x, y)` = (normed, sum) |
 | `add_rmsnorm` | x + r → RMSNorm → `add_rmsnorm(x, r)` = (normed, sum) |
 | `norm_proj` | norm → several projections → one concatenated GEMM (`linear_split`) |
 
@@ -43,6 +44,7 @@ RULES: dict[str, Rule] = {
         conv.RULE,
         out_norm.RULE,
         swiglu.RULE,
+        add_norm.RULE_PRE,
         add_norm.RULE,
         projections.RULE,
     )

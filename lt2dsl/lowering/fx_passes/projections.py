@@ -3,13 +3,13 @@
     n = norm(x); q = W_q n; k = W_k n; ...   ->   q, k, ... = split(n @ cat(W_q, W_k, ...)ᵀ)
 
 The norm stays one op (an `nn.RMSNorm` / `nn.LayerNorm` call, or the normed output of a fused
-`add_rmsnorm`); its projections (q, k, v, gates, β, decay, indexer, or an MLP's gate and up)
-become one GEMM whose weight is `torch.cat` of the original parameters, built once per forward at
-the top of the graph (a loop's iterations share it; gradients reach the original parameters
-through the cat; without autograd the cat is cached, see `kernels.fused.concat_weights`). The rule
-needs every user of the normed tensor to be a projection of it, so the normed activation exists
-only for this GEMM (the precondition for moving the norm into its prologue later); a tensor with
-any other reader is left alone.
+`add_rmsnorm` / `norm_add_rmsnorm`); its projections (q, k, v, gates, β, decay, indexer, or an
+MLP's gate and up) become one GEMM whose weight is `torch.cat` of the original parameters, built
+once per forward at the top of the graph (a loop's iterations share it; gradients reach the
+original parameters through the cat; without autograd the cat is cached, see
+`kernels.fused.concat_weights`). The rule needs every user of the normed tensor to be a projection
+of it, so the normed activation exists only for this GEMM (the precondition for moving the norm
+into its prologue later); a tensor with any other reader is left alone.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def is_normed(ctx: Ctx, node: Node) -> bool:
     """An `nn.RMSNorm` / `nn.LayerNorm` call, or the normed output of a fused add-norm."""
     if ctx.module(node, (nn.RMSNorm, nn.LayerNorm)) is not None:
         return True
-    return is_call(node, operator.getitem) and node.args[1] == 0 and is_call(node.args[0], fused.add_rmsnorm)
+    if not (is_call(node, operator.getitem) and node.args[1] == 0):
+        return False
+    return is_call(node.args[0], fused.add_rmsnorm, fused.norm_add_rmsnorm)
 
 
 def match(ctx: Ctx, node: Node) -> Match | None:

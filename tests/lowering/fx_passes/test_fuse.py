@@ -54,18 +54,19 @@ def test_loops_fused_equal_unfused(body):
 
 
 NORMS = {
-    "sandwich-gelu": ("sandwich", "gelu(hidden=48)", 2, 0),
-    "layernorm": ("layernorm(eps=1e-5)", "swiglu(hidden=48)", 0, 1),
+    # norm, mlp, (add_rmsnorm, norm_add_rmsnorm) fires, swiglu fires
+    "sandwich-gelu": ("sandwich", "gelu(hidden=48)", (0, 2), 0),
+    "layernorm": ("layernorm(eps=1e-5)", "swiglu(hidden=48)", (0, 0), 1),
 }
 
 
 @pytest.mark.parametrize(("norm", "mlp", "adds", "swiglus"), NORMS.values(), ids=NORMS.keys())
 def test_other_norms_and_mlps(norm, mlp, adds, swiglus):
-    """Sandwich norms fuse their adds; LayerNorm models keep their adds (add_rmsnorm is for RMSNorm)
-    but still concatenate the projections; a GELU MLP has no SwiGLU."""
+    """Sandwich norms fuse their adds with the branch norms before them; LayerNorm models keep their
+    adds (add_rmsnorm is for RMSNorm) but still concatenate the projections; a GELU MLP has no SwiGLU."""
     model = lower(call("gdn"), norm=norm, mlp=mlp)
     fgm = fused_copy(model.graph_module)
-    assert COUNTERS["add_rmsnorm"] == adds and COUNTERS["swiglu"] == swiglus
+    assert (COUNTERS["add_rmsnorm"], COUNTERS["norm_add_rmsnorm"]) == adds and COUNTERS["swiglu"] == swiglus
     assert COUNTERS["gdn_gate"] == 1 and COUNTERS["norm_proj"] >= 1
     assert_same(model.graph_module, fgm, list(model.parameters()), tokens(2, 9))
 

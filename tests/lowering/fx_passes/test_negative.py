@@ -33,6 +33,20 @@ class AddNorm(nn.Module):
         return self.n1(s) + (self.n2(s) if self.reuse else s)
 
 
+class NormAddNorm(nn.Module):
+    """A sandwich add: s = x + n1(r) normalised by n2; reuse=True also reads n1(r)."""
+
+    def __init__(self, reuse: bool):
+        super().__init__()
+        self.reuse = reuse
+        self.n1, self.n2 = nn.RMSNorm(D, eps=1e-6), nn.RMSNorm(D, eps=1e-5)
+
+    def forward(self, x, r):
+        b = self.n1(r)
+        s = x + b
+        return self.n2(s) + s + (b if self.reuse else 0.0)
+
+
 class NormProj(nn.Module):
     """n = norm(x) read by two projections, and by a sum (reuse=True)."""
 
@@ -134,6 +148,7 @@ class OutNorm(nn.Module):
 
 CASES = {
     "add_rmsnorm": AddNorm,
+    "norm_add_rmsnorm": NormAddNorm,
     "norm_proj": NormProj,
     "swiglu": Swiglu,
     "gdn_gate": Gates,

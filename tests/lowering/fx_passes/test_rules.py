@@ -37,8 +37,28 @@ GDN, KDA, DN = call("gdn"), call("kda"), call("deltanet")
 FULL, SWA, DSA = call("full"), call("swa"), call("dsa")
 MAMBA = call("mamba2")
 
+
+def branch_norm(gm: torch.fx.GraphModule) -> bool:
+    """An `nn.RMSNorm` call read by an add: a sandwich block's branch norm unfused."""
+    norms = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.RMSNorm)
+    ]
+    return any(is_add(u) for n in norms for u in n.users)
+
+
 CASES = {
-    # rule: [(body, fused op in the code, what must be gone)]
+    # rule: [(body, fused op in the code, what must be gone[, model settings])]
+    "norm_add_rmsnorm": [
+        (FULL, "fused_norm_add_rmsnorm(", [norm_of_add, branch_norm], {"norm": "sandwich"}),
+        (
+            f"loop T=2, final_norm=true < {GDN}; {DSA} >",
+            "fused_norm_add_rmsnorm(",
+            [norm_of_add, branch_norm],
+            {"norm": "sandwich"},
+        ),
+    ],
     "add_rmsnorm": [
         (FULL, "fused_add_rmsnorm(", [norm_of_add]),
         (f"loop T=2 < {GDN}; {SWA} >", "fused_add_rmsnorm(", [norm_of_add]),
@@ -83,7 +103,7 @@ CASES = {
 }
 
 PARAMS = [
-    pytest.param(rule, *case, id=f"{rule}-{i}-{case[0][:24]}")
+    pytest.param(rule, *case[:3], case[3] if len(case) > 3 else {}, id=f"{rule}-{i}-{case[0][:24]}")
     for rule, cases in CASES.items()
     for i, case in enumerate(cases)
 ]
@@ -93,9 +113,9 @@ def test_every_rule_has_cases():
     assert set(CASES) == set(RULES)
 
 
-@pytest.mark.parametrize(("rule", "body", "fused_op", "absent"), PARAMS)
-def test_rule_four_checks(rule, body, fused_op, absent):
-    check_fusion(body, rule, fused_op, absent)
+@pytest.mark.parametrize(("rule", "body", "fused_op", "absent", "settings"), PARAMS)
+def test_rule_four_checks(rule, body, fused_op, absent, settings):
+    check_fusion(body, rule, fused_op, absent, **settings)
 
 
 def _inputs(rule: str, g: torch.Generator):
@@ -107,6 +127,7 @@ def _inputs(rule: str, g: torch.Generator):
     B, T = 2, 5
     return {
         "add_rmsnorm": ((r(B, T, 8), r(B, T, 8), r(8), 1e-6), {}),
+        "norm_add_rmsnorm": ((r(B, T, 8), r(B, T, 8), r(8), 1e-5, r(8), 1e-6), {}),
         "norm_proj": ((r(B, T, 8), [r(3, 8), r(5, 8)], [r(3), None]), {}),
         "gdn_gate": ((r(B, T, 3) * 4, r(B, T, 3), r(3), r(3), 2.0, torch.float64), {}),
         "conv_silu_l2norm": ((r(B, T, 8), r(8, 1, 4), None, r(B, 8, 3), 4), {}),
