@@ -13,8 +13,9 @@ Usage:
 Environment: MODEL (example stem, default `lt2_hybrid_gdn_dsa`), STEPS (per repeat, 5), REPEATS
 (7), CONTEXT (prefill length, 8). Toy sizes (dim 64, 2 heads of 32, vocab 256; the rest of the
 example as written). Prints min and median ms per step, and the step's kernel-launching aten ops
-(top-level aten ops that launch at least one kernel on a GPU: views, allocations and no-op casts
-aside; the stubbed GEMMs and Triton kernels not included), and writes $OUT/decode_host.json.
+(aten ops outside other aten ops that launch at least one kernel on a GPU: views, allocations and
+no-op casts aside; the stubbed GEMMs and Triton kernels not included; `bench/decode_launches.py`
+counts every launch by kind), and writes $OUT/decode_host.json.
 """
 
 from __future__ import annotations
@@ -28,57 +29,17 @@ import time
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the CPU launch path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def stub_kernels_and_gemms() -> None:
-    """Kernel launches and projection GEMMs become no-ops (call after the model is traced)."""
-    import triton.runtime.interpreter as interp
-
-    interp.InterpretedFunction.run = lambda self, *args, **kwargs: None
-    F.linear = lambda x, w, b=None: x.new_empty(*x.shape[:-1], w.shape[0])
-
-
-# aten ops that launch no kernel: views and allocations
-_NO_KERNEL = {
-    "aten::view", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::expand",
-    "aten::as_strided", "aten::unflatten", "aten::transpose", "aten::t", "aten::permute", "aten::split",
-    "aten::split_with_sizes", "aten::narrow", "aten::chunk", "aten::unbind", "aten::movedim", "aten::alias",
-    "aten::_unsafe_view", "aten::detach", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
-    "aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided", "aten::resize_",
-    "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense",
-}  # fmt: skip
-# ops that launch a kernel only when they copy (a child op shows the copy)
-_COPY_CHILD = {
-    "aten::to": {"aten::_to_copy"},
-    "aten::contiguous": {"aten::clone"},
-    "aten::reshape": {"aten::clone", "aten::_reshape_copy"},
-    "aten::flatten": {"aten::clone", "aten::_reshape_copy"},
-}
-
-
-def launching_ops(step) -> int:
-    """Top-level aten ops of one call of `step` that launch at least one kernel on a GPU."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-
-    def launches(e) -> bool:
-        if e.name in _COPY_CHILD:
-            return any(ch.name in _COPY_CHILD[e.name] for ch in e.cpu_children)
-        return e.name not in _NO_KERNEL
-
-    top = [e for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None]
-    return sum(1 for e in top if launches(e))
-
-
 def main() -> None:
+    import collections
+
     import lt2dsl
+    from bench.decode_launches import count_step, stubbed_kernels, totals
 
     stem = os.environ.get("MODEL", "lt2_hybrid_gdn_dsa")
     steps, repeats = int(os.environ.get("STEPS", 5)), int(os.environ.get("REPEATS", 7))
@@ -95,10 +56,9 @@ def main() -> None:
         vocab=256,
     ).eval()
     _ = model.graph_module  # trace with the real ops, then stub them
-    stub_kernels_and_gemms()
     cache = model.new_cache(1, max_len=context + (repeats + 1) * steps + 8)
     per_step = []
-    with torch.no_grad():
+    with torch.no_grad(), stubbed_kernels():
         model(torch.randint(0, 256, (1, context)), cache)
         tok = torch.randint(0, 256, (1, 1))
         for _ in range(steps):  # warm
@@ -108,7 +68,9 @@ def main() -> None:
             for _ in range(steps):
                 model(tok, cache)
             per_step.append(1000 * (time.perf_counter() - t0) / steps)
-        ops = launching_ops(lambda: model(tok, cache))
+        # aten ops that launch a kernel, matrix products included (the stubbed ones not)
+        t = totals(count_step(lambda: model(tok, cache), collections.Counter()))
+        ops = t["aten"] + t["gemm"]
     row = {
         "model": stem,
         "launching_aten_ops": ops,

@@ -1,0 +1,40 @@
+"""A whole-model decode step's kernel launches, counted on the CPU (`bench/decode_launches.py`: the
+Triton path under the interpreter, launches and projection GEMMs stubbed and counted), stay at
+most what they were when the decode step's fusions landed, so a lowering or fusion change that
+adds launches to every step fails here instead of on the GPU's tok/s. Toy sizes, B = 1."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import decode_launches as dl
+from lt2dsl.env import triton_interpreting
+
+# launches of one step, measured at the commit that set them (`bench/decode_launches.py`)
+LIMITS = {
+    "lt2_hybrid_gdn_dsa": {"engine": 1238, "dynamic": 1231},
+    "ouro_looped_transformer": {"engine": 1171, "dynamic": 1258},
+    "gdn12": {"engine": 144, "dynamic": 139},
+}
+# what the fused step no longer launches: conv-history and RoPE concatenations, RoPE's arithmetic
+GONE = ("aten::cat", "aten::addcmul", "aten::mul")
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="counts launches under Triton's CPU interpreter")
+@pytest.mark.parametrize("name", list(LIMITS))
+def test_decode_step_launches_stay_at_most_their_count(name):
+    counts = dl.count_model(name)
+    for path, limit in LIMITS[name].items():
+        c = counts[path]
+        total = dl.totals(c)["total"]
+        top = dict(c.most_common(8))
+        assert total <= limit, f"{name} ({path}): {total} launches per step > {limit}; most: {top}"
+        if name != "lt2_hybrid_gdn_dsa":  # the hybrid's DSA scales its indexer weights (one mul)
+            assert not [k for k in GONE if c[k]], f"{name} ({path}) launches {[k for k in GONE if c[k]]}"
+        assert not c["aten::cat"], f"{name} ({path}): {c['aten::cat']} cat launches"
+    if name == "lt2_hybrid_gdn_dsa":
+        # 72 GDN applications (4 loops × 6 × 3): one conv launch each for q, k and v; 24 DSA ones:
+        # one RoPE launch for q and k, one for the indexer's q and k
+        c = counts["engine"]
+        assert c["triton:conv_silu_step_kernel"] == 72 and not c["triton:conv_silu_fwd_kernel"]
+        assert c["triton:rope_fwd_kernel"] == 48
