@@ -126,7 +126,8 @@ def dsa_indexer_triton(
         chunk = max(BM, min(Tq, (2 ** (28 if radix else 27) // max(B * Tk, 1)) // BM * BM))
     out = torch.empty(B, Tq, topk, dtype=torch.long, device=q_idx.device)
     kk = min(topk, Tk)
-    out.fill_(-1)
+    if positions is None:  # at positions, the selection writes its own pads
+        out.fill_(-1)
     for t0 in range(0, Tq, chunk):
         c = min(chunk, Tq - t0)
         # Causal: no row of this chunk sees a key past its last row's position, so the keys and

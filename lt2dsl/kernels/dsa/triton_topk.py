@@ -68,9 +68,9 @@ def _select_kernel(
     HAS_POS: tl.constexpr,
 ):
     """OUT[b, t0 + r, :] for chunk row r: the indices of the top-K keys among KEYS[b, r, 0:n],
-    n = min(pos + 1, KW), in index order; −1 past the count (OUT is filled with −1 beforehand).
-    pos: the row's query position, t0 + r + Tk − Tq, or with HAS_POS (one query per sequence over
-    a static buffer) POS[b]."""
+    n = min(pos + 1, KW), in index order; −1 past the count (OUT is filled with −1 beforehand,
+    except with HAS_POS, where the kernel writes them). pos: the row's query position,
+    t0 + r + Tk − Tq, or with HAS_POS (one query per sequence over a static buffer) POS[b]."""
     r, b = tl.program_id(0), tl.program_id(1)
     t = t0 + r
     if HAS_POS:
@@ -116,6 +116,11 @@ def _select_kernel(
         tl.store(out + slot, s.to(tl.int64), mask=(sel > 0) & (slot < K))
         n_sel += tl.sum(sel, 0)
         n_eq += tl.sum(eq, 0)
+    if HAS_POS:
+        # OUT is not pre-filled here: the row's slots past its selection take the −1 pads
+        for k0 in range(0, K, BLK):
+            slot = k0 + offs
+            tl.store(out + slot, tl.full([BLK], -1, tl.int64), mask=(slot >= n_sel) & (slot < K))
 
 
 def select_topk(
@@ -123,7 +128,8 @@ def select_topk(
 ) -> None:
     """Fill out[:, t0 : t0 + C] (`[B, Tq, topk]` int64, pre-filled with −1) from the chunk's
     ordered keys `[B, C, KW]` (int32 storage of the unsigned keys), index order; `positions` `[B]`
-    (Tq = 1): each row's query position, keys past it not candidates."""
+    (Tq = 1): each row's query position, keys past it not candidates, and `out` needs no pre-fill
+    (the kernel writes the −1 pads)."""
     B, C, KW = keys.shape
     Tq = out.shape[1]
     interp = triton_interpreting()
