@@ -286,9 +286,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(for_compile: bool = False, verb: str | None = None) -> argparse.ArgumentParser:
-    p = Parser(
-        prog="lt2dsl", description="Compile looped linear-time transformer descriptions (.lt2)."
-    )
+    p = Parser(prog="lt2dsl", description="Compile looped linear-time transformer descriptions (.lt2).")
     p.add_argument("--version", action="version", version=f"lt2dsl {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sets = dict(

@@ -109,4 +109,3 @@ def run_jobs(jobs: Iterable[Any], workers: int = 1, timeout: float = 30.0) -> It
     finally:
         for w in pool:
             w.close()
-

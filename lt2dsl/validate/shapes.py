@@ -98,7 +98,6 @@ def check_value_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
     yield from constraint_errors(s, "E0502")
 
 
-
 @rule("E0503")
 def check_derived_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
     """Derived head dim not a whole number.
@@ -121,7 +120,6 @@ def check_derived_head_dim(s: ShapeCtx) -> Iterator[Diagnostic]:
         gla(expand_k=0.375)
     """
     yield from constraint_errors(s, "E0503")
-
 
 
 @rule("E0504")
@@ -147,7 +145,6 @@ def check_mamba2_width(s: ShapeCtx) -> Iterator[Diagnostic]:
     yield from constraint_errors(s, "E0504")
 
 
-
 @rule("E0505")
 def check_tmm_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
     """Toeplitz heads do not divide the model width.
@@ -170,7 +167,6 @@ def check_tmm_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
         tmm(heads=4)
     """
     yield from constraint_errors(s, "E0505")
-
 
 
 @rule("E0506")
@@ -240,7 +236,6 @@ def check_nsa_stride(s: ShapeCtx) -> Iterator[Diagnostic]:
         nsa(stride=16)
     """
     yield from constraint_errors(s, "E0507")
-
 
 
 @rule("E0508")

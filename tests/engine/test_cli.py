@@ -103,7 +103,7 @@ def test_an_out_of_memory_point_is_recorded_and_compared(monkeypatch, tmp_path):
     assert oom == [(2, 16, False), (2, 32, True)]
     note = oom_note(next(r for r in rows if r.get("oom")))
     assert "estimate's largest batch" in note and "expected it to fit" in note  # a toy fits on an H100
-    assert oom_note({"batch": 9, "estimate_max_batch": 8}) .endswith("(as the estimate predicts)")
+    assert oom_note({"batch": 9, "estimate_max_batch": 8}).endswith("(as the estimate predicts)")
     info = bench.meta(torch.device("cpu"), plan, torch.float32)
     assert table(rows, info).row_count == 6
     plot(tmp_path / "p.png", rows, info)

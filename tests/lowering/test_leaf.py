@@ -68,6 +68,7 @@ def test_parameters_are_found_by_one_scan_under_the_names_torch_gives_them(monke
     want = model.graph_module.code
     scans = []
     named = Unrolled.named_parameters
+
     def counted(module, *args, **kwargs):
         scans.append(module)
         return named(module, *args, **kwargs)
