@@ -83,6 +83,16 @@ SPEC = GdnSpec(
         ),
         Option("gate", "bool", "SiLU output gate through the gated RMSNorm", default=True),
         NORM_EPS,
+        Option(
+            "dt_max",
+            "float",
+            "init: dt_bias = softplus⁻¹(dt), dt log-uniform in [dt_max/100, dt_max]; a smaller "
+            "dt_max keeps the state longer at init (memory ≈ 1/(A·dt) tokens; fla: 0.1)",
+            default=0.1,
+            min=0,
+            max=1,
+            min_open=True,
+        ),
     ),
     hf_map=HF_MAP,
     from_attention=from_attention(v="v_heads", o="v_heads"),

@@ -55,6 +55,11 @@ class TestGdn(RecurrentContract, DecodesStateInPlace):
 resolved = TestGdn.resolved
 
 
+def memory(layer: GatedDeltaNet) -> torch.Tensor:
+    """Tokens each value head keeps its state for at init (a = 0): 1 / (A · softplus(dt_bias))."""
+    return 1.0 / (layer.A_log.exp() * F.softplus(layer.dt_bias))
+
+
 def test_initialisation_follows_the_sheet():
     torch.manual_seed(0)
     layer = GatedDeltaNet(resolved(CFG, v_heads=64, heads=2), CFG)
@@ -64,3 +69,17 @@ def test_initialisation_follows_the_sheet():
     assert dt.min() >= 1e-4 - 1e-9 and dt.max() <= 0.1 + 1e-6 and dt.min() < 1e-2 < dt.max()
     assert torch.equal(layer.o_norm.weight, torch.ones(layer.V))
     assert abs(layer.q_proj.weight.std().item() - 0.02) < 0.005
+
+
+def test_dt_max_sets_how_long_the_state_lasts_at_init():
+    """fla's dt range leaves most heads a memory of a few tokens; `dt_max` scales the range (same
+    draws), and with dt_max = 1e-3 no head forgets within 62 tokens (A ≤ 16, dt ≤ 1e-3)."""
+    torch.manual_seed(0)
+    fla = GatedDeltaNet(resolved(CFG, v_heads=64, heads=2), CFG)
+    torch.manual_seed(0)
+    long = GatedDeltaNet(resolved(CFG, v_heads=64, heads=2, dt_max=1e-3), CFG)
+    dt = F.softplus(long.dt_bias)
+    assert dt.min() >= 1e-5 * (1 - 1e-4) and dt.max() <= 1e-3 * (1 + 1e-4) and dt.min() < 1e-4 < dt.max()
+    torch.testing.assert_close(memory(long), 100 * memory(fla), rtol=1e-3, atol=0)
+    assert memory(long).min() >= 62
+    assert (memory(fla) < 62).float().mean() > 0.5
