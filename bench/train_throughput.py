@@ -20,13 +20,13 @@ without it (`--checkpoint-above`):
 
 `llama12` is lt2dsl's full-attention model of the gdn12 shape (12 layers, dim 1024, 8 heads of 128,
 SwiGLU 2816): HF Llama's architecture, which `hf` trains as transformers writes it. The hybrid's DSA
-indexer loss is off (`--indexer-loss 0`, indexers frozen) unless asked for: its PyTorch KL is not in
-the estimate's FLOPs. MFU = tok/s × the estimate's training FLOPs per token / the card's dense bf16
-peak (`lt2dsl/cost/hw`), for every implementation alike. `--budget-s` skips the rows that would
-start after that many seconds. Results: `<out>/train_throughput.{json,md}`, the table printed last,
-the card named in both.
+indexer loss is off (`--indexer-loss 0`, indexers frozen) unless asked for: its eager chunks are not
+in the estimate's FLOPs and have their own benchmark (`bench/dsa_train_step.py`). MFU = tok/s × the
+estimate's training FLOPs per token / the card's dense bf16 peak (`lt2dsl/cost/hw`), for every
+implementation alike. `--budget-s` skips the rows that would start after that many seconds.
+Results: `<out>/train_throughput.{json,md}`, the table printed last, the card named in both.
 
-    python bench/train_throughput.py --out $OUT/train --budget-s 470     # on the GPU
+    python bench/train_throughput.py --out $OUT/train --budget-s 400     # on the GPU
     python bench/train_throughput.py --smoke --out /tmp/train_bench       # CPU, toy sizes, no claims
 """
 
