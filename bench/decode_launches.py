@@ -15,10 +15,10 @@ Two steps per model: `engine` (the static-cache step `generate` replays as a CUD
 included; what the GPU runs) and `dynamic` (`model(tok, cache)` with a dynamic cache).
 
 Usage:
-    PYTHONPATH=. python bench/decode_launches.py [MODEL ...]
+    PYTHONPATH=. python bench/decode_launches.py [MODEL ...] [--out DIR]
 MODEL: an example stem or `gdn12` (default: lt2_hybrid_gdn_dsa ouro_looped_transformer gdn12). Toy
 sizes (dim 64, 2 heads of 32, vocab 256; the rest of each model as written). Prints a table per
-model and writes $OUT/decode_launches.json.
+model and writes DIR/decode_launches.json (default: the current folder).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the CPU launch path
 
+import argparse
 import collections
 import json
 import sys
@@ -168,7 +169,11 @@ def main() -> None:
     from rich.table import Table
 
     torch.set_num_threads(1)
-    names = sys.argv[1:] or list(MODELS)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("models", nargs="*", help="example stems or gdn12 [all three]")
+    p.add_argument("--out", type=Path, default=Path("."), help="folder of decode_launches.json [.]")
+    args = p.parse_args()
+    names = args.models or list(MODELS)
     console, report = Console(), {}
     for name in names:
         counts = count_model(name)
@@ -184,7 +189,7 @@ def main() -> None:
             if k != "gemm":
                 t.add_row(k, *(str(c[k]) for c in counts.values()))
         console.print(t)
-    out = Path(os.environ.get("OUT", "."))
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "decode_launches.json.tmp"
     tmp.write_text(json.dumps({"torch": torch.__version__, "models": report}, indent=1))
