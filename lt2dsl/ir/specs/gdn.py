@@ -5,18 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import Mode, Option, Opts, scaled
-from lt2dsl.ir.specs.common import (
-    COMMON,
-    CONV,
-    NORM_EPS,
-    V_HEADS,
-    from_attention,
-    identity_map,
-    lin,
-    qkv_weights,
-)
-from lt2dsl.ir.specs.recurrent import DeltaSpec, chunk_of, conv_weights, delta_core
+from lt2dsl.ir.spec import Option, Opts
+from lt2dsl.ir.specs.common import COMMON, CONV, NORM_EPS, V_HEADS, identity_map, lin, qkv_weights
+from lt2dsl.ir.specs.recurrent import GvaDeltaSpec, conv_weights, gva_dims
 
 PROJ = [
     "q_proj.weight",
@@ -29,26 +20,16 @@ PROJ = [
 ]
 
 
-def dims(o: Opts) -> tuple[int, int, int, int]:
-    """(H, HV, K, V): q/k heads, value heads, key dim, value dim = K · expand_v."""
-    return o["heads"], o["v_heads"], o["head_dim"], scaled(o["head_dim"], o["expand_v"])
-
-
 @dataclass(frozen=True)
-class GdnSpec(DeltaSpec):
+class GdnSpec(GvaDeltaSpec):
+    """Core per value head: chunked 6CK + 4CV + C²/3 + 6KV, decode 7KV (no sub-chunks)."""
+
     proj = tuple(PROJ)
-
-    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
-        return dims(o)
-
-    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
-        """Per value head: chunked 6CK + 4CV + C²/3 + 6KV, decode 7KV."""
-        return 7 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L))
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D); a, b (HV, D); g (HV·V, D) when `gate`; o (D, HV·V);
         q/k/v short convs (no bias); A_log, dt_bias (HV); o_norm (V), shared by heads (fla)."""
-        H, HV, K, V = dims(o)
+        H, HV, K, V = gva_dims(o)
         D = cfg.dim
         w = {
             **qkv_weights(H * K, HV * V, D),
@@ -62,7 +43,7 @@ class GdnSpec(DeltaSpec):
         return w | {"A_log": (HV,), "dt_bias": (HV,), "o_norm.weight": (V,)}
 
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
-        H, HV, K, V = dims(o)
+        H, HV, K, V = gva_dims(o)
         return cfg.dim + 2 * (2 * H * K + HV * V) + 3 * HV * V + 2 * HV
 
 
@@ -95,7 +76,6 @@ SPEC = GdnSpec(
         ),
     ),
     hf_map=HF_MAP,
-    from_attention=from_attention(v="v_heads", o="v_heads"),
     module="lt2dsl.lowering.layers.gdn:GatedDeltaNet",
     source="mixers.md §5 (arXiv 2412.06464); fla `fla/layers/gated_deltanet.py`",
 )

@@ -5,18 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import Mode, Option, Opts, scaled
-from lt2dsl.ir.specs.common import (
-    COMMON,
-    CONV,
-    NORM_EPS,
-    V_HEADS,
-    from_attention,
-    identity_map,
-    lin,
-    qkv_weights,
-)
-from lt2dsl.ir.specs.recurrent import DeltaSpec, chunk_of, conv_weights, delta_core
+from lt2dsl.ir.spec import Option, Opts
+from lt2dsl.ir.specs.common import COMMON, CONV, NORM_EPS, V_HEADS, identity_map, lin, qkv_weights
+from lt2dsl.ir.specs.recurrent import GvaDeltaSpec, conv_weights, gva_dims
 
 PROJ = [
     "q_proj.weight",
@@ -32,28 +23,19 @@ PROJ = [
 SUB = 16  # sub-chunk of the gated diagonal blocks
 
 
-def dims(o: Opts) -> tuple[int, int, int, int]:
-    """(H, HV, K, V): q/k heads, value heads, key dim, value dim = K · expand_v (fla's head_v_dim)."""
-    return o["heads"], o["v_heads"], o["head_dim"], scaled(o["head_dim"], o.get("expand_v", 1))
-
-
 @dataclass(frozen=True)
-class KdaSpec(DeltaSpec):
+class KdaSpec(GvaDeltaSpec):
+    """Core per value head: GDN's chunked count + 3·16·K for the gated 16-token diagonal
+    sub-blocks (mixers.md §6(d)); decode 7KV."""
+
     proj = tuple(PROJ)
-
-    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
-        return dims(o)
-
-    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
-        """Per value head: GDN's chunked count + 3·16·K for the gated 16-token diagonal
-        sub-blocks (mixers.md §6(d)); decode 7KV."""
-        return 7 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L)) + 3 * SUB * K
+    sub = SUB
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D) with V = K · expand_v; low-rank forget gate f: D → V → HV·K;
         b (HV, D); low-rank output gate g: D → V → HV·V (+ bias); o (D, HV·V); convs;
         A_log (HV); dt_bias (HV·K); o_norm (V)."""
-        H, HV, K, V = dims(o)
+        H, HV, K, V = gva_dims(o)
         D = cfg.dim
         w = {
             **qkv_weights(H * K, HV * V, D),
@@ -102,7 +84,6 @@ SPEC = KdaSpec(
         NORM_EPS,
     ),
     hf_map=HF_MAP,
-    from_attention=from_attention(v="v_heads", o="v_heads"),
     module="lt2dsl.lowering.layers.kda:KimiDeltaAttention",
     source="mixers.md §6 (arXiv 2510.26692); fla `fla/layers/kda.py`",
 )

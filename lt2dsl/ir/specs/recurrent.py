@@ -3,12 +3,13 @@ the formulas every kind with one (B, heads, K, V) state has in common."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from lt2dsl.ir.nodes import ModelConfig
-from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Opts
-from lt2dsl.ir.specs.common import conv_flops, proj_flops
+from lt2dsl.ir.spec import CacheTensor, Flops, FromAttention, LayerSpec, Mode, Opts, scaled
+from lt2dsl.ir.specs.common import conv_flops, from_attention, proj_flops
 
 CHUNK = 64  # chunk size of the chunked kernels (mixers.md §0)
 
@@ -91,6 +92,31 @@ class DeltaSpec(StateSpec):
 
     def is_delta_rule(self) -> bool:
         return True
+
+
+def gva_dims(o: Opts) -> tuple[int, int, int, int]:
+    """(H, HV, K, V) of a delta rule with grouped value heads (`gdn`, `kda`): q/k heads, value
+    heads, key dim, value dim = K · expand_v (fla's head_v_dim)."""
+    return o["heads"], o["v_heads"], o["head_dim"], scaled(o["head_dim"], o.get("expand_v", 1))
+
+
+@dataclass(frozen=True)
+class GvaDeltaSpec(DeltaSpec):
+    """A delta-rule kind with `v_heads` value heads over `heads` query/key heads (`gdn`, `kda`),
+    one state per value head. A subclass gives `sub`, the size of its gated diagonal sub-chunks
+    (0: none). Core per value head: chunked 6CK + 4CV + C²/3 + 6KV + 3·sub·K (mixers.md §5(d),
+    §6(d)); decode 7KV. From attention: v and o at the value heads."""
+
+    from_attention: Mapping[str, FromAttention] = field(
+        default_factory=lambda: from_attention(v="v_heads", o="v_heads"), compare=False
+    )
+    sub: ClassVar[int] = 0
+
+    def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
+        return gva_dims(o)
+
+    def core(self, K: int, V: int, L: int, mode: Mode) -> float:
+        return 7 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L)) + 3 * self.sub * K
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lt2dsl.ir.specs.gdn import dims
+from lt2dsl.ir.specs.recurrent import gva_dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     add_qkv_convs,
@@ -41,7 +41,7 @@ class GatedDeltaNet(MixerLayer):
 
     def __init__(self, opts, cfg, backend: str = "reference"):
         super().__init__(opts, cfg, backend)
-        H, HV, K, V = dims(self.opts)
+        H, HV, K, V = gva_dims(self.opts)
         D, W = cfg.dim, self.opts["conv"]
         self.H, self.HV, self.K, self.V, self.W = H, HV, K, V, W
         self.q_proj, self.k_proj = linear(D, H * K), linear(D, H * K)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lt2dsl.ir.specs.kda import dims
+from lt2dsl.ir.specs.recurrent import gva_dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     add_qkv_convs,
@@ -40,7 +40,7 @@ class KimiDeltaAttention(MixerLayer):
 
     def __init__(self, opts, cfg, backend: str = "reference"):
         super().__init__(opts, cfg, backend)
-        H, HV, K, V = dims(self.opts)
+        H, HV, K, V = gva_dims(self.opts)
         D = cfg.dim
         self.H, self.HV, self.K, self.V, self.W = H, HV, K, V, self.opts["conv"]
         W = self.W
