@@ -33,6 +33,7 @@ from lt2dsl.dtypes import torch_dtype
 from lt2dsl.ir.constraints import require
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.registry import lookup
+from lt2dsl.lowering.functional_recurrent import check_input, param_dtype
 
 
 class MixerLayer(nn.Module):
@@ -58,6 +59,17 @@ class MixerLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         raise NotImplementedError
+
+    def check(self, x) -> None:
+        """`check_input` of this layer: `x` a floating `[B, T, D]` tensor of the parameters' dtype."""
+        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+
+    def head_projections(self, H: int, K: int, V: int) -> None:
+        """Keep (H, K, V) and register q, k `D → H·K` and v `D → H·V`, in that order (the order of
+        `named_parameters()` and of the initialisation)."""
+        D = self.cfg.dim
+        self.H, self.K, self.V = H, K, V
+        self.q_proj, self.k_proj, self.v_proj = linear(D, H * K), linear(D, H * K), linear(D, H * V)
 
     def core_kwargs(self, cu_seqlens) -> dict[str, Any]:
         """What every recurrent core leaf takes besides its math: the kernel backend, the recurrent

@@ -7,12 +7,10 @@ import torch
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     add_qkv_convs,
-    check_input,
     conv_qkv,
     delta_rule_core,
     init_linears,
     math_dtype,
-    param_dtype,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
@@ -47,7 +45,7 @@ class DeltaNet(MixerLayer):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, K]` and the conv buffers."""
-        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        self.check(x)
         q, k, v = conv_qkv(self, x, entry, self.H, self.K, cu_seqlens)
         beta = torch.sigmoid(self.b_proj(x).to(math_dtype(self)))  # [B, T, H]
         o = delta_rule_core(q, k, v, beta, entry, scale=self.K**-0.5, **self.core_kwargs(cu_seqlens))

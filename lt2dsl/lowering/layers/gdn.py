@@ -10,14 +10,12 @@ from lt2dsl.ir.specs.recurrent import gva_dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     add_qkv_convs,
-    check_input,
     conv_qkv,
     gated_delta_rule_core,
     init_A_log,
     init_dt_bias,
     init_linears,
     math_dtype,
-    param_dtype,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
@@ -65,7 +63,7 @@ class GatedDeltaNet(MixerLayer):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, HV, K, V]` and the conv buffers."""
-        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        self.check(x)
         q, k, v = conv_qkv(self, x, entry, self.HV, self.V, cu_seqlens)
         gd = math_dtype(self)
         A = self.A_log.to(gd).exp()

@@ -9,11 +9,9 @@ from torch import nn
 from lt2dsl.ir.specs.gla import dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
-    check_input,
     gla_core,
     init_linears,
     math_dtype,
-    param_dtype,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
@@ -48,7 +46,7 @@ class GatedLinearAttention(MixerLayer):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, V]`."""
-        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        self.check(x)
         q = self.q_proj(x).unflatten(-1, (self.H, self.K))
         k = self.share(self.k_proj(x).unflatten(-1, (self.HKV, self.K)))
         v = self.share(self.v_proj(x).unflatten(-1, (self.HKV, self.V)))

@@ -9,7 +9,6 @@ from torch import nn
 from lt2dsl.ir.specs.linear import feature_dim
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
-    check_input,
     init_linears,
     math_dtype,
     param_dtype,
@@ -84,7 +83,7 @@ class LinearAttention(MixerLayer):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K', V (+1)]`."""
-        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        self.check(x)
         q = self._phi(self.q_proj(x).unflatten(-1, (self.H, self.K)), "q")
         k = self._phi(self.k_proj(x).unflatten(-1, (self.H, self.K)), "k")
         v = self.v_proj(x).unflatten(-1, (self.H, self.K))

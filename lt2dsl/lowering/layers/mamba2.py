@@ -10,12 +10,10 @@ from lt2dsl.ir.specs.mamba2 import dims
 from lt2dsl.lowering.functional import short_conv
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
-    check_input,
     init_A_log,
     init_dt_bias,
     init_linears,
     math_dtype,
-    param_dtype,
     simple_gla_core,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
@@ -65,7 +63,7 @@ class Mamba2(MixerLayer):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, N, P]` and `xbc_conv`."""
-        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        self.check(x)
         d_in, GN = self.d_in, self.G * self.N
         z, xbc, dt = self.in_proj(x).split([d_in, d_in + 2 * GN, self.H], dim=-1)
         xs, Bm, Cm = self._xbc(xbc, entry, cu_seqlens).split([d_in, GN, GN], dim=-1)

@@ -8,7 +8,6 @@ from torch import nn
 
 from lt2dsl.ir.specs.mlstm import dims
 from lt2dsl.lowering.functional_recurrent import (
-    check_input,
     init_linears,
     math_dtype,
     mlstm_core,
@@ -49,9 +48,8 @@ class MLSTM(MixerLayer):
         super().__init__(opts, cfg, backend)
         H, K, V = dims(self.opts)
         D = cfg.dim
-        self.H, self.K, self.V = H, K, V
-        self.q_proj, self.k_proj = linear(D, H * K), linear(D, H * K)
-        self.v_proj, self.ogate = linear(D, H * V), linear(D, H * V)
+        self.head_projections(H, K, V)
+        self.ogate = linear(D, H * V)
         self.igate, self.fgate = linear(D, H, bias=True), linear(D, H, bias=True)
         self.norm = MultiHeadLayerNorm(H, V, eps=1e-6)
         self.out_proj = linear(H * V, D)
@@ -71,7 +69,7 @@ class MLSTM(MixerLayer):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `C` `[B, H, K, V]`, `n` `[B, H, K]`, `m` `[B, H]`."""
-        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        self.check(x)
         q = self.q_proj(x).unflatten(-1, (self.H, self.K))
         k = self.k_proj(x).unflatten(-1, (self.H, self.K))
         v = self.v_proj(x).unflatten(-1, (self.H, self.V))

@@ -7,10 +7,8 @@ import torch
 from lt2dsl.ir.specs.retnet import dims
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
-    check_input,
     init_linears,
     math_dtype,
-    param_dtype,
     simple_gla_core,
     xpos_rotate,
 )
@@ -33,11 +31,8 @@ class MultiScaleRetention(MixerLayer):
     def __init__(self, opts, cfg, backend: str = "reference"):
         super().__init__(opts, cfg, backend)
         H, K, V = dims(self.opts)
-        D = cfg.dim
-        self.H, self.K, self.V = H, K, V
-        self.q_proj, self.k_proj = linear(D, H * K), linear(D, H * K)
-        self.v_proj, self.g_proj = linear(D, H * V), linear(D, H * V)
-        self.o_proj = linear(H * V, D)
+        self.head_projections(H, K, V)
+        self.g_proj, self.o_proj = linear(cfg.dim, H * V), linear(H * V, cfg.dim)
         self.g_norm = GatedRMSNorm(V, eps=1e-5, act="silu")
         # head index h of γ_h = 1 − 2^(−5−h): an integer buffer follows .to(device) but not a
         # cast to bf16, which would round γ (up to 1 − 2^−12) too coarsely
@@ -49,7 +44,7 @@ class MultiScaleRetention(MixerLayer):
 
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, V]`; x[:, 0] sits at `pos`."""
-        check_input(x, self.cfg.dim, param_dtype(self), self.kind)
+        self.check(x)
         q = xpos_rotate(self.q_proj(x).unflatten(-1, (self.H, self.K)), pos, cu_seqlens)
         k = xpos_rotate(self.k_proj(x).unflatten(-1, (self.H, self.K)), pos, cu_seqlens)
         v = self.v_proj(x).unflatten(-1, (self.H, self.V))
