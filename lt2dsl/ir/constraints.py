@@ -69,17 +69,27 @@ def divisors(x: int, limit: int = 6) -> str:
     return quoted(str(d) for d in ds[:limit]) + (" …" if len(ds) > limit else "")
 
 
-def kv_heads_divide(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
-    H, KV = o["heads"], o["kv_heads"]
-    if H % KV == 0:
+def must_divide(part: int, whole: int, option: str, message: str, label: str) -> Problem | None:
+    """None when `part` divides `whole`; else the problem, whose help lists the divisors of `whole`
+    that `option` (the option setting `part`) could take."""
+    if whole % part == 0:
         return None
-    return Problem(
-        f"`heads` ({H}) is not a multiple of `kv_heads` ({KV}) of `{kind}`",
-        f"{H} query heads do not split into groups of {KV} key/value heads"
-        if KV <= H
-        else f"more key/value heads ({KV}) than query heads ({H})",
-        f"choose `kv_heads` dividing {H}: {divisors(H)}",
-    )
+    return Problem(message, label, f"choose `{option}` dividing {whole}: {divisors(whole)}")
+
+
+def kv_problem(H: int, KV: int, whose: str = "") -> Problem | None:
+    """`heads` not a multiple of `kv_heads`; `whose` (" of `kind`", or "" for the model's settings)
+    follows `kv_heads` in the message."""
+    if KV <= H:
+        label = f"{H} query heads do not split into groups of {KV} key/value heads"
+    else:
+        label = f"more key/value heads ({KV}) than query heads ({H})"
+    message = f"`heads` ({H}) is not a multiple of `kv_heads` ({KV}){whose}"
+    return must_divide(KV, H, "kv_heads", message, label)
+
+
+def kv_heads_divide(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
+    return kv_problem(o["heads"], o["kv_heads"], f" of `{kind}`")
 
 
 def value_heads_divide(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
@@ -122,24 +132,14 @@ def mamba2_width(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
 
 def mamba2_groups(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
     H, G = o["heads"], o["groups"]
-    if H % G == 0:
-        return None
-    return Problem(
-        f"`mamba2` groups ({G}) do not divide the heads ({H})",
-        f"{H} heads do not split into {G} groups sharing B and C",
-        f"choose `groups` dividing {H}: {divisors(H)}",
-    )
+    message = f"`mamba2` groups ({G}) do not divide the heads ({H})"
+    return must_divide(G, H, "groups", message, f"{H} heads do not split into {G} groups sharing B and C")
 
 
 def tmm_heads(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:
-    H = o["heads"]
-    if cfg.dim % H == 0:
-        return None
-    return Problem(
-        f"`tmm` heads ({H}) do not divide `dim` ({cfg.dim})",
-        f"{cfg.dim} channels do not split into {H} equal groups",
-        f"choose `heads` dividing {cfg.dim}: {divisors(cfg.dim)}",
-    )
+    H, D = o["heads"], cfg.dim
+    message = f"`tmm` heads ({H}) do not divide `dim` ({D})"
+    return must_divide(H, D, "heads", message, f"{D} channels do not split into {H} equal groups")
 
 
 def tmm_kernel_fits(kind: str, o: Opts, cfg: ModelConfig) -> Problem | None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from lt2dsl.diagnostics import Diagnostic, error, warning
 from lt2dsl.ir import nodes as n
-from lt2dsl.ir.constraints import BY_CODE, divisors
+from lt2dsl.ir.constraints import BY_CODE, divisors, kv_problem
 from lt2dsl.ir.printer import size
 from lt2dsl.validate.context import Ctx, ShapeCtx
 from lt2dsl.validate.rules import rule
@@ -53,8 +53,8 @@ def check_kv_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
         full(heads=8, kv_heads=4)
     """
     cfg = s.cfg
-    if "kv_heads" in s.settings and cfg.heads % cfg.kv_heads:
-        yield _kv_error(cfg.heads, cfg.kv_heads, s.setting_span("kv_heads"))
+    if "kv_heads" in s.settings and (p := kv_problem(cfg.heads, cfg.kv_heads)) is not None:
+        yield error("E0501", p.message, s.setting_span("kv_heads"), label=p.label, help=p.help)
 
     def from_model(m: n.Mixer) -> bool:
         call = s.call_of(m)
@@ -62,18 +62,6 @@ def check_kv_heads(s: ShapeCtx) -> Iterator[Diagnostic]:
         return s.written(call, "heads") is None and s.written(call, "kv_heads") is None
 
     yield from constraint_errors(s, "E0501", skip=from_model)
-
-
-def _kv_error(H: int, KV: int, span) -> Diagnostic:
-    return error(
-        "E0501",
-        f"`heads` ({H}) is not a multiple of `kv_heads` ({KV})",
-        span,
-        label=f"{H} query heads do not split into groups of {KV} key/value heads"
-        if KV <= H
-        else f"more key/value heads ({KV}) than query heads ({H})",
-        help=f"choose `kv_heads` dividing {H}: {divisors(H)}",
-    )
 
 
 @rule("E0502")
