@@ -47,6 +47,18 @@ class TaskData:
         """`[B, T]` bool: where a label is scored."""
         return self.labels != IGNORE
 
+    def show(self, row: int = 0) -> str:
+        """One row as aligned `Inputs:` / `Labels:` lines, `-` where the label is `IGNORE`."""
+        ins = [str(int(t)) for t in self.inputs[row]]
+        labs = ["-" if t == IGNORE else str(int(t)) for t in self.labels[row]]
+        w = max(len(s) for s in ins + labs)
+        return "\n".join(
+            [
+                "Inputs: " + " ".join(s.rjust(w) for s in ins),
+                "Labels: " + " ".join(s.rjust(w) for s in labs),
+            ]
+        )
+
 
 def seed_entropy(seed: int, step: int, split: str = "train") -> list[int]:
     """The numpy seed-sequence entropy of batch `step` of run `seed` in `split`.
@@ -145,16 +157,8 @@ class TaskConfig(BaseModel):
 
 
 def show(data: TaskData, row: int = 0) -> str:
-    """One row as aligned `Inputs:` / `Labels:` lines, `-` where the label is `IGNORE`."""
-    ins = [str(int(t)) for t in data.inputs[row]]
-    labs = ["-" if t == IGNORE else str(int(t)) for t in data.labels[row]]
-    w = max(len(s) for s in ins + labs)
-    return "\n".join(
-        [
-            "Inputs: " + " ".join(s.rjust(w) for s in ins),
-            "Labels: " + " ".join(s.rjust(w) for s in labs),
-        ]
-    )
+    """`data.show(row)`: one row as aligned `Inputs:` / `Labels:` lines."""
+    return data.show(row)
 
 
 def check_batch_size(batch_size: int) -> None:

@@ -8,15 +8,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from lt2dsl.tasks.base import (
-    IGNORE,
-    TaskConfig,
-    TaskData,
-    check_batch_size,
-    require,
-    show,  # noqa: F401  (the docstring examples call it)
-    with_positions,
-)
+from lt2dsl.tasks.base import IGNORE, TaskConfig, TaskData, check_batch_size, require, with_positions
 
 SEP = 0
 
@@ -26,7 +18,7 @@ def copy(*, batch_size: int, seed: int | Sequence[int], length: int = 512, vocab
     (2n tokens), labelled with x_1 … x_n from the separator on. `SEP` = 0; the string's ids are
     uniform in `[1, vocab)`.
 
-    >>> print(show(copy(batch_size=1, seed=0, length=5, vocab=10)))
+    >>> print(copy(batch_size=1, seed=0, length=5, vocab=10).show())
     Inputs: 8 6 5 3 3 0 8 6 5 3
     Labels: - - - - - 8 6 5 3 3
 

@@ -17,7 +17,6 @@ from lt2dsl.tasks.base import (
     distinct_draws,
     pow2_buckets,
     require,
-    show,  # noqa: F401  (the docstring examples call it)
     weighted_draws,
     with_positions,
 )
@@ -42,7 +41,7 @@ def mqar(
     come soon after the context and a long tail comes late (zoology's power-law gaps). The other
     positions hold random ids (`random_non_queries`) or 0.
 
-    >>> print(show(mqar(batch_size=1, seed=0, vocab=16, length=16, num_kv_pairs=3)))
+    >>> print(mqar(batch_size=1, seed=0, vocab=16, length=16, num_kv_pairs=3).show())
     Inputs:  4 15  3 13  2 13  2 13  0  0  3 13 10  8  4 15
     Labels:  -  -  -  -  -  - 13  -  -  - 13  -  -  - 15  -
 

@@ -16,7 +16,6 @@ from lt2dsl.tasks.base import (
     check_batch_size,
     distinct_draws,
     require,
-    show,  # noqa: F401  (the docstring examples call it)
     with_positions,
 )
 
@@ -41,8 +40,8 @@ def niah(
     `NEEDLE` = 0, `QUERY` = 1; keys, values and filler are ids in `[2, vocab)`. With one
     needle this is single-key NIAH, with more the others are distractors (multi-key).
 
-    >>> print(show(niah(batch_size=1, seed=0, context=18, num_needles=2, key_len=1, value_len=2,
-    ...                 vocab=10)))
+    >>> print(niah(batch_size=1, seed=0, context=18, num_needles=2, key_len=1, value_len=2,
+    ...            vocab=10).show())
     Inputs: 0 2 8 5 0 4 5 5 3 8 7 9 6 6 9 1 2 8
     Labels: - - - - - - - - - - - - - - - - 8 5
 

@@ -16,7 +16,6 @@ from lt2dsl.tasks.base import (
     check_batch_size,
     distinct_draws,
     require,
-    show,  # noqa: F401  (the docstring examples call it)
     with_positions,
 )
 
@@ -35,7 +34,7 @@ def selective_copy(
     `[2, vocab)` at random positions; then `GO` (1) and the symbols in order of appearance,
     as a next-token task (row length context + num_tokens, the last symbol not fed back).
 
-    >>> print(show(selective_copy(batch_size=1, seed=4, context=8, num_tokens=3, vocab=8)))
+    >>> print(selective_copy(batch_size=1, seed=4, context=8, num_tokens=3, vocab=8).show())
     Inputs: 0 0 0 6 0 7 0 3 1 6 7
     Labels: - - - - - - - - 6 7 3
 

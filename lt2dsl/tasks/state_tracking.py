@@ -15,15 +15,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from lt2dsl.tasks.base import (
-    IGNORE,
-    TaskConfig,
-    TaskData,
-    check_batch_size,
-    require,
-    show,  # noqa: F401  (the docstring examples call it)
-    with_positions,
-)
+from lt2dsl.tasks.base import IGNORE, TaskConfig, TaskData, check_batch_size, require, with_positions
 from lt2dsl.tasks.curriculum import MAX_STAGE, MIN_STAGE, Curriculum, stage_length
 
 DEGREE = {"parity": 2, "s3": 3, "s5": 5}
@@ -52,14 +44,14 @@ def state_tracking(
 
     Example (parity: 1 flips the running parity):
 
-    >>> print(show(state_tracking(batch_size=1, seed=0, group="parity", length=12)))
+    >>> print(state_tracking(batch_size=1, seed=0, group="parity", length=12).show())
     Inputs: 1 1 1 0 0 0 0 0 0 1 1 1
     Labels: 1 0 1 1 1 1 1 1 1 0 1 0
 
     and S3 (ids of (0,1,2), (0,2,1), (1,0,2), (1,2,0), (2,0,1), (2,1,0); 0 is the identity), where
     2 then 3 is (1,0,2) then (1,2,0) = (2,1,0), id 5:
 
-    >>> print(show(state_tracking(batch_size=1, seed=1, group="s3", length=8)))
+    >>> print(state_tracking(batch_size=1, seed=1, group="s3", length=8).show())
     Inputs: 2 3 4 5 0 0 4 5
     Labels: 2 5 2 3 3 3 0 5
 
