@@ -2,7 +2,7 @@
 
 `prefill` runs prompts through a row group of a static cache in chunks (the chunked kernels, a
 bounded activation footprint for long prompts). `decode_one` runs one token per row at each row's
-own position. `Captured` records a step function as a CUDA graph after warm-up runs (which also do
+own position. `Captured` records a step function as a CUDA graph after a warm-up run (which also does
 the kernels' autotuning and lazy setup outside the capture); replaying it launches the whole looped
 model without Python.
 
@@ -36,6 +36,27 @@ def decode_one(model, tok: torch.Tensor, cache: StaticCache) -> torch.Tensor:
     return model.graph_module(tok, cache)[:, -1]
 
 
+def warm_up(fn: Callable[[], None], runs: int) -> None:
+    """Run `fn` eagerly `runs` times on a side stream, then join the current stream: its lazy setup
+    (autotuning, kernel loading, cuBLAS handles, RoPE tables) happens outside any capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(runs):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def record(fn: Callable[[], None], generator=None, pool=None) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one call of `fn`, drawing from `generator` (registered) in memory of `pool`."""
+    graph = torch.cuda.CUDAGraph()
+    if generator is not None:
+        graph.register_generator_state(generator)
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    return graph
+
+
 class Captured:
     """A CUDA graph of `fn()` (no arguments: it reads and writes static tensors only).
 
@@ -43,22 +64,16 @@ class Captured:
         fn (Callable): the step; its Python runs during warm-up and capture only.
         generator (torch.Generator, Optional): a CUDA generator `fn` draws from, registered with the
             graph so each replay advances it as an eager call would.
-        warmup (int, Optional): eager runs before the capture, on a side stream. Default: `2`.
+        warmup (int, Optional): eager runs before the capture, on a side stream. One suffices:
+            what a step sets up on first use (a kernel's config, chosen or read from disk, and its
+            loaded binary; a cache's RoPE table) exists after it, and every further run costs one
+            eager step of the whole model. Default: `1`.
         pool (Optional): a graph memory pool shared with other captures. Default: a new one.
     """
 
-    def __init__(self, fn: Callable[[], None], generator=None, warmup: int = 2, pool=None):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        if generator is not None:
-            self.graph.register_generator_state(generator)
-        with torch.cuda.graph(self.graph, pool=pool):
-            fn()
+    def __init__(self, fn: Callable[[], None], generator=None, warmup: int = 1, pool=None):
+        warm_up(fn, warmup)
+        self.graph = record(fn, generator, pool)
 
     def __call__(self) -> None:
         self.graph.replay()

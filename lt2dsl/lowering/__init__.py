@@ -51,7 +51,12 @@ def compile_model(
         from lt2dsl.lowering.fx_passes import fuse_graph
 
         lowered.graph_passes.append(fuse_graph)
-    return lowered.to(dtype=dt)
+    lowered = lowered.to(dtype=dt)
+    if lowered.embed.weight.device.type != "meta":
+        # Trace and fuse now rather than in the first forward or generate; a meta model cannot run,
+        # and one moved later (`.to()`) is traced again on its next use.
+        lowered.build_graph()
+    return lowered
 
 
 def resolve_source(source, overrides: dict[str, Any]) -> n.Model:

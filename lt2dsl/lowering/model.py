@@ -86,6 +86,10 @@ class LT2Model(nn.Module):
             self.__dict__["_graph_module"] = gm
         return gm
 
+    def build_graph(self) -> torch.fx.GraphModule:
+        """Trace and run `graph_passes` now unless done (what the first use would do); the graph."""
+        return self.graph_module
+
     def rebuild_graph(self) -> None:
         """Trace again on next use, then apply `graph_passes` (GraphModule → GraphModule, in order:
         e.g. a fusion pass) — call after changing `graph_passes`."""
