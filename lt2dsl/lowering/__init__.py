@@ -41,6 +41,8 @@ def compile_model(
         dtype (Optional): parameter / activation dtype; default the model's `dtype` setting.
         overrides (Optional): `--set` style settings, e.g. `{"loop_T": 8, "dim": 256}`.
         fuse (bool, Optional): run the FX fusion passes over the lowered graph. Default: True.
+
+    The graph is traced and fused here (not on `meta`), so a first forward or generate does not.
     """
     model = resolve_source(source, dict(overrides or {}))
     dt = torch_dtype(dtype if dtype is not None else model.config.dtype)

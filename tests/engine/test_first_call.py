@@ -59,7 +59,8 @@ def test_a_meta_compile_traces_nothing_and_a_moved_model_once_on_its_next_use(ca
     lt2dsl.compile(TOY, device="meta")
     assert calls == {"trace": 0, "fuse": 0}
     model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32).eval().float()
-    assert calls == {"trace": 1, "fuse": 1}  # `.float()` (any `.to()`) dropped the graph: it may hold old buffers
+    # `.float()` (any `.to()`) dropped the graph, which may hold tensors the move replaced
+    assert calls == {"trace": 1, "fuse": 1}
     ids = torch.zeros(1, 4, dtype=torch.long)
     model.generate(ids, 2)
     model.generate(torch.zeros(2, 4, dtype=torch.long), 2)
