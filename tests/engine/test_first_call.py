@@ -15,15 +15,9 @@ import lt2dsl
 import lt2dsl.lowering.fx_passes as fx_passes
 import lt2dsl.lowering.model as lowering_model
 
+from .test_cli import TOY
+
 ROOT = Path(__file__).parents[2]
-TOY = """model toy {
-  dim = 32
-  vocab = 64
-  heads = 2
-  head_dim = 16
-  loop T=2 < gdn(expand_v=1); swa(window=4) >
-}
-"""
 
 
 @pytest.fixture
