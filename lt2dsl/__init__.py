@@ -24,6 +24,7 @@ def compile(
     device: torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
     fuse: bool = True,
+    build_graph: bool | None = None,
     **overrides: Any,
 ) -> LT2Model:
     """Compile a `.lt2` program into a trainable `LT2Model` (a `torch.nn.Module`).
@@ -37,6 +38,8 @@ def compile(
             (bf16 unless set). Recurrent states stay in `state_dtype` (fp32).
         fuse (bool, Optional): fuse adjacent operations of the lowered graph into single kernels
             (`lt2dsl.lowering.fx_passes`); False runs the unfused graph. Default: True.
+        build_graph (bool, Optional): trace and fuse the graph now rather than in the first forward
+            or `generate`. Default: on CUDA devices only (a CPU or meta model may never run whole).
         **overrides: settings as `--set` gives them, e.g. `loop_T=8`, `dim=256`.
 
     Returns:
@@ -49,7 +52,15 @@ def compile(
     """
     from lt2dsl.lowering import compile_model
 
-    return compile_model(source, backend=backend, device=device, dtype=dtype, overrides=overrides, fuse=fuse)
+    return compile_model(
+        source,
+        backend=backend,
+        device=device,
+        dtype=dtype,
+        overrides=overrides,
+        fuse=fuse,
+        build_graph=build_graph,
+    )
 
 
 def from_pretrained(path: str | os.PathLike, **kwargs: Any) -> LT2Model:

@@ -30,6 +30,7 @@ def compile_model(
     dtype: torch.dtype | str | None = None,
     overrides: Mapping[str, Any] | None = None,
     fuse: bool = True,
+    build_graph: bool | None = None,
 ) -> LT2Model:
     """Build the `LT2Model` of `source`.
 
@@ -41,8 +42,8 @@ def compile_model(
         dtype (Optional): parameter / activation dtype; default the model's `dtype` setting.
         overrides (Optional): `--set` style settings, e.g. `{"loop_T": 8, "dim": 256}`.
         fuse (bool, Optional): run the FX fusion passes over the lowered graph. Default: True.
-
-    The graph is traced and fused here (not on `meta`), so a first forward or generate does not.
+        build_graph (bool, Optional): trace and fuse the graph here, so a first forward or generate
+            does not. Default: on CUDA only; never on `meta`, where a model cannot run.
     """
     model = resolve_source(source, dict(overrides or {}))
     dt = torch_dtype(dtype if dtype is not None else model.config.dtype)
@@ -54,9 +55,9 @@ def compile_model(
 
         lowered.graph_passes.append(fuse_graph)
     lowered = lowered.to(dtype=dt)
-    if lowered.embed.weight.device.type != "meta":
-        # Trace and fuse now rather than in the first forward or generate; a meta model cannot run,
-        # and one moved later (`.to()`) is traced again on its next use.
+    where = lowered.embed.weight.device.type
+    if where != "meta" and (build_graph if build_graph is not None else where == "cuda"):
+        # A model moved later (`.to()`) is traced again on its next use.
         lowered.build_graph()
     return lowered
 

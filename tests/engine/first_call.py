@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     instrument()
     t0 = time.perf_counter()
-    model = lt2dsl.compile(args.model, device=args.device, dtype=getattr(torch, args.dtype), **overrides)
+    dtype = getattr(torch, args.dtype)
+    model = lt2dsl.compile(args.model, device=args.device, dtype=dtype, build_graph=True, **overrides)
     model.eval()
     sync(args.device)
     got: dict = {"device": args.device, "compile": time.perf_counter() - t0, "compile_phases": snapshot()}

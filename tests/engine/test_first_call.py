@@ -38,7 +38,7 @@ def calls(monkeypatch) -> dict[str, int]:
 
 
 def test_compile_traces_and_fuses_once_and_no_generate_repeats_it(calls):
-    model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32).eval()
+    model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32, build_graph=True).eval()
     assert calls == {"trace": 1, "fuse": 1}
     gm = model.graph_module
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))
@@ -50,15 +50,24 @@ def test_compile_traces_and_fuses_once_and_no_generate_repeats_it(calls):
 
 
 def test_a_meta_compile_traces_nothing_and_a_moved_model_once_on_its_next_use(calls):
-    lt2dsl.compile(TOY, device="meta")
+    lt2dsl.compile(TOY, device="meta", build_graph=True)
     assert calls == {"trace": 0, "fuse": 0}
-    model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32).eval().float()
+    model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32, build_graph=True).eval().float()
     # `.float()` (any `.to()`) dropped the graph, which may hold tensors the move replaced
     assert calls == {"trace": 1, "fuse": 1}
     ids = torch.zeros(1, 4, dtype=torch.long)
     model.generate(ids, 2)
     model.generate(torch.zeros(2, 4, dtype=torch.long), 2)
     assert calls == {"trace": 2, "fuse": 2}
+
+
+def test_a_cpu_compile_leaves_the_graph_to_its_first_use_unless_asked(calls):
+    # the default builds at compile on CUDA only: a CPU model (tests, the trainer's blocks) may
+    # never run whole, and would pay the trace for nothing
+    model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32).eval()
+    assert calls == {"trace": 0, "fuse": 0}
+    model(torch.zeros(1, 4, dtype=torch.long))
+    assert calls == {"trace": 1, "fuse": 1}
 
 
 def test_first_call_script_reports_the_graph_under_compile_and_the_slot_once(tmp_path):
