@@ -57,3 +57,29 @@ def diag_span(fp16_operands: bool, limit: float = DIAG_SPAN) -> float:
     """`limit`, capped at e^8 when the dot operands are fp16 (which holds e^11 at most: room for
     |k| up to ~20)."""
     return min(limit, 8.0) if fp16_operands else limit
+
+
+@helper
+def head_split(i_nh, H: tl.constexpr, HV: tl.constexpr):
+    """(row, value head, q/k head) of a flat program index i_nh = row * HV + value head, the row
+    being a sequence or a batch row; value head j reads q/k head j // (HV // H)."""
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    return i_n, i_hv, i_h
+
+
+@helper
+def tile_head_program(H: tl.constexpr, HV: tl.constexpr):
+    """(i_v, i_nh, `head_split` of i_nh) of a program over (V tile i_v, row x value head i_nh)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv, i_h = head_split(i_nh, H, HV)
+    return i_v, i_nh, i_n, i_hv, i_h
+
+
+@helper
+def kv_channels(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """(key channels `[BK]` from 0, value channels `[BV]` of V tile i_v, their masks < K and < V)
+    of a program holding a `[BK, BV]` slice of a `[K, V]` state."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    return o_k, o_v, o_k < K, o_v < V

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ..common.backend import new_empty
 from ..common.tiles import block, cast, device_fn, dot_precision, load_tile, load_vec, mma, store_tile, tuned
+from ..common.tl_util import head_split
 from .chunks import Varlen, seq_span
 
 # Hopper (sm_90, Triton 3.6) notes, every config: no tl.trans of any value (transposed operands are
@@ -33,19 +34,9 @@ _STATE_CONFIGS = [
 
 @device_fn
 def chunk_gate(
-    g,
-    bos,
-    i_hv,
-    i_t,
-    i_k,
-    o_k,
-    T,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    G_MODE: tl.constexpr,
-):
+    g, bos, i_hv, i_t, i_k, o_k, T,
+    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, G_MODE: tl.constexpr,
+):  # fmt: skip
     """Log decays of chunk i_t of the sequence starting at token bos, value head i_hv: (at the
     chunk's last token, at each of its tokens); a scalar and `[BT]` for a per-head gate (G_MODE 1),
     `[BK]` and `[BK, BT]` (key channels o_k = i_k * BK + arange(BK), transposed) for a per-channel
@@ -63,19 +54,6 @@ def chunk_gate(
 
 
 @device_fn
-def state_program(
-    cu_seqlens, chunk_offsets, T, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr
-):
-    """(i_k, i_v, i_nh, value head, q/k head, first token, length, first chunk) of the program that
-    owns state tile (i_k, i_v) of (sequence, value head) i_nh = sequence * HV + value head."""
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    return i_k, i_v, i_nh, i_hv, i_h, bos, T, boc
-
-
-@device_fn
 def load_state(p, i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Tile (i_k, i_v) `[BK, BV]` of the `[K, V]` state at p, in fp32."""
     return load_tile(p, i_k * BK, i_v * BV, K, V, V, 1, BK, BV).to(tl.float32)
@@ -87,45 +65,66 @@ def store_state(p, x, i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constex
     store_tile(p, x, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
 
 
-@tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
-@triton.jit(do_not_specialize=["T"])
-def chunk_fwd_h_kernel(
-    k,
-    v,
-    g,
-    h,
-    h0,
-    ht,
-    cu_seqlens,
-    chunk_offsets,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    G_MODE: tl.constexpr,
+@device_fn
+def initial_state(
+    h0, i_nh, i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr,
-    STORE_HT: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    i_k, i_v, i_nh, i_hv, i_h, bos, T, boc = state_program(cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
-    k += (bos * H + i_h) * K
-    v += (bos * HV + i_hv) * V
-    o_k = i_k * BK + tl.arange(0, BK)
-
+):  # fmt: skip
+    """fp32 `[BK, BV]`: tile (i_k, i_v) of state i_nh of h0 `[N, HV, K, V]` with HAS_H0, else zeros."""
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         b_h += load_state(h0 + i_nh.to(tl.int64) * K * V, i_k, i_v, K, V, BK, BV)
+    return b_h
+
+
+@device_fn
+def state_program(
+    qk, v, h0, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """(i_k, i_v, i_nh, value head, first token, length, first chunk, qk and v at the sequence's first
+    token and their heads, key channels o_k, the `initial_state` tile from h0) of the program that
+    owns state tile (i_k, i_v) of (sequence, value head) i_nh = sequence * HV + value head; qk is
+    `[B, T, H, K]`, v `[B, T, HV, V]`."""
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_hv, i_h = head_split(i_nh, H, HV)
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    qk += (bos * H + i_h) * K
+    v += (bos * HV + i_hv) * V
+    o_k = i_k * BK + tl.arange(0, BK)
+    b_h = initial_state(h0, i_nh, i_k, i_v, K, V, BK, BV, HAS_H0)
+    return i_k, i_v, i_nh, i_hv, bos, T, boc, qk, v, o_k, b_h
+
+
+@device_fn
+def chunk_tiles(
+    h, b_h, qk, v, i_t, boc, i_hv, i_k, i_v, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr,
+):  # fmt: skip
+    """Store b_h as chunk i_t's entry of h `[n_chunks, HV, K, V]` and return the chunk's qkᵀ tile
+    `[BK, BT]` (loaded transposed) and v tile `[BT, BV]` (qk, v at the sequence's first token)."""
+    p_h = h + ((boc + i_t) * HV + i_hv) * K * V
+    store_state(p_h, b_h, i_k, i_v, K, V, BK, BV)
+    b_kT = load_tile(qk, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
+    b_v = load_tile(v, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+    return b_kT, b_v
+
+
+@tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
+@triton.jit(do_not_specialize=["T"])
+def chunk_fwd_h_kernel(
+    k, v, g, h, h0, ht, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, G_MODE: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_k, i_v, i_nh, i_hv, bos, T, boc, k, v, o_k, b_h = state_program(
+        k, v, h0, cu_seqlens, chunk_offsets, T, H, HV, K, V, BT, BK, BV, HAS_H0, IS_VARLEN
+    )
     for i_t in range(tl.cdiv(T, BT)):
-        p_h = h + ((boc + i_t) * HV + i_hv) * K * V
-        store_state(p_h, b_h, i_k, i_v, K, V, BK, BV)
-        # [BK, BT]: kᵀ loaded transposed
-        b_kT = load_tile(k, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
-        b_v = load_tile(v, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        b_kT, b_v = chunk_tiles(h, b_h, k, v, i_t, boc, i_hv, i_k, i_v, T, H, HV, K, V, BT, BK, BV)
         if G_MODE > 0:
             b_glast, b_g = chunk_gate(g, bos, i_hv, i_t, i_k, o_k, T, HV, K, BT, BK, G_MODE)
         if G_MODE == 1:
@@ -142,42 +141,16 @@ def chunk_fwd_h_kernel(
 @tuned(_STATE_CONFIGS, key=["H", "HV", "K", "V", "BK", "BV", "G_MODE"])
 @triton.jit(do_not_specialize=["T"])
 def chunk_bwd_dh_kernel(
-    q,
-    g,
-    do,
-    dh,
-    dht,
-    dh0,
-    cu_seqlens,
-    chunk_offsets,
-    scale,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    G_MODE: tl.constexpr,
-    HAS_DHT: tl.constexpr,
-    STORE_DH0: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    i_k, i_v, i_nh, i_hv, i_h, bos, T, boc = state_program(cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
-    q += (bos * H + i_h) * K
-    do += (bos * HV + i_hv) * V
-    o_k = i_k * BK + tl.arange(0, BK)
-
-    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        b_dh += load_state(dht + i_nh.to(tl.int64) * K * V, i_k, i_v, K, V, BK, BV)
+    q, g, do, dh, dht, dh0, cu_seqlens, chunk_offsets, scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, G_MODE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_k, i_v, i_nh, i_hv, bos, T, boc, q, do, o_k, b_dh = state_program(
+        q, do, dht, cu_seqlens, chunk_offsets, T, H, HV, K, V, BT, BK, BV, HAS_DHT, IS_VARLEN
+    )
     for i_t in range(tl.cdiv(T, BT) - 1, -1, -1):
-        p_dh = dh + ((boc + i_t) * HV + i_hv) * K * V
-        store_state(p_dh, b_dh, i_k, i_v, K, V, BK, BV)
-        b_qT = load_tile(q, i_k * BK, i_t * BT, K, T, 1, H * K, BK, BT)
-        b_do = load_tile(do, i_t * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        b_qT, b_do = chunk_tiles(dh, b_dh, q, do, i_t, boc, i_hv, i_k, i_v, T, H, HV, K, V, BT, BK, BV)
         if G_MODE == 0:
             # fp32 before scaling: a 16-bit tile times a scalar stays 16-bit (and the interpreter
             # gets bf16 arithmetic wrong)
@@ -199,14 +172,26 @@ def _g_mode(g: torch.Tensor | None) -> int:
     return 0 if g is None else (1 if g.dim() == 3 else 2)
 
 
+def _state_launch(qk: torch.Tensor, v: torch.Tensor, g_cum: torch.Tensor | None, vl: Varlen, want_last: bool):
+    """What a state kernel's launch needs besides its tensors: the per-chunk state buffer
+    `[n_chunks, HV, K, V]` (qk's dtype), the fp32 `[N, HV, K, V]` one when `want_last` (else None),
+    the grid over (K tile, V tile, sequence x value head), T and the shared constexpr keywords; qk is
+    `[B, T, H, K]`, v `[B, T, HV, V]`."""
+    B, T, H, K = qk.shape
+    HV, V = v.shape[2], v.shape[3]
+    states = new_empty(qk, vl.n_chunks, HV, K, V)
+    last = new_empty(qk, vl.N, HV, K, V, dtype=torch.float32) if want_last else None
+    BK, BV = block(K), block(V)
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), vl.N * HV)
+    meta = dict(H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV, G_MODE=_g_mode(g_cum),
+                IS_VARLEN=vl.is_varlen, PREC=dot_precision(qk.dtype))  # fmt: skip
+    return states, last, grid, T, meta
+
+
 def chunk_fwd_h(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g_cum: torch.Tensor | None,
-    h0: torch.Tensor | None,
-    vl: Varlen,
+    k: torch.Tensor, v: torch.Tensor, g_cum: torch.Tensor | None, h0: torch.Tensor | None, vl: Varlen,
     store_final: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """States entering every chunk.
 
     Args:
@@ -222,39 +207,21 @@ def chunk_fwd_h(
         h (torch.Tensor): `[n_chunks, HV, K, V]` in k's dtype (fp32 for fp32 inputs).
         ht (torch.Tensor or None): `[N, HV, K, V]` fp32.
     """
-    B, T, H, K = k.shape
-    HV, V = v.shape[2], v.shape[3]
-    h = new_empty(k, vl.n_chunks, HV, K, V)
-    ht = new_empty(k, vl.N, HV, K, V, dtype=torch.float32) if store_final else None
-    BK, BV = block(K), block(V)
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), vl.N * HV)
+    h, ht, grid, T, meta = _state_launch(k, v, g_cum, vl, store_final)
     chunk_fwd_h_kernel[grid](
-        k, v, g_cum, h, h0, ht, vl.cu, vl.offsets, T,
-        H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV, G_MODE=_g_mode(g_cum),
-        HAS_H0=h0 is not None, STORE_HT=store_final, IS_VARLEN=vl.is_varlen, PREC=dot_precision(k.dtype),
-    )  # fmt: skip
+        k, v, g_cum, h, h0, ht, vl.cu, vl.offsets, T, HAS_H0=h0 is not None, STORE_HT=store_final, **meta
+    )
     return h, ht
 
 
 def chunk_bwd_dh(
-    q: torch.Tensor,
-    do: torch.Tensor,
-    g_cum: torch.Tensor | None,
-    dht: torch.Tensor | None,
-    vl: Varlen,
-    scale: float,
-    want_dh0: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    q: torch.Tensor, do: torch.Tensor, g_cum: torch.Tensor | None, dht: torch.Tensor | None, vl: Varlen,
+    scale: float, want_dh0: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Gradients w.r.t. the state leaving every chunk (`[n_chunks, HV, K, V]`) and w.r.t. h0 (fp32)."""
-    B, T, H, K = q.shape
-    HV, V = do.shape[2], do.shape[3]
-    dh = new_empty(q, vl.n_chunks, HV, K, V)
-    dh0 = new_empty(q, vl.N, HV, K, V, dtype=torch.float32) if want_dh0 else None
-    BK, BV = block(K), block(V)
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), vl.N * HV)
+    dh, dh0, grid, T, meta = _state_launch(q, do, g_cum, vl, want_dh0)
     chunk_bwd_dh_kernel[grid](
-        q, g_cum, do, dh, dht, dh0, vl.cu, vl.offsets, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV, G_MODE=_g_mode(g_cum),
-        HAS_DHT=dht is not None, STORE_DH0=want_dh0, IS_VARLEN=vl.is_varlen, PREC=dot_precision(q.dtype),
+        q, g_cum, do, dh, dht, dh0, vl.cu, vl.offsets, scale, T, HAS_DHT=dht is not None, STORE_DH0=want_dh0,
+        **meta,
     )  # fmt: skip
     return dh, dh0

@@ -46,14 +46,24 @@ class Varlen:
 
 
 @device_fn
-def seq_span(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(first token, length, first chunk) of sequence i_n."""
+def seq_start(i_n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
+    """(first token as int64, length) of sequence i_n: from `cu_seqlens` with varlen, else row i_n
+    of T tokens."""
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        boc = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
         bos = i_n.to(tl.int64) * T
+    return bos, T
+
+
+@device_fn
+def seq_span(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(first token, length, first chunk) of sequence i_n."""
+    bos, T = seq_start(i_n, cu_seqlens, T, IS_VARLEN)
+    if IS_VARLEN:
+        boc = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
         boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
     return bos, T, boc
 
@@ -77,17 +87,9 @@ def chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT: tl.constexpr, IS_VARLEN: 
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_cumsum_kernel(
-    g,
-    out,
-    cu_seqlens,
-    chunk_idx,
-    T,
-    HV: tl.constexpr,
-    S: tl.constexpr,
-    BT: tl.constexpr,
-    BS: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-):
+    g, out, cu_seqlens, chunk_idx, T,
+    HV: tl.constexpr, S: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
     """Chunk-local cumulative sum of g `[B, T, HV, S]` along T (restarting every BT tokens), fp32."""
     i_s, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // HV, i_bh % HV

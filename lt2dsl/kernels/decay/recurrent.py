@@ -16,9 +16,11 @@ import triton.language as tl
 from torch.utils.flop_counter import register_flop_formula
 
 from lt2dsl.kernels.common.custom_op import custom_op
+from lt2dsl.kernels.common.tl_util import kv_channels, tile_head_program
 
 from ..common.backend import new_empty
 from ..common.tiles import tuned
+from .chunks import seq_start
 
 # One config, never benchmarked: the in-place variant overwrites its own input state, so an
 # autotuner timing several runs would apply the update several times. Hopper notes: elementwise
@@ -34,17 +36,9 @@ def fused_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     G_MODE: tl.constexpr, HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-    else:
-        bos = i_n.to(tl.int64) * T
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    i_v, i_nh, i_n, i_hv, i_h = tile_head_program(H, HV)
+    bos, T = seq_start(i_n, cu_seqlens, T, IS_VARLEN)
+    o_k, o_v, m_k, m_v = kv_channels(i_v, K, V, BK, BV)
     m_h = m_k[:, None] & m_v[None, :]
     p_state = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
 
