@@ -32,40 +32,15 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.delta.helpers import chunk_head, mm, mm_xr, mm_xr_acc, mm_xx, rcumsum, rsum
-from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_tile, load_tile_t, store_tile
+from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_tile, store_tile
 
 
 @triton.jit
 def delta_grad_cc_kernel(
-    q,
-    k,
-    v,
-    gcum,
-    beta,
-    vnew,
-    Y,
-    do,
-    dv,
-    MA,
-    MB,
-    dbeta_p,
-    db_p,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
+    q, k, v, gcum, beta, vnew, Y, do, dv, MA, MB, dbeta_p, db_p, cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     DT = q.dtype.element_ty
@@ -122,40 +97,11 @@ def delta_grad_cc_kernel(
 
 @triton.jit
 def delta_grad_k_kernel(
-    q,
-    k,
-    gcum,
-    beta,
-    h,
-    dh,
-    vnew,
-    Y,
-    do,
-    MA,
-    MB,
-    dq,
-    dk,
-    dg,
-    part,
-    part_sds,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    R,
-    NC,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
+    q, k, gcum, beta, h, dh, vnew, Y, do, MA, MB, dq, dk, dg, part, part_sds, cu_seqlens, chunk_indices, T, R,
+    NC, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_t, bos, eos, i_g = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     DT = q.dtype.element_ty
@@ -231,34 +177,17 @@ def delta_grad_k_kernel(
         m_base = MB + (b64 * HV + i_hv) * BT
         # strictly lower plus its transpose: disjoint supports, so the sum is exact in 16 bits too
         b_MS = load_tile(m_base, r0, L, HV * BT, 0, BT, BT, BT)
-        b_MS += load_tile_t(m_base, r0, L, HV * BT, 0, BT, BT, BT)
+        b_MS += load_tile(m_base, r0, L, HV * BT, 0, BT, BT, BT, TRANSPOSED=True)
         b_dk = mm_xr_acc(b_MS, b_k, b_dk, DT, PREC, DOT)
         tl.store(dk + p_out, b_dk.to(dk.dtype.element_ty), mask=m_out)
 
 
 @triton.jit
 def delta_grad_final_kernel(
-    gcum,
-    beta,
-    dbeta_p,
-    db_p,
-    part,
-    part_sds,
-    dbeta,
-    dg,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    R,
-    NC,
-    scale,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    NK: tl.constexpr,
-    GATE: tl.constexpr,
+    gcum, beta, dbeta_p, db_p, part, part_sds, dbeta, dg, cu_seqlens, chunk_indices, T, R, NC, scale,
+    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, NK: tl.constexpr, GATE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-):
+):  # fmt: skip
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_hv, _, i_t, bos, eos, i_g = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, HV, HV, BT, IS_VARLEN)
     L, r0 = eos - bos, i_t * BT

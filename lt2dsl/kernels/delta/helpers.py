@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from lt2dsl.kernels.common.tl_util import helper
+from lt2dsl.kernels.common.tl_util import head_split, helper, tile_head_program
 
 DOT_NATIVE, DOT_IEEE, DOT_INTERP = 0, 1, 2
 
@@ -145,6 +145,18 @@ def load_vec16(ptr, t0, I: tl.constexpr, eos, STRIDE: tl.constexpr):
 
 
 @helper
+def seq_bounds(i_n, cu_seqlens, T, IS_VARLEN: tl.constexpr):
+    """(bos, eos) of sequence i_n: from `cu_seqlens` with varlen, else row i_n of T tokens."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    return bos, eos
+
+
+@helper
 def chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN: tl.constexpr):
     """(sequence id, chunk index in the sequence, bos, eos) of chunk program (i_c, i_b).
 
@@ -154,27 +166,21 @@ def chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN: tl.constexpr
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + 2 * i_c).to(tl.int32)
         i_t = tl.load(chunk_indices + 2 * i_c + 1).to(tl.int32)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
     else:
         i_n = i_b
         i_t = i_c
-        bos = i_b * T
-        eos = bos + T
+    bos, eos = seq_bounds(i_n, cu_seqlens, T, IS_VARLEN)
     return i_n, i_t, bos, eos
 
 
 @helper
 def seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """(bos, eos, number of chunks, index of the first chunk in chunk-indexed buffers) of sequence i_n."""
+    bos, eos = seq_bounds(i_n, cu_seqlens, T, IS_VARLEN)
     if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
         NT = tl.cdiv(eos - bos, BT)
         boh = tl.load(chunk_offsets + i_n).to(tl.int32)
     else:
-        bos = i_n * T
-        eos = bos + T
         NT = tl.cdiv(T, BT)
         boh = i_n * NT
     return bos, eos, NT, boh
@@ -182,43 +188,16 @@ def seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT: tl.constexpr, IS_VARLEN: t
 
 @helper
 def chunk_head(
-    i_c,
-    i_bh,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-):
+    i_c, i_bh, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
     """(value head, q/k head, chunk index in its sequence, bos, eos, index of the chunk in
     chunk-indexed buffers) of chunk program (i_c, i_bh = batch row * HV + value head); value head j
     reads q/k head j // (HV // H)."""
-    i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
+    i_b, i_hv, i_h = head_split(i_bh, H, HV)
     _, i_t, bos, eos = chunk_coords(i_c, i_b, cu_seqlens, chunk_indices, T, IS_VARLEN)
     i_g = i_c if IS_VARLEN else i_b * tl.cdiv(T, BT) + i_c
     return i_hv, i_h, i_t, bos, eos, i_g
-
-
-@helper
-def seq_head(
-    i_nh,
-    cu_seqlens,
-    chunk_offsets,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    BT: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-):
-    """(value head, q/k head, bos, eos, number of chunks, index of the first chunk in chunk-indexed
-    buffers) of sequence program i_nh = sequence * HV + value head."""
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
-    return i_hv, i_h, bos, eos, NT, boh
 
 
 @helper
@@ -226,6 +205,42 @@ def head_bases(row, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexp
     """Element offsets of token `row` (int64) at q/k head i_h of a `[B*T, H, K]` buffer and at value
     head i_hv of a `[B*T, HV, V]` one."""
     return (row * H + i_h) * K, (row * HV + i_hv) * V
+
+
+@helper
+def seq_program(
+    cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """A state scan's program (V tile i_v, sequence program i_nh = sequence * HV + value head): (i_v,
+    i_nh, value head, q/k head, `seq_coords` of the sequence, its length L, bos as int64, the
+    `head_bases` of its first token, the offset of its `[K, V]` state)."""
+    i_v, i_nh, i_n, i_hv, i_h = tile_head_program(H, HV)
+    bos, eos, NT, boh = seq_coords(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    L = eos - bos
+    b64 = bos.to(tl.int64)
+    k_base, v_base = head_bases(b64, i_h, i_hv, H, HV, K, V)
+    s_base = i_nh.to(tl.int64) * K * V
+    return i_v, i_nh, i_hv, i_h, bos, eos, NT, boh, L, b64, k_base, v_base, s_base
+
+
+@helper
+def chunk_tile_program(
+    cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """A per-chunk program over V tiles (i_v, chunk program i_c, i_bh): (i_v, value head, q/k head, index
+    of the chunk in chunk-indexed buffers, first token t0, eos, rows n = eos − t0, the `head_bases`
+    of t0)."""
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_hv, i_h, i_t, bos, eos, i_g = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
+    t0 = bos + i_t * BT
+    n = eos - t0
+    t64 = t0.to(tl.int64)
+    qk_base, v_base = head_bases(t64, i_h, i_hv, H, HV, K, V)
+    return i_v, i_hv, i_h, i_g, t0, eos, n, qk_base, v_base
 
 
 @helper

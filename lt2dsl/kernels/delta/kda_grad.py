@@ -26,16 +26,9 @@ from lt2dsl.kernels.delta.kda_prep import sub_chunks
 
 @helper
 def load_m(
-    M,
-    t0,
-    eos,
-    i_hv,
-    I: tl.constexpr,
-    J: tl.constexpr,
-    HV: tl.constexpr,
-    BT: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
-):
+    M, t0, eos, i_hv,
+    I: tl.constexpr, J: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, TRANSPOSED: tl.constexpr,
+):  # fmt: skip
     """Block (I, J) of a chunk's `[BT, BT]` scratch matrix as `[16, 16]` (or its transpose)."""
     o = tl.arange(0, 16)
     rows = t0 + I * 16 + o
@@ -205,30 +198,10 @@ def finish16(
 
 @triton.jit
 def kda_grad_intra_kernel(
-    q,
-    k,
-    gcum,
-    beta,
-    MA,
-    MB,
-    dq,
-    dk,
-    dg,
-    dbeta_intra,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    R,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    SPAN: tl.constexpr,
-):
+    q, k, gcum, beta, MA, MB, dq, dk, dg, dbeta_intra, cu_seqlens, chunk_indices, T, R, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr,
+):  # fmt: skip
     i_k, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
     t0 = bos + i_t * BT

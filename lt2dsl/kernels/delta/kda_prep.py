@@ -191,27 +191,10 @@ def add_scores(acc_q, acc_k, xs, ks, kr, DOT: tl.constexpr, WANT_Q: tl.constexpr
 
 @triton.jit
 def kda_intra_fwd_kernel(
-    q,
-    k,
-    g,
-    beta,
-    gcum,
-    Ainv,
-    Aqk,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    SPAN: tl.constexpr,
-    PART: tl.constexpr,
-):
+    q, k, g, beta, gcum, Ainv, Aqk, cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT: tl.constexpr, SPAN: tl.constexpr, PART: tl.constexpr,
+):  # fmt: skip
     """PART 1: Aqk; PART 2: gcum and Ainv. Two launches, each with half the live accumulators of
     one kernel forming both (which spills 128-280 B per thread offline at every config)."""
     tl.static_assert(PART == 1 or PART == 2, "PART 1 forms Aqk, PART 2 gcum and T")

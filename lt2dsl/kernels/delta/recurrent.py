@@ -18,47 +18,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.delta.helpers import rsum
+from lt2dsl.kernels.common.tl_util import kv_channels, tile_head_program
+from lt2dsl.kernels.delta.helpers import rsum, seq_bounds
 from lt2dsl.kernels.delta.tiles import load_tile, store_tile
 
 
 @triton.jit
 def delta_recurrent_kernel(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    h0,
-    o,
-    ht,
-    cu_seqlens,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    USE_H0: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
-    L2NORM: tl.constexpr,
+    q, k, v, g, beta, h0, o, ht, cu_seqlens, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_FINAL: tl.constexpr, L2NORM: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
-    else:
-        bos = i_n * T
-        eos = bos + T
-    ok = tl.arange(0, BK)
-    ov = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = ok < K, ov < V
+):  # fmt: skip
+    i_v, i_nh, i_n, i_hv, i_h = tile_head_program(H, HV)
+    bos, eos = seq_bounds(i_n, cu_seqlens, T, IS_VARLEN)
+    ok, ov, m_k, m_v = kv_channels(i_v, K, V, BK, BV)
     s_base = i_nh.to(tl.int64) * K * V
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:

@@ -23,55 +23,27 @@ import triton
 import triton.language as tl
 
 from lt2dsl.kernels.common.tl_util import cast, helper
-from lt2dsl.kernels.delta.helpers import causal_scores, chunk_head, head_bases, mm, mm_xr, mm_xx, seq_head
+from lt2dsl.kernels.delta.helpers import causal_scores, chunk_tile_program, mm, mm_xr, mm_xx, seq_program
 from lt2dsl.kernels.delta.tiles import (
     gate_factors,
     load_chunk_gate,
     load_square,
     load_tile,
-    load_tile_t,
     store_tile,
-    store_tile_t,
 )
 
 
 @triton.jit
 def delta_h_fwd_kernel(
-    k,
-    v,
-    gcum,
-    beta,
-    Ainv,
-    h0,
-    h,
-    un32,
-    vnew,
-    ht,
-    cu_seqlens,
-    chunk_offsets,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    USE_H0: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
-    STORE_VNEW: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_hv, i_h, bos, eos, NT, boh = seq_head(i_nh, cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
+    k, v, gcum, beta, Ainv, h0, h, un32, vnew, ht, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
+    STORE_VNEW: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_v, i_nh, i_hv, i_h, bos, eos, NT, boh, L, _, k_base, v_base, s_base = seq_program(
+        cu_seqlens, chunk_offsets, T, H, HV, K, V, BT, IS_VARLEN
+    )
     DT = k.dtype.element_ty
-    L = eos - bos
-    b64 = bos.to(tl.int64)
-    k_base, v_base = head_bases(b64, i_h, i_hv, H, HV, K, V)
-    s_base = i_nh.to(tl.int64) * K * V
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
@@ -147,36 +119,11 @@ def _state_step_t(St, un, b_k, gam_c, to_end, DT: tl.constexpr, PREC: tl.constex
 
 @triton.jit
 def delta_hot_fwd_kernel(
-    q,
-    k,
-    v,
-    gcum,
-    beta,
-    Ainv,
-    h0,
-    h,
-    vnew,
-    o,
-    ht,
-    cu_seqlens,
-    chunk_offsets,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    USE_H0: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
-    SAVE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
+    q, k, v, gcum, beta, Ainv, h0, h, vnew, o, ht, cu_seqlens, chunk_offsets, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_FINAL: tl.constexpr, SAVE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     """The state scan forming the output itself, with the state held transposed, Sᵀ `[BV, K]`
     (scalar gate, GATE 1, or none, GATE 0: DeltaNet's scan carries no gate code at all):
 
@@ -193,25 +140,22 @@ def delta_hot_fwd_kernel(
     SAVE the chunk states and U' are stored, in the input dtype, for the backward; inference
     writes neither."""
     tl.static_assert(GATE <= 1, "the fused scan takes no gate or a scalar one")
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_hv, i_h, bos, eos, NT, boh = seq_head(i_nh, cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
+    i_v, i_nh, i_hv, i_h, bos, eos, NT, boh, L, _, k_base, v_base, s_base = seq_program(
+        cu_seqlens, chunk_offsets, T, H, HV, K, V, BT, IS_VARLEN
+    )
     DT = k.dtype.element_ty
-    L = eos - bos
-    b64 = bos.to(tl.int64)
-    k_base, v_base = head_bases(b64, i_h, i_hv, H, HV, K, V)
-    s_base = i_nh.to(tl.int64) * K * V
     ot = tl.arange(0, BT)
 
     St = tl.zeros([BV, BK], dtype=tl.float32)
     if USE_H0:
-        St += load_tile_t(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV).to(tl.float32)
+        St += load_tile(h0 + s_base, 0, K, V, i_v * BV, V, BK, BV, TRANSPOSED=True).to(tl.float32)
     for i_t in range(NT):
         r0 = i_t * BT
         m_t = r0 + ot < L
         if SAVE:
             p_h = h + ((boh + i_t).to(tl.int64) * HV + i_hv) * K * V
-            store_tile_t(p_h, St, 0, K, V, i_v * BV, V, BK, BV)
-        b_qt = load_tile_t(q + k_base, r0, L, H * K, 0, K, BT, BK)
+            store_tile(p_h, St, 0, K, V, i_v * BV, V, BK, BV, TRANSPOSED=True)
+        b_qt = load_tile(q + k_base, r0, L, H * K, 0, K, BT, BK, TRANSPOSED=True)
         b_k = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK)
         if GATE == 1:
             b_g, b_glast = load_chunk_gate(gcum, bos + r0, eos, i_hv, HV, K, BT, BK, GATE)
@@ -221,56 +165,34 @@ def delta_hot_fwd_kernel(
             gam, to_end, gam_c = b_g, b_g, 1.0
         S16 = cast(St, DT)
         qs = _scaled_cols(mm(S16, b_qt, DOT), gam, scale, GATE)
-        b_kt = load_tile_t(k + k_base, r0, L, H * K, 0, K, BT, BK)
-        b_v = load_tile_t(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV).to(tl.float32)
+        b_kt = load_tile(k + k_base, r0, L, H * K, 0, K, BT, BK, TRANSPOSED=True)
+        b_v = load_tile(v + v_base, r0, L, HV * V, i_v * BV, V, BT, BV, TRANSPOSED=True).to(tl.float32)
         b_beta = tl.load(beta + (bos + r0 + ot).to(tl.int64) * HV + i_hv, mask=m_t, other=0.0)
         ks = _gated_cols(mm(S16, b_kt, DOT), gam, GATE)
         # padded columns of Tᵀ are 0, so their U' is 0 and adds nothing to the state
-        b_Tt = load_tile_t(Ainv + (bos + r0).to(tl.int64) * HV * BT + i_hv * BT, 0, L - r0, HV * BT,
-                           0, BT, BT, BT)  # fmt: skip
+        b_Tt = load_tile(Ainv + (bos + r0).to(tl.int64) * HV * BT + i_hv * BT, 0, L - r0, HV * BT,
+                           0, BT, BT, BT, TRANSPOSED=True)  # fmt: skip
         un = mm_xx((b_v - ks) * b_beta.to(tl.float32)[None, :], b_Tt, DT, PREC, DOT)
         if SAVE:
-            store_tile_t(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV)
+            store_tile(vnew + v_base, un, r0, L, HV * V, i_v * BV, V, BT, BV, TRANSPOSED=True)
         b_P = _scores_t(b_k, b_qt, b_g, m_t, scale, BT, GATE, DOT)
         b_o = qs + mm_xx(un, b_P, DT, PREC, DOT)
-        store_tile_t(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV)
+        store_tile(o + v_base, b_o, r0, L, HV * V, i_v * BV, V, BT, BV, TRANSPOSED=True)
         St = _state_step_t(St, un, b_k, gam_c, to_end, DT, PREC, GATE, DOT)
     if STORE_FINAL:
-        store_tile_t(ht + s_base, St, 0, K, V, i_v * BV, V, BK, BV)
+        store_tile(ht + s_base, St, 0, K, V, i_v * BV, V, BK, BV, TRANSPOSED=True)
 
 
 @triton.jit
 def delta_o_fwd_kernel(
-    q,
-    k,
-    gcum,
-    Aqk,
-    h,
-    un32,
-    o,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_hv, i_h, i_t, bos, eos, i_g = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
-    t0 = bos + i_t * BT
-    n = eos - t0
+    q, k, gcum, Aqk, h, un32, o, cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_v, i_hv, i_h, i_g, t0, eos, n, qk_base, v_base = chunk_tile_program(
+        cu_seqlens, chunk_indices, T, H, HV, K, V, BT, IS_VARLEN
+    )
     DT = q.dtype.element_ty
-    t64 = t0.to(tl.int64)
-    qk_base, v_base = head_bases(t64, i_h, i_hv, H, HV, K, V)
 
     b_q = load_tile(q + qk_base, 0, n, H * K, 0, K, BT, BK)
     b_g, b_glast = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)

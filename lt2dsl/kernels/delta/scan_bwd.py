@@ -15,11 +15,11 @@ from lt2dsl.kernels.common.tl_util import cast
 from lt2dsl.kernels.delta.helpers import (
     causal_scores,
     chunk_head,
-    head_bases,
+    chunk_tile_program,
     mm,
     mm_xr,
     mm_xx,
-    seq_head,
+    seq_program,
     split16,
 )
 from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_square, load_tile, store_tile
@@ -27,24 +27,10 @@ from lt2dsl.kernels.delta.tiles import gate_factors, load_chunk_gate, load_squar
 
 @triton.jit
 def delta_w_kernel(
-    k,
-    gcum,
-    beta,
-    Ainv,
-    w,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    GATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
+    k, gcum, beta, Ainv, w, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     """W = T Diag(β) (K ⊙ γ) `[B*T, HV, K]` of one chunk, in the input dtype, for the reverse scan
     (recomputed rather than kept from the forward)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
@@ -71,37 +57,16 @@ def delta_w_kernel(
 
 @triton.jit
 def delta_du0_kernel(
-    q,
-    k,
-    gcum,
-    Aqk,
-    do,
-    du0,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-):
+    q, k, gcum, Aqk, do, du0, cu_seqlens, chunk_indices, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     """The chunk-local part of dU', Pᵀ dO `[B*T, HV, V]` fp32, for every chunk at once (backward of
     the output's intra-chunk term; the reverse scan adds (K ⊙ e^{b_C − b}) dS')."""
-    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_hv, i_h, i_t, bos, eos, _ = chunk_head(i_c, i_bh, cu_seqlens, chunk_indices, T, H, HV, BT, IS_VARLEN)
-    t0 = bos + i_t * BT
-    n = eos - t0
+    i_v, i_hv, i_h, _, t0, eos, n, qk_base, v_base = chunk_tile_program(
+        cu_seqlens, chunk_indices, T, H, HV, K, V, BT, IS_VARLEN
+    )
     DT = q.dtype.element_ty
-    t64 = t0.to(tl.int64)
-    qk_base, v_base = head_bases(t64, i_h, i_hv, H, HV, K, V)
     if GATE == 1:
         b_g, _ = load_chunk_gate(gcum, t0, eos, i_hv, HV, K, BT, BK, GATE)
         b_q = load_tile(q + qk_base, 0, n, H * K, 0, K, BT, BK)
@@ -122,35 +87,11 @@ def delta_du0_kernel(
 
 @triton.jit
 def delta_dh_bwd_kernel(
-    q,
-    k,
-    w,
-    gcum,
-    do,
-    du0,
-    dht,
-    dh,
-    du,
-    dh0,
-    cu_seqlens,
-    chunk_offsets,
-    T,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    GATE: tl.constexpr,
-    USE_DHT: tl.constexpr,
-    STORE_DH0: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-    D16: tl.constexpr,
-):
+    q, k, w, gcum, do, du0, dht, dh, du, dh0, cu_seqlens, chunk_offsets, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, GATE: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, D16: tl.constexpr,
+):  # fmt: skip
     """The reverse state scan: the forward scan's two-dot shape, with W.
 
     dU' = Pᵀ dO + (K ⊙ e^{b_C − b}) dS' (Pᵀ dO from `delta_du0_kernel`), stored in `du` (fp32);
@@ -163,14 +104,11 @@ def delta_dh_bwd_kernel(
     raw tiles with s applied to the product. GATE 0 has no gate loads or factors at all.
     """
     tl.static_assert(GATE == 0 or not D16, "the 16-bit reverse scan is the gate-free one")
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_hv, i_h, bos, eos, NT, boh = seq_head(i_nh, cu_seqlens, chunk_offsets, T, H, HV, BT, IS_VARLEN)
+    i_v, i_nh, i_hv, i_h, bos, eos, NT, boh, L, b64, qk_base, v_base, s_base = seq_program(
+        cu_seqlens, chunk_offsets, T, H, HV, K, V, BT, IS_VARLEN
+    )
     DT = q.dtype.element_ty
-    L = eos - bos
-    b64 = bos.to(tl.int64)
-    qk_base, v_base = head_bases(b64, i_h, i_hv, H, HV, K, V)
     w_base = (b64 * HV + i_hv) * K
-    s_base = i_nh.to(tl.int64) * K * V
     ok = tl.arange(0, BK)
     ot = tl.arange(0, BT)
 
@@ -218,21 +156,10 @@ def delta_dh_bwd_kernel(
 
 @triton.jit
 def delta_y_kernel(
-    Ainv,
-    du,
-    Y,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    HV: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-    PREC: tl.constexpr,
-    DT: tl.constexpr,
-):
+    Ainv, du, Y, cu_seqlens, chunk_indices, T,
+    HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr,
+):  # fmt: skip
     """Y = Tᵀ dU' `[B*T, HV, V]` (fp32) per (V tile, chunk). Out of place: the autotuner runs a
     kernel several times on the same buffers, so no autotuned kernel may read what it writes."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)

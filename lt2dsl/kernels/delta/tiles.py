@@ -14,16 +14,9 @@ from lt2dsl.kernels.common.tl_util import cast, helper
 
 @helper
 def tile_at(
-    base,
-    r0,
-    n_rows,
-    STRIDE: tl.constexpr,
-    c0,
-    D: tl.constexpr,
-    BR: tl.constexpr,
-    BC: tl.constexpr,
+    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
     TRANSPOSED: tl.constexpr,
-):
+):  # fmt: skip
     """(pointers, mask) of the `load_tile` tile, `[BR, BC]` or, TRANSPOSED, `[BC, BR]`: rows ≥ n_rows
     masked, columns ≥ D masked only when D is not a multiple of BC (so the access stays vectorised)."""
     orow = r0 + tl.arange(0, BR)
@@ -41,66 +34,43 @@ def tile_at(
     return p, m
 
 
+# The default of the tile helpers' TRANSPOSED parameter: a `tl.constexpr`, as Triton 3.6 requires of
+# a constexpr parameter's default (see `tl_util.NO_CACHE_MODIFIER`).
+UNTRANSPOSED = tl.constexpr(False)
+
+
 @helper
 def load_tile(
-    base,
-    r0,
-    n_rows,
-    STRIDE: tl.constexpr,
-    c0,
-    D: tl.constexpr,
-    BR: tl.constexpr,
-    BC: tl.constexpr,
-):
+    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+    TRANSPOSED: tl.constexpr = UNTRANSPOSED,
+):  # fmt: skip
     """`[BR, BC]` tile at rows r0.., columns c0.. of a `[rows, STRIDE]` buffer starting at `base`.
 
     Rows ≥ n_rows and columns ≥ D read 0. Offsets are int32 relative to the (int64) scalar base;
     when D is a multiple of BC only the rows are masked, which keeps the loads vectorised.
+    TRANSPOSED: the tile transposed, `[BC, BR]`, read through transposed pointers (no tile is
+    transposed in registers).
     """
-    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, False)
+    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, TRANSPOSED)
     return tl.load(p, mask=m, other=0.0)
 
 
 @helper
 def store_tile(
-    base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
-):
-    """Store `x` `[BR, BC]` where `load_tile` reads (same masks), cast to the buffer's dtype."""
-    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, False)
-    tl.store(p, cast(x, base.dtype.element_ty), mask=m)
-
-
-@helper
-def load_tile_t(
-    base, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
-):
-    """The `load_tile` tile transposed, `[BC, BR]`, read through transposed pointers (no tile is
-    transposed in registers)."""
-    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, True)
-    return tl.load(p, mask=m, other=0.0)
-
-
-@helper
-def store_tile_t(
-    base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
-):
-    """Store `x` `[BC, BR]` transposed where `load_tile` reads `[BR, BC]` (same masks)."""
-    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, True)
+    base, x, r0, n_rows, STRIDE: tl.constexpr, c0, D: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+    TRANSPOSED: tl.constexpr = UNTRANSPOSED,
+):  # fmt: skip
+    """Store `x` `[BR, BC]` where `load_tile` reads (same masks), cast to the buffer's dtype;
+    TRANSPOSED: store `x` `[BC, BR]` transposed there."""
+    p, m = tile_at(base, r0, n_rows, STRIDE, c0, D, BR, BC, TRANSPOSED)
     tl.store(p, cast(x, base.dtype.element_ty), mask=m)
 
 
 @helper
 def load_chunk_gate(
-    gcum,
-    t0,
-    eos,
-    i_hv,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    GATE: tl.constexpr,
-):
+    gcum, t0, eos, i_hv,
+    HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
+):  # fmt: skip
     """(b `[BT]` or `[BT, BK]`, b_last `[1]` or `[BK]`) of one chunk; rows past eos hold b_last.
 
     Holding b_last on padded rows keeps every e^{b_r − b_i} with r ≥ i at most 1 there too.

@@ -39,23 +39,10 @@ def _scratch_block(base, I: tl.constexpr, J: tl.constexpr, n, HV: tl.constexpr, 
 
 @triton.jit
 def delta_wy_rows_kernel(
-    k,
-    g,
-    beta,
-    gcum,
-    Ainv,
-    cu_seqlens,
-    chunk_indices,
-    T,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    USE_G: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    DOT: tl.constexpr,
-):
+    k, g, beta, gcum, Ainv, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    USE_G: tl.constexpr, IS_VARLEN: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
     """T = (I + A)^{-1} with A from one `[64, K]` dot, parked in Ainv's rows as scratch.
 
     The substitution for the diagonal blocks then loads row i of each block from there, one load
