@@ -120,6 +120,8 @@ def chunk_fwd_h_kernel(
     BV: tl.constexpr, G_MODE: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
     IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
+    """h `[n_chunks, HV, K, V]`: tile (i_k, i_v) of the state entering each chunk of one (sequence,
+    value head), from h0 (HAS_H0) or zeros; with STORE_HT the state after the last chunk in ht."""
     i_k, i_v, i_nh, i_hv, bos, T, boc, k, v, o_k, b_h = state_program(
         k, v, h0, cu_seqlens, chunk_offsets, T, H, HV, K, V, BT, BK, BV, HAS_H0, IS_VARLEN
     )
@@ -146,6 +148,9 @@ def chunk_bwd_dh_kernel(
     BV: tl.constexpr, G_MODE: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
+    """dh `[n_chunks, HV, K, V]`: tile (i_k, i_v) of the gradient w.r.t. the state leaving each chunk
+    of one (sequence, value head), walked from the last chunk back (from dht with HAS_DHT, else
+    zeros); with STORE_DH0 the gradient w.r.t. the initial state in dh0."""
     i_k, i_v, i_nh, i_hv, bos, T, boc, q, do, o_k, b_dh = state_program(
         q, do, dht, cu_seqlens, chunk_offsets, T, H, HV, K, V, BT, BK, BV, HAS_DHT, IS_VARLEN
     )

@@ -83,14 +83,9 @@ def _launch(q, k, v, g, scale, h0, ht, cu_seqlens):
 
 @custom_op("lt2dsl::decay_fused_recurrent", mutates_args=())
 def decay_fused_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    h0: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Token-recurrent forward (no autograd): o `[B, T, HV, V]` and the final state `[N, HV, K, V]` fp32."""
     N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     ht = new_empty(q, N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
@@ -105,14 +100,9 @@ def _(q, k, v, g, h0, cu_seqlens, scale):
 
 @custom_op("lt2dsl::decay_fused_recurrent_", mutates_args=("state",))
 def decay_fused_recurrent_(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    state: torch.Tensor,
-    cu_seqlens: torch.Tensor | None,
-    scale: float,
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, state: torch.Tensor,
+    cu_seqlens: torch.Tensor | None, scale: float,
+) -> torch.Tensor:  # fmt: skip
     """As `decay_fused_recurrent`, reading the initial state from `state` (fp32) and overwriting it."""
     return _launch(q, k, v, g, scale, state, state, cu_seqlens)
 
