@@ -40,22 +40,12 @@ def pick_backend(backend: str, q: torch.Tensor) -> str:
 
 
 def run_delta(
-    gate: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    inplace_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    backend: str = "reference",
+    gate: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
+    *, scale: float | None = None, initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False, inplace_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None, use_qk_l2norm_in_kernel: bool = False, backend: str = "reference",
     recipe: DeltaRecipe | str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """One op of the family (`gate`: "none", "scalar", "channel"): check the arguments, run the
     chosen backend, honour `inplace_final_state`. The keywords are the public ops' (see `_DOC`)."""
     dims = check_delta_args(q, k, v, g, beta, gate, initial_state, cu_seqlens, inplace_final_state)

@@ -19,16 +19,9 @@ GATES = ("none", "scalar", "channel")
 
 
 def check_delta_args(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    gate: str,
-    initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    inplace_final_state: bool = False,
-) -> Dims:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor, gate: str,
+    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, inplace_final_state: bool = False,
+) -> Dims:  # fmt: skip
     """Validate the tensors of a delta-rule call and return its sizes; raise ValueError otherwise."""
     check_shape("q", q, [None] * 4, "[B, T, H, K]")
     B, T, H, K = q.shape

@@ -21,19 +21,10 @@ from lt2dsl.kernels.delta.args import expand_heads, seq_bounds, state_dtype
 
 
 def delta_chunk_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None,
-    beta: torch.Tensor,
-    *,
-    gate: str,
-    scale: float,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor, *,
+    gate: str, scale: float, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Chunked delta rule; computed in fp32 (float64 for float64 inputs), differentiable by autograd.
 
     Args:

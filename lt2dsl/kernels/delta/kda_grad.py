@@ -151,6 +151,21 @@ def add_off_pair(
 
 
 @helper
+def add_off_pairs2(
+    dqI, zI, dkaA, dkbA, dkaB, dkbB, MA, MB, t0, eos, i_hv, I: tl.constexpr, JA: tl.constexpr,
+    JB: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, qI, kI, bI, beI, ref, kA, bA, kB, bB,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    """`add_off_pair` of blocks (I, JA) then (I, JB): sub-chunk I's (dq / s, Z) and the dk parts of
+    sub-chunks JA and JB."""
+    dqI, zI, dkaA, dkbA = add_off_pair(dqI, zI, dkaA, dkbA, MA, MB, t0, eos, i_hv, I, JA, HV, BT,
+                                       qI, kI, bI, beI, ref, kA, bA, DOT)  # fmt: skip
+    dqI, zI, dkaB, dkbB = add_off_pair(dqI, zI, dkaB, dkbB, MA, MB, t0, eos, i_hv, I, JB, HV, BT,
+                                       qI, kI, bI, beI, ref, kB, bB, DOT)  # fmt: skip
+    return dqI, zI, dkaA, dkbA, dkaB, dkbB
+
+
+@helper
 def diag_pair(
     MA, MB, pq, pk, pb, pMA, pMB, t0, I: tl.constexpr, eos, i_hv, HV: tl.constexpr, BT: tl.constexpr,
     qI, kI, bI, beI, c, c_next, b_last, ok, m_k, KS: tl.constexpr, GS: tl.constexpr, MS: tl.constexpr,
@@ -243,14 +258,12 @@ def kda_grad_intra_kernel(
 
     dq1, z1, dka0, dkb0 = add_off_pair(dq1, z1, dka0, dkb0, MA, MB, t0, eos, i_hv, 1, 0, HV, BT,
                                        q1, k1, b1, be1, c1, k0, b0, DOT)  # fmt: skip
-    dq2, z2, dka0, dkb0 = add_off_pair(dq2, z2, dka0, dkb0, MA, MB, t0, eos, i_hv, 2, 0, HV, BT,
-                                       q2, k2, b2, be2, c2, k0, b0, DOT)  # fmt: skip
-    dq2, z2, dka1, dkb1 = add_off_pair(dq2, z2, dka1, dkb1, MA, MB, t0, eos, i_hv, 2, 1, HV, BT,
-                                       q2, k2, b2, be2, c2, k1, b1, DOT)  # fmt: skip
-    dq3, z3, dka0, dkb0 = add_off_pair(dq3, z3, dka0, dkb0, MA, MB, t0, eos, i_hv, 3, 0, HV, BT,
-                                       q3, k3, b3, be3, c3, k0, b0, DOT)  # fmt: skip
-    dq3, z3, dka1, dkb1 = add_off_pair(dq3, z3, dka1, dkb1, MA, MB, t0, eos, i_hv, 3, 1, HV, BT,
-                                       q3, k3, b3, be3, c3, k1, b1, DOT)  # fmt: skip
+    dq2, z2, dka0, dkb0, dka1, dkb1 = add_off_pairs2(dq2, z2, dka0, dkb0, dka1, dkb1, MA, MB, t0, eos, i_hv,
+                                                     2, 0, 1, HV, BT, q2, k2, b2, be2, c2, k0, b0, k1, b1,
+                                                     DOT)  # fmt: skip
+    dq3, z3, dka0, dkb0, dka1, dkb1 = add_off_pairs2(dq3, z3, dka0, dkb0, dka1, dkb1, MA, MB, t0, eos, i_hv,
+                                                     3, 0, 1, HV, BT, q3, k3, b3, be3, c3, k0, b0, k1, b1,
+                                                     DOT)  # fmt: skip
     dq3, z3, dka2, dkb2 = add_off_pair(dq3, z3, dka2, dkb2, MA, MB, t0, eos, i_hv, 3, 2, HV, BT,
                                        q3, k3, b3, be3, c3, k2, b2, DOT)  # fmt: skip
 

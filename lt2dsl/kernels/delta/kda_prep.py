@@ -179,6 +179,19 @@ def add_parts(acc_q, acc_k, x_q, x_k, WANT_Q: tl.constexpr, WANT_K: tl.constexpr
 
 
 @helper
+def add_sub_chunk(
+    d, e, pq, pk, pg, pgc, t0, I: tl.constexpr, eos, c, KS: tl.constexpr, GS: tl.constexpr, ok, m_k,
+    DOT: tl.constexpr, SPAN: tl.constexpr, WANT_Q: tl.constexpr, WANT_K: tl.constexpr,
+):  # fmt: skip
+    """`sub_chunk` I with its diagonal blocks added into the accumulators d (Aqk's) and e (Akk's) by
+    `add_parts`: (xs, ks, its keys referenced to its end, c', d, e)."""
+    xs, ks, A, Kk, ke, c = sub_chunk(pq, pk, pg, pgc, t0, I, eos, c, KS, GS, ok, m_k, DOT, SPAN,
+                                     WANT_Q, WANT_K)  # fmt: skip
+    d, e = add_parts(d, e, A, Kk, WANT_Q, WANT_K)
+    return xs, ks, ke, c, d, e
+
+
+@helper
 def add_scores(acc_q, acc_k, xs, ks, kr, DOT: tl.constexpr, WANT_Q: tl.constexpr, WANT_K: tl.constexpr):
     """`add_parts` of the off-diagonal blocks xs·kr and ks·kr (`[16, 16]`), each dot formed only where
     the launch wants that part."""
@@ -222,33 +235,23 @@ def kda_intra_fwd_kernel(
         # there). After I, only K_I ⊙ e^{c_{I+1} − b_I} (≤ |K_I|) is kept: a later sub-chunk J
         # scales it by the vector e^{c_J − c_{I+1}} ≤ 1 for its off-diagonal blocks.
         c = tl.zeros([BK], dtype=tl.float32)
-        xs, ks, A, Kk, ke0, c = sub_chunk(pq, pk, pg, pgc, t0, 0, eos, c, H * K, HV * K, ok, m_k, DOT,
-                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
-        d0, e0 = add_parts(d0, e0, A, Kk, WANT_Q, WANT_K)
+        xs, ks, ke0, c, d0, e0 = add_sub_chunk(d0, e0, pq, pk, pg, pgc, t0, 0, eos, c, H * K, HV * K,
+                                               ok, m_k, DOT, SPAN, WANT_Q, WANT_K)  # fmt: skip
         c1 = c
-        xs, ks, A, Kk, ke1, c = sub_chunk(pq, pk, pg, pgc, t0, 1, eos, c, H * K, HV * K, ok, m_k, DOT,
-                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
-        d1, e1 = add_parts(d1, e1, A, Kk, WANT_Q, WANT_K)
-        kr = tl.trans(ke0)
-        q10, a10 = add_scores(q10, a10, xs, ks, kr, DOT, WANT_Q, WANT_K)
+        xs, ks, ke1, c, d1, e1 = add_sub_chunk(d1, e1, pq, pk, pg, pgc, t0, 1, eos, c, H * K, HV * K,
+                                               ok, m_k, DOT, SPAN, WANT_Q, WANT_K)  # fmt: skip
+        q10, a10 = add_scores(q10, a10, xs, ks, tl.trans(ke0), DOT, WANT_Q, WANT_K)
         c2 = c
-        xs, ks, A, Kk, ke2, c = sub_chunk(pq, pk, pg, pgc, t0, 2, eos, c, H * K, HV * K, ok, m_k, DOT,
-                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
-        d2, e2 = add_parts(d2, e2, A, Kk, WANT_Q, WANT_K)
-        kr = tl.trans(rescale(ke0, c2 - c1))
-        q20, a20 = add_scores(q20, a20, xs, ks, kr, DOT, WANT_Q, WANT_K)
-        kr = tl.trans(ke1)
-        q21, a21 = add_scores(q21, a21, xs, ks, kr, DOT, WANT_Q, WANT_K)
+        xs, ks, ke2, c, d2, e2 = add_sub_chunk(d2, e2, pq, pk, pg, pgc, t0, 2, eos, c, H * K, HV * K,
+                                               ok, m_k, DOT, SPAN, WANT_Q, WANT_K)  # fmt: skip
+        q20, a20 = add_scores(q20, a20, xs, ks, tl.trans(rescale(ke0, c2 - c1)), DOT, WANT_Q, WANT_K)
+        q21, a21 = add_scores(q21, a21, xs, ks, tl.trans(ke1), DOT, WANT_Q, WANT_K)
         c3 = c
-        xs, ks, A, Kk, ke3, c = sub_chunk(pq, pk, pg, pgc, t0, 3, eos, c, H * K, HV * K, ok, m_k, DOT,
-                                          SPAN, WANT_Q, WANT_K)  # fmt: skip
-        d3, e3 = add_parts(d3, e3, A, Kk, WANT_Q, WANT_K)
-        kr = tl.trans(rescale(ke0, c3 - c1))
-        q30, a30 = add_scores(q30, a30, xs, ks, kr, DOT, WANT_Q, WANT_K)
-        kr = tl.trans(rescale(ke1, c3 - c2))
-        q31, a31 = add_scores(q31, a31, xs, ks, kr, DOT, WANT_Q, WANT_K)
-        kr = tl.trans(ke2)
-        q32, a32 = add_scores(q32, a32, xs, ks, kr, DOT, WANT_Q, WANT_K)
+        xs, ks, ke3, c, d3, e3 = add_sub_chunk(d3, e3, pq, pk, pg, pgc, t0, 3, eos, c, H * K, HV * K,
+                                               ok, m_k, DOT, SPAN, WANT_Q, WANT_K)  # fmt: skip
+        q30, a30 = add_scores(q30, a30, xs, ks, tl.trans(rescale(ke0, c3 - c1)), DOT, WANT_Q, WANT_K)
+        q31, a31 = add_scores(q31, a31, xs, ks, tl.trans(rescale(ke1, c3 - c2)), DOT, WANT_Q, WANT_K)
+        q32, a32 = add_scores(q32, a32, xs, ks, tl.trans(ke2), DOT, WANT_Q, WANT_K)
 
     o = tl.arange(0, 16)
     strict = o[:, None] > o[None, :]

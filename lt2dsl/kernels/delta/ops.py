@@ -64,21 +64,10 @@ def _chunk_fwd_outputs(q, k, v, beta, cu_seqlens, gate, want_final, save, alloc)
 
 
 def _chunk_fwd_impl(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None,
-    beta: Tensor,
-    h0: Tensor | None,
-    cu_seqlens: Tensor | None,
-    gate: int,
-    scale: float,
-    want_final: bool,
-    save: bool,
-    fused_scan: bool,
-    grad_bk: int,
-    kda_diag_span: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None,
+    cu_seqlens: Tensor | None, gate: int, scale: float, want_final: bool, save: bool, fused_scan: bool,
+    grad_bk: int, kda_diag_span: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     recipe = DeltaRecipe(fused_scan, grad_bk, kda_diag_span)
     meta = ChunkMeta(q.shape[0], q.shape[1], v.shape[2], cu_seqlens)
     Aqk = None
@@ -112,26 +101,10 @@ def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, save, *recipe):
 
 
 def _chunk_bwd_impl(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None,
-    beta: Tensor,
-    h0: Tensor | None,
-    cu_seqlens: Tensor | None,
-    gcum: Tensor,
-    Ainv: Tensor,
-    Aqk: Tensor,
-    h: Tensor,
-    vnew: Tensor,
-    do: Tensor,
-    dht: Tensor | None,
-    gate: int,
-    scale: float,
-    fused_scan: bool,
-    grad_bk: int,
-    kda_diag_span: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None,
+    cu_seqlens: Tensor | None, gcum: Tensor, Ainv: Tensor, Aqk: Tensor, h: Tensor, vnew: Tensor, do: Tensor,
+    dht: Tensor | None, gate: int, scale: float, fused_scan: bool, grad_bk: int, kda_diag_span: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     recipe = DeltaRecipe(fused_scan, grad_bk, kda_diag_span)
     B, T, H, K = q.shape
     HV = v.shape[2]
@@ -248,18 +221,9 @@ def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk):
 
 
 def _recurrent_impl(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None,
-    beta: Tensor,
-    h0: Tensor | None,
-    cu_seqlens: Tensor | None,
-    gate: int,
-    scale: float,
-    want_final: bool,
-    l2norm_qk: bool,
-) -> tuple[Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, h0: Tensor | None,
+    cu_seqlens: Tensor | None, gate: int, scale: float, want_final: bool, l2norm_qk: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     N, HV, K, V = _n_states(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]
     ht = empty(q, N, HV, K, V, dtype=torch.float32) if want_final else None
     o = _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk)
@@ -277,17 +241,9 @@ def _(q, k, v, g, beta, h0, cu_seqlens, gate, scale, want_final, l2norm_qk):
 
 
 def _recurrent_inplace_impl(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None,
-    beta: Tensor,
-    state: Tensor,
-    cu_seqlens: Tensor | None,
-    gate: int,
-    scale: float,
-    l2norm_qk: bool,
-) -> Tensor:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, state: Tensor, cu_seqlens: Tensor | None,
+    gate: int, scale: float, l2norm_qk: bool,
+) -> Tensor:  # fmt: skip
     return _recurrent(q, k, v, g, beta, state, state, cu_seqlens, gate, scale, l2norm_qk)
 
 
