@@ -12,6 +12,14 @@ labelled tokens. The teacher runs frozen, in eval mode, without gradients.
   (hybrid-distillation's `AttentionDistillationWrapper`). Only the replaced mixers train.
 * `hidden` (the study's stage 2): the same with whole blocks: the student's block on the teacher's
   block input against the teacher's block output.
+
+A `dsa` mixer's lightning indexer gets no gradient from either distance (its top-k pick is
+discrete); it is a mixer parameter, and what trains it is its KL to the main attention it
+approximates (`train/indexer.py`; DeepSeek-V3.2's warm-up trains the indexer alone by that KL). So
+in `align` and `hidden`, as in `kd`, every training application of a student `dsa` mixer adds its
+`indexer_loss` to the stage's objective and to the logged `indexer_loss`: the block's hook fires when
+`hidden` calls the student's block, and `align`, calling the mixer alone, hangs the KL on the
+mixer's output itself (`IndexerLoss.add`).
 * `kd` (LT2's stage 2, the study's stage 3): KL to the teacher's logits plus next-token loss
   (`kl.linear_kd_loss`, chunked), every parameter; with `kl_weight = 0` the teacher does not run
   (the `long` stage's default: plain next-token training).
@@ -29,6 +37,7 @@ from torch import nn
 from lt2dsl.distill.init import init_student
 from lt2dsl.distill.kl import linear_kd_loss
 from lt2dsl.distill.lineup import Pair, line_up
+from lt2dsl.lowering.layers.dsa import SparseAttention
 from lt2dsl.train.loss import IGNORE, label_hits, linear_cross_entropy
 from lt2dsl.train.parallel import TrainModel
 
@@ -130,12 +139,16 @@ class MatchOutputs(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
         mask, terms = labels != IGNORE, []
+        indexer = self.student.indexer  # the DSA indexers' KL (`train/indexer.py`), None without
 
         def beside(student_module: nn.Module):
             def hook(module, args, out):
                 x, _entry, pos, cu = args  # a block or mixer call: (input, cache entry, pos, cu_seqlens)
                 with torch.enable_grad():  # the teacher runs without gradients; its neighbour trains
                     s = student_module(x.detach(), None, pos, cu)
+                    if indexer is not None and isinstance(student_module, SparseAttention):
+                        # a mixer called alone: no block hook runs; x is what it reads
+                        s = indexer.add([student_module], x.detach(), pos, cu, s)
                     terms.append(rms_error(out.detach(), s, mask))
 
             return hook
@@ -144,12 +157,16 @@ class MatchOutputs(nn.Module):
             self.pick(self.teacher.blocks[i]).register_forward_hook(beside(self.pick(self.student.blocks[i])))
             for i in self.blocks
         ]
+        if indexer is not None:
+            indexer.begin()
         try:
             with torch.no_grad():
                 self.teacher(input_ids, None, cu_seqlens)
         finally:
             for h in handles:
                 h.remove()
+        if indexer is not None:
+            indexer.end()
         return torch.stack(terms).mean()
 
 

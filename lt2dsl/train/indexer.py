@@ -76,8 +76,19 @@ class IndexerLoss:
         cu = args[3] if len(args) > 3 else kwargs.get("cu_seqlens")
         with torch.no_grad():
             x = block.norms[0](h)  # what every mixer of the block reads (`ResidualBlock.forward`)
+        return self.add(dsa_layers(block), x, pos, cu, out)
+
+    def add(
+        self, layers: list[SparseAttention], x: torch.Tensor, pos: int, cu, out: torch.Tensor
+    ) -> torch.Tensor:
+        """`out` carrying the KL of `layers` on their input `x` `[B, T, D]` (recorded); `out` itself
+        when none of them trains. A caller that runs a `dsa` mixer outside its block's call (the
+        distillation's `align` stage) hangs the KL on the mixer's output with this."""
+        layers = [layer for layer in layers if layer.training and torch.is_grad_enabled()]
+        if not layers:
+            return out
         total = None
-        for layer in dsa_layers(block):
+        for layer in layers:
             kl = layer.indexer_loss(x, pos, sparse=self.sparse, reduction="mean", cu_seqlens=cu)
             self.values.append(kl.detach())
             total = kl if total is None else total + kl
