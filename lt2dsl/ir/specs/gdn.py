@@ -44,7 +44,7 @@ class GdnSpec(GvaDeltaSpec):
 
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
         H, HV, K, V = gva_dims(o)
-        return cfg.dim + 2 * (2 * H * K + HV * V) + 3 * HV * V + 2 * HV
+        return cfg.dim + 2 * (2 * H * K + HV * V) + 3 * HV * V + 2 * HV + self.chunk_saved(o)
 
 
 # fla's layer (`attn.` in its models) names its weights as we do.

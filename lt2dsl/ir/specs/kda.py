@@ -30,6 +30,8 @@ class KdaSpec(GvaDeltaSpec):
 
     proj = tuple(PROJ)
     sub = SUB
+    extra_scores = 1
+    channel_gate = True
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D) with V = K · expand_v; low-rank forget gate f: D → V → HV·K;

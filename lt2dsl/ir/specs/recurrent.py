@@ -90,8 +90,27 @@ class DeltaSpec(StateSpec):
         H, HV, K, V = self.heads_dims(o)
         return {"q": H * K, "k": H * K, "v": HV * V}
 
+    # fp32 [T, HV, CHUNK] score matrices the chunk kernel saves for backward besides the inverse
+    # (KDA's gated q·k scores); with its per-channel gate, the fp32 cumulative gate per key channel
+    extra_scores: ClassVar[int] = 0
+    channel_gate: ClassVar[bool] = False
+
     def is_delta_rule(self) -> bool:
         return True
+
+    def chunk_saved(self, o: Opts) -> int:
+        """Elements per token that the delta-rule chunk kernel saves for backward beyond the layer's
+        own tensors (`kernels/delta/ops.py`, `_chunk_fwd_outputs`), counted at 2 bytes an element
+        (bf16 training; an fp32 tensor counts twice): the chunk states `[chunks, HV, K, V]`, one per
+        64-token chunk, in the compute dtype; the fp32 intra-chunk inverse `[T, HV, 64]` (and KDA's
+        fp32 gated scores of the same shape); KDA's fp32 cumulative gate `[T, HV, K]`."""
+        H, HV, K, V = self.heads_dims(o)
+        states = -(-HV * K * V // CHUNK)
+        scores = 2 * HV * CHUNK * (1 + self.extra_scores)
+        return states + scores + (2 * HV * K if self.channel_gate else 0)
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        return super().activations(o, cfg) + self.chunk_saved(o)
 
 
 def gva_dims(o: Opts) -> tuple[int, int, int, int]:
