@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from lt2dsl.train.objective import LMObjective, Objective
 from lt2dsl.train.optim import build_optimizer, build_scheduler
 from lt2dsl.train.parallel import Dist, TrainModel, init_dist, no_sync_unless, parallelize
 from lt2dsl.train.plot import plot_metrics
+from lt2dsl.train.waits import DataWaits
 
 
 @dataclass
@@ -122,6 +122,7 @@ class Trainer:
         self.ckpt_root = self.out / cfg.checkpoint.folder
         self.observes = bool(getattr(self.data.train, "observes", False))
         self.step_hits: torch.Tensor | None = None
+        self.waits = DataWaits(d.device)  # what a step waits for its batches (`data_loading(%)`)
 
     # ---- the run --------------------------------------------------------------------------------
 
@@ -154,11 +155,11 @@ class Trainer:
 
     def _step(self, step: int, window: _Window, metrics: Metrics, result: RunResult) -> None:
         """Read the step's batches, train on them, and log when the interval ends."""
-        t0 = time.perf_counter()
+        self.waits.start()
         host = self.data.train.next_step()
         labelled = sum(int((b.labels != IGNORE).sum()) for b in host)  # counted before the copy
         batches = [b.to(self.d.device) for b in host]
-        window.data_s += time.perf_counter() - t0
+        self.waits.ready()
         loss_sum, count, grad_norm = self.train_step(batches, labelled)
         if self.observes:
             right = self.d.all_sum([float(self.step_hits)])[0]
@@ -172,7 +173,7 @@ class Trainer:
         self._flush(window.pending, result)
         lr = self.opt.param_groups[0]["lr"]
         loss, norm = result.losses[step], _item(grad_norm)
-        metrics.log(step, loss, norm, lr, window.tokens, window.data_s, self._extra())
+        metrics.log(step, loss, norm, lr, window.tokens, self.waits.take(), self._extra())
         window.reset()
 
     def _extra(self) -> dict:
@@ -294,15 +295,14 @@ class Trainer:
 
 @dataclass
 class _Window:
-    """What accumulates between two metric rows: the steps whose losses are not yet read, the
-    tokens this process ran, and the seconds spent reading batches."""
+    """What accumulates between two metric rows: the steps whose losses are not yet read and the
+    tokens this process ran."""
 
     pending: list = field(default_factory=list)
     tokens: int = 0
-    data_s: float = 0.0
 
     def reset(self) -> None:
-        self.pending, self.tokens, self.data_s = [], 0, 0.0
+        self.pending, self.tokens = [], 0
 
 
 def _item(x: torch.Tensor) -> float:

@@ -5,7 +5,9 @@
     tps                        tokens per second per process (every input position counts)
     tflops                     tps × training FLOPs per token (`lt2dsl.cost` estimate) / 1e12
     mfu                        tflops as a percentage of the card's peak (`lt2dsl/cost/hw`, PaLM's MFU)
-    data_loading(%)            share of the step time spent reading batches
+    data_loading(%)            share of the step time the device waits for its batches: reading
+                               them and their copies, as far as the device does not hide them
+                               behind the previous step (`train/waits.py`)
     memory/max_reserved(GiB)   peak memory the CUDA allocator reserved (null on the CPU)
 
 A task source that observes (a curriculum) adds `task/accuracy` (the step's exact match) and
@@ -104,8 +106,8 @@ class Metrics:
     def log(
         self, step: int, loss: float, grad_norm: float, lr: float, tokens: int, data_s: float, extra=None
     ) -> dict:
-        """A training row for `step`; `tokens` and `data_s` since the previous row; `extra` adds
-        named values (a task's `task/accuracy`, `task/stage`)."""
+        """A training row for `step`; `tokens` and `data_s` (the device's waits for batches) since the
+        previous row; `extra` adds named values (a task's `task/accuracy`, `task/stage`)."""
         now = time.perf_counter()
         elapsed, self._mark = max(now - self._mark, 1e-9), now
         tps = tokens / elapsed
