@@ -15,7 +15,10 @@ block's first norm of its input, recomputed without gradient — and `AddAux` ha
 whatever loss is backpropagated through the model trains the indexer too. Per optimizer step the
 indexer's objective is `weight` × Σ over applications of the mean KL per token (micro-batches and
 processes averaged). The values of the training forwards are kept for the metric row
-(`indexer_loss`: mean KL per token and application); a recomputation in backward keeps none.
+(`indexer_loss`: mean KL per token and application); a recomputation in backward keeps none. A
+loss that calls the model's modules itself rather than through `TrainModel.forward` (the
+distillation's `align` and `hidden` stages) brackets its forward with `begin()` / `end()` too,
+and one that calls a `dsa` mixer outside its block hangs the KL on the mixer's output with `add`.
 """
 
 from __future__ import annotations
