@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
+from ..common.attn_triton import dot_precision, head_constexprs, load_rows, mm, pow2, store_rows
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, new_empty, triton_interpreting
 from ..common.tl_util import cast
 from .recipe import AttnRecipe, default_recipe, ds_applies
@@ -77,54 +77,19 @@ def _bwd_pre_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    DU,
-    LSE,
-    DELTA,
-    DQ,
-    CU_Q,
-    CU_K,
-    BLK_MAP,
-    Tq,
-    Tk,
-    qoff,
-    W,
-    KOFF,
-    qk_scale,
-    scale,
-    NROWS,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_W: tl.constexpr,
-    KSTRIDE: tl.constexpr,
-    VARLEN: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    ORDER: tl.constexpr,
-):
+    Q, K, V, DU, LSE, DELTA, DQ, CU_Q, CU_K, BLK_MAP,
+    Tq, Tk, qoff, W, KOFF, qk_scale, scale, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, ORDER: tl.constexpr,
+):  # fmt: skip
     """dQ of BM query rows of one head; same program layout and key band as the forward."""
-    h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos = query_block(
-        CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, BM, VARLEN, ORDER
+    h, hk, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos, offs_d, offs_dv, row_off = query_block(
+        CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, GRP, BD, BDV, BM, VARLEN, ORDER
     )
-    hk = h // GRP
     HKV = HQ // GRP
-    offs_d = tl.arange(0, BD)
-    offs_dv = tl.arange(0, BDV)
-    row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
-    q = tl.load(
-        Q + row_off[:, None] * D + offs_d[None, :], mask=in_q[:, None] & (offs_d[None, :] < D), other=0.0
-    )
-    do = tl.load(
-        DU + row_off[:, None] * DV + offs_dv[None, :], mask=in_q[:, None] & (offs_dv[None, :] < DV), other=0.0
-    )
+    q = load_rows(Q, row_off, D, in_q, offs_d, D)
+    do = load_rows(DU, row_off, DV, in_q, offs_dv, DV)
     lse = tl.load(LSE + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=float("inf"))
     delta = tl.load(DELTA + h.to(tl.int64) * NROWS + bos_q + rows, mask=in_q, other=0.0)
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
@@ -146,33 +111,15 @@ def _bwd_dq_kernel(
             dp = mm(do, vt, DOT_PREC)
             ds = p * (dp - delta[:, None])
             dq += mm(cast(ds, kt.dtype), tl.trans(kt), DOT_PREC)
-    tl.store(
-        DQ + row_off[:, None] * D + offs_d[None, :],
-        cast(dq * scale, DQ.dtype.element_ty),
-        mask=in_q[:, None] & (offs_d[None, :] < D),
-    )
+    store_rows(DQ, row_off, D, in_q, offs_d, D, cast(dq * scale, DQ.dtype.element_ty))
 
 
 @triton.jit
 def _bwd_dq_ds_kernel(
-    DS,
-    K,
-    DQ,
-    Tq,
-    Tk,
-    qoff,
-    scale,
-    BH0,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    BD: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    ORDER: tl.constexpr,
-):
+    DS, K, DQ, Tq, Tk, qoff, scale, BH0,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, ORDER: tl.constexpr,
+):  # fmt: skip
     """dQ = dS K for BM query rows of query head (BH0 · GRP + program_id(1)) of a group, from the
     key-major dS the dK/dV kernel wrote: one dot per tile (the split dQ kernel's three)."""
     pid_m, pid_l = _program_ids(ORDER)
@@ -206,11 +153,7 @@ def _bwd_dq_ds_kernel(
             )
             dq += mm(ds, k, DOT_PREC)
     row_off = ((b * Tq + rows) * HQ + h).to(tl.int64)
-    tl.store(
-        DQ + row_off[:, None] * D + offs_d[None, :],
-        cast(dq * scale, DQ.dtype.element_ty),
-        mask=in_q[:, None] & (offs_d[None, :] < D),
-    )
+    store_rows(DQ, row_off, D, in_q, offs_d, D, cast(dq * scale, DQ.dtype.element_ty))
 
 
 @triton.jit
@@ -248,43 +191,13 @@ def _row_band(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    DU,
-    LSE,
-    DELTA,
-    DK,
-    DV_OUT,
-    DS,
-    CU_Q,
-    CU_K,
-    BLK_MAP,
-    Tq,
-    Tk,
-    qoff,
-    W,
-    KOFF,
-    qk_scale,
-    scale,
-    NROWS,
-    BH0,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_W: tl.constexpr,
-    KSTRIDE: tl.constexpr,
-    VARLEN: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    ORDER: tl.constexpr,
+    Q, K, V, DU, LSE, DELTA, DK, DV_OUT, DS, CU_Q, CU_K, BLK_MAP,
+    Tq, Tk, qoff, W, KOFF, qk_scale, scale, NROWS, BH0,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr, ORDER: tl.constexpr,
     STORE_DS: tl.constexpr,
-):
+):  # fmt: skip
     """dK, dV of BN keys of one kv head, summed over the GRP query heads that read it.
 
     With STORE_DS the programs are the kv heads BH0 + program_id(1) of a group, and each query
@@ -308,12 +221,8 @@ def _bwd_dkdv_kernel(
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     k_off = ((bos_k + keys) * HKV + hk).to(tl.int64)
-    k = tl.load(
-        K + k_off[:, None] * D + offs_d[None, :], mask=in_k[:, None] & (offs_d[None, :] < D), other=0.0
-    )
-    v = tl.load(
-        V + k_off[:, None] * DV + offs_dv[None, :], mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0
-    )
+    k = load_rows(K, k_off, D, in_k, offs_d, D)
+    v = load_rows(V, k_off, DV, in_k, offs_dv, DV)
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BDV], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _row_band(
@@ -336,16 +245,8 @@ def _bwd_dkdv_kernel(
                 rows = m + tl.arange(0, BM)
                 in_q = rows < Tq_n
                 roff = rows.to(tl.int64) * HQ
-                qt = tl.load(
-                    q_ptr + roff[None, :] * D + offs_d[:, None],
-                    mask=in_q[None, :] & (offs_d[:, None] < D),
-                    other=0.0,
-                )
-                do = tl.load(
-                    do_ptr + roff[:, None] * DV + offs_dv[None, :],
-                    mask=in_q[:, None] & (offs_dv[None, :] < DV),
-                    other=0.0,
-                )
+                qt = load_keys_t(q_ptr, roff, in_q, D, offs_d, D)
+                do = load_rows(do_ptr, roff, DV, in_q, offs_dv, DV)
                 lse = tl.load(lse_ptr + rows, mask=in_q, other=float("inf"))
                 delta = tl.load(delta_ptr + rows, mask=in_q, other=0.0)
                 pt = tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :])
@@ -363,16 +264,8 @@ def _bwd_dkdv_kernel(
                 if STORE_DS:
                     tl.store(ds_blk + (ds_rows + rows[None, :]), dst, mask=in_k[:, None] & in_q[None, :])
                 dk += mm(dst, tl.trans(qt), DOT_PREC)
-    tl.store(
-        DK + k_off[:, None] * D + offs_d[None, :],
-        cast(dk * scale, DK.dtype.element_ty),
-        mask=in_k[:, None] & (offs_d[None, :] < D),
-    )
-    tl.store(
-        DV_OUT + k_off[:, None] * DV + offs_dv[None, :],
-        cast(dv, DV_OUT.dtype.element_ty),
-        mask=in_k[:, None] & (offs_dv[None, :] < DV),
-    )
+    store_rows(DK, k_off, D, in_k, offs_d, D, cast(dk * scale, DK.dtype.element_ty))
+    store_rows(DV_OUT, k_off, DV, in_k, offs_dv, DV, cast(dv, DV_OUT.dtype.element_ty))
 
 
 def bwd_config(D: int, dtype: torch.dtype) -> dict:
@@ -544,22 +437,9 @@ def bwd_preprocess(o, do, gate):
 
 
 def attn_bwd(
-    do,
-    q,
-    k,
-    v,
-    o,
-    lse,
-    gate,
-    scale: float,
-    causal: bool,
-    window,
-    cu=None,
-    kstride: int = 1,
-    koff: int = 0,
-    qoff: int | None = None,
-    recipe: AttnRecipe | None = None,
-):
+    do, q, k, v, o, lse, gate, scale: float, causal: bool, window,
+    cu=None, kstride: int = 1, koff: int = 0, qoff: int | None = None, recipe: AttnRecipe | None = None,
+):  # fmt: skip
     """Gradients (dq, dk, dv, dgate) of `attn_fwd`'s output `o` (the gated one) for upstream `do`,
     by `recipe` (default: `default_recipe` of the call)."""
     B, Tq, HQ, D = q.shape

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_triton import dot_precision, load_rows, mm, pow2, softmax_init, softmax_step
 from ..common.attn_utils import rows_contiguous
 from ..common.backend import check_triton_dtype, new_empty, triton_interpreting
 from .triton_fwd import LOG2E, NEG_BIG
@@ -29,36 +29,11 @@ def _kv_program(HQ: tl.constexpr, GRP: tl.constexpr):
 
 @triton.jit
 def _decode_split_kernel(
-    Q,
-    K,
-    V,
-    SEQLENS,
-    O_PART,
-    LSE_PART,
-    L,
-    CHUNK,
-    W,
-    qk_scale,
-    SKB,
-    SKL,
-    SKH,
-    SVB,
-    SVL,
-    SVH,
-    Tq: tl.constexpr,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    BR: tl.constexpr,
-    BN: tl.constexpr,
-    NSPLIT: tl.constexpr,
-    HAS_W: tl.constexpr,
-    RING: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
+    Q, K, V, SEQLENS, O_PART, LSE_PART, L, CHUNK, W, qk_scale, SKB, SKL, SKH, SVB, SVL, SVH,
+    Tq: tl.constexpr, HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, NSPLIT: tl.constexpr,
+    HAS_W: tl.constexpr, RING: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
     """Partial attention of rows (t, g) of kv head `hk` over slots [split·CHUNK, (split+1)·CHUNK)."""
     pid, split, b, hk = _kv_program(HQ, GRP)
     n = tl.load(SEQLENS + b).to(tl.int32)
@@ -68,9 +43,7 @@ def _decode_split_kernel(
     qpos = n - Tq + t
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
     q_off = ((b * Tq + t) * HQ + hk * GRP + g).to(tl.int64)
-    q = tl.load(
-        Q + q_off[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0
-    )
+    q = load_rows(Q, q_off, D, in_r, offs_d, D)
     # element strides (batch, slot, head) of the caches, whose last dim is contiguous: a view of a
     # larger reserved buffer or a head-major layout is read in place, never copied per step
     k_base = K + b.to(tl.int64) * SKB + hk.to(tl.int64) * SKH
@@ -79,9 +52,7 @@ def _decode_split_kernel(
     end = tl.minimum(start + CHUNK, tl.minimum(L, n))
     if not RING and HAS_W:  # a linear cache: skip slots older than every query's window
         start = tl.maximum(start, ((n - Tq - W + 1) // BN) * BN)
-    acc = tl.zeros([BR, BDV], dtype=tl.float32)
-    m_i = tl.full([BR], NEG_BIG, dtype=tl.float32)
-    l_i = tl.zeros([BR], dtype=tl.float32)
+    acc, m_i, l_i = softmax_init(BR, BDV, NEG_BIG)
     for j0 in range(start, end, BN):
         j = j0 + tl.arange(0, BN)
         in_j = j < end
@@ -98,10 +69,7 @@ def _decode_split_kernel(
         if HAS_W:
             ok = ok & (pos[None, :] > qpos[:, None] - W)
         s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, alpha, p, l_i = softmax_step(s, m_i, l_i)
         v = tl.load(
             v_base + (j.to(tl.int64) * SVL)[:, None] + offs_dv[None, :],
             mask=in_j[:, None] & (offs_dv[None, :] < DV),
@@ -116,20 +84,10 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_combine_kernel(
-    O_PART,
-    LSE_PART,
-    GATE,
-    O,
-    Tq: tl.constexpr,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    DV: tl.constexpr,
-    BDV: tl.constexpr,
-    BR: tl.constexpr,
-    NSPLIT: tl.constexpr,
-    BS: tl.constexpr,
-    GATE_MODE: tl.constexpr,
-):
+    O_PART, LSE_PART, GATE, O,
+    Tq: tl.constexpr, HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+    BR: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr, GATE_MODE: tl.constexpr,
+):  # fmt: skip
     """Merge the NSPLIT partials of one (b, kv head, row) by their lse; apply σ(gate)."""
     pid, r, b, hk = _kv_program(HQ, GRP)
     t, g = r // GRP, r % GRP

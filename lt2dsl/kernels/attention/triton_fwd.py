@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, head_constexprs, mm
+from ..common.attn_triton import dot_precision, head_constexprs, load_rows, mm, softmax_init, store_rows
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
 
@@ -89,11 +89,12 @@ def _band(
 
 @triton.jit
 def query_block(
-    CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff,
-    HQ: tl.constexpr, BM: tl.constexpr, VARLEN: tl.constexpr, ORDER: tl.constexpr,
+    CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ: tl.constexpr, GRP: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, VARLEN: tl.constexpr, ORDER: tl.constexpr,
 ):  # fmt: skip
-    """(head, block index, q start, k start, Tq_n, Tk_n, query position offset, rows `[BM]`, rows in
-    range, query positions with -1 for rows past the end) of a query-block program."""
+    """(head, kv head, block index, q start, k start, Tq_n, Tk_n, query position offset, rows `[BM]`,
+    rows in range, query positions with -1 for rows past the end, head-dim and value-dim offsets,
+    int64 row indices `[BM]` of the rows in Q's `[B·Tq, HQ]` rows) of a query-block program."""
     pid_m, pid_bh = _program_ids(ORDER)
     b, h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo = _seq_bounds(
         pid_m, pid_bh, CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, VARLEN
@@ -101,7 +102,11 @@ def query_block(
     rows = i_m * BM + tl.arange(0, BM)
     in_q = rows < Tq_n
     qpos = tl.where(in_q, rows + qo, -1)
-    return h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos
+    hk = h // GRP
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
+    return h, hk, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos, offs_d, offs_dv, row_off
 
 
 @triton.jit
@@ -153,59 +158,28 @@ def band_part(PART: tl.constexpr, lo, full_lo, full_hi, hi):
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q,
-    K,
-    V,
-    GATE,
-    O,
-    LSE,
-    CU_Q,
-    CU_K,
-    BLK_MAP,
-    Tq,
-    Tk,
-    qoff,
-    W,
-    KOFF,
-    qk_scale,
-    NROWS,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HAS_W: tl.constexpr,
-    KSTRIDE: tl.constexpr,
-    GATE_MODE: tl.constexpr,
-    VARLEN: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    Q, K, V, GATE, O, LSE, CU_Q, CU_K, BLK_MAP,
+    Tq, Tk, qoff, W, KOFF, qk_scale, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, HAS_W: tl.constexpr,
+    KSTRIDE: tl.constexpr, GATE_MODE: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
     ORDER: tl.constexpr,
-):
+):  # fmt: skip
     """o[b, rows, h] = softmax(q kᵀ · scale + mask) v, times σ(gate); lse in log2 units.
 
     Q `[B, Tq, HQ, D]`, K `[B, Tk, HKV, D]`, V `[B, Tk, HKV, DV]`, GATE `[B, Tq, HQ, DV]` or `[B, Tq, HQ]`,
     O like Q with DV, LSE `[HQ, NROWS = B·Tq]` fp32 (+inf for a row that sees no key).
     """
-    h, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos = query_block(
-        CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, BM, VARLEN, ORDER
+    h, hk, i_m, bos_q, bos_k, Tq_n, Tk_n, qo, rows, in_q, qpos, offs_d, offs_dv, row_off = query_block(
+        CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, GRP, BD, BDV, BM, VARLEN, ORDER
     )
-    hk = h // GRP
     HKV = HQ // GRP
-    offs_d = tl.arange(0, BD)
-    offs_dv = tl.arange(0, BDV)
-    q_ptr = Q + ((bos_q + rows) * HQ + h).to(tl.int64)[:, None] * D + offs_d[None, :]
-    q = tl.load(q_ptr, mask=in_q[:, None] & (offs_d[None, :] < D), other=0.0)
+    q = load_rows(Q, row_off, D, in_q, offs_d, D)
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
     v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
 
     lo, full_lo, full_hi, hi = query_band(i_m, Tq_n, qo, Tk_n, W, KOFF, BM, BN, CAUSAL, HAS_W, KSTRIDE)
-    acc = tl.zeros([BM, BDV], dtype=tl.float32)
-    m_i = tl.full([BM], NEG_BIG, dtype=tl.float32)
-    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc, m_i, l_i = softmax_init(BM, BDV, NEG_BIG)
     for PART in tl.static_range(3):
         if PART == 2:
             row_off = ((bos_q + rows) * HQ + h).to(tl.int64)
@@ -213,11 +187,7 @@ def _attn_fwd_kernel(
             # dots instead of stalling the epilogue (3% of the gated forward, BENCHMARKS.md "Tried and
             # dropped")
             if GATE_MODE == 1:
-                g = tl.load(
-                    GATE + row_off[:, None] * DV + offs_dv[None, :],
-                    mask=in_q[:, None] & (offs_dv[None, :] < DV),
-                    other=0.0,
-                )
+                g = load_rows(GATE, row_off, DV, in_q, offs_dv, DV)
             if GATE_MODE == 2:
                 g = tl.load(GATE + row_off, mask=in_q, other=0.0)
         start, end = band_part(PART, lo, full_lo, full_hi, hi)
@@ -239,11 +209,7 @@ def _attn_fwd_kernel(
                 p = tl.exp2(qk * qk_scale - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_ptr + offs_n[:, None] * (HKV * DV) + offs_dv[None, :],
-                mask=in_k[:, None] & (offs_dv[None, :] < DV),
-                other=0.0,
-            )
+            v = load_rows(v_ptr, offs_n, HKV * DV, in_k, offs_dv, DV)
             acc = acc * alpha[:, None] + mm(cast(p, v.dtype), v, DOT_PREC)
             m_i = m_new
     empty = l_i == 0.0
@@ -252,11 +218,7 @@ def _attn_fwd_kernel(
         o = o * tl.sigmoid(g.to(tl.float32))
     if GATE_MODE == 2:
         o = o * tl.sigmoid(g.to(tl.float32))[:, None]
-    tl.store(
-        O + row_off[:, None] * DV + offs_dv[None, :],
-        cast(o, O.dtype.element_ty),
-        mask=in_q[:, None] & (offs_dv[None, :] < DV),
-    )
+    store_rows(O, row_off, DV, in_q, offs_dv, DV, cast(o, O.dtype.element_ty))
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + h.to(tl.int64) * NROWS + bos_q + rows, lse, mask=in_q)
 
@@ -285,18 +247,9 @@ def varlen_blocks(cu: list[int], bm: int, device) -> torch.Tensor:
 
 
 def attn_fwd(
-    q,
-    k,
-    v,
-    gate,
-    scale: float,
-    causal: bool,
-    window,
-    cu=None,
-    kstride: int = 1,
-    koff: int = 0,
-    qoff: int | None = None,
-):
+    q, k, v, gate, scale: float, causal: bool, window,
+    cu=None, kstride: int = 1, koff: int = 0, qoff: int | None = None,
+):  # fmt: skip
     """Launch the forward. q `[B, Tq, HQ, D]`, k `[B, Tk, HKV, D]`, v `[B, Tk, HKV, DV]`.
 
     `cu` = (cu_q, cu_k) int lists for a packed batch (B == 1) or None. `qoff`: absolute position of

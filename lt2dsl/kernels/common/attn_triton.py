@@ -17,6 +17,45 @@ def mm(a, b, DOT_PREC: tl.constexpr):
     return tl.dot(a, b, input_precision=DOT_PREC)
 
 
+@triton.jit
+def load_rows(ptr, off, STRIDE, in_rows, offs, WIDTH: tl.constexpr):
+    """The `[R, B?]` tile of rows `off` (`[R]`, STRIDE elements apart) and columns `offs`, zero for
+    rows out of range (`in_rows`) or columns past WIDTH."""
+    return tl.load(
+        ptr + off[:, None] * STRIDE + offs[None, :],
+        mask=in_rows[:, None] & (offs[None, :] < WIDTH),
+        other=0.0,
+    )
+
+
+@triton.jit
+def store_rows(ptr, off, STRIDE, in_rows, offs, WIDTH: tl.constexpr, value):
+    """Store `value` `[R, B?]` into the tile `load_rows` reads."""
+    tl.store(
+        ptr + off[:, None] * STRIDE + offs[None, :], value, mask=in_rows[:, None] & (offs[None, :] < WIDTH)
+    )
+
+
+@triton.jit
+def softmax_init(BR: tl.constexpr, BV: tl.constexpr, START: tl.constexpr):
+    """(acc `[BR, BV]`, running max `[BR]` from START, running sum `[BR]`) of an online softmax."""
+    acc = tl.zeros([BR, BV], dtype=tl.float32)
+    m_i = tl.full([BR], START, dtype=tl.float32)
+    l_i = tl.zeros([BR], dtype=tl.float32)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def softmax_step(s, m_i, l_i):
+    """(new running max, rescale factor of the old terms, p = exp2(s − max), new running sum) of
+    scores s `[BR, BN]` in log2 units."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, alpha, p, l_i
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """Dot policy for an input dtype.
 
