@@ -18,7 +18,16 @@ import triton.language as tl
 
 from ..attention.triton_bwd import bwd_preprocess
 from ..attention.triton_fwd import LOG2E, NEG_BIG
-from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
+from ..common.attn_triton import (
+    dot_precision,
+    head_constexprs,
+    load_rows,
+    mm,
+    pow2,
+    softmax_init,
+    softmax_step,
+    store_rows,
+)
 from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
 
@@ -58,40 +67,16 @@ def _query_group(
     in_r = r < GRP
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
     row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
-    q = tl.load(Q + row[:, None] * D + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    q = load_rows(Q, row, D, in_r, offs_d, D)
     return t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q
 
 
 @triton.jit
 def _sparse_fwd_kernel(
-    Q,
-    K,
-    V,
-    IDX,
-    O,
-    LSE,
-    Tq,
-    Tk,
-    NIDX,
-    qk_scale,
-    NROWS,
-    SKB,
-    SKT,
-    SKH,
-    SVB,
-    SVT,
-    SVH,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    BR: tl.constexpr,
-    BK: tl.constexpr,
-    IDX_H: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
+    Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS, SKB, SKT, SKH, SVB, SVT, SVH,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
     """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
     t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q = _query_group(Q, Tq, Tk, HQ, GRP, D, BD, BDV, BR)
     # element strides (batch, position, head) of k and v, last dim contiguous: a decode step reads
@@ -99,68 +84,34 @@ def _sparse_fwd_kernel(
     k_base = K + b.to(tl.int64) * SKB + hk.to(tl.int64) * SKH
     v_base = V + b.to(tl.int64) * SVB + hk.to(tl.int64) * SVH
     idx_base = IDX + ((b * Tq + t) * IDX_H + (hk if IDX_H > 1 else 0)).to(tl.int64) * NIDX
-    acc = tl.zeros([BR, BDV], dtype=tl.float32)
-    m_i = tl.full([BR], NEG_BIG, dtype=tl.float32)
-    l_i = tl.zeros([BR], dtype=tl.float32)
+    acc, m_i, l_i = softmax_init(BR, BDV, NEG_BIG)
     for i0 in range(0, NIDX, BK):
         j = i0 + tl.arange(0, BK)
         idx = tl.load(idx_base + j, mask=j < NIDX, other=-1)
         ok = (idx >= 0) & (idx <= pos) & (idx < Tk)
         kt = tl.trans(_gather_strided(k_base, idx, offs_d, D, SKT, ok))
         s = tl.where(ok[None, :], mm(q, kt, DOT_PREC) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, alpha, p, l_i = softmax_step(s, m_i, l_i)
         v = _gather_strided(v_base, idx, offs_dv, DV, SVT, ok)
         acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
         m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(
-        O + row[:, None] * DV + offs_dv[None, :],
-        o.to(O.dtype.element_ty),
-        mask=in_r[:, None] & (offs_dv[None, :] < DV),
-    )
+    store_rows(O, row, DV, in_r, offs_dv, DV, o.to(O.dtype.element_ty))
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
 
 
 @triton.jit
 def _sparse_bwd_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    IDX,
-    LSE,
-    DELTA,
-    DQ,
-    DK,
-    DV_ACC,
-    Tq,
-    Tk,
-    NIDX,
-    qk_scale,
-    scale,
-    NROWS,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    BR: tl.constexpr,
-    BK: tl.constexpr,
-    IDX_H: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
+    Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NIDX, qk_scale, scale, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
     """dq of one query's G heads; dk, dv of its selected keys added atomically into fp32 buffers."""
     HKV = HQ // GRP
     t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q = _query_group(Q, Tq, Tk, HQ, GRP, D, BD, BDV, BR)
-    do = tl.load(
-        DO + row[:, None] * DV + offs_dv[None, :], mask=in_r[:, None] & (offs_dv[None, :] < DV), other=0.0
-    )
+    do = load_rows(DO, row, DV, in_r, offs_dv, DV)
     qt, dot_ = tl.trans(q), tl.trans(do)
     lse = tl.load(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=float("inf"))
     delta = tl.load(DELTA + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, mask=in_r, other=0.0)

@@ -12,31 +12,16 @@ import triton
 import triton.language as tl
 
 from ..attention.triton_fwd import LOG2E
-from ..common.attn_triton import dot_precision, mm, pow2
+from ..common.attn_triton import dot_precision, load_rows, mm, pow2
 from ..common.backend import triton_interpreting
 
 
 @triton.jit
 def _group_probs_kernel(
-    Q,
-    KC,
-    LSE,
-    P,
-    Tq,
-    NC,
-    qoff,
-    KOFF,
-    qk_scale,
-    NROWS,
-    HQ: tl.constexpr,
-    GRP: tl.constexpr,
-    D: tl.constexpr,
-    BD: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    KSTRIDE: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
+    Q, KC, LSE, P, Tq, NC, qoff, KOFF, qk_scale, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, KSTRIDE: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
     """P `[B, HKV, Tq, NC]` fp32 from Q `[B, Tq, HQ, D]`, KC `[B, NC, HKV, D]`, LSE `[HQ, B·Tq]`."""
     HKV = HQ // GRP
     i_m, pid, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -55,11 +40,7 @@ def _group_probs_kernel(
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for g in range(GRP):
         h = hk * GRP + g
-        q = tl.load(
-            Q + ((b * Tq + rows) * HQ + h).to(tl.int64)[:, None] * D + offs[None, :],
-            mask=in_q[:, None] & (offs[None, :] < D),
-            other=0.0,
-        )
+        q = load_rows(Q, ((b * Tq + rows) * HQ + h).to(tl.int64), D, in_q, offs, D)
         lse = tl.load(LSE + h.to(tl.int64) * NROWS + b * Tq + rows, mask=in_q, other=float("inf"))
         acc += tl.where(ok, tl.exp2(mm(q, kt, DOT_PREC) * qk_scale - lse[:, None]), 0.0)
     out = P + ((b * HKV + hk) * Tq + rows).to(tl.int64)[:, None] * NC + cols[None, :]
