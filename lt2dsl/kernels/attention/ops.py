@@ -30,20 +30,9 @@ def _cu(cu_q: Tensor | None, cu_k: Tensor | None):
 
 @custom_op("lt2dsl::attn_fwd", mutates_args=())
 def attn_fwd_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    gate: Tensor | None,
-    scale: float,
-    causal: bool,
-    window: int,
-    cu_q: Tensor | None,
-    cu_k: Tensor | None,
-    kstride: int,
-    koff: int,
-    qoff: int,
-    recipe: str,
-) -> tuple[Tensor, Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, gate: Tensor | None, scale: float, causal: bool, window: int,
+    cu_q: Tensor | None, cu_k: Tensor | None, kstride: int, koff: int, qoff: int, recipe: str,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Tiled attention forward; returns (o `[B, Tq, HQ, DV]`, lse `[HQ, B·Tq]` fp32 log2 units).
     `recipe` is the backward's (autograd passes it on)."""
     return attn_fwd(q, k, v, gate, scale, causal, window or None, _cu(cu_q, cu_k), kstride, koff, qoff)
@@ -57,23 +46,10 @@ def _(q, k, v, gate, scale, causal, window, cu_q, cu_k, kstride, koff, qoff, rec
 
 @custom_op("lt2dsl::attn_bwd", mutates_args=())
 def attn_bwd_op(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    gate: Tensor | None,
-    scale: float,
-    causal: bool,
-    window: int,
-    cu_q: Tensor | None,
-    cu_k: Tensor | None,
-    kstride: int,
-    koff: int,
-    qoff: int,
-    recipe: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, gate: Tensor | None,
+    scale: float, causal: bool, window: int, cu_q: Tensor | None, cu_k: Tensor | None,
+    kstride: int, koff: int, qoff: int, recipe: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """Gradients of `attn_fwd_op`'s o by the named recipe; dgate is an empty tensor without a gate."""
     cu = _cu(cu_q, cu_k)
     how = pick(recipe, window or None, cu, kstride, koff, qoff)
