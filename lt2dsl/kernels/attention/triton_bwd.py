@@ -22,6 +22,7 @@ import triton.language as tl
 
 from ..common.attn_triton import dot_precision, head_constexprs, load_rows, mm, pow2, store_rows
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, new_empty, triton_interpreting
+from ..common.tiles import config_table
 from ..common.tl_util import cast
 from .recipe import AttnRecipe, default_recipe, ds_applies
 from .triton_fwd import (
@@ -295,24 +296,17 @@ def bwd_config(D: int, dtype: torch.dtype) -> dict:
 # dK/dV does 2x the forward's matmul work, so it ran at ~55% of the forward's rate. Larger key
 # tiles (128) halve the re-reads of q, dO, lse and D per key and are FlashAttention-2's choice at
 # head dim 128 (64 x 128 tiles, 8 warps); larger query tiles do the same for dQ.
-KV_CONFIGS = [
-    triton.Config({"BN": 64, "BM": 64}, num_warps=8, num_stages=2),
-    triton.Config({"BN": 128, "BM": 32}, num_warps=8, num_stages=2),
-    triton.Config({"BN": 128, "BM": 64}, num_warps=8, num_stages=2),
-    triton.Config({"BN": 128, "BM": 32}, num_warps=8, num_stages=3),
-    triton.Config({"BN": 64, "BM": 32}, num_warps=4, num_stages=2),
+# rows: (BN, BM, warps, stages)
+KV_CONFIGS = config_table(("BN", "BM"), [
+    (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 2),
     # offline sm_90: 72 B of spills (64 x 64, 8 warps, 3 stages); 104 B (128 x 64, 3 stages: fewer
     # than its 2-stage twin's 224), 120 B with the dS store
-    triton.Config({"BN": 64, "BM": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BN": 128, "BM": 64}, num_warps=8, num_stages=3),
-]
-Q_CONFIGS = [
-    triton.Config({"BM": 64, "BN": 64}, num_warps=4, num_stages=2),
-    triton.Config({"BM": 128, "BN": 32}, num_warps=8, num_stages=2),
-    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=2),
-    triton.Config({"BM": 64, "BN": 32}, num_warps=4, num_stages=3),
-    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3),  # 233 registers, no spills
-]
+    (64, 64, 8, 3), (128, 64, 8, 3),
+])  # fmt: skip
+# rows: (BM, BN, warps, stages); the last one: 233 registers, no spills
+Q_CONFIGS = config_table(("BM", "BN"), [
+    (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 64, 8, 3),
+])  # fmt: skip
 # The dK/dV kernel writing dS holds one more tile through the loop (the 16-bit dsᵀ, converted to a
 # row-contiguous layout for 16-byte stores), so it runs the same list. Offline sm_90 the 128 x 64
 # 2-stage tile spills 536 B per thread with the integer arguments unaligned (T = 1000) but 272 B
@@ -321,14 +315,9 @@ Q_CONFIGS = [
 KV_DS_CONFIGS = KV_CONFIGS
 # dQ = dS K reads 2 bytes of dS per 256 FLOPs (D = 128): below the H200's ~180 FLOP/byte ridge, so
 # the tiles are chosen for streaming dS (deep pipelines) more than for the dots.
-DS_CONFIGS = [
-    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=2),
-    triton.Config({"BM": 64, "BN": 128}, num_warps=4, num_stages=3),
-    triton.Config({"BM": 64, "BN": 64}, num_warps=4, num_stages=4),
-    triton.Config({"BM": 128, "BN": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=4),
-]
+DS_CONFIGS = config_table(("BM", "BN"), [
+    (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3), (64, 64, 4, 4), (128, 128, 8, 3), (128, 64, 8, 4),
+])  # fmt: skip
 _KEY = ["HQ", "GRP", "D", "DV", "CAUSAL", "HAS_W", "KSTRIDE", "DOT_PREC", "ORDER", "STORE_DS"]
 _DS_KEY = ["HQ", "GRP", "D", "CAUSAL", "DOT_PREC", "ORDER"]
 
@@ -386,28 +375,8 @@ def _bwd_ds(q, k, v, du, lse, delta, dq, dk, dv, dummy, scalars, common, cfg, tu
             _dq_ds_tuned[lambda m, n=n: (triton.cdiv(Tq, m["BM"]), n * GRP)](ds, k, dq, *q_scalars, g0, **qk)
             continue
         ckv, cq = cfg["kv"], cfg["ds"]
-        _bwd_dkdv_kernel[(triton.cdiv(Tk, ckv["BN"]), n)](
-            *args,
-            BM=ckv["BM"],
-            BN=ckv["BN"],
-            ORDER=0,
-            STORE_DS=True,
-            num_warps=ckv["num_warps"],
-            num_stages=ckv["num_stages"],
-            **common,
-        )
-        _bwd_dq_ds_kernel[(triton.cdiv(Tq, cq["BM"]), n * GRP)](
-            ds,
-            k,
-            dq,
-            *q_scalars,
-            g0,
-            BM=cq["BM"],
-            BN=cq["BN"],
-            num_warps=cq["num_warps"],
-            num_stages=cq["num_stages"],
-            **qk,
-        )
+        _bwd_dkdv_kernel[(triton.cdiv(Tk, ckv["BN"]), n)](*args, ORDER=0, STORE_DS=True, **ckv, **common)
+        _bwd_dq_ds_kernel[(triton.cdiv(Tq, cq["BM"]), n * GRP)](ds, k, dq, *q_scalars, g0, **cq, **qk)
 
 
 def bwd_preprocess(o, do, gate):
@@ -471,31 +440,6 @@ def attn_bwd(
     if group:
         _bwd_ds(q, k, v, du, lse, delta, dq, dk, dv, dummy, scalars, common, cfg, tuned, group, o_q)
         return dq, dk, dv, dg
-    if tuned:
-        cu_q = cu_k = blk_q = blk_k = dummy
-        _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
-            q,
-            k,
-            v,
-            du,
-            lse,
-            delta,
-            dk,
-            dv,
-            dummy,
-            cu_q,
-            cu_k,
-            blk_k,
-            *scalars,
-            0,
-            ORDER=o_k,
-            STORE_DS=False,
-            **common,
-        )
-        _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](
-            q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars, ORDER=o_q, **common
-        )
-        return dq, dk, dv, dg
     if cu is None:
         cu_q = cu_k = blk_q = blk_k = dummy
         grid_q, grid_k = (triton.cdiv(Tq, cq["BM"]), B * HQ), (triton.cdiv(Tk, ckv["BN"]), B * HKV)
@@ -504,46 +448,14 @@ def attn_bwd(
         blk_q, nq = varlen_blocks(cu[0], cq["BM"], q.device)
         blk_k, nk = varlen_blocks(cu[1], ckv["BN"], q.device)
         grid_q, grid_k = (max(nq, 1), HQ), (max(nk, 1), HKV)
-    _bwd_dkdv_kernel[grid_k](
-        q,
-        k,
-        v,
-        du,
-        lse,
-        delta,
-        dk,
-        dv,
-        dummy,
-        cu_q,
-        cu_k,
-        blk_k,
-        *scalars,
-        0,
-        BM=ckv["BM"],
-        BN=ckv["BN"],
-        ORDER=o_k,
-        STORE_DS=False,
-        num_warps=ckv["num_warps"],
-        num_stages=ckv["num_stages"],
-        **common,
-    )
-    _bwd_dq_kernel[grid_q](
-        q,
-        k,
-        v,
-        du,
-        lse,
-        delta,
-        dq,
-        cu_q,
-        cu_k,
-        blk_q,
-        *scalars,
-        BM=cq["BM"],
-        BN=cq["BN"],
-        ORDER=o_q,
-        num_warps=cq["num_warps"],
-        num_stages=cq["num_stages"],
-        **common,
-    )
+    kv_args = (q, k, v, du, lse, delta, dk, dv, dummy, cu_q, cu_k, blk_k, *scalars, 0)
+    q_args = (q, k, v, du, lse, delta, dq, cu_q, cu_k, blk_q, *scalars)
+    if tuned:  # cu is None here: the autotuned kernels take fixed-length batches only
+        _dkdv_tuned[lambda m: (triton.cdiv(Tk, m["BN"]), B * HKV)](
+            *kv_args, ORDER=o_k, STORE_DS=False, **common
+        )
+        _dq_tuned[lambda m: (triton.cdiv(Tq, m["BM"]), B * HQ)](*q_args, ORDER=o_q, **common)
+        return dq, dk, dv, dg
+    _bwd_dkdv_kernel[grid_k](*kv_args, ORDER=o_k, STORE_DS=False, **ckv, **common)
+    _bwd_dq_kernel[grid_q](*q_args, ORDER=o_q, **cq, **common)
     return dq, dk, dv, dg

@@ -42,6 +42,11 @@ def autotune_configs(configs: list[triton.Config]) -> list[triton.Config]:
     return configs[:1] if triton_interpreting() else configs
 
 
+def config_table(keys: tuple[str, ...], rows: list[tuple[int, ...]]) -> list[triton.Config]:
+    """`triton.Config`s from table rows (the values of `keys`, then warps and stages)."""
+    return [triton.Config(dict(zip(keys, r[:-2])), num_warps=r[-2], num_stages=r[-1]) for r in rows]
+
+
 def tuned(configs: list[triton.Config], key: list[str], prune=None, reset_to_zero=None):
     """`triton.autotune` over `configs` (one under the interpreter), recorded in AUTOTUNED.
 
