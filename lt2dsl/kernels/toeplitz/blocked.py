@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
-from ..common.tiles import cast, mma, tuned
+from ..common.tiles import cast, config_table, mma, tuned
 from ..common.tl_util import helper
 from .blocked_ref import dft_matrices, packed_dft, window_lags
 from .launch import launch
@@ -66,62 +66,43 @@ def _prune_cols(config, args) -> bool:
 
 
 # the first config of each list is the one the CPU interpreter runs: 32 columns fit every eligible head
-def _io_configs():
-    return [
-        triton.Config({"BC": bc, "NJ": nj}, num_warps=w, num_stages=s)
-        for bc, nj, w, s in [
-            (32, 4, 4, 3),
-            (64, 4, 8, 2),
-            (64, 2, 4, 2),
-            (128, 4, 8, 2),
-            (64, 8, 8, 3),
-            (64, 4, 4, 4),
-            (128, 2, 8, 3),
-            (128, 8, 8, 2),
-            (64, 16, 8, 3),
-        ]
-    ]
+def _io_configs():  # rows: (BC, NJ, warps, stages)
+    return config_table(("BC", "NJ"), [
+        (32, 4, 4, 3), (64, 4, 8, 2), (64, 2, 4, 2), (128, 4, 8, 2), (64, 8, 8, 3),
+        (64, 4, 4, 4), (128, 2, 8, 3), (128, 8, 8, 2), (64, 16, 8, 3),
+    ])  # fmt: skip
 
 
-def _mix_configs():
-    return [
-        triton.Config({"BI": bi, "BJ": bj, "BC": bc}, num_warps=w, num_stages=s)
-        for bi, bj, bc, w, s in [
-            (64, 64, 32, 4, 3),
-            (64, 64, 64, 4, 2),
-            (64, 64, 128, 8, 2),
-            (128, 64, 64, 8, 2),
-            (64, 32, 64, 4, 3),
-        ]
-    ]
+def _mix_configs():  # rows: (BI, BJ, BC, warps, stages)
+    return config_table(("BI", "BJ", "BC"), [
+        (64, 64, 32, 4, 3), (64, 64, 64, 4, 2), (64, 64, 128, 8, 2), (128, 64, 64, 8, 2), (64, 32, 64, 4, 3),
+    ])  # fmt: skip
 
 
-def _tiled_configs():
+def _tiled_configs():  # rows: (BC, OT, warps, stages)
     # OT output tiles a program: each input tile loaded once for OT outputs (pass 2 was bound by
     # its loads at OT = 1: 24 KB a 1-MFLOP step)
-    return [
-        triton.Config({"BC": bc, "OT": ot}, num_warps=w, num_stages=s)
-        for bc, ot, w, s in [
-            (32, 1, 4, 3),
-            (128, 1, 4, 3),
-            (128, 1, 8, 3),
-            (64, 2, 4, 3),
-            (128, 2, 8, 3),
-            (128, 2, 4, 3),
-            (128, 2, 8, 2),
-            (256, 2, 8, 2),
-            (64, 4, 8, 3),
-            (128, 4, 8, 2),
-            (64, 4, 4, 3),
-        ]
-    ]
+    return config_table(("BC", "OT"), [
+        (32, 1, 4, 3), (128, 1, 4, 3), (128, 1, 8, 3), (64, 2, 4, 3), (128, 2, 8, 3), (128, 2, 4, 3),
+        (128, 2, 8, 2), (256, 2, 8, 2), (64, 4, 8, 3), (128, 4, 8, 2), (64, 4, 4, 3),
+    ])  # fmt: skip
 
 
-def _corr_configs():
-    return [
-        triton.Config({"BD": bd, "BC": bc}, num_warps=w, num_stages=s)
-        for bd, bc, w, s in [(64, 32, 8, 3), (64, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2)]
-    ]
+def _corr_configs():  # rows: (BD, BC, warps, stages)
+    return config_table(("BD", "BC"), [(64, 32, 8, 3), (64, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2)])
+
+
+@helper
+def _io_program(C, S: tl.constexpr, BC: tl.constexpr):
+    """(column tile, block group, batch, 2S rows `[2S]`, S rows `[S]`, columns `[BC]`, columns in
+    range) of a `(column tiles, block groups, B)` program of the two DFT passes."""
+    i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    R: tl.constexpr = 2 * S
+    o_r = tl.arange(0, R)
+    o_i = tl.arange(0, S)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    return i_c, i_j, i_b, o_r, o_i, o_c, m_c
 
 
 @tuned(_io_configs(), key=["M", "C", "CH", "S"], prune=_prune_cols)
@@ -131,12 +112,7 @@ def spectra_kernel(
 ):  # fmt: skip
     """out[b, r, J, c] = Σ_i mat[r, i] x[b, J·S + i, c] for r < 2S (x is zero past T); out's element
     strides are (s_b, s_r, s_J, 1)."""
-    i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    R: tl.constexpr = 2 * S
-    o_r = tl.arange(0, R)
-    o_i = tl.arange(0, S)
-    o_c = i_c * BC + tl.arange(0, BC)
-    m_c = o_c < C
+    i_c, i_j, i_b, o_r, o_i, o_c, m_c = _io_program(C, S, BC)
     b_m = tl.load(mat + o_r[:, None] * S + o_i[None, :])
     x += i_b.to(tl.int64) * T * C
     out += i_b.to(tl.int64) * s_b
@@ -159,12 +135,8 @@ def samples_kernel(
     S: tl.constexpr, BC: tl.constexpr, NJ: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     """out[b, I·S + i, c] = Σ_r mat[i, r] z[b, r, I, c] (+ bias[c // CH, I·S + i]) for I·S + i < T."""
-    i_c, i_j, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     R: tl.constexpr = 2 * S
-    o_r = tl.arange(0, R)
-    o_i = tl.arange(0, S)
-    o_c = i_c * BC + tl.arange(0, BC)
-    m_c = o_c < C
+    i_c, i_j, i_b, o_r, o_i, o_c, m_c = _io_program(C, S, BC)
     b_m = tl.load(mat + o_i[:, None] * R + o_r[None, :])
     z += i_b.to(tl.int64) * s_b
     out += i_b.to(tl.int64) * T * C
@@ -225,6 +197,17 @@ def tiles_kernel(V, A, M, NT, S: tl.constexpr, BT: tl.constexpr):
     val = tl.where(lag * 0 + k > 0, val_k, val_0)
     p_a = A + (((h * S + k) * NT + d) * (2 * BT) + o_r[:, None]).to(tl.int64) * (2 * BT) + o_r[None, :]
     tl.store(p_a, cast(val, A.dtype.element_ty))
+
+
+@helper
+def _four_products(acc1, acc2, acc3, acc4, a_r, a_i, b_r, b_i):
+    """The four real products of complex tiles (a_r + i·a_i) and (b_r + i·b_i), each added to its own
+    accumulator: (acc1 + a_r b_r, acc2 + a_i b_i, acc3 + a_i b_r, acc4 + a_r b_i)."""
+    acc1 += mma(a_r, b_r, "tf32")
+    acc2 += mma(a_i, b_i, "tf32")
+    acc3 += mma(a_i, b_r, "tf32")
+    acc4 += mma(a_r, b_i, "tf32")
+    return acc1, acc2, acc3, acc4
 
 
 @tuned(_tiled_configs(), key=["M", "C", "CH", "S", "TRANSPOSE"], prune=_prune_cols)
@@ -330,10 +313,7 @@ def mix_kernel(
         off = o_J[:, None].to(tl.int64) * s_J + o_c[None, :]
         b_xr = tl.load(p_xr + off, mask=m_x, other=0.0)
         b_xi = tl.load(p_xi + off, mask=m_x, other=0.0)
-        acc1 += mma(b_tr, b_xr, "tf32")
-        acc2 += mma(b_ti, b_xi, "tf32")
-        acc3 += mma(b_ti, b_xr, "tf32")
-        acc4 += mma(b_tr, b_xi, "tf32")
+        acc1, acc2, acc3, acc4 = _four_products(acc1, acc2, acc3, acc4, b_tr, b_ti, b_xr, b_xi)
     a = (k > 0).to(tl.float32)
     if TRANSPOSE:
         z_r = acc1 + a * acc2
@@ -396,10 +376,7 @@ def corr_kernel(
             p_x = X + base + o_J[None, :].to(tl.int64) * s_J + o_c[:, None]
             x_rT = tl.load(p_x, mask=m_x, other=0.0)
             x_iT = tl.load(p_x + s_r, mask=m_x, other=0.0)
-            acc1 += mma(g_r, x_rT, "tf32")
-            acc2 += mma(g_i, x_iT, "tf32")
-            acc3 += mma(g_i, x_rT, "tf32")
-            acc4 += mma(g_r, x_iT, "tf32")
+            acc1, acc2, acc3, acc4 = _four_products(acc1, acc2, acc3, acc4, g_r, g_i, x_rT, x_iT)
     a = (k > 0).to(tl.float32)
     d_r = _diagonal_sums(acc1 + a * acc2, BD)
     d_i = _diagonal_sums((1.0 - a) * acc2 + a * (acc3 - acc4), BD)
