@@ -21,18 +21,11 @@ __all__ = ["attention", "attention_decode", "attention_naive", "attention_refere
 
 
 def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = True,
-    window: int | None = None,
-    gate: torch.Tensor | None = None,
-    scale: float | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, window: int | None = None,
+    gate: torch.Tensor | None = None, scale: float | None = None,
     cu_seqlens: torch.LongTensor | tuple[torch.LongTensor, torch.LongTensor] | None = None,
-    backend: str = "reference",
-    recipe: str = "",
-) -> torch.Tensor:
+    backend: str = "reference", recipe: str = "",
+) -> torch.Tensor:  # fmt: skip
     """Softmax attention with grouped query heads, optional sliding window and output gate.
 
     Args:

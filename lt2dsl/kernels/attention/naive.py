@@ -12,15 +12,9 @@ from ..common.attn_utils import compute_dtype, repeat_kv
 
 
 def attention_naive(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = True,
-    window: int | None = None,
-    gate: torch.Tensor | None = None,
-    scale: float | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, window: int | None = None,
+    gate: torch.Tensor | None = None, scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Softmax attention, one query at a time.
 
     Args:

@@ -12,16 +12,9 @@ from ..common.attn_utils import compute_dtype, repeat_kv, visible_mask
 
 
 def attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = True,
-    window: int | None = None,
-    gate: torch.Tensor | None = None,
-    scale: float | None = None,
-    chunk: int = 1024,
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, window: int | None = None,
+    gate: torch.Tensor | None = None, scale: float | None = None, chunk: int = 1024,
+) -> torch.Tensor:  # fmt: skip
     """Masked dense attention; same arguments and result as `attention_naive`.
 
     Args:

@@ -22,21 +22,12 @@ __all__ = ["dsa", "dsa_indexer", "dsa_indexer_kl", "dsa_indexer_naive", "dsa_nai
 
 
 def dsa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_idx: torch.Tensor | None,
-    k_idx: torch.Tensor | None,
-    w_idx: torch.Tensor | None = None,
-    *,
-    topk: int = 2048,
-    scale: float | None = None,
-    idx_scale: float | None = None,
-    indices: torch.LongTensor | None = None,
-    cu_seqlens: torch.LongTensor | None = None,
-    return_indices: bool = False,
-    backend: str = "reference",
-):
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    q_idx: torch.Tensor | None, k_idx: torch.Tensor | None, w_idx: torch.Tensor | None = None,
+    *, topk: int = 2048, scale: float | None = None, idx_scale: float | None = None,
+    indices: torch.LongTensor | None = None, cu_seqlens: torch.LongTensor | None = None,
+    return_indices: bool = False, backend: str = "reference",
+):  # fmt: skip
     """DSA forward; differentiable in q, k, v (no gradient through the discrete selection).
 
     Args:

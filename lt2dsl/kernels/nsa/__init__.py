@@ -24,26 +24,15 @@ __all__ = ["nsa", "nsa_naive", "nsa_reference"]
 
 
 def nsa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g_cmp: torch.Tensor | None = None,
-    g_slc: torch.Tensor | None = None,
-    g_swa: torch.Tensor | None = None,
-    *,
-    block_counts: int | torch.LongTensor = 16,
-    block_size: int = 64,
-    window_size: int = 0,
-    scale: float | None = None,
-    block_indices: torch.LongTensor | None = None,
-    cmp_block: int | None = None,
-    cmp_stride: int | None = None,
-    k_cmp: torch.Tensor | None = None,
-    v_cmp: torch.Tensor | None = None,
-    cu_seqlens: torch.LongTensor | None = None,
-    return_block_indices: bool = False,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    g_cmp: torch.Tensor | None = None, g_slc: torch.Tensor | None = None, g_swa: torch.Tensor | None = None,
+    *, block_counts: int | torch.LongTensor = 16, block_size: int = 64, window_size: int = 0,
+    scale: float | None = None, block_indices: torch.LongTensor | None = None,
+    cmp_block: int | None = None, cmp_stride: int | None = None,
+    k_cmp: torch.Tensor | None = None, v_cmp: torch.Tensor | None = None,
+    cu_seqlens: torch.LongTensor | None = None, return_block_indices: bool = False,
     backend: str = "reference",
-):
+):  # fmt: skip
     """NSA forward, differentiable in q, k, v, the gates and `k_cmp`/`v_cmp` (not the block choice).
 
     Args:

@@ -43,23 +43,9 @@ def _choose_blocks(p_slc, pos: int, n: int, geo: NSAGeometry) -> list[int]:
 
 
 def nsa_naive(
-    q,
-    k,
-    v,
-    g_cmp=None,
-    g_slc=None,
-    g_swa=None,
-    *,
-    block_counts=16,
-    block_size=64,
-    window_size=0,
-    scale=None,
-    cmp_block=None,
-    cmp_stride=None,
-    k_cmp=None,
-    v_cmp=None,
-    block_indices=None,
-):
+    q, k, v, g_cmp=None, g_slc=None, g_swa=None, *, block_counts=16, block_size=64, window_size=0,
+    scale=None, cmp_block=None, cmp_stride=None, k_cmp=None, v_cmp=None, block_indices=None,
+):  # fmt: skip
     """NSA one query at a time. Shapes as in `lt2dsl.kernels.nsa`; returns (o, block_indices).
 
     o is `[B, Tq, HQ, V]` in v's dtype; block_indices `[B, Tq, HKV, S]` (−1 pads) are the blocks

@@ -60,24 +60,9 @@ def masked_attention(qc, kx, vx, mask):
 
 
 def nsa_reference(
-    q,
-    k,
-    v,
-    g_cmp=None,
-    g_slc=None,
-    g_swa=None,
-    *,
-    block_counts=16,
-    block_size=64,
-    window_size=0,
-    scale=None,
-    cmp_block=None,
-    cmp_stride=None,
-    k_cmp=None,
-    v_cmp=None,
-    block_indices=None,
-    chunk: int = 256,
-):
+    q, k, v, g_cmp=None, g_slc=None, g_swa=None, *, block_counts=16, block_size=64, window_size=0,
+    scale=None, cmp_block=None, cmp_stride=None, k_cmp=None, v_cmp=None, block_indices=None, chunk: int = 256,
+):  # fmt: skip
     """Vectorised `nsa_naive`; returns (o `[B, Tq, HQ, V]` in v's dtype, block_indices `[B, Tq, HKV, S]`)."""
     B, Tq, HQ, K = q.shape
     Tk, HKV = k.shape[1:3]
