@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, head_constexprs, load_rows, mm, pow2, store_rows
+from ..common.attn_triton import dot_precision, head_constexprs, load_rows, mm, pow2, rows_mask, rows_ptr
 from ..common.backend import autotuned_on_gpu, forced_autotune_config, new_empty, triton_interpreting
 from ..common.tiles import config_table
 from ..common.tl_util import cast
@@ -77,6 +77,16 @@ def _bwd_pre_kernel(
 
 
 @triton.jit
+def _store_dq(DQ, row_off, in_q, offs_d, D: tl.constexpr, dq, scale):
+    """dq · scale `[BM, BD]` into rows `row_off` of DQ, in DQ's dtype (pointers, value, mask in turn)."""
+    tl.store(
+        rows_ptr(DQ, row_off, D, offs_d),
+        cast(dq * scale, DQ.dtype.element_ty),
+        mask=rows_mask(in_q, offs_d, D),
+    )
+
+
+@triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DU, LSE, DELTA, DQ, CU_Q, CU_K, BLK_MAP,
     Tq, Tk, qoff, W, KOFF, qk_scale, scale, NROWS,
@@ -112,7 +122,7 @@ def _bwd_dq_kernel(
             dp = mm(do, vt, DOT_PREC)
             ds = p * (dp - delta[:, None])
             dq += mm(cast(ds, kt.dtype), tl.trans(kt), DOT_PREC)
-    store_rows(DQ, row_off, D, in_q, offs_d, D, cast(dq * scale, DQ.dtype.element_ty))
+    _store_dq(DQ, row_off, in_q, offs_d, D, dq, scale)
 
 
 @triton.jit
@@ -154,7 +164,7 @@ def _bwd_dq_ds_kernel(
             )
             dq += mm(ds, k, DOT_PREC)
     row_off = ((b * Tq + rows) * HQ + h).to(tl.int64)
-    store_rows(DQ, row_off, D, in_q, offs_d, D, cast(dq * scale, DQ.dtype.element_ty))
+    _store_dq(DQ, row_off, in_q, offs_d, D, dq, scale)
 
 
 @triton.jit
@@ -265,8 +275,14 @@ def _bwd_dkdv_kernel(
                 if STORE_DS:
                     tl.store(ds_blk + (ds_rows + rows[None, :]), dst, mask=in_k[:, None] & in_q[None, :])
                 dk += mm(dst, tl.trans(qt), DOT_PREC)
-    store_rows(DK, k_off, D, in_k, offs_d, D, cast(dk * scale, DK.dtype.element_ty))
-    store_rows(DV_OUT, k_off, DV, in_k, offs_dv, DV, cast(dv, DV_OUT.dtype.element_ty))
+    tl.store(
+        rows_ptr(DK, k_off, D, offs_d), cast(dk * scale, DK.dtype.element_ty), mask=rows_mask(in_k, offs_d, D)
+    )
+    tl.store(
+        rows_ptr(DV_OUT, k_off, DV, offs_dv),
+        cast(dv, DV_OUT.dtype.element_ty),
+        mask=rows_mask(in_k, offs_dv, DV),
+    )
 
 
 def bwd_config(D: int, dtype: torch.dtype) -> dict:

@@ -15,7 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common.attn_triton import dot_precision, head_constexprs, load_rows, mm, softmax_init, store_rows
+from ..common.attn_triton import (
+    dot_precision,
+    head_constexprs,
+    load_rows,
+    mm,
+    rows_mask,
+    rows_ptr,
+    softmax_init,
+)
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
 
@@ -218,7 +226,9 @@ def _attn_fwd_kernel(
         o = o * tl.sigmoid(g.to(tl.float32))
     if GATE_MODE == 2:
         o = o * tl.sigmoid(g.to(tl.float32))[:, None]
-    store_rows(O, row_off, DV, in_q, offs_dv, DV, cast(o, O.dtype.element_ty))
+    tl.store(
+        rows_ptr(O, row_off, DV, offs_dv), cast(o, O.dtype.element_ty), mask=rows_mask(in_q, offs_dv, DV)
+    )
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + h.to(tl.int64) * NROWS + bos_q + rows, lse, mask=in_q)
 

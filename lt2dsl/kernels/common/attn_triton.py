@@ -18,22 +18,23 @@ def mm(a, b, DOT_PREC: tl.constexpr):
 
 
 @triton.jit
-def load_rows(ptr, off, STRIDE, in_rows, offs, WIDTH: tl.constexpr):
-    """The `[R, B?]` tile of rows `off` (`[R]`, STRIDE elements apart) and columns `offs`, zero for
-    rows out of range (`in_rows`) or columns past WIDTH."""
-    return tl.load(
-        ptr + off[:, None] * STRIDE + offs[None, :],
-        mask=in_rows[:, None] & (offs[None, :] < WIDTH),
-        other=0.0,
-    )
+def rows_ptr(ptr, off, STRIDE, offs):
+    """`[R, B?]` pointers to columns `offs` of rows `off` (`[R]`, STRIDE elements apart)."""
+    return ptr + off[:, None] * STRIDE + offs[None, :]
 
 
 @triton.jit
-def store_rows(ptr, off, STRIDE, in_rows, offs, WIDTH: tl.constexpr, value):
-    """Store `value` `[R, B?]` into the tile `load_rows` reads."""
-    tl.store(
-        ptr + off[:, None] * STRIDE + offs[None, :], value, mask=in_rows[:, None] & (offs[None, :] < WIDTH)
-    )
+def rows_mask(in_rows, offs, WIDTH: tl.constexpr):
+    """`[R, B?]`: the row is in range (`in_rows`) and the column below WIDTH."""
+    return in_rows[:, None] & (offs[None, :] < WIDTH)
+
+
+@triton.jit
+def load_rows(ptr, off, STRIDE, in_rows, offs, WIDTH: tl.constexpr):
+    """The tile of `rows_ptr`, zero outside `rows_mask`. A store writes
+    `tl.store(rows_ptr(...), value, mask=rows_mask(...))`, which computes the value between the
+    pointers and the mask, as a store written out in full does."""
+    return tl.load(rows_ptr(ptr, off, STRIDE, offs), mask=rows_mask(in_rows, offs, WIDTH), other=0.0)
 
 
 @triton.jit

@@ -24,9 +24,10 @@ from ..common.attn_triton import (
     load_rows,
     mm,
     pow2,
+    rows_mask,
+    rows_ptr,
     softmax_init,
     softmax_step,
-    store_rows,
 )
 from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
@@ -97,7 +98,7 @@ def _sparse_fwd_kernel(
         m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    store_rows(O, row, DV, in_r, offs_dv, DV, o.to(O.dtype.element_ty))
+    tl.store(rows_ptr(O, row, DV, offs_dv), o.to(O.dtype.element_ty), mask=rows_mask(in_r, offs_dv, DV))
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
 
