@@ -232,8 +232,12 @@ def _bwd_dkdv_kernel(
     offs_d = tl.arange(0, BD)
     offs_dv = tl.arange(0, BDV)
     k_off = ((bos_k + keys) * HKV + hk).to(tl.int64)
-    k = load_rows(K, k_off, D, in_k, offs_d, D)
-    v = load_rows(V, k_off, DV, in_k, offs_dv, DV)
+    k = tl.load(
+        K + k_off[:, None] * D + offs_d[None, :], mask=in_k[:, None] & (offs_d[None, :] < D), other=0.0
+    )
+    v = tl.load(
+        V + k_off[:, None] * DV + offs_dv[None, :], mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0
+    )
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BDV], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _row_band(
@@ -256,8 +260,16 @@ def _bwd_dkdv_kernel(
                 rows = m + tl.arange(0, BM)
                 in_q = rows < Tq_n
                 roff = rows.to(tl.int64) * HQ
-                qt = load_keys_t(q_ptr, roff, in_q, D, offs_d, D)
-                do = load_rows(do_ptr, roff, DV, in_q, offs_dv, DV)
+                qt = tl.load(
+                    q_ptr + roff[None, :] * D + offs_d[:, None],
+                    mask=in_q[None, :] & (offs_d[:, None] < D),
+                    other=0.0,
+                )
+                do = tl.load(
+                    do_ptr + roff[:, None] * DV + offs_dv[None, :],
+                    mask=in_q[:, None] & (offs_dv[None, :] < DV),
+                    other=0.0,
+                )
                 lse = tl.load(lse_ptr + rows, mask=in_q, other=float("inf"))
                 delta = tl.load(delta_ptr + rows, mask=in_q, other=0.0)
                 pt = tl.exp2(mm(k, qt, DOT_PREC) * qk_scale - lse[None, :])
@@ -276,12 +288,14 @@ def _bwd_dkdv_kernel(
                     tl.store(ds_blk + (ds_rows + rows[None, :]), dst, mask=in_k[:, None] & in_q[None, :])
                 dk += mm(dst, tl.trans(qt), DOT_PREC)
     tl.store(
-        rows_ptr(DK, k_off, D, offs_d), cast(dk * scale, DK.dtype.element_ty), mask=rows_mask(in_k, offs_d, D)
+        DK + k_off[:, None] * D + offs_d[None, :],
+        cast(dk * scale, DK.dtype.element_ty),
+        mask=in_k[:, None] & (offs_d[None, :] < D),
     )
     tl.store(
-        rows_ptr(DV_OUT, k_off, DV, offs_dv),
+        DV_OUT + k_off[:, None] * DV + offs_dv[None, :],
         cast(dv, DV_OUT.dtype.element_ty),
-        mask=rows_mask(in_k, offs_dv, DV),
+        mask=in_k[:, None] & (offs_dv[None, :] < DV),
     )
 
 
