@@ -182,7 +182,8 @@ def _attn_fwd_kernel(
         CU_Q, CU_K, BLK_MAP, Tq, Tk, qoff, HQ, GRP, BD, BDV, BM, VARLEN, ORDER
     )
     HKV = HQ // GRP
-    q = load_rows(Q, row_off, D, in_q, offs_d, D)
+    q_ptr = Q + row_off[:, None] * D + offs_d[None, :]
+    q = tl.load(q_ptr, mask=in_q[:, None] & (offs_d[None, :] < D), other=0.0)
     k_ptr = K + (bos_k.to(tl.int64) * HKV + hk) * D
     v_ptr = V + (bos_k.to(tl.int64) * HKV + hk) * DV
 
