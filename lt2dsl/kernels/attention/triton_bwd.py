@@ -128,8 +128,8 @@ def _bwd_dq_kernel(
 @triton.jit
 def _bwd_dq_ds_kernel(
     DS, K, DQ, Tq, Tk, qoff, scale, BH0,
-    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, ORDER: tl.constexpr,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, ORDER: tl.constexpr,
 ):  # fmt: skip
     """dQ = dS K for BM query rows of query head (BH0 · GRP + program_id(1)) of a group, from the
     key-major dS the dK/dV kernel wrote: one dot per tile (the split dQ kernel's three)."""
