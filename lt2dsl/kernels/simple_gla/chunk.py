@@ -70,73 +70,54 @@ def _causal_mask(i_c, T, BT: tl.constexpr, TRANSPOSED: tl.constexpr):
     return tl.where(m, 1.0, 0.0)
 
 
-@tuned(_CONFIGS, key=_KEY)
+@tuned(_CONFIGS, key=[*_KEY, "DV"])
 @triton.jit(do_not_specialize=["T"])
-def fwd_o_kernel(
-    q, k, v, g, h, o, cu_seqlens, chunk_idx, scale, T,
+def o_dv_kernel(
+    a, b, c, g, s, out, cu_seqlens, chunk_idx, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+    HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr,
 ):  # fmt: skip
+    """The two products of form A S[c] + (A Bᵀ ⊙ mask) C, a `[BT, BV]` tile of `out` a program.
+    DV=False, the output: (a, b, c, s, out) = (q, k, v, h, o), o = s (Q ⊙ e^{b}) h[c] + s (Q Kᵀ ⊙ Γ) V.
+    DV=True, dv: (a, b, c, s, out) = (k, q, do, dh, dv), dv = (K ⊙ e^{b_C − b}) dh[c] + s (K Qᵀ ⊙ Γᵀ) dO.
+    A Bᵀ is formed directly: a rows times transposed-loaded b."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    h += (i_tg * HV + i_hv) * K * V
+    a += (bos * H + i_h) * K
+    b += (bos * H + i_h) * K
+    s += (i_tg * HV + i_hv) * K * V
 
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-        b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
-        b_h = load_tile(h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_o += mma(b_q, cast(b_h, b_q.dtype), PREC)
-        b_A += mma(b_q, b_kT, PREC)
+        b_a = load_tile(a, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+        b_bT = load_tile(b, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
+        b_s = load_tile(s, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        if DV:
+            b_A += mma(b_a, b_bT, PREC)
+            b_o += mma(b_a, cast(b_s, b_a.dtype), PREC)
+        else:
+            b_o += mma(b_a, cast(b_s, b_a.dtype), PREC)
+            b_A += mma(b_a, b_bT, PREC)
     if HAS_G:
         b_g = load_vec(g + bos * HV + i_hv, i_c * BT, T, HV, BT)
-        b_o *= tl.exp(b_g)[:, None]
-        b_A *= _decay_mask(b_g, i_c, T, BT, False)
+        if DV:
+            b_glast = tl.load(g + (bos + tl.minimum(i_c * BT + BT, T) - 1) * HV + i_hv)
+            o_t = i_c * BT + tl.arange(0, BT)
+            b_o *= tl.where(o_t < T, tl.exp(b_glast - b_g), 0.0)[:, None]
+        else:
+            b_o *= tl.exp(b_g)[:, None]
+        b_A *= _decay_mask(b_g, i_c, T, BT, DV)
     else:
-        b_A *= _causal_mask(i_c, T, BT, False)
-    b_v = load_tile(v + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-    b_o += mma(cast(b_A, b_v.dtype), b_v, PREC)
-    store_tile(o + (bos * HV + i_hv) * V, b_o * scale, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-
-
-@tuned(_CONFIGS, key=_KEY)
-@triton.jit(do_not_specialize=["T"])
-def bwd_dv_kernel(
-    q, k, g, do, dh, dv, cu_seqlens, chunk_idx, scale, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_G: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    dh += (i_tg * HV + i_hv) * K * V
-
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    # Aᵀ[i, r] = k_i·q_r, formed directly (k rows times transposed-loaded q)
-    b_AT = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-        b_qT = load_tile(q, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
-        b_dh = load_tile(dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_AT += mma(b_k, b_qT, PREC)
-        b_dv += mma(b_k, cast(b_dh, b_k.dtype), PREC)
-    if HAS_G:
-        b_g = load_vec(g + bos * HV + i_hv, i_c * BT, T, HV, BT)
-        b_glast = tl.load(g + (bos + tl.minimum(i_c * BT + BT, T) - 1) * HV + i_hv)
-        o_t = i_c * BT + tl.arange(0, BT)
-        b_dv *= tl.where(o_t < T, tl.exp(b_glast - b_g), 0.0)[:, None]
-        b_AT *= _decay_mask(b_g, i_c, T, BT, True)
+        b_A *= _causal_mask(i_c, T, BT, DV)
+    b_c = load_tile(c + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+    if DV:
+        b_o += mma(cast(b_A * scale, b_c.dtype), b_c, PREC)
     else:
-        b_AT *= _causal_mask(i_c, T, BT, True)
-    b_do = load_tile(do + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-    b_dv += mma(cast(b_AT * scale, b_do.dtype), b_do, PREC)
-    store_tile(dv + (bos * HV + i_hv) * V, b_dv, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+        b_o += mma(cast(b_A, b_c.dtype), b_c, PREC)
+        b_o = b_o * scale
+    store_tile(out + (bos * HV + i_hv) * V, b_o, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
 
 
 @tuned(_DQKG_CONFIGS, key=_KEY)
@@ -196,10 +177,10 @@ def chunk_simple_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final):
     o = new_empty(v, *v.shape)
     BK, BV = block(K), block(V)
     grid = (triton.cdiv(V, BV), vl.NT, vl.grid_rows(B) * HV)
-    fwd_o_kernel[grid](
+    o_dv_kernel[grid](
         q, k, v, g_cum, h, o, vl.cu, vl.idx, scale, T,
         H=H, HV=HV, K=K, V=V, BT=vl.chunk, BK=BK, BV=BV,
-        HAS_G=g is not None, IS_VARLEN=vl.is_varlen, PREC=dot_precision(q.dtype),
+        HAS_G=g is not None, IS_VARLEN=vl.is_varlen, PREC=dot_precision(q.dtype), DV=False,
     )  # fmt: skip
     return o, ht
 
@@ -217,7 +198,7 @@ def chunk_simple_gla_bwd(q, k, v, g, scale, h0, do, dht, cu_seqlens):
                   IS_VARLEN=vl.is_varlen, PREC=dot_precision(q.dtype))  # fmt: skip
     dv = new_empty(v, *v.shape)
     grid = (triton.cdiv(V, BV), vl.NT, vl.grid_rows(B) * HV)
-    bwd_dv_kernel[grid](q, k, g_cum, do, dh, dv, vl.cu, vl.idx, scale, T, **common)
+    o_dv_kernel[grid](k, q, do, g_cum, dh, dv, vl.cu, vl.idx, scale, T, DV=True, **common)
     NK = triton.cdiv(K, BK)
     # per value head; summed over each GVA group below
     dq = new_empty(q, B, T, HV, K, dtype=q.dtype if HV == H else torch.float32)
