@@ -17,6 +17,8 @@ def jobs() -> list[Job]:
     intra = dict(DIMS, BC=C.BC, SPAN=diag_span(False))
     out = decay_jobs("gla/intra_A", C.intra_A_kernel, intra, fp32=FP32)
     out += decay_jobs("gla/bwd_dqk_intra", C.bwd_dqk_intra_kernel, intra, fp32=FP32)
-    for name in ("fwd_o", "bwd_dA", "bwd_dv", "bwd_dqkg"):
+    out += decay_jobs("gla/fwd_o", C.o_dv_kernel, dict(DIMS, DV=False), fp32=FP32)
+    out += decay_jobs("gla/bwd_dv", C.o_dv_kernel, dict(DIMS, DV=True), fp32=FP32)
+    for name in ("bwd_dA", "bwd_dqkg"):
         out += decay_jobs(f"gla/{name}", getattr(C, f"{name}_kernel"), DIMS, fp32=FP32)
     return out

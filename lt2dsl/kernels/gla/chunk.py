@@ -2,14 +2,14 @@
 
 Chunk BT = 64, sub-chunk BC = 16; b is the chunk-local cumulative log decay `[B, T, HV, K]` (fp32).
 Forward: A = intra-chunk scores `[B, T, HV, BT]` (fp32, `intra_A_kernel`), then
-o = s (Q ⊙ e^{b}) h[c] + A V (`fwd_o_kernel`); the states h come from decay/chunk_h.py.
+o = s (Q ⊙ e^{b}) h[c] + A V (`o_dv_kernel`); the states h come from decay/chunk_h.py.
 A block of query sub-chunk i and key sub-chunk j < i is (Q_i ⊙ e^{b_i − b_n})(K_j ⊙ e^{b_n − b_j})ᵀ
 with b_n the decay at the first row of sub-chunk i; every exponent is ≤ 0. A diagonal 16 × 16 block
 is a dot through the same reference row when the decay over its sub-chunk, max over channels of
 b_n − b_last, is at most `tl_util.diag_span` (the key factor e^{b_n − b} then stays ≤ e^{span}); stronger
 decays take the elementwise form with e^{b_r − b_j} (r ≥ j) ≤ 1, so they cannot overflow. The test
 is per program and channel slice (a branch, not a per-element select): ordinary gates take the dot.
-Backward: dA = dO Vᵀ (`bwd_dA_kernel`), dv = Aᵀ dO + (K ⊙ e^{b_C − b}) dh[c] (`bwd_dv_kernel`),
+Backward: dA = dO Vᵀ (`bwd_dA_kernel`), dv = Aᵀ dO + (K ⊙ e^{b_C − b}) dh[c] (`o_dv_kernel`),
 dq/dk inside the chunk from dA by the same sub-chunk split (`bwd_dqk_intra_kernel`; for dk the
 reference point is the last row of the key sub-chunk), then the state terms and
 dg_l = Σ_{t ≥ l in chunk} (q_t ⊙ dq_t − k_t ⊙ dk_t) + e^{b_C} ⊙ rowsum(h[c] ⊙ dh[c]) + Σ_t k_t ⊙ dk_t^{inter}
@@ -52,6 +52,7 @@ _CONFIGS = [
 # D = 128 (4 warps spills 56 bytes, 2 warps 1.9 KB).
 _DQKG_CONFIGS = [triton.Config({}, num_warps=4, num_stages=2), triton.Config({}, num_warps=8, num_stages=2)]
 _KEY = ["H", "HV", "K", "V", "BK", "BV"]
+_O_DV_KEY = [*_KEY, "DV"]
 
 
 @device_fn
@@ -69,15 +70,17 @@ def head_chunk(
 
 @device_fn
 def dqk_state_terms(
-    v, do, h, dh, bos, i_hv, i_tg, i_c, i_k, T,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DS: tl.constexpr, HDH: tl.constexpr, PREC: tl.constexpr,
+    q, k, v, do, h, dh, bos, i_h, i_hv, i_tg, i_c, i_k, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DS: tl.constexpr,
+    HDH: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Sums over the value blocks of chunk `i_c`, key block `i_k` of value head `i_hv` (v, do
     `[B, T, HV, V]` from the sequence start `bos`, h, dh `[NT, HV, K, V]` at global chunk `i_tg`):
     dO hᵀ and V dhᵀ `[BT, BK]`; with DS the scores dS = dO Vᵀ and dSᵀ `[BT, BT]` (each formed
     directly, zeros without); with HDH Σ_v hᵀ ⊙ dhᵀ `[BK]` from loads of its own
-    (`load_tile_apart`: sharing the dots' tiles let the pipeliner race on their buffer)."""
+    (`load_tile_apart`: sharing the dots' tiles let the pipeliner race on their buffer). Then the q and
+    k tiles `[BT, BK]` of key head `i_h` (q, k `[B, T, H, K]`), in their own dtype."""
     v += (bos * HV + i_hv) * V
     do += (bos * HV + i_hv) * V
     h += (i_tg * HV + i_hv) * K * V
@@ -105,7 +108,25 @@ def dqk_state_terms(
             b_hT2 = load_tile_apart(h, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
             b_dhT2 = load_tile_apart(dh, i_v * BV, i_k * BK, V, K, 1, V, BV, BK)
             b_hdh += tl.sum(b_hT2.to(tl.float32) * b_dhT2.to(tl.float32), axis=0)
-    return b_dq, b_dk, b_ds, b_dsT, b_hdh
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    return b_q, b_k, b_dq, b_dk, b_ds, b_dsT, b_hdh
+
+
+@device_fn
+def _sub_chunk_rows(
+    q, k, g, A, bos, i_h, i_hv, r0,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """q, k (key head `i_h`), g `[B, T, HV, K]` and the scores A `[B, T, HV, BT]` (value head `i_hv`)
+    moved to the sequence start `bos`, and the rows `[BC]` of the sub-chunk starting at row r0."""
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    g += (bos * HV + i_hv) * K
+    A += (bos * HV + i_hv) * BT
+    return q, k, g, A, r0 + tl.arange(0, BC)
 
 
 @tuned(_CONFIGS, key=_KEY)
@@ -122,11 +143,7 @@ def intra_A_kernel(
     r0 = i_c * BT + i_i * BC
     if r0 >= T:
         return
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    g += (bos * HV + i_hv) * K
-    A += (bos * HV + i_hv) * BT
-    o_r = r0 + tl.arange(0, BC)
+    q, k, g, A, o_r = _sub_chunk_rows(q, k, g, A, bos, i_h, i_hv, r0, H, HV, K, BT, BC)
     o_k = tl.arange(0, BK)
     for j in range(0, i_i):
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
@@ -177,33 +194,51 @@ def intra_A_kernel(
     store_tile(A, b_A * scale, r0, i_i * BC, T, BT, HV * BT, 1, BC, BC)
 
 
-@tuned(_CONFIGS, key=_KEY)
+@tuned(_CONFIGS, key=_O_DV_KEY)
 @triton.jit(do_not_specialize=["T"])
-def fwd_o_kernel(
-    q, v, g, h, A, o, cu_seqlens, chunk_idx, scale, T,
+def o_dv_kernel(
+    a, c, g, s, A, out, cu_seqlens, chunk_idx, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PREC: tl.constexpr, DV: tl.constexpr,
 ):  # fmt: skip
+    """The two products of form (A ⊙ decay) S[c] + (masked scores) C, a `[BT, BV]` tile of `out` a program.
+    DV=False, the output: (a, c, s, out) = (q, v, h, o), o = s (Q ⊙ e^{b}) h[c] + A V.
+    DV=True, dv: (a, c, s, out) = (k, do, dh, dv), dv = (K ⊙ e^{b_C − b}) dh[c] + Aᵀ dO (Aᵀ loaded
+    transposed); scale is unused."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    q += (bos * H + i_h) * K
+    a += (bos * H + i_h) * K
     g += (bos * HV + i_hv) * K
-    h += (i_tg * HV + i_hv) * K * V
+    s += (i_tg * HV + i_hv) * K * V
+    if DV:
+        last = tl.minimum(i_c * BT + BT, T) - 1
+        o_k = tl.arange(0, BK)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+        b_a = load_tile(a, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
         b_g = load_tile(g, i_c * BT, i_k * BK, T, K, HV * K, 1, BT, BK)
-        b_h = load_tile(h, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_o += mma(cast(b_q * tl.exp(b_g) * scale, b_q.dtype), cast(b_h, b_q.dtype), PREC)
+        if DV:
+            b_gl = tl.load(g + last * HV * K + i_k * BK + o_k, mask=i_k * BK + o_k < K, other=0.0)
+        b_s = load_tile(s, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
+        if DV:
+            b_ad = cast(b_a * tl.exp(b_gl[None, :] - b_g), b_a.dtype)
+        else:
+            b_ad = cast(b_a * tl.exp(b_g) * scale, b_a.dtype)
+        b_o += mma(b_ad, cast(b_s, b_a.dtype), PREC)
     o_t = i_c * BT + tl.arange(0, BT)
-    o_j = tl.arange(0, BT)
-    m_A = (o_t[:, None] >= i_c * BT + o_j[None, :]) & (o_t < T)[:, None]
-    b_A = load_tile(A + (bos * HV + i_hv) * BT, i_c * BT, 0, T, BT, HV * BT, 1, BT, BT)
+    if DV:
+        # Aᵀ[j, r] = A[r, j]: rows j (the chunk column index), cols r (tokens)
+        b_A = load_tile(A + (bos * HV + i_hv) * BT, 0, i_c * BT, BT, T, 1, HV * BT, BT, BT)
+        m_A = (o_t[:, None] <= o_t[None, :]) & (o_t < T)[None, :]
+    else:
+        o_j = tl.arange(0, BT)
+        m_A = (o_t[:, None] >= i_c * BT + o_j[None, :]) & (o_t < T)[:, None]
+        b_A = load_tile(A + (bos * HV + i_hv) * BT, i_c * BT, 0, T, BT, HV * BT, 1, BT, BT)
     b_A = tl.where(m_A, b_A, 0.0)
-    b_v = load_tile(v + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-    b_o += mma(cast(b_A, b_v.dtype), b_v, PREC)
-    store_tile(o + (bos * HV + i_hv) * V, b_o, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+    b_c = load_tile(c + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
+    b_o += mma(cast(b_A, b_c.dtype), b_c, PREC)
+    store_tile(out + (bos * HV + i_hv) * V, b_o, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
 
 
 @tuned(_CONFIGS, key=_KEY)
@@ -231,40 +266,6 @@ def bwd_dA_kernel(
 
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
-def bwd_dv_kernel(
-    k, g, A, do, dh, dv, cu_seqlens, chunk_idx, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
-    """dv = Aᵀ dO (Aᵀ loaded transposed) + (K ⊙ e^{b_C − b}) dh[c]."""
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    k += (bos * H + i_h) * K
-    g += (bos * HV + i_hv) * K
-    dh += (i_tg * HV + i_hv) * K * V
-    last = tl.minimum(i_c * BT + BT, T) - 1
-    o_k = tl.arange(0, BK)
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-        b_g = load_tile(g, i_c * BT, i_k * BK, T, K, HV * K, 1, BT, BK)
-        b_gl = tl.load(g + last * HV * K + i_k * BK + o_k, mask=i_k * BK + o_k < K, other=0.0)
-        b_dh = load_tile(dh, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_kd = cast(b_k * tl.exp(b_gl[None, :] - b_g), b_k.dtype)
-        b_dv += mma(b_kd, cast(b_dh, b_k.dtype), PREC)
-    o_t = i_c * BT + tl.arange(0, BT)
-    # Aᵀ[j, r] = A[r, j]: rows j (the chunk column index), cols r (tokens)
-    b_AT = load_tile(A + (bos * HV + i_hv) * BT, 0, i_c * BT, BT, T, 1, HV * BT, BT, BT)
-    m_AT = (o_t[:, None] <= o_t[None, :]) & (o_t < T)[None, :]
-    b_AT = tl.where(m_AT, b_AT, 0.0)
-    b_do = load_tile(do + (bos * HV + i_hv) * V, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-    b_dv += mma(cast(b_AT, b_do.dtype), b_do, PREC)
-    store_tile(dv + (bos * HV + i_hv) * V, b_dv, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
-
-
-@tuned(_CONFIGS, key=_KEY)
-@triton.jit(do_not_specialize=["T"])
 def bwd_dqk_intra_kernel(
     q, k, g, dA, dq, dk, cu_seqlens, chunk_idx, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -279,11 +280,7 @@ def bwd_dqk_intra_kernel(
     r0 = i_c * BT + i_i * BC
     if r0 >= T:
         return
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    g += (bos * HV + i_hv) * K
-    dA += (bos * HV + i_hv) * BT
-    o_r = r0 + tl.arange(0, BC)
+    q, k, g, dA, o_r = _sub_chunk_rows(q, k, g, dA, bos, i_h, i_hv, r0, H, HV, K, BT, BC)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     b_g = load_tile(g, r0, i_k * BK, T, K, HV * K, 1, BC, BK)
@@ -364,18 +361,15 @@ def bwd_dqkg_kernel(
     """State terms of dq, dk added to the intra-chunk ones, and dg `[B, T, HV, K]` (fp32)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    b_dq, b_dk, _, _, b_hdh = dqk_state_terms(
-        v, do, h, dh, bos, i_hv, i_tg, i_c, i_k, T, HV, K, V, BT, BK, BV, False, True, PREC
+    b_q, b_k, b_dq, b_dk, _, _, b_hdh = dqk_state_terms(
+        q, k, v, do, h, dh, bos, i_h, i_hv, i_tg, i_c, i_k, T, H, HV, K, V, BT, BK, BV, False, True, PREC
     )
-
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
+    b_q = b_q.to(tl.float32)
+    b_k = b_k.to(tl.float32)
     g += (bos * HV + i_hv) * K
     o_k = i_k * BK + tl.arange(0, BK)
     o_t = i_c * BT + tl.arange(0, BT)
     last = tl.minimum(i_c * BT + BT, T) - 1
-    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK).to(tl.float32)
-    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK).to(tl.float32)
     b_g = load_tile(g, i_c * BT, i_k * BK, T, K, HV * K, 1, BT, BK)
     b_gl = tl.load(g + last * HV * K + o_k, mask=o_k < K, other=0.0)
     b_dq = b_dq * tl.exp(b_g) * scale
@@ -424,7 +418,7 @@ def chunk_gla_fwd(q, k, v, g, scale, h0, cu_seqlens, store_final):
     o = new_empty(v, *v.shape)
     meta = _meta(q, v, vl)
     grid = (triton.cdiv(V, meta["BV"]), vl.NT, vl.grid_rows(B) * HV)
-    fwd_o_kernel[grid](q, v, g_cum, h, A, o, vl.cu, vl.idx, scale, T, **meta)
+    o_dv_kernel[grid](q, v, g_cum, h, A, o, vl.cu, vl.idx, scale, T, DV=False, **meta)
     return o, ht, A
 
 
@@ -441,8 +435,8 @@ def chunk_gla_bwd(q, k, v, g, A, scale, h0, do, dht, cu_seqlens):
     dA = new_empty(q, B, T, HV, vl.chunk, dtype=torch.float32)
     bwd_dA_kernel[(vl.NT, rows)](v, do, dA, vl.cu, vl.idx, T, **meta)
     dv = new_empty(v, *v.shape)
-    bwd_dv_kernel[(triton.cdiv(V, meta["BV"]), vl.NT, rows)](
-        k, g_cum, A, do, dh, dv, vl.cu, vl.idx, T, **meta
+    o_dv_kernel[(triton.cdiv(V, meta["BV"]), vl.NT, rows)](
+        k, do, g_cum, dh, A, dv, vl.cu, vl.idx, scale, T, DV=True, **meta
     )
     NK = triton.cdiv(K, meta["BK"])
     dq_in = new_empty(q, B, T, HV, K, dtype=torch.float32)

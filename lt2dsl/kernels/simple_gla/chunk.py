@@ -130,14 +130,9 @@ def bwd_dqkg_kernel(
 ):  # fmt: skip
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    b_dq, b_dk, b_ds, b_dsT, b_hdh = dqk_state_terms(
-        v, do, h, dh, bos, i_hv, i_tg, i_c, i_k, T, HV, K, V, BT, BK, BV, True, HAS_G, PREC
+    b_q, b_k, b_dq, b_dk, b_ds, b_dsT, b_hdh = dqk_state_terms(
+        q, k, v, do, h, dh, bos, i_h, i_hv, i_tg, i_c, i_k, T, H, HV, K, V, BT, BK, BV, True, HAS_G, PREC
     )
-
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
     o_t = i_c * BT + tl.arange(0, BT)
     if HAS_G:
         p_g = g + bos * HV + i_hv
