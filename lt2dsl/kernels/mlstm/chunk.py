@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty, triton_interpreting
+from ..common.chunk_dots import state_and_scores
 from ..common.tiles import (
     CHUNK_CONFIGS,
     block,
@@ -42,6 +43,29 @@ _O_CONFIGS = _CONFIGS
 # q·n once per chunk instead of once per 64-wide tile: the mLSTM forward takes 0.576 ms at 4 warps,
 # 2 stages against 0.722 with 64-wide tiles (H200, B=4, T=8192, H=16, D=128).
 O_BV_CAP = 128
+
+
+@device_fn
+def head_chunk(
+    i_t, i_bh, cu_seqlens, chunk_idx, T, BT: tl.constexpr, H: tl.constexpr, IS_VARLEN: tl.constexpr
+):
+    """(sequence, head, chunk within the sequence, global chunk, sequence start, sequence length) of
+    the program on chunk `i_t` of batch·head `i_bh`."""
+    i_b, i_h = i_bh // H, i_bh % H
+    i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    return i_n, i_h, i_c, i_tg, bos, T
+
+
+@device_fn
+def head_seq(
+    i_nh, cu_seqlens, chunk_offsets, T,
+    BT: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    """(sequence, head, sequence start, sequence length, first global chunk, offset of the
+    `[K, V]` state in a `[N, H, K, V]` tensor) of the scan program on sequence·head `i_nh`."""
+    i_n, i_h = i_nh // H, i_nh % H
+    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    return i_n, i_h, bos, T, boc, i_nh.to(tl.int64) * K * V
 
 
 @triton.jit
@@ -109,12 +133,10 @@ def fwd_state_kernel(
     (as the dh scan's `chunk_bwd.bwd_weights_kernel`) made the forward slower on the H200: 0.80
     against 0.65 ms, fwd+bwd 2.90 against 2.87 (BENCHMARKS.md, mLSTM)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    i_n, i_h, bos, T, boc, p_state = head_seq(i_nh, cu_seqlens, chunk_offsets, T, BT, H, K, V, IS_VARLEN)
     k += (bos * H + i_h) * K
     v += (bos * H + i_h) * V
     o_k = i_k * BK + tl.arange(0, BK)
-    p_state = i_nh.to(tl.int64) * K * V
     if i_v < tl.cdiv(V, BV):
         b_C = tl.zeros([BK, BV], dtype=tl.float32)
         if HAS_H0:
@@ -165,21 +187,13 @@ def fwd_o_kernel(
     IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    _, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
+    _, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, IS_VARLEN)
     i_s = i_tg * H + i_h
     b_mc = tl.load(ms + i_s)
-    b_num = tl.zeros([BT, BV], dtype=tl.float32)
-    b_S = tl.zeros([BT, BT], dtype=tl.float32)
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    b_num, b_S = state_and_scores(q, k, Cs + i_s * K * V, i_c, i_v, T, H, K, V, BT, BK, BV, PREC, False)
     b_qn = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-        b_kT = load_tile(k, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
-        b_C = load_tile(Cs + i_s * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_num += mma(b_q, cast(b_C, b_q.dtype), PREC)
-        b_S += mma(b_q, b_kT, PREC)
     # q·n in a loop of its own, from its own loads. Read from the q tile the dots take, it gave that
     # tile a non-dot use, and Triton's pipeliner then kept one shared-memory copy of q at 2 stages
     # and prefetched the next K step's q into it while the asynchronous dots still read it (the sm_90

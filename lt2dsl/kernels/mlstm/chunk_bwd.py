@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
+from ..common.chunk_dots import state_and_scores
 from ..common.tiles import (
     block,
     cast,
@@ -27,8 +28,8 @@ from ..common.tiles import (
     store_vec,
     tuned,
 )
-from ..decay.chunks import Varlen, chunk_span, seq_span
-from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states
+from ..decay.chunks import Varlen, chunk_span
+from .chunk import _CONFIGS, _KEY, _gates, _key_weights, _meta, _states, head_chunk, head_seq
 from .stabiliser_triton import route_and_finish
 
 
@@ -100,7 +101,8 @@ def bwd_prep_kernel(
 @tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def bwd_dh_kernel(
-    q, dnum, dCs, dns, dCt, dnt, dC0, dn0, wq, dnl, dec, cu_seqlens, chunk_offsets, T,
+    q, dnum, dCs, dns, dCt, dnt, dC0, dn0, wq, dnl, dec,
+    cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
@@ -111,12 +113,10 @@ def bwd_dh_kernel(
     and no cross-warp sum (offline sm_90: 11 -> 4 barriers and 6 -> 2 loads outside the pipeline;
     on the H200 mLSTM fwd+bwd 2.874 -> 2.801 ms against forming them in the loop)."""
     i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos, T, boc = seq_span(i_n, cu_seqlens, chunk_offsets, T, BT, IS_VARLEN)
+    _, i_h, bos, T, boc, p_state = head_seq(i_nh, cu_seqlens, chunk_offsets, T, BT, H, K, V, IS_VARLEN)
     q += (bos * H + i_h) * K
     dnum += (bos * H + i_h) * V
     o_k = i_k * BK + tl.arange(0, BK)
-    p_state = i_nh.to(tl.int64) * K * V
     b_dC = tl.zeros([BK, BV], dtype=tl.float32)
     b_dn = tl.zeros([BK], dtype=tl.float32)
     if HAS_DHT:
@@ -176,21 +176,14 @@ def bwd_dv_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """dv_j = Σ_{r≥j} W_rj (q̃_r·k_j) dnum_r + w_k_j dC[c]ᵀ k_j (Wᵀ and Aᵀ formed directly)."""
+    """dv_j = Σ_{r≥j} W_rj (q̃_r·k_j) dnum_r + w_k_j dC[c]ᵀ k_j (Wᵀ and Aᵀ formed directly,
+    `state_and_scores`)."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    i_n, i_c, i_tg, bos, T = chunk_span(i_t, i_b, cu_seqlens, chunk_idx, T, BT, IS_VARLEN)
+    i_n, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, IS_VARLEN)
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     i_s = i_tg * H + i_h
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    b_AT = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-        b_qT = load_tile(q, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
-        b_dC = load_tile(dCs + i_s * K * V, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        b_AT += mma(b_k, b_qT, PREC)
-        b_dv += mma(b_k, cast(b_dC, b_k.dtype), PREC)
+    b_dv, b_AT = state_and_scores(k, q, dCs + i_s * K * V, i_c, i_v, T, H, K, V, BT, BK, BV, PREC, True)
     # the key weights scale the rows of k dC, so they apply to the product (as simple_gla's decay):
     # no fp32 copy of k in the loop (219 -> 164 registers per thread at 4 warps, offline sm_90),
     # and k ⊙ w_k is not rounded to 16 bits before the dot

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import new_empty
+from ..common.chunk_dots import state_and_scores
 from ..common.tiles import (
     CHUNK_CONFIGS,
     block,
@@ -81,25 +82,13 @@ def o_dv_kernel(
     """The two products of form A S[c] + (A Bᵀ ⊙ mask) C, a `[BT, BV]` tile of `out` a program.
     DV=False, the output: (a, b, c, s, out) = (q, k, v, h, o), o = s (Q ⊙ e^{b}) h[c] + s (Q Kᵀ ⊙ Γ) V.
     DV=True, dv: (a, b, c, s, out) = (k, q, do, dh, dv), dv = (K ⊙ e^{b_C − b}) dh[c] + s (K Qᵀ ⊙ Γᵀ) dO.
-    A Bᵀ is formed directly: a rows times transposed-loaded b."""
+    A Bᵀ is formed directly (`state_and_scores`)."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
     a += (bos * H + i_h) * K
     b += (bos * H + i_h) * K
     s += (i_tg * HV + i_hv) * K * V
-
-    b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        b_a = load_tile(a, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-        b_bT = load_tile(b, i_k * BK, i_c * BT, K, T, 1, H * K, BK, BT)
-        b_s = load_tile(s, i_k * BK, i_v * BV, K, V, V, 1, BK, BV)
-        if DV:
-            b_A += mma(b_a, b_bT, PREC)
-            b_o += mma(b_a, cast(b_s, b_a.dtype), PREC)
-        else:
-            b_o += mma(b_a, cast(b_s, b_a.dtype), PREC)
-            b_A += mma(b_a, b_bT, PREC)
+    b_o, b_A = state_and_scores(a, b, s, i_c, i_v, T, H, K, V, BT, BK, BV, PREC, DV)
     if HAS_G:
         b_g = load_vec(g + bos * HV + i_hv, i_c * BT, T, HV, BT)
         if DV:
