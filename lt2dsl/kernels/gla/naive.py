@@ -6,16 +6,17 @@ mixers.md §3(b): S_t = Diag(exp(g_t)) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ (s 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 
 def naive_recurrent_gla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
     scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """Run the recurrence one token at a time, in float64 when the inputs are float64.
 
     Args:

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 
 def naive_recurrent_mlstm(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    i: torch.Tensor,
-    f: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    i: Tensor,
+    f: Tensor,
     scale: float | None = None,
     eps: float = 1e-6,
-    initial_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    initial_state: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """Run the stabilised recurrence one token at a time (float64 when the inputs are float64).
 
     Args:

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import triton_interpreting
+from ..common.varlen import seq_bounds
 
 
 @triton.jit
@@ -47,12 +48,7 @@ def route_kernel(
     dm0 `[N, H]`."""
     i_nh = tl.program_id(0)
     i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        L = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-    else:
-        bos = i_n.to(tl.int64) * T
-        L = T
+    bos, L = seq_bounds(i_n, cu_seqlens, T, IS_VARLEN)
     r_base = R + i_h.to(tl.int64) * (NTOT + tl.num_programs(0) // H) + bos + i_n
     o_l = tl.arange(0, BL)
     d_T = 0.0

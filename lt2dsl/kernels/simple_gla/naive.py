@@ -7,32 +7,21 @@ S_t = exp(g_t) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ (s q_t).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from ..gla.naive import naive_recurrent_gla
 
 
 def naive_recurrent_simple_gla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
     scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the recurrence one token at a time, in float64 when the inputs are float64.
-
-    Args:
-        q (torch.Tensor): `[B, T, H, K]`.
-        k (torch.Tensor): `[B, T, H, K]`.
-        v (torch.Tensor): `[B, T, HV, V]`, HV a multiple of H (value head j reads q/k head j // (HV // H)).
-        g (torch.Tensor, Optional): `[B, T, HV]` log decay (≤ 0). Default: `None` (no decay).
-        scale (float, Optional): multiplied into q. Default: `K ** -0.5`.
-        initial_state (torch.Tensor, Optional): `[B, HV, K, V]`. Default: zeros.
-
-    Returns:
-        o (torch.Tensor): `[B, T, HV, V]` in the compute dtype (fp32 or float64).
-        final_state (torch.Tensor): `[B, HV, K, V]`.
-    """
+    initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`naive_recurrent_gla` (same arguments, shapes and returns) with the scalar log decay g
+    `[B, T, HV]` (≤ 0; None: no decay) on every key channel."""
     B, T, _, K = q.shape
     HV = v.shape[2]
     # gla's recurrence with the scalar decay on every key channel (exp(0) = 1 without one)
