@@ -50,25 +50,9 @@ def gdn_gate_fwd_kernel(
 @triton.autotune(configs(4, 8), key=["BH"])
 @triton.jit
 def gdn_gate_bwd_kernel(
-    a,
-    b,
-    A_log,
-    dt_bias,
-    dg,
-    dbeta,
-    da,
-    db,
-    dA_part,
-    ddt_part,
-    M,
-    HV,
-    sa,
-    sb,
-    beta_scale,
-    blocks_per_prog,
-    BM: tl.constexpr,
-    BH: tl.constexpr,
-):
+    a, b, A_log, dt_bias, dg, dbeta, da, db, dA_part, ddt_part, M, HV, sa, sb, beta_scale, blocks_per_prog,
+    BM: tl.constexpr, BH: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BH)
     m_h = cols < HV
@@ -140,25 +124,10 @@ def gdn_gate_bwd(
     ddt_part = alloc(P, HV, dtype=torch.float32, device=a2.device)
     if M:
         gdn_gate_bwd_kernel[(P,)](
-            a2,
-            b2,
-            A_log,
-            dt_bias,
-            dg,
-            dbeta,
-            da,
-            db,
-            dA_part,
-            ddt_part,
-            M,
-            HV,
-            a2.stride(0),
-            b2.stride(0),
-            beta_scale,
-            per,
-            BM=BM,
-            BH=BH,
-        )
+            a2, b2, A_log, dt_bias, dg, dbeta, da, db, dA_part, ddt_part, M, HV, a2.stride(0), b2.stride(0),
+            beta_scale, per,
+            BM=BM, BH=BH,
+        )  # fmt: skip
     return da, db, dA_part.sum(0).to(A_log.dtype), ddt_part.sum(0).to(dt_bias.dtype)
 
 

@@ -47,25 +47,9 @@ def _tap_input(x, h, i_b, src, o_c, m_t, m_c, sxb, sxt, shb, shc, W: tl.constexp
 
 @triton.jit
 def _conv_tile(
-    x,
-    h,
-    w,
-    bias,
-    i_b,
-    o_t,
-    o_c,
-    m_t,
-    m_c,
-    sxb,
-    sxt,
-    shb,
-    shc,
-    W: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    HAS_H: tl.constexpr,
-    HAS_B: tl.constexpr,
-):
+    x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_H: tl.constexpr, HAS_B: tl.constexpr,
+):  # fmt: skip
     """pre `[BT, BC]` (fp32) of the conv at positions o_t, channels o_c of sequence i_b."""
     acc = tl.zeros([BT, BC], dtype=tl.float32)
     if HAS_B:
@@ -81,25 +65,10 @@ def _conv_tile(
 @triton.autotune(configs(4, 8), key=["BT", "BC", "W", "L2"])
 @triton.jit
 def conv_silu_fwd_kernel(
-    x,
-    h,
-    w,
-    bias,
-    y,
-    T,
-    C,
-    sxb,
-    sxt,
-    shb,
-    shc,
-    W: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    HD: tl.constexpr,
-    HAS_H: tl.constexpr,
-    HAS_B: tl.constexpr,
-    L2: tl.constexpr,
-):
+    x, h, w, bias, y, T, C, sxb, sxt, shb, shc,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr, HAS_H: tl.constexpr,
+    HAS_B: tl.constexpr, L2: tl.constexpr,
+):  # fmt: skip
     i_b, i_t, o_t, o_c, m_t, m_c = _tile(T, C, BT, BC, HD)
     pre = _conv_tile(x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc, W, BT, BC, HAS_H, HAS_B)
     b_y = pre * tl.sigmoid(pre)
@@ -112,26 +81,10 @@ def conv_silu_fwd_kernel(
 @triton.autotune(configs(4, 8), key=["BT", "BC", "W", "L2"])
 @triton.jit
 def conv_silu_bwd_pre_kernel(
-    x,
-    h,
-    w,
-    bias,
-    dy,
-    dpre,
-    T,
-    C,
-    sxb,
-    sxt,
-    shb,
-    shc,
-    W: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    HD: tl.constexpr,
-    HAS_H: tl.constexpr,
-    HAS_B: tl.constexpr,
-    L2: tl.constexpr,
-):
+    x, h, w, bias, dy, dpre, T, C, sxb, sxt, shb, shc,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr, HAS_H: tl.constexpr,
+    HAS_B: tl.constexpr, L2: tl.constexpr,
+):  # fmt: skip
     i_b, i_t, o_t, o_c, m_t, m_c = _tile(T, C, BT, BC, HD)
     m = m_t[:, None] & m_c[None, :]
     pre = _conv_tile(x, h, w, bias, i_b, o_t, o_c, m_t, m_c, sxb, sxt, shb, shc, W, BT, BC, HAS_H, HAS_B)
@@ -150,26 +103,9 @@ def conv_silu_bwd_pre_kernel(
 @triton.autotune(configs(4, 8), key=["BT", "BC", "W"])
 @triton.jit
 def conv_silu_bwd_dx_kernel(
-    x,
-    h,
-    w,
-    dpre,
-    dx,
-    dw_part,
-    db_part,
-    T,
-    C,
-    sxb,
-    sxt,
-    shb,
-    shc,
-    n_t,
-    W: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-    HD: tl.constexpr,
-    HAS_H: tl.constexpr,
-):
+    x, h, w, dpre, dx, dw_part, db_part, T, C, sxb, sxt, shb, shc, n_t,
+    W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr, HAS_H: tl.constexpr,
+):  # fmt: skip
     i_b, i_t, o_t, o_c, m_t, m_c = _tile(T, C, BT, BC, HD)
     m = m_t[:, None] & m_c[None, :]
     b_dx = tl.zeros([BT, BC], dtype=tl.float32)
@@ -262,21 +198,7 @@ def conv_silu_bwd(
     dw_part = torch.empty(B * n_t, C, W, dtype=torch.float32, device=x.device)
     db_part = torch.empty(B * n_t, C, dtype=torch.float32, device=x.device)
     conv_silu_bwd_dx_kernel[(triton.cdiv(C, HD), n_t, B)](
-        x,
-        hist,
-        w2,
-        dpre,
-        dx,
-        dw_part,
-        db_part,
-        T,
-        C,
-        *_strides(x, hist),
-        n_t,
-        W=W,
-        BT=BT,
-        BC=BC,
-        HD=HD,
-        HAS_H=hist is not None,
-    )
+        x, hist, w2, dpre, dx, dw_part, db_part, T, C, *_strides(x, hist), n_t,
+        W=W, BT=BT, BC=BC, HD=HD, HAS_H=hist is not None,
+    )  # fmt: skip
     return dx, dw_part.sum(0), db_part.sum(0)

@@ -29,23 +29,9 @@ STEP_WARPS = 4
 
 @triton.jit
 def _conv_step(
-    x,
-    h,
-    w,
-    bias,
-    y,
-    i_b,
-    i_c,
-    C,
-    sxb,
-    shb,
-    shc,
-    W: tl.constexpr,
-    BC: tl.constexpr,
-    HD: tl.constexpr,
-    HAS_B: tl.constexpr,
-    L2: tl.constexpr,
-):
+    x, h, w, bias, y, i_b, i_c, C, sxb, shb, shc,
+    W: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr, HAS_B: tl.constexpr, L2: tl.constexpr,
+):  # fmt: skip
     """One conv's step on channels i_c·HD … of sequence i_b (module docstring)."""
     o_c = i_c * HD + tl.arange(0, BC)
     m_c = (tl.arange(0, BC) < HD) & (o_c < C)
@@ -70,43 +56,11 @@ def _conv_step(
 
 @triton.jit
 def conv_silu_step_kernel(
-    x0,
-    h0,
-    w0,
-    b0,
-    y0,
-    C0,
-    sx0,
-    sh0b,
-    sh0c,
-    x1,
-    h1,
-    w1,
-    b1,
-    y1,
-    C1,
-    sx1,
-    sh1b,
-    sh1c,
-    x2,
-    h2,
-    w2,
-    b2,
-    y2,
-    C2,
-    sx2,
-    sh2b,
-    sh2c,
-    W: tl.constexpr,
-    BC: tl.constexpr,
-    HD: tl.constexpr,
-    HB0: tl.constexpr,
-    HB1: tl.constexpr,
-    HB2: tl.constexpr,
-    L2_0: tl.constexpr,
-    L2_1: tl.constexpr,
-    L2_2: tl.constexpr,
-):
+    x0, h0, w0, b0, y0, C0, sx0, sh0b, sh0c, x1, h1, w1, b1, y1, C1, sx1, sh1b, sh1c, x2, h2, w2, b2, y2,
+    C2, sx2, sh2b, sh2c,
+    W: tl.constexpr, BC: tl.constexpr, HD: tl.constexpr, HB0: tl.constexpr, HB1: tl.constexpr,
+    HB2: tl.constexpr, L2_0: tl.constexpr, L2_1: tl.constexpr, L2_2: tl.constexpr,
+):  # fmt: skip
     """Grid (channel blocks of the widest conv, n ≤ 3 convs, B sequences); conv i's arguments are
     (x_i, h_i, w_i, b_i, y_i, C_i, batch stride of x_i, batch and channel strides of h_i); the
     arguments of absent convs repeat the last one's (their programs do not exist)."""

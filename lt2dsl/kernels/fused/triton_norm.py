@@ -53,21 +53,9 @@ def add_rmsnorm_fwd_kernel(x, r, w, s, n, rstd, stride_x, stride_r, D, eps, BD: 
 @triton.autotune(configs(8, 4, 16), key=["BD"])
 @triton.jit
 def add_rmsnorm_bwd_kernel(
-    s,
-    w,
-    rstd,
-    dn,
-    ds,
-    dx,
-    dw_part,
-    M,
-    D,
-    stride_dn,
-    stride_ds,
-    rows_per_prog,
-    BD: tl.constexpr,
-    HAS_DS: tl.constexpr,
-):
+    s, w, rstd, dn, ds, dx, dw_part, M, D, stride_dn, stride_ds, rows_per_prog,
+    BD: tl.constexpr, HAS_DS: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BD)
     m = cols < D
@@ -162,21 +150,10 @@ def add_rmsnorm_bwd(
     dw_part = (torch.empty if M else torch.zeros)(P, D, dtype=torch.float32, device=s.device)
     if M:
         add_rmsnorm_bwd_kernel[(P,)](
-            s,
-            weight,
-            rstd,
-            dn2,
-            ds2,
-            dx,
-            dw_part,
-            M,
-            D,
-            dn2.stride(0),
-            0 if ds2 is None else ds2.stride(0),
-            rows,
-            BD=pow2(D),
-            HAS_DS=ds2 is not None,
-        )
+            s, weight, rstd, dn2, ds2, dx, dw_part, M, D, dn2.stride(0),
+            0 if ds2 is None else ds2.stride(0), rows,
+            BD=pow2(D), HAS_DS=ds2 is not None,
+        )  # fmt: skip
     return dx, dw_part.sum(0).to(weight.dtype)
 
 
@@ -188,22 +165,9 @@ def _rows_block(group: int) -> tuple[int, int]:
 @triton.autotune(configs(4, 8, 2), key=["BG", "BR", "ACT", "NORM_FIRST"])
 @triton.jit
 def gated_rmsnorm_fwd_kernel(
-    o,
-    g,
-    w,
-    y,
-    n_rows,
-    nsub,
-    so,
-    sg,
-    group,
-    nseg,
-    eps,
-    BR: tl.constexpr,
-    BG: tl.constexpr,
-    ACT: tl.constexpr,
-    NORM_FIRST: tl.constexpr,
-):
+    o, g, w, y, n_rows, nsub, so, sg, group, nseg, eps,
+    BR: tl.constexpr, BG: tl.constexpr, ACT: tl.constexpr, NORM_FIRST: tl.constexpr,
+):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BG)
     m = (rows < n_rows)[:, None] & (cols < group)[None, :]
@@ -225,26 +189,9 @@ def gated_rmsnorm_fwd_kernel(
 @triton.autotune(configs(4, 8, 2), key=["BG", "BR", "ACT", "NORM_FIRST"])
 @triton.jit
 def gated_rmsnorm_bwd_kernel(
-    o,
-    g,
-    w,
-    dy,
-    do,
-    dg,
-    dw_part,
-    n_rows,
-    nsub,
-    so,
-    sg,
-    group,
-    nseg,
-    eps,
-    blocks_per_prog,
-    BR: tl.constexpr,
-    BG: tl.constexpr,
-    ACT: tl.constexpr,
-    NORM_FIRST: tl.constexpr,
-):
+    o, g, w, dy, do, dg, dw_part, n_rows, nsub, so, sg, group, nseg, eps, blocks_per_prog,
+    BR: tl.constexpr, BG: tl.constexpr, ACT: tl.constexpr, NORM_FIRST: tl.constexpr,
+):  # fmt: skip
     pid, seg = tl.program_id(0), tl.program_id(1)
     cols = tl.arange(0, BG)
     mc = cols < group
@@ -287,58 +234,38 @@ def gated_rmsnorm_bwd_kernel(
     tl.store(dw_part + pid * (nseg * group) + seg * group + cols, b_dw, mask=mc)
 
 
-def gated_rmsnorm_fwd(
-    o2: torch.Tensor,
-    g2: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    act: int,
-    group: int,
-    norm_first: bool,
-) -> torch.Tensor:
-    """o2, g2 `[M, L]` (unit column stride) → y `[M, L]` contiguous in weight's dtype."""
+def _gated_rows(o2: torch.Tensor, weight: torch.Tensor, group: int) -> tuple[int, int, int, int, int, int]:
+    """(M, L, dim, nsub, nseg, n_rows) of o2 `[M, L]`: nsub groups per row of o2, nseg per weight
+    `[dim]`, n_rows = M · nsub normalised rows."""
     M, L = o2.shape
     dim = weight.shape[0]
     nsub, nseg = L // group, dim // group
+    return M, L, dim, nsub, nseg, M * nsub
+
+
+def gated_rmsnorm_fwd(
+    o2: torch.Tensor, g2: torch.Tensor | None, weight: torch.Tensor, eps: float, act: int, group: int,
+    norm_first: bool,
+) -> torch.Tensor:  # fmt: skip
+    """o2, g2 `[M, L]` (unit column stride) → y `[M, L]` contiguous in weight's dtype."""
+    M, L, _, nsub, nseg, n_rows = _gated_rows(o2, weight, group)
     y = torch.empty(M, L, dtype=weight.dtype, device=o2.device)
-    n_rows = M * nsub
     BG, BR = _rows_block(group)
     if n_rows:
         gated_rmsnorm_fwd_kernel[(triton.cdiv(n_rows, BR),)](
-            o2,
-            g2,
-            weight,
-            y,
-            n_rows,
-            nsub,
-            o2.stride(0),
-            0 if g2 is None else g2.stride(0),
-            group,
-            nseg,
-            eps,
-            BR=BR,
-            BG=BG,
-            ACT=act,
-            NORM_FIRST=norm_first,
-        )
+            o2, g2, weight, y, n_rows, nsub, o2.stride(0), 0 if g2 is None else g2.stride(0), group,
+            nseg, eps,
+            BR=BR, BG=BG, ACT=act, NORM_FIRST=norm_first,
+        )  # fmt: skip
     return y
 
 
 def gated_rmsnorm_bwd(
-    dy: torch.Tensor,
-    o2: torch.Tensor,
-    g2: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    act: int,
-    group: int,
-    norm_first: bool,
-):
+    dy: torch.Tensor, o2: torch.Tensor, g2: torch.Tensor | None, weight: torch.Tensor, eps: float, act: int,
+    group: int, norm_first: bool,
+):  # fmt: skip
     """(do `[M, L]` in o's dtype, dg `[M, L]` in g's dtype or None, dw `[dim]` in weight's dtype)."""
-    M, L = o2.shape
-    dim = weight.shape[0]
-    nsub, nseg = L // group, dim // group
-    n_rows = M * nsub
+    M, L, dim, nsub, nseg, n_rows = _gated_rows(o2, weight, group)
     dy = dy if dy.is_contiguous() else dy.contiguous()
     do = torch.empty(M, L, dtype=o2.dtype, device=o2.device)
     dg = None if g2 is None else torch.empty(M, L, dtype=g2.dtype, device=o2.device)
@@ -349,24 +276,8 @@ def gated_rmsnorm_bwd(
     dw_part = (torch.empty if n_rows else torch.zeros)(P, dim, dtype=torch.float32, device=o2.device)
     if n_rows:
         gated_rmsnorm_bwd_kernel[(P, nseg)](
-            o2,
-            g2,
-            weight,
-            dy,
-            do,
-            dg,
-            dw_part,
-            n_rows,
-            nsub,
-            o2.stride(0),
-            0 if g2 is None else g2.stride(0),
-            group,
-            nseg,
-            eps,
-            per,
-            BR=BR,
-            BG=BG,
-            ACT=act,
-            NORM_FIRST=norm_first,
-        )
+            o2, g2, weight, dy, do, dg, dw_part, n_rows, nsub, o2.stride(0),
+            0 if g2 is None else g2.stride(0), group, nseg, eps, per,
+            BR=BR, BG=BG, ACT=act, NORM_FIRST=norm_first,
+        )  # fmt: skip
     return do, dg, dw_part.sum(0).to(weight.dtype)
