@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from lt2dsl.kernels.common.norm import l2norm
 
@@ -17,46 +18,42 @@ ACTS = (None, "silu", "sigmoid")
 L2_EPS = 1e-6
 
 
-def wide_dtype(t: torch.Tensor) -> torch.dtype:
+def wide_dtype(t: Tensor) -> torch.dtype:
     """fp32, or float64 for float64 tensors: the dtype norms and gates are computed in."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def add_rmsnorm_ref(
-    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor | None, eps: float | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rmsnorm_ref(x: Tensor, r: Tensor, weight: Tensor | None, eps: float | None) -> tuple[Tensor, Tensor]:
     """(RMSNorm(x + r), x + r) over the last dim: `nn.RMSNorm` applied to the residual sum."""
     s = x + r
     return F.rms_norm(s, (s.shape[-1],), weight, eps), s
 
 
 def norm_add_rmsnorm_ref(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    w1: torch.Tensor,
+    x: Tensor,
+    y: Tensor,
+    w1: Tensor,
     eps1: float | None,
-    w2: torch.Tensor,
+    w2: Tensor,
     eps2: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Tensor, Tensor]:
     """A sandwich block's residual add: `add_rmsnorm_ref(x, RMSNorm(y) · γ₁, γ₂, eps2)`."""
     return add_rmsnorm_ref(x, F.rms_norm(y, (y.shape[-1],), w1, eps1), w2, eps2)
 
 
-def linear_split_ref(
-    x: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor] | None
-) -> tuple[torch.Tensor, ...]:
+def linear_split_ref(x: Tensor, weights: list[Tensor], biases: list[Tensor] | None) -> tuple[Tensor, ...]:
     """One `F.linear` per projection (the unfused graph)."""
     bs = biases if biases is not None else [None] * len(weights)
     return tuple(F.linear(x, w, b) for w, b in zip(weights, bs))
 
 
 def conv_silu_ref(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    hist: torch.Tensor | None,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    hist: Tensor | None,
     head_dim: int = 0,
-) -> torch.Tensor:
+) -> Tensor:
     """Causal depthwise conv + SiLU (mixers.md §0 ShortConv), then L2Norm per head of `head_dim`.
 
     Args:
@@ -78,12 +75,12 @@ def conv_silu_ref(
 
 
 def conv_silu_step_ref(
-    xs: list[torch.Tensor],
-    weights: list[torch.Tensor],
-    biases: list[torch.Tensor | None],
-    hists: list[torch.Tensor],
+    xs: list[Tensor],
+    weights: list[Tensor],
+    biases: list[Tensor | None],
+    hists: list[Tensor],
     head_dims: list[int],
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[Tensor, ...]:
     """The decode step of several short convs: `conv_silu_ref` of each x `[B, 1, C_i]` with its
     history `[B, C_i, W−1]`, which then takes x as its newest column (in place). Returns the ys."""
     ys = []
@@ -93,7 +90,7 @@ def conv_silu_step_ref(
     return tuple(ys)
 
 
-def rope_ref(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+def rope_ref(x: Tensor, c: Tensor, s: Tensor) -> Tensor:
     """Half-split RoPE of the first R channels of each head of x `[B, T, H, D]`, the rest as they are.
 
     c, s: `[B or 1, T, R]` rows of `lowering.functional.rope_rows` (the rotation's dtype). In c's
@@ -107,13 +104,13 @@ def rope_ref(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 def gdn_gate_ref(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
     beta_scale: float = 1.0,
     dtype: torch.dtype = torch.float32,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Tensor, Tensor]:
     """GDN gates (mixers.md §5(a)) in `dtype`: g = −exp(A_log) · softplus(a + dt_bias), β = s · σ(b).
 
     a, b `[B, T, HV]` raw projections; A_log, dt_bias `[HV]`.
@@ -126,14 +123,14 @@ def gdn_gate_ref(
 
 
 def gated_rmsnorm_ref(
-    o: torch.Tensor,
-    gate: torch.Tensor | None,
-    weight: torch.Tensor,
+    o: Tensor,
+    gate: Tensor | None,
+    weight: Tensor,
     eps: float,
     act: str | None,
     group: int,
     norm_before_gate: bool = True,
-) -> torch.Tensor:
+) -> Tensor:
     """`GatedRMSNorm` (lowering/functional_recurrent.py): RMSNorm over groups of `group` channels
     of o's last dim (= weight's length), gated by act(gate) after (fla) or before (Mamba2) the norm."""
     dt = wide_dtype(weight)
@@ -152,17 +149,17 @@ def gated_rmsnorm_ref(
 
 
 def gated_rmsnorm_linear_ref(
-    o: torch.Tensor,
-    gate: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    proj_weight: torch.Tensor,
-    proj_bias: torch.Tensor | None,
+    o: Tensor,
+    gate: Tensor | None,
+    norm_weight: Tensor,
+    proj_weight: Tensor,
+    proj_bias: Tensor | None,
     eps: float,
     act: str | None,
     group: int,
     norm_before_gate: bool = True,
     n_flat: int = 1,
-) -> torch.Tensor:
+) -> Tensor:
     """`out_proj(GatedRMSNorm(o, gate).flatten(-n_flat))`: o `[..., dim]` → `[*o.shape[:-n_flat], D]`."""
     y = gated_rmsnorm_ref(o, gate, norm_weight, eps, act, group, norm_before_gate)
     if n_flat > 1:
@@ -170,6 +167,6 @@ def gated_rmsnorm_linear_ref(
     return F.linear(y, proj_weight, proj_bias)
 
 
-def swiglu_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def swiglu_ref(a: Tensor, b: Tensor) -> Tensor:
     """SiLU(a) ⊙ b (the SwiGLU MLP's activation and product)."""
     return F.silu(a) * b

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from .common import pow2
 from .triton_conv import L2_EPS
@@ -81,12 +82,9 @@ def step_block(head_dims: list[int], channels: list[int]) -> tuple[int, int]:
 
 
 def conv_silu_step_fwd(
-    xs: list[torch.Tensor],
-    w2s: list[torch.Tensor],
-    biases: list[torch.Tensor | None],
-    hists: list[torch.Tensor],
+    xs: list[Tensor], w2s: list[Tensor], biases: list[Tensor | None], hists: list[Tensor],
     head_dims: list[int],
-) -> list[torch.Tensor]:
+) -> list[Tensor]:  # fmt: skip
     """xs `[B, C_i]` (unit channel stride), w2s `[C_i, W]` contiguous, hists `[B, C_i, W−1]` (unit
     time stride, x's dtype; updated in place) → ys `[B, C_i]` contiguous in x's dtype. The L2 head
     dims that are nonzero are equal."""
