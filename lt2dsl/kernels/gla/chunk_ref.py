@@ -40,17 +40,25 @@ def chunk_gla_ref(
         o (torch.Tensor): `[B, T, HV, V]` in the compute dtype (fp32, or float64 for float64 inputs).
         final_state (torch.Tensor): `[B, HV, K, V]`.
     """
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    H, HV = q.shape[2], v.shape[2]
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
     q = (q.to(dt) * scale).repeat_interleave(HV // H, dim=2).transpose(1, 2)
     k = k.to(dt).repeat_interleave(HV // H, dim=2).transpose(1, 2)
     v, g = v.to(dt).transpose(1, 2), g.to(dt).transpose(1, 2)
-    S = q.new_zeros(B, HV, K, V) if initial_state is None else initial_state.to(dt)
+    return chunk_scan(_chunk_step, q, k, v, g, initial_state, chunk_size)
+
+
+def chunk_scan(step, q, k, v, g, initial_state, chunk_size: int):
+    """(o `[B, T, HV, V]`, final state `[B, HV, K, V]`) of `step(qc, kc, vc, gc, S) -> (o_c, S)` run
+    over the chunks of q, k `[B, heads, T, K]`, v `[B, HV, T, V]` and g `[B, HV, T, ...]` (None: none),
+    all in the compute dtype, from `initial_state` (None: zeros)."""
+    B, HV, T, V = v.shape
+    S = q.new_zeros(B, HV, q.shape[-1], V) if initial_state is None else initial_state.to(q.dtype)
     outs = []
     for s in range(0, T, chunk_size):
         e = min(s + chunk_size, T)
-        o_c, S = _chunk_step(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], S)
+        gc = None if g is None else g[:, :, s:e]
+        o_c, S = step(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], gc, S)
         outs.append(o_c)
     o = torch.cat(outs, dim=2) if outs else v.new_zeros(B, HV, 0, V)
     return o.transpose(1, 2), S

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..gla.chunk_ref import chunk_scan
+
 
 def chunk_simple_gla_ref(
     q: torch.Tensor,
@@ -19,23 +21,8 @@ def chunk_simple_gla_ref(
     initial_state: torch.Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of equal-length sequences, chunk by chunk.
-
-    Args:
-        q (torch.Tensor): `[B, T, H, K]`.
-        k (torch.Tensor): `[B, T, H, K]`.
-        v (torch.Tensor): `[B, T, HV, V]`.
-        g (torch.Tensor, Optional): `[B, T, HV]` log decay, or None (no decay).
-        scale (float): multiplied into q.
-        initial_state (torch.Tensor, Optional): `[B, HV, K, V]`. Default: zeros.
-        chunk_size (int, Optional): chunk length C. Default: 64.
-
-    Returns:
-        o (torch.Tensor): `[B, T, HV, V]` in the compute dtype (fp32, or float64 for float64 inputs).
-        final_state (torch.Tensor): `[B, HV, K, V]`.
-    """
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    """`chunk_gla_ref` (same arguments, shapes and returns) with the scalar log decay g `[B, T, HV]`
+    (None: no decay)."""
     dt = torch.float64 if v.dtype == torch.float64 else torch.float32
     # [B, heads, T, *]: heads first so every chunk is a batch of matrices. q and k keep their H
     # heads: the scores QKᵀ are computed once per q/k head and shared by its HV/H value heads
@@ -44,15 +31,7 @@ def chunk_simple_gla_ref(
     k = k.to(dt).transpose(1, 2)
     v = v.to(dt).transpose(1, 2)
     g = None if g is None else g.to(dt).transpose(1, 2)
-    S = q.new_zeros(B, HV, K, V) if initial_state is None else initial_state.to(dt)
-    outs = []
-    for s in range(0, T, chunk_size):
-        e = min(s + chunk_size, T)
-        gc = None if g is None else g[:, :, s:e]
-        o_c, S = _chunk_step(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], gc, S)
-        outs.append(o_c)
-    o = torch.cat(outs, dim=2) if outs else v.new_zeros(B, HV, 0, V)
-    return o.transpose(1, 2), S
+    return chunk_scan(_chunk_step, q, k, v, g, initial_state, chunk_size)
 
 
 def _chunk_step(qc, kc, vc, gc, S):
