@@ -19,13 +19,6 @@ from .naive import naive_recurrent_gla
 __all__ = ["chunk_gla_ref", "gla", "naive_recurrent_gla"]
 
 
-def _chunk_op():
-    """`lt2dsl::gla_chunk_fwd`, imported on first use: the reference path needs no Triton."""
-    from . import ops  # noqa: F401  (registers the op)
-
-    return torch.ops.lt2dsl.gla_chunk_fwd
-
-
 def gla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -61,4 +54,4 @@ def gla(
     d = check_qkv(q, k, v, cu_seqlens)
     check_shape("g", g, [d.B, d.T, d.HV, d.K], "[B, T, HV, K]")
     args = (scale, initial_state, output_final_state, inplace_final_state, cu_seqlens, backend)
-    return decay_front(_chunk_op, chunk_gla_ref, d, q, k, v, g, *args)
+    return decay_front("gla", chunk_gla_ref, d, q, k, v, g, *args)

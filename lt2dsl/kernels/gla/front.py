@@ -11,8 +11,20 @@ from ..common.backend import Dims, pick_backend
 from ..decay.utils import check_inplace, check_state, run_by_sequence, write_final_state
 
 
+def chunk_op(family: str) -> Callable:
+    """`lt2dsl::{family}_chunk_fwd`, registered by importing the family's `ops` on first use: the
+    reference path needs no Triton (plain imports, which torch.compile traces)."""
+    if family == "gla":
+        from . import ops as gla_ops  # noqa: F401  (registers the op)
+
+        return torch.ops.lt2dsl.gla_chunk_fwd
+    from ..simple_gla import ops as simple_gla_ops  # noqa: F401  (registers the op)
+
+    return torch.ops.lt2dsl.simple_gla_chunk_fwd
+
+
 def decay_front(
-    chunk_op: Callable[[], Callable],
+    family: str,
     chunk_ref: Callable,
     d: Dims,
     q: torch.Tensor,
@@ -27,7 +39,7 @@ def decay_front(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """o `[B, T, HV, V]` (dtype of v) and the final state `[N, HV, K, V]` (fp32, or None unless asked
-    for): under backend="triton" the op `chunk_op()` returns (importing the Triton kernels), else
+    for): under backend="triton" the family's op (`chunk_op`, family "gla" or "simple_gla"), else
     `chunk_ref(q, k, v, g, scale, h0)` per batch of equal-length sequences."""
     check_state("initial_state", initial_state, [d.N, d.HV, d.K, d.V], "[N, HV, K, V]")
     check_inplace(inplace_final_state, initial_state)
@@ -36,7 +48,7 @@ def decay_front(
     if pick_backend(backend, q) == "triton":
         from ..decay.ops import prepare_inputs, run_decay_triton
 
-        op = chunk_op()
+        op = chunk_op(family)
         q, k, v, g, h0 = prepare_inputs(q, k, v, g, initial_state)
         args = (q, k, v, g, h0, initial_state, scale, want_final, inplace_final_state, cu_seqlens)
         return run_decay_triton(op, *args)

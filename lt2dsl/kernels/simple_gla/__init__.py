@@ -15,6 +15,7 @@ the fused recurrent kernel shared with `gla` (decay/recurrent.py).
 from __future__ import annotations
 
 import torch
+from torch import LongTensor, Tensor
 
 from ..common.backend import check_shape, pick_backend
 from ..decay.utils import check_qkv
@@ -25,44 +26,30 @@ from .naive import naive_recurrent_simple_gla
 __all__ = ["chunk_simple_gla_ref", "naive_recurrent_simple_gla", "simple_gla"]
 
 
-def _chunk_op():
-    """`lt2dsl::simple_gla_chunk_fwd`, imported on first use: the reference path needs no Triton."""
-    from . import ops  # noqa: F401  (registers the op)
-
-    return torch.ops.lt2dsl.simple_gla_chunk_fwd
-
-
 def simple_gla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
     *,
     scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
+    initial_state: Tensor | None = None,
     output_final_state: bool = False,
     inplace_final_state: bool = False,
-    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens: LongTensor | None = None,
     backend: str = "reference",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scalar-decay linear attention with grouped value heads.
+) -> tuple[Tensor, Tensor | None]:
+    """Scalar-decay linear attention with grouped value heads: `gla` with one decay per head.
 
     Args:
-        q (torch.Tensor): queries `[B, T, H, K]`.
-        k (torch.Tensor): keys `[B, T, H, K]`.
-        v (torch.Tensor): values `[B, T, HV, V]`; value head j reads q/k head j // (HV // H).
+        q, k, v: as in `gla` (queries, keys `[B, T, H, K]`, values `[B, T, HV, V]`).
         g (torch.Tensor, Optional): log decay `[B, T, HV]` (≤ 0, used in fp32). Default: `None` (no decay).
-        scale (float, Optional): multiplied into q. Default: `K ** -0.5`.
-        initial_state (torch.Tensor, Optional): `[N, HV, K, V]`. Default: zeros.
-        output_final_state (bool, Optional): return the final state `[N, HV, K, V]` (fp32). Default: `False`.
-        inplace_final_state (bool, Optional): write the final state into `initial_state` and return
-            that tensor (decode without allocation). Default: `False`.
-        cu_seqlens (torch.LongTensor, Optional): `[N + 1]` packed sequence starts (B == 1). Default: `None`.
-        backend (str, Optional): "reference", "triton" or "auto". Default: "reference".
+        scale, initial_state, output_final_state, inplace_final_state, cu_seqlens, backend: as in `gla`
+            (an in-place final state serves decode without allocation).
 
     Returns:
-        o (torch.Tensor): `[B, T, HV, V]` in the dtype of `v`.
-        final_state (torch.Tensor or None): `[N, HV, K, V]`, or None when not asked for.
+        (o, final_state) as in `gla`: o `[B, T, HV, V]` in the dtype of `v`, the final state
+        `[N, HV, K, V]` (fp32) or None.
     """
     d = check_qkv(q, k, v, cu_seqlens)
     if g is not None:
@@ -73,4 +60,4 @@ def simple_gla(
         # right: a zero decay runs the decayed code, which is the same math.
         g = q.new_zeros(d.B, d.T, d.HV, dtype=torch.float32)
     args = (scale, initial_state, output_final_state, inplace_final_state, cu_seqlens, backend)
-    return decay_front(_chunk_op, chunk_simple_gla_ref, d, q, k, v, g, *args)
+    return decay_front("simple_gla", chunk_simple_gla_ref, d, q, k, v, g, *args)

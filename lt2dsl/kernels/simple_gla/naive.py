@@ -7,19 +7,18 @@ S_t = exp(g_t) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ (s q_t).
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from ..gla.naive import naive_recurrent_gla
 
 
 def naive_recurrent_simple_gla(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
     scale: float | None = None,
-    initial_state: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`naive_recurrent_gla` (same arguments, shapes and returns) with the scalar log decay g
     `[B, T, HV]` (≤ 0; None: no decay) on every key channel."""
     B, T, _, K = q.shape
