@@ -175,13 +175,9 @@ def conv_silu_fwd(
 
 
 def conv_silu_bwd(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    w2: torch.Tensor,
-    bias: torch.Tensor | None,
-    hist: torch.Tensor | None,
+    dy: torch.Tensor, x: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None, hist: torch.Tensor | None,
     head_dim: int,
-):
+):  # fmt: skip
     """(dx `[B, T, C]` in x's dtype, dw `[C, W]` fp32, db `[C]` fp32)."""
     x, hist = prepare(x, hist)
     B, T, C = x.shape
