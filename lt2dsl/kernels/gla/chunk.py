@@ -79,8 +79,8 @@ def dqk_state_terms(
     `[B, T, HV, V]` from the sequence start `bos`, h, dh `[NT, HV, K, V]` at global chunk `i_tg`):
     dO hᵀ and V dhᵀ `[BT, BK]`; with DS the scores dS = dO Vᵀ and dSᵀ `[BT, BT]` (each formed
     directly, zeros without); with HDH Σ_v hᵀ ⊙ dhᵀ `[BK]` from loads of its own
-    (`load_tile_apart`: sharing the dots' tiles let the pipeliner race on their buffer). Then the q and
-    k tiles `[BT, BK]` of key head `i_h` (q, k `[B, T, H, K]`), in their own dtype."""
+    (`load_tile_apart`: sharing the dots' tiles let the pipeliner race on their buffer). First in the
+    result: q, k `[B, T, H, K]` moved to key head `i_h` of the sequence."""
     v += (bos * HV + i_hv) * V
     do += (bos * HV + i_hv) * V
     h += (i_tg * HV + i_hv) * K * V
@@ -110,9 +110,7 @@ def dqk_state_terms(
             b_hdh += tl.sum(b_hT2.to(tl.float32) * b_dhT2.to(tl.float32), axis=0)
     q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
-    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
-    return b_q, b_k, b_dq, b_dk, b_ds, b_dsT, b_hdh
+    return q, k, b_dq, b_dk, b_ds, b_dsT, b_hdh
 
 
 @device_fn
@@ -361,15 +359,15 @@ def bwd_dqkg_kernel(
     """State terms of dq, dk added to the intra-chunk ones, and dg `[B, T, HV, K]` (fp32)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    b_q, b_k, b_dq, b_dk, _, _, b_hdh = dqk_state_terms(
+    q, k, b_dq, b_dk, _, _, b_hdh = dqk_state_terms(
         q, k, v, do, h, dh, bos, i_h, i_hv, i_tg, i_c, i_k, T, H, HV, K, V, BT, BK, BV, False, True, PREC
     )
-    b_q = b_q.to(tl.float32)
-    b_k = b_k.to(tl.float32)
     g += (bos * HV + i_hv) * K
     o_k = i_k * BK + tl.arange(0, BK)
     o_t = i_c * BT + tl.arange(0, BT)
     last = tl.minimum(i_c * BT + BT, T) - 1
+    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK).to(tl.float32)
+    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK).to(tl.float32)
     b_g = load_tile(g, i_c * BT, i_k * BK, T, K, HV * K, 1, BT, BK)
     b_gl = tl.load(g + last * HV * K + o_k, mask=o_k < K, other=0.0)
     b_dq = b_dq * tl.exp(b_g) * scale

@@ -85,8 +85,12 @@ def o_dv_kernel(
     A Bᵀ is formed directly (`state_and_scores`)."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    a += (bos * H + i_h) * K
-    b += (bos * H + i_h) * K
+    if DV:  # q (here b) is moved before k in both forms: the order each form was tuned with
+        b += (bos * H + i_h) * K
+        a += (bos * H + i_h) * K
+    else:
+        a += (bos * H + i_h) * K
+        b += (bos * H + i_h) * K
     s += (i_tg * HV + i_hv) * K * V
     b_o, b_A = state_and_scores(a, b, s, i_c, i_v, T, H, K, V, BT, BK, BV, PREC, DV)
     if HAS_G:
@@ -119,9 +123,11 @@ def bwd_dqkg_kernel(
 ):  # fmt: skip
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_hv, i_h, i_c, i_tg, bos, T = head_chunk(i_t, i_bh, cu_seqlens, chunk_idx, T, BT, H, HV, IS_VARLEN)
-    b_q, b_k, b_dq, b_dk, b_ds, b_dsT, b_hdh = dqk_state_terms(
+    q, k, b_dq, b_dk, b_ds, b_dsT, b_hdh = dqk_state_terms(
         q, k, v, do, h, dh, bos, i_h, i_hv, i_tg, i_c, i_k, T, H, HV, K, V, BT, BK, BV, True, HAS_G, PREC
     )
+    b_q = load_tile(q, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
+    b_k = load_tile(k, i_c * BT, i_k * BK, T, K, H * K, 1, BT, BK)
     o_t = i_c * BT + tl.arange(0, BT)
     if HAS_G:
         p_g = g + bos * HV + i_hv
