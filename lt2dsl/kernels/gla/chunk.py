@@ -85,12 +85,13 @@ def dqk_state_terms(
     do += (bos * HV + i_hv) * V
     h += (i_tg * HV + i_hv) * K * V
     dh += (i_tg * HV + i_hv) * K * V
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_ds = tl.zeros([BT, BT], dtype=tl.float32)
     b_dsT = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    n_v = tl.cdiv(V, BV)
+    for i_v in range(n_v):
         b_v = load_tile(v, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
         b_do = load_tile(do, i_c * BT, i_v * BV, T, V, HV * V, 1, BT, BV)
         if DS:
