@@ -18,7 +18,7 @@ from lt2dsl.kernels.common.custom_op import custom_op
 
 from ..common.backend import new_empty
 from ..common.tiles import tuned
-from ..common.varlen import seq_bounds
+from ..decay.chunks import seq_start
 
 # One config, never benchmarked: the in-place variant overwrites its own input state, so an
 # autotuner timing several runs would apply the update several times. Hopper notes: elementwise
@@ -35,7 +35,7 @@ def fused_recurrent_kernel(
 ):  # fmt: skip
     i_nh = tl.program_id(0)
     i_n, i_h = i_nh // H, i_nh % H
-    bos, T = seq_bounds(i_n, cu_seqlens, T, IS_VARLEN)
+    bos, T = seq_start(i_n, cu_seqlens, T, IS_VARLEN)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_n = tl.zeros([BK], dtype=tl.float32)

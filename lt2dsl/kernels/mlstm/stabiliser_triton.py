@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..common.backend import triton_interpreting
-from ..common.varlen import seq_bounds
+from ..decay.chunks import seq_start
 
 
 @triton.jit
@@ -48,7 +48,7 @@ def route_kernel(
     dm0 `[N, H]`."""
     i_nh = tl.program_id(0)
     i_n, i_h = i_nh // H, i_nh % H
-    bos, L = seq_bounds(i_n, cu_seqlens, T, IS_VARLEN)
+    bos, L = seq_start(i_n, cu_seqlens, T, IS_VARLEN)
     r_base = R + i_h.to(tl.int64) * (NTOT + tl.num_programs(0) // H) + bos + i_n
     o_l = tl.arange(0, BL)
     d_T = 0.0
