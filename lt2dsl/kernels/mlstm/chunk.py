@@ -16,24 +16,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..common import tiles
 from ..common.backend import new_empty, triton_interpreting
 from ..common.chunk_dots import state_and_scores
-from ..common.tiles import (
-    CHUNK_CONFIGS,
-    block,
-    cast,
-    device_fn,
-    dot_precision,
-    load_tile,
-    load_vec,
-    mma,
-    store_tile,
-    store_vec,
-    tuned,
-)
+from ..common.tiles import block, cast, dot_precision, load_tile, load_vec, mma, store_tile, store_vec
 from ..decay.chunks import Varlen, chunk_local_cumsum, chunk_span, seq_span
 
-_CONFIGS = CHUNK_CONFIGS  # sm_90 notes at `CHUNK_CONFIGS`
+_CONFIGS = tiles.CHUNK_CONFIGS  # sm_90 notes at `CHUNK_CONFIGS`
 _KEY = ["H", "K", "V", "BK", "BV"]
 # The output kernel forms q·n in a loop of its own (`fwd_o_kernel`): formed from the dots' q tile,
 # its 4-warp, 2-stage config races in shared memory (h errors of 7-52 on the GPU where every other
@@ -45,7 +34,7 @@ _O_CONFIGS = _CONFIGS
 O_BV_CAP = 128
 
 
-@device_fn
+@tiles.device_fn
 def head_chunk(
     i_t, i_bh, cu_seqlens, chunk_idx, T, BT: tl.constexpr, H: tl.constexpr, IS_VARLEN: tl.constexpr
 ):
@@ -56,7 +45,7 @@ def head_chunk(
     return i_n, i_h, i_c, i_tg, bos, T
 
 
-@device_fn
+@tiles.device_fn
 def head_seq(
     i_nh, cu_seqlens, chunk_offsets, T,
     BT: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -116,7 +105,7 @@ def fwd_stab_kernel(
     tl.store(mt + i_nh, b_m)
 
 
-@tuned(_CONFIGS, key=_KEY)
+@tiles.tuned(_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def fwd_state_kernel(
     k, v, b, ig, Cs, ns, ms, C0, n0, Ct, nt, mt, cu_seqlens, chunk_offsets, T,
@@ -161,7 +150,7 @@ def fwd_state_kernel(
         tl.store(nt + i_nh.to(tl.int64) * K + o_k, b_n, mask=o_k < K)
 
 
-@device_fn
+@tiles.device_fn
 def _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr):
     """(w_k `[BT]` = e^{b_C − b_j + ĩ_j − m_{c+1}}, decay = e^{b_C + m_c − m_{c+1}}, m_c) of chunk i_c."""
     o_t = i_c * BT + tl.arange(0, BT)
@@ -178,7 +167,7 @@ def _key_weights(b, ig, ms, mt, bos, i_n, i_c, i_tg, i_h, T, H, BT: tl.constexpr
     return tl.exp(expo), tl.exp(b_blast + b_mc - b_mnext), b_mc
 
 
-@tuned(_O_CONFIGS, key=_KEY)
+@tiles.tuned(_O_CONFIGS, key=_KEY)
 @triton.jit(do_not_specialize=["T"])
 def fwd_o_kernel(
     q, k, v, b, ig, Cs, ns, ms, o, m_tok, a_tok, cu_seqlens, chunk_idx, scale, eps, T,
@@ -221,7 +210,7 @@ def _max(a, b):
     return tl.maximum(a, b)
 
 
-@device_fn
+@tiles.device_fn
 def _weights(b, ig, bos, i_c, i_h, b_mc, T, H, BT: tl.constexpr):
     """(m_r `[BT]`, W `[BT, BT]`: W_rj = e^{b_r − b_j + ĩ_j − m_r} for j ≤ r, w_r = e^{b_r + m_c − m_r}).
 
