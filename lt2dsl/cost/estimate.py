@@ -26,7 +26,14 @@ from lt2dsl.dtypes import Dtypes
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.constraints import require_model
 from lt2dsl.ir.registry import lookup
-from lt2dsl.ir.specs.channel import block_norm_count, mlp_flops, mlp_weights, norm_weights
+from lt2dsl.ir.specs.channel import (
+    block_norm_count,
+    mlp_activations,
+    mlp_flops,
+    mlp_weights,
+    norm_saved,
+    norm_weights,
+)
 from lt2dsl.passes.resolve import blocks as iter_blocks
 from lt2dsl.passes.resolve import final_norm_applications
 from lt2dsl.passes.resolve import loops as _loops
@@ -90,10 +97,19 @@ def block_flops(b: n.Block, cfg: n.ModelConfig, L: int, mode: str, causal: str) 
 
 
 def block_activations(b: n.Block, cfg: n.ModelConfig) -> int:
-    """Elements per token kept for backward by one application (no recomputation)."""
+    """Elements per token one application keeps for backward (no recomputation), at 2 bytes an
+    element (an fp32 value counts twice): the mixers' own (`LayerSpec.activations`) and the MLP's
+    (`mlp_activations`), and per half (mixer, MLP) its pre-norm and the normed input its
+    projections read (D). The pre-norm is the add-norm kernel fused with the residual add before
+    it (its sum and fp32 rstd, `norm_saved` fused) or a composite `OffsetRMSNorm`; a sandwich
+    block's branch norm adds one fused norm per half."""
+    halves = 2 if b.mlp.type != "none" else 1
+    D, norm = cfg.dim, b.norm
+    half = norm_saved(D, 1, norm.offset) + D
+    if norm.sandwich:
+        half += norm_saved(D, 1, norm.offset)
     acts = sum(lookup(m.type).activations(m.opts, cfg) for m in b.mixers)
-    hidden = {"swiglu": 3, "geglu": 3, "gelu": 2}.get(b.mlp.type, 0) * b.mlp.hidden
-    return acts + hidden + 3 * cfg.dim  # + two norm outputs and the residual
+    return acts + mlp_activations(b.mlp) + halves * half
 
 
 def options_text(m: n.Mixer, cfg: n.ModelConfig) -> str:

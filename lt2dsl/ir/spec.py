@@ -180,7 +180,11 @@ class LayerSpec:
         return None
 
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
-        """Activation elements per token kept for backward (without recomputation)."""
+        """Elements per token one application of the mixer keeps for backward (no recomputation) at 2
+        bytes an element (an fp32 value counts twice), beyond what the block counts for it: its
+        pre-norm and the normed input its projections read (`cost.estimate.block_activations`).
+        Every kind derives its own from what its lowering and kernels save; this default is a rough
+        4·D for a kind that does not."""
         return 4 * cfg.dim
 
     def is_delta_rule(self) -> bool:

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 from lt2dsl.ir.nodes import MlpSpec, NormSpec
 from lt2dsl.ir.spec import Option
-from lt2dsl.ir.specs.common import lin
+from lt2dsl.ir.specs.common import CAT_ALIGN, lin
 
 
 def swiglu_hidden(dim: int) -> int:
@@ -71,3 +71,23 @@ def block_norm_count(n: NormSpec, has_mlp: bool) -> int:
     """Pre-norm: one norm before the mixer and one before the MLP; sandwich doubles both."""
     per_half = 2 if n.sandwich else 1
     return per_half * (2 if has_mlp else 1)
+
+
+def mlp_activations(m: MlpSpec) -> int:
+    """Elements per token the MLP keeps besides its normed input: swiglu the fused gate/up
+    projection's output (padded to `CAT_ALIGN`) and down's input; geglu also the GELU's output;
+    gelu up's output and down's input."""
+    if m.type == "gelu":
+        return 2 * m.hidden
+    if m.type in ("swiglu", "geglu"):
+        cat = -(-2 * m.hidden // CAT_ALIGN) * CAT_ALIGN
+        return cat + m.hidden * (2 if m.type == "geglu" else 1)
+    return 0
+
+
+def norm_saved(channels: int, rows: int, composite: bool) -> int:
+    """Elements per token one norm over `rows` groups of `channels` keeps for backward, at 2 bytes
+    an element: fused (the add-norm kernel, LayerNorm, CUDA's `rms_norm`) its input in the compute
+    dtype and an fp32 statistic per row, channels + 2·rows; composite (`OffsetRMSNorm`, and
+    `nn.RMSNorm` off CUDA) the fp32 input and fp32 normed value, 4·channels + 2·rows."""
+    return (4 if composite else 1) * channels + 2 * rows

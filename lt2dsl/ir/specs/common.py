@@ -88,6 +88,21 @@ V_HEADS = Option(
 )
 
 
+# Rows of the one GEMM the `norm_proj` fusion makes of the projections that read a normed input
+# are padded to a multiple of this (`kernels.fused.CAT_ALIGN`; a test holds the two equal).
+CAT_ALIGN = 16
+
+
+def cat_width(weights: dict[str, tuple[int, ...]], names: tuple[str, ...] | list[str]) -> int:
+    """Columns of the fused projection's output `[T, width]` for the named input projections: their
+    rows summed, padded to `CAT_ALIGN` when two or more are fused (one stays a plain linear). The
+    split outputs are views of it, so one of them kept for backward keeps all of it."""
+    rows = [weights[n][0] for n in names if n in weights]
+    if len(rows) < 2:
+        return sum(rows)
+    return -(-sum(rows) // CAT_ALIGN) * CAT_ALIGN
+
+
 def lin(n_out: int, n_in: int) -> tuple[int, int]:
     """Shape of an `nn.Linear(n_in, n_out)` weight."""
     return (n_out, n_in)

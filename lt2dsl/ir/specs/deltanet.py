@@ -15,6 +15,7 @@ PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "b_proj.weight", "g_p
 @dataclass(frozen=True)
 class DeltaNetSpec(DeltaSpec):
     proj = tuple(PROJ)
+    inputs = tuple(PROJ[:-1])
 
     def heads_dims(self, o: Opts) -> tuple[int, int, int, int]:
         """(H, H, K, K): one state per head, value dim = key dim."""

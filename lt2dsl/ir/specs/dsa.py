@@ -11,8 +11,15 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, Mode, Option, Opts
-from lt2dsl.ir.specs.common import ATTENTION, COMMON, causal_mean, lin, proj_flops
-from lt2dsl.ir.specs.full import FROM_ATTENTION, PROJ, FullSpec, attention_core, attention_weights
+from lt2dsl.ir.specs.common import ATTENTION, COMMON, cat_width, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.full import (
+    FROM_ATTENTION,
+    PROJ,
+    FullSpec,
+    attention_core,
+    attention_saved,
+    attention_weights,
+)
 
 IDX = ["idx_q.weight", "idx_k.weight", "idx_w.weight"]
 
@@ -49,6 +56,17 @@ class DsaSpec(FullSpec):
             index_keys, main_keys = causal_mean(L), causal_mean(L, k)
         index = 2.0 * o["index_heads"] * o["index_dim"] * index_keys
         return Flops(proj=proj, core=index + attention_core(o["heads"], o["head_dim"], main_keys))
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """The sparse attention op's tensors (`kernels/dsa/ops.py`): rotated q `[T, H, d]` and k
+        `[T, HKV, d]`, v (a view of the fused q, k, v and indexer projection, so all of that),
+        the output `[T, H, d]`, fp32 log-sum-exp `[T, H]` and the int64 top-k key indices
+        `[T, topk]`; the q/k norms as `full`'s. The indexer runs without gradient: nothing of it
+        is kept. `gate` (a separate σ-gate op here) is not counted."""
+        H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
+        proj = cat_width(self.weights(o, cfg), ["q_proj.weight", "k_proj.weight", "v_proj.weight", *IDX])
+        qk = attention_saved(o | {"gate": "none"}, cfg) - (2 * H * d + 2 * HKV * d + 2 * H)
+        return 2 * H * d + HKV * d + 2 * H + proj + 4 * o["topk"] + qk
 
 
 SPEC = DsaSpec(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, FromAttention, LayerSpec, Mode, Option, Opts
+from lt2dsl.ir.specs.channel import norm_saved
 from lt2dsl.ir.specs.common import (
     ATTENTION,
     ATTENTION_HF,
@@ -51,6 +52,20 @@ def attention_weights(o: Opts, D: int) -> dict[str, tuple[int, ...]]:
 HF_MAP: dict[str, str | None] = identity_map(
     *(f"{p}_proj.{t}" for p in "qkvo" for t in ("weight", "bias")), "q_norm.weight", "k_norm.weight"
 ) | {"rotary_emb.inv_freq": None}
+
+
+def attention_saved(o: Opts, cfg: ModelConfig) -> int:
+    """Elements per token the attention op keeps for backward (`kernels/attention/ops.py`): the
+    rotated q `[T, H, d]`, k and v `[T, HKV, d]`, the output `[T, H, d]` (o_proj's input too) and
+    the fp32 log-sum-exp `[T, H]`; the output gate it applies (`[T, H, d]` sdpa, `[T, H]`
+    headwise); with `qk_norm` the per-head q and k norms (`norm_saved`)."""
+    H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
+    gate = {"sdpa": H * d, "headwise": H}.get(o["gate"], 0)
+    qk = 0
+    if o["qk_norm"]:
+        qk = norm_saved(H * d, H, cfg.norm.offset) + norm_saved(HKV * d, HKV, cfg.norm.offset)
+    return 2 * H * d + 2 * HKV * d + 2 * H + gate + qk
+
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "g_proj.weight"]
 
@@ -98,8 +113,7 @@ class FullSpec(LayerSpec):
         return Flops(proj=proj, core=core)
 
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
-        H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
-        return cfg.dim + 2 * H * d + 2 * HKV * d  # input, q, k, v, attention output
+        return attention_saved(o, cfg)
 
 
 SPEC = FullSpec(

@@ -25,6 +25,7 @@ class GdnSpec(GvaDeltaSpec):
     """Core per value head: chunked 6CK + 4CV + C²/3 + 6KV, decode 7KV (no sub-chunks)."""
 
     proj = tuple(PROJ)
+    inputs = tuple(PROJ[:-1])
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D); a, b (HV, D); g (HV·V, D) when `gate`; o (D, HV·V);
@@ -42,9 +43,8 @@ class GdnSpec(GvaDeltaSpec):
         w |= conv_weights(self.conv_channels(o), o["conv"])
         return w | {"A_log": (HV,), "dt_bias": (HV,), "o_norm.weight": (V,)}
 
-    def activations(self, o: Opts, cfg: ModelConfig) -> int:
-        H, HV, K, V = gva_dims(o)
-        return cfg.dim + 2 * (2 * H * K + HV * V) + 3 * HV * V + 2 * HV + self.chunk_saved(o)
+    def gate_width(self, o: Opts) -> int:
+        return 1
 
 
 # fla's layer (`attn.` in its models) names its weights as we do.

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import Option, Opts, scaled
-from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, from_attention, identity_map, lin
-from lt2dsl.ir.specs.recurrent import DecaySpec
+from lt2dsl.ir.specs.common import COMMON, NORM_EPS, _heads, cat_width, from_attention, identity_map, lin
+from lt2dsl.ir.specs.recurrent import CHUNK, DecaySpec
 
 PROJ = [
     "q_proj.weight",
@@ -49,6 +49,16 @@ class GlaSpec(DecaySpec):
             "o_proj.weight": lin(D, H * V),
             "g_norm.weight": (V,),
         }
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """The fused input projection's output (the gated norm's gate and the decay's second
+        projection read views of it); the fp32 log-sigmoid's input and output `[T, H, K]` (after sharing); the
+        chunk op's q, k `[T, H, K]` and v `[T, H, V]` (k, v shared to every query head), fp32 decay
+        `[T, H, K]` and fp32 intra-chunk scores `[T, H, 64]` (`kernels/gla/ops.py`); the output
+        norm's input `[T, H, V]`."""
+        H, K, V = dims(o)
+        proj = cat_width(self.weights(o, cfg), PROJ[:5])
+        return proj + 4 * H * K + 2 * H * K + H * V + 2 * H * K + 2 * H * CHUNK + H * V
 
 
 # fla's layer (`attn.` in its models) names its weights as we do; its output norm is

@@ -31,7 +31,24 @@ class KdaSpec(GvaDeltaSpec):
     proj = tuple(PROJ)
     sub = SUB
     extra_scores = 1
-    channel_gate = True
+    inputs = (
+        "q_proj.weight",
+        "k_proj.weight",
+        "v_proj.weight",
+        "f_proj.0.weight",
+        "b_proj.weight",
+        "g_proj.0.weight",
+    )
+
+    def gate_width(self, o: Opts) -> int:
+        return o["head_dim"]
+
+    def gate_saved(self, o: Opts) -> int:
+        """The output gate's second projection `[T, HV, V]` (the gated norm keeps it), and the
+        fp32 softplus input and output of the forget gate `[T, HV, K]` (measured; `safe_gate`'s
+        sigmoid path is counted the same, unmeasured)."""
+        H, HV, K, V = gva_dims(o)
+        return HV * V + 4 * HV * K
 
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D) with V = K · expand_v; low-rank forget gate f: D → V → HV·K;

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, from_attention, lin, proj_flops, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, cat_width, from_attention, lin, proj_flops, qkv_weights
 from lt2dsl.ir.specs.recurrent import chunk_of, decay_core, state
+
+PROJ = ("q_proj.weight", "k_proj.weight", "v_proj.weight")
 
 
 def feature_dim(o: Opts) -> int:
@@ -61,6 +63,17 @@ class LinearSpec(LayerSpec):
             proj += 2 * (2 * H * K * K)
         core = 4 * Kf * Vf if mode == "decode" else decay_core(Kf, Vf, chunk_of(L))
         return Flops(proj=proj, core=float(H * core))
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """The fused q, k, v projection's output when φ keeps its input (elu1's ELU, hedgehog's
+        map read views of it; relu keeps its output, identity nothing); the chunk op's φ(q), φ(k)
+        `[T, H, K']` and v `[T, H, V']` (`kernels/simple_gla/ops.py`); with the normaliser the
+        fp32 numerator `[T, H, K]` and denominator `[T, H]` of the division and o_proj's input
+        `[T, H, K]`, without it the output norm's input `[T, H, K]`."""
+        H, K = o["heads"], o["head_dim"]
+        proj = cat_width(self.weights(o, cfg), PROJ) if o["feature_map"] in ("elu1", "hedgehog") else 0
+        out = 3 * H * K + 2 * H if o["normalize"] else H * K
+        return proj + 2 * H * feature_dim(o) + H * value_dim(o) + out
 
 
 SPEC = LinearSpec(

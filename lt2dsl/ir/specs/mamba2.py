@@ -57,6 +57,14 @@ class Mamba2Spec(LayerSpec):
         core = 5 * P * N + 2 * P if mode == "decode" else 2 * C * N * G / H + 2 * C * P + 4 * P * N
         return Flops(proj=proj, core=float(H * core))
 
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """in_proj's output (z and dt are read as views of it) and the conv's output x, B, C; the
+        chunk op's C, B `[T, G, N]`, v = dt·x `[T, H, P]` and fp32 decay `[T, H]`; fp32 dt, the
+        softplus input `[T, H]` and x `[T, H, P]` of the dt·x product; the gated norm's input y
+        `[T, d_in]`: 7·d_in + 6GN + 7H."""
+        d_in, H, P, N, G = dims(o, cfg.dim)
+        return 7 * d_in + 6 * G * N + 7 * H
+
 
 SPEC = Mamba2Spec(
     kind="mamba2",

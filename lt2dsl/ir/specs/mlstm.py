@@ -59,6 +59,15 @@ class MlstmSpec(LayerSpec):
         core = 5 * K * V + 5 * K if mode == "decode" else decay_core(K, V, C) + 4 * K + C
         return Flops(proj=proj_flops(self.weights(o, cfg), PROJ), core=float(H * core))
 
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """The chunk op's q, k `[T, H, K]`, v and its output `[T, H, V]`, fp32 i, f and the
+        per-token stabiliser terms `[T, H]` (`kernels/mlstm/ops.py`); the fp32 tanh outputs of the
+        soft cap `[T, H]`; the fp32 per-head LayerNorm's input `[T, H, V]`, mean and rstd `[T, H]`
+        and the fp32 normed output its weight multiplies; the σ(o-gate) ⊙ norm product's two
+        factors and out_proj's input `[T, H, V]`: 2HK + 9HV + 16H."""
+        H, K, V = dims(o)
+        return 2 * H * K + 9 * H * V + 16 * H
+
 
 SPEC = MlstmSpec(
     kind="mlstm",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, causal_mean, from_attention, lin, proj_flops
+from lt2dsl.ir.specs.common import COMMON, cat_width, causal_mean, from_attention, lin, proj_flops
 from lt2dsl.ir.specs.full import attention_core
 
 
@@ -79,8 +79,21 @@ class NsaSpec(LayerSpec):
         return Flops(proj=proj, core=attention_core(o["heads"], d, keys))
 
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """The σ branch gates `[T, H, 3]`; rotated q `[T, H, d]`, k and v `[T, HKV, d]`; per
+        branch the attention output `[T, H, d]` and fp32 log-sum-exp `[T, H]`, and the fp32
+        output and gate its weighted sum multiplies; the compressed keys and values, one per
+        `stride` tokens `[T/stride, HKV, d]`; the selection op's v (a view of the fused q, k, v, g
+        projection, so all of that) and its int64 selected positions `[T, HKV, select·block]`;
+        o_proj's input `[T, H, d]`; with `compress=mlp` the φ's inputs, each compressed block's
+        `cmp_block` keys (values) flattened `[T/stride, HKV, l·d]`:
+        11Hd + 15H + 2·HKV·d·(1 + 1/stride) + projection + 4·HKV·n·l' (+ 2·HKV·l·d/stride)."""
         H, HKV, d = o["heads"], o["kv_heads"], o["head_dim"]
-        return cfg.dim + 4 * H * d + 2 * HKV * d + 3 * H
+        proj = cat_width(
+            self.weights(o, cfg), ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight"]
+        )
+        cmp = 2 * HKV * d * (o["cmp_block"] + 1 if o["compress"] == "mlp" else 1)
+        cmp = -(-cmp // o["stride"])
+        return 11 * H * d + 15 * H + 2 * HKV * d + cmp + proj + 4 * HKV * o["select"] * o["block"]
 
 
 SPEC = NsaSpec(

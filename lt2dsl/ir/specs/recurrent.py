@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, FromAttention, LayerSpec, Mode, Opts, scaled
-from lt2dsl.ir.specs.common import conv_flops, from_attention, proj_flops
+from lt2dsl.ir.specs.common import cat_width, conv_flops, from_attention, proj_flops
 
 CHUNK = 64  # chunk size of the chunked kernels (mixers.md §0)
 
@@ -91,26 +91,40 @@ class DeltaSpec(StateSpec):
         return {"q": H * K, "k": H * K, "v": HV * V}
 
     # fp32 [T, HV, CHUNK] score matrices the chunk kernel saves for backward besides the inverse
-    # (KDA's gated q·k scores); with its per-channel gate, the fp32 cumulative gate per key channel
+    # (KDA's gated q·k scores)
     extra_scores: ClassVar[int] = 0
-    channel_gate: ClassVar[bool] = False
+    # the projections that read the normed block input (fused into one GEMM)
+    inputs: ClassVar[tuple[str, ...]] = ()
 
     def is_delta_rule(self) -> bool:
         return True
 
+    def gate_width(self, o: Opts) -> int:
+        """fp32 decay-gate values per value head and token: 0 (none), 1 (scalar), K (per channel)."""
+        return 0
+
     def chunk_saved(self, o: Opts) -> int:
-        """Elements per token that the delta-rule chunk kernel saves for backward beyond the layer's
-        own tensors (`kernels/delta/ops.py`, `_chunk_fwd_outputs`), counted at 2 bytes an element
-        (bf16 training; an fp32 tensor counts twice): the chunk states `[chunks, HV, K, V]`, one per
-        64-token chunk, in the compute dtype; the fp32 intra-chunk inverse `[T, HV, 64]` (and KDA's
-        fp32 gated scores of the same shape); KDA's fp32 cumulative gate `[T, HV, K]`."""
+        """Elements per token the delta-rule chunk op saves for backward (`kernels/delta/ops.py`,
+        `_setup_context`), at 2 bytes an element (an fp32 value counts twice): q, k `[T, H, K]` and
+        v, the corrected values `[T, HV, V]` in the compute dtype; fp32 β `[T, HV]`; with a decay,
+        the fp32 gate and its chunk-cumulative sum `[T, HV, gate_width]`; the fp32 intra-chunk
+        inverse `[T, HV, 64]` (and KDA's fp32 gated scores of that shape); the chunk states
+        `[chunks, HV, K, V]`, one per 64-token chunk, in the compute dtype."""
         H, HV, K, V = self.heads_dims(o)
         states = -(-HV * K * V // CHUNK)
         scores = 2 * HV * CHUNK * (1 + self.extra_scores)
-        return states + scores + (2 * HV * K if self.channel_gate else 0)
+        return 2 * H * K + 2 * HV * V + 2 * HV + 4 * HV * self.gate_width(o) + scores + states
+
+    def gate_saved(self, o: Opts) -> int:
+        """Elements per token the kind's own gate computation keeps (beyond `chunk_saved`)."""
+        return 0
 
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
-        return super().activations(o, cfg) + self.chunk_saved(o)
+        """The chunk op's tensors, the fused input projection's output (the short convs and the
+        output gate read views of it), the output norm's input `[T, HV, V]`, the gate's own."""
+        H, HV, K, V = self.heads_dims(o)
+        proj = cat_width(self.weights(o, cfg), self.inputs)
+        return self.chunk_saved(o) + proj + HV * V + self.gate_saved(o)
 
 
 def gva_dims(o: Opts) -> tuple[int, int, int, int]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import Option, Opts, scaled
-from lt2dsl.ir.specs.common import COMMON, from_attention, lin, qkv_weights
+from lt2dsl.ir.specs.common import COMMON, cat_width, from_attention, lin, qkv_weights
 from lt2dsl.ir.specs.recurrent import DecaySpec
 
 PROJ = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight", "o_proj.weight"]
@@ -31,6 +31,16 @@ class RetNetSpec(DecaySpec):
             "o_proj.weight": lin(D, H * V),
             "g_norm.weight": (V,),
         }
+
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """The fused q, k, v, g projection's output (the gated norm's gate is a view of it); the
+        xPos-rotated q, k `[T, H, K]`, v `[T, H, V]` and the fp32 decay `[T, H]` the chunk op saves
+        (`kernels/simple_gla/ops.py`); the output norm's input `[T, H, V]`; the rotation's four
+        fp32 cos/sin tables `[T, K/2]`, per position and so counted once per token of a batch row
+        (exact at batch 1; at batch B they weigh 1/B of that)."""
+        H, K, V = dims(o)
+        proj = cat_width(self.weights(o, cfg), PROJ[:4])
+        return proj + 2 * H * K + 2 * H * V + 2 * H + 4 * K
 
 
 SPEC = RetNetSpec(

@@ -50,6 +50,11 @@ class TmmSpec(LayerSpec):
             core = 10 * math.log2(fft_size(L)) + 6 * k
         return Flops(proj=proj, core=float(D * core))
 
+    def activations(self, o: Opts, cfg: ModelConfig) -> int:
+        """With heads > 1, in_proj's output (the Toeplitz op's input) and out_proj's input `[T, D]`;
+        one head mixes the normed block input itself (counted by the block) and keeps nothing more."""
+        return 2 * cfg.dim if o["heads"] > 1 else 0
+
 
 SPEC = TmmSpec(
     kind="tmm",
