@@ -97,3 +97,24 @@ def test_fused_blocks_keep_what_the_lowered_module_keeps():
     # the estimate counts what the fused kernels keep (tests/cost/test_activations.py: every kind)
     assert abs(estimate - lowered) <= 0.02 * lowered
     assert abs(estimate + 6 * DIM - fused) <= 0.02 * fused
+
+
+# every mixer kind once: a fused block is traced on the fp32 masters and run on bf16 copies, so a
+# dtype read from the parameters at trace time would stay fp32 (`linear`'s normalised output did)
+KINDS = ["linear", "mlstm", "gdn", "deltanet", "kda", "gla", "retnet", "mamba2", "full", "swa(window=8)"]
+KINDS += ["dsa(topk=4)", "nsa", "tmm(max_len=32)"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_blocks_run_on_bf16_copies_as_the_model_in_bf16(kind):
+    torch.manual_seed(0)
+    src = "model m {\n  dim = 64\n  vocab = 256\n  loop T=2 < " + kind + " >\n}"
+    master = lt2dsl.compile(src, backend="reference", dtype=torch.float32)
+    narrow = copy.deepcopy(master).to(torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(1))
+    tm = TrainModel(master, fuse=True)
+    tm.cast = ParamCast(tm, torch.bfloat16)
+    got, grads = hidden_and_grads(tm, ids)
+    want, _ = hidden_and_grads(TrainModel(narrow, fuse=True), ids)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert all(g is None or torch.isfinite(g).all() for g in grads.values())

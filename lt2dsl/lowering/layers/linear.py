@@ -11,7 +11,6 @@ from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
     init_linears,
     math_dtype,
-    param_dtype,
     simple_gla_core,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
@@ -96,4 +95,6 @@ class LinearAttention(MixerLayer):
         o = simple_gla_core(q, k, v1, None, entry, scale=1.0, **self.core_kwargs(cu_seqlens))
         gd = math_dtype(self)
         num, den = o[..., :-1].to(gd), o[..., -1:].to(gd)
-        return self.o_proj((num / (den + EPS)).to(param_dtype(self)).flatten(-2))
+        # `v.dtype`, not the parameters': a traced block (the trainer's fused code) would keep the
+        # dtype its trace saw, and the trainer swaps bf16 weight copies in for the fp32 masters
+        return self.o_proj((num / (den + EPS)).to(v.dtype).flatten(-2))
