@@ -116,6 +116,7 @@ class TrainingConfig(BaseModel):
     log_every: int = Field(100, ge=1)
     backend: Literal["auto", "reference", "triton"] = "auto"
     precision: Literal["fp32", "bf16"] = Field("fp32", description="the trainer's `training.precision`")
+    cuda_graph: bool = Field(False, description="the trainer's `training.cuda_graph`")
 
 
 class CheckConfig(BaseModel):
@@ -215,6 +216,7 @@ def train_config(
                 "batch_size": batch_size,
                 "seed": seed,
                 "precision": t.precision,
+                "cuda_graph": t.cuda_graph,
                 "device": device,
                 "out": str(out),
             },

@@ -116,7 +116,7 @@ def save(root: Path, step: int, tokens_seen: int, state: Stateful, d, final: boo
             "tokens_seen": tokens_seen,
             "world": d.world,
             "data": state.loader.state_dict(),
-            "scheduler": state.scheduler.state_dict(),
+            "scheduler": _plain(state.scheduler.state_dict()),
         }
         atomic_write(tmp / "train_state.json", json.dumps(train_state, indent=1).encode())
     if d.world == 1:
@@ -154,6 +154,18 @@ def _save_sharded(tmp: Path, state: Stateful, d, final: bool) -> None:
         "optim": get_optimizer_state_dict(state.model, state.optimizer),
     }
     dcp.save(sd, checkpoint_id=str(tmp / "dcp"))
+
+
+def _plain(value):
+    """`value` with every tensor as its number (or list): the scheduler's state names the learning
+    rates, which are device tensors under `training.cuda_graph`."""
+    if torch.is_tensor(value):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def write_index(folder: Path, weights: dict[str, torch.Tensor]) -> None:

@@ -83,6 +83,14 @@ class TrainingSection(BaseModel):
     compile_backend: Literal["inductor", "eager"] = "inductor"
     """torch.compile's backend: `inductor` generates kernels; `eager` traces the same graphs and
     runs them as they are (checks for graph breaks in seconds, without code generation)."""
+    cuda_graph: bool = False
+    """Capture each step (forward, backward, clipping, AdamW) as one CUDA graph per shape of its
+    micro-batches and replay it: for small models whose steps are bound by kernel launches. The
+    first steps of each shape run eagerly (Triton autotuning, optimizer state), then the step is
+    captured; the losses are the eager run's within bf16 noise. One process, no `compile`, no
+    activation checkpointing, `data.pack_documents = false`, `indexer_loss = 0` for `dsa` models
+    (each else a ValueError). On the CPU nothing is captured: the steps run eagerly through the same
+    static buffers, the run without it bit for bit (docs/train.md, "CUDA graphs")."""
     loss_chunk: int = Field(default=4096, gt=0)
     """Tokens per cross-entropy chunk: logits of at most this many tokens exist at a time."""
     indexer_loss: float = Field(default=1.0, ge=0)

@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 
 from lt2dsl.train import checkpoint as ckpt
-from lt2dsl.train import indexer
+from lt2dsl.train import graph, indexer
 from lt2dsl.train.build import build_data, build_model, shard_of
 from lt2dsl.train.config import TrainConfig, load_config, validate
 from lt2dsl.train.files import atomic_write
 from lt2dsl.train.loader import IGNORE, Batch
 from lt2dsl.train.metrics import Metrics, peak_flops, train_flops_per_token
 from lt2dsl.train.objective import LMObjective, Objective
-from lt2dsl.train.optim import build_optimizer, build_scheduler
+from lt2dsl.train.optim import build_optimizer, build_scheduler, hold_lrs, tensor_lrs, update_mode
 from lt2dsl.train.parallel import Dist, TrainModel, init_dist, no_sync_unless, parallelize
 from lt2dsl.train.plot import plot_metrics
 from lt2dsl.train.waits import DataWaits
@@ -94,6 +94,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, d: Dist, objective: Objective | None = None):
         self.cfg, self.d, t = cfg, d, cfg.training
+        graph.check_config(cfg)
+        default_objective = objective is None
         objective = objective or LMObjective()
         self.out = t.out
         if d.main:
@@ -112,8 +114,19 @@ class Trainer:
         self.fwd = parallelize(
             self.tm, d, cfg.parallel, t.precision, compile_backend, t.loss_chunk, objective.loss_module
         )
-        self.opt = build_optimizer(self.tm, cfg.optimizer)
+        # a captured update reads its step count and learning rate on the device; eager steps of a
+        # `cuda_graph` run use the same update, so the two kinds of steps agree
+        self.capturable = t.cuda_graph and d.device.type == "cuda"
+        self.opt = build_optimizer(self.tm, cfg.optimizer, self.capturable)
         self.sched = build_scheduler(self.opt, t.steps, cfg.scheduler)
+        self.params = [p for p in self.tm.parameters() if p.requires_grad]
+        self.lrs, self.graphs = None, None
+        if t.cuda_graph:
+            graph.check_run(d.world, self.tm.indexer, default_objective)
+            self.fwd.dense_hits = True  # no wait for the host inside the step
+            self.lrs = tensor_lrs(self.opt, d.device)  # installed after the resume (`_resume`)
+            zero = lambda: self.opt.zero_grad(set_to_none=True)  # noqa: E731
+            self.graphs = graph.Graphs(self._device_step, zero, graph.capture_for(d.device))
         self.state = ckpt.Stateful(self.tm, self.opt, self.sched, self.data.train)
         sharded_mp = d.world > 1 and cfg.parallel.strategy == "fsdp"
         # for what the objective runs beside the model (a distillation teacher); the model itself
@@ -171,7 +184,7 @@ class Trainer:
         if step % self.cfg.metrics.log_interval and step != self.cfg.training.steps:
             return
         self._flush(window.pending, result)
-        lr = self.opt.param_groups[0]["lr"]
+        lr = float(self.opt.param_groups[0]["lr"])
         loss, norm = result.losses[step], _item(grad_norm)
         metrics.log(step, loss, norm, lr, window.tokens, self.waits.take(), self._extra())
         window.reset()
@@ -203,15 +216,17 @@ class Trainer:
         atomic_write(self.out / "estimate.json", json.dumps(out, indent=1))
 
     def _resume(self, resume) -> int:
+        """Load the checkpoint `resume` names (if any); then the optimizer in this run's update mode
+        (the saving run's may differ, `optim.update_mode`), before any step or capture."""
         self.tokens_seen = 0
-        if resume is False:
-            return 0
-        folder = ckpt.latest(self.ckpt_root) if resume is True else Path(resume)
-        if folder is None:
-            return 0
-        state = ckpt.load(folder, self.state, self.d)
-        self.tokens_seen = int(state["tokens_seen"])
-        return int(state["step"])
+        step = 0
+        folder = None if resume is False else ckpt.latest(self.ckpt_root) if resume is True else Path(resume)
+        if folder is not None:
+            state = ckpt.load(folder, self.state, self.d)
+            self.tokens_seen = int(state["tokens_seen"])
+            step = int(state["step"])
+        update_mode(self.opt, self.lrs, self.capturable)
+        return step
 
     def train_step(self, batches: list[Batch], labelled: int) -> tuple[torch.Tensor, int, torch.Tensor]:
         """One optimizer step over this process's micro-batches, which hold `labelled` tokens with a
@@ -220,8 +235,24 @@ class Trainer:
         tokens predicted right (before the update)."""
         count = int(self.d.all_sum([float(labelled)])[0])
         scale = self.d.world / max(count, 1)
-        total = torch.zeros((), device=self.d.device)
-        hits = torch.zeros((), dtype=torch.int64, device=self.d.device)
+        if self.graphs is not None:
+            total, norm, hits = self.graphs(batches, scale)  # static buffers, replayed when captured
+        else:
+            total = torch.zeros((), device=self.d.device)
+            hits = torch.zeros((), dtype=torch.int64, device=self.d.device)
+            norm = self._device_step(batches, scale, total, hits)
+            self.opt.zero_grad(set_to_none=True)
+        self.step_hits = hits if self.observes else None
+        self.sched.step()
+        if self.lrs is not None:
+            hold_lrs(self.opt, self.lrs)
+        return total, count, norm
+
+    def _device_step(self, batches: list[Batch], scale, total: torch.Tensor, hits: torch.Tensor):
+        """Forward and backward of the micro-batches, scaled by `scale` (a float, or a device
+        scalar under `cuda_graph`), the loss sum and hits accumulated into `total` and `hits`; then
+        clipping and the update. Returns the gradient norm before clipping. Nothing here waits for
+        the host, so `graph.Graphs` can capture it."""
         for m, b in enumerate(batches):
             with no_sync_unless(self.fwd, m == len(batches) - 1):
                 loss = self._loss(b, self.observes)
@@ -230,13 +261,10 @@ class Trainer:
                     hits += right
                 (loss * scale).backward()
             total += loss.detach().float()
-        self.step_hits = hits if self.observes else None
         clip = self.cfg.optimizer.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.tm.parameters(), clip if clip is not None else math.inf)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip is not None else math.inf)
         self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
-        return total, count, norm
+        return norm
 
     def _loss(self, b: Batch, hits: bool = False):
         """The micro-batch's summed loss; with `hits`, (loss, labelled tokens predicted right)."""

@@ -141,6 +141,7 @@ def label_hits(
     labels: torch.Tensor,
     chunk: int = 4096,
     dtype: torch.dtype | None = None,
+    dense: bool = False,
 ) -> torch.Tensor:
     """How many labelled tokens (label != -100) the argmax of hidden · weightᵀ predicts right.
 
@@ -152,11 +153,16 @@ def label_hits(
         labels (torch.Tensor): `[...]` next-token ids, -100 where nothing is predicted.
         chunk (int, Optional): labelled tokens per chunk. Default: `4096`.
         dtype (torch.dtype, Optional): dtype of the logits matmul; default `hidden`'s dtype.
+        dense (bool, Optional): logits for every token, `chunk` at a time, and the count masked:
+            no wait for the host (the labelled tokens' positions), what a CUDA graph captures.
+            Default: `False`.
     Returns:
         torch.Tensor: a scalar int64 count on `hidden`'s device.
     """
     h, y = token_rows(hidden, labels)
     y = y.to(hidden.device)
+    if dense:
+        return _dense_hits(h, weight, y, chunk, dtype or hidden.dtype)
     at = (y != IGNORE).nonzero().squeeze(1)  # [n] the labelled tokens
     dtype = dtype or hidden.dtype
     w = weight.to(dtype)
@@ -165,4 +171,16 @@ def label_hits(
         for s in range(0, at.numel(), chunk):
             idx = at[s : s + chunk]
             hits += ((h[idx].to(dtype) @ w.t()).argmax(-1) == y[idx]).sum()
+    return hits
+
+
+def _dense_hits(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, chunk: int, dtype) -> torch.Tensor:
+    """`label_hits` over rows h `[N, D]`, labels y `[N]`, with shapes that do not depend on y."""
+    w = weight.to(dtype)
+    hits = torch.zeros((), dtype=torch.int64, device=h.device)
+    with torch.autocast(h.device.type, enabled=False):
+        for s in range(0, h.shape[0], chunk):
+            yc = y[s : s + chunk]
+            right = (h[s : s + chunk].to(dtype) @ w.t()).argmax(-1) == yc
+            hits += (right & (yc != IGNORE)).sum()
     return hits

@@ -96,11 +96,47 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, capturable: bool = False) -> torch.optim.AdamW:
+    """AdamW over `param_groups`; `capturable` keeps its step count on the device and reads the
+    learning rate there (a CUDA graph replays its update, `train/graph.py`)."""
     groups = param_groups(model, cfg)
     if not any(g["params"] for g in groups):
         raise ValueError("nothing to train: every parameter of the model is frozen (model.freeze)")
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, capturable=capturable)
+
+
+def tensor_lrs(opt: torch.optim.Optimizer, device: torch.device) -> list[torch.Tensor]:
+    """One learning-rate scalar per group for `hold_lrs`: fp32 on CUDA (what the capturable update
+    reads), float64 elsewhere (the CPU's update reads it back as the very float the scheduler
+    computed, so the run equals one with float learning rates bit for bit)."""
+    dtype = torch.float32 if device.type == "cuda" else torch.float64
+    return [torch.zeros((), dtype=dtype, device=device) for _ in opt.param_groups]
+
+
+def hold_lrs(opt: torch.optim.Optimizer, lrs: list[torch.Tensor] | None) -> None:
+    """Each group's learning rate in `lrs` (filled in place, so a captured update reads the
+    scheduler's value), or a float when None. A scheduler that assigns a float lr is brought back
+    by calling it after the scheduler's step."""
+    for i, group in enumerate(opt.param_groups):
+        lr = group["lr"]
+        if lrs is None:
+            group["lr"] = float(lr)
+        elif lr is not lrs[i]:
+            lrs[i].fill_(float(lr))
+            group["lr"] = lrs[i]
+
+
+def update_mode(opt: torch.optim.Optimizer, lrs: list[torch.Tensor] | None, capturable: bool) -> None:
+    """`opt` in this run's update mode (`hold_lrs`, and `capturable` with the step counts on the
+    device, or on the host without it), whatever mode a loaded checkpoint's groups and state
+    were saved in."""
+    hold_lrs(opt, lrs)
+    for group in opt.param_groups:
+        group["capturable"] = capturable
+        for p in group["params"]:
+            state = opt.state.get(p, {})
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(p.device if capturable else "cpu", torch.float32)
 
 
 def build_scheduler(

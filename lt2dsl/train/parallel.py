@@ -141,11 +141,13 @@ class TrainModel(Unrolled):
 class WithLoss(nn.Module):
     """`(input_ids, labels, cu_seqlens) -> summed cross-entropy`: the forward and the chunked loss
     in one module call, so DDP sees the head weight used inside its forward. With `hits=True` it
-    returns (loss, labelled tokens predicted right) from the same hidden states (`label_hits`)."""
+    returns (loss, labelled tokens predicted right) from the same hidden states (`label_hits`;
+    `dense_hits` counts without waiting for the host, for a captured step)."""
 
     def __init__(self, tm: TrainModel, chunk: int, dtype: torch.dtype):
         super().__init__()
         self.tm, self.chunk, self.dtype = tm, chunk, dtype
+        self.dense_hits = False
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens=None, hits: bool = False):
         h = self.tm(input_ids, None, cu_seqlens)
@@ -153,7 +155,7 @@ class WithLoss(nn.Module):
         loss = linear_cross_entropy(h, w, labels, self.chunk, self.dtype)
         if not hits:
             return loss
-        return loss, label_hits(h.detach(), w.detach(), labels, self.chunk, self.dtype)
+        return loss, label_hits(h.detach(), w.detach(), labels, self.chunk, self.dtype, self.dense_hits)
 
 
 def parallelize(

@@ -1,0 +1,189 @@
+"""`training.cuda_graph`: the step through static buffers (`train/graph.py`) gives the plain
+trainer's losses bit for bit on the CPU, where a test's capture "replays" by calling the step on
+the same buffers; graphs are captured once per shape after the warm-up and kept at most `KEEP`;
+checkpoints resume across the two modes; incompatible options are errors naming the field. The
+CUDA test (skipped without a GPU) captures for real."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.train import graph
+from lt2dsl.train.config import validate
+from lt2dsl.train.loader import Batch
+from lt2dsl.train.loop import Trainer
+from lt2dsl.train.loss import label_hits
+from lt2dsl.train.optim import hold_lrs, tensor_lrs, update_mode
+from lt2dsl.train.parallel import init_dist
+
+from .helpers import config
+from .test_tasks import curriculum_cfg
+
+STEPS = 20
+BASE = {
+    "training": {"steps": STEPS, "batch_size": 4, "grad_accum": 2, "precision": "fp32", "indexer_loss": 0.0},
+    "data": {"pack_documents": False},
+    "optimizer": {"lr": 3e-3, "grad_clip": 0.05},  # clips every step of this run
+    "scheduler": {"warmup_steps": 5},
+}
+
+
+class Replays:
+    """A capture whose replay calls the captured step again on the same static buffers, on fresh
+    gradients: what a CUDA graph does with the kernels it recorded (its backward, captured with
+    the gradients None, writes them anew on every replay)."""
+
+    def __init__(self, zero_grad=lambda: None):
+        self.calls, self.zero_grad = 0, zero_grad
+
+    def eager(self, fn):
+        fn()
+
+    def capture(self, fn):
+        self.calls += 1
+
+        def replay():
+            self.zero_grad()
+            fn()
+
+        return replay
+
+
+def train(cfg: dict, warmup: int = graph.WARMUP, resume=False):
+    tr = Trainer(validate(cfg), init_dist("cpu"))
+    if tr.graphs is not None:
+        tr.graphs.capture, tr.graphs.warmup = Replays(tr.graphs.zero_grad), warmup
+    return tr, tr.fit(resume, None)
+
+
+def with_graph(cfg: dict, on: bool = True) -> dict:
+    cfg["training"]["cuda_graph"] = on
+    return cfg
+
+
+def norms(result) -> list[float]:
+    return [r["grad_norm"] for r in result.rows if "grad_norm" in r]
+
+
+def test_the_static_step_gives_the_plain_losses_bit_for_bit(tmp_path):
+    _, plain = train(config(tmp_path, "plain", **BASE))
+    tr, graphed = train(with_graph(config(tmp_path, "graph", **BASE)))
+    assert graphed.losses == plain.losses and len(plain.losses) == STEPS
+    assert norms(graphed) == norms(plain) and max(norms(plain)) > 0.05  # clipped
+    sig = ((2, 32), (2, 32))  # two micro-batches of 2 rows
+    assert tr.graphs.captured == [(sig, sig)] and tr.graphs.capture.calls == 1
+    assert tr.graphs.entries[(sig, sig)].eager_steps == graph.WARMUP  # then replays
+    assert all(isinstance(g["lr"], torch.Tensor) and g["capturable"] is False for g in tr.opt.param_groups)
+
+
+def test_a_curriculum_captures_each_length_once(tmp_path):
+    _, plain = train(curriculum_cfg(tmp_path, "plain"))
+    tr, graphed = train(with_graph(curriculum_cfg(tmp_path, "graph")), warmup=1)
+    assert graphed.losses == plain.losses
+    stages = [r["task/stage"] for r in graphed.rows if "task/stage" in r]
+    assert stages == [r["task/stage"] for r in plain.rows if "task/stage" in r] and len(set(stages)) > 2
+    lengths = [s[0][0][1] for s in tr.graphs.captured]
+    assert len(lengths) == len(set(lengths)) >= 2 and lengths == sorted(lengths)
+    assert len(tr.graphs.entries) <= graph.KEEP
+
+
+def test_the_learning_rate_stays_in_its_tensor():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([p], lr=0.5)
+    lrs = tensor_lrs(opt, p.device)
+    update_mode(opt, lrs, capturable=False)
+    t = opt.param_groups[0]["lr"]
+    assert t is lrs[0] and float(t) == 0.5
+    opt.param_groups[0]["lr"] = 0.25  # a scheduler that assigns floats
+    hold_lrs(opt, lrs)
+    assert opt.param_groups[0]["lr"] is t and float(t) == 0.25
+    update_mode(opt, None, capturable=False)  # back to floats (a plain run resuming)
+    assert opt.param_groups[0]["lr"] == 0.25
+
+
+def test_checkpoints_resume_across_the_two_modes(tmp_path):
+    ckpt = {"enable": True, "interval": 10, "keep_latest_k": 0}
+    _, plain = train(config(tmp_path, "plain", **BASE, checkpoint=ckpt))
+    _, graphed = train(with_graph(config(tmp_path, "graph", **BASE, checkpoint=ckpt)))
+    for saved, out, on in ((graphed, "to_plain", False), (plain, "to_graph", True)):
+        at_10 = saved.out / "checkpoints" / "step-000010"
+        _, resumed = train(with_graph(config(tmp_path, out, **BASE), on), resume=at_10)
+        assert resumed.losses == {k: v for k, v in plain.losses.items() if k > 10}
+
+
+def step_fn(batches, scale, total, hits):
+    for b in batches:
+        total += b.input_ids.float().sum() * scale
+        hits += (b.labels > 0).sum()
+    return scale * 2
+
+
+def test_graphs_capture_per_shape_and_keep_the_latest():
+    captures = Replays()
+    g = graph.Graphs(step_fn, lambda: None, captures, warmup=2, keep=2)
+    order = [3, 3, 3, 3, 5, 5, 5, 7, 7, 7, 3, 3, 3, 3]  # 3 is dropped when 7 comes, so again
+    for k, n in enumerate(order):
+        ids = torch.arange(n * 2).reshape(1, 2 * n) + k
+        loss, norm, hits = g([Batch(ids[:, :n], ids[:, n:])], 0.5)
+        assert float(loss) == float(ids[:, :n].sum()) * 0.5 and float(norm) == 1.0
+        assert int(hits) == int((ids[:, n:] > 0).sum())
+    assert [s[0][0][1] for s in g.captured] == [3, 5, 7, 3]
+    assert [s[0][0][1] for s in g.entries] == [7, 3]
+
+
+def test_packed_rows_run_eagerly():
+    captures = Replays()
+    g = graph.Graphs(step_fn, lambda: None, captures, warmup=0)
+    ids = torch.arange(8).reshape(1, 8)
+    for _ in range(3):
+        g([Batch(ids, ids, torch.tensor([0, 3, 8], dtype=torch.int32))], 1.0)
+    assert captures.calls == 0 and not g.entries
+
+
+def test_dense_hits_count_what_the_sparse_count_counts():
+    torch.manual_seed(0)
+    h, w = torch.randn(3, 40, 8), torch.randn(11, 8)
+    labels = torch.randint(0, 11, (3, 40))
+    labels[torch.rand(3, 40) < 0.7] = -100
+    sparse = label_hits(h, w, labels, chunk=16)
+    assert int(label_hits(h, w, labels, chunk=16, dense=True)) == int(sparse) > 0
+
+
+@pytest.mark.parametrize(
+    "section, values, field",
+    [
+        ("training", {"compile": True}, "training.compile"),
+        ("training", {"activation_checkpoint": "per_application"}, "training.activation_checkpoint"),
+        ("data", {"pack_documents": True}, "data.pack_documents"),
+        ("training", {"indexer_loss": 1.0}, "training.indexer_loss"),
+    ],
+)
+def test_incompatible_options_name_the_field(tmp_path, section, values, field):
+    cfg = with_graph(config(tmp_path, **BASE))
+    cfg[section].update(values)
+    with pytest.raises(ValueError, match=f"`{field}"):
+        Trainer(validate(cfg), init_dist("cpu"))
+
+
+def test_one_process_and_the_lm_objective_only():
+    with pytest.raises(ValueError, match="one process"):
+        graph.check_run(2, None, True)
+    with pytest.raises(ValueError, match="objective"):
+        graph.check_run(1, None, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replays_the_eager_run(tmp_path):
+    """On the GPU: bf16, Triton kernels; the graphed run's losses stay within bf16 noise of the
+    eager run's, and the step is captured once (one shape)."""
+    gpu = {**BASE, "training": {**BASE["training"], "precision": "bf16", "steps": 40, "device": "cuda"}}
+    gpu["model"] = {"backend": "auto"}
+    plain = Trainer(validate(config(tmp_path, "plain", **gpu)), init_dist("cuda"))
+    eager = plain.fit(False, None).losses
+    tr = Trainer(validate(with_graph(config(tmp_path, "graph", **gpu))), init_dist("cuda"))
+    graphed = tr.fit(False, None).losses
+    assert len(tr.graphs.captured) == 1 and isinstance(tr.graphs.capture, graph.CudaCapture)
+    for k in eager:
+        assert abs(graphed[k] - eager[k]) <= 0.03 * abs(eager[k]), (k, graphed[k], eager[k])
+    assert graphed[40] < graphed[1]
