@@ -269,7 +269,8 @@ class Trainer:
     def _loss(self, b: Batch, hits: bool = False):
         """The micro-batch's summed loss; with `hits`, (loss, labelled tokens predicted right)."""
         ctx = (
-            torch.autocast(self.d.device.type, dtype=torch.bfloat16)
+            # no cast cache under capture (the CUDA graph docs): a cached cast would outlive its step
+            torch.autocast(self.d.device.type, dtype=torch.bfloat16, cache_enabled=self.graphs is None)
             if self.autocast
             else contextlib.nullcontext()
         )

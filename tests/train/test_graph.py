@@ -6,6 +6,8 @@ CUDA test (skipped without a GPU) captures for real."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -18,7 +20,7 @@ from lt2dsl.train.optim import hold_lrs, tensor_lrs, update_mode
 from lt2dsl.train.parallel import init_dist
 
 from .helpers import config
-from .test_tasks import curriculum_cfg
+from .test_tasks import CURRICULUM, curriculum_cfg
 
 STEPS = 20
 BASE = {
@@ -173,17 +175,60 @@ def test_one_process_and_the_lm_objective_only():
         graph.check_run(1, None, False)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+GPU_MODEL = """model graphed {
+  dim = 128
+  vocab = 256
+  heads = 2
+  head_dim = 64
+  mlp = swiglu(hidden=256)
+  loop T=2 < gdn(neg_eigval=true, expand_v=1); full >
+}
+"""
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def gpu_cfg(tmp_path, out: str, graphed: bool, **training) -> dict:
+    (tmp_path / "graphed.lt2").write_text(GPU_MODEL)
+    cfg = config(tmp_path, out, **BASE)
+    cfg["model"] = {"file": str(tmp_path / "graphed.lt2"), "backend": "auto"}
+    cfg["data"]["seq_len"] = 64
+    cfg["training"].update(device="cuda", cuda_graph=graphed, **training)
+    return cfg
+
+
+def fit_cuda(cfg: dict):
+    tr = Trainer(validate(cfg), init_dist("cuda"))
+    return tr, tr.fit(False, None)
+
+
+@cuda
 def test_cuda_graph_replays_the_eager_run(tmp_path):
-    """On the GPU: bf16, Triton kernels; the graphed run's losses stay within bf16 noise of the
-    eager run's, and the step is captured once (one shape)."""
-    gpu = {**BASE, "training": {**BASE["training"], "precision": "bf16", "steps": 40, "device": "cuda"}}
-    gpu["model"] = {"backend": "auto"}
-    plain = Trainer(validate(config(tmp_path, "plain", **gpu)), init_dist("cuda"))
-    eager = plain.fit(False, None).losses
-    tr = Trainer(validate(with_graph(config(tmp_path, "graph", **gpu))), init_dist("cuda"))
-    graphed = tr.fit(False, None).losses
-    assert len(tr.graphs.captured) == 1 and isinstance(tr.graphs.capture, graph.CudaCapture)
-    for k in eager:
-        assert abs(graphed[k] - eager[k]) <= 0.03 * abs(eager[k]), (k, graphed[k], eager[k])
-    assert graphed[40] < graphed[1]
+    """bf16 on the Triton kernels: the graphed run's losses stay within bf16 noise of the eager
+    run's, and the step is captured once (one shape)."""
+    _, eager = fit_cuda(gpu_cfg(tmp_path, "plain", False, precision="bf16", steps=40))
+    tr, graphed = fit_cuda(gpu_cfg(tmp_path, "graph", True, precision="bf16", steps=40))
+    assert isinstance(tr.graphs.capture, graph.CudaCapture) and len(tr.graphs.captured) == 1
+    assert tr.graphs.entries[tr.graphs.captured[0]].eager_steps == graph.WARMUP
+    assert graphed.losses[1] == eager.losses[1]  # the same forward before any update
+    for k in eager.losses:
+        assert abs(graphed.losses[k] - eager.losses[k]) <= 0.03 * eager.losses[k], k
+    assert graphed.losses[40] < graphed.losses[1]  # it trains
+
+
+@cuda
+def test_cuda_graph_follows_a_curriculum(tmp_path):
+    """A curriculum (hits read after every step, a new length per stage): one capture per length
+    that lasts past the warm-up, the first step's accuracy the eager run's."""
+    cfgs = []
+    for out, on in (("plain", False), ("graph", True)):
+        cfg = gpu_cfg(tmp_path, out, on, precision="fp32", steps=30, batch_size=8, grad_accum=1)
+        cfg["data"] = dict(CURRICULUM, max_stage=4)
+        cfg["optimizer"] = {"lr": 1e-2, "weight_decay": 0.0}
+        cfgs.append(cfg)
+    _, eager = fit_cuda(cfgs[0])
+    tr, graphed = fit_cuda(cfgs[1])
+    accuracy = [next(r["task/accuracy"] for r in x.rows if "task/accuracy" in r) for x in (eager, graphed)]
+    assert accuracy[0] == accuracy[1]
+    lengths = [s[0][0][1] for s in tr.graphs.captured]
+    assert lengths and lengths == sorted(set(lengths))
+    assert all(math.isfinite(v) for v in graphed.losses.values()) and len(graphed.losses) == 30
