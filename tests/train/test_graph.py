@@ -7,6 +7,7 @@ CUDA test (skipped without a GPU) captures for real."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,22 +176,14 @@ def test_one_process_and_the_lm_objective_only():
         graph.check_run(1, None, False)
 
 
-GPU_MODEL = """model graphed {
-  dim = 128
-  vocab = 256
-  heads = 2
-  head_dim = 64
-  mlp = swiglu(hidden=256)
-  loop T=2 < gdn(neg_eigval=true, expand_v=1); full >
-}
-"""
+# experiment (a)'s looped GDN (dim 256, 4 heads of 64) over bytes, looped twice
+GPU_MODEL = Path(__file__).parents[2] / "examples" / "experiments" / "a_gdn.lt2"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def gpu_cfg(tmp_path, out: str, graphed: bool, **training) -> dict:
-    (tmp_path / "graphed.lt2").write_text(GPU_MODEL)
     cfg = config(tmp_path, out, **BASE)
-    cfg["model"] = {"file": str(tmp_path / "graphed.lt2"), "backend": "auto"}
+    cfg["model"] = {"file": str(GPU_MODEL), "backend": "auto", "set": {"vocab": 256, "loop.T": 2}}
     cfg["data"]["seq_len"] = 64
     cfg["training"].update(device="cuda", cuda_graph=graphed, **training)
     return cfg
