@@ -22,6 +22,7 @@ buffers (what a test calls where the GPU would replay), the plain trainer's loss
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,7 +132,9 @@ class CudaCapture:
     def eager(self, fn: Callable[[], None]) -> None:
         here = torch.cuda.current_stream()
         self.stream.wait_stream(here)
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream), warnings.catch_warnings():
+            # AdamW warns when a capturable update runs uncaptured: these steps do so by design
+            warnings.filterwarnings("ignore", message=".*capturable=True.*")
             fn()
         here.wait_stream(self.stream)
 

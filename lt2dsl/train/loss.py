@@ -128,9 +128,11 @@ def _chunk(logits: torch.Tensor, y: torch.Tensor, grads: bool):
     if not grads:
         return loss, None
     g = torch.softmax(logits, dim=-1)
-    valid = y != IGNORE
-    g[valid, y[valid]] -= 1.0
-    g[~valid] = 0.0
+    # softmax − one-hot at the labelled rows, 0 at the others; no boolean indexing, whose
+    # shapes the host would have to read (a CUDA graph captures this, `train/graph.py`)
+    valid = (y != IGNORE)[:, None]
+    g.scatter_add_(1, y.clamp(min=0)[:, None], -valid.to(g.dtype))
+    g.masked_fill_(~valid, 0.0)
     return loss, g
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lt2dsl.train import graph
 from lt2dsl.train.config import validate
@@ -225,3 +226,43 @@ def test_cuda_graph_follows_a_curriculum(tmp_path):
     lengths = [s[0][0][1] for s in tr.graphs.captured]
     assert lengths and lengths == sorted(set(lengths))
     assert all(math.isfinite(v) for v in graphed.losses.values()) and len(graphed.losses) == 30
+
+
+class HostReads(TorchDispatchMode):
+    """Records the ops that make the host wait for the device: a value read back (`item`,
+    `bool(t)`), or an output shape that depends on the data (`nonzero`, boolean indexing)."""
+
+    READS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique"})
+    INDEXING = frozenset({"aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"})
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name in self.READS or (name in self.INDEXING and any(is_mask(i) for i in args[1])):
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def is_mask(index) -> bool:
+    return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+
+
+def test_the_step_reads_nothing_back_on_the_host(tmp_path, monkeypatch):
+    """Forward, loss, hits, backward and clipping of the static step, on the CPU: no op that a
+    CUDA graph capture would refuse (the CPU's AdamW reads its step count on the host, the
+    capturable one on CUDA does not, so the update is left out here)."""
+    cfg = with_graph(curriculum_cfg(tmp_path, "reads"))
+    tr = Trainer(validate(cfg), init_dist("cpu"))
+    batches = tr.data.train.next_step()
+    static = graph.StaticStep.like(batches)
+    static.load(batches, 0.5)
+    monkeypatch.setattr(tr.opt, "step", lambda: None)
+    with HostReads() as reads:
+        tr._device_step(static.batches, static.scale, static.loss, static.hits)
+    assert reads.seen == [] and float(static.loss) > 0
+    with HostReads() as reads:  # the detector sees what the plain trainer's hits read
+        label_hits(torch.randn(4, 8), torch.randn(5, 8), torch.tensor([0, -100, 3, 4]))
+    assert "aten::nonzero" in reads.seen
