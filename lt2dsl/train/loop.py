@@ -124,9 +124,10 @@ class Trainer:
         if t.cuda_graph:
             graph.check_run(d.world, self.tm.indexer, default_objective)
             self.fwd.dense_hits = True  # no wait for the host inside the step
-            self.lrs = tensor_lrs(self.opt, d.device)  # installed after the resume (`_resume`)
+            self.lrs = tensor_lrs(self.opt, d.device)  # the scheduler keeps float base lrs
             zero = lambda: self.opt.zero_grad(set_to_none=True)  # noqa: E731
             self.graphs = graph.Graphs(self._device_step, zero, graph.capture_for(d.device))
+        update_mode(self.opt, self.lrs, self.capturable)  # and again after a checkpoint loads
         self.state = ckpt.Stateful(self.tm, self.opt, self.sched, self.data.train)
         sharded_mp = d.world > 1 and cfg.parallel.strategy == "fsdp"
         # for what the objective runs beside the model (a distillation teacher); the model itself
@@ -222,6 +223,9 @@ class Trainer:
         step = 0
         folder = None if resume is False else ckpt.latest(self.ckpt_root) if resume is True else Path(resume)
         if folder is not None:
+            # float lrs while loading: the loader's first optimizer step (`_init_optim_state`)
+            # swaps a tensor lr for a CPU one, which a capturable update on CUDA is not meant to read
+            update_mode(self.opt, None, self.capturable)
             state = ckpt.load(folder, self.state, self.d)
             self.tokens_seen = int(state["tokens_seen"])
             step = int(state["step"])
