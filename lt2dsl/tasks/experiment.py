@@ -15,7 +15,8 @@ each in its own process logging to `<out>/logs/` with `max(1, cores // N)` CPU t
 small models of these experiments leave one GPU mostly idle, so their wall time is bound by the
 host and divides by N up to its cores), `--threads` (this process's intra-op CPU threads),
 `--deadline S` (stop the trainings still running S seconds after the start, and report; a later
-call trains them), `--archive PATH` (also pack the results folder into one `.tar.gz`).
+call trains them), `--archive PATH` (also pack the results folder into one `.tar.gz`),
+`--cuda-graph` / `--no-cuda-graph` (override `[training] cuda_graph`).
 """
 
 from __future__ import annotations
@@ -172,6 +173,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, help="override the training steps (smoke runs)")
     p.add_argument("--backend", choices=["auto", "reference", "triton"], help="override the kernel backend")
+    p.add_argument(
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="override `[training] cuda_graph` (whole-step CUDA graphs; not for runs training a DSA indexer)",
+    )
     p.add_argument("--out", help="results folder (default docs/results/<name>)")
     p.add_argument("--force", action="store_true", help="train again where a result file exists")
     p.add_argument("--report-only", action="store_true", help="only rebuild the summary")
@@ -247,8 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def overridden(exp: ExperimentConfig, args: argparse.Namespace) -> ExperimentConfig:
-    """`exp` with `--steps` (every training's, the data entries' own too) and `--backend`."""
-    changes = {k: v for k, v in (("steps", args.steps), ("backend", args.backend)) if v is not None}
+    """`exp` with `--steps` (every training's, the data entries' own too), `--backend` and
+    `--cuda-graph`."""
+    given = (("steps", args.steps), ("backend", args.backend), ("cuda_graph", args.cuda_graph))
+    changes = {k: v for k, v in given if v is not None}
     exp = exp.model_copy(update={"training": exp.training.model_copy(update=changes)})
     if args.steps is not None:
         exp = exp.model_copy(update={"data": [d.model_copy(update={"steps": None}) for d in exp.data]})

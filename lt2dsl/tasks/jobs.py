@@ -74,6 +74,8 @@ def child_command(args: argparse.Namespace, out: Path, threads: int) -> list[str
     for flag, value in flags:
         if value is not None:
             cmd += [flag, str(value)]
+    if args.cuda_graph is not None:
+        cmd.append("--cuda-graph" if args.cuda_graph else "--no-cuda-graph")
     cmd += ["--threads", str(threads), "--no-report"]
     return cmd + (["--force"] if args.force else [])
 

@@ -223,11 +223,13 @@ def test_children_share_the_cores(tmp_path):
 
     assert [child_threads(j, cores=16) for j in (1, 5, 15, 16, 32)] == [16, 3, 1, 1, 1]
     args = argparse.Namespace(
-        config="x.toml", device="cuda", steps=None, backend=None, data="mqar", force=False
+        config="x.toml", device="cuda", steps=None, backend=None, data="mqar", force=False, cuda_graph=None
     )
     cmd = child_command(args, tmp_path, threads=3)
     assert cmd[cmd.index("--threads") + 1] == "3" and cmd[cmd.index("--data") + 1] == "mqar"
-    assert "--steps" not in cmd
+    assert "--steps" not in cmd and not any("cuda-graph" in c for c in cmd)
+    for flag, value in (("--cuda-graph", True), ("--no-cuda-graph", False)):
+        assert flag in child_command(argparse.Namespace(**{**vars(args), "cuda_graph": value}), tmp_path, 3)
     (tmp_path / "smoke.toml").write_text(SMOKE)
     before = torch.get_num_threads()
     wanted = 2 if before != 2 else 1
@@ -254,3 +256,15 @@ def test_a_task_threshold_ends_the_training_early(tmp_path, capsys):
         assert main(argv) == 0, capsys.readouterr().err
         one = json.loads((out / "runs" / "gdn--copy--seed0.json").read_text())
         assert (one["steps"], one["solved"]) == (steps, bool(threshold))
+
+
+def test_cuda_graph_flag_overrides_the_file_either_way(tmp_path):
+    from lt2dsl.tasks.experiment import overridden, parse_args
+
+    path = tmp_path / "smoke.toml"
+    path.write_text(SMOKE)
+    exp, _ = load_experiment(path)
+    assert overridden(exp, parse_args([str(path)])).training.cuda_graph == exp.training.cuda_graph
+    on = overridden(exp, parse_args([str(path), "--cuda-graph"]))
+    assert on.training.cuda_graph is True
+    assert overridden(on, parse_args([str(path), "--no-cuda-graph"])).training.cuda_graph is False
