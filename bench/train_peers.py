@@ -117,6 +117,8 @@ def measure_peer(model, cfg: dict, a, steps: int) -> dict:
         s = bare_loop(step, batches, steps, warm=2)
     except torch.OutOfMemoryError:
         return {"tok_s": None, "note": "OOM"}
+    except RuntimeError as e:  # a peer refusing this card/Triton pair is a row's note, not the end of the run
+        return {"tok_s": None, "note": f"error: {str(e).splitlines()[0][:160]}"}
     finally:
         model.to("cpu")  # whatever happened, free the card for the next row
     return {"tok_s": rows * T / s, "step_s": s, "steps": steps, "peak_gib": peak_gib()}

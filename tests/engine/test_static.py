@@ -43,7 +43,7 @@ def run_static(model, ids: torch.Tensor, cache: StaticCache, chunk: int = 2):
 
 def assert_static_equals_forward(model, max_len: int, chunk: int = 2, tol: float = 1e-9) -> StaticCache:
     """`run_static`'s logits of every row and step against one forward over that row's tokens."""
-    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
+    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS).to(next(model.parameters()).device)
     cache = StaticCache.allocate(model, len(LENGTHS), max_len)
     with torch.no_grad():
         for i, logits in run_static(model, ids, cache, chunk):
@@ -88,7 +88,7 @@ def test_steps_write_only_into_the_cache_allocated_at_the_start():
     """Every cache tensor keeps its storage through the steps, and a step keeps no tensor alive
     once it returns (the live-tensor count after steps is the count after the first)."""
     model = lower(f"loop T=2 < {call('gdn')}; {call('swa')}; {call('dsa')} >", fuse=True)
-    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS)
+    ids = tokens(len(LENGTHS), max(LENGTHS) + STEPS).to(next(model.parameters()).device)
     cache = StaticCache.allocate(model, len(LENGTHS), 16)
     with torch.no_grad():
         steps = run_static(model, ids, cache)
