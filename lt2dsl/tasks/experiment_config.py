@@ -191,11 +191,19 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
 
 
 def train_config(
-    exp: ExperimentConfig, run: RunConfig, data: DataEntry, seed: int, root: Path, device: str, out: Path
+    exp: ExperimentConfig,
+    run: RunConfig,
+    data: DataEntry,
+    seed: int,
+    root: Path,
+    device: str,
+    out: Path,
+    cuda_graph: bool | None = None,
 ):
     """The `lt2dsl.train.TrainConfig` of one training: the run's model (its overrides and frozen
     parameters), the data entry's task, the experiment's optimizer and budget, no checkpoints;
-    `device` is "cpu" or "cuda", `out` the trainer's run folder."""
+    `device` is "cpu" or "cuda", `out` the trainer's run folder, `cuda_graph` (default
+    `[training] cuda_graph`) the trainer's whole-step graphs."""
     from lt2dsl.train.config import validate
 
     o, t = exp.optimizer, exp.training
@@ -216,7 +224,7 @@ def train_config(
                 "batch_size": batch_size,
                 "seed": seed,
                 "precision": t.precision,
-                "cuda_graph": t.cuda_graph,
+                "cuda_graph": t.cuda_graph if cuda_graph is None else cuda_graph,
                 "device": device,
                 "out": str(out),
             },

@@ -268,3 +268,19 @@ def test_cuda_graph_flag_overrides_the_file_either_way(tmp_path):
     on = overridden(exp, parse_args([str(path), "--cuda-graph"]))
     assert on.training.cuda_graph is True
     assert overridden(on, parse_args([str(path), "--no-cuda-graph"])).training.cuda_graph is False
+
+
+def test_dsa_runs_train_eagerly_under_cuda_graph(tmp_path):
+    from lt2dsl.tasks.experiment import captures_steps
+    from lt2dsl.tasks.experiment_config import train_config
+
+    root = Path(lt2dsl.__file__).parents[1] / "examples" / "experiments"
+    dsa, gdn = (lt2dsl.compile(root / f"a_{m}.lt2", device="meta") for m in ("dsa", "gdn"))
+    assert captures_steps(True, gdn) and not captures_steps(True, dsa) and not captures_steps(False, gdn)
+    path = tmp_path / "smoke.toml"
+    path.write_text(SMOKE)
+    exp, where = load_experiment(path)
+    exp = exp.model_copy(update={"training": exp.training.model_copy(update={"cuda_graph": True})})
+    args = (exp, exp.runs[0], exp.data[0], 0, where, "cpu", tmp_path / "run")
+    assert train_config(*args).training.cuda_graph is True
+    assert train_config(*args, cuda_graph=False).training.cuda_graph is False
