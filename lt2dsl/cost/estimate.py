@@ -86,6 +86,13 @@ def block_cache(b: n.Block, cfg: n.ModelConfig, batch: int, L: int, dt: Dtypes) 
     return state, kv
 
 
+def block_decode_read(b: n.Block, cfg: n.ModelConfig, L: int, dt: Dtypes) -> int:
+    """Bytes of growing cache one decode step of one sequence at context L reads (`decode_read`)."""
+    return sum(
+        t.nbytes(dt) for m in b.mixers for t in lookup(m.type).decode_read(m.opts, cfg, 1, L).values()
+    )
+
+
 def block_flops(b: n.Block, cfg: n.ModelConfig, L: int, mode: str, causal: str) -> tuple[float, float]:
     """(total, mixer core) forward FLOPs per token of one application."""
     total = core = 0.0
@@ -246,10 +253,12 @@ def _row(b: n.Block, it: int, cfg: n.ModelConfig, L: int, opt: EstimateOptions, 
     fd, cd = block_flops(b, cfg, L, "decode", opt.causal)
     state, kv = block_cache(b, cfg, 1, L, dt)
     _, kv_prev = block_cache(b, cfg, 1, max(L - 1, 0), dt)
-    # Per decoded token: weights amortized over the batch, state read + written, KV read + the
-    # new entry written, the block's input read and output written.
+    # Per decoded token: weights amortized over the batch, state read + written, the KV the step
+    # addresses read (all of it, or the top-k / selected part) + the new entry written, the
+    # block's input read and output written.
     io = 2 * cfg.dim * dt.nbytes("act")
-    nbytes = params * dt.nbytes("act") / opt.batch + 2 * state + kv + (kv - kv_prev) + io
+    read = block_decode_read(b, cfg, L, dt)
+    nbytes = params * dt.nbytes("act") / opt.batch + 2 * state + read + (kv - kv_prev) + io
     inten = fd / nbytes if nbytes else 0.0
     return BlockRow(
         id=b.id,
@@ -495,7 +504,8 @@ def conventions(opt: EstimateOptions) -> list[str]:
         "looped blocks count executed FLOPs (T × per iteration); parameters count once",
         "chunked mixers are counted at chunk C = 64 (C = L for a prefill shorter than one chunk)",
         "decode step at context L: the new token sees L keys; caches are measured after L tokens",
-        "decode bytes per token: executed weights / batch + state read and write + KV read and the "
+        "decode bytes per token: executed weights / batch + state read and write + the KV the step "
+        "reads (dsa: every index key, top-k k/v; nsa: compressed, selected and window k/v) and the "
         "new KV entry + block input and output",
         "caches are per (iteration, block): states in state_dtype, KV in kv_dtype, conv buffers and "
         "tmm inputs in dtype",

@@ -171,6 +171,11 @@ class LayerSpec:
         """Forward FLOPs per token: mean over a prefill of L tokens, or one decode step at context L."""
         raise NotImplementedError
 
+    def decode_read(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """The part of each growing ("kv") cache tensor one decode step at context L reads: all of
+        it unless the kind addresses a subset (top-k keys, selected blocks)."""
+        return {k: t for k, t in self.cache(o, cfg, batch, L).items() if t.role == "kv"}
+
     def backward_factor(self, o: Opts) -> float:
         """Training = forward × (1 + backward_factor); 2 unless the kind's spec says otherwise."""
         return 2.0

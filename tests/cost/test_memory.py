@@ -4,6 +4,7 @@ import pytest
 
 from lt2dsl.cost.estimate import EstimateOptions, estimate
 from lt2dsl.ir import nodes as n
+from lt2dsl.ir.registry import lookup
 from lt2dsl.passes.baseline import to_baseline
 from tests.cost.helpers import call, loop, model
 
@@ -108,3 +109,42 @@ def test_generation_time_sums_the_decode_steps():
     rf = estimate(flat, o)
     assert rf.roofline.generate_s == pytest.approx(rf.roofline.ttft_s + 64 * rf.roofline.decode_step_s)
     assert estimate(m, EstimateOptions(seq=1000)).roofline.generate_s is None
+
+
+
+def decode_bytes_per_step(m, L, batch=1):
+    return estimate(m, EstimateOptions(seq=L, batch=batch)).roofline.decode_bytes_per_step
+
+
+def test_dsa_decode_reads_index_keys_and_topk_kv_only():
+    """Past top-k a DSA step's bytes grow by the index keys alone (d_I bf16 values per key and
+    application); up to top-k it reads every cached tensor, as full attention does."""
+    kw = dict(dim=256, vocab=64, max_len=65536)
+    dsa = model([loop(2, call("dsa", topk=512, index_dim=32))], **kw)
+    full = model([loop(2, call("full"))], **kw)
+    grow = decode_bytes_per_step(dsa, 8192) - decode_bytes_per_step(dsa, 4096)
+    assert grow == 2 * 4096 * 32 * 2
+    assert decode_bytes_per_step(full, 8192) - decode_bytes_per_step(full, 4096) > 8 * grow
+    spec, (o, cfg) = lookup("dsa"), mixer_of(dsa)
+    for L, every in ((300, True), (512, True), (513, False)):
+        read, cache = spec.decode_read(o, cfg, 2, L), spec.cache(o, cfg, 2, L)
+        assert (read == cache) == every and read["k_idx"] == cache["k_idx"]
+        assert read["k"].shape[2] == min(L, 512)
+
+
+def test_nsa_decode_reads_compressed_selected_and_window_kv():
+    kw = dict(dim=256, vocab=64, max_len=65536)
+    nsa = model([loop(1, call("nsa"))], **kw)
+    a, b = decode_bytes_per_step(nsa, 16384), decode_bytes_per_step(nsa, 32768)
+    full = model([loop(1, call("full"))], **kw)
+    assert 0 < b - a < (decode_bytes_per_step(full, 32768) - decode_bytes_per_step(full, 16384)) / 4
+    spec, (o, cfg) = lookup("nsa"), mixer_of(nsa)
+    read, cache = spec.decode_read(o, cfg, 1, 32768), spec.cache(o, cfg, 1, 32768)
+    assert read["k_cmp"] == cache["k_cmp"]
+    assert read["k"].shape[2] == o["select"] * o["block"] + o["window"]
+
+
+def mixer_of(m):
+    """(resolved options, model config) of the first mixer of `m`."""
+    block = m.body[0].body[0]
+    return block.mixers[0].opts, m.config

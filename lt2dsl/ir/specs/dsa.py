@@ -44,6 +44,12 @@ class DsaSpec(FullSpec):
             "k_idx": CacheTensor((batch, L, o["index_dim"]), "kv", "kv")
         }
 
+    def decode_read(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """The indexer scores every cached index key; the main attention gathers the top-k keys'
+        k and v only."""
+        main = super().cache(o, cfg, batch, min(L, o["topk"]))
+        return main | {"k_idx": self.cache(o, cfg, batch, L)["k_idx"]}
+
     def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
         """Indexer 2·H_I·d_I per visible key; main attention over min(t, topk) keys per head."""
         proj = proj_flops(self.weights(o, cfg), PROJ + IDX)

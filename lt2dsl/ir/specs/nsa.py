@@ -60,6 +60,16 @@ class NsaSpec(LayerSpec):
             "v_cmp": CacheTensor(cmp, "kv", "kv"),
         }
 
+    def decode_read(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> dict[str, CacheTensor]:
+        """Every compressed key and value; of the full k and v, the selected blocks and the window
+        (at most min(L, n·l') + min(L, w) positions: they may overlap, counted apart as the
+        three branches read them)."""
+        HKV, d = o["kv_heads"], o["head_dim"]
+        cache = self.cache(o, cfg, batch, L)
+        seen = min(L, o["select"] * o["block"]) + min(L, o["window"])
+        part = CacheTensor((batch, HKV, seen, d), "kv", "kv")
+        return {"k": part, "v": part, "k_cmp": cache["k_cmp"], "v_cmp": cache["v_cmp"]}
+
     def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
         """Per query head: 4d·(n_cmp(t) + min(t, n·l') + min(t, w)) (mixers.md §10(d))."""
         w = self.weights(o, cfg)
