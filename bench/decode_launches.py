@@ -14,8 +14,12 @@ never computed), and the torch profiler records the aten ops of one step. A step
 Two steps per model: `engine` (the static-cache step `generate` replays as a CUDA graph, sampling
 included; what the GPU runs) and `dynamic` (`model(tok, cache)` with a dynamic cache).
 
+`--trace` lists the engine step's launches by graph node instead (each node of the lowered graph
+runs under a `record_function` of its name), one line per node of the first application of each
+block kind that launches anything: where the fusable chains are.
+
 Usage:
-    PYTHONPATH=. python bench/decode_launches.py [MODEL ...] [--out DIR]
+    PYTHONPATH=. python bench/decode_launches.py [MODEL ...] [--out DIR] [--trace]
 MODEL: an example stem or `gdn12` (default: lt2_hybrid_gdn_dsa ouro_looped_transformer gdn12). Toy
 sizes (dim 64, 2 heads of 32, vocab 256; the rest of each model as written). Prints a table per
 model and writes DIR/decode_launches.json (default: the current folder).
@@ -63,6 +67,7 @@ _COPY_CHILD = {
     "aten::flatten": {"aten::clone", "aten::_reshape_copy"},
 }
 _GEMMS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::matmul", "aten::linear", "aten::einsum"}
+_NODE = "node:"  # prefix of the record_function ranges `--trace` opens around graph nodes
 
 
 @contextmanager
@@ -75,9 +80,11 @@ def stubbed_kernels() -> Iterator[collections.Counter]:
 
     def fake_run(self, *args, **kwargs):
         counts[f"triton:{self.fn.__name__}"] += 1
+        _mark(f"triton:{self.fn.__name__}")
 
     def fake_linear(x, w, b=None):
         counts["gemm"] += 1
+        _mark("gemm")
         return x.new_empty(*x.shape[:-1], w.shape[0])
 
     interp.InterpretedFunction.run, F.linear = fake_run, fake_linear
@@ -85,6 +92,14 @@ def stubbed_kernels() -> Iterator[collections.Counter]:
         yield counts
     finally:
         interp.InterpretedFunction.run, F.linear = run, linear
+
+
+def _mark(kind: str) -> None:
+    """A stubbed launch as a profiler range `mark:<kind>` (the trace finds its node above it)."""
+    from torch.profiler import record_function
+
+    with record_function(f"mark:{kind}"):
+        pass
 
 
 def _launches(e) -> bool:
@@ -102,6 +117,16 @@ def _outermost_aten(e) -> bool:
     return True
 
 
+def _node_of(e) -> str | None:
+    """The graph node (`--trace`'s range) an event ran under, or None."""
+    p = e.cpu_parent
+    while p is not None:
+        if p.name.startswith(_NODE):
+            return p.name[len(_NODE) :]
+        p = p.cpu_parent
+    return None
+
+
 def count_step(step: Callable[[], object], stubs: collections.Counter) -> collections.Counter:
     """Launches of one call of `step` by kind (module docstring), under `stubbed_kernels()`."""
     from torch.profiler import ProfilerActivity, profile
@@ -115,6 +140,94 @@ def count_step(step: Callable[[], object], stubs: collections.Counter) -> collec
         if e.name.startswith("aten::") and _outermost_aten(e) and _launches(e):
             out["gemm" if e.name in _GEMMS else e.name] += 1
     return +out
+
+
+def trace_step(step: Callable[[], object], gm) -> dict[str, collections.Counter]:
+    """Launches of one call of `step` by graph node of `gm` (in graph order), under
+    `stubbed_kernels()`: `gm` runs through an `fx.Interpreter` that opens a profiler range per node."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    class Ranged(torch.fx.Interpreter):
+        def run_node(self, n):
+            with record_function(_NODE + n.name):
+                return super().run_node(n)
+
+    gm.forward = lambda *a, **k: Ranged(gm).run(*a, **k)  # an instance attribute: nn.Module calls it
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+    finally:
+        del gm.forward
+    out: dict[str, collections.Counter] = {n.name: collections.Counter() for n in gm.graph.nodes}
+    for e in prof.events():
+        node = _node_of(e)
+        if node is None:
+            continue
+        if e.name.startswith("mark:"):
+            out[node][e.name[len("mark:") :]] += 1
+        elif e.name.startswith("aten::") and _outermost_aten(e) and _launches(e):
+            out[node]["gemm" if e.name in _GEMMS else e.name] += 1
+    return {k: c for k, c in out.items() if c}
+
+
+def block_of(node: str, gm) -> str:
+    """The module path `blocks.<i>` a node's call reads (its first `get_attr`/module argument), or
+    "model" for the nodes outside any block (embedding, final norm, head, cache bookkeeping)."""
+    n = next(x for x in gm.graph.nodes if x.name == node)
+    near = [n, *n.all_input_nodes]
+    near += [y for x in near[1:] if x.op == "call_function" for y in x.all_input_nodes]  # concatenations
+    for x in near:
+        if x.op in ("call_module", "get_attr") and str(x.target).startswith("blocks."):
+            return ".".join(str(x.target).split(".")[:2])
+    return "model"
+
+
+def segments(by_node: dict[str, collections.Counter], gm) -> list[tuple[str, list]]:
+    """(block, [(node, launches)]) runs of consecutive launching nodes of one block application, in
+    graph order; a node that reads no block's parameter belongs to the block of the launch before it
+    (the model's own nodes, embedding and head, read the model's parameters)."""
+    out: list[tuple[str, list]] = []
+    for node, c in by_node.items():
+        b = block_of(node, gm)
+        if b == "model" and out and not node_reads_model(node, gm):
+            b = out[-1][0]
+        if not out or out[-1][0] != b:
+            out.append((b, []))
+        out[-1][1].append((node, c))
+    return out
+
+
+def node_reads_model(node: str, gm) -> bool:
+    """Whether a node calls or reads a module of the model outside the blocks, or ends the step."""
+    n = next(x for x in gm.graph.nodes if x.name == node)
+    if n.op == "call_function" and getattr(n.target, "__name__", "") == "cache_advance":
+        return True
+    return any(x.op in ("call_module", "get_attr") for x in [n, *n.all_input_nodes])
+
+
+def print_trace(name: str, model, console) -> dict:
+    """The engine step's launches by node, the first application of each block kind (`--trace`)."""
+    from rich.table import Table
+
+    gm = model.graph_module
+    with torch.no_grad(), stubbed_kernels():
+        by_node = trace_step(engine_step(model), gm)
+    kinds, report = {}, {}
+    for block, nodes in segments(by_node, gm):
+        kind = "model" if block == "model" else type(model.get_submodule(f"{block}.mixers.0")).__name__
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kinds[kind] > 1 and kind != "model":
+            continue
+        t = Table(title=f"{name}: one {kind} application ({block}) of the engine step")
+        t.add_column("node")
+        t.add_column("launches")
+        for node, c in nodes:
+            t.add_row(node, ", ".join(f"{k} ×{v}" if v > 1 else k for k, v in c.items()))
+        t.add_row("[bold]total[/]", str(sum(sum(c.values()) for _, c in nodes)))
+        console.print(t)
+        report.setdefault(kind, [{node: dict(c) for node, c in nodes}])
+    console.print(f"applications per kind: {kinds}")
+    return report
 
 
 def totals(c: collections.Counter) -> dict[str, int]:
@@ -172,9 +285,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("models", nargs="*", help="example stems or gdn12 [all three]")
     p.add_argument("--out", type=Path, default=Path("."), help="folder of decode_launches.json [.]")
+    p.add_argument("--trace", action="store_true", help="the engine step's launches by graph node")
     args = p.parse_args()
     names = args.models or list(MODELS)
     console, report = Console(), {}
+    if args.trace:
+        for name in names:
+            print_trace(name, toy_model(name), console)
+        return
     for name in names:
         counts = count_model(name)
         report[name] = {p: {"totals": totals(c), "by_kind": dict(c.most_common())} for p, c in counts.items()}
