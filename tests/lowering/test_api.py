@@ -149,7 +149,7 @@ def test_emit_fx_prints_the_graph_module_code(capsys):
     assert main(["compile", path, "--emit", "fx"]) == 0
     fused = capsys.readouterr().out
     assert "fused: gdn_gate x72" in fused.splitlines()[0]
-    assert "gated_delta_rule_core(" not in fused and fused.count("gated_delta_rule_core_normed(") == 4 * 18
+    assert "gated_delta_rule_core(" not in fused and fused.count("gated_delta_rule_core_gates(") == 4 * 18
     assert "linear_split(" in fused and "add_rmsnorm(" in fused
 
 

@@ -13,6 +13,7 @@ import torch
 from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.delta import configs
 from lt2dsl.kernels.delta import launch as L
+from lt2dsl.kernels.delta.gates import GATE_RAW
 from lt2dsl.kernels.delta.grad import delta_grad_final_kernel
 from lt2dsl.kernels.delta.kda_grad import kda_grad_intra_kernel
 from lt2dsl.kernels.delta.launch_bwd import KDA_BK, KDA_WARPS, TRITON_DT
@@ -21,7 +22,7 @@ from lt2dsl.kernels.delta.recurrent import delta_recurrent_kernel
 
 MAX_STACK = 512  # bytes of per-thread stack (spills) tolerated at bf16
 D = 128
-SCALARS = {"T": "i32", "R": "i32", "NC": "i32", "scale": "fp32"}
+SCALARS = {"T": "i32", "R": "i32", "NC": "i32", "scale": "fp32", "s_ab": "i32", "beta_scale": "fp32"}
 INDEX = {"cu_seqlens": "*i64", "chunk_indices": "*i32", "chunk_offsets": "*i32"}
 # buffers in the input dtype; every other pointer is fp32 (gates, T, scores, scratch, states)
 INPUT_DTYPE = ("q", "k", "v", "beta", "o", "h", "vnew", "do", "dv", "dh", "w")
@@ -90,6 +91,15 @@ class _Family:
         # `ops._recurrent`: 4 warps up to K = 128, Triton's default 3 stages
         return self.jobs(f"delta/recurrent-g{cex['GATE']}", delta_recurrent_kernel, cex, launch=(4, 3))
 
+    def recurrent_raw_gates(self) -> list[Job]:
+        """GDN's decode with the raw gate projections a, b (GATE 3, `gates.py`): q, k already
+        normalised by the conv kernel, a and b in the input dtype, A_log and dt_bias fp32."""
+        cex = dict(H=16, HV=16, K=D, V=D, BK=L.pow2(D), BV=min(32, L.pow2(D)), GATE=GATE_RAW, USE_H0=True,
+                   STORE_FINAL=True, L2NORM=False, IS_VARLEN=False)  # fmt: skip
+        ptrs = {**self.ptrs, "g": self.ptrs["beta"]}
+        return tuned_jobs("delta/recurrent-g3", delta_recurrent_kernel, ptrs, SCALARS, cex, launch=(4, 3),
+                          aligned=("T",), max_stack=MAX_STACK)  # fmt: skip
+
 
 def jobs(dtype: torch.dtype = torch.bfloat16) -> list[Job]:
     """Every kernel form of every recipe, once, at inputs of `dtype`."""
@@ -101,4 +111,6 @@ def jobs(dtype: torch.dtype = torch.bfloat16) -> list[Job]:
                 out.setdefault(job.name, job)
         for job in fam.recurrent(gate):
             out.setdefault(job.name, job)
+    for job in fam.recurrent_raw_gates():
+        out.setdefault(job.name, job)
     return list(out.values())

@@ -185,13 +185,16 @@ class _ChunkFunction(torch.autograd.Function):
         return (*_grads(ctx, do, dht, _chunk_bwd_impl), *[None] * 7)
 
 
-def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk):
-    """Launch the decode kernel; `ht` may be `h0` itself (in place) or None (no final state)."""
+def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk, raw=None):
+    """Launch the decode kernel; `ht` may be `h0` itself (in place) or None (no final state).
+    `raw` = (A_log, dt_bias, row stride of g and beta, beta_scale) for gate 3, where g and beta
+    are GDN's raw projections a and b (`recurrent.py`)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = _n_states(q, cu_seqlens)
     o = empty(v, *v.shape)
     BK, BV = pow2(K), min(32, pow2(V))
+    A_log, dt_bias, s_ab, beta_scale = raw if raw is not None else (beta, beta, HV, 1.0)
     delta_recurrent_kernel[(triton.cdiv(V, BV), N * HV)](
         q,
         k,
@@ -204,6 +207,10 @@ def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk):
         cu_seqlens,
         T,
         scale,
+        A_log,
+        dt_bias,
+        s_ab,
+        beta_scale,
         H=H,
         HV=HV,
         K=K,

@@ -8,6 +8,7 @@ with their counts, `LT2_DEBUG=2` also the graph code before and after.
 | rule | pattern → replacement |
 |---|---|
 | `gdn_gate` | −exp(A_log)·softplus(a + dt_bias), σ(b) [·2] → `gdn_gate(a, b, A_log, dt_bias)` |
+| `gdn_gate_core` | GDN core(…, gdn_gate(a, b, …)) → one node, the gates formed in the decode kernel |
 | `conv_silu_l2norm` | q, k (, v) short convs + SiLU, the core's q/k L2Norm → one node, one decode launch |
 | `conv_silu` | short conv + SiLU → one conv kernel |
 | `gated_norm_proj` | GatedRMSNorm(o, g) → flatten → o_proj → `gated_rmsnorm_linear` |
@@ -42,6 +43,7 @@ RULES: dict[str, Rule] = {
         gates.RULE,
         conv.RULE_L2,
         conv.RULE,
+        gates.RULE_CORE,
         out_norm.RULE,
         swiglu.RULE,
         add_norm.RULE_PRE,
@@ -55,7 +57,8 @@ COUNTERS: dict[str, int] = dict.fromkeys(RULES, 0)
 
 
 def select(rules: Sequence[str] | None) -> list[Rule]:
-    """The named rules in `RULES` order (all for None); unknown names raise ValueError."""
+    """The named rules and the rules they need (`Rule.needs`) in `RULES` order (all for None);
+    unknown names raise ValueError."""
     if rules is None:
         return list(RULES.values())
     if isinstance(rules, str):
@@ -63,7 +66,8 @@ def select(rules: Sequence[str] | None) -> list[Rule]:
     unknown = [r for r in rules if r not in RULES]
     if unknown:
         raise ValueError(f"unknown fusion rule(s) {', '.join(map(repr, unknown))}; rules: {', '.join(RULES)}")
-    return [r for name, r in RULES.items() if name in rules]
+    wanted = set(rules) | {n for r in rules for n in RULES[r].needs}
+    return [r for name, r in RULES.items() if name in wanted]
 
 
 def fuse(gm: torch.fx.GraphModule, *, rules: Sequence[str] | None = None) -> PassResult:

@@ -1,4 +1,5 @@
-"""Rule `gdn_gate`: the GDN gate activations → one kernel feeding the core op.
+"""Rules `gdn_gate` and `gdn_gate_core`: the GDN gate activations → one kernel feeding the core op,
+then that kernel and the core → one node.
 
     g = −exp(A_log) · softplus(a + dt_bias);  β = σ(b) [· 2]   ->   g, β = gdn_gate(a, b, A_log, dt_bias)
 
@@ -6,7 +7,10 @@
 add, softplus, mul, sigmoid, and the ×2 of `neg_eigval`), each a kernel over `[B, T, HV]`, forward
 and backward. Every intermediate must be read by the chain alone. The core op is unchanged: the
 gates still make one `[B, T, HV]` round trip through memory, which a delta-rule kernel prologue
-taking raw a, b would save.
+taking raw a, b would save: `gdn_gate_core` is that prologue. It joins a GDN core (with or
+without its own q/k L2Norm) and the `gdn_gate` node feeding it, read by the core alone, into
+`leaves.gated_delta_rule_core_gates`, whose decode step forms g and β inside the recurrent kernel
+(`kernels.delta.gates`): one launch a step instead of two, and no `[B, T, HV]` round trip.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import torch.nn.functional as F
 from torch.fx.node import Node
 
 from lt2dsl.kernels import fused
+from lt2dsl.kernels.delta.gates import gdn_decode_gates, gdn_decode_gates_ref
 from lt2dsl.kernels.fused import naive
 from lt2dsl.lowering import functional_recurrent as fr
 
+from .leaves import gated_delta_rule_core_gates, gated_delta_rule_core_normed
 from .manager import Ctx, Match, Rule, cast_dtype, is_add, is_call, is_method, is_mul, only_user
 
 ALGEBRA = "-exp(A_log) * softplus(a + dt_bias), sigmoid(b) [* 2] -> gdn_gate(a, b, A_log, dt_bias)"
@@ -120,3 +126,60 @@ def rewrite(ctx: Ctx, m: Match) -> None:
 
 
 RULE = Rule("gdn_gate", ALGEBRA, pattern, replacement, match, rewrite)
+
+
+ALGEBRA_CORE = "core(q, k, v, *gdn_gate(a, b, A_log, dt_bias), entry) -> core_gates(q, k, v, a, b, …, entry)"
+# the GDN cores a `gdn_gate` node feeds → whether the core L2-normalises q and k itself
+CORES = {fr.gated_delta_rule_core: True, gated_delta_rule_core_normed: False}
+
+
+def pattern_core(q, k, v, a, b, A_log, dt_bias, state, beta_scale: float = 1.0):
+    """(o, final state) of the gates, then the recurrence from a copy of `state`."""
+    s = state.clone()
+    return gdn_decode_gates_ref(q, k, v, a, b, A_log, dt_bias, s, beta_scale=beta_scale), s
+
+
+def replacement_core(q, k, v, a, b, A_log, dt_bias, state, beta_scale: float = 1.0, backend: str = "auto"):
+    s = state.clone()
+    return gdn_decode_gates(q, k, v, a, b, A_log, dt_bias, s, beta_scale=beta_scale, backend=backend), s
+
+
+def match_core(ctx: Ctx, node: Node) -> Match | None:
+    if not (node.op == "call_function" and node.target in CORES and len(node.args) == 6):
+        return None
+    g, beta = node.args[3], node.args[4]
+    if not (is_call(g, operator.getitem) and is_call(beta, operator.getitem)):
+        return None
+    gates = g.args[0]
+    if not (is_call(gates, fused.gdn_gate) and beta.args[0] is gates and (g.args[1], beta.args[1]) == (0, 1)):
+        return None
+    if set(gates.users) != {g, beta} or not (only_user(g, node) and only_user(beta, node)):
+        return None
+    return {"core": node, "gates": gates, "g": g, "beta": beta}
+
+
+def rewrite_core(ctx: Ctx, m: Match) -> None:
+    core, gates = m["core"], m["gates"]
+    kw = {
+        "beta_scale": gates.kwargs.get("beta_scale", 1.0),
+        "gate_dtype": gates.kwargs.get("dtype", torch.float32),
+        "gate_backend": gates.kwargs.get("backend", ctx.backend),
+        "l2norm": CORES[core.target],
+        **core.kwargs,
+    }
+    q, k, v, _, _, entry = core.args
+    with ctx.graph.inserting_before(core):
+        new = ctx.graph.call_function(gated_delta_rule_core_gates, (q, k, v, *gates.args, entry), kw)
+    core.replace_all_uses_with(new)
+    ctx.erase(core, m["g"], m["beta"], gates)
+
+
+RULE_CORE = Rule(
+    "gdn_gate_core",
+    ALGEBRA_CORE,
+    pattern_core,
+    replacement_core,
+    match_core,
+    rewrite_core,
+    needs=("gdn_gate",),
+)

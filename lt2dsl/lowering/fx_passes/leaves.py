@@ -9,6 +9,8 @@
   one launch for all three.
 * `*_core_normed`: the delta-rule cores with q and k already L2-normalised (by the conv kernel),
   i.e. `use_qk_l2norm_in_kernel=False`; everything else as the lowering's leaves.
+* `gated_delta_rule_core_gates`: the GDN core fed by `fused.gdn_gate` as one node; a decode step
+  whose fp32 state the entry holds forms the gates in the recurrent kernel (one launch).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from lt2dsl.kernels import fused
 from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda
+from lt2dsl.kernels.delta.gates import gates_in_kernel, gdn_decode_gates
 from lt2dsl.lowering import functional_recurrent as fr
 from lt2dsl.lowering import packed
 from lt2dsl.lowering.leaf import leaf
@@ -123,6 +126,31 @@ def kda_core_normed(
 ):
     """`kda_core` for q, k that are already L2-normalised."""
     return _normed(kda, q, k, v, g, beta, entry, scale, backend, state_dtype, cu_seqlens)
+
+
+@leaf
+def gated_delta_rule_core_gates(
+    q, k, v, a, b, A_log, dt_bias, entry, *, beta_scale: float, gate_dtype: torch.dtype, gate_backend: str,
+    l2norm: bool, scale: float, backend: str, state_dtype: torch.dtype, cu_seqlens=None,
+):  # fmt: skip
+    """`core(q, k, v, *fused.gdn_gate(a, b, A_log, dt_bias), entry)`, the core L2-normalising q, k
+    when `l2norm` (`fr.gated_delta_rule_core`) or not (`gated_delta_rule_core_normed`).
+
+    When the entry holds the state in fp32 and the call is the recurrent kernel's (a few tokens, no
+    gradient, Triton), the gates are formed in that kernel and the state updated in place: what
+    the two calls compute, in one launch (`kernels.delta.gates`)."""
+    state = entry["state"] if entry is not None and "state" in entry else None
+    fold = cu_seqlens is None and gate_dtype == torch.float32 and not torch.compiler.is_compiling()
+    if fold and gates_in_kernel(q, a, state, backend):
+        return gdn_decode_gates(
+            q, k, v, a, b, A_log, dt_bias, state, beta_scale=beta_scale, scale=scale,
+            use_qk_l2norm_in_kernel=l2norm, backend=backend,
+        )  # fmt: skip
+    gate_kw = {"beta_scale": beta_scale, "dtype": gate_dtype, "backend": gate_backend}
+    g, beta = fused.gdn_gate(a, b, A_log, dt_bias, **gate_kw)
+    core = fr.gated_delta_rule_core if l2norm else gated_delta_rule_core_normed
+    kw = {"scale": scale, "backend": backend, "state_dtype": state_dtype, "cu_seqlens": cu_seqlens}
+    return core(q, k, v, g, beta, entry, **kw)
 
 
 # the lowering's cores that L2-normalise q and k inside the op → their variants without

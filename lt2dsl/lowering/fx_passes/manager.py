@@ -41,7 +41,8 @@ Match = dict[str, Any]
 @dataclass(frozen=True)
 class Rule:
     """One fusion: its name (the `COUNTERS` key), the algebra in one line, the plain-function
-    pattern / replacement pair, and the graph matcher and rewriter."""
+    pattern / replacement pair, the graph matcher and rewriter, and the rules whose output it
+    matches (`needs`: selecting this rule selects them too)."""
 
     name: str
     algebra: str
@@ -49,6 +50,7 @@ class Rule:
     replacement: Callable
     match: Callable[[Ctx, Node], Match | None]
     rewrite: Callable[[Ctx, Match], None]
+    needs: tuple[str, ...] = ()
 
 
 class Ctx:

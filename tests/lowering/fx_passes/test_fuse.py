@@ -185,7 +185,7 @@ def test_debug_levels_print_fired_rules_and_graphs(monkeypatch, capsys):
     fuse(lower(call("gdn")).graph_module)
     err = capsys.readouterr().err
     assert "graph before `fuse-adjacent`" in err and "graph after `fuse-adjacent`" in err
-    assert "fused_gdn_gate(" in err.split("graph after")[1]
+    assert "leaves_gated_delta_rule_core_gates(" in err.split("graph after")[1]
 
 
 def test_cached_weight_concatenation_follows_parameter_updates():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lt2dsl.lowering import functional
@@ -76,6 +77,11 @@ CASES = {
         (call("gdn", "neg_eigval=true"), "beta_scale = 2.0", ["softplus", "torch.sigmoid"]),
         (f"loop T=2 < {GDN}; {FULL} >", "fused_gdn_gate(", ["softplus", "torch.sigmoid"]),
     ],
+    "gdn_gate_core": [
+        (GDN, "leaves_gated_delta_rule_core_gates(", ["fused_gdn_gate(", "recurrent_gated_delta_rule_core("]),
+        (call("gdn", "neg_eigval=true"), "beta_scale = 2.0", ["fused_gdn_gate(", "softplus"]),
+        (f"loop T=2 < {GDN}; {FULL} >", "l2norm = True", ["fused_gdn_gate("]),
+    ],
     "conv_silu_l2norm": [
         (GDN, "head_dims = (16, 16, 0)", ["functional_recurrent_gated_delta_rule_core(", short_convs(0)]),
         (DN, "leaves_delta_rule_core_normed(", ["functional_recurrent_delta_rule_core(", short_convs(0)]),
@@ -130,6 +136,10 @@ def _inputs(rule: str, g: torch.Generator):
         "norm_add_rmsnorm": ((r(B, T, 8), r(B, T, 8), r(8), 1e-5, r(8), 1e-6), {}),
         "norm_proj": ((r(B, T, 8), [r(3, 8), r(5, 8)], [r(3), None]), {}),
         "gdn_gate": ((r(B, T, 3) * 4, r(B, T, 3), r(3), r(3), 2.0, torch.float64), {}),
+        "gdn_gate_core": (
+            (r(B, T, 1, 4), F.normalize(r(B, T, 1, 4), dim=-1), r(B, T, 2, 3), r(B, T, 2) * 4, r(B, T, 2)),
+            {"A_log": r(2), "dt_bias": r(2), "state": r(B, 2, 4, 3), "beta_scale": 2.0},
+        ),
         "conv_silu_l2norm": ((r(B, T, 8), r(8, 1, 4), None, r(B, 8, 3), 4), {}),
         "conv_silu": ((r(B, T, 8), r(8, 1, 4), r(8), None), {}),
         "gated_norm_proj": (
