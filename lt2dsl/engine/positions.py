@@ -39,6 +39,9 @@ class Positions(RowPositions):
         self._step.clear()
         return self
 
+    def rows(self) -> torch.Tensor:
+        return self.t
+
     def rope_rows(self, d: int, theta: float, dt: torch.dtype, scaling=None) -> tuple:
         """(c, s) `[B, d]` of `rope_rows` at each row's position."""
         key = (d, theta, dt, scaling)

@@ -169,6 +169,10 @@ class RowPositions:
     the new token's position), so rows of different lengths decode together and the step holds no
     Python-int position. The leaves pass the ops that depend on positions to it."""
 
+    def rows(self) -> torch.Tensor:
+        """`[B]` int64 on the device: each row's position, where its new token is written."""
+        raise NotImplementedError
+
     def rope_rows(self, d: int, theta: float, dtype: torch.dtype, scaling=None) -> tuple:
         """(c, s) `[B, d]`: `functional.rope_rows` at each row's position (`scaling`:
         `rope_scaling.py`), which `apply_rope` turns each row's new token by."""

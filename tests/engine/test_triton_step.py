@@ -1,5 +1,6 @@
 """The decode step's fused Triton kernels end to end (CPU interpreter here): the q, k, v convs'
-step with their histories shifted in place, RoPE of q and k at each row's position, DSA's
+step with their histories shifted in place, RoPE of q and k at each row's position writing k and v
+into their cache slots (DSA's index key LayerNorm-ed in the same launch), DSA's
 selection at each row's position, a sandwich block's norm-add-norm. A fused fp32 model on
 `backend="triton"`: rows of different lengths decode together through the static cache and one at
 a time through a dynamic cache, and every step's logits equal one forward over that row's tokens
@@ -27,7 +28,7 @@ def triton_model(body: str = BODY, **settings):
 def test_static_steps_equal_forward():
     model = triton_model()
     code = model.graph_module.code
-    assert "conv_silu_group_cached" in code and "rope_pair" in code
+    assert "conv_silu_group_cached" in code and "rope_append_cached" in code and "rope_pair" not in code
     cache = assert_static_equals_forward(model, max_len=16, tol=TOL)
     assert isinstance(cache, StaticCache)
 

@@ -42,6 +42,7 @@ __all__ = [
     "linear_split",
     "norm_add_rmsnorm",
     "rope",
+    "rope_cache",
     "swiglu",
 ]
 
@@ -378,3 +379,48 @@ def _rope_on_triton(xs, c: torch.Tensor, s: torch.Tensor, backend: str) -> bool:
     if c.dtype != torch.float32 or s.dtype != c.dtype or s.shape != c.shape or s.stride() != c.stride():
         return False
     return c.shape[0] in (1, B) and c.shape[1] == T and c.stride(-1) == 1 and use_triton(backend, *xs)
+
+
+def rope_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, c: torch.Tensor, s: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor | None, positions: torch.Tensor, *, ring: bool = False,
+    norm: tuple | None = None, backend: str = "auto",
+) -> torch.Tensor:  # fmt: skip
+    """A decode step's RoPE with its cache writes, one kernel: q turned; k (LayerNorm-ed first with
+    `norm`) turned and v copied into their caches at each row's slot.
+
+    Args:
+        q: `[B, 1, Hq, D]`; k, v `[B, 1, Hk, D]` (v may be None).
+        c, s: `[B, R]` table rows at each row's position (`RowPositions.rope_rows`), fp32.
+        k_cache, v_cache: `[B, Hk, L, D]` views of the cache buffers, written in place.
+        positions: `[B]` int64, each row's position; its slot, mod L with `ring`.
+        norm: (weight, bias `[D]`, eps) of a LayerNorm over k's channels, or None.
+    Returns:
+        q turned, in q's dtype (`naive.rope_cache_ref`).
+    """
+    if not _rope_cache_on_triton(q, k, v, c, s, k_cache, v_cache, norm, backend):
+        return naive.rope_cache_ref(q, k, v, c, s, k_cache, v_cache, positions, ring, norm)
+    w, b, eps = norm if norm is not None else (None, None, 0.0)
+    return _ops().rope_cache_op(q, k, v, c, s, k_cache, v_cache, positions, ring, w, b, float(eps))
+
+
+def _rope_cache_on_triton(q, k, v, c, s, k_cache, v_cache, norm, backend: str) -> bool:
+    """The kernel's case: no autograd, one token per row, one head dim, unit channel strides, an fp32
+    table of one stride pattern, caches of k's layout, a LayerNorm with weight and bias."""
+    tensors = [q, k, c, s, k_cache] + ([v, v_cache] if v is not None else [])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    B, _, _, D = q.shape
+    if any(t.shape[0] != B or t.shape[-1] != c.shape[-1] for t in (c, s)) or c.dim() != 2:
+        return False
+    if c.dtype != torch.float32 or s.dtype != c.dtype or s.stride() != c.stride() or c.stride(-1) != 1:
+        return False
+    pairs = [(k, k_cache)] + ([(v, v_cache)] if v is not None else [])
+    for x, cache in pairs:
+        if x.shape != (B, 1, k.shape[2], D) or cache.dim() != 4 or cache.shape[:2] != (B, k.shape[2]):
+            return False
+        if cache.shape[3] != D or x.stride(-1) != 1 or cache.stride(-1) != 1 or cache.dtype != x.dtype:
+            return False
+    if q.shape[1] != 1 or q.stride(-1) != 1 or (norm is not None and (norm[0] is None or norm[1] is None)):
+        return False
+    return use_triton(backend, q, k, v)

@@ -2,7 +2,8 @@
 sandwich block's branch norm before the add and without), the gated
 RMSNorm of a mixer's output, the causal conv + SiLU (with the per-head L2 norm of GDN's q, k and
 without), SwiGLU and GDN's gate, forward and backward, every autotune config; the decode step of
-the q, k, v convs and the RoPE of q and k at their fixed launch. Shapes of a 2048-wide model with
+the q, k, v convs and the RoPE of q and k (with the cache writes and without) at their fixed
+launch. Shapes of a 2048-wide model with
 16 heads of 128 (the examples'), bf16 activations; tiles as the launch code computes them for
 those shapes."""
 
@@ -21,7 +22,8 @@ INTS = ("M", "HV", "F", "sa", "sb", "blocks_per_prog", "T", "C", "sxb", "sxt", "
         "stride_x", "stride_r", "stride_dn", "stride_ds", "rows_per_prog", "n_rows", "nsub", "so", "sg",
         "group", "nseg", "C0", "C1", "C2", "sx0", "sx1", "sx2", "sh0b", "sh1b", "sh2b", "sh0c", "sh1c",
         "sh2c", "H0", "H1", "sx0b", "sx0t", "sx0h", "sx1b", "sx1t", "sx1h", "scb", "sct",
-        "stride_y")  # fmt: skip
+        "stride_y", "Hq", "sqb", "sqh", "Hk", "skb", "skh", "kcb", "kch", "kcl", "svb", "svh", "vcb", "vch",
+        "vcl", "L")  # fmt: skip
 SCALARS = {n: "i32" for n in INTS} | {"beta_scale": "fp32", "eps": "fp32", "eps1": "fp32", "eps2": "fp32"}
 FP32 = {"rstd", "dw_part", "db_part", "A_log", "dt_bias", "beta", "dbeta", "dA_part", "ddt_part", "c", "s"}
 
@@ -88,6 +90,21 @@ def _decode() -> list[Job]:
         BH, BD = R.rope_block(heads, D)
         cex = dict(R=rot, BH=BH, BD=BD, D=D)
         out += tuned_jobs(f"fused/rope-{tag}", R.rope_fwd_kernel, ptrs, SCALARS, cex,
+                          launch=(R.ROPE_WARPS, 1), aligned=(), default_ptr="*bf16")  # fmt: skip
+    return out + _rope_cache()
+
+
+def _rope_cache() -> list[Job]:
+    """RoPE with the cache writes (`rope_cache_kernel`): q, k and v of 16 heads of 128 (a window's
+    ring too); DSA's indexer, 4 query heads of 64 and one LayerNorm-ed key, 32 channels turned."""
+    ptrs = {"c": "*fp32", "s": "*fp32", "pos": "*i64"}
+    out = []
+    for tag, heads, D, rot, ring, norm in (("kv", HEADS, HEAD_DIM, HEAD_DIM, False, False),
+                                           ("kv-ring", HEADS, HEAD_DIM, HEAD_DIM, True, False),
+                                           ("index", 4, 64, 32, False, True)):  # fmt: skip
+        BH, BD = R.rope_block(heads, D)
+        cex = dict(R=rot, BH=BH, BD=BD, D=D, RING=ring, NORM=norm)
+        out += tuned_jobs(f"fused/rope_cache-{tag}", R.rope_cache_kernel, ptrs, SCALARS, cex,
                           launch=(R.ROPE_WARPS, 1), aligned=(), default_ptr="*bf16")  # fmt: skip
     return out
 

@@ -103,6 +103,26 @@ def rope_ref(x: Tensor, c: Tensor, s: Tensor) -> Tensor:
     return y if x.shape[-1] == R else torch.cat([y, x[..., R:]], dim=-1)
 
 
+def rope_cache_ref(
+    q: Tensor, k: Tensor, v: Tensor | None, c: Tensor, s: Tensor, k_cache: Tensor, v_cache: Tensor | None,
+    positions: Tensor, ring: bool = False, norm: tuple | None = None,
+) -> Tensor:  # fmt: skip
+    """One token per row: RoPE of q; k LayerNorm-ed (`norm` = (weight, bias, eps)) and turned, then
+    written with v into the caches `[B, Hk, L, D]` at slot positions[b] (mod L with `ring`).
+
+    q `[B, 1, Hq, D]`; k, v `[B, 1, Hk, D]`; c, s `[B, R]`. Returns q turned (`rope_ref`)."""
+    if norm is not None:
+        k = F.layer_norm(k, (k.shape[-1],), norm[0], norm[1], norm[2])
+    cq, sq = c[:, None], s[:, None]
+    yq, yk = rope_ref(q, cq, sq), rope_ref(k, cq, sq)
+    slot = torch.remainder(positions, k_cache.shape[2]) if ring else positions
+    rows = torch.arange(q.shape[0], device=q.device)
+    k_cache[rows, :, slot] = yk[:, 0].to(k_cache.dtype)
+    if v is not None:
+        v_cache[rows, :, slot] = v[:, 0].to(v_cache.dtype)
+    return yq
+
+
 def gdn_gate_ref(
     a: Tensor,
     b: Tensor,

@@ -280,6 +280,22 @@ def _(x0, x1, c, s):
     return x0.new_empty(x0.shape), (x1.new_empty(x1.shape) if x1 is not None else x0.new_empty(0))
 
 
+@custom_op("lt2dsl::fused_rope_cache", mutates_args=("k_cache", "v_cache"))
+def rope_cache_op(
+    q: Tensor, k: Tensor, v: Tensor | None, c: Tensor, s: Tensor, k_cache: Tensor, v_cache: Tensor | None,
+    positions: Tensor, ring: bool, weight: Tensor | None, bias: Tensor | None, eps: float,
+) -> Tensor:  # fmt: skip
+    """RoPE of q; k (LayerNorm-ed with a weight) turned and v copied into their caches at each
+    row's slot, one launch; no autograd (inference)."""
+    norm = (weight, bias, eps) if weight is not None else None
+    return triton_rope.rope_cache_fwd(q, k, v, c, s, k_cache, v_cache, positions, ring, norm)
+
+
+@rope_cache_op.register_fake
+def _(q, k, v, c, s, k_cache, v_cache, positions, ring, weight, bias, eps):
+    return q.new_empty(q.shape)
+
+
 # ---- GDN gates ----------------------------------------------------------------------------------
 
 

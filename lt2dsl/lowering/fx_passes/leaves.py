@@ -11,17 +11,22 @@
   i.e. `use_qk_l2norm_in_kernel=False`; everything else as the lowering's leaves.
 * `gated_delta_rule_core_gates`: the GDN core fed by `fused.gdn_gate` as one node; a decode step
   whose fp32 state the entry holds forms the gates in the recurrent kernel (one launch).
+* `rope_append_cached`: RoPE of q and k with the appends of k (and v) to the cache as one node; a
+  static cache's decode step writes them from the RoPE kernel (`fused.rope_cache`, one launch).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from lt2dsl.kernels import fused
 from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda
 from lt2dsl.kernels.delta.gates import gates_in_kernel, gdn_decode_gates
+from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering import functional_recurrent as fr
 from lt2dsl.lowering import packed
+from lt2dsl.lowering.cache import RowPositions, StaticEntry
 from lt2dsl.lowering.leaf import leaf
 
 
@@ -151,6 +156,47 @@ def gated_delta_rule_core_gates(
     core = fr.gated_delta_rule_core if l2norm else gated_delta_rule_core_normed
     kw = {"scale": scale, "backend": backend, "state_dtype": state_dtype, "cu_seqlens": cu_seqlens}
     return core(q, k, v, g, beta, entry, **kw)
+
+
+@leaf
+def rope_append_cached(
+    q, k, v, entry, pos, theta: float, scaling, cu_seqlens, norm_weight=None, norm_bias=None, *,
+    norm_eps: float = 0.0, dims: int | None, keys: tuple[str, ...], dim: int, keep: int | None, backend: str,
+):  # fmt: skip
+    """`rope_pair(q, k)` and `append_cache` of k (and v) into `entry`: (q turned, k's cached tensor,
+    v's cached tensor or None), as the lowering's nodes return them.
+
+    q `[B, T, Hq, D]`; k `[B, T, Hk, D]`, LayerNorm-ed over D first with `norm_weight` (and
+    `norm_bias`, `norm_eps`); v `[B, T, Hk, D]` or None. `keys` name k's (and v's) cache tensors;
+    `dim` 2 appends k.transpose(1, 2) to a `[B, Hk, L, D]` tensor, `dim` 1 k.squeeze(2) (one head)
+    to a `[B, L, D]` one; `keep` is a ring's window. A static cache's decode step writes k and v at
+    each row's slot from the RoPE kernel (`fused.rope_cache`)."""
+    norm = None if norm_weight is None else (norm_weight, norm_bias, norm_eps)
+    if _rope_into_cache(q, k, entry, pos, cu_seqlens, dims):
+        R = k.shape[-1] if dims is None else dims
+        c, s = pos.rope_rows(R, theta, torch.float32, scaling)
+        k_all = entry[keys[0]]
+        v_all = entry[keys[1]] if v is not None else None
+        kc = k_all if dim == 2 else k_all.unsqueeze(1)
+        ring = keep is not None
+        yq = fused.rope_cache(q, k, v, c, s, kc, v_all, pos.rows(), ring=ring, norm=norm, backend=backend)
+        return yq, k_all, v_all
+    if norm is not None:
+        k = F.layer_norm(k, (k.shape[-1],), *norm)
+    q, k = lf.rope_pair(q, k, pos, theta, scaling, cu_seqlens, dims=dims, backend=backend)
+    k_all = lf.append_cache(entry, keys[0], k.transpose(1, 2) if dim == 2 else k.squeeze(2), dim, keep)
+    v_all = None if v is None else lf.append_cache(entry, keys[1], v.transpose(1, 2), dim, keep)
+    return q, k_all, v_all
+
+
+def _rope_into_cache(q, k, entry, pos, cu_seqlens, dims: int | None) -> bool:
+    """A static cache's decode step (one token per row at per-row positions) with no autograd to
+    record, a rotation to do and no float64 (which has no kernel)."""
+    if not (isinstance(pos, RowPositions) and isinstance(entry, StaticEntry)) or cu_seqlens is not None:
+        return False
+    if q.shape[1] != 1 or dims == 0 or q.dtype == torch.float64 or torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
 
 
 # the lowering's cores that L2-normalise q and k inside the op → their variants without

@@ -102,6 +102,12 @@ CASES = {
         (call("mamba2", "groups=2"), "norm_before_gate = False", [".norm(", ".out_proj("]),
         (f"loop T=2 < {call('retnet')} >", "fused_gated_rmsnorm_linear(", [".o_proj("]),
     ],
+    "rope_cache": [
+        (FULL, "leaves_rope_append_cached(", ["functional_rope_pair(", "functional_append_cache("]),
+        (SWA, "keep = 4", ["functional_rope_pair(", "functional_append_cache("]),
+        (DSA, "norm_eps = 1e-06", ["functional_rope_pair(", "functional_append_cache(", "idx_k_norm("]),
+        (f"loop T=2 < {GDN}; {DSA} >", "leaves_rope_append_cached(", ["functional_append_cache("]),
+    ],
     "swiglu": [
         (FULL, "fused_swiglu(", ["functional.silu("]),
         (f"loop T=2 < {GDN}; {SWA} >", "fused_swiglu(", ["functional.silu("]),
@@ -147,6 +153,10 @@ def _inputs(rule: str, g: torch.Generator):
             {"eps": 1e-5, "act": "silu", "group": 4, "n_flat": 2},
         ),
         "swiglu": ((r(B, T, 8), r(B, T, 8)), {}),
+        "rope_cache": (
+            (r(B, 1, 3, 6), r(B, 1, 1, 6), r(B, 1, 1, 6), r(B, 4), r(B, 4), r(B, 1, 5, 6), r(B, 1, 5, 6)),
+            {"positions": torch.tensor([3, 1]), "norm": (r(6), r(6), 1e-6)},
+        ),
     }[rule]
 
 
