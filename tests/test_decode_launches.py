@@ -12,7 +12,7 @@ from lt2dsl.env import triton_interpreting
 
 # launches of one step, measured at the commit that set them (`bench/decode_launches.py`)
 LIMITS = {
-    "lt2_hybrid_gdn_dsa": {"engine": 1046, "dynamic": 1159},
+    "lt2_hybrid_gdn_dsa": {"engine": 1022, "dynamic": 1159},
     "ouro_looped_transformer": {"engine": 979, "dynamic": 1258},
     "gdn12": {"engine": 132, "dynamic": 127},
 }
@@ -29,7 +29,8 @@ def test_decode_step_launches_stay_at_most_their_count(name):
         total = dl.totals(c)["total"]
         top = dict(c.most_common(8))
         assert total <= limit, f"{name} ({path}): {total} launches per step > {limit}; most: {top}"
-        if name != "lt2_hybrid_gdn_dsa":  # the hybrid's DSA scales its indexer weights (one mul)
+        # the hybrid's DSA scales its indexer weights with a mul, but in the engine's scoring kernel
+        if name != "lt2_hybrid_gdn_dsa" or path == "engine":
             assert not [k for k in GONE if c[k]], f"{name} ({path}) launches {[k for k in GONE if c[k]]}"
         assert not c["aten::cat"], f"{name} ({path}): {c['aten::cat']} cat launches"
     if name == "lt2_hybrid_gdn_dsa":

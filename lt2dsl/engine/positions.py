@@ -72,19 +72,24 @@ class Positions(RowPositions):
             q, k, v, seqlens, window=window, ring=window is not None, gate=gate, backend=backend
         )
 
-    def dsa(self, q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
+    def dsa(
+        self, q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str, w_scale: float = 1.0
+    ) -> torch.Tensor:
         """The indexer's top-k over each row's keys 0..t_b (ties to the lower index, −1 pads, as
         `dsa_indexer`), then the sparse attention over the buffers with that selection. On the
         Triton path the selection is the same set in index order (what the cache-less forward's
-        sparse attention takes), scored and selected in two launches."""
+        sparse attention takes), scored and selected in two launches, `w_scale` applied in the
+        scoring kernel."""
         if pick_backend(backend, q_idx) == "triton":
             from lt2dsl.kernels.dsa.triton_indexer import dsa_indexer_triton  # imports Triton
 
             chosen = dsa_indexer_triton(
-                q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, ordered=False, positions=self.t
-            )
+                q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, ordered=False, positions=self.t,
+                w_scale=w_scale,
+            )  # fmt: skip
             return dsa(q, k, v, None, None, topk=topk, indices=chosen, backend=backend)
         L = k.shape[1]
+        w_idx = w_idx * w_scale if w_scale != 1.0 else w_idx
         scores = indexer_scores(q_idx, k_idx, w_idx, idx_scale, compute_dtype(q_idx, k_idx, w_idx))
         valid = self._per_step(
             ("valid", L), lambda: torch.arange(L, device=q.device)[None, None, :] <= self.t[:, None, None]

@@ -186,8 +186,11 @@ class RowPositions:
         """`attention_core` of q `[B, 1, HQ, d]` over the static KV buffers k, v `[B, L, HKV, d]`."""
         raise NotImplementedError
 
-    def dsa(self, q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str) -> torch.Tensor:
-        """`dsa_attend` over the static buffers (each row's keys up to its position)."""
+    def dsa(
+        self, q, k, v, q_idx, k_idx, w_idx, topk: int, idx_scale: float, backend: str, w_scale: float = 1.0
+    ) -> torch.Tensor:
+        """`dsa_attend` over the static buffers (each row's keys up to its position), the indexer
+        weights `w_idx · w_scale`."""
         raise NotImplementedError
 
     def nsa(self, q, k, v, g, k_cmp, v_cmp, geometry: dict, backend: str) -> torch.Tensor:

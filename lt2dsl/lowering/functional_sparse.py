@@ -61,6 +61,7 @@ def dsa_attend(
     backend: str,
     pos: int | RowPositions = 0,
     cu_seqlens=None,
+    w_scale: float = 1.0,
 ) -> torch.Tensor:
     """DSA core: causal top-k selection by the lightning indexer, attention over the selection.
 
@@ -71,11 +72,15 @@ def dsa_attend(
         pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
         cu_seqlens: `[N + 1]` document starts of a packed row (B = 1): selection and attention
             stay inside each document.
+        w_scale: multiplied into w_idx (the fusion pass moves the lowering's HI^{-1/2} here, for a
+            static cache's decode step to apply it in the scoring kernel).
     Returns:
         `[B, Tq, H, d]` in the dtype of v.
     """
     if isinstance(pos, RowPositions):
-        return pos.dsa(q, k, v, q_idx, k_idx, w_idx, topk, idx_scale, backend)
+        return pos.dsa(q, k, v, q_idx, k_idx, w_idx, topk, idx_scale, backend, w_scale)
+    if w_scale != 1.0:
+        w_idx = w_idx * w_scale
     return dsa_op(
         q, k, v, q_idx, k_idx, w_idx, topk=topk, idx_scale=idx_scale, cu_seqlens=cu_seqlens, backend=backend
     )

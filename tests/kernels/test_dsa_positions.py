@@ -47,3 +47,26 @@ def test_positions_need_one_query_and_a_set():
         dsa_indexer_triton(q, k, w, topk=2, positions=t)
     with pytest.raises(ValueError, match="Tq = 1"):
         dsa_indexer_triton(q.expand(2, 2, 1, 8), k, w.expand(2, 2, 1), topk=2, ordered=False, positions=t)
+
+
+def test_weights_read_in_place_and_scaled_in_the_kernel():
+    """w as a column slice of a wider projection, scaled by `w_scale` in the kernel with the product
+    rounded to w's dtype as `w * w_scale` rounds. Slot 0 scores w₀·1 and slot 1 w₁·3 with w = (3, 1):
+    a tie unscaled (or scaled in fp32), while bf16(3/3) = 1 < 3·bf16(1/3): the rounding decides."""
+    B, L, DI = 2, 6, 16
+    q = torch.zeros(B, 1, 2, DI)
+    q[:, :, 0, 0], q[:, :, 1, 1] = 1.0, 1.0
+    k = torch.zeros(B, L, DI)
+    k[:, 0, 0], k[:, 1, 1] = 1.0, 3.0
+    wide = torch.zeros(B, 1, 7)
+    wide[..., 2], wide[..., 3] = 3.0, 1.0
+    q, k, wide = (x.bfloat16().to(DEVICE) for x in (q, k, wide))
+    w = wide[..., 2:4]
+    t = torch.tensor([4, 5], device=DEVICE)
+    got = dsa_indexer_triton(q, k, w, topk=1, idx_scale=1.0, ordered=False, positions=t, w_scale=1 / 3)
+    scaled = w * (1 / 3)  # bf16: (1, 0.33398)
+    scores = indexer_scores(q.double(), k.double(), scaled.double(), 1.0, torch.float64)
+    valid = torch.arange(L, device=DEVICE)[None, None, :] <= t[:, None, None]
+    want = topk_select(scores, valid, 1)
+    assert want.flatten().tolist() == [1, 1]
+    assert torch.equal(got, want)

@@ -17,7 +17,8 @@ MAX_STACK = 512
 INTS = ("Tq", "Tk", "NIDX", "NROWS", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
 SCALARS = {**{n: "i32" for n in INTS}, "qk_scale": "fp32", "scale": "fp32"}
 # the indexer's and the selection's (their K is the top-k count, the attention's the key pointer)
-SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K")}, "idx_scale": "fp32"}
+SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K", "SW")}, "idx_scale": "fp32"}
+SELECT_SCALARS["w_scale"] = "fp32"
 # strides and lengths the JIT sees divisible by 16 at the usual sizes (k, v rows are made so:
 # `attn_utils.rows_contiguous`)
 ALIGNED = ("Tq", "Tk", "NIDX", "NROWS", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")

@@ -2,6 +2,9 @@
 
 Kernel: one program per (query block, key block, batch) computes
 I[t, s] = Σ_j w[t, j] · ReLU(idx_scale · q_idx[t, j] · k_idx[s]) with one `tl.dot` per indexer head.
+The weights are read in place (rows `SW` apart: a column slice of a projection output) and scaled by
+`w_scale` in the kernel, rounded to their dtype as the unfused `w · w_scale` is (the lowering's
+HI^{-1/2}, which then needs no launch of its own).
 Two selections, each the faster for its output (H200, B=4, T=32k, 4 index heads of 128, top-k
 2048):
 
@@ -24,6 +27,7 @@ import triton.language as tl
 
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.backend import check_triton_dtype, triton_interpreting
+from ..common.tl_util import cast
 from .triton_topk import select_topk
 
 _INT64_MIN = -(2**63)
@@ -41,6 +45,8 @@ def _indexer_kernel(
     C,
     KW,
     idx_scale,
+    SW,
+    w_scale,
     HI: tl.constexpr,
     DI: tl.constexpr,
     BDI: tl.constexpr,
@@ -81,7 +87,8 @@ def _indexer_kernel(
             )
             dots = tl.maximum(mm(q, kt, DOT_PREC) * idx_scale, 0.0)
             if HAS_W:
-                dots = dots * tl.load(WI + qrow, mask=in_q, other=0.0).to(tl.float32)[:, None]
+                b_w = tl.load(WI + (b * Tq + t).to(tl.int64) * SW + j, mask=in_q, other=0.0).to(tl.float32)
+                dots = dots * cast(b_w * w_scale, WI.dtype.element_ty).to(tl.float32)[:, None]
             score += dots
         if U32:
             # + 0.0 turns −0 into +0 (the reference sees a tie); unsigned order is float order
@@ -106,8 +113,10 @@ def dsa_indexer_triton(
     chunk: int | None = None,
     ordered: bool = True,
     positions: torch.Tensor | None = None,
+    w_scale: float = 1.0,
 ):
-    """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference).
+    """Triton `dsa_indexer`: `[B, Tq, topk]` key indices, rank order, −1 padded (as the reference),
+    of the weights `w_idx · w_scale` (the product rounded to w_idx's dtype).
 
     `ordered=False` returns the same set per query, by the radix selection: index order, −1 pads
     last (what the sparse attention takes). `positions` `[B]` (decode over a static buffer, Tq = 1,
@@ -119,7 +128,10 @@ def dsa_indexer_triton(
     check_triton_dtype(q_idx)
     idx_scale = DI**-0.5 if idx_scale is None else float(idx_scale)
     q_idx, k_idx = q_idx.contiguous(), k_idx.to(q_idx.dtype).contiguous()
-    w = None if w_idx is None else w_idx.contiguous()
+    w = None if w_idx is None else w_idx.reshape(B * Tq, HI)
+    if w is not None and w.stride(-1) != 1:
+        w = w.contiguous()
+    sw = w.stride(0) if w is not None and B * Tq > 1 else HI
     BM, BN = (16, 16) if triton_interpreting() else (64, 128)
     radix = not ordered
     if chunk is None:  # the key buffer near 1 GiB: 2^27 int64 keys or 2^28 unsigned 32-bit ones
@@ -145,6 +157,8 @@ def dsa_indexer_triton(
             c,
             kw,
             idx_scale,
+            sw,
+            float(w_scale),
             HI=HI,
             DI=DI,
             BDI=pow2(DI),

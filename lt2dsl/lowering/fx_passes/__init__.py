@@ -17,6 +17,7 @@ with their counts, `LT2_DEBUG=2` also the graph code before and after.
 | `add_rmsnorm` | x + r → RMSNorm → `add_rmsnorm(x, r)` = (normed, sum) |
 | `norm_proj` | norm → several projections → one concatenated GEMM (`linear_split`) |
 | `rope_cache` | RoPE of q, [LayerNorm'd] k → k (, v) appended to the cache → one node, one decode launch |
+| `dsa_w_scale` | dsa_attend(…, w · c) → dsa_attend(…, w, w_scale=c): the indexer scales w in its kernel |
 
 The rules live one per file (a group for the two conv rules); `manager.py` holds the matcher
 contract and the pass; `leaves.py` the cache-aware functions the fused graph calls.
@@ -33,7 +34,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from lt2dsl.env import debug_level
 
-from . import add_norm, conv, gates, out_norm, projections, rope_cache, swiglu
+from . import add_norm, conv, dsa_scale, gates, out_norm, projections, rope_cache, swiglu
 from .manager import FuseAdjacent, Rule
 
 __all__ = ["COUNTERS", "RULES", "FuseAdjacent", "Rule", "fuse", "fuse_graph"]
@@ -51,6 +52,7 @@ RULES: dict[str, Rule] = {
         add_norm.RULE,
         projections.RULE,
         rope_cache.RULE,
+        dsa_scale.RULE,
     )
 }
 

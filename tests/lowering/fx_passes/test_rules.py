@@ -108,6 +108,10 @@ CASES = {
         (DSA, "norm_eps = 1e-06", ["functional_rope_pair(", "functional_append_cache(", "idx_k_norm("]),
         (f"loop T=2 < {GDN}; {DSA} >", "leaves_rope_append_cached(", ["functional_append_cache("]),
     ],
+    "dsa_w_scale": [
+        (DSA, "w_scale = 0.7071067811865476", [" * 0.7071067811865476"]),
+        (f"loop T=2 < {GDN}; {DSA} >", "w_scale = 0.7071067811865476", [" * 0.7071067811865476"]),
+    ],
     "swiglu": [
         (FULL, "fused_swiglu(", ["functional.silu("]),
         (f"loop T=2 < {GDN}; {SWA} >", "fused_swiglu(", ["functional.silu("]),
@@ -153,6 +157,10 @@ def _inputs(rule: str, g: torch.Generator):
             {"eps": 1e-5, "act": "silu", "group": 4, "n_flat": 2},
         ),
         "swiglu": ((r(B, T, 8), r(B, T, 8)), {}),
+        "dsa_w_scale": (
+            (r(B, T, 2, 4), r(B, T, 1, 4), r(B, T, 1, 4), r(B, T, 2, 8), r(B, T, 8)),
+            {"w_idx": r(B, T, 2), "c": 0.5},
+        ),
         "rope_cache": (
             (r(B, 1, 3, 6), r(B, 1, 1, 6), r(B, 1, 1, 6), r(B, 4), r(B, 4), r(B, 1, 5, 6), r(B, 1, 5, 6)),
             {"positions": torch.tensor([3, 1]), "norm": (r(6), r(6), 1e-6)},
