@@ -6,7 +6,9 @@ indexer (q_idx, k_idx, w_idx). S_t is every causal key of t's sequence (the dens
 `indices`, the keys t selected (the sparse stage).
 
 Cost. The sparse stage gathers each query's k selected keys (main keys for the target, index keys for
-the logits): O(T·k) work and memory, never a `[T, T]` tensor. The dense stage scores a query chunk
+the logits): O(T·k) work and memory, never a `[T, T]` tensor. On the Triton backend it is one fused
+kernel each way (`triton_loss`: forward, and a backward that scatters dk_I with atomics); the eager
+form below stays the reference backend's, and float64's. The dense stage scores a query chunk
 against the key window its documents reach (the chunk's first document start to its last query).
 A packed row (`cu_seqlens`) goes in one pass, not one per document: masks keep every query inside
 its document. Query chunks are sized by an element budget and checkpointed, so backward keeps only
@@ -23,6 +25,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..common.attn_utils import compute_dtype
+from ..common.backend import resolve_backend
 from .reference import doc_starts, indexer_scores, masked_softmax, to_global
 
 # Elements of a chunk's largest tensor (the gathered main keys, or the dense scores): 2^27 is
@@ -45,6 +48,7 @@ def dsa_indexer_kl(
     cu_seqlens: torch.Tensor | None = None,
     reduction: str = "sum",
     chunk: int | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """KL(p_t ‖ softmax(I_t)) of the indexer against the main attention, summed over heads.
 
@@ -64,7 +68,10 @@ def dsa_indexer_kl(
         cu_seqlens (torch.Tensor, Optional): `[N + 1]` document starts of a packed row (B = 1,
             Tq = Tk): every document is a sequence of its own. Default: `None`.
         reduction (str, Optional): "sum" (Σ over queries and batch), "mean" or "none" (`[B, Tq]`).
-        chunk (int, Optional): queries per chunk; default: as many as fit `BUDGET`.
+        chunk (int, Optional): queries per chunk of the eager form; default: as many as fit `BUDGET`.
+        backend (str, Optional): "reference", "triton" or "auto" (Triton on CUDA): the sparse stage's
+            fused kernels (`triton_loss`; float32/bfloat16/float16 inputs, "auto" falls back to the
+            eager form for float64). The dense stage is always the eager form. Default: `"auto"`.
 
     Returns:
         loss (torch.Tensor): scalar (or `[B, Tq]`), float32 (float64 for float64 inputs).
@@ -80,6 +87,10 @@ def dsa_indexer_kl(
     scale = K**-0.5 if scale is None else scale
     idx_scale = (q_idx.shape[2] * q_idx.shape[3]) ** -0.5 if idx_scale is None else idx_scale
     dt = compute_dtype(q, k, q_idx, k_idx, w_idx)
+    if indices is not None and _fused(backend, q, dt):
+        with torch.autocast(q.device.type, enabled=False):
+            per_query = _sparse_fused(q, k, q_idx, k_idx, w_idx, scale, idx_scale, indices, cu_seqlens)
+        return _reduce(per_query, reduction)
     # Autocast off: the softmaxes and the index scores are in dt (fp32, or float64 for the truth); the
     # main scores are products in k's dtype (bf16 when training in bf16, as autocast made them), so the
     # main keys gathered per query, the loss's largest tensor, stay in k's dtype.
@@ -91,9 +102,47 @@ def dsa_indexer_kl(
         else:
             sel = indices if cu_seqlens is None else to_global(indices, cu_seqlens)
             per_query = _sparse(*args, idx_scale, chunk, sel)
+    return _reduce(per_query, reduction)
+
+
+def _reduce(per_query: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "none":
         return per_query
     return per_query.sum() if reduction == "sum" else per_query.mean()
+
+
+def _fused(backend: str, ref: torch.Tensor, dt: torch.dtype) -> bool:
+    """Whether the sparse stage runs the Triton kernels: the backend resolves to Triton and no input
+    is float64 ("auto" then takes the eager form, "triton" refuses)."""
+    if resolve_backend(backend, ref) != "triton":
+        return False
+    if dt == torch.float64:
+        if backend == "auto":
+            return False
+        raise ValueError("backend='triton' takes float32, bfloat16 and float16; use 'reference' for float64")
+    return True
+
+
+def _sparse_fused(q, k, q_idx, k_idx, w_idx, scale: float, idx_scale: float, indices, cu_seqlens):
+    """Per-query KL `[B, Tq]` by `triton_loss.dsa_kl_fwd_op`: q and k in one dtype, q_idx and k_idx in
+    one (their promotion), head weights of 1 when `w_idx` is None, each query's selection sorted
+    (a repeated key then neighbours itself) and its document's first position."""
+    from .triton_loss import dsa_kl_fwd_op
+
+    B, Tq, HI, _ = q_idx.shape
+    main = torch.promote_types(q.dtype, k.dtype)
+    idx = torch.promote_types(q_idx.dtype, k_idx.dtype)
+    if w_idx is None:
+        w_idx = torch.ones(B, Tq, HI, dtype=idx, device=q_idx.device)
+    if cu_seqlens is None:
+        start = torch.zeros(Tq, dtype=torch.int64, device=q.device)
+    else:
+        start = doc_starts(cu_seqlens.to(q.device), Tq)
+    sel = indices.to(torch.int64).sort(dim=-1).values
+    q, k = (t.detach().to(main).contiguous() for t in (q, k))
+    q_idx, k_idx = (t.to(idx).contiguous() for t in (q_idx, k_idx))
+    w_idx = w_idx.contiguous()
+    return dsa_kl_fwd_op(q, k, q_idx, k_idx, w_idx, sel, start, float(scale), float(idx_scale))[0]
 
 
 def _sparse(qs, k, q_idx, k_idx, w_idx, idx_scale: float, chunk, sel) -> torch.Tensor:
