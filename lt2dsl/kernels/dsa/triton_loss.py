@@ -39,14 +39,15 @@ Tensor = torch.Tensor
 @triton.jit
 def _slots(IDX, START, row, t, i0, NIDX, Tq, Tk, BK: tl.constexpr):
     """(slot numbers j `[BK]`, slot used `[BK]`, key positions in the row `[BK]`) of chunk i0 of
-    query t (row b·Tq + t of the `[B·Tq, NIDX]` sorted local indices)."""
+    query t (row b·Tq + t of the `[B·Tq, NIDX]` sorted local indices). A key is read or written only
+    under its slot's mask (no `where` on it: Triton 3.6's layout pass fails on that select)."""
     j = i0 + tl.arange(0, BK)
     base = IDX + row.to(tl.int64) * NIDX
     idx = tl.load(base + j, mask=j < NIDX, other=-1)
     prev = tl.load(base + j - 1, mask=(j > 0) & (j < NIDX), other=-1)
     key = tl.load(START + t) + idx
     ok = (idx >= 0) & (key <= t + Tk - Tq) & (key < Tk) & ((j == 0) | (idx != prev))
-    return j, ok, tl.where(ok, key, 0)
+    return j, ok, key
 
 
 @triton.jit
@@ -181,11 +182,15 @@ def _kl_bwd_kernel(
     tl.store(DWI + row.to(tl.int64) * HI + jh, dw.to(DWI.dtype.element_ty), mask=jh < HI)
 
 
-def _block() -> dict:
-    """Slots per chunk and launch: 64 slots, 4 warps on the GPU; 16 slots, 1 warp under the interpreter."""
+def launch(HI: int, DI: int, dtype: torch.dtype) -> dict:
+    """Slots per chunk and launch for index heads HI x DI in `dtype`, none spilling on sm_90: 64 slots
+    on 4 warps, halved (on 8 warps) for tiles above 64 x 64 (V3.2's 64 heads of 128) and again for
+    fp32 (its exact dots hold their operands in registers); 16 slots, 1 warp under the interpreter."""
     if triton_interpreting():
         return dict(BK=16, num_warps=1, num_stages=1)
-    return dict(BK=64, num_warps=4, num_stages=2)
+    big = pow2(HI) * pow2(DI) > 64 * 64
+    BK = (32 if big else 64) // (2 if dtype == torch.float32 else 1)
+    return dict(BK=BK, num_warps=4 if BK == 64 else 8, num_stages=2)
 
 
 def grad_precision(dtype: torch.dtype) -> str:
@@ -211,7 +216,7 @@ def kl_fwd(q, k, q_idx, k_idx, w_idx, indices, start, scale: float, idx_scale: f
         q, k, q_idx, k_idx, w_idx, indices, start, kl, p, stats, Tq, Tk, nidx, B * Tq, scale, idx_scale,
         HQ=HQ, GRP=HQ // HKV, D=D, BD=pow2(D), BR=pow2(HQ // HKV), BKV=triton.next_power_of_2(HKV),
         HI=HI, DI=DI, BDI=pow2(DI), BHI=pow2(HI), DOT_PREC=dot_precision(q.dtype),
-        IDX_PREC=dot_precision(q_idx.dtype), **_block(),
+        IDX_PREC=dot_precision(q_idx.dtype), **launch(HI, DI, q_idx.dtype),
     )  # fmt: skip
     return kl, p, stats
 
@@ -227,7 +232,7 @@ def kl_bwd(dkl, q_idx, k_idx, w_idx, indices, start, p, stats, idx_scale: float)
         q_idx, k_idx, w_idx, indices, start, p, stats, dkl.contiguous(), dq, dk, dw,
         Tq, Tk, indices.shape[-1], B * Tq, idx_scale,
         HI=HI, DI=DI, BDI=pow2(DI), BHI=pow2(HI), IDX_PREC=dot_precision(q_idx.dtype),
-        GRAD_PREC=grad_precision(q_idx.dtype), **_block(),
+        GRAD_PREC=grad_precision(q_idx.dtype), **launch(HI, DI, q_idx.dtype),
     )  # fmt: skip
     return dq, dk.to(k_idx.dtype), dw
 
