@@ -136,10 +136,10 @@ class SparseAttention(MixerLayer):
         learns only from the LM loss (DeepSeek's recipe; in the dense warm-up the main model is
         frozen anyway). Call it on the layer's normed block input, e.g. captured by a forward hook.
 
-        The whole row goes through `dsa_indexer_kl` at once (a packed row too): the sparse stage
-        gathers each query's top-k keys, O(T·topk); the dense warm-up scores query chunks against
-        their documents' keys. Chunks are checkpointed, so backward keeps the projections `[B, T, ·]`
-        and the sparse stage's targets `[B, T, topk]`.
+        The whole row goes through `dsa_indexer_kl` at once (a packed row too), on the layer's
+        backend: the sparse stage reads each query's top-k keys, O(T·topk) (on Triton, one fused
+        kernel each way); the dense warm-up scores query chunks against their documents' keys.
+        Backward keeps the projections `[B, T, ·]` and the sparse stage's targets `[B, T, topk]`.
 
         Args:
             x (torch.Tensor): `[B, T, D]` normed block input of a whole sequence (no cache).
@@ -184,4 +184,5 @@ class SparseAttention(MixerLayer):
             cu_seqlens=cu_seqlens,
             reduction=reduction,
             chunk=chunk,
+            backend=self.backend,
         )
