@@ -8,14 +8,18 @@ start at every row and at `--docs` random points besides (the trainer's packed b
 * `full`, `gdn`: the attention and GDN mixers (`full`, `gdn(expand_v=1)`), for scale;
 * `dsa`: the DSA mixer alone (indexer, top-k, sparse attention);
 * `dsa+kl`: plus the indexer's KL loss over the selected keys as the trainer adds it (its default
-  `indexer_loss = 1`, `indexer_loss_keys = "selected"`): `SparseAttention.indexer_loss`;
+  `indexer_loss = 1`, `indexer_loss_keys = "selected"`): `SparseAttention.indexer_loss`, whose KL
+  runs the fused Triton kernels (`kernels/dsa/triton_loss.py`) on the GPU;
+* `dsa+kl-eager`: the same loss with the KL on `dsa_indexer_kl`'s eager form (`backend="reference"`:
+  the selected keys gathered per query chunk in torch, chunks checkpointed);
 * `dsa+kl-legacy`: the same loss computed as `indexer_loss` did before it went through
   `dsa_indexer_kl` in one pass: each document alone, 256 queries at a time, every chunk checkpointed
   with its own indexer call and dense `[B, H, 256, t]` scores;
 * `dsa+kl-all`: the dense warm-up's loss (`indexer_loss_keys = "all"`).
 
 Each row: the median wall ms of `--steps` steps after two warm-up steps (CUDA events around the
-whole step, so host time counts), tokens/s, the aten ops one step dispatches, peak memory, and the
+whole step, so host time counts), tokens/s, the aten ops one step dispatches, peak memory, the KL of
+the last step (`dsa+kl`, `-eager` and `-legacy` agree to the rounding of their scores), and the
 cost model's training FLOPs of the mixer (`spec.flops`, × (1 + backward factor); the KL is not in
 it) as the ms it takes at the card's bf16 peak and the share of it in the measured time.
 
@@ -44,7 +48,7 @@ import lt2dsl  # noqa: E402
 from lt2dsl.kernels.dsa.reference import dsa_indexer_kl_reference  # noqa: E402
 from lt2dsl.lowering.packed import split  # noqa: E402
 
-ROWS = ("full", "gdn", "dsa", "dsa+kl", "dsa+kl-legacy", "dsa+kl-all")
+ROWS = ("full", "gdn", "dsa", "dsa+kl", "dsa+kl-eager", "dsa+kl-legacy", "dsa+kl-all")
 # the distillation shape of bench/distill_gpu.py; SMOKE: toy sizes
 SIZES = {
     "gpu": dict(dim=768, heads=12, kv_heads=4, head_dim=64, topk=256, rows=32, seq=1024, docs=8),
@@ -102,6 +106,20 @@ def legacy_kl(layer, x: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
     return torch.cat(rows, dim=1).mean()
 
 
+def eager_kl(layer, x: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """`layer.indexer_loss(x, sparse=True, reduction="mean")` with the KL on the eager form."""
+    from lt2dsl.kernels.dsa import dsa_indexer, dsa_indexer_kl
+
+    x = x.detach()
+    with torch.no_grad():
+        q, k, _ = layer._qkv(x, 0, cu)
+    qi, ki, wi = layer._indexer(x, 0, cu)
+    sel = dsa_indexer(qi.detach(), ki.detach(), wi.detach(), topk=layer.topk, idx_scale=layer.idx_scale,
+                      cu_seqlens=cu, backend=layer.backend, ordered=False)  # fmt: skip
+    return dsa_indexer_kl(q, k, qi, ki, wi, idx_scale=layer.idx_scale, indices=sel, cu_seqlens=cu,
+                          reduction="mean", backend="reference")  # fmt: skip
+
+
 def _legacy_rows(layer, q, k, qi, ki, wi) -> torch.Tensor:
     from lt2dsl.kernels.dsa import dsa_indexer
 
@@ -119,14 +137,18 @@ def step_fn(row: str, layer, x: torch.Tensor, cu: torch.Tensor):
     def step():
         for t in [x, *params]:
             t.grad = None
+        kl = None
         with torch.autocast(device, dtype=dtype, enabled=device == "cuda"):
             loss = layer(x, None, 0, cu).float().square().mean()
             if row == "dsa+kl-legacy":
-                loss = loss + legacy_kl(layer, x, cu)
+                kl = legacy_kl(layer, x, cu)
+            elif row == "dsa+kl-eager":
+                kl = eager_kl(layer, x, cu)
             elif row.startswith("dsa+kl"):
                 kl = layer.indexer_loss(x, 0, sparse=row == "dsa+kl", reduction="mean", cu_seqlens=cu)
-                loss = loss + kl
+            loss = loss if kl is None else loss + kl
         loss.backward()
+        return kl
 
     return step
 
@@ -147,7 +169,8 @@ def sync(device: str) -> None:
 
 
 def measure(step, device: str, steps: int) -> dict:
-    """Median ms of `steps` steps after two warm-up ones, aten ops of one step, peak memory."""
+    """Median ms of `steps` steps after two warm-up ones, aten ops of one step, peak memory, the KL of
+    the last timed step (None for a row without it)."""
     for _ in range(2):
         step()
     sync(device)
@@ -156,14 +179,16 @@ def measure(step, device: str, steps: int) -> dict:
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        step()
+        kl = step()
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     with OpCount() as c:
         step()
     sync(device)
-    return {"ms": statistics.median(times), "ms_all": times, "aten_ops": sum(c.n.values()), "peak_gib": peak}
+    kl = None if kl is None else kl.item()
+    out = {"ms": statistics.median(times), "ms_all": times, "aten_ops": sum(c.n.values()), "peak_gib": peak}
+    return out | {"kl": kl}
 
 
 def estimate_ms(layer, s: dict, device: str) -> float:
@@ -184,15 +209,17 @@ def run(args: argparse.Namespace) -> dict:
     for row in [r for r in args.only.split(",") if r]:
         if row not in ROWS:
             raise SystemExit(f"error: unknown row {row!r}; expected one of {', '.join(ROWS)}")
+        torch.manual_seed(0)  # every row's layer has the same weights: the KL rows compare
         layer = mixer(row.split("+")[0], s, device)
         r = measure(step_fn(row, layer, x, cu), device, args.steps)
         r["tok_s"] = x.shape[1] / r["ms"] * 1e3
         r["estimate_ms"] = estimate_ms(layer, s, device)
         out["rows"][row] = r
+        kl = "" if r["kl"] is None else f"  KL {r['kl']:.4e}"
         print(
             f"{row:14s} {r['ms']:9.1f} ms  {r['tok_s']:>11,.0f} tok/s  {r['aten_ops']:6d} aten ops  "
             f"peak {r['peak_gib'] or 0:5.2f} GiB  estimate {r['estimate_ms']:6.2f} ms "
-            f"({100 * r['estimate_ms'] / r['ms']:.1f}% of it)",
+            f"({100 * r['estimate_ms'] / r['ms']:.1f}% of it){kl}",
             flush=True,
         )
         tmp = args.out / "dsa_train_step.json.tmp"
