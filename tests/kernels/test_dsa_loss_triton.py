@@ -152,3 +152,14 @@ def test_reductions_and_backends(reduction):
     assert not kl_loss._fused("auto", dev[0], torch.float64)
     with pytest.raises(ValueError, match="float64"):
         dsa_indexer_kl(*(t.to(DEVICE) for t in (q, k, qi, ki, wi)), indices=idx.to(DEVICE), backend="triton")
+
+
+def test_opcheck():
+    """Schema, fake tensors and autograd registration of `lt2dsl::dsa_kl_fwd` (and so of its backward)."""
+    from lt2dsl.kernels.dsa import triton_loss  # noqa: F401  (registers the ops)
+
+    q, k, qi, ki, wi = (t.float().to(DEVICE) for t in inputs(SHAPES["decode-like-k7"], seed=7))
+    idx = dsa_indexer(qi, ki, wi, topk=7).sort(dim=-1).values
+    start = torch.zeros(q.shape[1], dtype=torch.int64, device=DEVICE)
+    leaves = [t.requires_grad_() for t in (qi, ki, wi)]
+    torch.library.opcheck(torch.ops.lt2dsl.dsa_kl_fwd, (q, k, *leaves, idx, start, 0.5, 0.3))
