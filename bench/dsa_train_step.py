@@ -23,7 +23,8 @@ the last step (`dsa+kl`, `-eager` and `-legacy` agree to the rounding of their s
 cost model's training FLOPs of the mixer (`spec.flops`, × (1 + backward factor); the KL is not in
 it) as the ms it takes at the card's bf16 peak and the share of it in the measured time.
 
-    python bench/dsa_train_step.py --out $OUT/dsa_step --steps 3  # GPU: about a minute with compiles
+    python bench/dsa_train_step.py --out $OUT/dsa_step --steps 3  # GPU: every row, compiles included
+    python bench/dsa_train_step.py --out $OUT/dsa_step --steps 3 --only dsa,dsa+kl,dsa+kl-eager  # the KL
     python bench/dsa_train_step.py --smoke --out /tmp/dsa_step    # CPU, toy sizes: it runs; no claims
 """
 
