@@ -25,22 +25,31 @@ import triton.language as tl
 
 from ..common.backend import triton_interpreting
 
+# the split path: rows (C·B) at most this, rows of at least this many keys; slices per row at most
+SPLIT_MAX_ROWS = 32
+SPLIT_MIN_KW = 8192
+MAX_SLICES = 128
+_NB = 256  # bins of an 8-bit digit
+
 
 @triton.jit
-def _digit_histogram(KEYS, n, SHIFT: tl.constexpr, WIDTH: tl.constexpr, prefix, HAS_PREFIX: tl.constexpr,
+def _digit_histogram(KEYS, lo, hi, SHIFT: tl.constexpr, WIDTH: tl.constexpr, prefix, HAS_PREFIX: tl.constexpr,
                      BLK: tl.constexpr, NB: tl.constexpr):  # fmt: skip
-    """Histogram `[NB]` of the digit (key >> SHIFT) & (2^WIDTH − 1) over keys[0:n] whose bits above
-    SHIFT + WIDTH equal `prefix`."""
+    """(hist, above): the histogram `[NB]` of the digit (key >> SHIFT) & (2^WIDTH − 1) over
+    keys[lo:hi] whose bits above SHIFT + WIDTH equal `prefix`, and how many keys' bits there exceed it."""
     hist = tl.zeros([NB], dtype=tl.int32)
+    above = tl.zeros([], dtype=tl.int32)
     offs = tl.arange(0, BLK)
-    for s0 in range(0, n, BLK):
-        m = s0 + offs < n
+    for s0 in range(lo, hi, BLK):
+        m = s0 + offs < hi
         key = tl.load(KEYS + s0 + offs, mask=m, other=0).to(tl.uint32, bitcast=True)
         if HAS_PREFIX:
-            m = m & ((key >> (SHIFT + WIDTH)) == prefix)
+            high = key >> (SHIFT + WIDTH)
+            above += tl.sum((m & (high > prefix)).to(tl.int32), 0)
+            m = m & (high == prefix)
         digit = ((key >> SHIFT) & ((1 << WIDTH) - 1)).to(tl.int32)
         hist += tl.histogram(digit, NB, mask=m)
-    return hist
+    return hist, above
 
 
 @triton.jit
@@ -51,6 +60,45 @@ def _pick(hist, rem, NB: tl.constexpr):
     b = tl.max(tl.where(at_or_above >= rem, bins, -1), 0)
     above = tl.sum(tl.where(bins == b, at_or_above - hist, 0), 0)
     return b, above
+
+
+@triton.jit
+def _row_length(POS, b, t, Tq, Tk, KW, HAS_POS: tl.constexpr):
+    """n = min(pos + 1, KW): the candidates of the row whose query sits at pos, t + Tk − Tq (causal
+    chunk row t), or with HAS_POS (one query per sequence over a static buffer) POS[b]."""
+    if HAS_POS:
+        pos = tl.load(POS + b).to(tl.int32)
+    else:
+        pos = t + (Tk - Tq)
+    return tl.minimum(pos + 1, KW)
+
+
+@triton.jit
+def _write_range(keys, out, lo, hi, thr, rem, n_sel, n_eq, K, BLK: tl.constexpr):
+    """Write the selected indices among keys[lo:hi] in index order from out[n_sel]: every key above
+    thr, and the keys equal to it while fewer than rem came before (n_eq of them before lo)."""
+    offs = tl.arange(0, BLK)
+    for s0 in range(lo, hi, BLK):
+        s = s0 + offs
+        m = s < hi
+        key = tl.load(keys + s, mask=m, other=0).to(tl.uint32, bitcast=True)
+        eq = (m & (key == thr)).to(tl.int32)
+        eq_before = n_eq + tl.cumsum(eq, 0) - eq
+        sel = (m & ((key > thr) | ((eq > 0) & (eq_before < rem)))).to(tl.int32)
+        slot = n_sel + tl.cumsum(sel, 0) - sel
+        tl.store(out + slot, s.to(tl.int64), mask=(sel > 0) & (slot < K))
+        n_sel += tl.sum(sel, 0)
+        n_eq += tl.sum(eq, 0)
+    return n_sel
+
+
+@triton.jit
+def _write_pads(out, start, K, BLK: tl.constexpr):
+    """−1 into out[start:K], the slots past a row's selection."""
+    offs = tl.arange(0, BLK)
+    for k0 in range(0, K, BLK):
+        slot = k0 + offs
+        tl.store(out + slot, tl.full([BLK], -1, tl.int64), mask=(slot >= start) & (slot < K))
 
 
 @triton.jit
@@ -67,17 +115,12 @@ def _select_kernel(
     BLK: tl.constexpr,
     HAS_POS: tl.constexpr,
 ):
-    """OUT[b, t0 + r, :] for chunk row r: the indices of the top-K keys among KEYS[b, r, 0:n],
-    n = min(pos + 1, KW), in index order; −1 past the count (OUT is filled with −1 beforehand,
-    except with HAS_POS, where the kernel writes them). pos: the row's query position,
-    t0 + r + Tk − Tq, or with HAS_POS (one query per sequence over a static buffer) POS[b]."""
+    """OUT[b, t0 + r, :] for chunk row r: the indices of the top-K keys among KEYS[b, r, 0:n]
+    (`_row_length`), in index order; −1 past the count (OUT is filled with −1 beforehand, except
+    with HAS_POS, where the kernel writes them). One program scans its row five times."""
     r, b = tl.program_id(0), tl.program_id(1)
     t = t0 + r
-    if HAS_POS:
-        pos = tl.load(POS + b).to(tl.int32)
-    else:
-        pos = t + (Tk - Tq)
-    n = tl.minimum(pos + 1, KW)
+    n = _row_length(POS, b, t, Tq, Tk, KW, HAS_POS)
     keys = KEYS + (b.to(tl.int64) * C + r) * KW
     out = OUT + (b.to(tl.int64) * Tq + t) * K
     # the threshold key thr and how many keys equal to it are taken (rem); with n ≤ K every key is
@@ -86,41 +129,194 @@ def _select_kernel(
     if n > K:
         # 8-bit digits: on the H200 a 256-bin tl.histogram pass runs at ~1.3 TB/s of keys, a
         # 2048-bin one ~10x slower (bench/dsa_radix.py's first run took 313 ms with 11-bit digits)
-        h = _digit_histogram(keys, n, 24, 8, 0, False, BLK, 256)
+        h, _ = _digit_histogram(keys, 0, n, 24, 8, 0, False, BLK, 256)
         d, above = _pick(h, K, 256)
         rem = K - above
         p = d.to(tl.uint32)
-        h = _digit_histogram(keys, n, 16, 8, p, True, BLK, 256)
+        h, _ = _digit_histogram(keys, 0, n, 16, 8, p, True, BLK, 256)
         d, above = _pick(h, rem, 256)
         rem = rem - above
         p = (p << 8) | d.to(tl.uint32)
-        h = _digit_histogram(keys, n, 8, 8, p, True, BLK, 256)
+        h, _ = _digit_histogram(keys, 0, n, 8, 8, p, True, BLK, 256)
         d, above = _pick(h, rem, 256)
         rem = rem - above
         p = (p << 8) | d.to(tl.uint32)
-        h = _digit_histogram(keys, n, 0, 8, p, True, BLK, 256)
+        h, _ = _digit_histogram(keys, 0, n, 0, 8, p, True, BLK, 256)
         d, above = _pick(h, rem, 256)
         rem = rem - above
         thr = (p << 8) | d.to(tl.uint32)
-    offs = tl.arange(0, BLK)
-    n_sel = tl.zeros([], dtype=tl.int32)
-    n_eq = tl.zeros([], dtype=tl.int32)
-    for s0 in range(0, n, BLK):
-        s = s0 + offs
-        m = s < n
-        key = tl.load(keys + s, mask=m, other=0).to(tl.uint32, bitcast=True)
-        eq = (m & (key == thr)).to(tl.int32)
-        eq_before = n_eq + tl.cumsum(eq, 0) - eq
-        sel = (m & ((key > thr) | ((eq > 0) & (eq_before < rem)))).to(tl.int32)
-        slot = n_sel + tl.cumsum(sel, 0) - sel
-        tl.store(out + slot, s.to(tl.int64), mask=(sel > 0) & (slot < K))
-        n_sel += tl.sum(sel, 0)
-        n_eq += tl.sum(eq, 0)
+    zero = tl.zeros([], dtype=tl.int32)
+    n_sel = _write_range(keys, out, 0, n, thr, rem, zero, zero, K, BLK)
     if HAS_POS:
         # OUT is not pre-filled here: the row's slots past its selection take the −1 pads
-        for k0 in range(0, K, BLK):
-            slot = k0 + offs
-            tl.store(out + slot, tl.full([BLK], -1, tl.int64), mask=(slot >= n_sel) & (slot < K))
+        _write_pads(out, n_sel, K, BLK)
+
+
+@triton.jit
+def _sum_slices(PART, ns, SB: tl.constexpr):
+    """The sum over slices 0 … ns−1 of their histograms PART[ns, 256]."""
+    rows, bins = tl.arange(0, SB), tl.arange(0, 256)
+    acc = tl.zeros([256], dtype=tl.int32)
+    for i0 in range(0, ns, SB):
+        i = i0 + rows
+        acc += tl.sum(tl.load(PART + i[:, None] * 256 + bins[None, :], mask=(i < ns)[:, None], other=0), 0)
+    return acc
+
+
+@triton.jit
+def _descend(G, NPASS: tl.constexpr, K):
+    """(p, rem): the top 8·NPASS bits p of a row's K-th largest key, from its first NPASS digit
+    histograms G[q, 256] (pass q counts the keys sharing the q digits above), and how many keys
+    sharing p are taken."""
+    bins = tl.arange(0, 256)
+    p = tl.zeros([], dtype=tl.uint32)
+    rem = K
+    for q in tl.static_range(NPASS):
+        d, above = _pick(tl.load(G + q * 256 + bins), rem, 256)
+        rem = rem - above
+        p = (p << 8) | d.to(tl.uint32)
+    return p, rem
+
+
+@triton.jit
+def _taken_before(PART, ABOVE, j, d, SB: tl.constexpr):
+    """(above, eq): over slices 0 … j−1, the keys above the threshold (ABOVE[i]: above its top 24
+    bits; PART[i, 256]: the low-digit histogram of the keys sharing them, bins past d) and equal to it
+    (bin d)."""
+    rows, bins = tl.arange(0, SB), tl.arange(0, 256)
+    above = tl.zeros([], dtype=tl.int32)
+    eq = tl.zeros([], dtype=tl.int32)
+    for i0 in range(0, j, SB):
+        i = i0 + rows
+        h = tl.load(PART + i[:, None] * 256 + bins[None, :], mask=(i < j)[:, None], other=0)
+        above += tl.sum(tl.load(ABOVE + i, mask=i < j, other=0), 0)
+        above += tl.sum(tl.sum(tl.where(bins[None, :] > d, h, 0), 1), 0)
+        eq += tl.sum(tl.sum(tl.where(bins[None, :] == d, h, 0), 1), 0)
+    return above, eq
+
+
+@triton.jit
+def _split_pass_kernel(KEYS, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL, PASS: tl.constexpr,
+                       BLK: tl.constexpr, SB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
+    """Pass PASS (0 … 3) of the radix select over key slice j = keys[j·SL : (j+1)·SL] of chunk row r
+    of sequence b (grid (S, C, B)); rows with n ≤ K and slices past n exit at once. Row scratch:
+    G[4, 256] the row's digit histograms, PART[S, 256] and ABOVE[S] per-slice counts.
+    Pass 0 stores the slice's top-digit histogram in PART (no atomics: nothing is zeroed yet) and
+    slice 0 zeroes G[1:4]; pass 1 sums PART into the row's G[0] (slice 0 stores it) and adds its
+    slice's next-digit histogram into G[1]; pass q ≥ 2 reads the prefix from G[0:q] and adds into
+    G[q]; pass 3 also keeps its slice's histogram in PART and its keys above the prefix in ABOVE."""
+    j, r, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    S = tl.num_programs(0)
+    n = _row_length(POS, b, t0 + r, Tq, Tk, KW, HAS_POS)
+    lo = j * SL
+    if (n > K) & (lo < n):
+        row = b.to(tl.int64) * C + r
+        keys = KEYS + row * KW
+        g = G + row * 1024
+        part = PART + (row * S + j) * 256
+        hi = tl.minimum(lo + SL, n)
+        bins = tl.arange(0, 256)
+        if PASS == 0:
+            h, _ = _digit_histogram(keys, lo, hi, 24, 8, 0, False, BLK, 256)
+            tl.store(part + bins, h)
+            if j == 0:
+                for q in tl.static_range(1, 4):
+                    tl.store(g + q * 256 + bins, tl.zeros([256], dtype=tl.int32))
+        elif PASS == 1:
+            h0 = _sum_slices(PART + row * S * 256, tl.cdiv(n, SL), SB)
+            if j == 0:
+                tl.store(g + bins, h0)
+            d, _ = _pick(h0, K, 256)
+            h, _ = _digit_histogram(keys, lo, hi, 16, 8, d.to(tl.uint32), True, BLK, 256)
+            tl.atomic_add(g + 256 + bins, h, sem="relaxed")
+        else:
+            p, _ = _descend(g, PASS, K)
+            h, above = _digit_histogram(keys, lo, hi, 24 - 8 * PASS, 8, p, True, BLK, 256)
+            tl.atomic_add(g + PASS * 256 + bins, h, sem="relaxed")
+            if PASS == 3:
+                tl.store(part + bins, h)
+                tl.store(ABOVE + row * S + j, above)
+
+
+@triton.jit
+def _split_write_kernel(KEYS, OUT, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL, BLK: tl.constexpr,
+                        SB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
+    """The selection of slice j after `_split_pass_kernel`'s four passes: its indices go to the
+    row's out from the count its earlier slices take (`_taken_before`; with n ≤ K every key: j·SL);
+    slice 0 writes the row's −1 pads."""
+    j, r, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    S = tl.num_programs(0)
+    t = t0 + r
+    n = _row_length(POS, b, t, Tq, Tk, KW, HAS_POS)
+    lo = j * SL
+    if lo < n:
+        row = b.to(tl.int64) * C + r
+        out = OUT + (b.to(tl.int64) * Tq + t) * K
+        thr = tl.zeros([], dtype=tl.uint32)
+        rem = n
+        n_sel = lo
+        n_eq = tl.zeros([], dtype=tl.int32)
+        if n > K:
+            thr, rem = _descend(G + row * 1024, 4, K)
+            d = (thr & 255).to(tl.int32)
+            n_sel, n_eq = _taken_before(PART + row * S * 256, ABOVE + row * S, j, d, SB)
+            n_sel += tl.minimum(n_eq, rem)
+        _write_range(KEYS + row * KW, out, lo, tl.minimum(lo + SL, n), thr, rem, n_sel, n_eq, K, BLK)
+        if j == 0:
+            _write_pads(out, tl.minimum(n, K), K, BLK)
+
+
+def use_split(rows: int, KW: int) -> bool:
+    """Whether `select_topk` splits each row's keys over programs: few rows (a decode step's B, a
+    short chunk) of long key rows, where one program a row would leave the GPU idle. Shapes only."""
+    return rows <= SPLIT_MAX_ROWS and KW >= SPLIT_MIN_KW
+
+
+def split_slices(KW: int, slice_len: int | None = None) -> tuple[int, int]:
+    """(SL, S): keys per slice (a multiple of 2048, at most MAX_SLICES slices) and slices per row."""
+    if slice_len is None:
+        slice_len = 2048 * triton.cdiv(triton.cdiv(KW, 2048), MAX_SLICES)
+    if slice_len < 1:
+        raise ValueError(f"slice_len must be positive, got {slice_len}")
+    return slice_len, triton.cdiv(KW, slice_len)
+
+
+def split_scratch(rows: int, S: int, like: torch.Tensor) -> torch.Tensor:
+    """The split path's int32 scratch of `rows` key rows of S slices, uninitialised: per row a
+    histogram [S, 256] per slice, a count [S] per slice and four digit histograms [4, 256]."""
+    return torch.empty(rows * (S * (_NB + 1) + 4 * _NB), dtype=torch.int32, device=like.device)
+
+
+def _select_single(keys, out, t0, Tk, topk, positions) -> None:
+    B, C, KW = keys.shape
+    interp = triton_interpreting()
+    _select_kernel[(C, B)](
+        keys, out, out if positions is None else positions, t0, out.shape[1], Tk, C, KW, topk,
+        BLK=64 if interp else 2048, HAS_POS=positions is not None, num_warps=1 if interp else 4,
+    )  # fmt: skip
+
+
+def select_topk_split(keys, out, t0, Tk, topk, positions=None, *, slice_len=None, scratch=None) -> None:
+    """`select_topk` with each row's keys split into S slices of `slice_len` (`split_slices`), one
+    program per (slice, row): four histogram launches and a write launch over the grid (S, C, B),
+    the fifth writing −1 pads too. `scratch` (int32, at least `split_scratch`'s size) is the
+    kernels' workspace, allocated here when None; they read nothing of it they did not write."""
+    B, C, KW = keys.shape
+    SL, S = split_slices(KW, slice_len)
+    rows = B * C
+    if scratch is None:
+        scratch = split_scratch(rows, S, keys)
+    part = scratch[: rows * S * _NB]
+    above = scratch[rows * S * _NB : rows * S * (_NB + 1)]
+    g = scratch[rows * S * (_NB + 1) : rows * (S * (_NB + 1) + 4 * _NB)]
+    interp = triton_interpreting()
+    pos = out if positions is None else positions
+    args = (t0, out.shape[1], Tk, C, KW, topk, SL)
+    blk = min(triton.next_power_of_2(SL), 64 if interp else 2048)
+    cex = dict(BLK=blk, SB=8, HAS_POS=positions is not None, num_warps=1 if interp else 4)
+    for p in range(4):
+        _split_pass_kernel[(S, C, B)](keys, pos, part, above, g, *args, PASS=p, **cex)
+    _split_write_kernel[(S, C, B)](keys, out, pos, part, above, g, *args, **cex)
 
 
 def select_topk(
@@ -129,11 +325,10 @@ def select_topk(
     """Fill out[:, t0 : t0 + C] (`[B, Tq, topk]` int64, pre-filled with −1) from the chunk's
     ordered keys `[B, C, KW]` (int32 storage of the unsigned keys), index order; `positions` `[B]`
     (Tq = 1): each row's query position, keys past it not candidates, and `out` needs no pre-fill
-    (the kernel writes the −1 pads)."""
+    (the kernel writes the −1 pads). Few long rows (`use_split`) take the sliced select
+    (`select_topk_split`, 5 launches), the rest one program a row (1 launch); the same output."""
     B, C, KW = keys.shape
-    Tq = out.shape[1]
-    interp = triton_interpreting()
-    _select_kernel[(C, B)](
-        keys, out, out if positions is None else positions, t0, Tq, Tk, C, KW, topk,
-        BLK=64 if interp else 2048, HAS_POS=positions is not None, num_warps=1 if interp else 4,
-    )  # fmt: skip
+    if use_split(B * C, KW):
+        select_topk_split(keys, out, t0, Tk, topk, positions)
+    else:
+        _select_single(keys, out, t0, Tk, topk, positions)
