@@ -1,0 +1,95 @@
+"""DSA's sliced radix select (`select_topk_split`: each row's keys split over programs, the decode
+step's path) against the one-program select and the reference top-k (`topk_select` over the keys'
+unsigned values): the same indices in the same order (index order, −1 pads last), on rows shorter
+than, equal to and just past k, ties that straddle slices, slices of uneven length, and a scratch
+buffer full of junk (the kernels read only what they wrote)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.kernels.common.attn_utils import topk_select
+from lt2dsl.kernels.dsa import triton_topk
+from lt2dsl.kernels.dsa.triton_topk import _select_single, select_topk_split, split_scratch, split_slices
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+JUNK = 0x5A5A5A5A
+
+
+def _keys(spread: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """int32 storage of unsigned keys: over the whole range, sharing their top 22 bits, or drawn
+    from 5 values (long runs of equal keys)."""
+    g = torch.Generator().manual_seed(seed)
+    if spread == "wide":
+        u = torch.randint(0, 2**32, shape, generator=g, dtype=torch.int64)
+    elif spread == "narrow":
+        u = 0x9ABCD000 + torch.randint(0, 2**10, shape, generator=g, dtype=torch.int64)
+    else:
+        u = torch.tensor([0, 5, 2**31, 2**31 + 5, 2**32 - 1])[torch.randint(0, 5, shape, generator=g)]
+    return torch.where(u >= 2**31, u - 2**32, u).to(torch.int32).to(DEVICE)
+
+
+def _expected(keys: torch.Tensor, n: torch.Tensor, topk: int) -> torch.Tensor:
+    """`[B, C, topk]`: per row, the top-k of keys[:n] (ties: the lower index) in index order, −1 pads."""
+    scores = (keys.to(torch.int64) & 0xFFFFFFFF).double()
+    valid = torch.arange(keys.shape[-1], device=keys.device) < n[..., None]
+    idx = topk_select(scores, valid, topk)
+    last = torch.where(idx < 0, 2**40, idx).sort(-1).values
+    return last.masked_fill(last == 2**40, -1)
+
+
+def _junk_scratch(rows: int, KW: int, slice_len: int) -> torch.Tensor:
+    S = split_slices(KW, slice_len)[1]
+    return split_scratch(rows, S, torch.empty(0, device=DEVICE)).fill_(JUNK)
+
+
+@pytest.mark.parametrize(
+    "spread,slice_len,topk",
+    [("ties", 24, 40), ("ties", 100, 40), ("ties", 512, 40), ("ties", 24, 1), ("wide", 24, 40),
+     ("narrow", 100, 40), ("narrow", 13, 2)],
+)  # fmt: skip
+def test_split_at_positions_equals_single_and_reference(spread, slice_len, topk):
+    """Decode: one query per row at positions[b] over a static buffer of KW = 301 slots (the slots
+    past a row's position are not candidates; the kernels write every slot of out, pads included)."""
+    KW = 301
+    positions = torch.tensor([0, topk // 2, topk - 1, topk, KW - 1, 150], device=DEVICE)
+    B = positions.numel()
+    keys = _keys(spread, (B, 1, KW), seed=slice_len + topk)
+    single = torch.full((B, 1, topk), 7, dtype=torch.long, device=DEVICE)
+    split = single.clone()
+    _select_single(keys, single, 0, KW, topk, positions)
+    select_topk_split(keys, split, 0, KW, topk, positions, slice_len=slice_len,
+                      scratch=_junk_scratch(B, KW, slice_len))  # fmt: skip
+    assert torch.equal(split, single)
+    assert torch.equal(split, _expected(keys, positions[:, None] + 1, topk))
+
+
+@pytest.mark.parametrize("spread", ["ties", "wide"])
+def test_split_causal_chunk_equals_single_and_reference(spread):
+    """A causal chunk of rows at t0 … t0 + C − 1 (n = t + 1: below, at and past k), out pre-filled."""
+    B, C, Tq, t0, topk, slice_len = 2, 5, 60, 30, 33, 7
+    KW = t0 + C
+    keys = _keys(spread, (B, C, KW), seed=3)
+    single = torch.full((B, Tq, topk), -1, dtype=torch.long, device=DEVICE)
+    split = single.clone()
+    _select_single(keys, single, t0, Tq, topk, None)
+    scratch = _junk_scratch(B * C, KW, slice_len)
+    select_topk_split(keys, split, t0, Tq, topk, slice_len=slice_len, scratch=scratch)
+    assert torch.equal(split, single)
+    n = torch.arange(t0, t0 + C, device=DEVICE).expand(B, C) + 1
+    assert torch.equal(split[:, t0 : t0 + C], _expected(keys, n, topk))
+    assert torch.equal(split[:, :t0], torch.full_like(split[:, :t0], -1))
+
+
+def test_select_topk_splits_few_long_rows(monkeypatch):
+    """`select_topk` takes the sliced path for few rows of at least SPLIT_MIN_KW keys, else one
+    program a row; slices are multiples of 2048 keys, at most MAX_SLICES a row."""
+    calls = []
+    monkeypatch.setattr(triton_topk, "select_topk_split", lambda *a: calls.append("split"))
+    monkeypatch.setattr(triton_topk, "_select_single", lambda *a: calls.append("single"))
+    for B, C, KW in [(1, 1, 8192), (8, 1, 131072), (4, 8, 8192), (1, 1, 4096), (33, 1, 8192), (2, 64, 65536)]:
+        triton_topk.select_topk(torch.empty(B, C, KW, dtype=torch.int32), torch.empty(B, C, 8), 0, KW, 8)
+    assert calls == ["split"] * 3 + ["single"] * 3
+    assert split_slices(131072) == (2048, 64) and split_slices(4096) == (2048, 2)
+    assert split_slices(2**20) == (8192, 128) and split_slices(301, 24) == (24, 13)
