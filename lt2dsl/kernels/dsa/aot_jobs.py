@@ -1,7 +1,8 @@
 """sm_90 compile jobs of DSA's kernels (`common.aot`), also NSA's selected branch: the sparse
 attention forward and backward (bf16 at D = 128, 16 query heads on one kv head; fp32 once), the
 lightning indexer's score kernel (ranked int64 keys, and the radix selection's 32-bit keys) and the
-radix top-k selection, each at its launch code's fixed launch."""
+radix top-k selection (one program a row, and the sliced passes and write), each at its launch
+code's fixed launch."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
 from lt2dsl.kernels.dsa import triton_attn as A
 from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
-from lt2dsl.kernels.dsa.triton_topk import _select_kernel
+from lt2dsl.kernels.dsa.triton_topk import _select_kernel, _split_pass_kernel, _split_write_kernel
 
 MAX_STACK = 512
 INTS = ("Tq", "Tk", "NIDX", "NROWS", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
 SCALARS = {**{n: "i32" for n in INTS}, "qk_scale": "fp32", "scale": "fp32"}
 # the indexer's and the selection's (their K is the top-k count, the attention's the key pointer)
-SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K", "SW")}, "idx_scale": "fp32"}
+SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K", "SW", "SL")}, "idx_scale": "fp32"}
 SELECT_SCALARS["w_scale"] = "fp32"
 # strides and lengths the JIT sees divisible by 16 at the usual sizes (k, v rows are made so:
 # `attn_utils.rows_contiguous`)
@@ -57,6 +58,22 @@ def _indexer() -> list[Job]:
         cex = {"BLK": 2048, "HAS_POS": has_pos}
         jobs += tuned_jobs(f"dsa/select-pos{has_pos:d}", _select_kernel, sel, SELECT_SCALARS, cex,
                            launch=(4, 3), aligned=(), max_stack=MAX_STACK)  # fmt: skip
+    return jobs + _split_select()
+
+
+def _split_select() -> list[Job]:
+    """`select_topk_split`: 2048-key slices, 4 warps; the four digit passes and the write, causal
+    or at per-row positions."""
+    jobs = []
+    ptrs = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64", "PART": "*i32", "ABOVE": "*i32", "G": "*i32"}
+    kw = dict(launch=(4, 3), aligned=("SL",), max_stack=MAX_STACK)
+    for has_pos in (False, True):
+        cex = {"BLK": 2048, "SB": 8, "HAS_POS": has_pos}
+        for p in range(4):
+            name = f"dsa/select-split-pass{p}-pos{has_pos:d}"
+            jobs += tuned_jobs(name, _split_pass_kernel, ptrs, SELECT_SCALARS, cex | {"PASS": p}, **kw)
+        name = f"dsa/select-split-write-pos{has_pos:d}"
+        jobs += tuned_jobs(name, _split_write_kernel, ptrs, SELECT_SCALARS, cex, **kw)
     return jobs
 
 
