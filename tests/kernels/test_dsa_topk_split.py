@@ -19,14 +19,17 @@ JUNK = 0x5A5A5A5A
 
 def _keys(spread: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """int32 storage of unsigned keys: over the whole range, sharing their top 22 bits, or drawn
-    from 5 values (long runs of equal keys)."""
+    from 5 values, unevenly (long runs of equal keys)."""
     g = torch.Generator().manual_seed(seed)
     if spread == "wide":
         u = torch.randint(0, 2**32, shape, generator=g, dtype=torch.int64)
     elif spread == "narrow":
         u = 0x9ABCD000 + torch.randint(0, 2**10, shape, generator=g, dtype=torch.int64)
     else:
-        u = torch.tensor([0, 5, 2**31, 2**31 + 5, 2**32 - 1])[torch.randint(0, 5, shape, generator=g)]
+        # the two largest values a tenth of the keys: the threshold of a long row is 2^31 + 255, its
+        # low digit 255, with keys above it both inside and outside its top 24 bits
+        values = torch.tensor([0] * 10 + [5] * 4 + [2**31 + 255] * 4 + [2**31 + 256, 2**32 - 1])
+        u = values[torch.randint(0, 20, shape, generator=g)]
     return torch.where(u >= 2**31, u - 2**32, u).to(torch.int32).to(DEVICE)
 
 
@@ -40,7 +43,7 @@ def _expected(keys: torch.Tensor, n: torch.Tensor, topk: int) -> torch.Tensor:
 
 
 def _junk_scratch(rows: int, KW: int, slice_len: int) -> torch.Tensor:
-    S = split_slices(KW, slice_len)[1]
+    S = split_slices(KW, rows, slice_len)[1]
     return split_scratch(rows, S, torch.empty(0, device=DEVICE)).fill_(JUNK)
 
 
@@ -83,13 +86,16 @@ def test_split_causal_chunk_equals_single_and_reference(spread):
 
 
 def test_select_topk_splits_few_long_rows(monkeypatch):
-    """`select_topk` takes the sliced path for few rows of at least SPLIT_MIN_KW keys, else one
-    program a row; slices are multiples of 2048 keys, at most MAX_SLICES a row."""
+    """`select_topk` takes the sliced path for at most SPLIT_MAX_ROWS rows of at least SPLIT_MIN_KW
+    keys, else one program a row; slices are multiples of 2048 keys, about SPLIT_PROGRAMS programs
+    in all, at most MAX_SLICES a row."""
     calls = []
     monkeypatch.setattr(triton_topk, "select_topk_split", lambda *a: calls.append("split"))
     monkeypatch.setattr(triton_topk, "_select_single", lambda *a: calls.append("single"))
-    for B, C, KW in [(1, 1, 8192), (8, 1, 131072), (4, 8, 8192), (1, 1, 4096), (33, 1, 8192), (2, 64, 65536)]:
+    shapes = [(1, 1, 8192), (8, 1, 131072), (4, 32, 8192), (1, 1, 4096), (129, 1, 8192), (2, 65, 65536)]
+    for B, C, KW in shapes:
         triton_topk.select_topk(torch.empty(B, C, KW, dtype=torch.int32), torch.empty(B, C, 8), 0, KW, 8)
     assert calls == ["split"] * 3 + ["single"] * 3
-    assert split_slices(131072) == (2048, 64) and split_slices(4096) == (2048, 2)
-    assert split_slices(2**20) == (8192, 128) and split_slices(301, 24) == (24, 13)
+    assert split_slices(131072, 1) == (2048, 64) and split_slices(131072, 8) == (4096, 32)
+    assert split_slices(4096, 1) == (2048, 2) and split_slices(2**20, 1) == (16384, 64)
+    assert split_slices(301, 6, 24) == (24, 13) and split_slices(8192, 128) == (4096, 2)

@@ -65,7 +65,7 @@ def _split_select() -> list[Job]:
     """`select_topk_split`: 2048-key slices, 4 warps; the four digit passes and the write, causal
     or at per-row positions."""
     jobs = []
-    ptrs = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64", "PART": "*i32", "ABOVE": "*i32", "G": "*i32"}
+    ptrs = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64", "PART": "*i32", "G": "*i32"}
     kw = dict(launch=(4, 3), aligned=("SL",), max_stack=MAX_STACK)
     for has_pos in (False, True):
         cex = {"BLK": 2048, "SB": 8, "HAS_POS": has_pos}

@@ -15,6 +15,12 @@ on the GPU (12.7 against 1.5 ms over 2 GB of keys). With four 8-bit passes the s
 against 74.0 for `torch.topk` (sorted=False) over the int64 keys, the same sets (H200). Rank order
 (what `dsa_indexer` and `dsa(..., return_indices=True)` return) stays with `torch.topk`: the radix
 select followed by a sort of its k entries took 90.8 ms against 86.4.
+
+A decode step has one query row per sequence (grid (1, B)): one program would scan a row of up to
+KW keys five times while the other SMs idle. Few long rows (`use_split`) take the sliced select
+instead (`select_topk_split`): the same passes over (slice, row) programs, each pass one launch that
+merges the slices' digit histograms through a small per-row scratch, then a write launch that
+places each slice's selections after those of the slices before it; five launches, same output.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ import triton.language as tl
 
 from ..common.backend import triton_interpreting
 
-# the split path: rows (C·B) at most this, rows of at least this many keys; slices per row at most
-SPLIT_MAX_ROWS = 32
+# the split path: rows (C·B) at most this, rows of at least this many keys; programs it aims at
+# (about two per SM of an H100), slices per row at most
+SPLIT_MAX_ROWS = 128
 SPLIT_MIN_KW = 8192
-MAX_SLICES = 128
-_NB = 256  # bins of an 8-bit digit
+SPLIT_PROGRAMS = 256
+MAX_SLICES = 64
 
 
 @triton.jit
@@ -154,12 +161,12 @@ def _select_kernel(
 
 @triton.jit
 def _sum_slices(PART, ns, SB: tl.constexpr):
-    """The sum over slices 0 … ns−1 of their histograms PART[ns, 256]."""
+    """The sum of the histograms PART[i, 0:256] (rows of 257) over slices i = 0 … ns−1."""
     rows, bins = tl.arange(0, SB), tl.arange(0, 256)
     acc = tl.zeros([256], dtype=tl.int32)
     for i0 in range(0, ns, SB):
         i = i0 + rows
-        acc += tl.sum(tl.load(PART + i[:, None] * 256 + bins[None, :], mask=(i < ns)[:, None], other=0), 0)
+        acc += tl.sum(tl.load(PART + i[:, None] * 257 + bins[None, :], mask=(i < ns)[:, None], other=0), 0)
     return acc
 
 
@@ -179,32 +186,31 @@ def _descend(G, NPASS: tl.constexpr, K):
 
 
 @triton.jit
-def _taken_before(PART, ABOVE, j, d, SB: tl.constexpr):
-    """(above, eq): over slices 0 … j−1, the keys above the threshold (ABOVE[i]: above its top 24
-    bits; PART[i, 256]: the low-digit histogram of the keys sharing them, bins past d) and equal to it
-    (bin d)."""
-    rows, bins = tl.arange(0, SB), tl.arange(0, 256)
+def _taken_before(PART, j, d):
+    """(above, eq): over slices i = 0 … j−1, the keys above the threshold (top 24 bits p, low digit
+    d) and equal to it, from PART[i, b] = the slice's keys ≥ p·256 + b (b = 0 … 256)."""
+    offs = tl.arange(0, 128)
     above = tl.zeros([], dtype=tl.int32)
     eq = tl.zeros([], dtype=tl.int32)
-    for i0 in range(0, j, SB):
-        i = i0 + rows
-        h = tl.load(PART + i[:, None] * 256 + bins[None, :], mask=(i < j)[:, None], other=0)
-        above += tl.sum(tl.load(ABOVE + i, mask=i < j, other=0), 0)
-        above += tl.sum(tl.sum(tl.where(bins[None, :] > d, h, 0), 1), 0)
-        eq += tl.sum(tl.sum(tl.where(bins[None, :] == d, h, 0), 1), 0)
+    for i0 in range(0, j, 128):
+        i = i0 + offs
+        ge = tl.load(PART + i * 257 + d, mask=i < j, other=0)
+        gt = tl.load(PART + i * 257 + d + 1, mask=i < j, other=0)
+        above += tl.sum(gt, 0)
+        eq += tl.sum(ge - gt, 0)
     return above, eq
 
 
 @triton.jit
-def _split_pass_kernel(KEYS, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL, PASS: tl.constexpr,
-                       BLK: tl.constexpr, SB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
+def _split_pass_kernel(KEYS, POS, PART, G, t0, Tq, Tk, C, KW, K, SL, PASS: tl.constexpr, BLK: tl.constexpr,
+                       SB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
     """Pass PASS (0 … 3) of the radix select over key slice j = keys[j·SL : (j+1)·SL] of chunk row r
     of sequence b (grid (S, C, B)); rows with n ≤ K and slices past n exit at once. Row scratch:
-    G[4, 256] the row's digit histograms, PART[S, 256] and ABOVE[S] per-slice counts.
+    G[4, 256] the row's digit histograms, PART[S, 257] per-slice counts.
     Pass 0 stores the slice's top-digit histogram in PART (no atomics: nothing is zeroed yet) and
     slice 0 zeroes G[1:4]; pass 1 sums PART into the row's G[0] (slice 0 stores it) and adds its
-    slice's next-digit histogram into G[1]; pass q ≥ 2 reads the prefix from G[0:q] and adds into
-    G[q]; pass 3 also keeps its slice's histogram in PART and its keys above the prefix in ABOVE."""
+    slice's next-digit histogram into G[1]; pass q ≥ 2 reads the prefix p from G[0:q] and adds into
+    G[q]; pass 3 also stores PART[j, b] = its slice's keys ≥ p·256 + b, for `_taken_before`."""
     j, r, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     S = tl.num_programs(0)
     n = _row_length(POS, b, t0 + r, Tq, Tk, KW, HAS_POS)
@@ -213,7 +219,7 @@ def _split_pass_kernel(KEYS, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL, PASS
         row = b.to(tl.int64) * C + r
         keys = KEYS + row * KW
         g = G + row * 1024
-        part = PART + (row * S + j) * 256
+        part = PART + (row * S + j) * 257
         hi = tl.minimum(lo + SL, n)
         bins = tl.arange(0, 256)
         if PASS == 0:
@@ -223,7 +229,7 @@ def _split_pass_kernel(KEYS, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL, PASS
                 for q in tl.static_range(1, 4):
                     tl.store(g + q * 256 + bins, tl.zeros([256], dtype=tl.int32))
         elif PASS == 1:
-            h0 = _sum_slices(PART + row * S * 256, tl.cdiv(n, SL), SB)
+            h0 = _sum_slices(PART + row * S * 257, tl.cdiv(n, SL), SB)
             if j == 0:
                 tl.store(g + bins, h0)
             d, _ = _pick(h0, K, 256)
@@ -234,12 +240,12 @@ def _split_pass_kernel(KEYS, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL, PASS
             h, above = _digit_histogram(keys, lo, hi, 24 - 8 * PASS, 8, p, True, BLK, 256)
             tl.atomic_add(g + PASS * 256 + bins, h, sem="relaxed")
             if PASS == 3:
-                tl.store(part + bins, h)
-                tl.store(ABOVE + row * S + j, above)
+                tl.store(part + bins, above + tl.cumsum(h, 0, reverse=True))
+                tl.store(part + 256, above)
 
 
 @triton.jit
-def _split_write_kernel(KEYS, OUT, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL, BLK: tl.constexpr,
+def _split_write_kernel(KEYS, OUT, POS, PART, G, t0, Tq, Tk, C, KW, K, SL, BLK: tl.constexpr,
                         SB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
     """The selection of slice j after `_split_pass_kernel`'s four passes: its indices go to the
     row's out from the count its earlier slices take (`_taken_before`; with n ≤ K every key: j·SL);
@@ -258,8 +264,7 @@ def _split_write_kernel(KEYS, OUT, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL
         n_eq = tl.zeros([], dtype=tl.int32)
         if n > K:
             thr, rem = _descend(G + row * 1024, 4, K)
-            d = (thr & 255).to(tl.int32)
-            n_sel, n_eq = _taken_before(PART + row * S * 256, ABOVE + row * S, j, d, SB)
+            n_sel, n_eq = _taken_before(PART + row * S * 257, j, (thr & 255).to(tl.int32))
             n_sel += tl.minimum(n_eq, rem)
         _write_range(KEYS + row * KW, out, lo, tl.minimum(lo + SL, n), thr, rem, n_sel, n_eq, K, BLK)
         if j == 0:
@@ -267,24 +272,28 @@ def _split_write_kernel(KEYS, OUT, POS, PART, ABOVE, G, t0, Tq, Tk, C, KW, K, SL
 
 
 def use_split(rows: int, KW: int) -> bool:
-    """Whether `select_topk` splits each row's keys over programs: few rows (a decode step's B, a
-    short chunk) of long key rows, where one program a row would leave the GPU idle. Shapes only."""
+    """Whether `select_topk` splits each row's keys over programs: fewer rows (a decode step's B, a
+    short chunk) than SPLIT_MAX_ROWS, where one program a row would leave SMs idle, of at least
+    SPLIT_MIN_KW keys. Shapes only."""
     return rows <= SPLIT_MAX_ROWS and KW >= SPLIT_MIN_KW
 
 
-def split_slices(KW: int, slice_len: int | None = None) -> tuple[int, int]:
-    """(SL, S): keys per slice (a multiple of 2048, at most MAX_SLICES slices) and slices per row."""
+def split_slices(KW: int, rows: int, slice_len: int | None = None) -> tuple[int, int]:
+    """(SL, S): keys per slice and slices per row. By default SL is a multiple of 2048 keys and S
+    about SPLIT_PROGRAMS / rows (at most MAX_SLICES): enough programs to fill the GPU, few slices
+    for the per-slice counts every program of a row reads."""
     if slice_len is None:
-        slice_len = 2048 * triton.cdiv(triton.cdiv(KW, 2048), MAX_SLICES)
+        target = max(1, min(MAX_SLICES, SPLIT_PROGRAMS // max(rows, 1)))
+        slice_len = 2048 * triton.cdiv(triton.cdiv(KW, 2048), target)
     if slice_len < 1:
         raise ValueError(f"slice_len must be positive, got {slice_len}")
     return slice_len, triton.cdiv(KW, slice_len)
 
 
 def split_scratch(rows: int, S: int, like: torch.Tensor) -> torch.Tensor:
-    """The split path's int32 scratch of `rows` key rows of S slices, uninitialised: per row a
-    histogram [S, 256] per slice, a count [S] per slice and four digit histograms [4, 256]."""
-    return torch.empty(rows * (S * (_NB + 1) + 4 * _NB), dtype=torch.int32, device=like.device)
+    """The split path's int32 scratch of `rows` key rows of S slices, uninitialised: per row the
+    slices' counts [S, 257] and four digit histograms [4, 256]."""
+    return torch.empty(rows * (S * 257 + 4 * 256), dtype=torch.int32, device=like.device)
 
 
 def _select_single(keys, out, t0, Tk, topk, positions) -> None:
@@ -302,21 +311,19 @@ def select_topk_split(keys, out, t0, Tk, topk, positions=None, *, slice_len=None
     the fifth writing −1 pads too. `scratch` (int32, at least `split_scratch`'s size) is the
     kernels' workspace, allocated here when None; they read nothing of it they did not write."""
     B, C, KW = keys.shape
-    SL, S = split_slices(KW, slice_len)
     rows = B * C
+    SL, S = split_slices(KW, rows, slice_len)
     if scratch is None:
         scratch = split_scratch(rows, S, keys)
-    part = scratch[: rows * S * _NB]
-    above = scratch[rows * S * _NB : rows * S * (_NB + 1)]
-    g = scratch[rows * S * (_NB + 1) : rows * (S * (_NB + 1) + 4 * _NB)]
+    part, g = scratch[: rows * S * 257], scratch[rows * S * 257 : rows * (S * 257 + 1024)]
     interp = triton_interpreting()
     pos = out if positions is None else positions
     args = (t0, out.shape[1], Tk, C, KW, topk, SL)
     blk = min(triton.next_power_of_2(SL), 64 if interp else 2048)
     cex = dict(BLK=blk, SB=8, HAS_POS=positions is not None, num_warps=1 if interp else 4)
     for p in range(4):
-        _split_pass_kernel[(S, C, B)](keys, pos, part, above, g, *args, PASS=p, **cex)
-    _split_write_kernel[(S, C, B)](keys, out, pos, part, above, g, *args, **cex)
+        _split_pass_kernel[(S, C, B)](keys, pos, part, g, *args, PASS=p, **cex)
+    _split_write_kernel[(S, C, B)](keys, out, pos, part, g, *args, **cex)
 
 
 def select_topk(
