@@ -84,7 +84,7 @@ def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer) -> dict:
         "single": lambda: _select_single(keys, outs["single"], 0, KW, topk, pos),
         "split": lambda: select_topk_split(keys, outs["split"], 0, KW, topk, pos),
     }
-    row = {"B": B, "KW": KW, "topk": topk, "slices": split_slices(KW)[1], "select_topk": "single"}
+    row = {"B": B, "KW": KW, "topk": topk, "slices": split_slices(KW, B)[1], "select_topk": "single"}
     if use_split(B, KW):
         row["select_topk"] = "split"
     for name, fn in calls.items():
