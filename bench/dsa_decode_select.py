@@ -9,7 +9,7 @@ as a CUDA graph of `--calls` back-to-back calls, replayed `--reps` times between
 figure is the median over `--rounds` such timings divided by the calls. The two paths' outputs
 are compared with `torch.equal` on every shape (a mismatch is an error, exit status 1).
 
-    python bench/dsa_decode_select.py --out $OUT/dsa_decode_select.json      # on the GPU, ~20 s
+    python bench/dsa_decode_select.py --out $OUT/dsa_decode_select.json      # on the GPU
 """
 
 from __future__ import annotations
