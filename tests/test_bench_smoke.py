@@ -93,6 +93,6 @@ def test_dsa_train_step_bench_smoke(tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads((tmp_path / "dsa_train_step.json").read_text())["rows"]
-    assert set(rows) == {"full", "gdn", "dsa", "dsa+kl", "dsa+kl-legacy", "dsa+kl-all"}
+    assert set(rows) == {"full", "gdn", "dsa", "dsa+kl", "dsa+kl-eager", "dsa+kl-legacy", "dsa+kl-all"}
     assert all(r["ms"] > 0 and r["aten_ops"] > 0 for r in rows.values())
     assert rows["dsa"]["aten_ops"] < rows["dsa+kl"]["aten_ops"] < rows["dsa+kl-legacy"]["aten_ops"]
