@@ -1,0 +1,29 @@
+"""sm_90 compile jobs of the decode GEMV (`common.aot`): every autotune config of `gemv_kernel`
+in each of the four forms the decode rules launch (a 2048-wide model with a 5632-wide SwiGLU MLP,
+the hybrid example's; bf16): the in-projection with the RMSNorm prologue, the gate/up projection
+with the RMSNorm prologue and the SwiGLU epilogue, the o_proj / down projection with the residual
+epilogue, and the plain product."""
+
+from __future__ import annotations
+
+from lt2dsl.kernels.common.aot import Job, tuned_jobs
+from lt2dsl.kernels.gemv import triton_gemv as G
+
+DIM, HIDDEN = 2048, 5632
+SCALARS = {n: "i32" for n in ("M", "N", "K", "sx", "sw", "sy", "sr", "up")} | {"eps": "fp32"}
+FORMS = (
+    ("norm", "rmsnorm", None),
+    ("norm-swiglu", "rmsnorm", "swiglu"),
+    ("residual", None, "residual"),
+    ("plain", None, None),
+)
+
+
+def jobs() -> list[Job]:
+    out = []
+    for tag, pro, epi in FORMS:
+        cex = {"BM": G.BM, "PRO": G.PRO_CODES[pro], "EPI": G.EPI_CODES[epi]}
+        out += tuned_jobs(
+            f"gemv/{tag}", G.gemv_kernel, {}, SCALARS, cex, aligned=("K", "sw"), default_ptr="*bf16"
+        )
+    return out

@@ -1,0 +1,37 @@
+"""Reference of the decode GEMV: the unfused chain it replaces, float64-capable.
+
+`gemv_ref` runs exactly the ops of the graph without the fusion (`F.rms_norm`, `F.linear`, the
+SwiGLU's `silu(g) · u`, the residual add), each rounding to the input dtype as they do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def gemv_ref(
+    x: Tensor,
+    weight: Tensor,
+    *,
+    norm_weight: Tensor | None = None,
+    eps: float | None = None,
+    residual: Tensor | None = None,
+    up: int | None = None,
+    width: int | None = None,
+) -> Tensor:
+    """`[..., K]` → `[..., N]`: y = f(x) @ Wᵀ with f = RMSNorm · γ when `norm_weight` is given; then
+    silu(y[..., :width]) · y[..., up : up + width] when `up` is given, or residual + y."""
+    h = F.rms_norm(x, (x.shape[-1],), norm_weight, eps) if norm_weight is not None else x
+    y = F.linear(h, weight)
+    if up is not None:
+        width = up if width is None else width
+        return F.silu(y[..., :width]) * y[..., up : up + width]
+    return residual + y if residual is not None else y
+
+
+def gemv_chain_f64(x: Tensor, weight: Tensor, **kw) -> Tensor:
+    """`gemv_ref` of float64 copies: the truth the kernel is held to."""
+    cast = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    return gemv_ref(x.double(), weight.double(), **cast)

@@ -1,0 +1,126 @@
+"""Triton kernel of the decode GEMV: `y[M, N] = f(x)[M, K] @ W[N, K]ᵀ` for a decode batch M ≤ 16.
+
+At decode every projection reads its whole weight for a handful of rows, so it is bound by the
+weight's bytes; the kernel streams W once, one block of BN output columns per program (all SMs
+read W at once), and does the cheap work around the product in the same pass:
+
+* prologue `PRO`: 0 none; 1 RMSNorm(x) · γ over K. The sum of squares of each row is gathered in
+  the same loop as the product (x is `[M, K]`, a few KB, read from L2 by every program), the
+  product takes bf16(x · γ) and the rows are scaled by rstd at the end: RMSNorm is a per-row
+  scale, so this equals the product of the normed rows up to bf16 rounding.
+* epilogue `EPI`: 0 none; 1 SwiGLU: the program also owns the matching columns `up + n` of the
+  up half of a concatenated gate/up weight and writes silu(g) · u (g, u rounded to the output
+  dtype first, as the GEMM's outputs are); 2 residual add: writes r + y (y rounded first, as the
+  unfused `h + proj(x)` is).
+
+The product is `tl.dot(W tile [BN, BK], xᵀ tile [BK, BM])` with BM = 16 (rows past M masked to
+zero): W is read in its own K-contiguous layout, accumulation in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lt2dsl.kernels.common.backend import triton_interpreting
+from lt2dsl.kernels.common.tl_util import INTERP, cast, helper
+
+BM = 16  # tl.dot's smallest tile: the decode rows, padded
+MAX_M = BM
+PRO_CODES = {None: 0, "rmsnorm": 1}
+EPI_CODES = {None: 0, "swiglu": 1, "residual": 2}
+
+
+def gemv_configs() -> list:
+    """Autotune candidates (BN, BK, warps, stages); the first only under the CPU interpreter."""
+    out = [
+        triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+        for bn, bk, w, s in (
+            (16, 128, 4, 4), (32, 128, 4, 4), (16, 256, 4, 3),
+            (32, 256, 8, 3), (64, 128, 8, 3), (64, 64, 4, 4),
+        )
+    ]  # fmt: skip
+    return out[:1] if triton_interpreting() else out
+
+
+@helper
+def _dot(a, b):
+    """a @ b in fp32; the interpreter's 16-bit `tl.dot` returns garbage, so it takes fp32 operands."""
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.autotune(gemv_configs(), key=["N", "K", "M", "PRO", "EPI"])
+@triton.jit
+def gemv_kernel(
+    x, w, y, r, nw, M, N, K, sx, sw, sy, sr, up, eps,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
+):  # fmt: skip
+    rn = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
+    rm = tl.arange(0, BM)
+    m_n, m_m = rn < N, rm < M
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    acc_u = tl.zeros([BN, BM], dtype=tl.float32)
+    ss = tl.zeros([BM], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK)
+        m_k = rk < K
+        b_x = tl.load(x + rm[None, :] * sx + rk[:, None], mask=m_k[:, None] & m_m[None, :], other=0.0)
+        if PRO == 1:
+            b_xf = b_x.to(tl.float32)
+            ss += tl.sum(b_xf * b_xf, axis=0)
+            b_g = tl.load(nw + rk, mask=m_k, other=0.0).to(tl.float32)
+            b_x = b_xf * b_g[:, None]
+        b_x = cast(b_x, w.dtype.element_ty)
+        m_w = m_n[:, None] & m_k[None, :]
+        b_w = tl.load(w + rn[:, None] * sw + rk[None, :], mask=m_w, other=0.0)
+        acc += _dot(b_w, b_x)
+        if EPI == 1:
+            b_u = tl.load(w + (rn[:, None] + up) * sw + rk[None, :], mask=m_w, other=0.0)
+            acc_u += _dot(b_u, b_x)
+    if PRO == 1:
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * rstd[None, :]
+        acc_u = acc_u * rstd[None, :]
+    DT = y.dtype.element_ty
+    out = cast(acc, DT).to(tl.float32)
+    m_y = m_n[:, None] & m_m[None, :]
+    if EPI == 1:
+        # silu(g) rounded as the unfused `F.silu(g)` output is, then the product with u
+        b_silu = cast(out * tl.sigmoid(out), DT).to(tl.float32)
+        out = b_silu * cast(acc_u, DT).to(tl.float32)
+    if EPI == 2:
+        out += tl.load(r + rm[None, :] * sr + rn[:, None], mask=m_y, other=0.0).to(tl.float32)
+    tl.store(y + rm[None, :] * sy + rn[:, None], cast(out, DT), mask=m_y)
+
+
+def gemv_fwd(
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    up: int | None = None,
+) -> torch.Tensor:
+    """Launch the kernel: x2 `[M, K]` (unit column stride), weight `[N_w, K]` (unit column stride),
+    out `[M, N]` written (N = the gate half's width with `up`), residual `[M, N]` or None.
+    `norm_weight` turns the RMSNorm prologue on; `up` the SwiGLU epilogue (the up rows' offset)."""
+    M, K = x2.shape
+    N = out.shape[1]
+    pro = PRO_CODES["rmsnorm" if norm_weight is not None else None]
+    epi = EPI_CODES["swiglu" if up is not None else "residual" if residual is not None else None]
+    r = residual if residual is not None else out
+    nw = norm_weight if norm_weight is not None else weight
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BN"]),)
+
+    gemv_kernel[grid](
+        x2, weight, out, r, nw, M, N, K, x2.stride(0), weight.stride(0), out.stride(0), r.stride(0),
+        up or 0, float(eps), BM=BM, PRO=pro, EPI=epi,
+    )  # fmt: skip
+    return out

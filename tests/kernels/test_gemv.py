@@ -1,0 +1,80 @@
+"""Decode GEMV (`lt2dsl.kernels.gemv`): the Triton kernel (CPU interpreter here) against the unfused
+chain in float64, on shapes that are not multiples of the tiles (K, N) and M = 1, 3, 8 rows; the
+kernel's error may not exceed the unfused bf16 chain's by more than rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.kernels.fused.testing import rel_rms
+from lt2dsl.kernels.gemv import gemv, gemv_applies
+from lt2dsl.kernels.gemv.naive import gemv_chain_f64, gemv_ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+K, N = 200, 37  # one full and one partial K tile of 128; three column blocks of 16, the last partial
+
+
+def _inputs(M: int, dtype: torch.dtype, rows: int = N, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g) * 2 + 0.5
+    w = torch.randn(rows, K, generator=g) / K**0.5
+    gamma = 1 + 0.3 * torch.randn(K, generator=g)
+    r = torch.randn(M, N, generator=g)
+    return [t.to(DEVICE, dtype) for t in (x, w, gamma, r)]
+
+
+CASES = {
+    "plain": lambda w, gamma, r: {},
+    "rmsnorm": lambda w, gamma, r: {"norm_weight": gamma, "eps": 1e-6},
+    "residual": lambda w, gamma, r: {"residual": r},
+    "rmsnorm-swiglu": lambda w, gamma, r: {"norm_weight": gamma, "eps": 1e-6, "up": N + 3, "width": N},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("case", list(CASES))
+def test_gemv_matches_the_unfused_chain(case, M, dtype):
+    # the SwiGLU weight is a padded gate/up concatenation: gate rows [0, N), up rows [N + 3, 2N + 3)
+    x, w, gamma, r = _inputs(M, dtype, rows=2 * N + 8 if "swiglu" in case else N)
+    kw = CASES[case](w, gamma, r)
+    assert gemv_applies(x, w, backend="triton")
+    out = gemv(x, w, backend="triton", **kw)
+    truth = gemv_chain_f64(x, w, **kw)
+    chain = gemv_ref(x, w, **kw)  # the unfused ops in dtype: the rounding the fusion may match
+    assert out.shape == truth.shape == (M, N) and out.dtype == dtype
+    err, err_chain = rel_rms(out, truth), rel_rms(chain, truth)
+    assert err <= 1.5 * err_chain + 2e-3, f"{case}: fused {err:.2e} vs the unfused chain's {err_chain:.2e}"
+
+
+def test_gemv_keeps_leading_dims_and_reads_strided_rows():
+    x, w, gamma, r = _inputs(4, torch.bfloat16)
+    wide = torch.zeros(2, 2, 1, K + 8, dtype=torch.bfloat16, device=DEVICE)
+    wide[..., 3 : 3 + K] = x.view(2, 2, 1, K)
+    xs = wide[..., 3 : 3 + K]  # rows 8 + K apart
+    out = gemv(xs, w, residual=r.view(2, 2, 1, N), backend="triton")
+    assert out.shape == (2, 2, 1, N)
+    truth = gemv_chain_f64(x, w, residual=r).view(2, 2, 1, N)
+    assert rel_rms(out, truth) < 1e-2
+
+
+def test_gemv_runs_the_chain_where_the_kernel_does_not_apply():
+    x, w, gamma, r = _inputs(3, torch.bfloat16)
+    big = torch.randn(17, K, dtype=torch.bfloat16, device=DEVICE)
+    assert not gemv_applies(big, w, backend="triton")  # more rows than one launch takes
+    assert not gemv_applies(x.float(), w.float(), backend="triton")  # 32-bit
+    assert not gemv_applies(x, w, backend="reference")
+    wg = w.clone().requires_grad_()
+    assert not gemv_applies(x, wg, backend="triton")  # autograd to record
+    out = gemv(x, wg, norm_weight=gamma, backend="triton")
+    assert out.requires_grad
+    torch.testing.assert_close(out, gemv_ref(x, wg, norm_weight=gamma))
+
+
+def test_gemv_refuses_a_bad_swiglu_split():
+    x, w, gamma, r = _inputs(1, torch.bfloat16)
+    with pytest.raises(ValueError, match="SwiGLU"):
+        gemv(x, w, up=30, width=20, backend="triton")  # up rows past the weight's 37
+    with pytest.raises(ValueError, match="SwiGLU"):
+        gemv(x, w, up=10, residual=r, backend="triton")
