@@ -19,7 +19,7 @@ runs under a `record_function` of its name), one line per node of the first appl
 block kind that launches anything: where the fusable chains are.
 
 Usage:
-    PYTHONPATH=. python bench/decode_launches.py [MODEL ...] [--out DIR] [--trace]
+    PYTHONPATH=. python bench/decode_launches.py [MODEL ...] [--out DIR] [--trace] [--opt-in RULE]
 MODEL: an example stem or `gdn12` (default: lt2_hybrid_gdn_dsa ouro_looped_transformer gdn12). Toy
 sizes (dim 64, 2 heads of 32, vocab 256; the rest of each model as written). Prints a table per
 model and writes DIR/decode_launches.json (default: the current folder).
@@ -237,13 +237,15 @@ def totals(c: collections.Counter) -> dict[str, int]:
     return {"gemm": c["gemm"], "triton": tri, "aten": aten, "total": c["gemm"] + tri + aten}
 
 
-def toy_model(name: str):
-    """The example `name` (or the 12-layer GDN model, `gdn12`) at toy sizes, bf16, Triton path."""
+def toy_model(name: str, opt_in: tuple[str, ...] = ()):
+    """The example `name` (or the 12-layer GDN model, `gdn12`) at toy sizes, bf16, Triton path, with
+    the opt-in fusion rules `opt_in` (`lowering.fx_passes.OPT_IN`)."""
     import lt2dsl
     from bench.gdn12 import GDN12
 
     src = GDN12 if name == "gdn12" else str(ROOT / "examples" / f"{name}.lt2")
-    model = lt2dsl.compile(src, backend="triton", dtype=torch.bfloat16, device="cpu", **TOY).eval()
+    kw = {"backend": "triton", "dtype": torch.bfloat16, "device": "cpu", "opt_in": opt_in}
+    model = lt2dsl.compile(src, **kw, **TOY).eval()
     _ = model.graph_module  # traced and fused before the kernels are stubbed
     return model
 
@@ -267,9 +269,10 @@ def dynamic_step(model) -> Callable[[], object]:
     return lambda: model(tok, cache)
 
 
-def count_model(name: str) -> dict[str, collections.Counter]:
-    """{"engine", "dynamic"} → launches of one decode step of the toy model `name`."""
-    model = toy_model(name)
+def count_model(name: str, opt_in: tuple[str, ...] = ()) -> dict[str, collections.Counter]:
+    """{"engine", "dynamic"} → launches of one decode step of the toy model `name` (with the opt-in
+    fusion rules `opt_in`)."""
+    model = toy_model(name, opt_in)
     out = {}
     with torch.no_grad(), stubbed_kernels() as stubs:
         for path, make in (("engine", engine_step), ("dynamic", dynamic_step)):
@@ -286,17 +289,20 @@ def main() -> None:
     p.add_argument("models", nargs="*", help="example stems or gdn12 [all three]")
     p.add_argument("--out", type=Path, default=Path("."), help="folder of decode_launches.json [.]")
     p.add_argument("--trace", action="store_true", help="the engine step's launches by graph node")
+    p.add_argument("--opt-in", action="append", default=[], metavar="RULE",
+                   help="an opt-in fusion rule to run too (e.g. decode_gemv); repeatable")  # fmt: skip
     args = p.parse_args()
     names = args.models or list(MODELS)
     console, report = Console(), {}
     if args.trace:
         for name in names:
-            print_trace(name, toy_model(name), console)
+            print_trace(name, toy_model(name, tuple(args.opt_in)), console)
         return
     for name in names:
-        counts = count_model(name)
+        counts = count_model(name, tuple(args.opt_in))
         report[name] = {p: {"totals": totals(c), "by_kind": dict(c.most_common())} for p, c in counts.items()}
-        t = Table(title=f"{name}: launches of one decode step (toy size, B=1)")
+        rules = "".join(f" +{r}" for r in args.opt_in)
+        t = Table(title=f"{name}{rules}: launches of one decode step (toy size, B=1)")
         t.add_column("kind")
         for p in counts:
             t.add_column(p, justify="right")
@@ -310,7 +316,8 @@ def main() -> None:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "decode_launches.json.tmp"
-    tmp.write_text(json.dumps({"torch": torch.__version__, "models": report}, indent=1))
+    meta = {"torch": torch.__version__, "opt_in": args.opt_in}
+    tmp.write_text(json.dumps({**meta, "models": report}, indent=1))
     os.replace(tmp, out / "decode_launches.json")
 
 

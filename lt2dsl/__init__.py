@@ -25,6 +25,7 @@ def compile(
     dtype: torch.dtype | str | None = None,
     fuse: bool = True,
     build_graph: bool | None = None,
+    opt_in: tuple[str, ...] = (),
     **overrides: Any,
 ) -> LT2Model:
     """Compile a `.lt2` program into a trainable `LT2Model` (a `torch.nn.Module`).
@@ -40,6 +41,9 @@ def compile(
             (`lt2dsl.lowering.fx_passes`); False runs the unfused graph. Default: True.
         build_graph (bool, Optional): trace and fuse the graph now rather than in the first forward
             or `generate`. Default: on CUDA devices only (a CPU or meta model may never run whole).
+        opt_in (tuple[str, ...], Optional): fusion rules that are off by default to run too
+            (`lt2dsl.lowering.fx_passes.OPT_IN`): "decode_gemv" fuses a decode step's projections
+            with their norms, residual adds and SwiGLU (docs/decode.md). Default: none.
         **overrides: settings as `--set` gives them, e.g. `loop_T=8`, `dim=256`.
 
     Returns:
@@ -60,6 +64,7 @@ def compile(
         overrides=overrides,
         fuse=fuse,
         build_graph=build_graph,
+        opt_in=opt_in,
     )
 
 

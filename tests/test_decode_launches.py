@@ -51,3 +51,22 @@ def test_decode_step_launches_stay_at_most_their_count(name):
         for path, c in counts.items():
             assert not c["triton:gdn_gate_fwd_kernel"], f"{name} ({path}) launches the GDN gates apart"
             assert c["triton:delta_recurrent_kernel"] == (72 if name == "lt2_hybrid_gdn_dsa" else 12)
+
+
+# with the opt-in rule `decode_gemv`: launches of one step, and the GEMV launches among them (two
+# per add-norm between projections: all but the first in-projection, the last down_proj and the head)
+GEMV_LIMITS = {"lt2_hybrid_gdn_dsa": (735, 382), "gdn12": (97, 46)}
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="counts launches under Triton's CPU interpreter")
+@pytest.mark.parametrize("name", list(GEMV_LIMITS))
+def test_decode_gemv_rule_cuts_the_engine_step_only(name):
+    counts = dl.count_model(name, ("decode_gemv",))
+    limit, gemvs = GEMV_LIMITS[name]
+    e, d = counts["engine"], counts["dynamic"]
+    assert dl.totals(e)["total"] <= limit, f"{name}: {dl.totals(e)} launches per step > {limit}"
+    assert e["triton:gemv_kernel"] == gemvs and e["gemm"] == 3, f"{name}: {dict(e.most_common(6))}"
+    # the add-norms and SwiGLUs between projections run inside the GEMVs, but the head's add-norm
+    assert e["triton:add_rmsnorm_fwd_kernel"] == 1 and not e["triton:swiglu_fwd_kernel"]
+    # a dynamic cache runs the nodes the rule replaced
+    assert not d["triton:gemv_kernel"] and dl.totals(d)["total"] <= LIMITS[name]["dynamic"]

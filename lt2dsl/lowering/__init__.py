@@ -7,8 +7,9 @@ front end), a surface `Program`, or an already resolved `Model`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ def compile_model(
     overrides: Mapping[str, Any] | None = None,
     fuse: bool = True,
     build_graph: bool | None = None,
+    opt_in: Sequence[str] = (),
 ) -> LT2Model:
     """Build the `LT2Model` of `source`.
 
@@ -42,9 +44,12 @@ def compile_model(
         dtype (Optional): parameter / activation dtype; default the model's `dtype` setting.
         overrides (Optional): `--set` style settings, e.g. `{"loop_T": 8, "dim": 256}`.
         fuse (bool, Optional): run the FX fusion passes over the lowered graph. Default: True.
+        opt_in (Sequence[str], Optional): fusion rules that are off by default to run too
+            (`fx_passes.OPT_IN`, e.g. "decode_gemv"); needs `fuse`. Default: none.
         build_graph (bool, Optional): trace and fuse the graph here, so a first forward or generate
             does not. Default: on CUDA only; never on `meta`, where a model cannot run.
     """
+    rules = _opt_in(opt_in, fuse)
     model = resolve_source(source, dict(overrides or {}))
     dt = torch_dtype(dtype if dtype is not None else model.config.dtype)
     device = _device(device)
@@ -53,13 +58,24 @@ def compile_model(
     if fuse:
         from lt2dsl.lowering.fx_passes import fuse_graph
 
-        lowered.graph_passes.append(fuse_graph)
+        lowered.graph_passes.append(partial(fuse_graph, opt_in=rules) if rules else fuse_graph)
     lowered = lowered.to(dtype=dt)
     where = lowered.embed.weight.device.type
     if where != "meta" and (build_graph if build_graph is not None else where == "cuda"):
         # A model moved later (`.to()`) is traced again on its next use.
         lowered.build_graph()
     return lowered
+
+
+def _opt_in(opt_in: Sequence[str], fuse: bool) -> tuple[str, ...]:
+    """The opt-in rule names, checked (ValueError: an unknown one, or any without `fuse`)."""
+    if not opt_in:
+        return ()
+    if not fuse:
+        raise ValueError(f"opt_in={tuple(opt_in)!r} names fusion rules, but fuse=False runs none")
+    from lt2dsl.lowering.fx_passes import opt_in_names
+
+    return opt_in_names(opt_in)
 
 
 def resolve_source(source, overrides: dict[str, Any]) -> n.Model:

@@ -1,9 +1,10 @@
 """FX fusion pass over the lowered graph: adjacent operations fused into single kernels by rules.
 
-`fuse(gm, rules=None)` runs the rules of `RULES` (all, or the named ones, in `RULES` order) on a
-lowered `torch.fx.GraphModule` in place and returns `PassResult(gm, modified)`; `COUNTERS` maps
-each rule name to how often it fired in the last run. `LT2_DEBUG=1` prints the rules that fired
-with their counts, `LT2_DEBUG=2` also the graph code before and after.
+`fuse(gm, rules=None, opt_in=())` runs the rules of `RULES` (all, or the named ones, in `RULES`
+order) and the named rules of `OPT_IN` after them on a lowered `torch.fx.GraphModule` in place and
+returns `PassResult(gm, modified)`; `COUNTERS` maps each rule name to how often it fired in the
+last run. `LT2_DEBUG=1` prints the rules that fired with their counts, `LT2_DEBUG=2` also the graph
+code before and after.
 
 | rule | pattern → replacement |
 |---|---|
@@ -18,6 +19,12 @@ with their counts, `LT2_DEBUG=2` also the graph code before and after.
 | `norm_proj` | norm → several projections → one concatenated GEMM (`linear_split`) |
 | `rope_cache` | RoPE of q, [LayerNorm'd] k → k (, v) appended to the cache → one node, one decode launch |
 | `dsa_w_scale` | dsa_attend(…, w · c) → dsa_attend(…, w, w_scale=c): the indexer scales w in its kernel |
+
+Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; not yet timed on a GPU):
+
+| rule | pattern → replacement |
+|---|---|
+| `decode_gemv` | proj → add_rmsnorm → linear_split [→ swiglu] → one node: two GEMV launches at decode |
 
 The rules live one per file (a group for the two conv rules); `manager.py` holds the matcher
 contract and the pass; `leaves.py` the cache-aware functions the fused graph calls.
@@ -34,10 +41,10 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from lt2dsl.env import debug_level
 
-from . import add_norm, conv, dsa_scale, gates, out_norm, projections, rope_cache, swiglu
+from . import add_norm, conv, decode_gemv, dsa_scale, gates, out_norm, projections, rope_cache, swiglu
 from .manager import FuseAdjacent, Rule
 
-__all__ = ["COUNTERS", "RULES", "FuseAdjacent", "Rule", "fuse", "fuse_graph"]
+__all__ = ["COUNTERS", "OPT_IN", "RULES", "FuseAdjacent", "Rule", "fuse", "fuse_graph", "opt_in_names"]
 
 RULES: dict[str, Rule] = {
     r.name: r
@@ -56,35 +63,55 @@ RULES: dict[str, Rule] = {
     )
 }
 
+# Rules off by default, run after `RULES` when named in `opt_in`: a decode-only rewrite whose
+# kernels are not yet measured against what they replace on a GPU.
+OPT_IN: dict[str, Rule] = {r.name: r for r in (decode_gemv.RULE,)}
+
 # rule name -> how many times it fired in the last `fuse` call
-COUNTERS: dict[str, int] = dict.fromkeys(RULES, 0)
+COUNTERS: dict[str, int] = dict.fromkeys([*RULES, *OPT_IN], 0)
 
 
-def select(rules: Sequence[str] | None) -> list[Rule]:
-    """The named rules and the rules they need (`Rule.needs`) in `RULES` order (all for None);
-    unknown names raise ValueError."""
+def select(rules: Sequence[str] | None, opt_in: Sequence[str] = ()) -> list[Rule]:
+    """The named rules and the rules they need (`Rule.needs`) in `RULES` order (all for None), then
+    the `opt_in` rules in `OPT_IN` order; unknown names raise ValueError."""
     if rules is None:
-        return list(RULES.values())
+        rules = list(RULES)
     if isinstance(rules, str):
         rules = [rules]
     unknown = [r for r in rules if r not in RULES]
     if unknown:
         raise ValueError(f"unknown fusion rule(s) {', '.join(map(repr, unknown))}; rules: {', '.join(RULES)}")
+    extra = opt_in_names(opt_in)
     wanted = set(rules) | {n for r in rules for n in RULES[r].needs}
-    return [r for name, r in RULES.items() if name in wanted]
+    chosen = [r for name, r in RULES.items() if name in wanted]
+    return chosen + [r for name, r in OPT_IN.items() if name in extra]
 
 
-def fuse(gm: torch.fx.GraphModule, *, rules: Sequence[str] | None = None) -> PassResult:
+def opt_in_names(opt_in: Sequence[str]) -> tuple[str, ...]:
+    """`opt_in` checked against `OPT_IN` (a ValueError names an unknown one), in `OPT_IN` order."""
+    if isinstance(opt_in, str):
+        opt_in = [opt_in]
+    unknown = [r for r in opt_in if r not in OPT_IN]
+    if unknown:
+        names = ", ".join(map(repr, unknown))
+        raise ValueError(f"unknown opt-in fusion rule(s) {names}; opt-in rules: {', '.join(OPT_IN)}")
+    return tuple(name for name in OPT_IN if name in opt_in)
+
+
+def fuse(
+    gm: torch.fx.GraphModule, *, rules: Sequence[str] | None = None, opt_in: Sequence[str] = ()
+) -> PassResult:
     """Fuse adjacent operations of a lowered GraphModule in place.
 
     Args:
         gm (torch.fx.GraphModule): a lowered graph (`LT2Model.graph_module` or a copy sharing its
             modules); rewritten in place, parameters shared.
         rules (Sequence[str], Optional): names from `RULES` to run. Default: all.
+        opt_in (Sequence[str], Optional): names from `OPT_IN` to run after them. Default: none.
     Returns:
         PassResult: (gm, modified). `COUNTERS` holds this run's fire count per rule.
     """
-    chosen = select(rules)
+    chosen = select(rules, opt_in)
     level = debug_level()
     if level >= 2:
         print(f"lt2dsl: graph before `fuse-adjacent`:\n{gm.code}", file=sys.stderr)
@@ -92,7 +119,7 @@ def fuse(gm: torch.fx.GraphModule, *, rules: Sequence[str] | None = None) -> Pas
     fuse_pass = FuseAdjacent(chosen)
     result = fuse_pass(gm)
     COUNTERS.clear()
-    COUNTERS.update(dict.fromkeys(RULES, 0))
+    COUNTERS.update(dict.fromkeys([*RULES, *OPT_IN], 0))
     COUNTERS.update(fuse_pass.counts)
     if level >= 1:
         ms = 1000 * (time.perf_counter() - t0)
@@ -103,7 +130,8 @@ def fuse(gm: torch.fx.GraphModule, *, rules: Sequence[str] | None = None) -> Pas
     return result
 
 
-def fuse_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """`fuse` with every rule, as a GraphModule → GraphModule step for `LT2Model.graph_passes`
-    (a named function, not a lambda, so a fused model still pickles)."""
-    return fuse(gm).graph_module
+def fuse_graph(gm: torch.fx.GraphModule, opt_in: Sequence[str] = ()) -> torch.fx.GraphModule:
+    """`fuse` with every rule of `RULES` and the `opt_in` ones, as a GraphModule → GraphModule step
+    for `LT2Model.graph_passes` (a named function, not a lambda, so a fused model still pickles;
+    `functools.partial(fuse_graph, opt_in=...)` for opt-in rules)."""
+    return fuse(gm, opt_in=opt_in).graph_module

@@ -1,0 +1,73 @@
+"""The opt-in rule `decode_gemv` end to end (CPU interpreter here): a bf16 GDN + DSA model whose
+decode steps run the GEMV kernels gives the eager path's greedy tokens, its static-cache logits
+stay as near the float64 truth as one forward, and the kernels do run in the engine's step (and
+only there: prefill and a dynamic cache keep the unfused nodes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.engine import Engine
+from lt2dsl.kernels.gemv import triton_gemv
+from lt2dsl.lowering import compile_model, fx_passes
+
+from ..lowering.util import call, resolved, tokens
+from .util import assert_near_the_truth, eager_greedy, jitter
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BODY = f"loop T=2 < {call('gdn')}; {call('dsa')} >"
+
+
+def gemv_model(opt_in=("decode_gemv",), fuse: bool = True):
+    torch.manual_seed(0)
+    kw = {"backend": "triton", "dtype": torch.bfloat16, "device": DEVICE, "fuse": fuse, "opt_in": opt_in}
+    # jittered: the norms' γ (initialised to ones) must take part in what the tests compare
+    model = jitter(compile_model(resolved(BODY), **kw).eval(), scale=0.2)
+    model.build_graph()  # traced and fused here: `fx_passes.COUNTERS` are this model's
+    return model
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """GEMV kernel launches by the number of rows they took."""
+    seen: list[int] = []
+    real = triton_gemv.gemv_fwd
+
+    def spy(x2, *args, **kw):
+        seen.append(x2.shape[0])
+        return real(x2, *args, **kw)
+
+    monkeypatch.setattr(triton_gemv, "gemv_fwd", spy)
+    return seen
+
+
+def test_engine_greedy_tokens_equal_the_eager_path(launches):
+    model = gemv_model()
+    # 2 iterations x 2 blocks: o_proj and down_proj of each application but the last down_proj
+    assert fx_passes.COUNTERS["decode_gemv"] == 7
+    assert "proj_add_norm_split" in model.graph_module.code
+    ids = tokens(2, 4).to(DEVICE)
+    got = Engine(model, capture=False).generate(ids, 4)
+    # 3 decode steps, each 7 fused nodes of two launches, 2 rows each; the prefill launches none
+    assert launches == [2] * (3 * 7 * 2)
+    launches.clear()
+    assert torch.equal(got, eager_greedy(model, ids, 4))
+    assert not launches, "the dynamic cache's steps ran the decode kernels"
+
+
+def test_static_cache_logits_stay_near_the_truth(launches):
+    model = gemv_model()
+    seq = tokens(2, 9).to(DEVICE)
+    errs = assert_near_the_truth(model, seq, 6)
+    assert launches and set(launches) == {2}, "the static steps ran no decode GEMV"
+    assert errs["static"] <= 1.25 * errs["forward"] + 0.01
+
+
+def test_the_rule_is_off_unless_named():
+    assert "proj_add_norm_split" not in gemv_model(opt_in=()).graph_module.code
+    assert fx_passes.COUNTERS["decode_gemv"] == 0
+    with pytest.raises(ValueError, match="opt-in fusion rule"):
+        gemv_model(opt_in=("decode_gemvv",))
+    with pytest.raises(ValueError, match="fuse=False"):
+        gemv_model(fuse=False)
