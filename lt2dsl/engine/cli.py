@@ -54,6 +54,13 @@ def model_arguments(p: argparse.ArgumentParser, ctx: str, batch: str) -> None:
         "--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="[bf16 on CUDA, fp32 on CPU]"
     )
     p.add_argument("--no-fuse", action="store_true", help="run the unfused graph")
+    p.add_argument(
+        "--rules",
+        default="default",
+        metavar="SETS",
+        help="fusion rule sets, each model runs once per set: `default` or `+RULE[+RULE]` with opt-in "
+        "rules, e.g. default,+decode_gemv [default]",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model setting")
 
 
@@ -132,12 +139,35 @@ def load_models(args, err, device: torch.device):
     from lt2dsl.lowering import compile_model
 
     dtype = torch_dtype(args.dtype or ("bf16" if device.type == "cuda" else "fp32"))
-    out, overrides = [], overrides_of(args)
+    out, overrides, sets = [], overrides_of(args), rule_sets(args.rules, not args.no_fuse)
     for f in args.files:
         loaded = load(existing(f), overrides)
         report(err, loaded.diagnostics, loaded.sources)
         if loaded.model is None:
             return None
-        model = compile_model(loaded.model, device=device, dtype=dtype, fuse=not args.no_fuse)
-        out.append((loaded.model.config.name, model.eval()))
+        for opt_in in sets:
+            kw = {"device": device, "dtype": dtype, "fuse": not args.no_fuse, "opt_in": opt_in}
+            model = compile_model(loaded.model, **kw)
+            out.append((loaded.model.config.name + "".join(f"+{r}" for r in opt_in), model.eval()))
     return out
+
+
+def rule_sets(text: str, fuse: bool) -> list[tuple[str, ...]]:
+    """`--rules`: one tuple of opt-in fusion rules per comma-separated set (`default`: none)."""
+    from lt2dsl.lowering.fx_passes import opt_in_names
+
+    sets = []
+    for item in (t.strip() for t in text.split(",")):
+        if item == "default":
+            sets.append(())
+            continue
+        names = [n for n in item.split("+") if n]
+        if not item.startswith("+") or not names:
+            raise UsageError(f"--rules: `{item}` is neither `default` nor `+RULE[+RULE]`")
+        try:
+            sets.append(opt_in_names(names))
+        except ValueError as e:
+            raise UsageError(f"--rules: {e}") from None
+    if not fuse and any(sets):
+        raise UsageError("--rules: opt-in fusion rules need the fusion pass (drop --no-fuse)")
+    return sets

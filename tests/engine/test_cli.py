@@ -55,6 +55,14 @@ def test_bench_decode_writes_table_json_and_plot(toy, tmp_path, capsys):
     assert "tok/s" in text and "estimate tok/s" in text and "toy" in text
 
 
+def test_bench_decode_runs_each_model_once_per_rule_set(toy, tmp_path):
+    out_json = tmp_path / "decode.json"
+    argv = ["bench", "decode", str(toy), "--ctx", "8", "--batch", "1", "--steps", "1", "--warm", "0"]
+    assert main([*argv, "--rules", "default,+decode_gemv", "--json", str(out_json), "--device", "cpu"]) == 0
+    points = json.loads(out_json.read_text())["points"]
+    assert [p["model"] for p in points] == ["toy", "toy+decode_gemv"]
+
+
 def test_warmup_runs_each_shape(toy, capsys):
     assert main(["warmup", str(toy), "--ctx", "8", "--batch", "1,2", "--device", "cpu"]) == 0
     assert "first generate s" in capsys.readouterr().out
@@ -68,6 +76,9 @@ def test_warmup_runs_each_shape(toy, capsys):
         (["bench", "decode", "{toy}", "--hw", "tpu9"], 2),
         (["bench", "decode", "missing.lt2"], 2),
         (["bench", "decode", "{toy}", "--set", "dim=-1"], 1),
+        (["bench", "decode", "{toy}", "--rules", "+decode_gemvv"], 2),
+        (["bench", "decode", "{toy}", "--rules", "decode_gemv"], 2),
+        (["bench", "decode", "{toy}", "--rules", "+decode_gemv", "--no-fuse"], 2),
         (["warmup", "{toy}", "--device", "cuda"], 0 if torch.cuda.is_available() else 2),
     ],
 )
