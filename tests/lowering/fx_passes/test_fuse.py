@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lt2dsl.kernels.fused.testing import assert_close as rel_close
-from lt2dsl.lowering.fx_passes import COUNTERS, RULES, fuse
+from lt2dsl.lowering.fx_passes import COUNTERS, OPT_IN, RULES, fuse
 
 from ..util import KINDS, call, lower, run_chunks, tokens
 from .helpers import assert_same, fused_copy
@@ -164,7 +164,7 @@ def test_second_run_fires_nothing_and_counters_are_per_run():
     assert result.modified and result.graph_module is gm and sum(COUNTERS.values()) > 0
     code = gm.code
     again = fuse(gm)
-    assert not again.modified and set(COUNTERS) == set(RULES) and not any(COUNTERS.values())
+    assert not again.modified and set(COUNTERS) == {*RULES, *OPT_IN} and not any(COUNTERS.values())
     assert gm.code == code
 
 
@@ -174,6 +174,18 @@ def test_rule_selection_and_unknown_names():
     assert COUNTERS["swiglu"] == 1 and COUNTERS["add_rmsnorm"] == 0
     with pytest.raises(ValueError, match=r"unknown fusion rule.*'swigl'"):
         fuse(model.graph_module, rules=["swigl"])
+
+
+def test_opt_in_rules_run_only_when_named():
+    """`decode_gemv` is off in the default set; named in `opt_in` it runs after the default rules
+    (it matches their add-norms and concatenated projections); an unknown name is refused."""
+    assert "decode_gemv" in OPT_IN and "decode_gemv" not in RULES
+    fuse(lower(call("gdn")).graph_module)
+    assert COUNTERS["decode_gemv"] == 0
+    fuse(lower(f"{call('gdn')}; {call('gdn')}").graph_module, opt_in=["decode_gemv"])
+    assert COUNTERS["decode_gemv"] == 3 and COUNTERS["add_rmsnorm"] == 4
+    with pytest.raises(ValueError, match=r"unknown opt-in fusion rule.*'swiglu'"):
+        fuse(lower(call("gdn")).graph_module, opt_in=["swiglu"])
 
 
 def test_debug_levels_print_fired_rules_and_graphs(monkeypatch, capsys):
