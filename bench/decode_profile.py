@@ -19,7 +19,7 @@ the launch chain (fuse kernels); a step whose kernels alone take long is bound b
 `<out>/decode_profile.json` naming the card.
 
     python bench/decode_profile.py examples/lt2_hybrid_gdn_dsa.lt2 --ctx 4096,32768 --batch 1 \\
-        --out $OUT/prof                                                # on the GPU, ~30 s a point
+        --prefill --out $OUT/prof                                      # on the GPU
     python bench/decode_profile.py examples/lt2_sparse_dsa.lt2 --device cpu --ctx 16 --steps 2 \\
         --profiled 2 --out /tmp/prof                # CPU, no graphs: aten ops stand in; no claims
 """
@@ -161,11 +161,34 @@ def run_point(model, batch: int, ctx: int, args, triton_names: set[str], capture
         if cuda:
             torch.cuda.synchronize()
     stream.close()
-    engine.release()
     row = summarize(prof.events(), args.profiled, triton_names, cuda)
+    if args.prefill:
+        row["prefill"] = profile_prefill(engine, ids, triton_names, cuda)
+    engine.release()
     row.update(batch=batch, ctx=ctx, step_us=step_us, idle_us=max(step_us - row["busy_us"], 0.0))
     row["source"] = "replayed graphs" if engine.capture else "eager steps"
     return row
+
+
+def profile_prefill(engine: Engine, ids: torch.Tensor, triton_names: set[str], cuda: bool) -> dict:
+    """The prompt's prefill (the engine's chunks, and the first token's sampling) under the profiler:
+    its wall µs, its kernels by kind, busy and idle, the top kernels."""
+    import time
+
+    stream = engine.stream(ids, 1)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        next(stream)
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    stream.close()
+    out = summarize(prof.events(), 1, triton_names, cuda)
+    out.update(step_us=wall_us, idle_us=max(wall_us - out["busy_us"], 0.0), source="eager prefill")
+    return out
 
 
 def show(console: Console, name: str, row: dict) -> None:
@@ -194,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32, help="timed steps")
     p.add_argument("--profiled", type=int, default=8, help="steps recorded by the profiler")
     p.add_argument("--warm", type=int, default=4, help="steps before the timed ones")
+    p.add_argument("--prefill", action="store_true", help="also profile one prefill of the prompt")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -212,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"model": f.stem} | point(model, batch, ctx, args, names)
                 rows.append(row)
                 show(console, f.stem, row)
+                if "prefill" in row:
+                    show(console, f"{f.stem} prefill", row["prefill"] | {"batch": batch, "ctx": ctx})
         del model
         if cuda:
             torch.cuda.empty_cache()
