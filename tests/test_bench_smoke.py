@@ -108,3 +108,32 @@ def test_decode_gemv_bench_reads_the_hybrids_shapes():
     assert sh["GatedDeltaNet in"] == (12320, 2048) and sh["SparseAttention in"] == (6480, 2048)
     assert sh["GatedDeltaNet o_proj"] == (2048, 4096) and sh["SparseAttention o_proj"] == (2048, 2048)
     assert sh["GatedDeltaNet gate/up"] == (11264, 2048) and sh["GatedDeltaNet down"] == (2048, 5632)
+
+
+TINY = """model tiny {
+  dim = 64
+  vocab = 256
+  heads = 2
+  head_dim = 32
+  mlp = swiglu(hidden=128)
+  max_len = 256
+  loop T=2 < gdn; dsa(topk=4, index_heads=2, index_dim=16) >
+}
+"""
+
+
+def test_decode_profile_bench_smoke(tmp_path):
+    """`bench/decode_profile.py` on the CPU (no graphs: the aten ops stand in for kernels): a decode
+    row and a prefill row per point, kernels by kind (the profiler's own cost inflates CPU op times,
+    so busy and step are not compared here)."""
+    src = tmp_path / "tiny.lt2"
+    src.write_text(TINY)
+    args = ["--device", "cpu", "--ctx", "8,16", "--steps", "2", "--profiled", "2", "--warm", "1", "--prefill"]
+    cmd = [sys.executable, "bench/decode_profile.py", str(src), *args, "--out", str(tmp_path / "p")]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "p" / "decode_profile.json").read_text())["rows"]
+    assert [(r["model"], r["ctx"]) for r in rows] == [("tiny", 8), ("tiny", 16)]
+    for r in rows:
+        assert r["kernels"] > 0 and "gemm" in r["kinds"] and r["busy_us"] > 0 and r["step_us"] > 0
+        assert r["prefill"]["kernels"] > r["kernels"] and r["top"]
