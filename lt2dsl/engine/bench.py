@@ -111,8 +111,9 @@ def measure(engine: Engine, batch: int, ctx: int, plan: Plan) -> dict:
     }
 
 
-def run(models: list[tuple[str, object]], plan: Plan, progress=None) -> list[dict]:
-    """Every point of `plan` for each (name, model); `progress(description)` after each point."""
+def run(models: list[tuple[str, object]], plan: Plan, progress=None, on_row=None) -> list[dict]:
+    """Every point of `plan` for each (name, model); `progress(description)` after each point, and
+    `on_row(rows so far)` (e.g. to write them, so a run cut short keeps what it measured)."""
     rows = []
     for name, model in models:
         engine = Engine(model)
@@ -123,6 +124,8 @@ def run(models: list[tuple[str, object]], plan: Plan, progress=None) -> list[dic
                 row = {"model": name, "batch": batch, "ctx": ctx, **predicted(model, batch, ctx, plan.hw)}
                 rows.append(row | _point(engine, batch, ctx, plan, failed))
                 failed = failed or ("oom" if rows[-1].get("oom") else None)
+                if on_row is not None:
+                    on_row(rows)
                 if progress is not None:
                     progress(f"{name} B={batch} L={ctx}")
         release(engine)

@@ -77,15 +77,33 @@ def bench_decode(args, out, err) -> int:
     if args.warmup:
         with progress_bar(err, "warm-up", models, plan.batches, plan.contexts) as advance:
             bench.warm(models, plan.batches, plan.contexts, advance)
-    with progress_bar(err, "decode", models, plan.batches, plan.contexts) as advance:
-        rows = bench.run(models, plan, advance)
     info = bench.meta(device, plan, models[0][1].embed.weight.dtype)
+
+    def measured(rows: list[dict]) -> None:
+        """After each point: the JSON so far (a run cut short keeps it), and a line on a log (a
+        progress bar shows nothing on a file or a pipe)."""
+        if args.json:
+            bench.write_json(args.json, info, rows)
+        if not err.is_terminal:
+            err.print(point_line(rows[-1]), markup=False, highlight=False, soft_wrap=True)
+
+    with progress_bar(err, "decode", models, plan.batches, plan.contexts) as advance:
+        rows = bench.run(models, plan, advance, measured)
     wide(out).print(table(rows, info))
-    if args.json:
-        bench.write_json(args.json, info, rows)
     if args.plot:
         plot(args.plot, rows, info)
     return EXIT_OK
+
+
+def point_line(row: dict) -> str:
+    """One measured point as a line: `model B=1 L=4096: 97.8 tok/s (estimate 254), step 10.22 ms`."""
+    head = f"{row['model']} B={row['batch']} L={row['ctx']}:"
+    if row.get("oom"):
+        return f"{head} {'skipped after an out-of-memory point' if row.get('skipped') else 'out of memory'}"
+    return (
+        f"{head} {row['tok_s']:.1f} tok/s (estimate {row['estimate_tok_s']:.0f}), "
+        f"step {row['step_ms']:.2f} ms, prefill {row['prefill_s']:.2f} s"
+    )
 
 
 def wide(out: Console) -> Console:

@@ -132,3 +132,23 @@ def test_autotuners_keep_their_results_on_disk():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_bench_decode_keeps_each_point_as_it_is_measured(toy, tmp_path, monkeypatch, capsys):
+    """The JSON is rewritten after every point, so a run stopped midway keeps the points it measured;
+    on a log (stderr not a terminal) each point is a line."""
+    out_json = tmp_path / "decode.json"
+    real, seen = bench.measure, []
+
+    def measure(engine, batch, ctx, plan):
+        if seen:  # the second point: the first is on disk already
+            assert [p["ctx"] for p in json.loads(out_json.read_text())["points"]] == [8]
+            raise KeyboardInterrupt
+        seen.append(ctx)
+        return real(engine, batch, ctx, plan)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    argv = ["bench", "decode", str(toy), "--ctx", "8,16", "--batch", "1", "--steps", "1", "--warm", "0"]
+    assert main([*argv, "--json", str(out_json), "--device", "cpu"]) == 130  # interrupted
+    assert [p["ctx"] for p in json.loads(out_json.read_text())["points"]] == [8]
+    assert "toy B=1 L=8: " in capsys.readouterr().err
