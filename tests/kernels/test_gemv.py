@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lt2dsl.kernels.fused.testing import rel_rms
-from lt2dsl.kernels.gemv import gemv, gemv_applies
-from lt2dsl.kernels.gemv.naive import gemv_chain_f64, gemv_ref
+from lt2dsl.kernels.gemv import gemv, gemv_applies, norm_add_gemv
+from lt2dsl.kernels.gemv.naive import gemv_chain_f64, gemv_ref, norm_add_gemv_chain_f64, norm_add_gemv_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 K, N = 200, 37  # one full and one partial K tile of 128; three column blocks of 16, the last partial
@@ -46,6 +46,24 @@ def test_gemv_matches_the_unfused_chain(case, M, dtype):
     assert out.shape == truth.shape == (M, N) and out.dtype == dtype
     err, err_chain = rel_rms(out, truth), rel_rms(chain, truth)
     assert err <= 1.5 * err_chain + 2e-3, f"{case}: fused {err:.2e} vs the unfused chain's {err_chain:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu"])
+def test_norm_add_gemv_matches_the_unfused_sandwich_chain(swiglu, M, dtype):
+    # s = res + RMSNorm(y) · γ₁ and its RMSNorm · γ₂ projected: both outputs held to the f64 chain
+    x, w, gamma, _ = _inputs(M, dtype, rows=2 * N + 8 if swiglu else N)
+    y, res, gamma1 = x.flip(-1) * 3, x.roll(7, -1) - 1, gamma.flip(-1)  # y's scale must not matter
+    args = (res, y, gamma1, 1e-5, w, gamma, 1e-6)
+    kw = {"up": N + 3, "width": N} if swiglu else {}
+    s, out = norm_add_gemv(*args, backend="triton", **kw)
+    s_truth, truth = norm_add_gemv_chain_f64(*args, **kw)
+    s_chain, chain = norm_add_gemv_ref(*args, **kw)
+    assert s.shape == s_truth.shape == (M, K) and out.shape == truth.shape == (M, N) and out.dtype == dtype
+    for name, got, ref, unfused in (("s", s, s_truth, s_chain), ("out", out, truth, chain)):
+        err, err_chain = rel_rms(got, ref), rel_rms(unfused, ref)
+        assert err <= 1.5 * err_chain + 2e-3, f"{name}: fused {err:.2e} vs the unfused chain's {err_chain:.2e}"
 
 
 def test_gemv_keeps_leading_dims_and_reads_strided_rows():

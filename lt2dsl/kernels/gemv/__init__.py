@@ -11,6 +11,7 @@ calls it (`lowering/fx_passes/decode_gemv.py`) uses it in the static-cache decod
 | `gemv(x, W, norm_weight=γ, eps=ε)` | `F.rms_norm(x, γ, ε)`, `F.linear` | 1 |
 | `gemv(x, W_gu, up=F, width=F[, norm_weight=γ])` | (norm,) `F.linear`, split, `silu(g) · u` | 1 |
 | `gemv(x, W, residual=r)` | `F.linear`, `r + y` | 1 |
+| `norm_add_gemv(r, y, γ₁, ε₁, W, γ₂, ε₂[, up=F])` | `norm_add_rmsnorm` (sandwich), `F.linear`(, SwiGLU) | 1 |
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 
 from lt2dsl.kernels.common.backend import resolve_backend
 
-from .naive import gemv_ref
+from .naive import gemv_ref, norm_add_gemv_ref
 
-__all__ = ["MAX_M", "gemv", "gemv_applies", "gemv_ref"]
+__all__ = ["MAX_M", "gemv", "gemv_applies", "gemv_ref", "norm_add_gemv", "norm_add_gemv_ref"]
 
 MAX_M = 16  # the decode rows one launch takes (`triton_gemv.BM`)
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -66,17 +67,13 @@ def gemv(
         `[..., N]` in x's dtype (N = width with `up`, else N_w); the unfused chain's values up to
         bf16 rounding.
     """
-    if up is not None:
-        width = up if width is None else width
-        if not (0 < width <= up and up + width <= weight.shape[0]) or residual is not None:
-            rows = weight.shape[0]
-            raise ValueError(f"gemv: SwiGLU needs 0 < width <= up, up + width <= {rows}, no residual")
+    width = _swiglu_width(weight, up, width, residual)
     kw = {"norm_weight": norm_weight, "eps": eps, "residual": residual, "up": up, "width": width}
     N = width if up is not None else weight.shape[0]
     lead = x.shape[:-1]
     ok = gemv_applies(x, weight, norm_weight, residual, backend=backend)
     if ok and residual is not None:
-        ok = residual.shape == (*lead, N) and residual.dtype == x.dtype and residual.stride(-1) == 1
+        ok = _rows_like(residual, x, N)
     if ok and norm_weight is not None:
         ok = norm_weight.shape == x.shape[-1:]
     if not ok:
@@ -87,6 +84,62 @@ def gemv(
     x2 = x.reshape(-1, K)
     out = torch.empty(x2.shape[0], N, dtype=x.dtype, device=x.device)
     r2 = residual.reshape(-1, N) if residual is not None else None
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    gemv_fwd(x2, weight, out, norm_weight=norm_weight, eps=eps, residual=r2, up=up)
+    gemv_fwd(x2, weight, out, norm_weight=norm_weight, eps=_eps(eps, x), residual=r2, up=up)
     return out.view(*lead, N)
+
+
+def norm_add_gemv(
+    res: torch.Tensor,
+    y: torch.Tensor,
+    w1: torch.Tensor,
+    eps1: float | None,
+    weight: torch.Tensor,
+    w2: torch.Tensor,
+    eps2: float | None,
+    *,
+    up: int | None = None,
+    width: int | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sandwich block's residual add-norm and the projection of its normed sum, one launch:
+    s = res + RMSNorm(y) · γ₁, (s, gemv(RMSNorm(s) · γ₂, W[, up, width])).
+
+    Args:
+        res, y: `[..., K]` the residual stream and the branch output; w1, w2 `[K]`; weight `[N_w, K]`.
+        up, width: the SwiGLU epilogue, as `gemv`'s.
+    Returns:
+        (s `[..., K]`, out `[..., N]`) in y's dtype, the unfused chain's values up to bf16 rounding.
+    """
+    width = _swiglu_width(weight, up, width, None)
+    N = width if up is not None else weight.shape[0]
+    ok = gemv_applies(y, weight, res, w1, w2, backend=backend) and _rows_like(res, y, y.shape[-1])
+    if not ok or w1.shape != y.shape[-1:] or w2.shape != y.shape[-1:]:
+        return norm_add_gemv_ref(res, y, w1, eps1, weight, w2, eps2, up=up, width=width)
+    from .triton_gemv import gemv_fwd
+
+    K = y.shape[-1]
+    y2, r2 = y.reshape(-1, K), res.reshape(-1, K)
+    s = torch.empty(y2.shape, dtype=y.dtype, device=y.device)
+    out = torch.empty(y2.shape[0], N, dtype=y.dtype, device=y.device)
+    gemv_fwd(y2, weight, out, norm_weight=w2, eps=_eps(eps2, y), up=up, sandwich=(r2, w1, _eps(eps1, y), s))
+    return s.view(y.shape), out.view(*y.shape[:-1], N)
+
+
+def _swiglu_width(weight: torch.Tensor, up: int | None, width: int | None, residual) -> int | None:
+    """The SwiGLU's width (default: `up`), checked against the weight's rows."""
+    if up is None:
+        return width
+    width = up if width is None else width
+    if not (0 < width <= up and up + width <= weight.shape[0]) or residual is not None:
+        rows = weight.shape[0]
+        raise ValueError(f"gemv: SwiGLU needs 0 < width <= up, up + width <= {rows}, no residual")
+    return width
+
+
+def _rows_like(t: torch.Tensor, x: torch.Tensor, n: int) -> bool:
+    """t is `[*x.shape[:-1], n]` in x's dtype with a unit column stride (the kernel's second input)."""
+    return t.shape == (*x.shape[:-1], n) and t.dtype == x.dtype and t.stride(-1) == 1
+
+
+def _eps(eps: float | None, x: torch.Tensor) -> float:
+    return torch.finfo(x.dtype).eps if eps is None else eps

@@ -1,8 +1,9 @@
 """sm_90 compile jobs of the decode GEMV (`common.aot`): every autotune config of `gemv_kernel`
-in each of the four forms the decode rules launch (a 2048-wide model with a 5632-wide SwiGLU MLP,
+in each of the forms the decode rules launch (a 2048-wide model with a 5632-wide SwiGLU MLP,
 the hybrid example's; bf16): the in-projection with the RMSNorm prologue, the gate/up projection
 with the RMSNorm prologue and the SwiGLU epilogue, the o_proj / down projection with the residual
-epilogue, and the plain product."""
+epilogue, the plain product, and a sandwich block's in- and gate/up projections with the
+norm-add-norm prologue."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.gemv import triton_gemv as G
 
 DIM, HIDDEN = 2048, 5632
-SCALARS = {n: "i32" for n in ("M", "N", "K", "sx", "sw", "sy", "sr", "up")} | {"eps": "fp32"}
+SCALARS = {n: "i32" for n in ("M", "N", "K", "sx", "sw", "sy", "sr", "sxr", "ss_", "up")}
+SCALARS |= {"eps": "fp32", "eps1": "fp32"}
 FORMS = (
     ("norm", "rmsnorm", None),
     ("norm-swiglu", "rmsnorm", "swiglu"),
     ("residual", None, "residual"),
     ("plain", None, None),
+    ("sandwich", "norm-add-rmsnorm", None),
+    ("sandwich-swiglu", "norm-add-rmsnorm", "swiglu"),
 )
 
 

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lt2dsl.kernels.fused.naive import norm_add_rmsnorm_ref
+
 
 def gemv_ref(
     x: Tensor,
@@ -31,7 +33,25 @@ def gemv_ref(
     return residual + y if residual is not None else y
 
 
+def norm_add_gemv_ref(
+    res: Tensor, y: Tensor, w1: Tensor, eps1: float | None, weight: Tensor, w2: Tensor, eps2: float | None,
+    *, up: int | None = None, width: int | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(s, out): a sandwich block's `norm_add_rmsnorm` (s = res + RMSNorm(y) · γ₁, n = RMSNorm(s) · γ₂)
+    then `gemv_ref(n, weight)` with its SwiGLU when `up` is given."""
+    n, s = norm_add_rmsnorm_ref(res, y, w1, eps1, w2, eps2)
+    return s, gemv_ref(n, weight, up=up, width=width)
+
+
+def _f64(v):
+    return v.double() if isinstance(v, torch.Tensor) else v
+
+
 def gemv_chain_f64(x: Tensor, weight: Tensor, **kw) -> Tensor:
     """`gemv_ref` of float64 copies: the truth the kernel is held to."""
-    cast = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    return gemv_ref(x.double(), weight.double(), **cast)
+    return gemv_ref(x.double(), weight.double(), **{k: _f64(v) for k, v in kw.items()})
+
+
+def norm_add_gemv_chain_f64(*args, **kw) -> tuple[Tensor, Tensor]:
+    """`norm_add_gemv_ref` of float64 copies."""
+    return norm_add_gemv_ref(*map(_f64, args), **kw)

@@ -7,7 +7,10 @@ read W at once), and does the cheap work around the product in the same pass:
 * prologue `PRO`: 0 none; 1 RMSNorm(x) · γ over K. The sum of squares of each row is gathered in
   the same loop as the product (x is `[M, K]`, a few KB, read from L2 by every program), the
   product takes bf16(x · γ) and the rows are scaled by rstd at the end: RMSNorm is a per-row
-  scale, so this equals the product of the normed rows up to bf16 rounding.
+  scale, so this equals the product of the normed rows up to bf16 rounding. 2 a sandwich block's
+  residual add-norm: the input read is s = res + RMSNorm(x) · γ₁ (a first pass over x gathers its
+  rows' rstd₁; the branch norm and the sum rounded to the dtype as the unfused norm-add's are),
+  then RMSNorm(s) · γ as in 1; program 0 also writes s (the residual stream).
 * epilogue `EPI`: 0 none; 1 SwiGLU: the program also owns the matching columns `up + n` of the
   up half of a concatenated gate/up weight and writes silu(g) · u (g, u rounded to the output
   dtype first, as the GEMM's outputs are); 2 residual add: writes r + y (y rounded first, as the
@@ -28,7 +31,7 @@ from lt2dsl.kernels.common.tl_util import INTERP, cast, helper
 
 BM = 16  # tl.dot's smallest tile: the decode rows, padded
 MAX_M = BM
-PRO_CODES = {None: 0, "rmsnorm": 1}
+PRO_CODES = {None: 0, "rmsnorm": 1, "norm-add-rmsnorm": 2}
 EPI_CODES = {None: 0, "swiglu": 1, "residual": 2}
 
 
@@ -55,20 +58,37 @@ def _dot(a, b):
 @triton.autotune(gemv_configs(), key=["N", "K", "M", "PRO", "EPI"])
 @triton.jit
 def gemv_kernel(
-    x, w, y, r, nw, M, N, K, sx, sw, sy, sr, up, eps,
+    x, w, y, r, nw, xr, nw1, s, M, N, K, sx, sw, sy, sr, sxr, ss_, up, eps, eps1,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
 ):  # fmt: skip
-    rn = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
+    pid = tl.program_id(0)
+    rn = pid.to(tl.int64) * BN + tl.arange(0, BN)
     rm = tl.arange(0, BM)
     m_n, m_m = rn < N, rm < M
+    DT = y.dtype.element_ty
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     acc_u = tl.zeros([BN, BM], dtype=tl.float32)
     ss = tl.zeros([BM], dtype=tl.float32)
+    if PRO == 2:
+        ss1 = tl.zeros([BM], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            m_xk = (rk < K)[:, None] & m_m[None, :]
+            b_y = tl.load(x + rm[None, :] * sx + rk[:, None], mask=m_xk, other=0.0).to(tl.float32)
+            ss1 += tl.sum(b_y * b_y, axis=0)
+        rstd1 = 1.0 / tl.sqrt(ss1 / K + eps1)
     for k0 in range(0, K, BK):
         rk = k0 + tl.arange(0, BK)
         m_k = rk < K
-        b_x = tl.load(x + rm[None, :] * sx + rk[:, None], mask=m_k[:, None] & m_m[None, :], other=0.0)
-        if PRO == 1:
+        m_xk = m_k[:, None] & m_m[None, :]
+        b_x = tl.load(x + rm[None, :] * sx + rk[:, None], mask=m_xk, other=0.0)
+        if PRO == 2:
+            b_g1 = tl.load(nw1 + rk, mask=m_k, other=0.0).to(tl.float32)
+            b_n1 = cast(b_x.to(tl.float32) * rstd1[None, :] * b_g1[:, None], DT).to(tl.float32)
+            b_res = tl.load(xr + rm[None, :] * sxr + rk[:, None], mask=m_xk, other=0.0).to(tl.float32)
+            b_x = cast(b_res + b_n1, DT)
+            tl.store(s + rm[None, :] * ss_ + rk[:, None], b_x, mask=m_xk & (rm * 0 + pid == 0)[None, :])
+        if PRO != 0:
             b_xf = b_x.to(tl.float32)
             ss += tl.sum(b_xf * b_xf, axis=0)
             b_g = tl.load(nw + rk, mask=m_k, other=0.0).to(tl.float32)
@@ -80,11 +100,10 @@ def gemv_kernel(
         if EPI == 1:
             b_u = tl.load(w + (rn[:, None] + up) * sw + rk[None, :], mask=m_w, other=0.0)
             acc_u += _dot(b_u, b_x)
-    if PRO == 1:
+    if PRO != 0:
         rstd = 1.0 / tl.sqrt(ss / K + eps)
         acc = acc * rstd[None, :]
         acc_u = acc_u * rstd[None, :]
-    DT = y.dtype.element_ty
     out = cast(acc, DT).to(tl.float32)
     m_y = m_n[:, None] & m_m[None, :]
     if EPI == 1:
@@ -105,22 +124,26 @@ def gemv_fwd(
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
     up: int | None = None,
+    sandwich: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Launch the kernel: x2 `[M, K]` (unit column stride), weight `[N_w, K]` (unit column stride),
     out `[M, N]` written (N = the gate half's width with `up`), residual `[M, N]` or None.
-    `norm_weight` turns the RMSNorm prologue on; `up` the SwiGLU epilogue (the up rows' offset)."""
+    `norm_weight` turns the RMSNorm prologue on; `up` the SwiGLU epilogue (the up rows' offset);
+    `sandwich` = (res `[M, K]`, γ₁ `[K]`, ε₁, s `[M, K]` written) the norm-add before it (x2 is then
+    the branch output RMSNorm₁ reads)."""
     M, K = x2.shape
     N = out.shape[1]
-    pro = PRO_CODES["rmsnorm" if norm_weight is not None else None]
+    pro = PRO_CODES[None if norm_weight is None else "rmsnorm" if sandwich is None else "norm-add-rmsnorm"]
     epi = EPI_CODES["swiglu" if up is not None else "residual" if residual is not None else None]
     r = residual if residual is not None else out
     nw = norm_weight if norm_weight is not None else weight
+    xr, nw1, eps1, s = sandwich if sandwich is not None else (x2, nw, 0.0, x2)
 
     def grid(meta):
         return (triton.cdiv(N, meta["BN"]),)
 
     gemv_kernel[grid](
-        x2, weight, out, r, nw, M, N, K, x2.stride(0), weight.stride(0), out.stride(0), r.stride(0),
-        up or 0, float(eps), BM=BM, PRO=pro, EPI=epi,
+        x2, weight, out, r, nw, xr, nw1, s, M, N, K, x2.stride(0), weight.stride(0), out.stride(0),
+        r.stride(0), xr.stride(0), s.stride(0), up or 0, float(eps), float(eps1), BM=BM, PRO=pro, EPI=epi,
     )  # fmt: skip
     return out
