@@ -2,7 +2,9 @@
 the normed sum → one node that a static-cache decode step runs as two GEMV launches.
 
     r = proj(x); n, s = add_rmsnorm(res, r, γ, ε); parts = linear_split(n, W_cat) [; h = swiglu(parts)]
-        ->   s, *parts (or s, h) = proj_add_norm_split(x, ..., res, γ, W_cat, pos)
+        ->   s, *parts (or s, h) = proj_add_norm_split(x, ..., res, None, γ, W_cat, pos)
+    r = proj(x); n, s = norm_add_rmsnorm(res, r, γ₁, ε₁, γ, ε); ...  (a sandwich block's)
+        ->   s, *parts (or s, h) = proj_add_norm_split(x, ..., res, γ₁, γ, W_cat, pos, branch_eps=ε₁)
 
 `proj` is an `nn.Linear` without bias (DSA's o_proj, the MLP's down_proj) or a mixer's
 `gated_rmsnorm_linear` (GDN's o_proj). In the engine's decode step (positions per row, M ≤ 16
@@ -11,12 +13,15 @@ the epilogue) and `gemv(s, W_cat, rmsnorm γ)` (the norm in the prologue, a SwiG
 when the split feeds one), so the add-norm kernel and the SwiGLU kernel go: a GDN application
 runs in-proj · conv · recurrence · gated norm · o_proj · gate/up · down, a DSA one drops two
 launches likewise. Everything else (prefill, a dynamic cache, training) runs the nodes it
-replaced, in their order (`proj_add_norm_split`'s fallback).
+replaced, in their order (`proj_add_norm_split`'s fallback). In a sandwich block the branch's
+RMSNorm · γ₁ spans the whole projection output, so it cannot be the first GEMV's epilogue: that one
+launches `gemv(x, W_proj)` and the second `norm_add_gemv` (the norm-add-norm in its prologue, which
+also writes s), two launches for the projection, the norm-add-norm and the next projection.
 
-The match, from a `fused.add_rmsnorm` node: its branch input is the projection, read by the add
-alone; both outputs are read, the normed one by one bias-free `linear_split` alone; a split of two
-equal parts each read only by one `swiglu(g, u)` joins it. The graph's `cache_pos` node gives the
-leaf the step's positions.
+The match, from a `fused.add_rmsnorm` or `fused.norm_add_rmsnorm` node: its branch input is the
+projection, read by the add alone; both outputs are read, the normed one by one bias-free
+`linear_split` alone; a split of two equal parts each read only by one `swiglu(g, u)` joins it.
+The graph's `cache_pos` node gives the leaf the step's positions.
 
 Off by default: the kernel is not yet timed against cuBLAS on a GPU. `fuse(gm, opt_in=["decode_gemv"])`,
 `lt2dsl.compile(..., opt_in=("decode_gemv",))` or `lt2dsl bench decode --rules +decode_gemv` turn it on.
@@ -32,14 +37,16 @@ from torch import nn
 from torch.fx.node import Node
 
 from lt2dsl.kernels import fused
-from lt2dsl.kernels.gemv import gemv, gemv_applies
+from lt2dsl.kernels.gemv import gemv, gemv_applies, norm_add_gemv
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering.cache import RowPositions
 from lt2dsl.lowering.leaf import leaf
 
 from .manager import Ctx, Match, Rule, is_call, only_user
 
-ALGEBRA = "split(rmsnorm(res + W x) W_cat) -> gemv(rmsnorm; gemv(x, W) + res, W_cat) [; swiglu epilogue]"
+ALGEBRA = (
+    "split(rmsnorm(res + [rmsnorm₁] W x) W_cat) -> gemv(rmsnorm; gemv(x, W) + res, W_cat) [; swiglu epilogue]"
+)
 _GATED_KW = ("eps", "act", "group", "norm_before_gate", "n_flat")
 
 
@@ -58,38 +65,48 @@ def replacement(x, w, res, gamma, eps: float, w_cat, sizes, backend: str = "auto
 
 @leaf
 def proj_add_norm_split(
-    x, gate, o_norm_weight, proj_weight, res, norm_weight, cat_weight, pos, *,
+    x, gate, o_norm_weight, proj_weight, res, branch_weight, norm_weight, cat_weight, pos, *,
     eps: float | None, sizes: tuple[int, ...], gated: dict | None, swiglu: bool, backend: str,
+    branch_eps: float | None = None,
 ):  # fmt: skip
-    """(s, *parts), or (s, h) with `swiglu`: s = res + proj(x), parts = linear_split(RMSNorm(s) · γ,
-    W_cat), h = silu(parts[0]) · parts[1].
+    """(s, *parts), or (s, h) with `swiglu`: s = res + proj(x) (with `branch_weight` γ₁: res +
+    RMSNorm(proj(x)) · γ₁, ε `branch_eps`), parts = linear_split(RMSNorm(s) · γ, W_cat),
+    h = silu(parts[0]) · parts[1].
 
     x `[B, T, K]` (with `gated`: the core output o `[B, T, H, V]`, `gate` of its shape, normed by
     `GatedRMSNorm(o_norm_weight, **gated)` first); proj_weight `[D, K]`; res `[B, T, D]`; cat_weight
     `[Σ sizes + pad, D]`. A static cache's decode step (`pos` a `RowPositions`) runs two GEMV
     launches; anything else the unfused nodes."""
+    branch = None if branch_weight is None else (branch_weight, branch_eps)
     if not _gemv_step(x, gate, o_norm_weight, proj_weight, res, cat_weight, pos, gated, backend):
-        return _unfused(x, gate, o_norm_weight, proj_weight, res, norm_weight, cat_weight, eps, sizes, gated,
-                        swiglu, backend)  # fmt: skip
+        return _unfused(x, gate, o_norm_weight, proj_weight, res, branch, norm_weight, cat_weight, eps, sizes,
+                        gated, swiglu, backend)  # fmt: skip
     if gated is not None:
         x = _gated_norm(x, gate, o_norm_weight, proj_weight.shape[1], gated).view(*res.shape[:-1], -1)
-    s = gemv(x, proj_weight, residual=res, backend=backend)
-    norm = {"norm_weight": norm_weight, "eps": eps, "backend": backend}
+    glu = {"up": sizes[0], "width": sizes[1]} if swiglu else {}
+    if branch is not None:
+        r = gemv(x, proj_weight, backend=backend)
+        s, y = norm_add_gemv(res, r, *branch, cat_weight, norm_weight, eps, **glu, backend=backend)
+    else:
+        s = gemv(x, proj_weight, residual=res, backend=backend)
+        y = gemv(s, cat_weight, norm_weight=norm_weight, eps=eps, **glu, backend=backend)
     if swiglu:
-        return s, gemv(s, cat_weight, up=sizes[0], width=sizes[1], **norm)
-    y = gemv(s, cat_weight, **norm)
+        return s, y
     pad = cat_weight.shape[0] - sum(sizes)
     return (s, *y.split([*sizes, pad] if pad else list(sizes), dim=-1)[: len(sizes)])
 
 
-def _unfused(x, gate, o_norm_weight, proj_weight, res, norm_weight, cat_weight, eps, sizes, gated, swiglu,
-             backend):  # fmt: skip
+def _unfused(x, gate, o_norm_weight, proj_weight, res, branch, norm_weight, cat_weight, eps, sizes, gated,
+             swiglu, backend):  # fmt: skip
     """The replaced nodes, in their order."""
     if gated is None:
         r = F.linear(x, proj_weight)
     else:
         r = fused.gated_rmsnorm_linear(x, gate, o_norm_weight, proj_weight, None, **gated, backend=backend)
-    n, s = fused.add_rmsnorm(res, r, norm_weight, eps, backend=backend)
+    if branch is None:
+        n, s = fused.add_rmsnorm(res, r, norm_weight, eps, backend=backend)
+    else:
+        n, s = fused.norm_add_rmsnorm(res, r, *branch, norm_weight, eps, backend=backend)
     parts = fused.linear_split(n, cat_weight, None, sizes)
     if swiglu:
         return s, fused.swiglu(parts[0], parts[1], backend=backend)
@@ -175,9 +192,12 @@ def _positions(ctx: Ctx) -> Node | None:
 
 
 def match(ctx: Ctx, node: Node) -> Match | None:
-    if not is_call(node, fused.add_rmsnorm) or len(node.args) != 4 or set(node.kwargs) - {"backend"}:
+    sandwich = is_call(node, fused.norm_add_rmsnorm) and len(node.args) == 6
+    if not (sandwich or (is_call(node, fused.add_rmsnorm) and len(node.args) == 4)):
         return None
-    res, r, _, _ = node.args
+    if set(node.kwargs) - {"backend"}:
+        return None
+    res, r = node.args[:2]
     gets = _getitems(node)
     if not isinstance(r, Node) or not isinstance(res, Node) or gets is None or set(gets) != {0, 1}:
         return None
@@ -192,17 +212,18 @@ def match(ctx: Ctx, node: Node) -> Match | None:
         return None
     sizes = tuple(split.args[3])
     return {"add": node, "r": r, "gets": gets, "split": split, "parts": parts, "proj": proj, "sizes": sizes,
-            "swiglu": _swiglu(parts, sizes), "pos": pos}  # fmt: skip
+            "swiglu": _swiglu(parts, sizes), "pos": pos, "sandwich": sandwich}  # fmt: skip
 
 
 def rewrite(ctx: Ctx, m: Match) -> None:
     add, proj, split, act = m["add"], m["proj"], m["split"], m["swiglu"]
-    res, _, gamma, eps = add.args
+    res, _, *norms = add.args
+    branch, branch_eps, gamma, eps = norms if m["sandwich"] else (None, None, *norms)
     kw = {"eps": eps, "sizes": m["sizes"], "gated": proj["gated"], "swiglu": act is not None,
-          "backend": add.kwargs.get("backend", ctx.backend)}  # fmt: skip
+          "backend": add.kwargs.get("backend", ctx.backend), "branch_eps": branch_eps}  # fmt: skip
     with ctx.graph.inserting_before(add):
         w = proj["weight"] if isinstance(proj["weight"], Node) else ctx.param(proj["weight"])
-        args = (proj["x"], proj["gate"], proj["o_norm"], w, res, gamma, split.args[1], m["pos"])
+        args = (proj["x"], proj["gate"], proj["o_norm"], w, res, branch, gamma, split.args[1], m["pos"])
         new = ctx.graph.call_function(proj_add_norm_split, args, kw)
         n_out = 1 + (1 if act is not None else len(m["sizes"]))
         outs = [ctx.graph.call_function(operator.getitem, (new, i)) for i in range(n_out)]
