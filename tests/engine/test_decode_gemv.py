@@ -17,13 +17,15 @@ from .util import assert_near_the_truth, eager_greedy, jitter
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BODY = f"loop T=2 < {call('gdn')}; {call('dsa')} >"
+# sandwich blocks (Ouro's): the residual add-norms are `norm_add_rmsnorm`s
+SANDWICH = {"body": f"loop T=2 < {call('gdn')}; {call('full')} >", "norm": "sandwich"}
 
 
-def gemv_model(opt_in=("decode_gemv",), fuse: bool = True):
+def gemv_model(opt_in=("decode_gemv",), fuse: bool = True, body: str = BODY, **settings):
     torch.manual_seed(0)
     kw = {"backend": "triton", "dtype": torch.bfloat16, "device": DEVICE, "fuse": fuse, "opt_in": opt_in}
     # jittered: the norms' γ (initialised to ones) must take part in what the tests compare
-    model = jitter(compile_model(resolved(BODY), **kw).eval(), scale=0.2)
+    model = jitter(compile_model(resolved(body, **settings), **kw).eval(), scale=0.2)
     model.build_graph()  # traced and fused here: `fx_passes.COUNTERS` are this model's
     return model
 
@@ -54,6 +56,18 @@ def test_engine_greedy_tokens_equal_the_eager_path(launches):
     launches.clear()
     assert torch.equal(got, eager_greedy(model, ids, 4))
     assert not launches, "the dynamic cache's steps ran the decode kernels"
+
+
+def test_sandwich_blocks_decode_the_eager_paths_tokens(launches):
+    model = gemv_model(**SANDWICH)
+    # as in the pre-norm model: o_proj and down_proj of each application but the last down_proj
+    assert fx_passes.COUNTERS["decode_gemv"] == 7 and fx_passes.COUNTERS["norm_add_rmsnorm"] == 8
+    ids = tokens(1, 4).to(DEVICE)
+    got = Engine(model, capture=False).generate(ids, 3)
+    assert launches == [1] * (2 * 7 * 2)  # 2 decode steps, 7 nodes of two launches, 1 row
+    launches.clear()
+    assert torch.equal(got, eager_greedy(model, ids, 3))
+    assert not launches
 
 
 def test_static_cache_logits_stay_near_the_truth(launches):
