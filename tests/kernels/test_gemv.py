@@ -66,6 +66,43 @@ def test_norm_add_gemv_matches_the_unfused_sandwich_chain(swiglu, M, dtype):
         assert err <= 1.5 * err_chain + 2e-3, f"{name}: fused {err:.2e}, unfused {err_chain:.2e}"
 
 
+def _gated_inputs(M: int, dtype: torch.dtype, group: int, dim: int, seed: int = 1):
+    """o `[M, K]` whose groups of `group` channels have scales 1/8 … 8 apart, its gate, γ `[dim]`."""
+    g = torch.Generator().manual_seed(seed)
+    scale = 2.0 ** torch.randint(-3, 4, (M, K // group, 1), generator=g).float()
+    o = (torch.randn(M, K // group, group, generator=g) * scale).flatten(1)
+    z = torch.randn(M, K, generator=g) * 2
+    gamma = 1 + 0.3 * torch.randn(dim, generator=g)
+    return [t.to(DEVICE, dtype) for t in (o, z, gamma)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize(("group", "dim"), [(8, 40), (4, 200)])
+def test_gated_norm_gemv_matches_the_unfused_chain(group, dim, M, dtype):
+    # γ of 5 groups repeated over K (8) or one per channel (4); K = 200: the second K tile is partial
+    o, z, gamma = _gated_inputs(M, dtype, group, dim)
+    _, w, _, r = _inputs(M, dtype)
+    kw = {"norm_weight": gamma, "eps": 1e-6, "gate": z, "group": group, "residual": r}
+    out = gemv(o, w, backend="triton", **kw)
+    truth, chain = gemv_chain_f64(o, w, **kw), gemv_ref(o, w, **kw)
+    assert out.shape == (M, N) and out.dtype == dtype
+    err, err_chain = rel_rms(out, truth), rel_rms(chain, truth)
+    assert err <= 1.5 * err_chain + 2e-3, f"fused {err:.2e}, unfused {err_chain:.2e}"
+
+
+def test_gated_norm_gemv_normalises_each_group_alone():
+    # groups of 8 channels up to 64x apart in scale: a norm over wider or narrower groups is far off
+    o, z, gamma = _gated_inputs(3, torch.bfloat16, 8, 40)
+    _, w, _, _ = _inputs(3, torch.bfloat16)
+    kw = {"norm_weight": gamma, "eps": 1e-6, "gate": z}
+    out = gemv(o, w, group=8, backend="triton", **kw)
+    truth = gemv_chain_f64(o, w, group=8, **kw)
+    assert rel_rms(out, truth) < 1e-2
+    for group in (4, 40):
+        assert rel_rms(out, gemv_chain_f64(o, w, group=group, **kw)) > 0.1, group
+
+
 def test_gemv_keeps_leading_dims_and_reads_strided_rows():
     x, w, gamma, r = _inputs(4, torch.bfloat16)
     wide = torch.zeros(2, 2, 1, K + 8, dtype=torch.bfloat16, device=DEVICE)

@@ -11,6 +11,7 @@ calls it (`lowering/fx_passes/decode_gemv.py`) uses it in the static-cache decod
 | `gemv(x, W, norm_weight=γ, eps=ε)` | `F.rms_norm(x, γ, ε)`, `F.linear` | 1 |
 | `gemv(x, W_gu, up=F, width=F[, norm_weight=γ])` | (norm,) `F.linear`, split, `silu(g) · u` | 1 |
 | `gemv(x, W, residual=r)` | `F.linear`, `r + y` | 1 |
+| `gemv(o, W, norm_weight=γ, gate=z, group=G[, residual=r])` | gated RMSNorm, `F.linear`(, `r + y`) | 1 |
 | `norm_add_gemv(r, y, γ₁, ε₁, W, γ₂, ε₂[, up=F])` | `norm_add_rmsnorm` (sandwich), `F.linear`(, SwiGLU) | 1 |
 """
 
@@ -22,9 +23,10 @@ from lt2dsl.kernels.common.backend import resolve_backend
 
 from .naive import gemv_ref, norm_add_gemv_ref
 
-__all__ = ["MAX_M", "gemv", "gemv_applies", "gemv_ref", "norm_add_gemv", "norm_add_gemv_ref"]
+__all__ = ["MAX_M", "gemv", "gemv_applies", "gemv_ref", "groups_fit", "norm_add_gemv", "norm_add_gemv_ref"]
 
 MAX_M = 16  # the decode rows one launch takes (`triton_gemv.BM`)
+MAX_GROUP = 512  # the largest group of a gated norm (`triton_gemv.MAX_GROUP`: the largest K tile)
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -53,6 +55,8 @@ def gemv(
     residual: torch.Tensor | None = None,
     up: int | None = None,
     width: int | None = None,
+    gate: torch.Tensor | None = None,
+    group: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """`[..., K]` → `[..., N]`: f(x) @ Wᵀ, one launch for M = x.numel() / K ≤ 16 rows.
@@ -63,18 +67,25 @@ def gemv(
         residual: `[..., N_w]`, added to the product (the residual stream of a block).
         up, width: SwiGLU: gate rows `[0, width)`, up rows `[up, up + width)` of W → `[..., width]`
             silu(gate) · up. Default width: `up`.
+        gate, group: `[..., K]` and an int: the norm is fla's gated RMSNorm (GDN's output norm) over
+            each group of `group` channels, · γ (`[dim]`, repeated over K), · silu(gate).
     Returns:
         `[..., N]` in x's dtype (N = width with `up`, else N_w); the unfused chain's values up to
         bf16 rounding.
     """
     width = _swiglu_width(weight, up, width, residual)
+    if gate is not None and (norm_weight is None or group is None):
+        raise ValueError("gemv: a gated norm needs norm_weight and group")
     kw = {"norm_weight": norm_weight, "eps": eps, "residual": residual, "up": up, "width": width}
+    kw |= {"gate": gate, "group": group}
     N = width if up is not None else weight.shape[0]
     lead = x.shape[:-1]
-    ok = gemv_applies(x, weight, norm_weight, residual, backend=backend)
+    ok = gemv_applies(x, weight, norm_weight, residual, gate, backend=backend)
     if ok and residual is not None:
         ok = _rows_like(residual, x, N)
-    if ok and norm_weight is not None:
+    if ok and gate is not None:
+        ok = _rows_like(gate, x, x.shape[-1]) and groups_fit(x.shape[-1], norm_weight.shape[0], group)
+    elif ok and norm_weight is not None:
         ok = norm_weight.shape == x.shape[-1:]
     if not ok:
         return gemv_ref(x, weight, **kw)
@@ -84,7 +95,8 @@ def gemv(
     x2 = x.reshape(-1, K)
     out = torch.empty(x2.shape[0], N, dtype=x.dtype, device=x.device)
     r2 = residual.reshape(-1, N) if residual is not None else None
-    gemv_fwd(x2, weight, out, norm_weight=norm_weight, eps=_eps(eps, x), residual=r2, up=up)
+    gated = (gate.reshape(-1, K), group) if gate is not None else None
+    gemv_fwd(x2, weight, out, norm_weight=norm_weight, eps=_eps(eps, x), residual=r2, up=up, gated=gated)
     return out.view(*lead, N)
 
 
@@ -139,6 +151,12 @@ def _swiglu_width(weight: torch.Tensor, up: int | None, width: int | None, resid
 def _rows_like(t: torch.Tensor, x: torch.Tensor, n: int) -> bool:
     """t is `[*x.shape[:-1], n]` in x's dtype with a unit column stride (the kernel's second input)."""
     return t.shape == (*x.shape[:-1], n) and t.dtype == x.dtype and t.stride(-1) == 1
+
+
+def groups_fit(K: int, dim: int, group: int) -> bool:
+    """The gated norm's groups tile the kernel's K tiles: group a power of two ≤ MAX_GROUP dividing
+    γ's length dim, which divides K."""
+    return 0 < group <= MAX_GROUP and group & (group - 1) == 0 and dim % group == 0 and K % dim == 0
 
 
 def _eps(eps: float | None, x: torch.Tensor) -> float:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lt2dsl.kernels.fused.naive import norm_add_rmsnorm_ref
+from lt2dsl.kernels.fused.naive import gated_rmsnorm_ref, norm_add_rmsnorm_ref
 
 
 def gemv_ref(
@@ -22,10 +22,17 @@ def gemv_ref(
     residual: Tensor | None = None,
     up: int | None = None,
     width: int | None = None,
+    gate: Tensor | None = None,
+    group: int | None = None,
 ) -> Tensor:
-    """`[..., K]` → `[..., N]`: y = f(x) @ Wᵀ with f = RMSNorm · γ when `norm_weight` is given; then
+    """`[..., K]` → `[..., N]`: y = f(x) @ Wᵀ with f = RMSNorm · γ when `norm_weight` is given (with
+    `gate`: fla's gated RMSNorm over groups of `group` channels, · silu(gate)); then
     silu(y[..., :width]) · y[..., up : up + width] when `up` is given, or residual + y."""
-    h = F.rms_norm(x, (x.shape[-1],), norm_weight, eps) if norm_weight is not None else x
+    h = F.rms_norm(x, (x.shape[-1],), norm_weight, eps) if norm_weight is not None and gate is None else x
+    if gate is not None:
+        heads = (-1, norm_weight.shape[0])  # o's heads of len(γ) channels, flattened into K
+        o, z = x.unflatten(-1, heads), gate.unflatten(-1, heads)
+        h = gated_rmsnorm_ref(o, z, norm_weight, eps, "silu", group).flatten(-2)
     y = F.linear(h, weight)
     if up is not None:
         width = up if width is None else width

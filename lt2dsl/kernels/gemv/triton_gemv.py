@@ -10,7 +10,11 @@ read W at once), and does the cheap work around the product in the same pass:
   scale, so this equals the product of the normed rows up to bf16 rounding. 2 a sandwich block's
   residual add-norm: the input read is s = res + RMSNorm(x) · γ₁ (a first pass over x gathers its
   rows' rstd₁; the branch norm and the sum rounded to the dtype as the unfused norm-add's are),
-  then RMSNorm(s) · γ as in 1; program 0 also writes s (the residual stream).
+  then RMSNorm(s) · γ as in 1; program 0 also writes s (the residual stream). 3 fla's gated
+  RMSNorm (GDN's output norm): RMSNorm over each group of GROUP channels, · γ[k mod len(γ)],
+  · silu(gate) (gate `[M, K]` read like x), rounded to the dtype as the unfused norm's output; a K
+  tile holds whole groups (BK a multiple of GROUP, the pruner drops the other configs), so each
+  group's rstd is formed from the tile alone.
 * epilogue `EPI`: 0 none; 1 SwiGLU: the program also owns the matching columns `up + n` of the
   up half of a concatenated gate/up weight and writes silu(g) · u (g, u rounded to the output
   dtype first, as the GEMM's outputs are); 2 residual add: writes r + y (y rounded first, as the
@@ -31,20 +35,32 @@ from lt2dsl.kernels.common.tl_util import INTERP, cast, helper
 
 BM = 16  # tl.dot's smallest tile: the decode rows, padded
 MAX_M = BM
-PRO_CODES = {None: 0, "rmsnorm": 1, "norm-add-rmsnorm": 2}
+PRO_CODES = {None: 0, "rmsnorm": 1, "norm-add-rmsnorm": 2, "gated-rmsnorm": 3}
+MAX_BK = 256  # the K tile of the forms without a gated norm
+MAX_GROUP = 512  # the largest BK (the gated norm's wide configs): a group must divide a config's BK
 EPI_CODES = {None: 0, "swiglu": 1, "residual": 2}
 
 
 def gemv_configs() -> list:
-    """Autotune candidates (BN, BK, warps, stages); the first only under the CPU interpreter."""
+    """Autotune candidates (BN, BK, warps, stages); the last two (BK 512) for the gated norm's widest
+    groups only. Under the CPU interpreter one of each BK (`prune_configs` picks one)."""
     out = [
         triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=s)
         for bn, bk, w, s in (
-            (16, 128, 4, 4), (32, 128, 4, 4), (16, 256, 4, 3),
-            (32, 256, 8, 3), (64, 128, 8, 3), (64, 64, 4, 4),
+            (16, 128, 4, 4), (16, 256, 4, 3), (16, 512, 4, 2), (32, 128, 4, 4),
+            (32, 256, 8, 3), (64, 128, 8, 3), (64, 64, 4, 4), (32, 512, 8, 2),
         )
     ]  # fmt: skip
-    return out[:1] if triton_interpreting() else out
+    return out[:3] if triton_interpreting() else out
+
+
+def prune_configs(configs: list, named_args: dict, **kwargs) -> list:
+    """The configs whose K tile holds whole groups of the gated norm, those of BK ≤ MAX_BK for the
+    other forms; under the interpreter the first of them only."""
+    args = {**named_args, **kwargs}
+    gated, group = args["PRO"] == 3, args.get("GROUP", 1)
+    kept = [c for c in configs if (c.kwargs["BK"] % group == 0 if gated else c.kwargs["BK"] <= MAX_BK)]
+    return kept[:1] if triton_interpreting() else kept
 
 
 @helper
@@ -55,11 +71,16 @@ def _dot(a, b):
     return tl.dot(a, b)
 
 
-@triton.autotune(gemv_configs(), key=["N", "K", "M", "PRO", "EPI"])
+@triton.autotune(
+    gemv_configs(),
+    key=["N", "K", "M", "PRO", "EPI", "GROUP"],
+    prune_configs_by={"early_config_prune": prune_configs},
+)
 @triton.jit
 def gemv_kernel(
-    x, w, y, r, nw, xr, nw1, s, M, N, K, sx, sw, sy, sr, sxr, ss_, up, eps, eps1,
+    x, w, y, r, nw, xr, nw1, s, M, N, K, sx, sw, sy, sr, sxr, ss_, up, nwd, eps, eps1,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
+    GROUP: tl.constexpr = 1,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rn = pid.to(tl.int64) * BN + tl.arange(0, BN)
@@ -88,7 +109,14 @@ def gemv_kernel(
             b_res = tl.load(xr + rm[None, :] * sxr + rk[:, None], mask=m_xk, other=0.0).to(tl.float32)
             b_x = cast(b_res + b_n1, DT)
             tl.store(s + rm[None, :] * ss_ + rk[:, None], b_x, mask=m_xk & (rm * 0 + pid == 0)[None, :])
-        if PRO != 0:
+        if PRO == 3:
+            b_o = tl.reshape(b_x.to(tl.float32), [BK // GROUP, GROUP, BM])
+            b_rstd = 1.0 / tl.sqrt(tl.sum(b_o * b_o, axis=1) / GROUP + eps)
+            b_o = tl.reshape(b_o * b_rstd[:, None, :], [BK, BM])
+            b_gw = tl.load(nw + rk % nwd, mask=m_k, other=0.0).to(tl.float32)
+            b_z = tl.load(xr + rm[None, :] * sxr + rk[:, None], mask=m_xk, other=0.0).to(tl.float32)
+            b_x = cast(b_o * b_gw[:, None] * (b_z * tl.sigmoid(b_z)), DT)
+        if PRO == 1 or PRO == 2:
             b_xf = b_x.to(tl.float32)
             ss += tl.sum(b_xf * b_xf, axis=0)
             b_g = tl.load(nw + rk, mask=m_k, other=0.0).to(tl.float32)
@@ -100,7 +128,7 @@ def gemv_kernel(
         if EPI == 1:
             b_u = tl.load(w + (rn[:, None] + up) * sw + rk[None, :], mask=m_w, other=0.0)
             acc_u += _dot(b_u, b_x)
-    if PRO != 0:
+    if PRO == 1 or PRO == 2:
         rstd = 1.0 / tl.sqrt(ss / K + eps)
         acc = acc * rstd[None, :]
         acc_u = acc_u * rstd[None, :]
@@ -125,12 +153,15 @@ def gemv_fwd(
     residual: torch.Tensor | None = None,
     up: int | None = None,
     sandwich: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
+    gated: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Launch the kernel: x2 `[M, K]` (unit column stride), weight `[N_w, K]` (unit column stride),
     out `[M, N]` written (N = the gate half's width with `up`), residual `[M, N]` or None.
     `norm_weight` turns the RMSNorm prologue on; `up` the SwiGLU epilogue (the up rows' offset);
     `sandwich` = (res `[M, K]`, γ₁ `[K]`, ε₁, s `[M, K]` written) the norm-add before it (x2 is then
-    the branch output RMSNorm₁ reads)."""
+    the branch output RMSNorm₁ reads); `gated` = (gate `[M, K]`, group) makes the norm fla's gated
+    one over groups of `group` channels (a power of two ≤ MAX_GROUP; norm_weight `[dim]`, dim a
+    multiple of group dividing K)."""
     M, K = x2.shape
     N = out.shape[1]
     pro = PRO_CODES[None if norm_weight is None else "rmsnorm" if sandwich is None else "norm-add-rmsnorm"]
@@ -138,12 +169,16 @@ def gemv_fwd(
     r = residual if residual is not None else out
     nw = norm_weight if norm_weight is not None else weight
     xr, nw1, eps1, s = sandwich if sandwich is not None else (x2, nw, 0.0, x2)
+    group = 1
+    if gated is not None:
+        pro, (xr, group) = PRO_CODES["gated-rmsnorm"], gated
 
     def grid(meta):
         return (triton.cdiv(N, meta["BN"]),)
 
     gemv_kernel[grid](
         x2, weight, out, r, nw, xr, nw1, s, M, N, K, x2.stride(0), weight.stride(0), out.stride(0),
-        r.stride(0), xr.stride(0), s.stride(0), up or 0, float(eps), float(eps1), BM=BM, PRO=pro, EPI=epi,
+        r.stride(0), xr.stride(0), s.stride(0), up or 0, nw.shape[0], float(eps), float(eps1),
+        BM=BM, PRO=pro, EPI=epi, GROUP=group,
     )  # fmt: skip
     return out
