@@ -5,6 +5,8 @@ only there: prefill and a dynamic cache keep the unfused nodes)."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -21,6 +23,16 @@ BODY = f"loop T=2 < {call('gdn')}; {call('dsa')} >"
 SANDWICH = {"body": f"loop T=2 < {call('gdn')}; {call('full')} >", "norm": "sandwich"}
 
 
+class Launches(list):
+    def __init__(self):
+        super().__init__()
+        self.forms = collections.Counter()
+
+    def clear(self):
+        super().clear()
+        self.forms.clear()
+
+
 def gemv_model(opt_in=("decode_gemv",), fuse: bool = True, body: str = BODY, **settings):
     torch.manual_seed(0)
     kw = {"backend": "triton", "dtype": torch.bfloat16, "device": DEVICE, "fuse": fuse, "opt_in": opt_in}
@@ -32,12 +44,13 @@ def gemv_model(opt_in=("decode_gemv",), fuse: bool = True, body: str = BODY, **s
 
 @pytest.fixture
 def launches(monkeypatch):
-    """GEMV kernel launches by the number of rows they took."""
-    seen: list[int] = []
+    """GEMV kernel launches by the number of rows they took; `launches.forms` their prologues."""
+    seen = Launches()
     real = triton_gemv.gemv_fwd
 
     def spy(x2, *args, **kw):
         seen.append(x2.shape[0])
+        seen.forms[next((k for k in ("gated", "sandwich") if kw.get(k) is not None), "other")] += 1
         return real(x2, *args, **kw)
 
     monkeypatch.setattr(triton_gemv, "gemv_fwd", spy)
@@ -51,8 +64,9 @@ def test_engine_greedy_tokens_equal_the_eager_path(launches):
     assert "proj_add_norm_split" in model.graph_module.code
     ids = tokens(2, 4).to(DEVICE)
     got = Engine(model, capture=False).generate(ids, 4)
-    # 3 decode steps, each 7 fused nodes of two launches, 2 rows each; the prefill launches none
-    assert launches == [2] * (3 * 7 * 2)
+    # 3 decode steps, each 7 fused nodes of two launches, 2 rows each; the prefill launches none;
+    # GDN's o_proj (one per step and iteration) takes its gated norm in the prologue
+    assert launches == [2] * (3 * 7 * 2) and launches.forms["gated"] == 3 * 2
     launches.clear()
     assert torch.equal(got, eager_greedy(model, ids, 4))
     assert not launches, "the dynamic cache's steps ran the decode kernels"
@@ -65,6 +79,8 @@ def test_sandwich_blocks_decode_the_eager_paths_tokens(launches):
     ids = tokens(1, 4).to(DEVICE)
     got = Engine(model, capture=False).generate(ids, 3)
     assert launches == [1] * (2 * 7 * 2)  # 2 decode steps, 7 nodes of two launches, 1 row
+    # each node's second GEMV forms the norm-add-norm; GDN's o_proj its gated norm
+    assert launches.forms == {"sandwich": 2 * 7, "gated": 2 * 2, "other": 2 * 5}
     launches.clear()
     assert torch.equal(got, eager_greedy(model, ids, 3))
     assert not launches

@@ -9,14 +9,16 @@ the normed sum → one node that a static-cache decode step runs as two GEMV lau
 `proj` is an `nn.Linear` without bias (DSA's o_proj, the MLP's down_proj) or a mixer's
 `gated_rmsnorm_linear` (GDN's o_proj). In the engine's decode step (positions per row, M ≤ 16
 rows, the Triton path, no autograd) the node launches `gemv(x, W_proj, residual=res)` (the add in
-the epilogue) and `gemv(s, W_cat, rmsnorm γ)` (the norm in the prologue, a SwiGLU in the epilogue
-when the split feeds one), so the add-norm kernel and the SwiGLU kernel go: a GDN application
-runs in-proj · conv · recurrence · gated norm · o_proj · gate/up · down, a DSA one drops two
-launches likewise. Everything else (prefill, a dynamic cache, training) runs the nodes it
-replaced, in their order (`proj_add_norm_split`'s fallback). In a sandwich block the branch's
-RMSNorm · γ₁ spans the whole projection output, so it cannot be the first GEMV's epilogue: that one
-launches `gemv(x, W_proj)` and the second `norm_add_gemv` (the norm-add-norm in its prologue, which
-also writes s), two launches for the projection, the norm-add-norm and the next projection.
+the epilogue; GDN's gated RMSNorm, fla's form, in the prologue) and `gemv(s, W_cat, rmsnorm γ)`
+(the norm in the prologue, a SwiGLU in the epilogue when the split feeds one), so the add-norm,
+SwiGLU and gated-norm kernels go: a GDN application runs in-proj · conv · recurrence · o_proj ·
+gate/up · down, a DSA one drops two launches likewise. Everything else (prefill, a dynamic cache,
+training) runs the nodes it replaced, in their order (`proj_add_norm_split`'s fallback).
+
+In a sandwich block the branch's RMSNorm · γ₁ spans the whole projection output, so it cannot be
+the first GEMV's epilogue: that one launches `gemv(x, W_proj)` and the second `norm_add_gemv` (the
+norm-add-norm in its prologue, which also writes s), two launches for the projection, the
+norm-add-norm and the next projection.
 
 The match, from a `fused.add_rmsnorm` or `fused.norm_add_rmsnorm` node: its branch input is the
 projection, read by the add alone; both outputs are read, the normed one by one bias-free
@@ -37,7 +39,7 @@ from torch import nn
 from torch.fx.node import Node
 
 from lt2dsl.kernels import fused
-from lt2dsl.kernels.gemv import gemv, gemv_applies, norm_add_gemv
+from lt2dsl.kernels.gemv import gemv, gemv_applies, groups_fit, norm_add_gemv
 from lt2dsl.lowering import functional as lf
 from lt2dsl.lowering.cache import RowPositions
 from lt2dsl.lowering.leaf import leaf
@@ -81,19 +83,33 @@ def proj_add_norm_split(
     if not _gemv_step(x, gate, o_norm_weight, proj_weight, res, cat_weight, pos, gated, backend):
         return _unfused(x, gate, o_norm_weight, proj_weight, res, branch, norm_weight, cat_weight, eps, sizes,
                         gated, swiglu, backend)  # fmt: skip
-    if gated is not None:
-        x = _gated_norm(x, gate, o_norm_weight, proj_weight.shape[1], gated).view(*res.shape[:-1], -1)
     glu = {"up": sizes[0], "width": sizes[1]} if swiglu else {}
     if branch is not None:
-        r = gemv(x, proj_weight, backend=backend)
+        r = _proj_gemv(x, gate, o_norm_weight, proj_weight, res.shape[:-1], None, gated, backend)
         s, y = norm_add_gemv(res, r, *branch, cat_weight, norm_weight, eps, **glu, backend=backend)
     else:
-        s = gemv(x, proj_weight, residual=res, backend=backend)
+        s = _proj_gemv(x, gate, o_norm_weight, proj_weight, res.shape[:-1], res, gated, backend)
         y = gemv(s, cat_weight, norm_weight=norm_weight, eps=eps, **glu, backend=backend)
     if swiglu:
         return s, y
     pad = cat_weight.shape[0] - sum(sizes)
     return (s, *y.split([*sizes, pad] if pad else list(sizes), dim=-1)[: len(sizes)])
+
+
+def _proj_gemv(x, gate, o_norm_weight, proj_weight, rows, res, gated: dict | None, backend: str):
+    """proj(x) (+ res) `[*rows, D]`: one GEMV; with `gated`, fla's gated norm (SiLU gate after the
+    norm) in its prologue when its groups fit the kernel's K tiles, else the gated norm's own
+    kernel before it."""
+    if gated is None:
+        return gemv(x, proj_weight, residual=res, backend=backend)
+    L = proj_weight.shape[1]
+    fla = gated["act"] == "silu" and gated["norm_before_gate"]
+    if fla and groups_fit(L, o_norm_weight.shape[0], gated["group"]):
+        o, z = x.reshape(*rows, L), gate.reshape(*rows, L)
+        kw = {"norm_weight": o_norm_weight, "eps": gated["eps"], "gate": z, "group": gated["group"]}
+        return gemv(o, proj_weight, residual=res, **kw, backend=backend)
+    x = _gated_norm(x, gate, o_norm_weight, L, gated).view(*rows, L)
+    return gemv(x, proj_weight, residual=res, backend=backend)
 
 
 def _unfused(x, gate, o_norm_weight, proj_weight, res, branch, norm_weight, cat_weight, eps, sizes, gated,
