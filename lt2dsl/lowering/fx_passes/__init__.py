@@ -24,7 +24,7 @@ Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; not yet tim
 
 | rule | pattern → replacement |
 |---|---|
-| `decode_gemv` | proj → add_rmsnorm → linear_split [→ swiglu] → one node: two GEMV launches at decode |
+| `decode_gemv` | proj → (norm_)add_rmsnorm → linear_split [→ swiglu] → one node: two GEMVs at decode |
 
 The rules live one per file (a group for the two conv rules); `manager.py` holds the matcher
 contract and the pass; `leaves.py` the cache-aware functions the fused graph calls.
