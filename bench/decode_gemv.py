@@ -5,6 +5,8 @@ Two kinds of rows, for M = 1 and 8 decode rows, bf16:
 
 * `gemv <proj>`: one projection alone, `gemv(x, W)` against `F.linear(x, W)` (cuBLAS): whether the
   kernel streams a weight as fast as cuBLAS does;
+* `GatedDeltaNet gated norm + o_proj + residual`: the GDN output's gated RMSNorm in the GEMV's
+  prologue against the gated-norm kernel, `F.linear` and the add;
 * `<proj> -> <next>`: what one `decode_gemv` node launches (`gemv(x, W, residual)`, then
   `gemv(s, W_next, rmsnorm[, swiglu])`) against the nodes it replaces (`F.linear`, `add_rmsnorm`,
   `F.linear` of the split[, `swiglu`]).
@@ -119,8 +121,49 @@ def pair(name: str, first: tuple[int, int], nxt: tuple[int, int], M: int, swiglu
     return {"case": name, "M": M, "bytes": 2 * (D * K1 + N2 * D), "fused_us": fu, "unfused_us": base}
 
 
-def cases(sh: dict[str, tuple[int, int]], M: int) -> list[dict]:
+def gated(name: str, o_proj: tuple[int, int], group: int, M: int) -> dict:
+    """GDN's output: fla's gated RMSNorm over each head's `group` channels · silu(gate), o_proj and
+    the residual add, as `gemv(o, W, norm_weight, gate, group, residual)` (one launch) against the
+    gated-norm kernel, `F.linear` and the add."""
+    from lt2dsl.kernels import fused
+    from lt2dsl.kernels.fused.triton_norm import gated_rmsnorm_fwd
+    from lt2dsl.kernels.gemv import gemv
+
+    D, K = o_proj
+    c = n_copies(o_proj)
+    w = weights(D, K, c)
+    o, z = (torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    res = torch.randn(M, D, device="cuda", dtype=torch.bfloat16)
+    gamma = torch.ones(group, device="cuda", dtype=torch.bfloat16)
+
+    def fused_node(i):
+        return gemv(o, w[i], norm_weight=gamma, eps=1e-6, gate=z, group=group, residual=res)
+
+    def unfused(i):
+        n = gated_rmsnorm_fwd(o, z, gamma, 1e-6, fused.ACT_CODES["silu"], group, True)
+        return res + F.linear(n, w[i])
+
+    fu, base = time_us(fused_node, c), time_us(unfused, c)
+    return {"case": name, "M": M, "bytes": 2 * D * K, "fused_us": fu, "unfused_us": base}
+
+
+def gdn_group(path: str) -> int | None:
+    """The head value width of the model's first GDN block (its output norm's γ), None without one."""
+    import lt2dsl
+
+    for block in lt2dsl.compile(path, device="meta").blocks:
+        mixer = block.mixers[0]
+        if type(mixer).__name__ == "GatedDeltaNet":
+            norms = [p for n, p in mixer.named_parameters() if "norm" in n and p.dim() == 1]
+            return norms[0].shape[0] if norms else None
+    return None
+
+
+def cases(sh: dict[str, tuple[int, int]], M: int, group: int | None = None) -> list[dict]:
     rows = [single(name, *nk, M) for name, nk in sh.items()]
+    if group is not None and "GatedDeltaNet o_proj" in sh:
+        name = "GatedDeltaNet gated norm + o_proj + residual"
+        rows.append(gated(name, sh["GatedDeltaNet o_proj"], group, M))
     kinds = list(dict.fromkeys(k.split()[0] for k in sh))
     for i, kind in enumerate(kinds):
         nxt = kinds[(i + 1) % len(kinds)]
@@ -144,8 +187,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("error: bench/decode_gemv.py times CUDA kernels; no CUDA device is available")
     peak = load_hardware(args.hw).hbm_bytes_per_s
-    sh = shapes(args.model)
-    rows = [r for M in ROWS for r in cases(sh, M)]
+    sh, group = shapes(args.model), gdn_group(args.model)
+    rows = [r for M in ROWS for r in cases(sh, M, group)]
     card = torch.cuda.get_device_name()
     t = Table(title=f"decode GEMV vs cuBLAS + unfused chain, {card}, bf16, CUDA graphs")
     for col in ("case", "M", "MB", "fused µs", "unfused µs", "speedup", "fused GB/s", "% peak"):

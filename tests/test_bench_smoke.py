@@ -101,9 +101,11 @@ def test_dsa_train_step_bench_smoke(tmp_path):
 def test_decode_gemv_bench_reads_the_hybrids_shapes():
     """`bench/decode_gemv.py` (GPU only) times the projections of the model's first GDN and DSA
     blocks: the in-projections as the fusion pass concatenates them (padded to 16 rows)."""
-    from bench.decode_gemv import shapes
+    from bench.decode_gemv import gdn_group, shapes
 
-    sh = shapes(str(Path(__file__).parents[1] / "examples" / "lt2_hybrid_gdn_dsa.lt2"))
+    path = str(Path(__file__).parents[1] / "examples" / "lt2_hybrid_gdn_dsa.lt2")
+    sh = shapes(path)
+    assert gdn_group(path) == 256  # the gated norm's group: GDN's head value width (128 · expand_v 2)
     # GDN: q, k 2048; v, g 4096 (expand_v 2); a, b 16 -> 12304, padded; DSA: q, k, v 2048, index 256 + 64 + 4
     assert sh["GatedDeltaNet in"] == (12320, 2048) and sh["SparseAttention in"] == (6480, 2048)
     assert sh["GatedDeltaNet o_proj"] == (2048, 4096) and sh["SparseAttention o_proj"] == (2048, 2048)
