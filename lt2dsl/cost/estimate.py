@@ -382,12 +382,22 @@ def _train_activations(model: n.Model, L: int, batch: int, dt: Dtypes) -> dict[s
     return {"train_activations_bytes": full, "train_activations_recompute_bytes": recompute}
 
 
+def prefill_gather_bytes(model: n.Model, L: int, dt: Dtypes) -> float:
+    """Bytes of cached k/v the queries of a prefill of L tokens gather one by one, per token: the
+    mixers' `prefill_gather` × applications, in the kv dtype."""
+    cfg = model.config
+    blocks = iter_blocks(model.body)
+    elems = sum(lookup(m.type).prefill_gather(m.opts, cfg, L) * it for b, it in blocks for m in b.mixers)
+    return elems * dt.nbytes("kv")
+
+
 def _roofline(model, rows, extras, L, opt, dt, prefill, decode, cache) -> Roofline:
     hw, B = opt.hw, opt.batch
     peak, bw = hw.peak(dt.act), hw.hbm_bytes_per_s
     executed_w = sum(r.params_executed for r in rows + extras) * dt.nbytes("act")
     acts = B * L * sum(4 * model.config.dim * r.iterations for r in rows) * dt.nbytes("act")
-    p_time = max(B * L * prefill / peak, (executed_w + acts + cache) / bw)
+    p_bytes = executed_w + acts + cache + B * L * prefill_gather_bytes(model, L, dt)
+    p_time = max(B * L * prefill / peak, p_bytes / bw)
     step_bytes = sum(r.decode_bytes * r.iterations for r in rows + extras) * B
     d_time = max(B * decode / peak, step_bytes / bw)
     gen = p_time + _generate_time(model, L, opt, dt) if opt.gen else None
@@ -395,7 +405,7 @@ def _roofline(model, rows, extras, L, opt, dt, prefill, decode, cache) -> Roofli
         prefill_tokens_per_s=B * L / p_time,
         decode_tokens_per_s=B / d_time,
         ttft_s=p_time,
-        prefill_bound="compute" if B * L * prefill / peak >= (executed_w + acts + cache) / bw else "memory",
+        prefill_bound="compute" if B * L * prefill / peak >= p_bytes / bw else "memory",
         decode_bound="compute" if B * decode / peak >= step_bytes / bw else "memory",
         decode_step_s=d_time,
         decode_bytes_per_step=step_bytes,
@@ -504,6 +514,8 @@ def conventions(opt: EstimateOptions) -> list[str]:
         "looped blocks count executed FLOPs (T × per iteration); parameters count once",
         "chunked mixers are counted at chunk C = 64 (C = L for a prefill shorter than one chunk)",
         "decode step at context L: the new token sees L keys; caches are measured after L tokens",
+        "prefill bytes: executed weights + block inputs and outputs + the cache written + the k/v a "
+        "token-level selection gathers per query (dsa: its top-k, nsa: its selected blocks)",
         "decode bytes per token: executed weights / batch + state read and write + the KV the step "
         "reads (dsa: every index key, top-k k/v; nsa: compressed, selected and window k/v) and the "
         "new KV entry + block input and output",

@@ -176,6 +176,12 @@ class LayerSpec:
         it unless the kind addresses a subset (top-k keys, selected blocks)."""
         return {k: t for k, t in self.cache(o, cfg, batch, L).items() if t.role == "kv"}
 
+    def prefill_gather(self, o: Opts, cfg: ModelConfig, L: int) -> float:
+        """Cached key/value elements one query of a prefill of L tokens gathers for itself alone
+        (mean over the queries): 0 for tiled attention, which reads each k/v tile once for a block of
+        queries, and for recurrences; a token-level selection (top-k keys) reads its own."""
+        return 0.0
+
     def backward_factor(self, o: Opts) -> float:
         """Training = forward × (1 + backward_factor); 2 unless the kind's spec says otherwise."""
         return 2.0

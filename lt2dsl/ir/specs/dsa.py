@@ -50,6 +50,11 @@ class DsaSpec(FullSpec):
         main = super().cache(o, cfg, batch, min(L, o["topk"]))
         return main | {"k_idx": self.cache(o, cfg, batch, L)["k_idx"]}
 
+    def prefill_gather(self, o: Opts, cfg: ModelConfig, L: int) -> float:
+        """Each query gathers its own top-k keys' k and v for every kv head: min(t, topk) · HKV · 2d
+        (no query shares the set it selected, so no tile is reused)."""
+        return causal_mean(L, o["topk"]) * o["kv_heads"] * 2 * o["head_dim"]
+
     def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
         """Indexer 2·H_I·d_I per visible key; main attention over min(t, topk) keys per head."""
         proj = proj_flops(self.weights(o, cfg), PROJ + IDX)

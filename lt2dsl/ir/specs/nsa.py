@@ -70,6 +70,11 @@ class NsaSpec(LayerSpec):
         part = CacheTensor((batch, HKV, seen, d), "kv", "kv")
         return {"k": part, "v": part, "k_cmp": cache["k_cmp"], "v_cmp": cache["v_cmp"]}
 
+    def prefill_gather(self, o: Opts, cfg: ModelConfig, L: int) -> float:
+        """Each query's selected blocks, gathered per kv head (its group's heads share them):
+        min(t, n·l') · HKV · 2d; the compressed and window branches are tiled."""
+        return causal_mean(L, o["select"] * o["block"]) * o["kv_heads"] * 2 * o["head_dim"]
+
     def flops(self, o: Opts, cfg: ModelConfig, L: int, mode: Mode, causal: str = "exact") -> Flops:
         """Per query head: 4d·(n_cmp(t) + min(t, n·l') + min(t, w)) (mixers.md §10(d))."""
         w = self.weights(o, cfg)
