@@ -30,6 +30,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -123,8 +124,7 @@ def point(model, batch: int, ctx: int, args, triton_names: set[str]) -> dict:
     row = run_point(model, batch, ctx, args, triton_names, capture=None)
     if row["kernels"] == 0 and model.embed.weight.device.type == "cuda":
         eager = run_point(model, batch, ctx, args, triton_names, capture=False)
-        kept = {k: row[k] for k in ("step_us",)}
-        row = eager | kept | {"eager_step_us": eager["step_us"], "source": "eager steps"}
+        row = eager | {"step_us": row["step_us"], "eager_step_us": eager["step_us"]}
         row["idle_us"] = max(row["step_us"] - row["busy_us"], 0.0)
     return row
 
@@ -143,8 +143,6 @@ def run_point(model, batch: int, ctx: int, args, triton_names: set[str], capture
         torch.cuda.synchronize()
         start.record()
     else:
-        import time
-
         t0 = time.perf_counter()
     for _ in range(args.steps):
         next(stream)
@@ -173,8 +171,6 @@ def run_point(model, batch: int, ctx: int, args, triton_names: set[str], capture
 def profile_prefill(engine: Engine, ids: torch.Tensor, triton_names: set[str], cuda: bool) -> dict:
     """The prompt's prefill (the engine's chunks, and the first token's sampling) under the profiler:
     its wall µs, its kernels by kind, busy and idle, the top kernels."""
-    import time
-
     stream = engine.stream(ids, 1)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
