@@ -35,6 +35,7 @@ def per_query_and_grads(fn, q, k, qi, ki, wi, **kw):
     weights whatever the dtype)."""
     leaves = [t.detach().clone().to(DEVICE).requires_grad_() for t in (qi, ki, wi) if t is not None]
     w = leaves[2] if wi is not None else None
+    kw = {name: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for name, v in kw.items()}
     per_query = fn(q.to(DEVICE), k.to(DEVICE), leaves[0], leaves[1], w, **kw)
     g = torch.Generator().manual_seed(3)
     weight = torch.rand(per_query.shape, generator=g, dtype=torch.float64).to(per_query)
@@ -96,10 +97,10 @@ def test_a_packed_row_is_its_documents_pads_and_all(poison):
                               cu_seqlens=cu.to(DEVICE))  # fmt: skip
     assert_same(got, want, 2e-5)
     whole = dsa_indexer_kl_reference(q, k, qi, ki, wi, indices=idx)
-    assert (whole[:, 7:] - want[0][:, 7:]).abs().max() > 1e-3
+    assert (whole[:, 7:] - want[0].cpu()[:, 7:]).abs().max() > 1e-3
     pads_kept = torch.where(idx == -1, to_global(idx.clamp_min(0), cu) - 1, to_global(idx, cu))
     kept = dsa_indexer_kl_reference(q, k, qi, ki, wi, indices=pads_kept)
-    assert (kept[:, 11::3] - want[0][:, 11::3]).abs().min() > 1e-4
+    assert (kept[:, 11::3] - want[0].cpu()[:, 11::3]).abs().min() > 1e-4
 
 
 def test_empty_selections_give_zero_and_finite_gradients(poison):
