@@ -6,8 +6,10 @@ For each model, batch B and context L, through the model's `Engine`:
    any autotuning the on-disk cache does not hold, prefill and one step);
 2. a stream of `warm + steps` new tokens after a prompt of L tokens: the prefill timed alone
    (`prefill_s`), `warm` untimed steps, then `steps` steps timed together (`step_ms`, tok/s =
-   B / step time, and the bandwidth (weights + cache bytes) / step time), each timing between
-   device synchronisations;
+   B / step time, and the bandwidth: the bytes the estimate says a step must read — every weight
+   once per application, so T times in a loop of T, and the cache a step addresses (a DSA or NSA
+   step reads its selection, not the whole cache) — over the measured step time, next to the
+   card's HBM peak), each timing between device synchronisations;
 3. the estimate for the same card, dtype, batch and context: `roofline.decode_tokens_per_s` and
    `capacity.max_batch` (the largest batch whose cache fits next to the weights).
 
@@ -65,11 +67,16 @@ def is_oom(e: BaseException) -> bool:
 
 
 def predicted(model, batch: int, ctx: int, hw: Hardware) -> dict:
-    """The estimate's decode tokens/s and largest batch at this context, in the model's dtypes."""
+    """The estimate's decode tokens/s, bytes a step reads and largest batch at this context, in the
+    model's dtypes."""
     cfg, act = model.config, dtype_name(model.embed.weight.dtype)
     dt = Dtypes(act=act, state=cfg.state_dtype, kv=act)
     rep = estimate(model.ir, EstimateOptions(seq=ctx, batch=batch, hw=hw, dtypes=dt))
-    return {"estimate_tok_s": rep.roofline.decode_tokens_per_s, "estimate_max_batch": rep.capacity.max_batch}
+    return {
+        "estimate_tok_s": rep.roofline.decode_tokens_per_s,
+        "estimate_step_bytes": rep.roofline.decode_bytes_per_step,
+        "estimate_max_batch": rep.capacity.max_batch,
+    }
 
 
 def timed(device: torch.device, fn):
@@ -81,8 +88,9 @@ def timed(device: torch.device, fn):
     return time.perf_counter() - t0, out
 
 
-def measure(engine: Engine, batch: int, ctx: int, plan: Plan) -> dict:
-    """One point: first-call time, prefill time and the mean decode step (module docstring)."""
+def measure(engine: Engine, batch: int, ctx: int, plan: Plan, step_bytes: float) -> dict:
+    """One point: first-call time, prefill time and the mean decode step (module docstring);
+    `step_bytes` the estimate's bytes of one step."""
     model = engine.model
     device = model.embed.weight.device
     gen = torch.Generator().manual_seed(ctx * 1000 + batch)
@@ -98,12 +106,10 @@ def measure(engine: Engine, batch: int, ctx: int, plan: Plan) -> dict:
     stream.close()
     step_ms = step_s / plan.steps * 1e3
     cache = engine.slots[engine.bucket(batch)].cache
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return {
         "tok_s": batch / step_ms * 1e3,
         "step_ms": step_ms,
-        # gpt-fast's figure: the weights and the whole cache read once per step
-        "bandwidth_gb_s": (weights + cache.nbytes()) / step_ms / 1e6,
+        "bandwidth_gb_s": step_bytes / step_ms / 1e6,
         "prefill_s": prefill_s,
         "first_s": first_s,
         "cache_bytes": cache.nbytes(),
@@ -122,7 +128,7 @@ def run(models: list[tuple[str, object]], plan: Plan, progress=None, on_row=None
             failed = None
             for ctx in plan.contexts:
                 row = {"model": name, "batch": batch, "ctx": ctx, **predicted(model, batch, ctx, plan.hw)}
-                rows.append(row | _point(engine, batch, ctx, plan, failed))
+                rows.append(row | _point(engine, batch, ctx, plan, failed, row["estimate_step_bytes"]))
                 failed = failed or ("oom" if rows[-1].get("oom") else None)
                 if on_row is not None:
                     on_row(rows)
@@ -161,11 +167,11 @@ def warm(models: list[tuple[str, object]], batches, contexts, progress=None) -> 
     return rows
 
 
-def _point(engine: Engine, batch: int, ctx: int, plan: Plan, failed: str | None) -> dict:
+def _point(engine: Engine, batch: int, ctx: int, plan: Plan, failed: str | None, step_bytes: float) -> dict:
     if failed:
         return {"oom": True, "skipped": True}
     try:
-        return measure(engine, batch, ctx, plan)
+        return measure(engine, batch, ctx, plan, step_bytes)
     except Exception as e:
         if not is_oom(e):
             raise

@@ -49,7 +49,9 @@ def test_bench_decode_writes_table_json_and_plot(toy, tmp_path, capsys):
         # first_s and prefill_s are separate timings: at toy sizes on a CPU their order is noise
         assert p["tok_s"] > 0 and p["estimate_tok_s"] > 0 and p["first_s"] > 0 and p["prefill_s"] > 0
         assert p["tok_s"] == pytest.approx(p["batch"] / p["step_ms"] * 1e3)
-        assert p["bandwidth_gb_s"] == pytest.approx((WEIGHTS + p["cache_bytes"]) / p["step_ms"] / 1e6)
+        # the estimate's bytes of a step (weights once per application, the cache a step reads)
+        assert p["estimate_step_bytes"] >= WEIGHTS
+        assert p["bandwidth_gb_s"] == pytest.approx(p["estimate_step_bytes"] / p["step_ms"] / 1e6)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = capsys.readouterr().out
     assert "tok/s" in text and "estimate tok/s" in text and "toy" in text
@@ -102,10 +104,10 @@ def test_an_out_of_memory_point_is_recorded_and_compared(monkeypatch, tmp_path):
     model = lt2dsl.compile(TOY, device="cpu", dtype=torch.float32)
     real = bench.measure
 
-    def measure(engine, batch, ctx, plan):
+    def measure(engine, batch, ctx, plan, step_bytes):
         if batch == 2 and ctx >= 16:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(engine, batch, ctx, plan)
+        return real(engine, batch, ctx, plan, step_bytes)
 
     monkeypatch.setattr(bench, "measure", measure)
     plan = bench.Plan((8, 16, 32), (1, 2), 1, 0, load_hardware("h100"))
@@ -140,12 +142,12 @@ def test_bench_decode_keeps_each_point_as_it_is_measured(toy, tmp_path, monkeypa
     out_json = tmp_path / "decode.json"
     real, seen = bench.measure, []
 
-    def measure(engine, batch, ctx, plan):
+    def measure(engine, batch, ctx, plan, step_bytes):
         if seen:  # the second point: the first is on disk already
             assert [p["ctx"] for p in json.loads(out_json.read_text())["points"]] == [8]
             raise KeyboardInterrupt
         seen.append(ctx)
-        return real(engine, batch, ctx, plan)
+        return real(engine, batch, ctx, plan, step_bytes)
 
     monkeypatch.setattr(bench, "measure", measure)
     argv = ["bench", "decode", str(toy), "--ctx", "8,16", "--batch", "1", "--steps", "1", "--warm", "0"]

@@ -93,9 +93,9 @@ def test_bench_frees_each_bucket_before_the_next_one_even_after_an_oom(no_gc, mo
     model = lower(HYBRID)
     real, earlier, seen = bench.measure, {}, []
 
-    def measure(engine, batch, ctx, plan):
+    def measure(engine, batch, ctx, plan, step_bytes):
         seen.append((batch, ctx, sum(alive(refs) for b, refs in earlier.items() if b != batch)))
-        out = real(engine, batch, ctx, plan)
+        out = real(engine, batch, ctx, plan, step_bytes)
         earlier.setdefault(batch, []).extend(cache_refs(engine))
         if batch == 2 and ctx == 16:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
