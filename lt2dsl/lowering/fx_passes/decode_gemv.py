@@ -25,7 +25,8 @@ projection, read by the add alone; both outputs are read, the normed one by one 
 `linear_split` alone; a split of two equal parts each read only by one `swiglu(g, u)` joins it.
 The graph's `cache_pos` node gives the leaf the step's positions.
 
-Off by default: the kernel is not yet timed against cuBLAS on a GPU. `fuse(gm, opt_in=["decode_gemv"])`,
+Off by default: on the H100 the hybrid's whole decode step is 4-6% slower with it than with cuBLAS
+and the unfused kernels (BENCHMARKS.md, "Whole-model decode"). `fuse(gm, opt_in=["decode_gemv"])`,
 `lt2dsl.compile(..., opt_in=("decode_gemv",))` or `lt2dsl bench decode --rules +decode_gemv` turn it on.
 """
 
