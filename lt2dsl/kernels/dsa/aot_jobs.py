@@ -1,5 +1,6 @@
 """sm_90 compile jobs of DSA's kernels (`common.aot`), also NSA's selected branch: the sparse
-attention forward and backward (bf16 at D = 128, 16 query heads on one kv head; fp32 once), the
+attention forward (whole and split, with its combine) and backward (bf16 at D = 128, 16 query heads
+on one kv head; fp32 once), the
 lightning indexer's score kernel (ranked int64 keys, and the radix selection's 32-bit keys) and the
 radix top-k selection (one program a row, and the sliced passes and write), each at its launch
 code's fixed launch."""
@@ -15,7 +16,7 @@ from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
 from lt2dsl.kernels.dsa.triton_topk import _select_kernel, _split_pass_kernel, _split_write_kernel
 
 MAX_STACK = 512
-INTS = ("Tq", "Tk", "NIDX", "NROWS", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
+INTS = ("Tq", "Tk", "NIDX", "NROWS", "CHUNK", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
 SCALARS = {**{n: "i32" for n in INTS}, "qk_scale": "fp32", "scale": "fp32"}
 # the indexer's and the selection's (their K is the top-k count, the attention's the key pointer)
 SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K", "SW", "SL")}, "idx_scale": "fp32"}
@@ -37,6 +38,13 @@ def _attention() -> list[Job]:
         kw["max_stack"] = MAX_STACK if dtype == torch.bfloat16 else None
         for name, kernel in (("sparse_fwd", A._sparse_fwd_kernel), ("sparse_bwd", A._sparse_bwd_kernel)):
             jobs += tuned_jobs(f"dsa/{name}-{dt[1:]}", kernel, ptrs, SCALARS, cex, **kw)
+        # the decode step's split forward (16 splits: one kv head's selection of 2048 keys at B=1)
+        split = ptrs | {"O_PART": "*fp32", "LSE_PART": "*fp32"}
+        jobs += tuned_jobs(f"dsa/sparse_split-{dt[1:]}", A._sparse_split_kernel, split, SCALARS,
+                           cex | {"NSPLIT": 16}, **kw)  # fmt: skip
+        comb = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR")} | {"NSPLIT": 16}
+        jobs += tuned_jobs(f"dsa/sparse_combine-{dt[1:]}", A._sparse_combine_kernel, split, SCALARS, comb,
+                           launch=(cfg["num_warps"], 1), aligned=(), max_stack=kw["max_stack"])  # fmt: skip
     return jobs
 
 

@@ -4,7 +4,10 @@ Indices are `[B, Tq, NIDX]` (one selection shared by every head: DSA) or `[B, Tq
 per kv head: NSA's selected branch, blocks expanded to tokens). One program per (query t,
 batch · kv head) stacks the G query heads of the group as the rows of a tile (padded to ≥ 16) and
 gathers the selected keys in chunks of BK indices; an index is used iff 0 ≤ s ≤ pos(t) (so −1 padding
-and out-of-range entries drop). Indices must not repeat (the indexer's never do). Backward: everything
+and out-of-range entries drop). Indices must not repeat (the indexer's never do). Where those
+programs are too few to fill the GPU (a decode step: B·HKV of them, each gathering its whole
+selection on one SM), each selection is split over several programs writing partial (o, lse) and a
+combine kernel merges them by lse (flash-decoding; `split_count`). Backward: everything
 is computed in the transposed orientation (sᵀ = k qᵀ, dpᵀ = v dOᵀ, dqᵀ = kᵀ dsᵀ) so no dot result is
 ever transposed into another dot (the Hopper miscompile); dK/dV are scattered with fp32 atomics,
 since the keys a query selected belong to nobody else's tile.
@@ -73,22 +76,31 @@ def _query_group(
 
 
 @triton.jit
-def _sparse_fwd_kernel(
-    Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS, SKB, SKT, SKH, SVB, SVT, SVH,
-    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
-    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, DOT_PREC: tl.constexpr,
+def _fwd_setup(
+    Q, K, V, IDX, Tq, Tk, SKB, SKH, SVB, SVH, HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, IDX_H: tl.constexpr, NIDX,
 ):  # fmt: skip
-    """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
+    """`_query_group`'s values and the program's k, v and index bases."""
     t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q = _query_group(Q, Tq, Tk, HQ, GRP, D, BD, BDV, BR)
     # element strides (batch, position, head) of k and v, last dim contiguous: a decode step reads
     # the cache's views in place instead of a contiguous copy of the whole cache
     k_base = K + b.to(tl.int64) * SKB + hk.to(tl.int64) * SKH
     v_base = V + b.to(tl.int64) * SVB + hk.to(tl.int64) * SVH
     idx_base = IDX + ((b * Tq + t) * IDX_H + (hk if IDX_H > 1 else 0)).to(tl.int64) * NIDX
+    return t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q, k_base, v_base, idx_base
+
+
+@triton.jit
+def _attend(
+    q, k_base, v_base, idx_base, lo, hi, pos, Tk, qk_scale, offs_d, offs_dv, SKT, SVT,
+    D: tl.constexpr, DV: tl.constexpr, BR: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Online softmax of the query rows over selection slots [lo, hi): (acc, running max, sum)."""
     acc, m_i, l_i = softmax_init(BR, BDV, NEG_BIG)
-    for i0 in range(0, NIDX, BK):
+    for i0 in range(lo, hi, BK):
         j = i0 + tl.arange(0, BK)
-        idx = tl.load(idx_base + j, mask=j < NIDX, other=-1)
+        idx = tl.load(idx_base + j, mask=j < hi, other=-1)
         ok = (idx >= 0) & (idx <= pos) & (idx < Tk)
         kt = tl.trans(_gather_strided(k_base, idx, offs_d, D, SKT, ok))
         s = tl.where(ok[None, :], mm(q, kt, DOT_PREC) * qk_scale, float("-inf"))
@@ -96,10 +108,83 @@ def _sparse_fwd_kernel(
         v = _gather_strided(v_base, idx, offs_dv, DV, SVT, ok)
         acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, DOT_PREC)
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _sparse_fwd_kernel(
+    Q, K, V, IDX, O, LSE, Tq, Tk, NIDX, qk_scale, NROWS, SKB, SKT, SKH, SVB, SVT, SVH,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """o[b, t, h] over the selected keys; LSE `[HQ, B·Tq]` log2 units (+inf if nothing selected)."""
+    t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q, k_base, v_base, idx_base = _fwd_setup(
+        Q, K, V, IDX, Tq, Tk, SKB, SKH, SVB, SVH, HQ, GRP, D, BD, BDV, BR, IDX_H, NIDX
+    )
+    acc, m_i, l_i = _attend(q, k_base, v_base, idx_base, 0, NIDX, pos, Tk, qk_scale, offs_d, offs_dv,
+                            SKT, SVT, D, DV, BR, BDV, BK, DOT_PREC)  # fmt: skip
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     tl.store(rows_ptr(O, row, DV, offs_dv), o.to(O.dtype.element_ty), mask=rows_mask(in_r, offs_dv, DV))
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
+
+
+@triton.jit
+def _sparse_split_kernel(
+    Q, K, V, IDX, O_PART, LSE_PART, Tq, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, NSPLIT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Split `program_id(2)` of a selection (slots [split·CHUNK, (split+1)·CHUNK)): the partial o
+    (normalised over the split) and its lse (log2 units, −inf if the split selected nothing)."""
+    t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q, k_base, v_base, idx_base = _fwd_setup(
+        Q, K, V, IDX, Tq, Tk, SKB, SKH, SVB, SVH, HQ, GRP, D, BD, BDV, BR, IDX_H, NIDX
+    )
+    split = tl.program_id(2)
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, NIDX)
+    acc, m_i, l_i = _attend(q, k_base, v_base, idx_base, lo, hi, pos, Tk, qk_scale, offs_d,
+                            offs_dv, SKT, SVT, D, DV, BR, BDV, BK, DOT_PREC)  # fmt: skip
+    empty = l_i == 0.0
+    part = ((t * tl.num_programs(1) + tl.program_id(1)) * NSPLIT + split).to(tl.int64) * BR + r
+    tl.store(O_PART + part[:, None] * BDV + offs_dv[None, :], acc / tl.where(empty, 1.0, l_i)[:, None])
+    tl.store(LSE_PART + part, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))))
+
+
+@triton.jit
+def _sparse_combine_kernel(
+    O_PART, LSE_PART, O, LSE, Tq, NROWS,
+    HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
+    NSPLIT: tl.constexpr,
+):  # fmt: skip
+    """Merge the NSPLIT partials of one (query t, batch · kv head) by their lse: o and LSE as
+    `_sparse_fwd_kernel` writes them (+inf where no split selected anything)."""
+    HKV = HQ // GRP
+    t, pid = tl.program_id(0), tl.program_id(1)
+    b, hk = pid // HKV, pid % HKV
+    r = tl.arange(0, BR)
+    in_r = r < GRP
+    offs_dv = tl.arange(0, BDV)
+    base = (t * tl.num_programs(1) + pid) * NSPLIT
+    m = tl.full([BR], float("-inf"), dtype=tl.float32)
+    for sp in range(NSPLIT):
+        m = tl.maximum(m, tl.load(LSE_PART + (base + sp).to(tl.int64) * BR + r))
+    m_safe = tl.where(m > float("-inf"), m, 0.0)
+    den = tl.zeros([BR], dtype=tl.float32)
+    acc = tl.zeros([BR, BDV], dtype=tl.float32)
+    for sp in range(NSPLIT):
+        part = (base + sp).to(tl.int64) * BR + r
+        lse_s = tl.load(LSE_PART + part)
+        w = tl.where(lse_s > float("-inf"), tl.exp2(lse_s - m_safe), 0.0)
+        den += w
+        acc += w[:, None] * tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :])
+    empty = den == 0.0
+    o = acc / tl.where(empty, 1.0, den)[:, None]
+    row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
+    tl.store(rows_ptr(O, row, DV, offs_dv), o.to(O.dtype.element_ty), mask=rows_mask(in_r, offs_dv, DV))
+    lse = tl.where(empty, float("inf"), m_safe + tl.log2(tl.where(empty, 1.0, den)))
     tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
 
 
@@ -174,37 +259,52 @@ def _launch(q, k, v, indices) -> dict:
     )
 
 
-def sparse_attn_fwd(q, k, v, indices, scale: float):
+def split_count(programs: int, nidx: int, bk: int, device) -> int:
+    """Splits of each selection in the forward: 1 where the `programs` = Tq·B·HKV programs of one
+    selection each fill the GPU (prefill, training); else (a decode step) enough for ≈ 2 programs
+    an SM, each ≥ 2·BK slots, so the gathers of a short grid run on every SM. Under the interpreter
+    2 for small grids, so the CPU tests run the split path."""
+    if triton_interpreting():
+        return 2 if programs <= 8 and nidx > bk else 1
+    n_sm = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs >= n_sm:
+        return 1
+    return max(1, min(triton.cdiv(2 * n_sm, programs), triton.cdiv(nidx, 2 * bk)))
+
+
+def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None):
     """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]` (any strides but a contiguous last dim), indices
-    `[B, Tq, (HKV,) NIDX]`.
+    `[B, Tq, (HKV,) NIDX]`; `splits` of each selection (`split_count` when None: one program a
+    (query, kv head) where those fill the GPU, else partials merged by a combine kernel).
 
     Returns (o `[B, Tq, HQ, V]`, lse `[HQ, B·Tq]`).
     """
     k, v = rows_contiguous(k), rows_contiguous(v)
     B, Tq, HQ, D = q.shape
     Tk, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    nidx = indices.shape[-1]
     o = new_empty(v, B, Tq, HQ, DV)
     lse = new_empty(q, HQ, B * Tq, dtype=torch.float32)
-    _sparse_fwd_kernel[(Tq, B * HKV)](
-        q,
-        k,
-        v,
-        indices,
-        o,
-        lse,
-        Tq,
-        Tk,
-        indices.shape[-1],
-        scale * LOG2E,
-        B * Tq,
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        v.stride(0),
-        v.stride(1),
-        v.stride(2),
-        **_launch(q, k, v, indices),
-    )
+    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
+    cex = _launch(q, k, v, indices)
+    ns = split_count(Tq * B * HKV, nidx, cex["BK"], q.device) if splits is None else splits
+    chunk = triton.cdiv(triton.cdiv(nidx, max(ns, 1)), cex["BK"]) * cex["BK"]
+    ns = triton.cdiv(nidx, chunk) if nidx else 1
+    if ns <= 1:
+        _sparse_fwd_kernel[(Tq, B * HKV)](
+            q, k, v, indices, o, lse, Tq, Tk, nidx, scale * LOG2E, B * Tq, *strides, **cex
+        )  # fmt: skip
+        return o, lse
+    BR, BDV = cex["BR"], cex["BDV"]
+    o_part = new_empty(q, Tq * B * HKV * ns * BR, BDV, dtype=torch.float32)
+    lse_part = new_empty(q, Tq * B * HKV * ns * BR, dtype=torch.float32)
+    _sparse_split_kernel[(Tq, B * HKV, ns)](
+        q, k, v, indices, o_part, lse_part, Tq, Tk, nidx, chunk, scale * LOG2E, *strides, NSPLIT=ns, **cex
+    )  # fmt: skip
+    _sparse_combine_kernel[(Tq, B * HKV)](
+        o_part, lse_part, o, lse, Tq, B * Tq, HQ=HQ, GRP=HQ // HKV, DV=DV, BDV=BDV, BR=BR, NSPLIT=ns,
+        num_warps=cex["num_warps"],
+    )  # fmt: skip
     return o, lse
 
 
