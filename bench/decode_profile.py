@@ -220,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in args.files:
         if not f.is_file():
             p.error(f"no such file: {f}")
+    # before the profiling, so a bad --out does not lose a finished run
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out {args.out} is a file; expected a folder (created if missing)")
+    args.out.mkdir(parents=True, exist_ok=True)
     console = Console()
     cuda = args.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -243,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(dtype),
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "decode_profile.json", json.dumps(info, indent=1))
     return 0
 
