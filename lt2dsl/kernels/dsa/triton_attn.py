@@ -303,7 +303,7 @@ def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None):
     )  # fmt: skip
     _sparse_combine_kernel[(Tq, B * HKV)](
         o_part, lse_part, o, lse, Tq, B * Tq, HQ=HQ, GRP=HQ // HKV, DV=DV, BDV=BDV, BR=BR, NSPLIT=ns,
-        num_warps=cex["num_warps"],
+        num_warps=cex["num_warps"], num_stages=1,
     )  # fmt: skip
     return o, lse
 
