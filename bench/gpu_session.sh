@@ -10,12 +10,17 @@ export PYTHONPATH="$PWD:/tmp/site"
 mkdir -p .tcache/triton
 [ -f .tcache/triton.tgz ] && tar xzf .tcache/triton.tgz -C .tcache 2>/dev/null
 [ -f .tcache/triton_tune.tgz ] && tar xzf .tcache/triton_tune.tgz -C .tcache 2>/dev/null
+# A cache brought back in parts (each returned file is at most 16 MiB): carry every
+# .tcache.tgz.partNN, they are joined here in name order.
+ls .tcache.tgz.part* > /dev/null 2>&1 && cat .tcache.tgz.part* | tar xzf - -C .tcache 2>/dev/null
+# The estimate preset of this card, for the stages that compare against it.
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in *H200*) HW=h200 ;; *) HW=h100 ;; esac
 export TRITON_CACHE_DIR="$PWD/.tcache/triton"
 # Autotune results go to the cache dir too (keyed by kernel source, tuning key and config list),
 # so a later call that brings them back compiles only each kernel's pick: the peer's KDA backward
 # alone autotuned for minutes in every call. TRITON_CACHE_AUTOTUNING=0 re-tunes everything.
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/res"
 LOG="$OUT/session.log"
 export LT2_FAIL_LOG="$OUT/failures.log"
 T0=$(date +%s)
@@ -72,14 +77,43 @@ for s in ${STAGES:-env}; do
     bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 -m lt2dsl bench decode \
                     $(m=${MODELS:-lt2_hybrid_gdn_dsa,ouro_looped_transformer}; printf 'examples/%s.lt2 ' ${m//,/ }) --ctx "${CONTEXTS:-4k,8k,16k,32k}" \
                     --batch "${BATCHES:-1,8}" --steps "${STEPS:-32}" --warm "${WARM:-4}" --json "$OUT/decode.json" ;;
+    # every example and the 12-layer GDN model (bench/gpu_smoke.py), in NPROC_SMOKE processes
+    # side by side (the models are small: the card is mostly idle under one)
+    smoke) stage smoke "${LIM_SMOKE:-240}" bash -c 'n=${NPROC_SMOKE:-4}; names=($(ls examples/*.lt2 | xargs -n1 basename | sed "s/\.lt2$//") gdn12);
+             for i in $(seq 0 $((n-1))); do sel=(); for j in "${!names[@]}"; do [ $((j % n)) = $i ] && sel+=("${names[$j]}"); done;
+               python3 bench/gpu_smoke.py --only "${sel[@]}" --json "$1/smoke_$i.json" > "$1/smoke_$i.log" 2>&1 & pids+=($!); done;
+             rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; cat "$1"/smoke_*.log; exit $rc' _ "$OUT/res" ;;
+    # the hybrid's whole-model decode at the contexts and batches of the flatness claim
+    decode_hybrid) stage decode_hybrid "${LIM_DECODE:-300}" python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \
+                     --ctx "${CONTEXTS:-4k,32k}" --batch "${BATCHES:-1,8}" --hw "$HW" --json "$OUT/res/decode_hybrid.json" ;;
+    # the split sparse-attention forward against one program a selection: per call and whole-model
+    dsa_attn) stage dsa_attn "${LIM_DSA_ATTN:-240}" python3 bench/dsa_decode_attn.py --model examples/lt2_hybrid_gdn_dsa.lt2 \
+                --hw "$HW" --out "$OUT/res/dsa_decode_attn.json" ;;
+    decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" ;;
+    decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
+    decode_profile) stage decode_profile "${LIM_PROFILE_DECODE:-150}" python3 bench/decode_profile.py \
+                      examples/lt2_hybrid_gdn_dsa.lt2 examples/ouro_looped_transformer.lt2 --ctx 4096 --batch 1 --out "$OUT/res/profile" ;;
+    train) stage train "${LIM_TRAIN:-500}" python3 bench/train_throughput.py --out "$OUT/res/train" \
+             --models "${TRAIN_MODELS:-gdn12,hybrid,llama12}" --contexts "${TRAIN_CONTEXTS:-32768,8192,2048}" \
+             --budget-s "$(( ${LIM_TRAIN:-500} - 60 ))" ;;
+    distill) stage distill "${LIM_DISTILL:-560}" python3 bench/distill_gpu.py --out "$OUT/res/distill" ;;
+    # EXPERIMENT names examples/experiments/<name>.toml; RUNS a comma list of its runs
+    experiment) stage experiment "${LIM_EXPERIMENT:-540}" python3 -m lt2dsl.tasks.experiment \
+                  "examples/experiments/${EXPERIMENT:-a_state_tracking}.toml" --out "$OUT/res/exp" \
+                  --jobs "${JOBS:-9}" --cuda-graph --deadline "$(( ${LIM_EXPERIMENT:-540} - 40 ))" ${RUNS:+--runs "$RUNS"} ;;
     *) echo "unknown stage $s" ;;
   esac
 done
 
 # Keep compiled kernels and autotune results for the next call (the machine starts bare).
-[ -n "${NO_TCACHE_SAVE:-}" ] || tar czf "$OUT/triton.tgz" -C .tcache triton 2>/dev/null
-sz=$(stat -c %s "$OUT/triton.tgz" 2>/dev/null || echo 0)
-[ "$sz" -gt 15000000 ] && { echo "triton cache $sz bytes: too big to bring back"; rm -f "$OUT/triton.tgz"; }
+# In parts of at most 15 MiB (a returned file may be 16 MiB, at most 8 files come back): put them in
+# the repository root and carry each .tcache.tgz.partNN.
+[ -n "${NO_TCACHE_SAVE:-}" ] || tar czf - -C .tcache triton 2>/dev/null | split -b 15M -d - "$OUT/tcache.tgz.part"
+n=$(ls "$OUT"/tcache.tgz.part* 2>/dev/null | wc -l)
+[ "$n" -gt 3 ] && { echo "triton cache in $n parts: too many to bring back"; rm -f "$OUT"/tcache.tgz.part*; }
+# Every stage's JSON, tables and PNGs as one file (the results folder may be deeper than what
+# comes back): tar xzf results.tgz.
+tar czf "$OUT/results.tgz" -C "$OUT" res 2>/dev/null && rm -rf "$OUT/res"
 # The autotune results alone (a few kB), even when the whole cache is too big or not saved: put
 # the file in .tcache/ and carry ".tcache" in the next call.
 (cd .tcache && find triton -name '*.autotune.json' -print0 | tar czf "$OUT/triton_tune.tgz" --null -T - 2>/dev/null)
@@ -92,7 +126,7 @@ for s in ${STAGES:-}; do
     grep -E '[0-9]+ (passed|failed)' <<< "$body" | tail -1 ;; esac
 done
 for s in ${STAGES:-}; do
-  case $s in bench_*|profile) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
+  case $s in bench_*|profile|smoke|decode_*|dsa_attn|train|distill|experiment) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
 [ -s "$LT2_FAIL_LOG" ] && { echo "---- failure reasons ($LT2_FAIL_LOG)"; grep -E "^(==|E )" "$LT2_FAIL_LOG" | cut -c1-200 | head -${FAIL_LINES:-40}; }
