@@ -78,11 +78,13 @@ for s in ${STAGES:-env}; do
                     $(m=${MODELS:-lt2_hybrid_gdn_dsa,ouro_looped_transformer}; printf 'examples/%s.lt2 ' ${m//,/ }) --ctx "${CONTEXTS:-4k,8k,16k,32k}" \
                     --batch "${BATCHES:-1,8}" --steps "${STEPS:-32}" --warm "${WARM:-4}" --json "$OUT/decode.json" ;;
     # every example and the 12-layer GDN model (bench/gpu_smoke.py), in NPROC_SMOKE processes
-    # side by side (the models are small: the card is mostly idle under one)
+    # side by side (the models are small: the card is mostly idle under one); SMOKE_TESTS, a pytest
+    # selection, runs beside them (correctness only: nothing here is timed)
     smoke) stage smoke "${LIM_SMOKE:-240}" bash -c 'n=${NPROC_SMOKE:-4}; names=($(ls examples/*.lt2 | xargs -n1 basename | sed "s/\.lt2$//") gdn12);
              for i in $(seq 0 $((n-1))); do sel=(); for j in "${!names[@]}"; do [ $((j % n)) = $i ] && sel+=("${names[$j]}"); done;
                python3 bench/gpu_smoke.py --only "${sel[@]}" --json "$1/smoke_$i.json" > "$1/smoke_$i.log" 2>&1 & pids+=($!); done;
-             rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; cat "$1"/smoke_*.log; exit $rc' _ "$OUT/res" ;;
+             [ -n "$2" ] && { eval python3 -m pytest -v -p no:cacheprovider -rfE -n 6 "$2" > "$1/smoke_tests.log" 2>&1 & pids+=($!); };
+             rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; cat "$1"/smoke_*.log; exit $rc' _ "$OUT/res" "${SMOKE_TESTS:-}" ;;
     # the hybrid's whole-model decode at the contexts and batches of the flatness claim
     decode_hybrid) stage decode_hybrid "${LIM_DECODE:-300}" python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \
                      --ctx "${CONTEXTS:-4k,32k}" --batch "${BATCHES:-1,8}" --hw "$HW" --json "$OUT/res/decode_hybrid.json" ;;
@@ -91,8 +93,10 @@ for s in ${STAGES:-env}; do
                 --hw "$HW" --out "$OUT/res/dsa_decode_attn.json" ;;
     decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
+    # PROFILE_MODELS: example stems, comma-separated
     decode_profile) stage decode_profile "${LIM_PROFILE_DECODE:-150}" python3 bench/decode_profile.py \
-                      examples/lt2_hybrid_gdn_dsa.lt2 examples/ouro_looped_transformer.lt2 --ctx 4096 --batch 1 --out "$OUT/res/profile" ;;
+                      $(m=${PROFILE_MODELS:-lt2_hybrid_gdn_dsa,ouro_looped_transformer}; printf 'examples/%s.lt2 ' ${m//,/ }) \
+                      --ctx "${PROFILE_CTX:-4096}" --batch "${PROFILE_BATCH:-1}" --out "$OUT/res/profile" ;;
     train) stage train "${LIM_TRAIN:-500}" python3 bench/train_throughput.py --out "$OUT/res/train" \
              --models "${TRAIN_MODELS:-gdn12,hybrid,llama12}" --contexts "${TRAIN_CONTEXTS:-32768,8192,2048}" \
              --budget-s "$(( ${LIM_TRAIN:-500} - 60 ))" ;;
