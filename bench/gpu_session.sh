@@ -100,7 +100,7 @@ for s in ${STAGES:-env}; do
     train) stage train "${LIM_TRAIN:-500}" python3 bench/train_throughput.py --out "$OUT/res/train" \
              --models "${TRAIN_MODELS:-gdn12,hybrid,llama12}" --contexts "${TRAIN_CONTEXTS:-32768,8192,2048}" \
              --budget-s "$(( ${LIM_TRAIN:-500} - 60 ))" ;;
-    distill) stage distill "${LIM_DISTILL:-560}" python3 bench/distill_gpu.py --out "$OUT/res/distill" ;;
+    distill) stage distill "${LIM_DISTILL:-560}" python3 bench/distill_gpu.py --out "$OUT/res/distill" ${DISTILL_ARGS:-} ;;
     # EXPERIMENT names examples/experiments/<name>.toml; RUNS a comma list of its runs
     experiment) stage experiment "${LIM_EXPERIMENT:-540}" python3 -m lt2dsl.tasks.experiment \
                   "examples/experiments/${EXPERIMENT:-a_state_tracking}.toml" --out "$OUT/res/exp" \
