@@ -224,6 +224,15 @@ def teacher_leads(result: dict) -> dict[str, bool]:
     }
 
 
+def student_leads(result: dict) -> dict[str, bool]:
+    """Per student: whether distillation paid, its held-out loss below its random-init twin's
+    (the same program trained on as many tokens with the plain next-token loss)."""
+    return {
+        name: r["heldout"]["student"]["loss"] < r["heldout"]["baseline"]["loss"]
+        for name, r in result["students"].items()
+    }
+
+
 def table(result: dict) -> str:
     cols = (
         "model",
@@ -244,6 +253,10 @@ def table(result: dict) -> str:
     if lead and not all(lead.values()):
         behind = ", ".join(name for name, ok in lead.items() if not ok)
         out += ["", f"VOID for {behind}: the teacher's held-out loss is not below the random-init student's."]
+    behind = [n for n, ok in student_leads(result).items() if not ok and lead.get(n, True)]
+    if behind:
+        out += ["", f"BEHIND for {', '.join(behind)}: the distilled student's held-out loss is not below its "
+                "random-init twin's (distillation did not pay at this budget)."]  # fmt: skip
     return "\n".join(out)
 
 

@@ -54,3 +54,24 @@ def test_a_teacher_behind_a_random_init_student_voids_that_row():
     }  # fmt: skip
     assert teacher_leads(result) == {"gdn": False, "ok": True}
     assert table(result).splitlines()[-1].startswith("VOID for gdn:")
+
+
+def test_a_student_behind_its_random_init_twin_is_named():
+    """The H100 run at scale 0.7: the all-GDN student 2.06 held-out against its twin's 1.77; the
+    hybrids ahead of theirs. Only the one behind is named, and a voided row is not named again."""
+    from bench.distill_gpu import student_leads, table
+
+    row = {"loss": 1.0, "perplexity": 2.7, "kl_to_teacher": 0.1}
+
+    def student(teacher: float, distilled: float, twin: float) -> dict:
+        held = {"teacher": row | {"loss": teacher}, "student": row | {"loss": distilled}}
+        return {"heldout": held | {"baseline": row | {"loss": twin}}, "decode": {}, "params": 1}
+
+    result = {
+        "device": "x", "decode_ctx": 8, "teacher": {"params": 1},
+        "students": {"gdn": student(0.5, 2.06, 1.77), "full+gdn": student(0.5, 1.59, 3.04),
+                     "void": student(9.0, 3.0, 2.0)},
+    }  # fmt: skip
+    assert student_leads(result) == {"gdn": False, "full+gdn": True, "void": False}
+    last = table(result).splitlines()[-1]
+    assert last.startswith("BEHIND for gdn:") and "void" not in last and "full+gdn" not in last
