@@ -17,6 +17,8 @@ GPU_TRITON_DIR := .tcache/triton-$(GPU_TRITON)
 SMOKE_WHEELS := lark==1.3.1 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
   typing-inspection==0.4.5 typing-extensions==4.16.0 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 \
   pygments==2.21.0 networkx==3.6.1
+# The peer the GPU benchmarks run beside ours (decode, training): flash-linear-attention ("fla")
+PEER_WHEELS := flash-linear-attention==0.6.0 fla-core==0.6.0
 WHEEL_PLATFORMS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
@@ -50,8 +52,8 @@ test: setup gpu-triton  ## the whole suite (CPU; kernels under TRITON_INTERPRET=
 sm90: setup gpu-triton  ## compile every Triton kernel for sm_90 with the GPU's Triton (no GPU needed)
 	PYTHONPATH=$(GPU_TRITON_DIR):. $(BIN)/python -m tests.kernels.aot_check --workers 2 --cache .tcache/aot
 
-smoke-wheels: setup  ## download into .whl/ the wheels the GPU machine lacks (carry .whl there)
-	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: $(WHEEL_PLATFORMS) -d .whl $(SMOKE_WHEELS)
+smoke-wheels: setup  ## download into .whl/ the wheels the GPU machine lacks, and the peer's (carry .whl there)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: $(WHEEL_PLATFORMS) -d .whl $(SMOKE_WHEELS) $(PEER_WHEELS)
 
 gpu-smoke:  ## on the GPU machine: every example and the 12-layer GDN model (bench/gpu_smoke.py)
 	@if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile \
