@@ -11,8 +11,8 @@ mkdir -p .tcache/triton
 [ -f .tcache/triton.tgz ] && tar xzf .tcache/triton.tgz -C .tcache 2>/dev/null
 [ -f .tcache/triton_tune.tgz ] && tar xzf .tcache/triton_tune.tgz -C .tcache 2>/dev/null
 # A cache brought back in parts (each returned file is at most 16 MiB): carry every
-# .tcache.tgz.partNN, they are joined here in name order.
-ls .tcache.tgz.part* > /dev/null 2>&1 && cat .tcache.tgz.part* | tar xzf - -C .tcache 2>/dev/null
+# .tcache.txz.partNN, they are joined here in name order.
+ls .tcache.txz.part* > /dev/null 2>&1 && cat .tcache.txz.part* | tar xJf - -C .tcache 2>/dev/null
 # The estimate preset of this card, for the stages that compare against it.
 case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)" in *H200*) HW=h200 ;; *) HW=h100 ;; esac
 export TRITON_CACHE_DIR="$PWD/.tcache/triton"
@@ -111,10 +111,13 @@ done
 
 # Keep compiled kernels and autotune results for the next call (the machine starts bare).
 # In parts of at most 15 MiB (a returned file may be 16 MiB, at most 8 files come back): put them in
-# the repository root and carry each .tcache.tgz.partNN.
-[ -n "${NO_TCACHE_SAVE:-}" ] || tar czf - -C .tcache triton 2>/dev/null | split -b 15M -d - "$OUT/tcache.tgz.part"
-n=$(ls "$OUT"/tcache.tgz.part* 2>/dev/null | wc -l)
-[ "$n" -gt 3 ] && { echo "triton cache in $n parts: too many to bring back"; rm -f "$OUT"/tcache.tgz.part*; }
+# the repository root and carry each .tcache.txz.partNN (three parts and .whl fit a call's 64 MiB).
+# A cache hit loads a kernel's metadata and cubin (and what of its group exists): the LLVM and
+# Triton IRs, the bulk of the cache, stay behind; the TTGIR and PTX that scans read are kept.
+[ -n "${NO_TCACHE_SAVE:-}" ] || tar cf - -C .tcache --exclude='*.llir' --exclude='*.ttir' triton 2>/dev/null \
+  | xz -T0 -6 | split -b 15M -d - "$OUT/tcache.txz.part"
+n=$(ls "$OUT"/tcache.txz.part* 2>/dev/null | wc -l)
+[ "$n" -gt 3 ] && { echo "triton cache in $n parts: too many to bring back"; rm -f "$OUT"/tcache.txz.part*; }
 # Every stage's JSON, tables and PNGs as one file (the results folder may be deeper than what
 # comes back): tar xzf results.tgz.
 tar czf "$OUT/results.tgz" -C "$OUT" res 2>/dev/null && rm -rf "$OUT/res"
