@@ -111,7 +111,7 @@ done
 
 # Keep compiled kernels and autotune results for the next call (the machine starts bare).
 # In parts of at most 15 MiB (a returned file may be 16 MiB, at most 8 files come back): put them in
-# the repository root and carry each .tcache.txz.partNN (three parts and .whl fit a call's 64 MiB).
+# the repository root as .tcache.txz.partNN and carry each (three parts and .whl fit in 64 MiB).
 # A cache hit loads a kernel's metadata and cubin (and what of its group exists): the LLVM and
 # Triton IRs, the bulk of the cache, stay behind; the TTGIR and PTX that scans read are kept.
 [ -n "${NO_TCACHE_SAVE:-}" ] || tar cf - -C .tcache --exclude='*.llir' --exclude='*.ttir' triton 2>/dev/null \
