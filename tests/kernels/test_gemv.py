@@ -133,3 +133,26 @@ def test_gemv_refuses_a_bad_swiglu_split():
         gemv(x, w, up=30, width=20, backend="triton")  # up rows past the weight's 37
     with pytest.raises(ValueError, match="SwiGLU"):
         gemv(x, w, up=10, residual=r, backend="triton")
+
+
+def test_deep_configs_are_tuned_on_narrow_outputs_only():
+    """The deep configs (BN 16, long K tiles, many stages) are candidates where N / 16 programs
+    barely cover the SMs (MLP down, GDN o_proj: N = 2048), not on wide outputs, never with a K tile
+    longer than K, and with a gated norm only up to MAX_GROUP (BK 1024 spills there)."""
+    import triton
+
+    from lt2dsl.kernels.gemv import triton_gemv as G
+
+    general = [triton.Config({"BN": 16, "BK": 128}, num_warps=4, num_stages=4)]
+    deep = [triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=s) for bn, bk, w, s in G.DEEP]
+    configs = general + deep
+
+    def kept(**args) -> list[int]:
+        return [c.kwargs["BK"] for c in G.kept_configs(configs, args) if G.is_deep(c)]
+
+    assert kept(PRO=0, N=2048, K=5632) == [256, 512, 1024]
+    assert kept(PRO=0, N=12320, K=2048) == []
+    assert kept(PRO=1, N=2048, K=512) == [256, 512]
+    assert kept(PRO=3, GROUP=256, N=2048, K=4096) == [256, 512]
+    assert kept(PRO=3, GROUP=512, N=2048, K=4096) == [512]
+    assert all(c in G.kept_configs(configs, {"PRO": 0, "N": 12320, "K": 2048}) for c in general)

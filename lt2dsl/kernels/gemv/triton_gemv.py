@@ -36,30 +36,57 @@ from lt2dsl.kernels.common.tl_util import INTERP, cast, helper
 BM = 16  # tl.dot's smallest tile: the decode rows, padded
 MAX_M = BM
 PRO_CODES = {None: 0, "rmsnorm": 1, "norm-add-rmsnorm": 2, "gated-rmsnorm": 3}
-MAX_BK = 256  # the K tile of the forms without a gated norm
-MAX_GROUP = 512  # the largest BK (the gated norm's wide configs): a group must divide a config's BK
+MAX_BK = 256  # the K tile of the forms without a gated norm, but on narrow outputs
+MAX_GROUP = 512  # the largest group of a gated norm: it must divide a config's BK
 EPI_CODES = {None: 0, "swiglu": 1, "residual": 2}
+# Outputs of at most this many columns are narrow: N / 16 programs (BN is tl.dot's 16 at least)
+# leave at most ~2 a card's SMs (132 on the H100), so each program must keep many bytes of W in
+# flight: the deep configs (BN 16, 3-6 stages of 16-64 KB tiles) are theirs.
+# The H100 profile of the hybrid's decode step ran cuBLAS at 1.7-2.0 TB/s on exactly these shapes
+# (MLP down and GDN o_proj, N = 2048; bench/results/2026-12-06_s27_*).
+NARROW_N = 4096
+DEEP = ((16, 256, 4, 6), (16, 512, 8, 4), (16, 1024, 8, 3))
 
 
 def gemv_configs() -> list:
-    """Autotune candidates (BN, BK, warps, stages); the last two (BK 512) for the gated norm's widest
-    groups only. Under the CPU interpreter one of each BK (`prune_configs` picks one)."""
+    """Autotune candidates (BN, BK, warps, stages): the general ones, two BK 512 for the gated norm's
+    widest groups, then the deep ones of narrow outputs (`DEEP`). Under the CPU interpreter one of
+    each BK (`prune_configs` picks one)."""
     out = [
         triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=s)
         for bn, bk, w, s in (
             (16, 128, 4, 4), (16, 256, 4, 3), (16, 512, 4, 2), (32, 128, 4, 4),
-            (32, 256, 8, 3), (64, 128, 8, 3), (64, 64, 4, 4), (32, 512, 8, 2),
+            (32, 256, 8, 3), (64, 128, 8, 3), (64, 64, 4, 4), (32, 512, 8, 2), *DEEP,
         )
     ]  # fmt: skip
     return out[:3] if triton_interpreting() else out
 
 
-def prune_configs(configs: list, named_args: dict, **kwargs) -> list:
+def is_deep(config) -> bool:
+    k = config.kwargs
+    return (k["BN"], k["BK"], config.num_warps, config.num_stages) in DEEP
+
+
+def kept_configs(configs: list, args: dict) -> list:
     """The configs whose K tile holds whole groups of the gated norm, those of BK ≤ MAX_BK for the
-    other forms; under the interpreter the first of them only."""
-    args = {**named_args, **kwargs}
+    other forms; the deep ones only where the output is narrow (N ≤ NARROW_N) and BK ≤ K (with a
+    gated norm BK ≤ MAX_GROUP too: its BK 1024 build spills at 255 registers)."""
     gated, group = args["PRO"] == 3, args.get("GROUP", 1)
-    kept = [c for c in configs if (c.kwargs["BK"] % group == 0 if gated else c.kwargs["BK"] <= MAX_BK)]
+    narrow, K = args["N"] <= NARROW_N, args["K"]
+
+    def keep(c) -> bool:
+        BK = c.kwargs["BK"]
+        if is_deep(c):
+            fits = BK % group == 0 and BK <= MAX_GROUP if gated else True
+            return narrow and fits and BK <= K
+        return BK % group == 0 if gated else BK <= MAX_BK
+
+    return [c for c in configs if keep(c)]
+
+
+def prune_configs(configs: list, named_args: dict, **kwargs) -> list:
+    """`kept_configs`; under the interpreter the first of them only."""
+    kept = kept_configs(configs, {**named_args, **kwargs})
     return kept[:1] if triton_interpreting() else kept
 
 
