@@ -116,7 +116,11 @@ def model_rows(path: Path, args) -> list[dict]:
     rows = []
     for variant, scope in (("split", contextlib.nullcontext), ("one", unsplit)):
         with scope():
-            for r in bench.run([(path.stem, model)], plan):
+
+            def progress(what: str, variant: str = variant) -> None:
+                print(f"{variant}: {what}", file=sys.stderr, flush=True)
+
+            for r in bench.run([(path.stem, model)], plan, progress):
                 rows.append({"variant": variant, **r})
     return rows
 
@@ -160,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20, help="graph replays a timing (default 20)")
     ap.add_argument("--rounds", type=int, default=5, help="timings, the median reported (default 5)")
     ap.add_argument("--model", type=Path, default=None, help="also time this .lt2 model's decode both ways")
-    ap.add_argument("--ctx", default="4096,32768", help="contexts of the model rows (default 4096,32768)")
+    # a cold machine spends minutes compiling and tuning the prefill of a new context: one context
+    ap.add_argument("--ctx", default="4096", help="model rows' contexts, comma-separated (default 4096)")
     ap.add_argument("--steps", type=int, default=32, help="timed decode steps of a model row")
     ap.add_argument("--hw", default="h100", help="estimate preset of the card [h100]")
     ap.add_argument("--seed", type=int, default=0)
