@@ -58,6 +58,9 @@ class KdTerms:
 class StageObjective:
     """A stage's objective (module docstring); `model` is the student once `prepare` has run."""
 
+    # outputs' error (align, hidden) or KL mixed with cross-entropy (kd): exp of either is no perplexity
+    perplexity = False
+
     def __init__(
         self,
         kind: str,

@@ -104,6 +104,8 @@ class Trainer:
         torch.manual_seed(t.seed)
         model = self.model = build_model(cfg)
         objective.prepare(model)
+        # exp(held-out loss) is a perplexity for a next-token cross-entropy only
+        self.perplexity = bool(getattr(objective, "perplexity", False))
         self.ir = model.ir
         self.shard = shard_of(cfg, d.world, d.rank)
         self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
@@ -297,7 +299,7 @@ class Trainer:
         if self.data.val is None or not due:
             return
         result.evals[step] = self.evaluate()
-        metrics.log_eval(step, result.evals[step])
+        metrics.log_eval(step, result.evals[step], self.perplexity)
 
     @torch.no_grad()
     def evaluate(self) -> float:

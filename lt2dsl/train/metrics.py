@@ -12,7 +12,8 @@
 
 A task source that observes (a curriculum) adds `task/accuracy` (the step's exact match) and
 `task/stage`; a model with `dsa` layers adds `indexer_loss` (the indexer's mean KL per token and
-application, `train/indexer.py`). Evaluation rows carry `eval/loss` and `eval/perplexity`. The
+application, `train/indexer.py`). Evaluation rows carry `eval/loss`, and `eval/perplexity` where
+the objective's loss is the next-token cross-entropy (`train/objective.py`). The
 training FLOPs per token are the estimate's forward + backward count at `data.seq_len`;
 activation recomputation is not counted (MFU counts only the model's own FLOPs).
 """
@@ -129,8 +130,12 @@ class Metrics:
         self.progress.update(self.task, completed=step, info=info)
         return row
 
-    def log_eval(self, step: int, loss: float) -> dict:
-        row = {"step": step, "eval/loss": loss, "eval/perplexity": math.exp(min(loss, 700.0))}
+    def log_eval(self, step: int, loss: float, perplexity: bool = True) -> dict:
+        """The held-out loss at `step`; its exp as `eval/perplexity` only where the loss is the
+        next-token cross-entropy (`perplexity`)."""
+        row = {"step": step, "eval/loss": loss}
+        if perplexity:
+            row["eval/perplexity"] = math.exp(min(loss, 700.0))
         self._emit(row)
         return row
 
@@ -145,7 +150,8 @@ class Metrics:
 
 def _line(row: dict) -> str:
     if "eval/loss" in row:
-        return f"step {row['step']:>6}  eval loss {row['eval/loss']:.4f}  ppl {row['eval/perplexity']:.2f}"
+        ppl = f"  ppl {row['eval/perplexity']:.2f}" if "eval/perplexity" in row else ""
+        return f"step {row['step']:>6}  eval loss {row['eval/loss']:.4f}{ppl}"
     mem = row["memory/max_reserved(GiB)"]
     return (
         f"step {row['step']:>6}  loss {row['loss']:.4f}  grad_norm {row['grad_norm']:.3f}  "

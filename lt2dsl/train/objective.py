@@ -14,6 +14,9 @@ checkpoints, and the objective decides two things:
   the labelled tokens` that the trainer calls for every micro-batch and held-out batch (it divides
   by the labelled-token count itself). `tm` is the training forward (`TrainModel`, returning the
   final hidden states), `chunk` the loss chunk in tokens, `dtype` the logits' matmul dtype.
+
+Its attribute `perplexity` says whether that loss is the next-token cross-entropy, so that
+exp(held-out loss) is a perplexity the metrics report (an alignment's MSE or a KL mix is not).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from lt2dsl.train.parallel import TrainModel, WithLoss
 
 
 class Objective(Protocol):
+    perplexity: bool
+
     def prepare(self, model: nn.Module) -> None: ...
 
     def loss_module(self, tm: TrainModel, chunk: int, dtype: torch.dtype) -> nn.Module: ...
@@ -34,6 +39,8 @@ class Objective(Protocol):
 
 class LMObjective:
     """Next-token cross-entropy over every parameter: the trainer's default."""
+
+    perplexity = True
 
     def prepare(self, model: nn.Module) -> None:
         """Nothing to load or freeze."""

@@ -48,3 +48,31 @@ def test_an_objective_sets_the_loss_and_what_trains(tmp_path):
     assert not torch.equal(
         trained["blocks.0.mlp.up_proj.weight"], start.state_dict()["blocks.0.mlp.up_proj.weight"]
     )
+
+
+class NoPerplexity(FrozenEmbedding):
+    """An objective whose loss is not a next-token cross-entropy (twice one is not)."""
+
+    perplexity = False
+
+
+def eval_rows(folder) -> list[dict]:
+    import json
+
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if "eval/loss" in row]
+
+
+def test_a_perplexity_is_reported_for_the_next_token_loss_only(tmp_path, capsys):
+    """exp(held-out loss) is a perplexity of the LM objective; of another objective's loss (an
+    alignment's error, a KL mix) it is not one, and neither the JSONL nor the console says it is."""
+    run(config(tmp_path, "lm", training={"steps": 2}, metrics={"eval_interval": 2, "progress": True}))
+    lm = eval_rows(tmp_path / "lm")
+    assert lm and all(r["eval/perplexity"] > 1 for r in lm)
+    assert " ppl " in capsys.readouterr().out
+    cfg = config(tmp_path, "other", training={"steps": 2}, metrics={"eval_interval": 2, "progress": True})
+    run(cfg, objective=NoPerplexity())
+    other = eval_rows(tmp_path / "other")
+    assert other and not any("eval/perplexity" in r for r in other)
+    printed = capsys.readouterr().out
+    assert "eval loss" in printed and " ppl " not in printed
