@@ -36,7 +36,7 @@ from lt2dsl.kernels.common.tl_util import INTERP, cast, helper
 BM = 16  # tl.dot's smallest tile: the decode rows, padded
 MAX_M = BM
 PRO_CODES = {None: 0, "rmsnorm": 1, "norm-add-rmsnorm": 2, "gated-rmsnorm": 3}
-MAX_BK = 256  # the K tile of the forms without a gated norm, but on narrow outputs
+MAX_BK = 256  # the general configs' largest K tile without a gated norm (narrow outputs: `DEEP` too)
 MAX_GROUP = 512  # the largest group of a gated norm: it must divide a config's BK
 EPI_CODES = {None: 0, "swiglu": 1, "residual": 2}
 # Outputs of at most this many columns are narrow: N / 16 programs (BN is tl.dot's 16 at least)
