@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,37 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import lt2dsl  # noqa: E402
+from bench.dsa_decode_select import graph_time_us  # noqa: E402
 from lt2dsl.cost.hardware import load_hardware  # noqa: E402
 from lt2dsl.engine import bench  # noqa: E402
 from lt2dsl.kernels.dsa import triton_attn  # noqa: E402
 from lt2dsl.train.files import atomic_write  # noqa: E402
 
 TOLERANCE = 1e-2
-
-
-def graph_time_us(fn, calls: int, reps: int, rounds: int) -> float:
-    """Median µs of one `fn()` inside a CUDA graph of `calls` calls replayed `reps` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (reps * calls))
-    return statistics.median(times)
 
 
 def selection(B: int, KW: int, topk: int, gen: torch.Generator) -> torch.Tensor:
