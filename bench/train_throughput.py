@@ -27,7 +27,7 @@ implementation alike. `--budget-s` skips the rows that would start after that ma
 Results: `<out>/train_throughput.{json,md}`, the table printed last, the card named in both.
 
     python bench/train_throughput.py --out $OUT/train --budget-s 400     # on the GPU
-    python bench/train_throughput.py --smoke --out /tmp/train_bench       # CPU, toy sizes, no claims
+    python bench/train_throughput.py --smoke --out /tmp/train_bench --contexts 256,512  # CPU, toy
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def args_of(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--models", default="gdn12,hybrid,llama12")
     p.add_argument("--contexts", default="32768,8192,2048")
-    p.add_argument("--tokens", type=int, default=32768, help="tokens per optimizer step")
+    p.add_argument("--tokens", type=int, default=None, help="tokens a step (32768; --smoke 1024)")
     p.add_argument("--window-s", type=float, default=4.0, help="seconds of each timed window (≥ 2 steps)")
     p.add_argument("--max-steps", type=int, default=30, help="most steps of a timed window")
     p.add_argument("--ckpt-interval", type=int, default=500, help="steps a checkpoint save is amortised over")
@@ -101,7 +101,10 @@ def args_of(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile every block")
     p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
     p.add_argument("--smoke", action="store_true", help="CPU, toy sizes: the script runs; no claims")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.tokens is None:
+        a.tokens = 1024 if a.smoke else 32768
+    return a
 
 
 # ---- the run's inputs -----------------------------------------------------------------------------
@@ -336,8 +339,9 @@ def main(argv=None) -> int:
     hw = peak_flops(device, "fp32" if a.smoke else "bf16", None)
     rows: list[dict] = []
     save_s: dict[str, float] = {}
-    for name in a.models.split(","):
-        for T in (int(t) for t in a.contexts.split(",")):
+    # contexts outermost: a run cut by --budget-s still compares every model at the first contexts
+    for T in (int(t) for t in a.contexts.split(",")):
+        for name in a.models.split(","):
             if a.budget_s is not None and time.monotonic() - start > a.budget_s:
                 rows.append({"model": name, "T": T, "impl": "trainer", "note": "skipped: --budget-s"})
                 continue
