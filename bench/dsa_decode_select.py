@@ -10,6 +10,7 @@ figure is the median over `--rounds` such timings divided by the calls. The two 
 are compared with `torch.equal` on every shape (a mismatch is an error, exit status 1).
 
     python bench/dsa_decode_select.py --out $OUT/dsa_decode_select.json      # on the GPU
+    python bench/dsa_decode_select.py --kw 4160 6144 --slice-len 512 1024     # slice lengths too
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def graph_time_us(fn, calls: int, reps: int, rounds: int) -> float:
     return statistics.median(times)
 
 
-def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer) -> dict:
-    """One shape: both paths' µs a call (`timer(fn)`) and whether their outputs are equal."""
+def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer, slice_lens=()) -> dict:
+    """One shape: both paths' µs a call (`timer(fn)`) and whether their outputs are equal; the
+    split path also at each of `slice_lens` keys a slice (`split_at`: SL → µs), equal outputs too."""
     keys, pos = ordered_keys(B, KW, gen), row_positions(B, KW, gen)
     outs = {name: keys.new_empty(B, 1, topk, dtype=torch.long) for name in LAUNCHES}
     calls = {
@@ -92,6 +94,13 @@ def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer) -> dict:
     for fn in calls.values():
         fn()
     row["equal"] = bool(torch.equal(outs["single"], outs["split"]))
+    row["split_at"] = {}
+    for sl in slice_lens:
+        out = torch.empty_like(outs["split"])
+        fn = lambda out=out, sl=sl: select_topk_split(keys, out, 0, KW, topk, pos, slice_len=sl)  # noqa: E731
+        row["split_at"][sl] = timer(fn)
+        fn()
+        row["equal"] &= bool(torch.equal(outs["single"], out))
     row["speedup"] = row["single_us"] / row["split_us"]
     return row
 
@@ -116,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="calls captured in one graph (default 20)")
     ap.add_argument("--reps", type=int, default=20, help="graph replays a timing (default 20)")
     ap.add_argument("--rounds", type=int, default=5, help="timings, the median reported (default 5)")
+    ap.add_argument("--slice-len", type=int, nargs="*", default=[], help="also time the split at these SL")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)
@@ -134,8 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         for B in args.batch:
             for KW in args.kw:
                 status.update(f"timing B={B} KW={KW}")
-                rows.append(measure(B, KW, args.topk, gen, timer))
+                rows.append(measure(B, KW, args.topk, gen, timer, args.slice_len))
     console.print(table(rows, device))
+    for r in rows:
+        if r["split_at"]:
+            at = ", ".join(f"SL {sl}: {us:.1f}" for sl, us in r["split_at"].items())
+            console.print(f"B={r['B']} KW={r['KW']} split µs at {at}")
     if args.out is not None:
         info = {"device": device, "torch": torch.__version__, "launches": LAUNCHES, "calls": args.calls,
                 "reps": args.reps, "rounds": args.rounds, "rows": rows}  # fmt: skip
