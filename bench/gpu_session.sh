@@ -44,10 +44,36 @@ stage() {  # stage NAME LIMIT_S CMD...
 # -v: each result is logged as it lands, so a stage cut by its time limit still says what passed
 PYT="python3 -m pytest -v -p no:cacheprovider -rfE"
 
+# MPS=1: the later stages' processes share the card through an MPS server of this call (kernels
+# of different processes run side by side instead of in time slices: the experiments' dozen small
+# trainings). The server is checked with two processes at once; where it fails it is stopped and
+# the call goes on without it. It is stopped when the call ends; no card setting changes.
+mps_stop() { [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; }
+if [ -n "${MPS:-}" ] && command -v nvidia-cuda-mps-control > /dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  mps_probe() {  # the server starts and two processes compute on the card at once
+    local probe='import torch; x = torch.randn(1024, 1024, device="cuda"); print(bool(torch.isfinite(x @ x).all()))'
+    nvidia-cuda-mps-control -d || return 1
+    sleep 1
+    timeout 60 python3 -c "$probe" > /tmp/mps1 2>&1 & local p1=$!
+    timeout 60 python3 -c "$probe" > /tmp/mps2 2>&1 & local p2=$!
+    wait $p1 && wait $p2 && grep -q True /tmp/mps1 && grep -q True /tmp/mps2
+  }
+  if mps_probe; then
+    echo "mps: on" | tee -a "$LOG"
+  else
+    echo "mps: failed, off ($(cat /tmp/mps1 /tmp/mps2 $CUDA_MPS_LOG_DIRECTORY/control.log 2>/dev/null | tail -3))" | tee -a "$LOG"
+    mps_stop; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+fi
+trap mps_stop EXIT
+
 for s in ${STAGES:-env}; do
   case $s in
     env) stage env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
-          python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"' ;;
+          python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())";
+          echo "mps control: $(command -v nvidia-cuda-mps-control || echo none)"; nproc' ;;
     tests_attn)  stage tests_attn ${LIM_ATTN:-400} $PYT -n ${NPROC:-6} tests/kernels/test_attention.py tests/kernels/test_dsa.py tests/kernels/test_nsa.py ;;
     tests_decay) stage tests_decay ${LIM_DECAY:-400} $PYT -n ${NPROC:-6} tests/kernels/test_simple_gla.py tests/kernels/test_gla.py \
                    tests/kernels/test_mlstm.py tests/kernels/test_toeplitz.py tests/kernels/test_decay_common.py ;;
