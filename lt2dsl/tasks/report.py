@@ -69,7 +69,8 @@ def summarize(exp: ExperimentConfig, results: list[dict[str, Any]]) -> dict[str,
             vals = {f"{x['data']}/seed{x['seed']}": x["metrics"][m] for x in mine if m in x["metrics"]}
             metrics[m] = _stats(list(vals.values())) | {"values": vals}
         params = next((x["params"] for x in mine), None)
-        runs[r.name] = {"params": params, "metrics": metrics}
+        steps = _stats([x.get("steps") for x in mine])
+        runs[r.name] = {"params": params, "metrics": metrics, "steps": steps}
     checks = [verdict(c, runs) for c in exp.checks]
     done = {(x["run"], x["data"], x["seed"]) for x in results}
     missing = [
@@ -83,6 +84,8 @@ def summarize(exp: ExperimentConfig, results: list[dict[str, Any]]) -> dict[str,
         "name": exp.name,
         "claim": exp.claim,
         "seeds": exp.seeds,
+        # where the trainings ran: a table mixing cards (or a CPU) says so
+        "devices": sorted({str(x.get("device", "unknown")) for x in results}),
         "runs": runs,
         "checks": checks,
         "missing": missing,
@@ -133,10 +136,14 @@ def markdown(exp: ExperimentConfig, summary: dict[str, Any], command: str) -> st
     """`results.md`: the claim, the command, the table and the checks' verdicts."""
     lines = [f"# {exp.name}", "", f"Claim: {exp.claim}", "", f"Command: `{command}`", ""]
     lines += [f"Seeds: {', '.join(map(str, exp.seeds))}; cells are mean ± std over seeds (count).", ""]
-    head = ["run", "params", *exp.metrics]
+    if summary.get("devices"):
+        lines += [f"Trained on: {', '.join(summary['devices'])}.", ""]
+    head = ["run", "params", "steps", *exp.metrics]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in summary["runs"].items():
+        steps = r.get("steps") or {}  # mean steps over seeds: a run that met its threshold stopped early
         cells = [name, f"{r['params']:,}" if r["params"] else "—"]
+        cells.append(f"{steps['mean']:.0f}" if steps.get("n") else "—")
         lines.append("| " + " | ".join(cells + [_cell(r["metrics"].get(m)) for m in exp.metrics]) + " |")
     lines += ["", "| check | verdict | means |", "|---|---|---|"]
     lines += [f"| {c['says']} | {c['verdict']} | {c['detail']} |" for c in summary["checks"]]

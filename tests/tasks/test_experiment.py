@@ -108,6 +108,9 @@ def test_the_runner_end_to_end(tmp_path, capsys):
     assert [c["verdict"] in ("agrees", "disagrees") for c in summary["checks"]] == [True, True]
     md = (out / "results.md").read_text()
     assert "| gdn frozen |" in md and "training the mixer helps" in md
+    assert summary["devices"] == ["cpu"] and "Trained on: cpu." in md
+    assert summary["runs"]["gdn"]["steps"] == {"mean": 3.0, "std": 0.0, "n": 2}
+    assert "| run | params | steps |" in md and "| gdn | " in md
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
     stamp = (out / "runs" / "gdn--parity--seed0.json").stat().st_mtime_ns
     assert main([*argv, "--runs", "gdn"]) == 0  # done already: nothing retrains
