@@ -87,15 +87,17 @@ def test_split_causal_chunk_equals_single_and_reference(spread):
 
 def test_select_topk_splits_few_long_rows(monkeypatch):
     """`select_topk` takes the sliced path for at most SPLIT_MAX_ROWS rows of at least SPLIT_MIN_KW
-    keys, else one program a row; slices are multiples of 2048 keys, about SPLIT_PROGRAMS programs
-    in all, at most MAX_SLICES a row."""
+    keys, else one program a row; slices are multiples of 2048 keys (512 in rows of fewer than
+    8192), about SPLIT_PROGRAMS programs in all, at most MAX_SLICES a row."""
     calls = []
     monkeypatch.setattr(triton_topk, "select_topk_split", lambda *a: calls.append("split"))
     monkeypatch.setattr(triton_topk, "_select_single", lambda *a: calls.append("single"))
     shapes = [(1, 1, 8192), (8, 1, 131072), (4, 32, 8192), (1, 1, 4096), (129, 1, 8192), (2, 65, 65536)]
+    shapes.append((8, 1, 4095))
     for B, C, KW in shapes:
         triton_topk.select_topk(torch.empty(B, C, KW, dtype=torch.int32), torch.empty(B, C, 8), 0, KW, 8)
-    assert calls == ["split"] * 3 + ["single"] * 3
+    assert calls == ["split"] * 4 + ["single"] * 3
     assert split_slices(131072, 1) == (2048, 64) and split_slices(131072, 8) == (4096, 32)
-    assert split_slices(4096, 1) == (2048, 2) and split_slices(2**20, 1) == (16384, 64)
+    assert split_slices(4096, 1) == (512, 8) and split_slices(2**20, 1) == (16384, 64)
+    assert split_slices(4160, 1) == (512, 9) and split_slices(6144, 8) == (512, 12)
     assert split_slices(301, 6, 24) == (24, 13) and split_slices(8192, 128) == (4096, 2)

@@ -7,13 +7,21 @@ code's fixed launch."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
 from lt2dsl.kernels.dsa import triton_attn as A
 from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
-from lt2dsl.kernels.dsa.triton_topk import _select_kernel, _split_pass_kernel, _split_write_kernel
+from lt2dsl.kernels.dsa.triton_topk import (
+    SHORT_SLICE_KEYS,
+    SLICE_KEYS,
+    _select_kernel,
+    _split_pass_kernel,
+    _split_write_kernel,
+)
 
 MAX_STACK = 512
 INTS = ("Tq", "Tk", "NIDX", "NROWS", "CHUNK", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
@@ -70,17 +78,18 @@ def _indexer() -> list[Job]:
 
 
 def _split_select() -> list[Job]:
-    """`select_topk_split`: 2048-key slices, 4 warps; the four digit passes and the write, causal
-    or at per-row positions."""
+    """`select_topk_split`: 2048- and 512-key blocks (`SLICE_KEYS`, `SHORT_SLICE_KEYS`), 4 warps;
+    the four digit passes and the write, causal or at per-row positions."""
     jobs = []
     ptrs = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64", "PART": "*i32", "G": "*i32"}
     kw = dict(launch=(4, 3), aligned=("SL",), max_stack=MAX_STACK)
-    for has_pos in (False, True):
-        cex = {"BLK": 2048, "SB": 8, "HAS_POS": has_pos}
+    for blk, has_pos in itertools.product((SLICE_KEYS, SHORT_SLICE_KEYS), (False, True)):
+        cex = {"BLK": blk, "SB": 8, "HAS_POS": has_pos}
+        tag = f"blk{blk}-pos{has_pos:d}"
         for p in range(4):
-            name = f"dsa/select-split-pass{p}-pos{has_pos:d}"
-            jobs += tuned_jobs(name, _split_pass_kernel, ptrs, SELECT_SCALARS, cex | {"PASS": p}, **kw)
-        name = f"dsa/select-split-write-pos{has_pos:d}"
+            jobs += tuned_jobs(f"dsa/select-split-pass{p}-{tag}", _split_pass_kernel, ptrs, SELECT_SCALARS,
+                               cex | {"PASS": p}, **kw)  # fmt: skip
+        name = f"dsa/select-split-write-{tag}"
         jobs += tuned_jobs(name, _split_write_kernel, ptrs, SELECT_SCALARS, cex, **kw)
     return jobs
 
