@@ -13,6 +13,11 @@ scheduler, the loader's position, the RNG states and `train_state.json` (`step`,
 Everything is written into `step-N.tmp/` and the folder renamed to `step-N/` once complete, so a
 kill during a save leaves at most a `.tmp` folder, which is never loaded (nanochat writes its
 manifest last for the same reason; torchtitan's `_find_load_step` requires the index).
+
+`Saver` writes one process's checkpoints in a background thread (`checkpoint.async_save`): the step
+copies the whole state to host memory (the only part the training waits for; a copy, since the
+next steps update the tensors in place), a thread writes and publishes the folder and prunes old
+ones, and the next save or the end of the run waits for it. Sharded runs save within the step.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import random
 import re
 import shutil
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +68,9 @@ class CheckpointConfig(BaseModel):
     """Keep this many complete checkpoints (0: all)."""
     folder: str = "checkpoints"
     """Subfolder of `training.out`."""
+    async_save: bool = True
+    """One process: write in a background thread from a host copy taken at the step (`Saver`);
+    the training waits only for the copy. Sharded runs always save within the step."""
 
 
 @dataclass
@@ -103,26 +112,17 @@ def latest(root: Path) -> Path | None:
 
 def save(root: Path, step: int, tokens_seen: int, state: Stateful, d, final: bool = False) -> Path:
     """Write `root/step-{step:06d}/` (see the module docstring); every process calls it."""
-    final_dir = root / f"step-{step:06d}"
-    tmp = root / f"{final_dir.name}.tmp"
+    if d.world == 1:
+        return _write_single(root, step, _Snapshot.of(step, tokens_seen, state, d, copy=False))
+    final_dir, tmp = _folders(root, step)
     if d.main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     d.barrier()
     torch.save(rng_state(), tmp / f"rng-rank{d.rank}.pt")
     if d.main:
-        train_state = {
-            "step": step,
-            "tokens_seen": tokens_seen,
-            "world": d.world,
-            "data": state.loader.state_dict(),
-            "scheduler": _plain(state.scheduler.state_dict()),
-        }
-        atomic_write(tmp / "train_state.json", json.dumps(train_state, indent=1).encode())
-    if d.world == 1:
-        _save_single(tmp, state)
-    else:
-        _save_sharded(tmp, state, d, final)
+        atomic_write(tmp / "train_state.json", _train_state(step, tokens_seen, state, d))
+    _save_sharded(tmp, state, d, final)
     d.barrier()
     if d.main:
         _publish(tmp, final_dir)
@@ -130,13 +130,113 @@ def save(root: Path, step: int, tokens_seen: int, state: Stateful, d, final: boo
     return final_dir
 
 
-def _save_single(tmp: Path, state: Stateful) -> None:
+def _folders(root: Path, step: int) -> tuple[Path, Path]:
+    final_dir = root / f"step-{step:06d}"
+    return final_dir, root / f"{final_dir.name}.tmp"
+
+
+def _train_state(step: int, tokens_seen: int, state: Stateful, d) -> bytes:
+    train_state = {
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "world": d.world,
+        "data": state.loader.state_dict(),
+        "scheduler": _plain(state.scheduler.state_dict()),
+    }
+    return json.dumps(train_state, indent=1).encode()
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """One process's checkpoint content at a step: host tensors (copies with `copy`, so later
+    in-place updates of the live state do not reach them) and the encoded `train_state.json`."""
+
+    step: int
+    rng: dict
+    train_state: bytes
+    optimizer: dict
+    weights: dict[str, torch.Tensor]
+
+    @classmethod
+    def of(cls, step: int, tokens_seen: int, state: Stateful, d, copy: bool) -> _Snapshot:
+        optim = get_optimizer_state_dict(state.model, state.optimizer)
+        weights = get_model_state_dict(state.model)
+        return cls(
+            step=step,
+            rng=rng_state(),
+            train_state=_train_state(step, tokens_seen, state, d),
+            optimizer=_to_host(optim, copy),
+            weights={k: v.contiguous() for k, v in _to_host(weights, copy).items()},
+        )
+
+
+def _to_host(value, copy: bool):
+    """`value` with every tensor on the host: a new tensor with `copy` (also for host tensors)."""
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=copy)
+    if isinstance(value, dict):
+        return {k: _to_host(v, copy) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_host(v, copy) for v in value)
+    return value
+
+
+def _write_single(root: Path, step: int, snap: _Snapshot) -> Path:
+    """`root/step-N/` of one process from `snap`, written into `step-N.tmp/` and then renamed."""
     from safetensors.torch import save_file
 
-    torch.save(get_optimizer_state_dict(state.model, state.optimizer), tmp / "optimizer.pt")
-    weights = _contiguous(get_model_state_dict(state.model))
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    write_index(tmp, weights)
+    final_dir, tmp = _folders(root, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(snap.rng, tmp / "rng-rank0.pt")
+    atomic_write(tmp / "train_state.json", snap.train_state)
+    torch.save(snap.optimizer, tmp / "optimizer.pt")
+    save_file(snap.weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    write_index(tmp, snap.weights)
+    _publish(tmp, final_dir)
+    return final_dir
+
+
+class Saver:
+    """A run's checkpoint writer: `save` as the module function, or with `background` (one
+    process) a host snapshot now and the files from a thread, which then prunes to `keep` (as
+    `prune`). One save is in flight at a time: `save` and `wait` first wait for the previous one,
+    and `wait` raises what its thread raised."""
+
+    def __init__(self, root: Path, d, keep: int, background: bool):
+        self.root, self.d, self.keep = root, d, keep
+        self.background = background and d.world == 1
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, step: int, tokens_seen: int, state: Stateful, final: bool = False) -> Path:
+        self.wait()
+        if not self.background:
+            folder = save(self.root, step, tokens_seen, state, self.d, final)
+            if self.d.main:
+                prune(self.root, self.keep)
+            self.d.barrier()
+            return folder
+        snap = _Snapshot.of(step, tokens_seen, state, self.d, copy=True)
+        self._thread = threading.Thread(target=self._write, args=(snap,), name=f"checkpoint-{step}")
+        self._thread.start()
+        return _folders(self.root, step)[0]
+
+    def _write(self, snap: _Snapshot) -> None:
+        try:
+            _write_single(self.root, snap.step, snap)
+            prune(self.root, self.keep)
+        except BaseException as e:  # raised again by `wait`, in the training's thread
+            self._error = e
+
+    def wait(self) -> None:
+        """Wait for the save in flight (if any); raise the error it met."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint under {self.root} failed: {error}") from error
 
 
 def _save_sharded(tmp: Path, state: Stateful, d, final: bool) -> None:

@@ -136,6 +136,8 @@ class Trainer:
         # runs on bf16 weight copies with autocast off (`TrainModel.cast`)
         self.autocast = t.precision == "bf16" and not sharded_mp
         self.ckpt_root = self.out / cfg.checkpoint.folder
+        c = cfg.checkpoint
+        self.saver = ckpt.Saver(self.ckpt_root, d, c.keep_latest_k, background=c.async_save)
         self.observes = bool(getattr(self.data.train, "observes", False))
         self.step_hits: torch.Tensor | None = None
         self.waits = DataWaits(d.device)  # what a step waits for its batches (`data_loading(%)`)
@@ -149,13 +151,16 @@ class Trainer:
         result.rows = metrics.rows  # the rows so far, for on_step
         with metrics:
             metrics.start_interval()
-            while step < self.cfg.training.steps:
-                step += 1
-                self._step(step, window, metrics, result)
-                self._maybe_eval(step, metrics, result)
-                self._maybe_save(step, result)
-                if on_step is not None and on_step(step, result):
-                    break
+            try:
+                while step < self.cfg.training.steps:
+                    step += 1
+                    self._step(step, window, metrics, result)
+                    self._maybe_eval(step, metrics, result)
+                    self._maybe_save(step, result)
+                    if on_step is not None and on_step(step, result):
+                        break
+            finally:  # a checkpoint being written completes, also when the run fails after it
+                self.saver.wait()
             self._flush(window.pending, result)  # the steps since the last row (a run ended early)
         if self.d.main and self.cfg.metrics.plot:
             plot_metrics(result.rows, self.out / "metrics.png", title=self.ir.config.name)
@@ -322,10 +327,7 @@ class Trainer:
         last = step == self.cfg.training.steps
         if not c.enable or not (last or step % c.interval == 0):
             return
-        result.checkpoint = ckpt.save(self.ckpt_root, step, self.tokens_seen, self.state, self.d, final=last)
-        if self.d.main:
-            ckpt.prune(self.ckpt_root, c.keep_latest_k)
-        self.d.barrier()
+        result.checkpoint = self.saver.save(step, self.tokens_seen, self.state, final=last)
 
 
 @dataclass

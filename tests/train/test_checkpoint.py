@@ -1,7 +1,10 @@
 """Checkpoints: kill-and-resume reproduces the uninterrupted losses exactly (CPU, fp32); a crash
-during a save never leaves a loadable half-written checkpoint; `keep_latest_k` prunes."""
+during a save never leaves a loadable half-written checkpoint; `keep_latest_k` prunes; a save in a
+background thread writes the state of its step, whatever the steps after it change."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -26,12 +29,12 @@ def kill_at(step: int):
     return on_step
 
 
-def cfg_of(tmp_path, out: str) -> dict:
+def cfg_of(tmp_path, out: str, async_save: bool = True) -> dict:
     return config(
         tmp_path,
         out,
         training={"steps": 10, "grad_accum": 2},
-        checkpoint={"enable": True, "interval": 4, "keep_latest_k": 2},
+        checkpoint={"enable": True, "interval": 4, "keep_latest_k": 2, "async_save": async_save},
         metrics={"eval_interval": 5},
     )
 
@@ -42,22 +45,26 @@ def uninterrupted(tmp_path_factory):
     return tmp, run(cfg_of(tmp, "whole"))
 
 
-def test_kill_and_resume_reproduce_the_losses_exactly(uninterrupted):
+@pytest.mark.parametrize("async_save", [True, False])
+def test_kill_and_resume_reproduce_the_losses_exactly(uninterrupted, async_save):
     tmp, whole = uninterrupted
-    cfg = cfg_of(tmp, "killed")
+    cfg = cfg_of(tmp, f"killed{async_save:d}", async_save)
     with pytest.raises(Killed):
         run(cfg, on_step=kill_at(7))
     resumed = run(cfg, resume=True)
     assert min(resumed.losses) == 5  # continued from the step-4 checkpoint
     assert {s: resumed.losses[s] for s in range(5, 11)} == {s: whole.losses[s] for s in range(5, 11)}
     assert resumed.evals == whole.evals
-    root = tmp / "killed" / "checkpoints"
+    root = tmp / f"killed{async_save:d}" / "checkpoints"
     assert [p.name for p in ckpt.complete(root)] == ["step-000008", "step-000010"]  # keep_latest_k = 2
 
 
-def test_a_crash_during_a_save_leaves_the_previous_checkpoint(uninterrupted, monkeypatch):
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_crash_during_a_save_leaves_the_previous_checkpoint(uninterrupted, monkeypatch, async_save):
+    """A save that fails after the weights: in the step (the error itself) or in the background
+    (raised by the next save as an error naming the folder, from the original)."""
     tmp, whole = uninterrupted
-    cfg = cfg_of(tmp, "crashed")
+    cfg = cfg_of(tmp, f"crashed{async_save:d}", async_save)
     real = ckpt.write_index
 
     def crash_on_step_8(folder, weights):
@@ -66,9 +73,11 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint(uninterrupted, mon
         real(folder, weights)
 
     monkeypatch.setattr(ckpt, "write_index", crash_on_step_8)
-    with pytest.raises(Killed):
+    with pytest.raises(RuntimeError if async_save else Killed) as info:
         run(cfg)
-    root = tmp / "crashed" / "checkpoints"
+    root = tmp / f"crashed{async_save:d}" / "checkpoints"
+    if async_save:
+        assert isinstance(info.value.__cause__, Killed) and str(root) in str(info.value)
     assert (root / "step-000008.tmp" / "model.safetensors").is_file()
     assert not ckpt.is_complete(root / "step-000008.tmp") and not (root / "step-000008").exists()
     assert ckpt.latest(root).name == "step-000004"
@@ -92,3 +101,34 @@ def test_resume_from_a_folder_that_is_not_a_checkpoint_is_an_error(uninterrupted
     tmp, _ = uninterrupted
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         run(cfg_of(tmp, "other"), resume=tmp / "whole")
+
+
+def test_a_background_save_writes_its_step_while_later_steps_train(uninterrupted, monkeypatch):
+    """The step-4 checkpoint's files are written only after steps 5 and 6 have updated every
+    weight in place; they hold step 4's weights and optimizer state (those of a save in the step)."""
+    tmp, _ = uninterrupted
+    sync = run(cfg_of(tmp, "in_step", async_save=False), on_step=lambda s, _: s == 4)
+    released, real = threading.Event(), ckpt._write_single
+
+    def write_late(root, step, snap):
+        assert released.wait(timeout=60)
+        return real(root, step, snap)
+
+    monkeypatch.setattr(ckpt, "_write_single", write_late)
+
+    def on_step(step, _):
+        if step == 6:
+            released.set()
+        return step == 6
+
+    late = run(cfg_of(tmp, "late"), on_step=on_step)
+    assert late.losses[5] != late.losses[6]  # the weights moved after the snapshot
+    a, b = sync.checkpoint, tmp / "late" / "checkpoints" / "step-000004"
+    assert ckpt.is_complete(b) and load_file(str(a / "model.safetensors")).keys()
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    oa = torch.load(a / "optimizer.pt", weights_only=False)
+    ob = torch.load(b / "optimizer.pt", weights_only=False)
+    for name, state in oa["state"].items():
+        assert all(torch.equal(v, ob["state"][name][k]) for k, v in state.items())
+    assert (a / "train_state.json").read_text() == (b / "train_state.json").read_text()
