@@ -6,14 +6,16 @@ weights, per-application activation checkpointing where the estimate says the mo
 without it (`--checkpoint-above`):
 
 * `trainer`: one `lt2dsl.train` `Trainer` (fused blocks, the default) on a synthetic token file —
-  two warm-up steps (kernel compilation), then a window of steps sized to `--window-s` seconds,
-  timed between two device synchronisations; the peak memory the CUDA allocator held in that window
-  against the trainer's own estimate (`lt2dsl.cost.train_memory`); one checkpoint save per model,
-  amortised over `--ckpt-interval` steps;
-* `bare`: the same trainer's model, loss, optimizer and pre-read batches in a plain loop (forward
-  and chunked loss, backward, clip, AdamW step) for as many steps — `overhead` = 1 − bare / trainer
-  step time is what the trainer adds (data, logging, bookkeeping); skipped where a trainer step
-  takes longer than `--bare-max-step-s`;
+  two warm-up steps (kernel compilation), then `--rounds` windows of steps sized to `--window-s`
+  seconds, each timed between two device synchronisations, the median reported; the peak memory
+  the CUDA allocator held in those windows against the trainer's own estimate
+  (`lt2dsl.cost.train_memory`); one checkpoint save per model as the trainer makes it (a host copy
+  in the step, the files from a thread), what the step waits for amortised over `--ckpt-interval`;
+* `bare`: after each trainer window, as many steps of the same trainer's model, loss and optimizer
+  on pre-read batches in a plain loop (forward and chunked loss, backward, clip, AdamW step):
+  `overhead` = 1 − median bare / median trainer step is what the trainer adds (data, logging,
+  bookkeeping), from pairs adjacent in time (per-round values in the JSON); skipped where the warm
+  step took longer than `--bare-max-step-s`;
 * `hf`: transformers' `LlamaForCausalLM` of the same shape in the same plain loop (llama rows),
   gradient checkpointing where the trainer checkpoints;
 * `fla`: fla's `GatedDeltaNetForCausalLM` of the peer's shape where fla imports (gdn12 rows).
@@ -36,6 +38,7 @@ import argparse
 import json
 import math
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -82,8 +85,9 @@ def args_of(argv=None) -> argparse.Namespace:
     p.add_argument("--models", default="gdn12,hybrid,llama12")
     p.add_argument("--contexts", default="32768,8192,2048")
     p.add_argument("--tokens", type=int, default=None, help="tokens a step (32768; --smoke 1024)")
-    p.add_argument("--window-s", type=float, default=4.0, help="seconds of each timed window (≥ 2 steps)")
+    p.add_argument("--window-s", type=float, default=3.0, help="seconds of each timed window (≥ 2 steps)")
     p.add_argument("--max-steps", type=int, default=30, help="most steps of a timed window")
+    p.add_argument("--rounds", type=int, default=3, help="timed windows, each followed by a plain-loop one")
     p.add_argument("--ckpt-interval", type=int, default=500, help="steps a checkpoint save is amortised over")
     p.add_argument(
         "--checkpoint-above",
@@ -156,7 +160,7 @@ def needs_checkpointing(a, ir, rows: int, T: int) -> bool:
 def config(a, name: str, T: int, out: Path) -> dict:
     rows = max(1, a.tokens // T)
     ir = resolved(name, a.smoke, out)
-    steps = WARM + a.max_steps + 1  # the window ends before the last step (its evaluation)
+    steps = WARM + a.rounds * a.max_steps + 1  # the last window ends before the last step (its evaluation)
     folder = token_file(out, ir.config.vocab, (steps + 4) * rows * T + 1, doc=T)
     return {
         "model": {"file": str(model_file(name, out)), "set": dict(TOY) if a.smoke else {}, "backend": "auto"},
@@ -180,64 +184,56 @@ def config(a, name: str, T: int, out: Path) -> dict:
 
 
 class Window:
-    """`on_step` of the trainer: after `WARM` steps (the last one timed, to size the window) it
-    times `n` steps between two synchronisations, then ends the run."""
+    """`on_step` of the trainer: after `WARM` steps (the last one timed, to size the windows) it
+    times `rounds` windows of `n` steps, each between two synchronisations; after each, `bare(n)`
+    (if given) times the same number of plain-loop steps on the same model, so the two are paired
+    in time (clocks, allocator state) and the overhead is not a difference of two distant windows.
+    The run ends after the last round. No plain loop where the timed warm step took longer than
+    `bare_max_s` (the trainer's few host-side milliseconds are then a rounding error)."""
 
-    def __init__(self, window_s: float, max_steps: int):
-        self.window_s, self.max_steps = window_s, max_steps
-        self.marks: dict[int, float] = {}
+    def __init__(self, window_s: float, max_steps: int, rounds: int, bare=None, bare_max_s: float = math.inf):
+        self.window_s, self.max_steps, self.rounds, self.bare = window_s, max_steps, rounds, bare
+        self.bare_max_s = bare_max_s
         self.n = 0
+        self.trainer_s: list[float] = []  # seconds a step, per round
+        self.bare_s: list[float] = []
         self.peak: float | None = None
+        self._t = 0.0
+        self._end = 0
 
     def __call__(self, step: int, result) -> bool:
-        if step in (WARM - 1, WARM) or (self.n and step == WARM + self.n):
-            sync()
-            self.marks[step] = time.perf_counter()
-        if step == WARM:
-            warm_s = self.marks[WARM] - self.marks[WARM - 1]
+        if step < WARM - 1:
+            return False
+        sync()
+        now = time.perf_counter()
+        if step == WARM - 1:
+            self._t = now
+        elif step == WARM:
+            warm_s = now - self._t
             self.n = max(2, min(self.max_steps, math.ceil(self.window_s / max(warm_s, 1e-9))))
-            if torch.cuda.is_available():
-                torch.cuda.reset_peak_memory_stats()
-        if self.n and step == WARM + self.n:
-            self.peak = peak_gib()
-            return True
+            if warm_s > self.bare_max_s:
+                self.bare = None
+            self._begin(WARM)
+        elif step == self._end:
+            self.trainer_s.append((now - self._t) / self.n)
+            self.peak = max(self.peak or 0.0, peak_gib() or 0.0) if torch.cuda.is_available() else None
+            if self.bare is not None:
+                self.bare_s.append(self.bare(self.n))
+            if len(self.trainer_s) == self.rounds:
+                return True
+            self._begin(step)
         return False
 
-    @property
-    def step_s(self) -> float:
-        return (self.marks[WARM + self.n] - self.marks[WARM]) / self.n
+    def _begin(self, step: int) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        self._t, self._end = time.perf_counter(), step + self.n
 
 
-def measure_trainer(trainer: Trainer, a) -> tuple[dict, int]:
-    """(the trainer's tok/s and peak memory against its estimate, the window's steps)."""
-    window = Window(a.window_s, a.max_steps)
-    trainer.fit(False, window)
-    est = json.loads((trainer.out / "estimate.json").read_text())["memory_bytes"]
-    checkpointed = trainer.tm.checkpoint_blocks
-    tokens = trainer.shard.micro * trainer.shard.accum * trainer.data.seq_len
-    return {
-        "tok_s": tokens / window.step_s,
-        "step_s": window.step_s,
-        "steps": window.n,
-        "checkpointed": checkpointed,
-        "peak_gib": window.peak,
-        "estimate_gib": est["total_checkpointed" if checkpointed else "total"] / 2**30,
-    }, window.n
-
-
-def measure_checkpoint(trainer: Trainer) -> float:
-    """Seconds of one checkpoint save of the trainer (weights, optimizer, loader, RNG); the files go."""
-    folder = trainer.out / "ckpt_probe"
-    t0 = time.perf_counter()
-    ckpt.save(folder, 1, 0, trainer.state, trainer.d)
-    sync()
-    seconds = time.perf_counter() - t0
-    shutil.rmtree(folder, ignore_errors=True)
-    return seconds
-
-
-def measure_bare(trainer: Trainer, steps: int) -> dict:
-    """The trainer's own model, loss and optimizer in a plain loop over pre-read batches."""
+def bare_steps(trainer: Trainer):
+    """`f(n)`: seconds a step of the trainer's own model, loss and optimizer in a plain loop over
+    two pre-read batches (forward and chunked loss, backward, clip, AdamW step), n steps."""
     device = trainer.d.device
     batches = [[b.to(device) for b in trainer.data.train.next_step()] for _ in range(2)]
     params = [p for p in trainer.tm.parameters() if p.requires_grad]
@@ -251,9 +247,53 @@ def measure_bare(trainer: Trainer, steps: int) -> dict:
         trainer.opt.step()
         trainer.opt.zero_grad(set_to_none=True)
 
-    s = bare_loop(step, batches, steps)
-    tokens = sum(b.input_ids.numel() for b in batches[0])
-    return {"tok_s": tokens / s, "step_s": s, "steps": steps}
+    return lambda n: bare_loop(step, batches, n, warm=0)
+
+
+def measure_trainer(trainer: Trainer, a) -> tuple[dict, dict | None]:
+    """(the trainer's tok/s, its median step over the rounds, peak memory against its estimate;
+    the paired plain loop's, or None where a step is longer than `--bare-max-step-s`)."""
+    bare_max = math.inf if a.smoke else a.bare_max_step_s
+    window = Window(a.window_s, a.max_steps, a.rounds, bare_steps(trainer), bare_max)
+    trainer.fit(False, window)
+    est = json.loads((trainer.out / "estimate.json").read_text())["memory_bytes"]
+    checkpointed = trainer.tm.checkpoint_blocks
+    tokens = trainer.shard.micro * trainer.shard.accum * trainer.data.seq_len
+    step_s = statistics.median(window.trainer_s)
+    row = {
+        "tok_s": tokens / step_s,
+        "step_s": step_s,
+        "steps": window.n,
+        "rounds": window.trainer_s,
+        "checkpointed": checkpointed,
+        "peak_gib": window.peak,
+        "estimate_gib": est["total_checkpointed" if checkpointed else "total"] / 2**30,
+    }
+    if not window.bare_s:
+        return row, None
+    bare_s = statistics.median(window.bare_s)
+    # each round's own pair, for the spread; the headline is the medians'
+    row["overhead_rounds"] = [100 * (1 - b / t) for t, b in zip(window.trainer_s, window.bare_s)]
+    row["overhead_pct"] = 100 * (1 - bare_s / step_s)
+    bare = {"tok_s": tokens / bare_s, "step_s": bare_s, "steps": window.n, "rounds": window.bare_s}
+    return row, bare
+
+
+def measure_checkpoint(trainer: Trainer) -> tuple[float, float]:
+    """(seconds the training waits for one checkpoint save of the trainer, seconds until its
+    files are written): the save as the trainer makes it (`checkpoint.async_save`: a host copy in
+    the step, the files from a thread); the files go."""
+    folder = trainer.out / "ckpt_probe"
+    saver = ckpt.Saver(folder, trainer.d, keep=0, background=trainer.cfg.checkpoint.async_save)
+    sync()
+    t0 = time.perf_counter()
+    saver.save(1, 0, trainer.state)
+    sync()
+    blocking = time.perf_counter() - t0
+    saver.wait()
+    written = time.perf_counter() - t0
+    shutil.rmtree(folder, ignore_errors=True)
+    return blocking, written
 
 
 # ---- the table ------------------------------------------------------------------------------------
@@ -267,18 +307,15 @@ def rows_for(a, name: str, T: int, out: Path, hw: tuple[str, float], save_s: dic
     free_memory()
     try:
         trainer = Trainer(validate(cfg), Dist(0, 1, torch.device(cfg["training"]["device"])))
-        row, steps = measure_trainer(trainer, a)
-        quick = a.smoke or row["step_s"] <= a.bare_max_step_s
-        bare = measure_bare(trainer, steps) if quick else None
+        row, bare = measure_trainer(trainer, a)
     except torch.OutOfMemoryError:
         return [{**base, "impl": "trainer", "note": "OOM"}]
     if name not in save_s:  # the checkpoint's size does not depend on the context
         save_s[name] = measure_checkpoint(trainer)
-    row["ckpt_pct"] = 100 * save_s[name] / (a.ckpt_interval * row["step_s"])
+    row["ckpt_wait_s"], row["ckpt_write_s"] = save_s[name]
+    row["ckpt_pct"] = 100 * row["ckpt_wait_s"] / (a.ckpt_interval * row["step_s"])
     if bare is None:
         row["note"] = f"no bare loop: step > {a.bare_max_step_s:g} s"
-    else:
-        row["overhead_pct"] = 100 * (1 - bare["step_s"] / row["step_s"])
     out_rows = [{**base, "impl": "trainer", **row}]
     if bare is not None:
         out_rows.append({**base, "impl": "bare", **bare})
@@ -288,9 +325,10 @@ def rows_for(a, name: str, T: int, out: Path, hw: tuple[str, float], save_s: dic
         "hf": hf_llama(ir) if MODELS[name]["hf"] else None,
         "fla": fla_gdn(ir) if MODELS[name]["fla"] else None,
     }
+    peer_steps = max(2, row["steps"] * a.rounds)  # as many as the trainer's timed steps
     for impl, model in peers.items():
         if model is not None:
-            out_rows.append({**base, "impl": impl, **measure_peer(model, cfg, a, max(2, steps))})
+            out_rows.append({**base, "impl": impl, **measure_peer(model, cfg, a, peer_steps)})
             del model
     for r in out_rows:
         if r.get("tok_s"):

@@ -27,6 +27,10 @@ def test_train_throughput_smoke(tmp_path):
     assert impls["trainer"]["tok_s"] > 0 and impls["trainer"]["estimate_gib"] > 0
     assert impls["trainer"]["steps"] == impls["bare"]["steps"] == 2
     assert "overhead_pct" in impls["trainer"] and impls["bare"]["mfu"] > 0
+    trainer = impls["trainer"]  # three paired rounds, the medians reported; the save's wait ≤ its write
+    assert len(trainer["rounds"]) == len(impls["bare"]["rounds"]) == len(trainer["overhead_rounds"]) == 3
+    assert trainer["step_s"] == sorted(trainer["rounds"])[1]
+    assert 0 < trainer["ckpt_wait_s"] <= trainer["ckpt_write_s"]
     if importlib.util.find_spec("transformers") is not None:  # HF Llama of the same shape, same loop
         assert impls["hf"]["tok_s"] > 0
     assert "| model | T | B | impl | tok/s | MFU %" in out.stdout
