@@ -128,8 +128,12 @@ for s in ${STAGES:-env}; do
              --budget-s "$(( ${LIM_TRAIN:-500} - 60 ))" ;;
     distill) stage distill "${LIM_DISTILL:-560}" python3 bench/distill_gpu.py --out "$OUT/res/distill" ${DISTILL_ARGS:-} ;;
     # EXPERIMENT names examples/experiments/<name>.toml; RUNS a comma list of its runs
-    experiment) stage experiment "${LIM_EXPERIMENT:-540}" python3 -m lt2dsl.tasks.experiment \
-                  "examples/experiments/${EXPERIMENT:-a_state_tracking}.toml" --out "$OUT/res/exp" \
+    # EXPERIMENT's finished trainings in docs/results/<name>/runs (put there from an earlier call's
+    # results.tgz) are copied in first, so the runner trains only what is missing; DATA: --data
+    experiment) e=${EXPERIMENT:-a_state_tracking}; mkdir -p "$OUT/res/exp/runs"
+                cp docs/results/$e/runs/*.json "$OUT/res/exp/runs/" 2> /dev/null
+                stage experiment "${LIM_EXPERIMENT:-540}" python3 -m lt2dsl.tasks.experiment \
+                  "examples/experiments/$e.toml" --out "$OUT/res/exp" ${DATA:+--data "$DATA"} \
                   --jobs "${JOBS:-9}" --cuda-graph --deadline "$(( ${LIM_EXPERIMENT:-540} - 40 ))" ${RUNS:+--runs "$RUNS"} ;;
     *) echo "unknown stage $s" ;;
   esac
