@@ -126,6 +126,9 @@ for s in ${STAGES:-env}; do
     train) stage train "${LIM_TRAIN:-500}" python3 bench/train_throughput.py --out "$OUT/res/train" \
              --models "${TRAIN_MODELS:-gdn12,hybrid,llama12}" --contexts "${TRAIN_CONTEXTS:-32768,8192,2048}" \
              --budget-s "$(( ${LIM_TRAIN:-500} - 60 ))" ;;
+    # where a training step's time goes (the hybrid's MFU, HF Llama's lead at 32k): kernels by kind
+    train_profile) stage train_profile "${LIM_TRAIN_PROFILE:-240}" python3 bench/train_profile.py \
+                     --models "${TPROF_MODELS:-hybrid,llama12}" --contexts "${TPROF_CTX:-8192,32768}" --out "$OUT/res/train_profile" ;;
     distill) stage distill "${LIM_DISTILL:-560}" python3 bench/distill_gpu.py --out "$OUT/res/distill" ${DISTILL_ARGS:-} ;;
     # EXPERIMENT names examples/experiments/<name>.toml; RUNS a comma list of its runs
     # EXPERIMENT's finished trainings in docs/results/<name>/runs (put there from an earlier call's
@@ -163,7 +166,7 @@ for s in ${STAGES:-}; do
     grep -E '[0-9]+ (passed|failed)' <<< "$body" | tail -1 ;; esac
 done
 for s in ${STAGES:-}; do
-  case $s in bench_*|profile|smoke|decode_*|dsa_attn|train|distill|experiment) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
+  case $s in bench_*|profile|smoke|decode_*|dsa_attn|train|train_profile|distill|experiment) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
 [ -s "$LT2_FAIL_LOG" ] && { echo "---- failure reasons ($LT2_FAIL_LOG)"; grep -E "^(==|E )" "$LT2_FAIL_LOG" | cut -c1-200 | head -${FAIL_LINES:-40}; }

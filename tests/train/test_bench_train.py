@@ -1,6 +1,6 @@
-"""`bench/train_throughput.py --smoke` and `bench/train_factors.py --smoke` run end to end on the CPU
-(toy sizes, no timing claims), so a GPU session does not find the scripts broken after paying for
-the machine."""
+"""`bench/train_throughput.py`, `bench/train_factors.py` and `bench/train_profile.py` run end to end
+on the CPU (toy sizes, no timing claims), so a GPU session does not find the scripts broken after
+paying for the machine."""
 
 from __future__ import annotations
 
@@ -46,3 +46,15 @@ def test_train_factors_smoke(tmp_path):
     assert set(rows) == {"lowered bf16", "trainer", "trainer fused, autocast", "trainer eager, autocast"}
     assert all(r["tok_s"] > 0 and r["saved_per_token_app"] > 0 for r in rows.values()), rows
     assert "| way | tok/s | peak GiB | saved B/token/app" in out.stdout
+
+
+def test_train_profile_smoke(tmp_path):
+    cmd = [sys.executable, "bench/train_profile.py", "--smoke", "--out", str(tmp_path)]
+    cmd += ["--models", "llama12", "--contexts", "32", "--tokens", "64", "--warm", "1", "--profiled", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "train_profile.json").read_text())["rows"]
+    assert row["model"] == "llama12" and row["T"] == 32 and row["step_us"] > 0 and row["tok_s"] > 0
+    assert row["kernels"] > 0 and row["top"] and 0 < row["top"][0]["share"] <= 1
+    assert "top kernels" in out.stdout
