@@ -88,9 +88,7 @@ def block_cache(b: n.Block, cfg: n.ModelConfig, batch: int, L: int, dt: Dtypes) 
 
 def block_decode_read(b: n.Block, cfg: n.ModelConfig, L: int, dt: Dtypes) -> int:
     """Bytes of growing cache one decode step of one sequence at context L reads (`decode_read`)."""
-    return sum(
-        t.nbytes(dt) for m in b.mixers for t in lookup(m.type).decode_read(m.opts, cfg, 1, L).values()
-    )
+    return sum(t.nbytes(dt) for m in b.mixers for t in lookup(m.type).decode_read(m.opts, cfg, 1, L).values())
 
 
 def block_flops(b: n.Block, cfg: n.ModelConfig, L: int, mode: str, causal: str) -> tuple[float, float]:

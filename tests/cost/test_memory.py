@@ -112,7 +112,6 @@ def test_generation_time_sums_the_decode_steps():
     assert estimate(m, EstimateOptions(seq=1000)).roofline.generate_s is None
 
 
-
 def decode_bytes_per_step(m, L, batch=1):
     return estimate(m, EstimateOptions(seq=L, batch=batch)).roofline.decode_bytes_per_step
 
