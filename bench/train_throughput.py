@@ -333,6 +333,12 @@ def rows_for(a, name: str, T: int, out: Path, hw: tuple[str, float], save_s: dic
     for r in out_rows:
         if r.get("tok_s"):
             r["mfu"] = 100 * r["tok_s"] * flops / hw[1]
+    trainer = out_rows[0]
+    # issue 37's bars: what the trainer adds (data, logging, its saves) and the memory estimate
+    if "overhead_pct" in trainer:
+        trainer["added_pct"] = trainer["overhead_pct"] + trainer["ckpt_pct"]
+    if trainer.get("peak_gib") and trainer.get("estimate_gib"):
+        trainer["peak_vs_estimate"] = trainer["peak_gib"] / trainer["estimate_gib"]
     return out_rows
 
 
@@ -341,8 +347,10 @@ COLUMNS = (
     ("mfu", "MFU %", ".1f"),
     ("overhead_pct", "overhead %", ".1f"),
     ("ckpt_pct", "ckpt %", ".2f"),
+    ("added_pct", "added % (bar 3)", ".1f"),
     ("peak_gib", "peak GiB", ".2f"),
     ("estimate_gib", "estimate GiB", ".2f"),
+    ("peak_vs_estimate", "peak / estimate", ".2f"),
 )
 
 

@@ -31,6 +31,7 @@ def test_train_throughput_smoke(tmp_path):
     assert len(trainer["rounds"]) == len(impls["bare"]["rounds"]) == len(trainer["overhead_rounds"]) == 3
     assert trainer["step_s"] == sorted(trainer["rounds"])[1]
     assert 0 < trainer["ckpt_wait_s"] <= trainer["ckpt_write_s"]
+    assert trainer["added_pct"] == trainer["overhead_pct"] + trainer["ckpt_pct"]
     if importlib.util.find_spec("transformers") is not None:  # HF Llama of the same shape, same loop
         assert impls["hf"]["tok_s"] > 0
     assert "| model | T | B | impl | tok/s | MFU %" in out.stdout
