@@ -1,7 +1,7 @@
 """Training throughput on a lent GPU: tokens/s, MFU, the trainer's overhead, peak memory vs the estimate.
 
 For each model and context T, at `--tokens` tokens per step (B = tokens / T rows, one document per
-row; the trainer packs a step's rows into one row with `cu_seqlens`), bf16 over fp32 master
+row: the trainer runs them as `[B, T]` without `cu_seqlens`, as the peers do), bf16 over fp32 master
 weights, per-application activation checkpointing where the estimate says the model would not fit
 without it (`--checkpoint-above`):
 

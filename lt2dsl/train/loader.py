@@ -8,7 +8,10 @@ its `state_dict()`: loading it continues at the same token.
 Token files: row i holds tokens `[i·T, i·T + T + 1)` (inputs and next-token labels), rows are
 visited in a permutation drawn from (seed, epoch). With `pack_documents`, a micro-batch of R rows
 becomes one packed row `[1, R·T]` with int32 `cu_seqlens` at every document start and row start,
-and a document's last token gets label -100 (the next token belongs to another document).
+and a document's last token gets label -100 (the next token belongs to another document). A
+micro-batch none of whose rows holds a document start past its first token (documents of at least
+a row, as in long-context training) stays `[R, T]` without `cu_seqlens`: the same sequences, and
+the kernels' fixed-length forms (the attention backward's dQ from dS among them) apply.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ IGNORE = -100
 @dataclass
 class Batch:
     """One micro-batch: `input_ids` and `labels` `[B, T]` (`[1, R·T]` when packed), int64;
-    `cu_seqlens` `[N + 1]` int32 for a packed row, else None."""
+    `cu_seqlens` `[N + 1]` int32 for a packed row, else None (each row one sequence)."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
@@ -127,6 +130,8 @@ class TokenLoader:
             if hi < len(self.file.starts) and self.file.starts[hi] == r * T + T:
                 labels[i, T - 1] = IGNORE  # the token after the row starts a document
             cu += [i * T + int(s) for s in inside] + [(i + 1) * T]
+        if len(cu) == len(rows) + 1:  # no document starts inside a row: each row is one sequence
+            return Batch(torch.from_numpy(np.ascontiguousarray(inputs)), torch.from_numpy(labels))
         return Batch(
             torch.from_numpy(np.ascontiguousarray(inputs)).reshape(1, -1),
             torch.from_numpy(labels).reshape(1, -1),

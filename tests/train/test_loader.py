@@ -34,6 +34,21 @@ def test_packed_row_carries_document_starts_and_masks_document_ends(tmp_path):
     assert labels[6:] == [13, 14, 15, 16, IGNORE, 18]  # 16 ends a document (17 starts one)
 
 
+def test_rows_that_are_whole_sequences_stay_unpacked(tmp_path):
+    """No document starts inside any row: `[R, T]` without `cu_seqlens` (the same sequences as a
+    packed row cut at the row bounds: tests/lowering/test_packed.py), a row whose next token
+    starts a document still masked; one inner start packs the micro-batch."""
+    loader = TokenLoader(token_file(tmp_path, lengths=(12, 17)), 6, Shard(micro=2, accum=1), 0, pack=True)
+    b = loader.batch(np.array([0, 1]))  # inputs 0..5 and 6..11; 12 starts the second document
+    assert b.cu_seqlens is None and b.input_ids.tolist() == [list(range(6)), list(range(6, 12))]
+    assert b.labels.tolist() == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, IGNORE]]
+    b = loader.batch(np.array([2, 3]))  # inputs 12..17 and 18..23, one document
+    assert b.cu_seqlens is None and b.labels.tolist() == [list(range(13, 19)), list(range(19, 25))]
+    packed = TokenLoader(token_file(tmp_path, lengths=(10, 19)), 6, Shard(micro=2, accum=1), 0, pack=True)
+    b = packed.batch(np.array([0, 1]))  # 10 starts a document inside the second row
+    assert b.input_ids.shape == (1, 12) and b.cu_seqlens.tolist() == [0, 6, 10, 12]
+
+
 def test_unpacked_rows_predict_across_documents(tmp_path):
     loader = TokenLoader(token_file(tmp_path), 6, Shard(micro=2, accum=1), 0, pack=False)
     b = loader.batch(np.array([0, 3]))
