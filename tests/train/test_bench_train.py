@@ -59,3 +59,23 @@ def test_train_profile_smoke(tmp_path):
     assert row["model"] == "llama12" and row["T"] == 32 and row["step_us"] > 0 and row["tok_s"] > 0
     assert row["kernels"] > 0 and row["top"] and 0 < row["top"][0]["share"] <= 1
     assert "top kernels" in out.stdout
+
+
+def test_throughput_window_waits_for_the_device_only_at_its_bounds(monkeypatch):
+    """A synchronisation inside a timed window would stop the host running ahead of the device and
+    charge the trainer for it: `Window` syncs at the warm-up's two marks and at each window's ends."""
+    sys.path.insert(0, str(ROOT))
+    from bench import train_throughput as tt
+
+    syncs, bare_runs = [], []
+    monkeypatch.setattr(tt, "sync", lambda: syncs.append(step))
+    window = tt.Window(window_s=0.0, max_steps=30, rounds=3, bare=bare_runs.append)
+    step, done = 0, False
+    while not done:
+        step += 1
+        done = window(step, None)
+    n = window.n  # 2: the smallest window
+    assert step == tt.WARM + 3 * n and bare_runs == [n] * 3 and len(window.trainer_s) == 3
+    ends = [tt.WARM + k * n for k in (1, 2, 3)]
+    # each end: its mark, then `_begin`'s sync before the next window (not after the last)
+    assert syncs == [tt.WARM - 1, tt.WARM, tt.WARM, ends[0], ends[0], ends[1], ends[1], ends[2]]
