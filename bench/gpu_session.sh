@@ -155,7 +155,8 @@ n=$(ls "$OUT"/tcache.txz.part* 2>/dev/null | wc -l)
 # comes back): tar xzf results.tgz.
 tar czf "$OUT/results.tgz" -C "$OUT" res 2>/dev/null && rm -rf "$OUT/res"
 # The autotune results alone (a few kB), even when the whole cache is too big or not saved: put
-# the file in .tcache/ and carry ".tcache" in the next call.
+# the file in .tcache/ and carry ".tcache/triton_tune.tgz" in the next call (.tcache itself is
+# the CPU's interpreter and sm_90 compile cache, far over the 64 MiB a call carries).
 (cd .tcache && find triton -name '*.autotune.json' -print0 | tar czf "$OUT/triton_tune.tgz" --null -T - 2>/dev/null)
 echo
 echo "---- failures and summaries (full log: session.log)"
