@@ -62,7 +62,7 @@ def accumulate(h, weight, chunk: int, dtype: torch.dtype, chunk_loss, need_dh=Fa
     For each `chunk` rows of `h` `[N, D]`, `chunk_loss(rows, logits)` — logits `h[rows] @ weightᵀ`
     `[n, V]` in `dtype` — returns the chunk's loss sum and d(loss)/d(logits) (None when no gradient
     is needed). Returns the total and the gradients of `h` and of `weight` `[V, D]` where asked
-    (else None), accumulated in the wide dtype, under no autocast.
+    (else None), under no autocast: the products in `dtype`, the chunks' sums in the wide dtype.
     """
     wide = wide_dtype(dtype)
     total = torch.zeros((), dtype=wide, device=h.device)
@@ -72,12 +72,18 @@ def accumulate(h, weight, chunk: int, dtype: torch.dtype, chunk_loss, need_dh=Fa
     with torch.autocast(h.device.type, enabled=False):
         for s in range(0, h.shape[0], chunk):
             rows = slice(s, s + chunk)
-            loss, g = chunk_loss(rows, h[rows].to(dtype) @ w.t())
+            hc = h[rows].to(dtype)
+            loss, g = chunk_loss(rows, hc @ w.t())
             total += loss
+            if g is None:
+                continue
+            # both products in `dtype` (tensor cores for bf16: an fp32 gᵀh ran on CUDA cores, a
+            # fifth of a 32k-token training step); each chunk's [V, D] sums in the wide dtype
+            gc = g.to(dtype)
             if dh is not None:
-                dh[rows] = (g.to(dtype) @ w).to(h.dtype)
+                dh[rows] = (gc @ w).to(h.dtype)
             if dw is not None:
-                dw += g.t() @ h[rows].to(wide)
+                dw += (gc.t() @ hc).to(wide)
     return total, dh, dw
 
 

@@ -30,6 +30,23 @@ def test_matches_full_logits_value_and_gradients(chunk):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunk", [8, 100])
+def test_bf16_products_stay_within_bf16_rounding_of_float64(chunk):
+    """With `dtype=bf16` both gradient products run in bf16 (fp32 sums over chunks): each
+    gradient is within bf16 rounding of the float64 truth, by relative norm."""
+    h64, w64, y = inputs(n=64, d=32, v=80)
+    h = h64.detach().float().requires_grad_()
+    w = w64.detach().float().requires_grad_()
+    loss = linear_cross_entropy(h, w, y, chunk=chunk, dtype=torch.bfloat16)
+    ref = F.cross_entropy(h64 @ w64.t(), y, ignore_index=-100, reduction="sum")
+    assert abs(loss.item() - ref.item()) / abs(ref.item()) < 2e-2
+    got = torch.autograd.grad(loss, [h, w])
+    want = torch.autograd.grad(ref, [h64, w64])
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32 and torch.isfinite(a).all()
+        assert ((a.double() - b).norm() / b.norm()).item() < 2e-2
+
+
 def test_no_grad_and_shapes():
     h, w, y = inputs()
     with torch.no_grad():
