@@ -1,6 +1,6 @@
 """sm_90 compile jobs of DSA's kernels (`common.aot`), also NSA's selected branch: the sparse
-attention forward (whole and split, with its combine) and backward (bf16 at D = 128, 16 query heads
-on one kv head; fp32 once), the
+attention forward (whole and split, with its combine) and backward (with the atomic dk, dv, dq only,
+and the by-key dk, dv; bf16 at D = 128, 16 query heads on one kv head; fp32 once), the
 lightning indexer's score kernel (ranked int64 keys, and the radix selection's 32-bit keys) and the
 radix top-k selection (one program a row, and the sliced passes and write), each at its launch
 code's fixed launch."""
@@ -14,6 +14,7 @@ import torch
 from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
 from lt2dsl.kernels.dsa import triton_attn as A
+from lt2dsl.kernels.dsa import triton_attn_bykey as B
 from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
 from lt2dsl.kernels.dsa.triton_topk import (
     SHORT_SLICE_KEYS,
@@ -24,7 +25,7 @@ from lt2dsl.kernels.dsa.triton_topk import (
 )
 
 MAX_STACK = 512
-INTS = ("Tq", "Tk", "NIDX", "NROWS", "CHUNK", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
+INTS = ("Tq", "Tk", "NIDX", "NROWS", "NBLK", "CHUNK", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
 SCALARS = {**{n: "i32" for n in INTS}, "qk_scale": "fp32", "scale": "fp32"}
 # the indexer's and the selection's (their K is the top-k count, the attention's the key pointer)
 SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K", "SW", "SL")}, "idx_scale": "fp32"}
@@ -44,8 +45,13 @@ def _attention() -> list[Job]:
         cex["DOT_PREC"] = dot_precision(dtype)
         kw = dict(launch=(cfg["num_warps"], cfg["num_stages"]), aligned=ALIGNED)
         kw["max_stack"] = MAX_STACK if dtype == torch.bfloat16 else None
-        for name, kernel in (("sparse_fwd", A._sparse_fwd_kernel), ("sparse_bwd", A._sparse_bwd_kernel)):
-            jobs += tuned_jobs(f"dsa/{name}-{dt[1:]}", kernel, ptrs, SCALARS, cex, **kw)
+        jobs += tuned_jobs(f"dsa/sparse_fwd-{dt[1:]}", A._sparse_fwd_kernel, ptrs, SCALARS, cex, **kw)
+        jobs += tuned_jobs(f"dsa/sparse_bwd-{dt[1:]}", A._sparse_bwd_kernel, ptrs, SCALARS,
+                           cex | {"DKDV": True}, **kw)  # fmt: skip
+        # dq only (`dkdv="by_key"`): no dk, dv buffers
+        dq_only = cex | {"DKDV": False, "DK": None, "DV_ACC": None}
+        jobs += tuned_jobs(f"dsa/sparse_bwd_dq-{dt[1:]}", A._sparse_bwd_kernel, ptrs, SCALARS, dq_only, **kw)
+        jobs += _by_key(dtype, dt, ptrs, cex)
         # the decode step's split forward (16 splits: one kv head's selection of 2048 keys at B=1)
         split = ptrs | {"O_PART": "*fp32", "LSE_PART": "*fp32"}
         jobs += tuned_jobs(f"dsa/sparse_split-{dt[1:]}", A._sparse_split_kernel, split, SCALARS,
@@ -53,6 +59,22 @@ def _attention() -> list[Job]:
         comb = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR")} | {"NSPLIT": 16}
         jobs += tuned_jobs(f"dsa/sparse_combine-{dt[1:]}", A._sparse_combine_kernel, split, SCALARS, comb,
                            launch=(cfg["num_warps"], 1), aligned=(), max_stack=kw["max_stack"])  # fmt: skip
+    return jobs
+
+
+def _by_key(dtype: torch.dtype, dt: str, ptrs: dict, cex: dict) -> list[Job]:
+    """`dkdv_by_key`'s kernel at the attention jobs' heads (16 query heads on one kv head) and,
+    in bf16, on 16 kv heads (the hybrid's MHA: one query row a head)."""
+    cfg = B._cfg(dtype)
+    ptrs = ptrs | {"OFFS": "*i64", "QUERIES": "*i32", "MASKS": "*i32", "DK": dt, "DV_OUT": dt}
+    kw = dict(launch=(cfg["num_warps"], cfg["num_stages"]), aligned=ALIGNED)
+    kw["max_stack"] = MAX_STACK if dtype == torch.bfloat16 else None
+    heads = {n: cex[n] for n in ("HQ", "D", "DV", "BD", "BDV", "IDX_H", "DOT_PREC")}
+    jobs = []
+    for grp in (16, 1) if dtype == torch.bfloat16 else (16,):
+        by_key = heads | {"GRP": grp} | B.tile_constexprs(dtype, grp)
+        name = f"dsa/sparse_dkdv_bykey-g{grp}-{dt[1:]}"
+        jobs += tuned_jobs(name, B._dkdv_bykey_kernel, ptrs, SCALARS, by_key, **kw)
     return jobs
 
 

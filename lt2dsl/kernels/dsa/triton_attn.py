@@ -10,7 +10,8 @@ selection on one SM), each selection is split over several programs writing part
 combine kernel merges them by lse (flash-decoding; `split_count`). Backward: everything
 is computed in the transposed orientation (sᵀ = k qᵀ, dpᵀ = v dOᵀ, dqᵀ = kᵀ dsᵀ) so no dot result is
 ever transposed into another dot (the Hopper miscompile); dK/dV are scattered with fp32 atomics,
-since the keys a query selected belong to nobody else's tile.
+since the keys a query selected belong to nobody else's tile (`dkdv="atomic"`), or gathered by key
+with no atomics (`dkdv="by_key"`: the selection inverted, `triton_attn_bykey`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from ..common.attn_triton import (
 )
 from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
+from .triton_attn_bykey import dkdv_by_key
+
+# how `sparse_attn_bwd` sums dk, dv over the queries that selected each key
+DKDV_MODES = ("atomic", "by_key")
 
 
 @triton.jit
@@ -193,8 +198,10 @@ def _sparse_bwd_kernel(
     Q, K, V, DO, IDX, LSE, DELTA, DQ, DK, DV_ACC, Tq, Tk, NIDX, qk_scale, scale, NROWS,
     HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, DOT_PREC: tl.constexpr,
+    DKDV: tl.constexpr,
 ):  # fmt: skip
-    """dq of one query's G heads; dk, dv of its selected keys added atomically into fp32 buffers."""
+    """dq of one query's G heads; with DKDV also dk, dv of its selected keys added atomically into
+    fp32 buffers (without, DK and DV_ACC are unused: `triton_attn_bykey` computes them)."""
     HKV = HQ // GRP
     t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q = _query_group(Q, Tq, Tk, HQ, GRP, D, BD, BDV, BR)
     do = load_rows(DO, row, DV, in_r, offs_dv, DV)
@@ -214,21 +221,22 @@ def _sparse_bwd_kernel(
         dpt = mm(v, dot_, DOT_PREC)
         dst = pt * (dpt - delta[None, :])
         dqt += mm(tl.trans(k), dst.to(k.dtype), DOT_PREC)
-        dv_blk = mm(pt.to(do.dtype), do, DOT_PREC)
-        dk_blk = mm(dst.to(q.dtype), q, DOT_PREC) * scale
-        kv_rows = kv_off + idx.to(tl.int64) * HKV
-        tl.atomic_add(
-            DK + kv_rows[:, None] * D + offs_d[None, :],
-            dk_blk,
-            mask=ok[:, None] & (offs_d[None, :] < D),
-            sem="relaxed",
-        )
-        tl.atomic_add(
-            DV_ACC + kv_rows[:, None] * DV + offs_dv[None, :],
-            dv_blk,
-            mask=ok[:, None] & (offs_dv[None, :] < DV),
-            sem="relaxed",
-        )
+        if DKDV:
+            dv_blk = mm(pt.to(do.dtype), do, DOT_PREC)
+            dk_blk = mm(dst.to(q.dtype), q, DOT_PREC) * scale
+            kv_rows = kv_off + idx.to(tl.int64) * HKV
+            tl.atomic_add(
+                DK + kv_rows[:, None] * D + offs_d[None, :],
+                dk_blk,
+                mask=ok[:, None] & (offs_d[None, :] < D),
+                sem="relaxed",
+            )
+            tl.atomic_add(
+                DV_ACC + kv_rows[:, None] * DV + offs_dv[None, :],
+                dv_blk,
+                mask=ok[:, None] & (offs_dv[None, :] < DV),
+                sem="relaxed",
+            )
     tl.store(
         DQ + row[None, :] * D + offs_d[:, None],
         (dqt * scale).to(DQ.dtype.element_ty),
@@ -308,32 +316,29 @@ def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None):
     return o, lse
 
 
-def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float):
-    """(dq, dk, dv) of `sparse_attn_fwd`."""
+def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float, dkdv: str = "atomic"):
+    """(dq, dk, dv) of `sparse_attn_fwd` for contiguous do, q `[B, Tq, HQ, *]` and k, v
+    `[B, Tk, HKV, *]`.
+
+    Args:
+        dkdv (str, Optional): how dk, dv are summed over the queries that selected each key:
+            "atomic" (the dq kernel adds them into fp32 buffers with atomics) or "by_key" (one
+            program per key block gathers its queries, `triton_attn_bykey`; the dq kernel then
+            skips them). Default: `"atomic"`.
+    """
+    if dkdv not in DKDV_MODES:
+        raise ValueError(f"dkdv must be one of {DKDV_MODES}, got {dkdv!r}")
     B, Tq, _, _ = q.shape
     Tk, HKV = k.shape[1], k.shape[2]
-    nrows = B * Tq
     delta = bwd_preprocess(o, do, None)[0]
     dq = new_empty(q, *q.shape)
-    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    atomic = dkdv == "atomic"
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device) if atomic else None
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device) if atomic else None
     _sparse_bwd_kernel[(Tq, B * HKV)](
-        q,
-        k,
-        v,
-        do,
-        indices,
-        lse,
-        delta,
-        dq,
-        dk,
-        dv,
-        Tq,
-        Tk,
-        indices.shape[-1],
-        scale * LOG2E,
-        scale,
-        nrows,
-        **_launch(q, k, v, indices),
-    )
-    return dq, dk.to(k.dtype), dv.to(v.dtype)
+        q, k, v, do, indices, lse, delta, dq, dk, dv, Tq, Tk, indices.shape[-1], scale * LOG2E, scale,
+        B * Tq, DKDV=atomic, **_launch(q, k, v, indices),
+    )  # fmt: skip
+    if atomic:
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
+    return dq, *dkdv_by_key(do, q, k, v, lse, delta, indices, scale)
