@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..attention.triton_fwd import LOG2E
-from ..common.attn_triton import dot_precision, head_constexprs, mm
+from ..common.attn_triton import dot_precision, head_constexprs, load_rows, mm, rows_mask, rows_ptr
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
 
@@ -83,12 +83,8 @@ def _dkdv_bykey_kernel(
     in_k = keys < Tk
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
     kv_rows = ((b * Tk + keys) * HKV + hk).to(tl.int64)
-    k = tl.load(
-        K + kv_rows[:, None] * D + offs_d[None, :], mask=in_k[:, None] & (offs_d[None, :] < D), other=0.0
-    )
-    v = tl.load(
-        V + kv_rows[:, None] * DV + offs_dv[None, :], mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0
-    )
+    k = load_rows(K, kv_rows, D, in_k, offs_d, D)
+    v = load_rows(V, kv_rows, DV, in_k, offs_dv, DV)
     group = (b * IDX_H + (hk if IDX_H > 1 else 0)) * NBLK + blk
     lo = tl.load(OFFS + group)
     hi = tl.load(OFFS + group + 1)
@@ -103,12 +99,8 @@ def _dkdv_bykey_kernel(
         ok = (e < hi) & (r % BG < GRP)
         t = tl.load(QUERIES + e, mask=ok, other=0)
         row = ((b * Tq + t) * HQ + head).to(tl.int64)
-        q = tl.load(
-            Q + row[:, None] * D + offs_d[None, :], mask=ok[:, None] & (offs_d[None, :] < D), other=0.0
-        )
-        do = tl.load(
-            DO + row[:, None] * DV + offs_dv[None, :], mask=ok[:, None] & (offs_dv[None, :] < DV), other=0.0
-        )
+        q = load_rows(Q, row, D, ok, offs_d, D)
+        do = load_rows(DO, row, DV, ok, offs_dv, DV)
         lse = tl.load(LSE + lse_rows + t, mask=ok, other=float("inf"))
         delta = tl.load(DELTA + lse_rows + t, mask=ok, other=0.0)
         # the (key, row) pairs the row's query selected: bit n of its mask is key blk·BN + n
@@ -119,14 +111,14 @@ def _dkdv_bykey_kernel(
         dv += mm(cast(pt, do.dtype), do, DOT_PREC)
         dk += mm(cast(dst, q.dtype), q, DOT_PREC)
     tl.store(
-        DK + kv_rows[:, None] * D + offs_d[None, :],
+        rows_ptr(DK, kv_rows, D, offs_d),
         cast(dk * scale, DK.dtype.element_ty),
-        mask=in_k[:, None] & (offs_d[None, :] < D),
+        mask=rows_mask(in_k, offs_d, D),
     )
     tl.store(
-        DV_OUT + kv_rows[:, None] * DV + offs_dv[None, :],
+        rows_ptr(DV_OUT, kv_rows, DV, offs_dv),
         cast(dv, DV_OUT.dtype.element_ty),
-        mask=in_k[:, None] & (offs_dv[None, :] < DV),
+        mask=rows_mask(in_k, offs_dv, DV),
     )
 
 
