@@ -117,6 +117,12 @@ def block_activations(b: n.Block, cfg: n.ModelConfig) -> int:
     return acts + mlp_activations(b.mlp) + halves * half
 
 
+def block_kept(b: n.Block, cfg: n.ModelConfig) -> int:
+    """Elements per token one application keeps under selective per-application checkpointing
+    beyond its input: its mixers' attention outputs (`LayerSpec.kept_outputs`)."""
+    return sum(lookup(m.type).kept_outputs(m.opts, cfg) for m in b.mixers)
+
+
 def options_text(m: n.Mixer, cfg: n.ModelConfig) -> str:
     """The options that differ from their defaults, as .lt2 would spell them."""
     spec = lookup(m.type)
@@ -374,9 +380,11 @@ def _train_activations(model: n.Model, L: int, batch: int, dt: Dtypes) -> dict[s
     per_app = [block_activations(blk, cfg) * it for blk, it in iter_blocks(model.body)]
     apps = sum(it for _, it in iter_blocks(model.body))
     largest = max((block_activations(blk, cfg) for blk, _ in iter_blocks(model.body)), default=0)
+    kept = sum(block_kept(blk, cfg) * it for blk, it in iter_blocks(model.body))
     logits = batch * L * cfg.vocab * 4 if cfg.head else 0  # fp32 logits for the loss
     full = batch * L * sum(per_app) * b + logits
-    recompute = batch * L * (apps * cfg.dim + largest) * b + logits
+    # the trainer's default checkpointing keeps each application's attention outputs
+    recompute = batch * L * (apps * cfg.dim + kept + largest) * b + logits
     return {"train_activations_bytes": full, "train_activations_recompute_bytes": recompute}
 
 

@@ -198,6 +198,13 @@ class LayerSpec:
         4·D for a kind that does not."""
         return 4 * cfg.dim
 
+    def kept_outputs(self, o: Opts, cfg: ModelConfig) -> int:
+        """Elements per token (2 bytes an element, fp32 twice) of the attention forward ops' outputs,
+        o `[T, H, d]` and the fp32 log-sum-exp `[T, H]` per op, that selective per-application
+        checkpointing keeps instead of recomputing (`training.checkpoint_keep = ["attention"]`,
+        `train/parallel.py`): 0 for kinds that call no attention op."""
+        return 0
+
     def is_delta_rule(self) -> bool:
         return False
 

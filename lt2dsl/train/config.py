@@ -75,8 +75,13 @@ class TrainingSection(BaseModel):
     casts for one process and DDP), with fp32 master weights, gradients and optimizer state.
     fp32: everything in fp32 (CPU tests, exact comparisons)."""
     activation_checkpoint: Literal["none", "per_application"] = "none"
-    """`per_application`: keep only each block application's input and recompute it in backward
-    (a looped block is checkpointed once per iteration)."""
+    """`per_application`: keep only each block application's input (and what `checkpoint_keep`
+    names) and recompute the rest in backward (a looped block is checkpointed once per iteration)."""
+    checkpoint_keep: list[Literal["attention"]] = Field(default_factory=lambda: ["attention"])
+    """Under `per_application`, op outputs kept from the forward rather than recomputed:
+    `attention`, the softmax and sparse attention forwards' o and log-sum-exp (H·(d·b + 4) bytes a
+    token and op; the estimate's training memory counts them). Their recompute was a quarter of the
+    looped GDN+DSA hybrid's checkpointed step at 8k (BENCHMARKS.md). `[]` recomputes everything."""
     compile: bool = False
     """`torch.compile` every block's forward (after checkpointing, before sharding): one graph per
     block for unpacked rows (a graph break is an error), breaks allowed for packed rows."""

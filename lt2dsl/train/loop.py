@@ -110,7 +110,8 @@ class Trainer:
         self.shard = shard_of(cfg, d.world, d.rank)
         self.data = build_data(cfg, self.shard, model.config.vocab, d.main, d.barrier)
         checkpointed = t.activation_checkpoint == "per_application"
-        self.tm = TrainModel(model.to(d.device), checkpointed, fuse=cfg.model.fuse)
+        keep = tuple(t.checkpoint_keep) if checkpointed else ()
+        self.tm = TrainModel(model.to(d.device), checkpointed, fuse=cfg.model.fuse, keep=keep)
         self.tm.indexer = indexer.attach(model, t.indexer_loss, t.indexer_loss_keys, t.grad_accum)
         compile_backend = t.compile_backend if t.compile else None
         self.fwd = parallelize(
@@ -214,7 +215,8 @@ class Trainer:
         t = self.cfg.training
         sharded = self.d.world if self.cfg.parallel.strategy == "fsdp" else 1
         act = "bf16" if t.precision == "bf16" else "fp32"
-        mem = train_memory(self.ir, self.shard.micro, self.data.seq_len, sharded, t.loss_chunk, act)
+        keep = "attention" in t.checkpoint_keep
+        mem = train_memory(self.ir, self.shard.micro, self.data.seq_len, sharded, t.loss_chunk, act, keep)
         out = {
             "hardware": hw,
             "peak_flops": peak,

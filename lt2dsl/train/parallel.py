@@ -23,6 +23,7 @@ weights do not depend on the number of processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from lt2dsl.env import torchrun_ranks
 from lt2dsl.lowering.model import LT2Model
@@ -96,6 +97,22 @@ def init_dist(device: str) -> Dist:
     return Dist(rank, world, dev)
 
 
+def kept_ops(keep: tuple[str, ...]) -> list:
+    """The op overloads whose outputs selective checkpointing keeps for the names in `keep`:
+    "attention" is every attention forward a mixer calls (softmax, window and compressed
+    attention, DSA's and NSA's sparse attention). A ValueError for an unknown name."""
+    if not keep:
+        return []
+    from lt2dsl.kernels.attention import ops as _attention  # noqa: F401 (registers the ops)
+    from lt2dsl.kernels.dsa import ops as _dsa  # noqa: F401
+
+    groups = {"attention": [torch.ops.lt2dsl.attn_fwd.default, torch.ops.lt2dsl.dsa_attn_fwd.default]}
+    unknown = sorted(set(keep) - set(groups))
+    if unknown:
+        raise ValueError(f"checkpoint_keep: unknown {unknown}; expected names from {sorted(groups)}")
+    return [op for name in dict.fromkeys(keep) for op in groups[name]]
+
+
 class TrainModel(Unrolled):
     """The training forward: `LT2Model`'s modules called one by one (so FSDP's per-module hooks and
     checkpointing see every block application), returning the final hidden states `[B, T, D]`
@@ -106,11 +123,19 @@ class TrainModel(Unrolled):
     (what a forward hook on a mixer needs to fire; fused blocks become plain ones again).
     """
 
-    def __init__(self, model: LT2Model, checkpoint_blocks: bool = False, fuse: bool = False):
+    def __init__(
+        self, model: LT2Model, checkpoint_blocks: bool = False, fuse: bool = False, keep: tuple[str, ...] = ()
+    ):
         head = getattr(model, "lm_head", None)
         fuse_blocks(model.blocks, fuse)
         super().__init__(model.ir, model.embed, model.blocks, model.loops, model.final_norm, head, head=False)
         self.checkpoint_blocks = checkpoint_blocks
+        # selective checkpointing: these ops' outputs are saved in the forward and handed back to
+        # the recompute instead of running again (`training.checkpoint_keep`)
+        kept = kept_ops(keep)
+        self.checkpoint_context = (
+            functools.partial(create_selective_checkpoint_contexts, kept) if kept else None
+        )
         self.tied = model.config.tie_embeddings
         self.indexer = None  # the DSA indexer's loss hooks (`train/indexer.py`)
         self.cast: ParamCast | None = None  # bf16 weight copies without FSDP (`train/precision.py`)
@@ -130,7 +155,8 @@ class TrainModel(Unrolled):
 
     def run_block(self, i: int, h: torch.Tensor, app: int, run: tuple) -> torch.Tensor:
         if self.checkpoint_blocks and torch.is_grad_enabled():
-            return checkpoint(super().run_block, i, h, app, run, use_reentrant=False)
+            kw = {} if self.checkpoint_context is None else {"context_fn": self.checkpoint_context}
+            return checkpoint(super().run_block, i, h, app, run, use_reentrant=False, **kw)
         return super().run_block(i, h, app, run)
 
     def head_weight(self) -> torch.Tensor:

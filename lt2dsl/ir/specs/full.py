@@ -115,6 +115,10 @@ class FullSpec(LayerSpec):
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
         return attention_saved(o, cfg)
 
+    def kept_outputs(self, o: Opts, cfg: ModelConfig) -> int:
+        """One attention op: o `[T, H, d]` and its fp32 log-sum-exp `[T, H]`."""
+        return o["heads"] * o["head_dim"] + 2 * o["heads"]
+
 
 SPEC = FullSpec(
     kind="full",

@@ -93,6 +93,11 @@ class NsaSpec(LayerSpec):
             keys = mean_n_cmp(L, lb, s) + causal_mean(L, sel) + causal_mean(L, o["window"])
         return Flops(proj=proj, core=attention_core(o["heads"], d, keys))
 
+    def kept_outputs(self, o: Opts, cfg: ModelConfig) -> int:
+        """The compressed and selected branches' attention ops, and the window's when it has one:
+        each o `[T, H, d]` and its fp32 log-sum-exp `[T, H]`."""
+        return (2 + (o["window"] > 0)) * (o["heads"] * o["head_dim"] + 2 * o["heads"])
+
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
         """The σ branch gates `[T, H, 3]`; rotated q `[T, H, d]`, k and v `[T, HKV, d]`; per
         branch the attention output `[T, H, d]` and fp32 log-sum-exp `[T, H]`, and the fp32
