@@ -102,6 +102,17 @@ def args_of(argv=None) -> argparse.Namespace:
         help="skip the bare loop where a trainer step takes longer (its overhead is then a rounding error)",
     )
     p.add_argument("--indexer-loss", type=float, default=0.0, help="training.indexer_loss of dsa models")
+    p.add_argument(
+        "--checkpoint-keep",
+        default="attention",
+        help="training.checkpoint_keep of checkpointed rows, comma-separated ('' recomputes everything)",
+    )
+    p.add_argument(
+        "--dsa-dkdv",
+        choices=("atomic", "by_key"),
+        default=None,
+        help="the form of DSA's dK/dV in the model's backward (default: the kernels' DEFAULT_DKDV)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile every block")
     p.add_argument("--budget-s", type=float, default=None, help="start no row after this many seconds")
     p.add_argument("--smoke", action="store_true", help="CPU, toy sizes: the script runs; no claims")
@@ -170,6 +181,7 @@ def config(a, name: str, T: int, out: Path) -> dict:
             "batch_size": rows,
             "precision": "fp32" if a.smoke else "bf16",
             "activation_checkpoint": "per_application" if needs_checkpointing(a, ir, rows, T) else "none",
+            "checkpoint_keep": [k for k in a.checkpoint_keep.split(",") if k],
             "compile": a.compile,
             "indexer_loss": a.indexer_loss,
             "out": str(out / f"{name}-{T}"),
@@ -378,6 +390,10 @@ def main(argv=None) -> int:
     if unknown:
         print(f"error: unknown model(s) {', '.join(unknown)}; models: {', '.join(MODELS)}", file=sys.stderr)
         return 2
+    if a.dsa_dkdv is not None:
+        from lt2dsl.kernels.dsa import triton_attn
+
+        triton_attn.DEFAULT_DKDV = a.dsa_dkdv  # every DSA backward of this process
     start = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cpu" if a.smoke else "cuda")

@@ -113,3 +113,25 @@ def test_inverse_index_matches_a_loop(block, per_head):
 def test_unknown_dkdv_raises():
     with pytest.raises(ValueError, match="'atomic', 'by_key'"):
         sparse_attn_bwd(None, None, None, None, None, None, None, 1.0, dkdv="bykey")
+
+
+def test_the_ops_backward_takes_the_default_form(monkeypatch):
+    """`lt2dsl::dsa_attn_fwd`'s autograd backward (what a model runs) sums dk, dv the way
+    `DEFAULT_DKDV` names: by_key gives atomic's gradients, and each form really runs."""
+    from lt2dsl.kernels.dsa import triton_attn as A
+    from lt2dsl.kernels.dsa.ops import dsa_attn_fwd_op
+
+    q, k, v = inputs(1, 6, 20, 4, 2, 16, seed=4)
+    idx = messy_selection(1, 6, 20, 8, seed=4).to(DEVICE)
+    grads, calls = {}, []
+    by_key = A.dkdv_by_key
+    monkeypatch.setattr(A, "dkdv_by_key", lambda *args: calls.append(1) or by_key(*args))
+    for form in ("atomic", "by_key"):
+        monkeypatch.setattr(A, "DEFAULT_DKDV", form)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = dsa_attn_fwd_op(*leaves, idx, 0.25)[0]
+        (o * torch.linspace(-1, 1, o.shape[-1], device=o.device)).sum().backward()
+        grads[form] = [t.grad for t in leaves]
+    assert len(calls) == 1
+    for name, a, b in zip(("dq", "dk", "dv"), grads["by_key"], grads["atomic"]):
+        assert_close(name, a, b, 1e-6)

@@ -14,6 +14,7 @@ from torch.utils.flop_counter import register_flop_formula
 from lt2dsl.kernels.common.custom_op import custom_op
 
 from ..common.backend import check_triton_dtype
+from . import triton_attn
 from .reference import to_global
 from .triton_attn import sparse_attn_bwd, sparse_attn_fwd
 from .triton_indexer import dsa_indexer_triton
@@ -35,14 +36,17 @@ def _(q, k, v, indices, scale):
 
 @custom_op("lt2dsl::dsa_attn_bwd", mutates_args=())
 def dsa_attn_bwd_op(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, indices: Tensor, scale: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Sparse attention backward: (dq, dk, dv)."""
-    return sparse_attn_bwd(do.contiguous(), q, k.contiguous(), v.contiguous(), o, lse, indices, scale)
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, indices: Tensor, scale: float,
+    dkdv: str,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Sparse attention backward: (dq, dk, dv); `dkdv` names how dk, dv are summed
+    (`triton_attn.DKDV_MODES`; "" for `triton_attn.DEFAULT_DKDV`)."""
+    do, k, v = do.contiguous(), k.contiguous(), v.contiguous()
+    return sparse_attn_bwd(do, q, k, v, o, lse, indices, scale, dkdv or triton_attn.DEFAULT_DKDV)
 
 
 @dsa_attn_bwd_op.register_fake
-def _(do, q, k, v, o, lse, indices, scale):
+def _(do, q, k, v, o, lse, indices, scale, dkdv):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -54,7 +58,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, do, dlse):
     q, k, v, indices, o, lse = ctx.saved_tensors
-    dq, dk, dv = dsa_attn_bwd_op(do, q, k, v, o, lse, indices, ctx.scale)
+    dq, dk, dv = dsa_attn_bwd_op(do, q, k, v, o, lse, indices, ctx.scale, "")
     return dq, dk, dv, None, None
 
 
@@ -69,7 +73,7 @@ def _fwd_flops(q, k, v, indices, scale, *args, **kwargs) -> int:
 
 
 @register_flop_formula(torch.ops.lt2dsl.dsa_attn_bwd)
-def _bwd_flops(do, q, k, v, o, lse, indices, scale, *args, **kwargs) -> int:
+def _bwd_flops(do, q, k, v, o, lse, indices, scale, dkdv, *args, **kwargs) -> int:
     B, Tq, HQ, K = q
     return 5 * B * Tq * HQ * (K + v[-1]) * indices[-1]
 

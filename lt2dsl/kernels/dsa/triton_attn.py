@@ -39,6 +39,10 @@ from .triton_attn_bykey import dkdv_by_key
 
 # how `sparse_attn_bwd` sums dk, dv over the queries that selected each key
 DKDV_MODES = ("atomic", "by_key")
+# the form a model's backward (`lt2dsl::dsa_attn_bwd` with dkdv "") takes: "atomic" until the H100
+# timing of `bench/dsa_sparse_bwd.py` decides; `bench/train_throughput.py --dsa-dkdv` sets it to
+# time whole training steps both ways
+DEFAULT_DKDV = "atomic"
 
 
 @triton.jit
