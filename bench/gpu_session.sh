@@ -117,6 +117,8 @@ for s in ${STAGES:-env}; do
     # the split sparse-attention forward against one program a selection: per call and whole-model
     dsa_attn) stage dsa_attn "${LIM_DSA_ATTN:-240}" python3 bench/dsa_decode_attn.py --model examples/lt2_hybrid_gdn_dsa.lt2 \
                 --hw "$HW" --out "$OUT/res/dsa_decode_attn.json" ;;
+    # DSA's sparse backward, dK/dV by fp32 atomics against gathered by key, at the hybrid's shape
+    dsa_bwd) stage dsa_bwd "${LIM_DSA_BWD:-180}" python3 bench/dsa_sparse_bwd.py --out "$OUT/res/dsa_sparse_bwd.json" ;;
     decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
     # PROFILE_MODELS: example stems, comma-separated
@@ -125,7 +127,7 @@ for s in ${STAGES:-env}; do
                       --ctx "${PROFILE_CTX:-4096}" --batch "${PROFILE_BATCH:-1}" --out "$OUT/res/profile" ;;
     train) stage train "${LIM_TRAIN:-500}" python3 bench/train_throughput.py --out "$OUT/res/train" \
              --models "${TRAIN_MODELS:-gdn12,hybrid,llama12}" --contexts "${TRAIN_CONTEXTS:-32768,8192,2048}" \
-             --budget-s "$(( ${LIM_TRAIN:-500} - 60 ))" ;;
+             --budget-s "$(( ${LIM_TRAIN:-500} - 60 ))" ${TRAIN_ARGS:-} ;;
     # where a training step's time goes (the hybrid's MFU, HF Llama's lead at 32k): kernels by kind
     train_profile) stage train_profile "${LIM_TRAIN_PROFILE:-240}" python3 bench/train_profile.py \
                      --models "${TPROF_MODELS:-hybrid,llama12}" --contexts "${TPROF_CTX:-8192,32768}" --out "$OUT/res/train_profile" ;;
