@@ -17,7 +17,11 @@ manifest last for the same reason; torchtitan's `_find_load_step` requires the i
 `Saver` writes one process's checkpoints in a background thread (`checkpoint.async_save`): the step
 copies the whole state to host memory (the only part the training waits for; a copy, since the
 next steps update the tensors in place), a thread writes and publishes the folder and prunes old
-ones, and the next save or the end of the run waits for it. Sharded runs save within the step.
+ones, and the next save or the end of the run waits for it. The host copies land in buffers the
+`Saver` keeps from save to save (`HostStage`: page-locked when CUDA is present, so every device
+tensor's copy is queued at once and the step waits once, at the copy engine's speed, rather than
+for one pageable copy after another); a save starts only after the previous one's thread ended,
+so the buffers are free again. Sharded runs save within the step.
 """
 
 from __future__ import annotations
@@ -70,7 +74,8 @@ class CheckpointConfig(BaseModel):
     """Subfolder of `training.out`."""
     async_save: bool = True
     """One process: write in a background thread from a host copy taken at the step (`Saver`);
-    the training waits only for the copy. Sharded runs always save within the step."""
+    the training waits only for the copy, into host buffers (page-locked beside a GPU) that stay
+    allocated between saves: host memory of one state. Sharded runs always save within the step."""
 
 
 @dataclass
@@ -113,7 +118,7 @@ def latest(root: Path) -> Path | None:
 def save(root: Path, step: int, tokens_seen: int, state: Stateful, d, final: bool = False) -> Path:
     """Write `root/step-{step:06d}/` (see the module docstring); every process calls it."""
     if d.world == 1:
-        return _write_single(root, step, _Snapshot.of(step, tokens_seen, state, d, copy=False))
+        return _write_single(root, step, _Snapshot.of(step, tokens_seen, state, d, None))
     final_dir, tmp = _folders(root, step)
     if d.main:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -148,8 +153,9 @@ def _train_state(step: int, tokens_seen: int, state: Stateful, d) -> bytes:
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """One process's checkpoint content at a step: host tensors (copies with `copy`, so later
-    in-place updates of the live state do not reach them) and the encoded `train_state.json`."""
+    """One process's checkpoint content at a step: host tensors (for a background save copies in a
+    `HostStage`, which later in-place updates of the live state do not reach) and the encoded
+    `train_state.json`."""
 
     step: int
     rng: dict
@@ -158,26 +164,72 @@ class _Snapshot:
     weights: dict[str, torch.Tensor]
 
     @classmethod
-    def of(cls, step: int, tokens_seen: int, state: Stateful, d, copy: bool) -> _Snapshot:
+    def of(cls, step: int, tokens_seen: int, state: Stateful, d, stage: HostStage | None) -> _Snapshot:
+        """The snapshot in `stage`'s buffers, or (None) the host tensors themselves, device ones
+        moved: for a save written before the step returns."""
         optim = get_optimizer_state_dict(state.model, state.optimizer)
         weights = get_model_state_dict(state.model)
-        return cls(
-            step=step,
-            rng=rng_state(),
-            train_state=_train_state(step, tokens_seen, state, d),
-            optimizer=_to_host(optim, copy),
-            weights={k: v.contiguous() for k, v in _to_host(weights, copy).items()},
-        )
+        if stage is None:
+            optim, weights = _to_host(optim), {k: v.contiguous() for k, v in _to_host(weights).items()}
+        else:
+            optim, weights = stage.copy(optim, ("optimizer",)), stage.copy(weights, ("weights",))
+            stage.wait()
+        return cls(step, rng_state(), _train_state(step, tokens_seen, state, d), optim, weights)
 
 
-def _to_host(value, copy: bool):
-    """`value` with every tensor on the host: a new tensor with `copy` (also for host tensors)."""
+class HostStage:
+    """Host buffers for a state's tensors, kept from one snapshot to the next: `copy(value)` is
+    `value` with each tensor replaced by its buffer (contiguous, allocated on first use or when
+    the shape or dtype changed; page-locked when CUDA is present) holding a copy of it, the device
+    copies queued without waiting; `wait()` waits for them. A buffer is rewritten by the next
+    `copy`, so a snapshot's tensors are valid until then (`Saver` writes them before)."""
+
+    def __init__(self):
+        self.buffers: dict[tuple, torch.Tensor] = {}
+        self.devices: set[torch.device] = set()
+
+    def copy(self, value, path: tuple):
+        if torch.is_tensor(value):
+            t = value.detach()
+            buf = self.buffers.get(path)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = self.buffers[path] = _host_buffer(t)
+            buf.copy_(t, non_blocking=t.is_cuda and buf.is_pinned())
+            if t.is_cuda:
+                self.devices.add(t.device)
+            return buf
+        if isinstance(value, dict):
+            return {k: self.copy(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.copy(v, (*path, i)) for i, v in enumerate(value))
+        return value
+
+    def wait(self) -> None:
+        """Wait for the queued device-to-host copies (and the work queued before them)."""
+        for device in self.devices:
+            torch.cuda.synchronize(device)
+        self.devices.clear()
+
+
+def _host_buffer(t: torch.Tensor) -> torch.Tensor:
+    """An empty contiguous host tensor like `t`: page-locked for a device tensor (its copy is then
+    asynchronous), pageable where the host has no page-locked memory left."""
+    if t.is_cuda:
+        try:
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        except RuntimeError:
+            pass
+    return torch.empty(t.shape, dtype=t.dtype)
+
+
+def _to_host(value):
+    """`value` with every tensor on the host (host tensors as they are)."""
     if torch.is_tensor(value):
-        return value.detach().to("cpu", copy=copy)
+        return value.detach().cpu()
     if isinstance(value, dict):
-        return {k: _to_host(v, copy) for k, v in value.items()}
+        return {k: _to_host(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_to_host(v, copy) for v in value)
+        return type(value)(_to_host(v) for v in value)
     return value
 
 
@@ -206,6 +258,7 @@ class Saver:
     def __init__(self, root: Path, d, keep: int, background: bool):
         self.root, self.d, self.keep = root, d, keep
         self.background = background and d.world == 1
+        self.stage = HostStage()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -217,7 +270,7 @@ class Saver:
                 prune(self.root, self.keep)
             self.d.barrier()
             return folder
-        snap = _Snapshot.of(step, tokens_seen, state, self.d, copy=True)
+        snap = _Snapshot.of(step, tokens_seen, state, self.d, self.stage)
         self._thread = threading.Thread(target=self._write, args=(snap,), name=f"checkpoint-{step}")
         self._thread.start()
         return _folders(self.root, step)[0]

@@ -132,3 +132,23 @@ def test_a_background_save_writes_its_step_while_later_steps_train(uninterrupted
     for name, state in oa["state"].items():
         assert all(torch.equal(v, ob["state"][name][k]) for k, v in state.items())
     assert (a / "train_state.json").read_text() == (b / "train_state.json").read_text()
+
+
+def test_host_stage_reuses_its_buffers_and_copies_what_it_is_given():
+    """`HostStage.copy` keeps the structure and non-tensor values, holds copies that later in-place
+    updates of the source do not reach, writes into the same buffers on the next copy and
+    allocates anew where a tensor's shape or dtype changed."""
+    stage = ckpt.HostStage()
+    w = torch.arange(6.0).view(2, 3).t()  # not contiguous: its buffer is
+    state = {"w": w, "groups": [{"lr": 0.1, "step": torch.tensor(3.0)}], "pair": (torch.ones(2), "x")}
+    first = stage.copy(state, ("s",))
+    stage.wait()
+    assert first["groups"][0]["lr"] == 0.1 and first["pair"][1] == "x" and isinstance(first["pair"], tuple)
+    assert torch.equal(first["w"], w) and first["w"].is_contiguous() and first["w"] is not w
+    w.add_(1.0)
+    assert torch.equal(first["w"], w - 1.0)  # a copy, not a view of the live tensor
+    ptr = first["w"].data_ptr()
+    state["pair"] = (torch.ones(3), "x")
+    second = stage.copy(state, ("s",))
+    assert second["w"].data_ptr() == ptr and torch.equal(second["w"], w)
+    assert second["pair"][0].shape == (3,)
