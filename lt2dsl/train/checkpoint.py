@@ -26,6 +26,7 @@ so the buffers are free again. Sharded runs save within the step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -361,32 +362,76 @@ def prune(root: Path, keep: int) -> None:
 
 
 def load(folder: Path, state: Stateful, d) -> dict:
-    """Restore `state` from a complete checkpoint; returns its `train_state.json`."""
+    """Restore `state` from a complete checkpoint; returns its `train_state.json`. A checkpoint
+    that is unreadable, incomplete or of another model is a ValueError naming the file and what
+    was expected; nothing on disk changes."""
     if not is_complete(folder):
         raise ValueError(f"`{folder}` is not a complete checkpoint (no index or train_state.json)")
-    train_state = json.loads((folder / "train_state.json").read_text())
+    with _reading(folder / "train_state.json"):
+        train_state = json.loads((folder / "train_state.json").read_text())
+        missing = [k for k in ("step", "scheduler", "data") if k not in train_state]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}: not a train state `lt2dsl train` wrote")
     if (folder / DCP_INDEX).is_file():
-        _load_sharded(folder, state)
+        with _reading(folder / "dcp"):
+            _load_sharded(folder, state)
     else:
         _load_single(folder, state)
-    state.scheduler.load_state_dict(train_state["scheduler"])
-    state.loader.load_state_dict(train_state["data"])
+    with _reading(folder / "train_state.json"):
+        state.scheduler.load_state_dict(train_state["scheduler"])
+        state.loader.load_state_dict(train_state["data"])
     rng = folder / f"rng-rank{d.rank}.pt"
     if train_state.get("world") == d.world and rng.is_file():
-        set_rng_state(torch.load(rng, weights_only=False))
+        with _reading(rng):
+            set_rng_state(torch.load(rng, weights_only=False))
     return train_state
+
+
+@contextlib.contextmanager
+def _reading(path: Path):
+    """Any error while reading or applying `path` as a ValueError that names it (the CLI prints
+    it as `error: ...`), the original chained."""
+    try:
+        yield
+    except Exception as e:
+        raise ValueError(f"checkpoint file `{path}` cannot be loaded: {type(e).__name__}: {e}") from e
 
 
 def _load_single(folder: Path, state: Stateful) -> None:
     from safetensors.torch import load_file
 
-    set_model_state_dict(
-        state.model,
-        load_file(str(folder / "model.safetensors")),
-        options=StateDictOptions(full_state_dict=True),
+    with _reading(folder / "model.safetensors"):
+        weights = load_file(str(folder / "model.safetensors"))
+    _check_shapes(folder / "model.safetensors", weights, get_model_state_dict(state.model))
+    set_model_state_dict(state.model, weights, options=StateDictOptions(full_state_dict=True))
+    with _reading(folder / "optimizer.pt"):
+        osd = torch.load(folder / "optimizer.pt", weights_only=False, map_location="cpu")
+        set_optimizer_state_dict(state.model, state.optimizer, osd, options=OPTIM_LOAD)
+
+
+def _check_shapes(path: Path, stored: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> None:
+    """A ValueError when the stored weights are not the model's names and shapes (the run's
+    `.lt2` file or its `set` overrides changed since the checkpoint was written)."""
+    missing = sorted(set(model) - set(stored))
+    extra = sorted(set(stored) - set(model))
+    shapes = [k for k in model if k in stored and tuple(stored[k].shape) != tuple(model[k].shape)]
+    if not (missing or extra or shapes):
+        return
+    parts = []
+    if shapes:
+        k = shapes[0]
+        parts.append(
+            f"{len(shapes)} shapes differ (`{k}`: {list(stored[k].shape)} stored, "
+            f"{list(model[k].shape)} in the model)"
+        )
+    if missing:
+        parts.append(f"{len(missing)} of the model's tensors missing (`{missing[0]}`)")
+    if extra:
+        parts.append(f"{len(extra)} tensors the model does not have (`{extra[0]}`)")
+    raise ValueError(
+        f"`{path}` holds another model's weights: {'; '.join(parts)}. Resume with the model the "
+        "checkpoint was written for (the run's .lt2 file and its `set` overrides)"
     )
-    osd = torch.load(folder / "optimizer.pt", weights_only=False, map_location="cpu")
-    set_optimizer_state_dict(state.model, state.optimizer, osd, options=OPTIM_LOAD)
 
 
 def _load_sharded(folder: Path, state: Stateful) -> None:

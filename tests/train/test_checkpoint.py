@@ -4,6 +4,8 @@ background thread writes the state of its step, whatever the steps after it chan
 
 from __future__ import annotations
 
+import re
+import shutil
 import threading
 
 import pytest
@@ -101,6 +103,44 @@ def test_resume_from_a_folder_that_is_not_a_checkpoint_is_an_error(uninterrupted
     tmp, _ = uninterrupted
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         run(cfg_of(tmp, "other"), resume=tmp / "whole")
+
+
+def damaged(folder, how: str) -> None:
+    if how == "weights":
+        (folder / "model.safetensors").write_bytes(b"garbage")
+    elif how == "optimizer":
+        (folder / "optimizer.pt").unlink()
+    else:
+        (folder / "train_state.json").write_text("{}")
+
+
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        ("weights", "model.safetensors` cannot be loaded: SafetensorError"),
+        ("optimizer", "optimizer.pt` cannot be loaded: FileNotFoundError"),
+        ("train_state", "train_state.json` cannot be loaded: ValueError: no step, scheduler, data"),
+    ],
+)
+def test_a_damaged_checkpoint_is_an_error_naming_the_file(uninterrupted, tmp_path, how, says):
+    """What `lt2dsl train --resume` prints (`error: ...`), the checkpoint's files left as they were."""
+    tmp, whole = uninterrupted
+    folder = tmp_path / whole.checkpoint.name
+    shutil.copytree(whole.checkpoint, folder)
+    damaged(folder, how)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(ValueError, match=re.escape(says)):
+        run(cfg_of(tmp, "damaged"), resume=folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_another_models_checkpoint_is_an_error_naming_a_differing_tensor(uninterrupted, tmp_path):
+    tmp, whole = uninterrupted
+    cfg = cfg_of(tmp, "wider")
+    cfg["model"]["set"] = {"dim": 48}
+    says = r"holds another model's weights: \d+ shapes differ \(`embed.weight`"
+    with pytest.raises(ValueError, match=says):
+        run(cfg, resume=whole.checkpoint)
 
 
 def test_a_background_save_writes_its_step_while_later_steps_train(uninterrupted, monkeypatch):
