@@ -57,7 +57,25 @@ def read_plan(ckpt: Checkpoint) -> Plan:
     name = re.sub(r"\W", "_", ckpt.root.resolve().name) or "imported"
     if not re.match(r"[A-Za-z_]", name):
         name = f"m_{name}"
-    return READERS[kind](cfg, name)
+    try:
+        return READERS[kind](cfg, name)
+    except KeyError as e:
+        key = e.args[0] if e.args else None
+        if not isinstance(key, str) or _has_key(cfg, key):
+            raise  # not a missing config key: a bug of the reader
+        raise Refused(
+            "",
+            f"config.json has no `{key}`, which a `{kind}` config gives",
+            help=f"transformers writes `{key}` into every `{kind}` config.json: was it edited or cut short?",
+            file=str(ckpt.root / "config.json"),
+        ) from e
+
+
+def _has_key(cfg, key: str) -> bool:
+    """Whether `key` is a key of `cfg` or of a config nested in it (`text_config`)."""
+    if not isinstance(cfg, dict):
+        return False
+    return key in cfg or any(_has_key(v, key) for v in cfg.values())
 
 
 def program_text(plan: Plan, source: str) -> tuple[str, n.Model]:

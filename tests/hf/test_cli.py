@@ -89,3 +89,14 @@ def test_weights_that_do_not_match_the_config_are_refused(qwen3_dir, capsys):
 def test_a_missing_folder_is_a_usage_error(tmp_path, capsys):
     assert main(["import", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.startswith("error: cannot read")
+
+
+def test_a_config_without_a_needed_key_is_a_diagnostic_naming_it(qwen3_dir, capsys):
+    folder = qwen3_dir[0]
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["hidden_size"]
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    assert main(["import", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error[E1002]: config.json has no `hidden_size`, which a `qwen3` config gives")
+    assert "Traceback" not in err and "E9999" not in err
