@@ -83,6 +83,10 @@ def load_tokenizer(folder: Path | None) -> Tokenizer:
             return FolderTokenizer(folder)
         except ModuleNotFoundError:
             raise ValueError("data.tokenizer needs `tokenizers` (`pip install 'lt2dsl[train]'`)") from None
+        except Exception as e:  # the Rust library's parse errors are plain `Exception`s
+            raise ValueError(
+                f"data.tokenizer: `{folder / 'tokenizer.json'}` is not a tokenizer `tokenizers` can read: {e}"
+            ) from e
     try:
         return TransformersTokenizer(folder)
     except ModuleNotFoundError:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lt2dsl.train.data import DataConfig, TokenFile, prepare
-from lt2dsl.train.tokenize import ByteTokenizer
+from lt2dsl.train.tokenize import ByteTokenizer, load_tokenizer
 
 
 def text(tokens: np.ndarray) -> str:
@@ -100,3 +100,11 @@ def test_local_tokenizer_with_eos_and_the_token_width(tmp_path, n_words, dtype):
     train = TokenFile(folder, "train")
     assert vocab == n_words + 2 and train.dtype == dtype
     assert train.view().tolist() == [2, 5, 11, 1, 3, 0, 1] and train.starts.tolist() == [0, 4]
+
+
+def test_a_bad_tokenizer_folder_is_an_error_naming_it(tmp_path):
+    with pytest.raises(ValueError, match="is not a folder"):
+        load_tokenizer(tmp_path / "missing")
+    (tmp_path / "tokenizer.json").write_text('{"x" 1}')
+    with pytest.raises(ValueError, match=r"tokenizer\.json` is not a tokenizer `tokenizers` can read"):
+        load_tokenizer(tmp_path)
