@@ -150,7 +150,12 @@ def _parquet(path: Path, field: str) -> Iterator[str]:
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
         raise ValueError("reading Parquet needs pyarrow (`pip install 'lt2dsl[train]'`)") from None
-    pf = pq.ParquetFile(path)
+    import pyarrow
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pyarrow.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a Parquet file pyarrow can read: {e}") from e
     if field not in pf.schema_arrow.names:
         raise ValueError(f"{path}: no column `{field}` (columns: {', '.join(pf.schema_arrow.names)})")
     for batch in pf.iter_batches(columns=[field]):

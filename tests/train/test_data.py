@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -55,6 +56,11 @@ def test_bad_sources_are_clear_errors(tmp_path):
         DataConfig(train=[tmp_path / "x.csv"])
     with pytest.raises(ValueError, match="does not exist"):
         prepare(cfg(tmp_path, [tmp_path / "missing.txt"]), tmp_path, False)
+    if importlib.util.find_spec("pyarrow") is not None:
+        junk = tmp_path / "junk.parquet"
+        junk.write_bytes(b"junk")
+        with pytest.raises(ValueError, match=r"junk\.parquet: not a Parquet file pyarrow can read"):
+            prepare(cfg(tmp_path, [junk]), tmp_path, False)
 
 
 def test_tokenised_once_and_again_when_a_source_changes(tmp_path, monkeypatch):
