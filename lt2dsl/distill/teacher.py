@@ -81,16 +81,24 @@ def read_weights(path: Path, field: str) -> dict[str, torch.Tensor]:
     """The tensors of a `.safetensors` file, of a folder holding `model.safetensors` (a checkpoint
     or a stage folder), of a trainer run folder's newest complete checkpoint, or of a checkpoints
     folder's newest."""
-    from safetensors.torch import load_file
-
     if path.is_file():
-        return load_file(str(path))
+        return _safetensors(path, field)
     if not path.is_dir():
         raise ValueError(f"{field}: `{path}` does not exist")
     for folder in (path, ckpt.latest(path / "checkpoints"), ckpt.latest(path)):
         if folder is not None and (folder / WEIGHTS).is_file():
-            return load_file(str(folder / WEIGHTS))
+            return _safetensors(folder / WEIGHTS, field)
     raise ValueError(f"{field}: `{path}` holds no `{WEIGHTS}` (nor a complete checkpoint with one)")
+
+
+def _safetensors(path: Path, field: str) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{field}: `{path}` is not a safetensors file: {e}") from e
 
 
 def _hf(root: Path) -> tuple[str, dict[str, torch.Tensor]]:

@@ -33,3 +33,7 @@ def test_weights_that_do_not_fit_the_program_are_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"holds no `model\.safetensors`"):
         load_teacher(program, tmp_path / "empty", None, "reference")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"junk")
+    with pytest.raises(ValueError, match=r"`.*junk\.safetensors` is not a safetensors file"):
+        load_teacher(program, junk, None, "reference")
