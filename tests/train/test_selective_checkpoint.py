@@ -106,3 +106,31 @@ def test_unknown_keep_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown \\['mlp'\\]"):
         kept_ops(("attention", "mlp"))
     assert kept_ops(()) == []
+
+
+def test_kept_attention_inside_compiled_blocks(counted):
+    """`training.compile` with checkpointing: the blocks' traced graphs (the `eager` backend, the
+    same graphs without code generation) still hand the kept outputs to the recompute."""
+    from torch._dynamo.utils import counters
+
+    from lt2dsl.train.parallel import compile_block
+
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(1))
+    got = {}
+    for keep in ((), ("attention",)):
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        counters.clear()
+        model = lt2dsl.compile(SRC, backend="triton", dtype=torch.float32)
+        tm = TrainModel(model, True, keep=keep)
+        for block in tm.blocks:
+            compile_block(block, "eager")
+        counted.update(attention=0, sparse=0)
+        h = tm(ids)
+        (h * torch.linspace(-1, 1, h.shape[-1])).sum().backward()
+        assert not counters["graph_break"]
+        got[keep] = h.detach(), [p.grad for p in tm.parameters() if p.grad is not None], dict(counted)
+    torch._dynamo.reset()
+    (h0, g0, c0), (h1, g1, c1) = got[()], got[("attention",)]
+    assert (c1["attention"], c1["sparse"]) == (c0["attention"] // 2, c0["sparse"] // 2) == (6, 4)
+    assert torch.equal(h0, h1) and all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
