@@ -59,28 +59,30 @@ class UsageError(ValueError):
     """A bad flag value: the CLI prints it and exits with 2."""
 
 
-def parse_lengths(text: str) -> list[int]:
-    """`4k,8k,32k` or `1k..32k` (doubling) → [4096, 8192, 32768]."""
+def parse_lengths(text: str, what: str = "length") -> list[int]:
+    """`4k,8k,32k` or `1k..32k` (doubling) → [4096, 8192, 32768]; `what` names the sizes in errors
+    ("length", "batch size")."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if ".." in part:
-            lo, hi = (parse_size(x) for x in part.split("..", 1))
+            lo, hi = (parse_size(x, what) for x in part.split("..", 1))
             if lo > hi:
-                raise UsageError(f"--seq range {part!r} runs backwards")
+                raise UsageError(f"the range {part!r} runs backwards")
             x = lo
             while x <= hi:
                 out.append(x)
                 x *= 2
         else:
-            out.append(parse_size(part))
+            out.append(parse_size(part, what))
     return out
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, what: str = "length") -> int:
     m = re.fullmatch(r"(\d+)([kM]?)", text.strip())
     if not m or int(m.group(1)) <= 0:
-        raise UsageError(f"expected a positive length such as 8192, 32k or 1M, got {text!r}")
+        examples = "1, 8 or 32" if what == "batch size" else "8192, 32k or 1M"
+        raise UsageError(f"expected a positive {what} such as {examples}, got {text!r}")
     return int(m.group(1)) * {"": 1, "k": 1024, "M": 1024**2}[m.group(2)]
 
 

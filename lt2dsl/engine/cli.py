@@ -125,7 +125,7 @@ def progress_bar(err, what: str, models, batches, contexts) -> Iterator:
 
 def sizes(text: str, flag: str) -> tuple[int, ...]:
     try:
-        return tuple(parse_lengths(text))
+        return tuple(parse_lengths(text, "batch size" if flag == "--batch" else "length"))
     except SizeError as e:
         raise UsageError(f"{flag}: {e}") from None
 

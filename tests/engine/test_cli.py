@@ -92,6 +92,11 @@ def test_bad_use_is_a_clean_error(toy, argv, code, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_a_bad_batch_is_named_as_a_batch_size(toy, capsys):
+    assert main(["bench", "decode", str(toy), "--batch", "0"]) == 2
+    assert "--batch: expected a positive batch size such as 1, 8 or 32, got '0'" in capsys.readouterr().err
+
+
 def test_help_lists_the_engine_commands(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
