@@ -15,9 +15,11 @@ those tokens (what a curriculum task needs; a task labels few positions).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-IGNORE = -100
+from lt2dsl.kernels.xent import IGNORE, xent
+from lt2dsl.kernels.xent.naive import wide_dtype
+
+__all__ = ["IGNORE", "accumulate", "label_hits", "linear_cross_entropy", "wide_dtype"]
 
 
 def linear_cross_entropy(
@@ -26,6 +28,7 @@ def linear_cross_entropy(
     labels: torch.Tensor,
     chunk: int = 4096,
     dtype: torch.dtype | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Σ over tokens with a label of −log softmax(hidden · weightᵀ)[label], in fp32.
 
@@ -36,6 +39,8 @@ def linear_cross_entropy(
         chunk (int, Optional): tokens per chunk. Default: `4096`.
         dtype (torch.dtype, Optional): dtype of the logits matmul (its accumulation is fp32);
             default `hidden`'s dtype.
+        backend (str, Optional): each chunk's softmax, loss and gradient (`kernels.xent`): "auto"
+            (the Triton kernel on CUDA, PyTorch elsewhere), "triton" or "reference". Default: "auto".
     Returns:
         torch.Tensor: a scalar fp32 (float64 for float64 inputs) sum; divide by the number of
         labelled tokens for the mean.
@@ -43,9 +48,9 @@ def linear_cross_entropy(
     h, y = token_rows(hidden, labels)
     dtype = dtype or hidden.dtype
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, y, int(chunk), dtype)
+        return _LinearCrossEntropy.apply(h, weight, y, int(chunk), dtype, backend)
     with torch.no_grad():
-        return accumulate(h, weight, chunk, dtype, lambda rows, logits: _chunk(logits, y[rows], False))[0]
+        return accumulate(h, weight, chunk, dtype, lambda rows, logits: xent(logits, y[rows], False, backend))[0]
 
 
 def token_rows(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,13 +109,13 @@ def stored_grads(ctx, grad_out: torch.Tensor, inputs: int) -> tuple:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, chunk, dtype):
+    def forward(ctx, h, weight, labels, chunk, dtype, backend):
         total, dh, dw = accumulate(
             h,
             weight,
             chunk,
             dtype,
-            lambda rows, logits: _chunk(logits, labels[rows], True),
+            lambda rows, logits: xent(logits, labels[rows], True, backend),
             *ctx.needs_input_grad[:2],
         )
         save_grads(ctx, dh, dw, weight)
@@ -118,28 +123,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        return stored_grads(ctx, grad_out, 5)
-
-
-def wide_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Loss and gradient accumulation dtype: fp32, float64 for float64 inputs (exact tests)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _chunk(logits: torch.Tensor, y: torch.Tensor, grads: bool):
-    """Loss sum of one chunk from its logits `[n, V]`, and d(loss)/d(logits) in the wide dtype
-    (None without gradients)."""
-    logits = logits.to(wide_dtype(logits.dtype))
-    loss = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
-    if not grads:
-        return loss, None
-    g = torch.softmax(logits, dim=-1)
-    # softmax − one-hot at the labelled rows, 0 at the others; no boolean indexing, whose
-    # shapes the host would have to read (a CUDA graph captures this, `train/graph.py`)
-    valid = (y != IGNORE)[:, None]
-    g.scatter_add_(1, y.clamp(min=0)[:, None], -valid.to(g.dtype))
-    g.masked_fill_(~valid, 0.0)
-    return loss, g
+        return stored_grads(ctx, grad_out, 6)
 
 
 @torch.no_grad()
