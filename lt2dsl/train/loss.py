@@ -50,7 +50,7 @@ def linear_cross_entropy(
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(h, weight, y, int(chunk), dtype, backend)
     with torch.no_grad():
-        return accumulate(h, weight, chunk, dtype, lambda rows, logits: xent(logits, y[rows], False, backend))[0]
+        return accumulate(h, weight, chunk, dtype, lambda rows, x: xent(x, y[rows], False, backend))[0]
 
 
 def token_rows(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
