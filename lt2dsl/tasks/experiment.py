@@ -16,8 +16,7 @@ small models of these experiments leave one GPU mostly idle, so their wall time 
 host and divides by N up to its cores), `--threads` (this process's intra-op CPU threads),
 `--deadline S` (stop the trainings still running S seconds after the start, and report; a later
 call trains them), `--archive PATH` (also pack the results folder into one `.tar.gz`),
-`--cuda-graph` / `--no-cuda-graph` (override `[training] cuda_graph`; runs with `dsa` layers train
-their indexer through host-side hooks and so always train eagerly).
+`--cuda-graph` / `--no-cuda-graph` (override `[training] cuda_graph`).
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ from lt2dsl.tasks.experiment_config import (
 )
 from lt2dsl.tasks.jobs import Outcome, pending, result_name, run_parallel
 from lt2dsl.tasks.report import summarize, summary_table, write_archive, write_json, write_summary
-from lt2dsl.train.indexer import dsa_layers
 
 
 class DeadlineReached(Exception):
@@ -125,7 +123,7 @@ def run_one(
     tc = exp.training
     meta = lt2dsl.compile(root / run.model, device="meta", **run.overrides)
     check_model_fits(meta, data.task())
-    graphed = captures_steps(tc.cuda_graph, meta)
+    graphed = tc.cuda_graph
     steps = budget(exp, data)[0]
     bar = progress.add_task(f"{run.name} · {data.name} · seed {seed}", total=steps, info="")
 
@@ -168,13 +166,6 @@ def run_one(
     }
 
 
-def captures_steps(cuda_graph: bool, model) -> bool:
-    """Whether a run of `model` trains through whole-step CUDA graphs: as asked, except for models
-    with `dsa` layers, whose indexer trains (the trainer's default `indexer_loss`) through
-    host-side hooks that a replayed graph would skip."""
-    return cuda_graph and not dsa_layers(model)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m lt2dsl.tasks.experiment", description=__doc__.split("\n")[0])
     p.add_argument("config", help="the experiment's TOML file")
@@ -188,7 +179,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--cuda-graph",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="override `[training] cuda_graph` (whole-step CUDA graphs; runs with `dsa` train eagerly)",
+        help="override `[training] cuda_graph` (whole-step CUDA graphs)",
     )
     p.add_argument("--out", help="results folder (default docs/results/<name>)")
     p.add_argument("--force", action="store_true", help="train again where a result file exists")

@@ -93,10 +93,10 @@ class TrainingSection(BaseModel):
     micro-batches and replay it: for small models whose steps are bound by kernel launches. The
     first steps of each shape run eagerly (Triton autotuning, optimizer state), then the step is
     captured; the losses are the eager run's within bf16 noise. One process, no `compile`, no
-    activation checkpointing, `data.pack_documents = false`, `indexer_loss = 0` for `dsa` models,
-    the LM objective (not distillation's); each else a ValueError. On the CPU nothing is
-    captured: the steps run eagerly through the same static buffers, the run without it bit for
-    bit (docs/train.md, "CUDA graphs")."""
+    activation checkpointing, `data.pack_documents = false`, the LM objective (not
+    distillation's); each else a ValueError. A `dsa` model's indexer loss is captured with the
+    step. On the CPU nothing is captured: the steps run eagerly through the same static buffers,
+    the run without it bit for bit (docs/train.md, "CUDA graphs")."""
     loss_chunk: int = Field(default=4096, gt=0)
     """Tokens per cross-entropy chunk: logits of at most this many tokens exist at a time."""
     indexer_loss: float = Field(default=1.0, ge=0)

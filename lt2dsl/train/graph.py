@@ -6,7 +6,8 @@ launches dispatched from Python. PyTorch's "whole network capture" (CUDA semanti
 them once and replays them with one launch. A graph reads and writes fixed memory, so everything a
 step takes or gives lives in a `StaticStep`: the micro-batches' `input_ids`/`labels`, the loss
 scale `world / labelled` (a device scalar filled before each step), and the step's loss sum,
-gradient norm and hits (read only where the trainer already waits for the device). The
+gradient norm, hits and DSA indexer-loss sum and count (read only where the trainer already waits
+for the device). The
 optimizer state, the learning rate (a device tensor the scheduler's value is filled into,
 `optim.hold_lrs`) and the parameters are the same tensors for every step.
 
@@ -60,17 +61,12 @@ def check_config(cfg) -> None:
         )
 
 
-def check_run(world: int, indexer, default_objective: bool) -> None:
-    """The checks that need the built run: processes, the DSA indexer loss, the objective."""
+def check_run(world: int, default_objective: bool) -> None:
+    """The checks that need the built run: processes, the objective."""
     if world > 1:
         raise ValueError(
             f"`training.cuda_graph` runs on one process (got {world}): FSDP2's and DDP's "
             "communication runs from Python hooks and NCCL calls per step that a replay skips"
-        )
-    if indexer is not None:
-        raise ValueError(
-            "`training.cuda_graph` needs `training.indexer_loss = 0` for models with `dsa`: the "
-            "indexer loss's hooks collect host-side values every forward, which a replay would not"
         )
     if not default_objective:
         raise ValueError("`training.cuda_graph` trains the LM objective only (not a custom `objective`)")
@@ -86,23 +82,25 @@ def signature(batches: list[Batch]) -> Signature | None:
 @dataclass
 class StaticStep:
     """The memory a step reads and writes: its micro-batches, the loss scale `[]` fp32, and the
-    loss sum `[]` fp32, the gradient norm `[]` fp32 and the hits `[]` int64."""
+    loss sum `[]` fp32, the gradient norm `[]` fp32, the hits `[]` int64 and the DSA indexer
+    loss's (sum, count) `[2]` fp32 (`indexer.IndexerLoss.take`; zeros without `dsa`)."""
 
     batches: list[Batch]
     scale: torch.Tensor
     loss: torch.Tensor
     norm: torch.Tensor
     hits: torch.Tensor
+    aux: torch.Tensor
 
     @classmethod
     def like(cls, batches: list[Batch]) -> StaticStep:
         device = batches[0].input_ids.device
         static = [Batch(b.input_ids.clone(), b.labels.clone(), b.cu_seqlens) for b in batches]
 
-        def zero(dtype=torch.float32):
-            return torch.zeros((), dtype=dtype, device=device)
+        def zero(dtype=torch.float32, shape=()):
+            return torch.zeros(shape, dtype=dtype, device=device)
 
-        return cls(static, zero(), zero(), zero(), zero(torch.int64))
+        return cls(static, zero(), zero(), zero(), zero(torch.int64), zero(shape=(2,)))
 
     def load(self, batches: list[Batch], scale: float) -> None:
         """Copy the step's micro-batches and scale into the static memory."""
@@ -112,14 +110,16 @@ class StaticStep:
             s.cu_seqlens = b.cu_seqlens
         self.scale.fill_(scale)
 
-    def outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Copies of (loss sum, gradient norm, hits): the next step overwrites the static ones."""
-        return self.loss.clone(), self.norm.clone(), self.hits.clone()
+    def outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copies of (loss sum, gradient norm, hits, indexer (sum, count)): the next step
+        overwrites the static ones."""
+        return self.loss.clone(), self.norm.clone(), self.hits.clone(), self.aux.clone()
 
 
-# `step(batches, scale, loss, hits) -> grad norm`: forward and backward of the micro-batches with
-# the loss scale, the loss sum and hits accumulated into `loss`/`hits`, clipping and the update
-StepFn = Callable[[list[Batch], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# `step(batches, scale, loss, hits, aux) -> grad norm`: forward and backward of the micro-batches
+# with the loss scale, the loss sum and hits accumulated into `loss`/`hits`, the indexer loss's
+# (sum, count) written into `aux`, clipping and the update
+StepFn = Callable[[list[Batch], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class CudaCapture:
@@ -185,8 +185,9 @@ class Graphs:
         self.entries: OrderedDict[Signature, _Entry] = OrderedDict()
         self.captured: list[Signature] = []  # every capture, in order
 
-    def __call__(self, batches: list[Batch], scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One step: (loss sum, gradient norm, hits), fresh tensors on the device."""
+    def __call__(self, batches: list[Batch], scale: float) -> tuple[torch.Tensor, ...]:
+        """One step: (loss sum, gradient norm, hits, indexer (sum, count)), fresh tensors on the
+        device."""
         sig = signature(batches)
         if sig is None:
             entry = _Entry(StaticStep.like(batches))  # packed rows: eager, never kept
@@ -221,7 +222,8 @@ class Graphs:
         def run() -> None:
             s.loss.zero_()
             s.hits.zero_()
-            s.norm.copy_(self.step(s.batches, s.scale, s.loss, s.hits))
+            s.aux.zero_()
+            s.norm.copy_(self.step(s.batches, s.scale, s.loss, s.hits, s.aux))
 
         return run
 

@@ -19,6 +19,10 @@ processes averaged). The values of the training forwards are kept for the metric
 loss that calls the model's modules itself rather than through `TrainModel.forward` (the
 distillation's `align` and `hidden` stages) brackets its forward with `begin()` / `end()` too,
 and one that calls a `dsa` mixer outside its block hangs the KL on the mixer's output with `add`.
+
+Under `training.cuda_graph` a replay runs no Python, so no hook appends a value: the step moves its
+forwards' values into a device buffer of its own (`take`: their sum and count, captured with the
+step), and the trainer hands a copy of that buffer to `record` after every step, eager or replayed.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class IndexerLoss:
         # `values`: every value since the last `begin()` (recomputations too); `kept`: the forwards'
         self.values: list[torch.Tensor] = []
         self.kept: list[torch.Tensor] = []
+        self.taken: list[torch.Tensor] = []  # `[2]` (sum, count) of steps whose values `take` moved
         self.handles = [
             block.register_forward_hook(self._hook, with_kwargs=True)
             for block in model.blocks
@@ -106,10 +111,30 @@ class IndexerLoss:
         self.kept.extend(self.values)
         self.values.clear()
 
+    def take(self, into: torch.Tensor) -> None:
+        """Move the kept values onto the device: `into` `[2]` fp32 gets (their sum, their count)
+        and `kept` empties. Nothing waits for the host, so a CUDA graph captures it (the count is
+        a constant of the captured step: one value per `dsa` application and micro-batch)."""
+        kept, self.kept = self.kept, []
+        into.zero_()
+        if kept:
+            into[0] += torch.stack(kept).sum().float()
+            into[1] += float(len(kept))
+
+    def record(self, taken: torch.Tensor) -> None:
+        """A step's `take` result (a copy, read at the next `pop`)."""
+        self.taken.append(taken)
+
     def pop(self) -> tuple[float, int]:
         """(sum, count) of the per-application mean KLs of the forwards since the last call."""
         kept, self.kept = self.kept, []
-        return (float(torch.stack(kept).sum()) if kept else 0.0), len(kept)
+        taken, self.taken = self.taken, []
+        total = float(torch.stack(kept).sum()) if kept else 0.0
+        n = len(kept)
+        if taken:
+            s, c = torch.stack(taken).sum(0).tolist()
+            total, n = total + s, n + int(c)
+        return total, n
 
     def remove(self) -> None:
         for h in self.handles:

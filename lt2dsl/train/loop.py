@@ -125,7 +125,7 @@ class Trainer:
         self.params = [p for p in self.tm.parameters() if p.requires_grad]
         self.lrs, self.graphs = None, None
         if t.cuda_graph:
-            graph.check_run(d.world, self.tm.indexer, default_objective)
+            graph.check_run(d.world, default_objective)
             self.fwd.dense_hits = True  # no wait for the host inside the step
             self.lrs = tensor_lrs(self.opt, d.device)  # the scheduler keeps float base lrs
             zero = lambda: self.opt.zero_grad(set_to_none=True)  # noqa: E731
@@ -249,7 +249,9 @@ class Trainer:
         count = int(self.d.all_sum([float(labelled)])[0])
         scale = self.d.world / max(count, 1)
         if self.graphs is not None:
-            total, norm, hits = self.graphs(batches, scale)  # static buffers, replayed when captured
+            total, norm, hits, aux = self.graphs(batches, scale)  # static, replayed when captured
+            if self.tm.indexer is not None:
+                self.tm.indexer.record(aux)
         else:
             total = torch.zeros((), device=self.d.device)
             hits = torch.zeros((), dtype=torch.int64, device=self.d.device)
@@ -261,9 +263,17 @@ class Trainer:
             hold_lrs(self.opt, self.lrs)
         return total, count, norm
 
-    def _device_step(self, batches: list[Batch], scale, total: torch.Tensor, hits: torch.Tensor):
+    def _device_step(
+        self,
+        batches: list[Batch],
+        scale,
+        total: torch.Tensor,
+        hits: torch.Tensor,
+        aux: torch.Tensor | None = None,
+    ):
         """Forward and backward of the micro-batches, scaled by `scale` (a float, or a device
-        scalar under `cuda_graph`), the loss sum and hits accumulated into `total` and `hits`; then
+        scalar under `cuda_graph`), the loss sum and hits accumulated into `total` and `hits`, the
+        DSA indexer loss's (sum, count) moved into `aux` when given (`IndexerLoss.take`); then
         clipping and the update. Returns the gradient norm before clipping. Nothing here waits for
         the host, so `graph.Graphs` can capture it."""
         for m, b in enumerate(batches):
@@ -274,6 +284,8 @@ class Trainer:
                     hits += right
                 (loss * scale).backward()
             total += loss.detach().float()
+        if aux is not None and self.tm.indexer is not None:
+            self.tm.indexer.take(aux)
         clip = self.cfg.optimizer.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip is not None else math.inf)
         self.opt.step()

@@ -273,13 +273,9 @@ def test_cuda_graph_flag_overrides_the_file_either_way(tmp_path):
     assert overridden(on, parse_args([str(path), "--no-cuda-graph"])).training.cuda_graph is False
 
 
-def test_dsa_runs_train_eagerly_under_cuda_graph(tmp_path):
-    from lt2dsl.tasks.experiment import captures_steps
+def test_the_cuda_graph_flag_reaches_the_trainer(tmp_path):
     from lt2dsl.tasks.experiment_config import train_config
 
-    root = Path(lt2dsl.__file__).parents[1] / "examples" / "experiments"
-    dsa, gdn = (lt2dsl.compile(root / f"a_{m}.lt2", device="meta") for m in ("dsa", "gdn"))
-    assert captures_steps(True, gdn) and not captures_steps(True, dsa) and not captures_steps(False, gdn)
     path = tmp_path / "smoke.toml"
     path.write_text(SMOKE)
     exp, where = load_experiment(path)

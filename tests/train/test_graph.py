@@ -92,6 +92,25 @@ def test_a_curriculum_captures_each_length_once(tmp_path):
     assert len(tr.graphs.entries) <= graph.KEEP
 
 
+def indexer_rows(result) -> list[float]:
+    return [r["indexer_loss"] for r in result.rows if "indexer_loss" in r]
+
+
+def test_the_indexer_loss_is_captured_with_the_step(tmp_path):
+    """A `dsa` model training its indexer (weight 1): the static step's losses, gradient norms
+    and logged `indexer_loss` are the plain trainer's bit for bit, the replayed steps' values
+    coming from the step's own buffer (`IndexerLoss.take`), not from the hooks."""
+    base = {**BASE, "training": {**BASE["training"], "indexer_loss": 1.0}}
+    _, plain = train(config(tmp_path, "plain", **base))
+    tr, graphed = train(with_graph(config(tmp_path, "graph", **base)))
+    assert tr.graphs.captured and tr.tm.indexer is not None
+    assert graphed.losses == plain.losses and norms(graphed) == norms(plain)
+    kl = indexer_rows(plain)
+    assert indexer_rows(graphed) == kl and len(kl) == STEPS and all(v > 0 for v in kl)
+    # the replay's values come from the buffer: one per application and micro-batch, none kept
+    assert tr.tm.indexer.kept == [] and tr.tm.indexer.taken == []
+
+
 def test_the_learning_rate_stays_in_its_tensor():
     p = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.AdamW([p], lr=0.5)
@@ -116,7 +135,7 @@ def test_checkpoints_resume_across_the_two_modes(tmp_path):
         assert resumed.losses == {k: v for k, v in plain.losses.items() if k > 10}
 
 
-def step_fn(batches, scale, total, hits):
+def step_fn(batches, scale, total, hits, aux):
     for b in batches:
         total += b.input_ids.float().sum() * scale
         hits += (b.labels > 0).sum()
@@ -129,9 +148,9 @@ def test_graphs_capture_per_shape_and_keep_the_latest():
     order = [3, 3, 3, 3, 5, 5, 5, 7, 7, 7, 3, 3, 3, 3]  # 3 is dropped when 7 comes, so again
     for k, n in enumerate(order):
         ids = torch.arange(n * 2).reshape(1, 2 * n) + k
-        loss, norm, hits = g([Batch(ids[:, :n], ids[:, n:])], 0.5)
+        loss, norm, hits, aux = g([Batch(ids[:, :n], ids[:, n:])], 0.5)
         assert float(loss) == float(ids[:, :n].sum()) * 0.5 and float(norm) == 1.0
-        assert int(hits) == int((ids[:, n:] > 0).sum())
+        assert int(hits) == int((ids[:, n:] > 0).sum()) and aux.tolist() == [0.0, 0.0]
     assert [s[0][0][1] for s in g.captured] == [3, 5, 7, 3]
     assert [s[0][0][1] for s in g.entries] == [7, 3]
 
@@ -160,7 +179,6 @@ def test_dense_hits_count_what_the_sparse_count_counts():
         ("training", {"compile": True}, "training.compile"),
         ("training", {"activation_checkpoint": "per_application"}, "training.activation_checkpoint"),
         ("data", {"pack_documents": True}, "data.pack_documents"),
-        ("training", {"indexer_loss": 1.0}, "training.indexer_loss"),
     ],
 )
 def test_incompatible_options_name_the_field(tmp_path, section, values, field):
@@ -172,9 +190,9 @@ def test_incompatible_options_name_the_field(tmp_path, section, values, field):
 
 def test_one_process_and_the_lm_objective_only():
     with pytest.raises(ValueError, match="one process"):
-        graph.check_run(2, None, True)
+        graph.check_run(2, True)
     with pytest.raises(ValueError, match="objective"):
-        graph.check_run(1, None, False)
+        graph.check_run(1, False)
 
 
 # experiment (a)'s looped GDN (dim 256, 4 heads of 64) over bytes, looped twice
@@ -207,6 +225,28 @@ def test_cuda_graph_replays_the_eager_run(tmp_path):
     for k in eager.losses:
         assert abs(graphed.losses[k] - eager.losses[k]) <= 0.03 * eager.losses[k], k
     assert graphed.losses[40] < graphed.losses[1]  # it trains
+
+
+@cuda
+def test_cuda_graph_captures_the_indexer_loss(tmp_path):
+    """Experiment (a)'s DSA model training its indexer (weight 1), bf16 on the Triton kernels:
+    captured once, the losses and the logged `indexer_loss` within bf16 noise of the eager run's
+    (the replays' values come from the captured step's buffer), and both losses fall."""
+    runs = []
+    for out, on in (("plain", False), ("graph", True)):
+        cfg = gpu_cfg(tmp_path, out, on, precision="bf16", steps=40, indexer_loss=1.0)
+        cfg["model"]["file"] = str(GPU_MODEL.with_name("a_dsa.lt2"))
+        runs.append(fit_cuda(cfg))
+    (_, eager), (tr, graphed) = runs
+    assert len(tr.graphs.captured) == 1 and tr.tm.indexer is not None
+    assert graphed.losses[1] == eager.losses[1]
+    for k in eager.losses:
+        assert abs(graphed.losses[k] - eager.losses[k]) <= 0.03 * eager.losses[k], k
+    kl = [indexer_rows(x) for x in (eager, graphed)]
+    assert len(kl[0]) == len(kl[1]) == 40 and kl[1][0] == kl[0][0]
+    assert all(math.isfinite(v) and v >= 0 for v in kl[1])
+    assert abs(kl[1][-1] - kl[0][-1]) <= 0.1 * kl[0][-1] + 1e-3
+    assert graphed.losses[40] < graphed.losses[1] and kl[1][-1] < kl[1][0]
 
 
 @cuda
@@ -266,3 +306,23 @@ def test_the_step_reads_nothing_back_on_the_host(tmp_path, monkeypatch):
     with HostReads() as reads:  # the detector sees what the plain trainer's hits read
         label_hits(torch.randn(4, 8), torch.randn(5, 8), torch.tensor([0, -100, 3, 4]))
     assert "aten::nonzero" in reads.seen
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_the_indexer_loss_reads_nothing_back_on_the_host(tmp_path, monkeypatch, backend):
+    """The step of a `dsa` model training its indexer (the KL hooks, `take` into the step's
+    buffer), on the reference ops and on the Triton kernels (interpreted on the CPU): no host read
+    that a capture would refuse, and the buffer holds one value per application."""
+    training = {**BASE["training"], "indexer_loss": 1.0}
+    cfg = with_graph(config(tmp_path, "reads", **{**BASE, "training": training}))
+    cfg["model"]["backend"] = backend
+    tr = Trainer(validate(cfg), init_dist("cpu"))
+    batches = tr.data.train.next_step()
+    static = graph.StaticStep.like(batches)
+    static.load(batches, 0.5)
+    monkeypatch.setattr(tr.opt, "step", lambda: None)
+    with HostReads() as reads:
+        tr._device_step(static.batches, static.scale, static.loss, static.hits, static.aux)
+    assert reads.seen == []
+    kl, n = static.aux.tolist()
+    assert n == 2 * 2 and kl > 0  # 2 micro-batches × the dsa layer's 2 applications (T=2)
