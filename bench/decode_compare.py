@@ -8,14 +8,17 @@
    ≥ 1.5× Llama).
 2. The looped examples (GDN+DSA hybrid, Ouro-like baseline) at 4k/8k/32k and batch 1/8/32 through
    `lt2dsl.engine.bench` (measured tok/s next to the estimate, out-of-memory points), JSON + PNG, and
-   the GDN+DSA / Ouro speed ratio at 8k against the estimate's.
+   the GDN+DSA / Ouro speed ratio at 8k against the estimate's; `ratio.png`: that ratio against
+   context per batch, measured and estimated (2k to 128k), with the research's 5.7x and the first
+   context at which each batch's estimate passes it or the baseline runs out of memory.
 3. Steady memory: `torch.cuda.memory_allocated()` before and after 100 decode steps.
 4. First call: a fresh process's first `generate` against its second, after a warm-up process
    filled the on-disk autotune cache (`lt2dsl warmup`).
 
 Usage (repository root, a CUDA machine with fla and transformers installed):
     python bench/decode_compare.py --out /tmp/decode_compare [--ctx 4096] [--new 128] [--skip-peers]
-Writes OUT/compare.json, OUT/looped.json and OUT/looped.png; prints rich tables.
+Writes OUT/compare.json, OUT/looped.json, OUT/looped.png and OUT/ratio.png; prints rich tables.
+`--replot LOOPED_JSON` rebuilds the two plots of a saved `looped.json` (no GPU needed).
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ import lt2dsl  # noqa: E402
 from bench.gdn12 import GDN12  # noqa: E402
 from lt2dsl.cost.hardware import load_hardware  # noqa: E402
 from lt2dsl.engine import Engine, bench  # noqa: E402
-from lt2dsl.engine.report import plot, table  # noqa: E402
+from lt2dsl.engine.report import PAPER_RATIO, measured_ratios, plot, ratio_plot, table  # noqa: E402
 
 LOOPED = ("lt2_hybrid_gdn_dsa", "ouro_looped_transformer")
+RATIO_CONTEXTS = tuple(2**k for k in range(11, 18))  # 2k … 128k, the ratio plot's estimate
 FIRST_CALL = """
 import sys, time, torch
 sys.path.insert(0, {root!r})
@@ -166,7 +170,7 @@ def free() -> None:
     torch.cuda.empty_cache()
 
 
-def looped(out: Path, contexts, batches, hw: str) -> list[dict]:
+def looped(out: Path, contexts, batches, hw: str) -> tuple[list[dict], dict]:
     """One model on the card at a time, as the estimate's largest batch assumes."""
     plan = bench.Plan(tuple(contexts), tuple(batches), 32, 4, load_hardware(hw))
     rows = []
@@ -179,7 +183,50 @@ def looped(out: Path, contexts, batches, hw: str) -> list[dict]:
     bench.write_json(out / "looped.json", info, rows)
     plot(out / "looped.png", rows, info)
     Console(width=160).print(table(rows, info))
-    return rows
+    return rows, info
+
+
+def ratio_report(out: Path, rows: list[dict], info: dict) -> dict:
+    """GDN+DSA over Ouro against context: the estimate's curve on the card `info["hw"]` (models on
+    the meta device, in bf16), the measured ratios, each batch's first passing context, ratio.png."""
+    fast, slow = (
+        lt2dsl.compile(ROOT / "examples" / f"{s}.lt2", device="meta", dtype=torch.bfloat16) for s in LOOPED
+    )
+    batches = sorted({r["batch"] for r in rows})
+    curve = bench.ratio_curve(fast, slow, batches, RATIO_CONTEXTS, load_hardware(info["hw"]))
+    measured = measured_ratios(rows, *LOOPED)
+    ratio_plot(out / "ratio.png", curve, measured, info, LOOPED)
+    first = bench.passes(curve, PAPER_RATIO)
+    t = Table(title=f"{LOOPED[0]} / {LOOPED[1]} decode speed, estimate for {info['hw']} (measured)")
+    t.add_column("B")
+    for ctx in RATIO_CONTEXTS:
+        t.add_column(f"{ctx // 1024}k", justify="right")
+    t.add_column(f"passes {PAPER_RATIO}x")
+    for batch in batches:
+        cells = []
+        for ctx in RATIO_CONTEXTS:
+            e = next(r for r in curve if r["batch"] == batch and r["ctx"] == ctx)
+            m = next((x for x in measured if x["batch"] == batch and x["ctx"] == ctx), None)
+            cell = f"{e['estimate']:.2f}" if e["estimate"] else ("OOM" if not e["fast_fits"] else "base OOM")
+            if m is not None:
+                cell += f" ({m['measured']:.2f})" if m["measured"] else " (base OOM)"
+            cells.append(cell)
+        p = first.get(batch)
+        t.add_row(str(batch), *cells, f"{p['ctx'] // 1024}k: {p['why']}" if p else "no")
+    Console(width=200).print(t)
+    return {"curve": curve, "measured": measured, "passes": {str(b): v for b, v in first.items()}}
+
+
+def replot(path: Path, out: Path) -> None:
+    """looped.png and ratio.png (and ratio.json) of a saved looped.json."""
+    saved = json.loads(path.read_text())
+    rows = saved.pop("points")
+    out.mkdir(parents=True, exist_ok=True)
+    plot(out / "looped.png", rows, saved)
+    result = ratio_report(out, rows, saved)
+    bench.write_atomic(
+        out / "ratio.json", lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1) + "\n")
+    )
 
 
 def ratio_at(rows: list[dict], ctx: int) -> list[dict]:
@@ -231,7 +278,11 @@ def main() -> None:
     p.add_argument("--new", type=int, default=128, help="decode steps timed [128]")
     p.add_argument("--hw", default="h100", help="estimate preset for the card [h100]")
     p.add_argument("--skip-peers", action="store_true", help="lt2dsl only (no fla / transformers)")
+    p.add_argument("--replot", type=Path, help="a saved looped.json: rebuild its plots into --out only")
     args = p.parse_args()
+    if args.replot is not None:
+        replot(args.replot, Path(args.out))
+        return
     if not torch.cuda.is_available():
         raise SystemExit("error: decode_compare needs a CUDA device")
     out = Path(args.out)
@@ -246,8 +297,9 @@ def main() -> None:
         speed = f"{r['tok_s']:.1f}" if r["error"] is None else f"failed: {r['error'][:60]}"
         t.add_row(name, f"{r['params'] / 1e6:.1f}", speed, f"{r['lt2dsl_speedup']:.2f}x")
     Console(width=160).print(t)
-    rows = looped(out, (4096, 8192, 32768), (1, 8, 32), args.hw)
+    rows, info = looped(out, (4096, 8192, 32768), (1, 8, 32), args.hw)
     result["gdn_dsa_over_ouro_8k"] = ratio_at(rows, 8192)
+    result["ratio"] = ratio_report(out, rows, info)
     result["steady_memory"] = steady_memory()
     result["first_call"] = first_call(args.ctx)
     (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -79,6 +79,37 @@ def predicted(model, batch: int, ctx: int, hw: Hardware) -> dict:
     }
 
 
+def ratio_curve(fast, slow, batches, contexts, hw: Hardware) -> list[dict]:
+    """The estimate's decode speed of `fast` over `slow` (two models, e.g. on the meta device) at
+    every (batch, context): `estimate` (None where either does not fit: its cache past the card
+    next to its weights), and whether each fits (`fast_fits`, `slow_fits`: batch ≤ its largest)."""
+    out = []
+    for batch in batches:
+        for ctx in contexts:
+            f, s = predicted(fast, batch, ctx, hw), predicted(slow, batch, ctx, hw)
+            fits = [batch <= x["estimate_max_batch"] for x in (f, s)]
+            ratio = f["estimate_tok_s"] / s["estimate_tok_s"] if all(fits) else None
+            out.append(
+                {"batch": batch, "ctx": ctx, "estimate": ratio, "fast_fits": fits[0], "slow_fits": fits[1]}
+            )
+    return out
+
+
+def passes(curve: list[dict], target: float) -> dict[int, dict]:
+    """Per batch, the first context at which the estimate's speed-up reaches `target`, or at which
+    only the fast model still fits (the slow one runs out of memory): {batch: {"ctx", "why"}};
+    a batch that does neither is left out."""
+    out: dict[int, dict] = {}
+    for r in sorted(curve, key=lambda r: (r["batch"], r["ctx"])):
+        if r["batch"] in out or not r["fast_fits"]:
+            continue
+        if r["estimate"] is not None and r["estimate"] >= target:
+            out[r["batch"]] = {"ctx": r["ctx"], "why": f"estimate {r['estimate']:.2f}x"}
+        elif not r["slow_fits"]:
+            out[r["batch"]] = {"ctx": r["ctx"], "why": "baseline out of memory"}
+    return out
+
+
 def timed(device: torch.device, fn):
     """(seconds, fn()) between device synchronisations."""
     sync(device)
@@ -199,6 +230,7 @@ def write_atomic(path: str | os.PathLike, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the results unreadable to others
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
