@@ -109,7 +109,7 @@ def args_of(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--dsa-dkdv",
-        choices=("atomic", "by_key"),
+        choices=("atomic", "by_key", "auto"),
         default=None,
         help="the form of DSA's dK/dV in the model's backward (default: the kernels' DEFAULT_DKDV)",
     )

@@ -115,9 +115,19 @@ def test_unknown_dkdv_raises():
         sparse_attn_bwd(None, None, None, None, None, None, None, 1.0, dkdv="bykey")
 
 
+def test_auto_gathers_by_key_for_groups_up_to_eight():
+    from lt2dsl.kernels.dsa.triton_attn import resolve_dkdv
+
+    assert [resolve_dkdv("auto", g) for g in (1, 8, 16)] == ["by_key", "by_key", "atomic"]
+    assert [resolve_dkdv(m, 1) for m in ("atomic", "by_key")] == ["atomic", "by_key"]
+    with pytest.raises(ValueError, match="'auto'"):
+        resolve_dkdv("fastest", 4)
+
+
 def test_the_ops_backward_takes_the_default_form(monkeypatch):
     """`lt2dsl::dsa_attn_fwd`'s autograd backward (what a model runs) sums dk, dv the way
-    `DEFAULT_DKDV` names: by_key gives atomic's gradients, and each form really runs."""
+    `DEFAULT_DKDV` names: by_key gives atomic's gradients, each form really runs, and "auto" (the
+    default) gathers by key for a group of two query heads per kv head."""
     from lt2dsl.kernels.dsa import triton_attn as A
     from lt2dsl.kernels.dsa.ops import dsa_attn_fwd_op
 
@@ -126,12 +136,13 @@ def test_the_ops_backward_takes_the_default_form(monkeypatch):
     grads, calls = {}, []
     by_key = A.dkdv_by_key
     monkeypatch.setattr(A, "dkdv_by_key", lambda *args: calls.append(1) or by_key(*args))
-    for form in ("atomic", "by_key"):
+    assert A.DEFAULT_DKDV == "auto" and q.shape[2] // k.shape[2] == 2  # a group of 2: by key
+    for form in ("atomic", "by_key", "auto"):
         monkeypatch.setattr(A, "DEFAULT_DKDV", form)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         o = dsa_attn_fwd_op(*leaves, idx, 0.25)[0]
         (o * torch.linspace(-1, 1, o.shape[-1], device=o.device)).sum().backward()
         grads[form] = [t.grad for t in leaves]
-    assert len(calls) == 1
+    assert len(calls) == 2
     for name, a, b in zip(("dq", "dk", "dv"), grads["by_key"], grads["atomic"]):
         assert_close(name, a, b, 1e-6)

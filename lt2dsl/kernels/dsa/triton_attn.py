@@ -37,12 +37,27 @@ from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
 from .triton_attn_bykey import dkdv_by_key
 
-# how `sparse_attn_bwd` sums dk, dv over the queries that selected each key
-DKDV_MODES = ("atomic", "by_key")
-# the form a model's backward (`lt2dsl::dsa_attn_bwd` with dkdv "") takes: "atomic" until the H100
-# timing of `bench/dsa_sparse_bwd.py` decides; `bench/train_throughput.py --dsa-dkdv` sets it to
-# time whole training steps both ways
-DEFAULT_DKDV = "atomic"
+# how `sparse_attn_bwd` sums dk, dv over the queries that selected each key ("auto": `resolve_dkdv`)
+DKDV_MODES = ("atomic", "by_key", "auto")
+# the form a model's backward (`lt2dsl::dsa_attn_bwd` with dkdv "") takes; `bench/train_throughput.py
+# --dsa-dkdv` sets it to time whole training steps each way
+DEFAULT_DKDV = "auto"
+# "auto" gathers by key where a kv head serves at most this many query heads. Measured (H200,
+# `bench/dsa_sparse_bwd.py`, the hybrid's B=4, T=8192, 16 query heads of 128, top-k 2048, bf16):
+# 16 kv heads (a group of 1) 343.7 ms by atomics, 98.5 by key; 1 kv head (a group of 16) 21.2 by
+# atomics, 33.3 by key (14.3 of it the inverse index). A group's query heads share one tile, so
+# the atomics' count falls with the group size while the gather's cost barely moves: interpolated
+# between the two, by key is ahead up to groups of 8.
+BY_KEY_MAX_GROUP = 8
+
+
+def resolve_dkdv(dkdv: str, group: int) -> str:
+    """ "atomic" or "by_key" for `dkdv`; "auto" picks by the query heads per kv head (`group`)."""
+    if dkdv not in DKDV_MODES:
+        raise ValueError(f"dkdv must be one of {DKDV_MODES}, got {dkdv!r}")
+    if dkdv == "auto":
+        return "by_key" if group <= BY_KEY_MAX_GROUP else "atomic"
+    return dkdv
 
 
 @triton.jit
@@ -326,14 +341,16 @@ def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float, dkdv: str = "ato
 
     Args:
         dkdv (str, Optional): how dk, dv are summed over the queries that selected each key:
-            "atomic" (the dq kernel adds them into fp32 buffers with atomics) or "by_key" (one
+            "atomic" (the dq kernel adds them into fp32 buffers with atomics), "by_key" (one
             program per key block gathers its queries, `triton_attn_bykey`; the dq kernel then
-            skips them). Default: `"atomic"`.
+            skips them; more memory: the inverted selection) or "auto" (`resolve_dkdv`).
+            Default: `"atomic"`.
     """
     if dkdv not in DKDV_MODES:
         raise ValueError(f"dkdv must be one of {DKDV_MODES}, got {dkdv!r}")
-    B, Tq, _, _ = q.shape
+    B, Tq, HQ, _ = q.shape
     Tk, HKV = k.shape[1], k.shape[2]
+    dkdv = resolve_dkdv(dkdv, HQ // HKV)
     delta = bwd_preprocess(o, do, None)[0]
     dq = new_empty(q, *q.shape)
     atomic = dkdv == "atomic"
