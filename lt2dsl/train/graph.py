@@ -7,9 +7,8 @@ them once and replays them with one launch. A graph reads and writes fixed memor
 step takes or gives lives in a `StaticStep`: the micro-batches' `input_ids`/`labels`, the loss
 scale `world / labelled` (a device scalar filled before each step), and the step's loss sum,
 gradient norm, hits and DSA indexer-loss sum and count (read only where the trainer already waits
-for the device). The
-optimizer state, the learning rate (a device tensor the scheduler's value is filled into,
-`optim.hold_lrs`) and the parameters are the same tensors for every step.
+for the device). The optimizer state, the learning rate (a device tensor the scheduler's value is
+filled into, `optim.hold_lrs`) and the parameters are the same tensors for every step.
 
 `Graphs` runs a step through the `StaticStep` of its shape signature: the first `WARMUP` steps
 of a shape run eagerly (they autotune the Triton kernels, make the optimizer state and every lazy

@@ -52,7 +52,8 @@ BY_KEY_MAX_GROUP = 8
 
 
 def resolve_dkdv(dkdv: str, group: int) -> str:
-    """ "atomic" or "by_key" for `dkdv`; "auto" picks by the query heads per kv head (`group`)."""
+    """The form `dkdv` names, "atomic" or "by_key"; "auto" picks by the query heads per kv head
+    (`group`)."""
     if dkdv not in DKDV_MODES:
         raise ValueError(f"dkdv must be one of {DKDV_MODES}, got {dkdv!r}")
     if dkdv == "auto":
