@@ -11,7 +11,7 @@ more under the torch profiler (CUPTI reports the kernels a replayed graph runs) 
   mean µs a kernel;
 * busy: the union of the kernels' intervals; idle = step − busy (launch latency, dependencies
   between tiny kernels, host work inside the step);
-* the top kernels by time.
+* the top kernels by time, and every kernel by name with its kind (`by_name`, in the JSON).
 
 A step whose busy time is near the estimate's bytes-time and whose idle time is large is bound by
 the launch chain (fuse kernels); a step whose kernels alone take long is bound by slow kernels
@@ -106,7 +106,7 @@ def summarize(events, steps: int, triton_names: set[str], cuda: bool) -> dict:
         spans.append((e.time_range.start, e.time_range.end))
         by_kind.setdefault(kind_of(e.name, triton_names), []).append(us)
         by_name.setdefault(e.name, []).append(us)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:15]
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
     return {
         "kinds": {
             k: {"count": len(v) / steps, "us": sum(v) / steps, "mean_us": sum(v) / len(v)}
@@ -114,22 +114,26 @@ def summarize(events, steps: int, triton_names: set[str], cuda: bool) -> dict:
         },
         "busy_us": union_us(spans) / steps,
         "kernels": len(kernels) / steps,
-        "top": [{"name": n[:90], "count": len(v) / steps, "us": sum(v) / steps} for n, v in top],
+        "top": [{"name": n[:90], "count": len(v) / steps, "us": sum(v) / steps} for n, v in ranked[:15]],
+        "by_name": [
+            {"name": n[:120], "kind": kind_of(n, triton_names), "count": len(v) / steps, "us": sum(v) / steps}
+            for n, v in ranked
+        ],
     }
 
 
-def point(model, batch: int, ctx: int, args, triton_names: set[str]) -> dict:
+def point(model, batch: int, ctx: int, args) -> dict:
     """One (batch, context): the replayed steps' time and their kernels; where the profiler sees no
     kernel inside a replayed graph, the kernels of the same steps run eagerly (`source`)."""
-    row = run_point(model, batch, ctx, args, triton_names, capture=None)
+    row = run_point(model, batch, ctx, args, capture=None)
     if row["kernels"] == 0 and model.embed.weight.device.type == "cuda":
-        eager = run_point(model, batch, ctx, args, triton_names, capture=False)
+        eager = run_point(model, batch, ctx, args, capture=False)
         row = eager | {"step_us": row["step_us"], "eager_step_us": eager["step_us"]}
         row["idle_us"] = max(row["step_us"] - row["busy_us"], 0.0)
     return row
 
 
-def run_point(model, batch: int, ctx: int, args, triton_names: set[str], capture) -> dict:
+def run_point(model, batch: int, ctx: int, args, capture) -> dict:
     device = model.embed.weight.device
     cuda = device.type == "cuda"
     engine = Engine(model, capture=capture)
@@ -159,16 +163,17 @@ def run_point(model, batch: int, ctx: int, args, triton_names: set[str], capture
         if cuda:
             torch.cuda.synchronize()
     stream.close()
-    row = summarize(prof.events(), args.profiled, triton_names, cuda)
+    # after the steps ran: the kernel modules a step imports on its first call are known by now
+    row = summarize(prof.events(), args.profiled, triton_kernels(), cuda)
     if args.prefill:
-        row["prefill"] = profile_prefill(engine, ids, triton_names, cuda)
+        row["prefill"] = profile_prefill(engine, ids, cuda)
     engine.release()
     row.update(batch=batch, ctx=ctx, step_us=step_us, idle_us=max(step_us - row["busy_us"], 0.0))
     row["source"] = "replayed graphs" if engine.capture else "eager steps"
     return row
 
 
-def profile_prefill(engine: Engine, ids: torch.Tensor, triton_names: set[str], cuda: bool) -> dict:
+def profile_prefill(engine: Engine, ids: torch.Tensor, cuda: bool) -> dict:
     """The prompt's prefill (the engine's chunks, and the first token's sampling) under the profiler:
     its wall µs, its kernels by kind, busy and idle, the top kernels."""
     stream = engine.stream(ids, 1)
@@ -182,7 +187,7 @@ def profile_prefill(engine: Engine, ids: torch.Tensor, triton_names: set[str], c
             torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t0) * 1e6
     stream.close()
-    out = summarize(prof.events(), 1, triton_names, cuda)
+    out = summarize(prof.events(), 1, triton_kernels(), cuda)
     out.update(step_us=wall_us, idle_us=max(wall_us - out["busy_us"], 0.0), source="eager prefill")
     return out
 
@@ -230,10 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for f in args.files:
         model = lt2dsl.compile(f, device=args.device, dtype=dtype).eval()
-        names = triton_kernels()
         for batch in map(int, args.batch.split(",")):
             for ctx in map(int, args.ctx.split(",")):
-                row = {"model": f.stem} | point(model, batch, ctx, args, names)
+                row = {"model": f.stem} | point(model, batch, ctx, args)
                 rows.append(row)
                 show(console, f.stem, row)
                 if "prefill" in row:

@@ -139,3 +139,4 @@ def test_decode_profile_bench_smoke(tmp_path):
     for r in rows:
         assert r["kernels"] > 0 and "gemm" in r["kinds"] and r["busy_us"] > 0 and r["step_us"] > 0
         assert r["prefill"]["kernels"] > r["kernels"] and r["top"]
+        assert sum(k["count"] for k in r["by_name"]) == pytest.approx(r["kernels"])
