@@ -230,19 +230,18 @@ def replot(path: Path, out: Path) -> None:
 
 
 def ratio_at(rows: list[dict], ctx: int) -> list[dict]:
-    """GDN+DSA / Ouro decode speed at `ctx` per batch, measured and estimated."""
-    by = {(r["model"], r["batch"]): r for r in rows if r["ctx"] == ctx}
-    names = [r["model"] for r in rows]
-    hybrid, ouro = names[0], next(n for n in names if n != names[0])
-    out = []
-    for (name, batch), r in by.items():
-        o = by.get((ouro, batch))
-        if name != hybrid or o is None:
-            continue
-        measured = None if r.get("oom") or o.get("oom") else r["tok_s"] / o["tok_s"]
-        estimated = r["estimate_tok_s"] / o["estimate_tok_s"]
-        out.append({"batch": batch, "measured": measured, "estimate": estimated})
-    return out
+    """GDN+DSA / Ouro decode speed at `ctx` per batch, measured (None where Ouro ran out of
+    memory) and estimated."""
+    est = {(r["model"], r["batch"]): r["estimate_tok_s"] for r in rows if r["ctx"] == ctx}
+    return [
+        {
+            "batch": m["batch"],
+            "measured": m["measured"],
+            "estimate": est[LOOPED[0], m["batch"]] / est[LOOPED[1], m["batch"]],
+        }
+        for m in measured_ratios(rows, *LOOPED)
+        if m["ctx"] == ctx
+    ]
 
 
 def steady_memory(steps: int = 100) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from lt2dsl.engine.bench import write_atomic
+from lt2dsl.engine.bench import passes, write_atomic
 
 
 def oom_note(row: dict) -> str:
@@ -110,8 +110,6 @@ def ratio_plot(path, curve: list[dict], measured: list[dict], info: dict, names:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from lt2dsl.engine.bench import passes
 
     fig, ax = plt.subplots(figsize=(8, 5))
     values = [r["estimate"] for r in curve if r["estimate"]] + [
