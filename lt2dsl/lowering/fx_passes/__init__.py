@@ -25,6 +25,7 @@ Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; not yet tim
 | rule | pattern → replacement |
 |---|---|
 | `decode_gemv` | proj → (norm_)add_rmsnorm → linear_split [→ swiglu] → one node: two GEMVs at decode |
+| `l2_prefetch` | after each projection, the next one's weight prefetched into L2 on a side stream (decode) |
 
 The rules live one per file (a group for the two conv rules); `manager.py` holds the matcher
 contract and the pass; `leaves.py` the cache-aware functions the fused graph calls.
@@ -41,7 +42,18 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from lt2dsl.env import debug_level
 
-from . import add_norm, conv, decode_gemv, dsa_scale, gates, out_norm, projections, rope_cache, swiglu
+from . import (
+    add_norm,
+    conv,
+    decode_gemv,
+    dsa_scale,
+    gates,
+    out_norm,
+    prefetch,
+    projections,
+    rope_cache,
+    swiglu,
+)
 from .manager import FuseAdjacent, Rule
 
 __all__ = ["COUNTERS", "OPT_IN", "RULES", "FuseAdjacent", "Rule", "fuse", "fuse_graph", "opt_in_names"]
@@ -63,9 +75,9 @@ RULES: dict[str, Rule] = {
     )
 }
 
-# Rules off by default, run after `RULES` when named in `opt_in`: a decode-only rewrite whose
-# kernels are not yet measured against what they replace on a GPU.
-OPT_IN: dict[str, Rule] = {r.name: r for r in (decode_gemv.RULE,)}
+# Rules off by default, run after `RULES` when named in `opt_in` (in this order: `l2_prefetch` sees
+# `decode_gemv`'s nodes): decode-only rewrites not yet measured to help on a GPU.
+OPT_IN: dict[str, Rule] = {r.name: r for r in (decode_gemv.RULE, prefetch.RULE)}
 
 # rule name -> how many times it fired in the last `fuse` call
 COUNTERS: dict[str, int] = dict.fromkeys([*RULES, *OPT_IN], 0)
