@@ -4,7 +4,9 @@ The compressed branch runs the attention kernels with key c at position c·d + l
 the `cmp_stride`): bf16, D = 128, 16 query heads on one kv head, causal, no gate; the forward at
 `fwd_config`'s tiles, the backward at every autotune config (the dS path takes KSTRIDE 1 only).
 The selected branch is DSA's sparse attention (`dsa.aot_jobs`), the window branch the attention's
-(`attention.aot_jobs`). `group_probs`: 64 x 64 tiles, 4 warps.
+(`attention.aot_jobs`). `group_probs`: 64 x 64 tiles, 4 warps. The decode step
+(`triton_decode`) at the example's geometry (l' = 64, l = 32, d = 16, 16 blocks chosen) over up to
+128k slots (2048 selection blocks), bf16, 4 warps; its branches are DSA's sparse attention.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from lt2dsl.kernels.attention import triton_fwd as F
 from lt2dsl.kernels.attention.aot_jobs import SCALARS, attn_constexprs, attn_pointers
 from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
+from lt2dsl.kernels.nsa import triton_decode as TD
 from lt2dsl.kernels.nsa.triton_scores import _group_probs_kernel
 
 STRIDE = 16  # the `cmp_stride` of examples/lt2_sparse_nsa.lt2
@@ -35,6 +38,24 @@ def _compressed() -> list[Job]:
     return jobs + tuned_jobs("nsa/cmp-dq", B._dq_tuned, ptrs, SCALARS, dict(cex, ORDER=fwd["ORDER"]), **kw)
 
 
+def _decode() -> list[Job]:
+    ptrs = {"Q": "*bf16", "KC": "*bf16", "VC": "*bf16", "POS": "*i64", "OCMP": "*fp32", "PM": "*fp32"}
+    ptrs |= {"IDX": "*i32"}
+    scalars = {n: "i32" for n in ("NC", "NSB", "SQB", "SKCB", "SKCN", "SKCH", "SVCB", "SVCN", "SVCH")}
+    scalars |= {"qk_scale": "fp32"}
+    cex = dict(HQ=16, GRP=16, D=128, DV=128, BD=128, BDV=128, BR=16, BN=TD.select_tile(128), SEL=64, BSEL=64,
+               CMP=32, STRIDE=STRIDE, NSEL=16, BNSB=2048, DOT_PREC=dot_precision(torch.bfloat16))  # fmt: skip
+    jobs = tuned_jobs("nsa/decode-select", TD.nsa_decode_select_kernel, ptrs, scalars, cex, launch=(4, 1),
+                      aligned=(), max_stack=MAX_STACK)  # fmt: skip
+    combine = {"OSLC": "*bf16", "OCMP": "*fp32", "OSWA": "*bf16", "G": "*bf16", "OUT": "*bf16"}
+    for w in (False, True):
+        cex = dict(HQ=16, DV=128, BDV=128, WINDOW=w)
+        name = f"nsa/decode-combine-w{int(w)}"
+        kernel = TD.nsa_decode_combine_kernel
+        jobs += tuned_jobs(name, kernel, combine, {"SG": "i32"}, cex, launch=(4, 1), aligned=())
+    return jobs
+
+
 def jobs() -> list[Job]:
     ptrs = {"Q": "*bf16", "KC": "*bf16", "LSE": "*fp32", "P": "*fp32"}
     scalars = {n: "i32" for n in ("Tq", "NC", "qoff", "KOFF", "NROWS")} | {"qk_scale": "fp32"}
@@ -42,4 +63,4 @@ def jobs() -> list[Job]:
                DOT_PREC=dot_precision(torch.bfloat16))  # fmt: skip
     probs = tuned_jobs("nsa/group_probs", _group_probs_kernel, ptrs, scalars, cex, launch=(4, 3), aligned=(),
                        max_stack=MAX_STACK)  # fmt: skip
-    return probs + _compressed()
+    return probs + _compressed() + _decode()

@@ -1,0 +1,202 @@
+"""Triton decode step of NSA over static buffers: one query per row at its own position t_b.
+
+What `engine.sparse.nsa_rows` computes (the reference: dense masked attention over every slot),
+in work proportional to what a row sees rather than to the buffer:
+
+1. `nsa_decode_select_kernel`, one program per (row, kv head), the group's G query heads as the
+   rows of a tile: the compressed branch over the n_vis = ⌊(t + 1 − l)/d⌋ + 1 visible compressed
+   keys in two passes (max and sum, then the normalised probabilities p, o_cmp = p · v_cmp), the
+   group-mean of p written to a scratch row, the selection-block scores p_slc[j] = Σ_{m<l'/d}
+   Σ_{u<l/d} p̄[(l'/d)·j − m − u] read back from it, blocks 0, ⌊t/l'⌋ and the one before forced
+   (+inf), blocks after ⌊t/l'⌋ excluded, and the top-n by repeated arg-max (ties to the lower
+   block, as `topk_select`); each chosen block's tokens ≤ t are written as key indices (−1 pads).
+2. The selected and window branches: `dsa.triton_attn.sparse_attn_fwd` over those indices and
+   over the window's (t − w + 1 … t), each its own softmax (split over programs at small batch).
+3. `nsa_decode_combine_kernel`: o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head, in fp32,
+   rounded once to the output dtype.
+
+Four to six launches a layer; none reads a slot the row cannot see.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..attention.triton_fwd import LOG2E
+from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
+from ..common.backend import new_empty, triton_interpreting
+from ..dsa.triton_attn import sparse_attn_fwd
+from .common import NSAGeometry
+
+IDX_MASK = tl.constexpr((1 << 20) - 1)  # the low bits of a block's ranking key: its index reversed
+MAX_BLOCKS = 1 << 20  # selection blocks a buffer may hold (the key's index field)
+
+
+@triton.jit
+def nsa_decode_select_kernel(
+    Q, KC, VC, POS, OCMP, PM, IDX, NC, NSB, qk_scale, SQB, SKCB, SKCN, SKCH, SVCB, SVCN, SVCH,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr,
+    CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Program (b, hk): o_cmp of the group's heads into OCMP `[B, HQ, DV]` (fp32), the group-mean
+    probabilities into PM `[B·HKV, NC]` (fp32 scratch), the chosen blocks' tokens into IDX
+    `[B, HKV, NSEL·SEL]` (int32, −1 pads). Q `[B, HQ, D]` (heads D apart), KC/VC strided."""
+    HKV: tl.constexpr = HQ // GRP
+    pid = tl.program_id(0)
+    b, hk = pid // HKV, pid % HKV
+    t = tl.load(POS + b).to(tl.int32)
+    # non-negative operands only: integer division rounds differently below zero on the GPU
+    n_vis = tl.minimum(tl.where(t + 1 >= CMP, (tl.maximum(t + 1 - CMP, 0)) // STRIDE + 1, 0), NC)
+    r = tl.arange(0, BR)
+    in_r = r < GRP
+    offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
+    q_rows = b.to(tl.int64) * SQB + (hk * GRP + r).to(tl.int64) * D
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    kc_base = KC + b.to(tl.int64) * SKCB + hk.to(tl.int64) * SKCH
+    vc_base = VC + b.to(tl.int64) * SVCB + hk.to(tl.int64) * SVCH
+    # pass 1: each row's max and sum over the visible compressed keys (log2 units)
+    m_i = tl.full([BR], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BR], dtype=tl.float32)
+    for j0 in range(0, n_vis, BN):
+        j = j0 + tl.arange(0, BN)
+        ok = j < n_vis
+        kc = tl.load(kc_base + j.to(tl.int64)[:, None] * SKCN + offs_d[None, :],
+                     mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
+        s = tl.where(ok[None, :], mm(q, tl.trans(kc), DOT_PREC) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
+        m_i = m_new
+    m_fin = tl.where(m_i > float("-inf"), m_i, 0.0)
+    inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+    # pass 2: the probabilities, o_cmp and the group mean of p
+    acc = tl.zeros([BR, BDV], dtype=tl.float32)
+    pm_row = PM + pid.to(tl.int64) * NC
+    for j0 in range(0, n_vis, BN):
+        j = j0 + tl.arange(0, BN)
+        ok = j < n_vis
+        kc = tl.load(kc_base + j.to(tl.int64)[:, None] * SKCN + offs_d[None, :],
+                     mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
+        s = tl.where(ok[None, :], mm(q, tl.trans(kc), DOT_PREC) * qk_scale, float("-inf"))
+        p = tl.exp2(s - m_fin[:, None]) * inv_l[:, None]
+        p = tl.where(in_r[:, None] & ok[None, :], p, 0.0)
+        vc = tl.load(vc_base + j.to(tl.int64)[:, None] * SVCN + offs_dv[None, :],
+                     mask=ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
+        acc += mm(p.to(vc.dtype), vc, DOT_PREC)
+        tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
+    o_rows = (b * HQ + hk * GRP + r).to(tl.int64) * DV
+    tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc, mask=in_r[:, None] & (offs_dv[None, :] < DV))
+    tl.debug_barrier()  # the scratch row is read back across the program's threads
+    # selection-block scores, forced and allowed blocks
+    A: tl.constexpr = SEL // STRIDE
+    U: tl.constexpr = CMP // STRIDE
+    jb = tl.arange(0, BNSB)
+    p_slc = tl.zeros([BNSB], dtype=tl.float32)
+    for mi in tl.static_range(A):
+        for u in tl.static_range(U):
+            src = A * jb - mi - u
+            hit = (src >= 0) & (src < n_vis) & (jb < NSB)
+            p_slc += tl.load(pm_row + tl.where(hit, src, 0), mask=hit, other=0.0)
+    cur = t // SEL
+    forced = (jb == 0) | (jb == cur) | (jb == cur - 1)
+    left = (jb <= cur) & (jb < NSB)
+    score = tl.where(forced, float("inf"), p_slc)
+    # one int64 key a block: the score's bits (a non-negative float's order is its bits' order)
+    # above the block's index reversed, so one max is the arg-max with ties to the lower block
+    key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
+    # top-NSEL by repeated arg-max; the chosen blocks' tokens ≤ t, −1 past them
+    o_sel = tl.arange(0, BSEL)
+    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL)
+    for s_i in range(NSEL):
+        best = tl.max(tl.where(left, key, -1), 0)
+        # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
+        blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
+        tok = blk * SEL + o_sel
+        tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
+        left = left & (jb != blk)
+
+
+@triton.jit
+def nsa_decode_combine_kernel(
+    OSLC, OCMP, OSWA, G, OUT, SG,
+    HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, WINDOW: tl.constexpr,
+):  # fmt: skip
+    """Row (b, head): OUT = g_slc · o_slc + g_cmp · o_cmp (+ g_swa · o_swa) in fp32, cast once.
+    o_* `[B, HQ, DV]` contiguous; G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG apart."""
+    row = tl.program_id(0).to(tl.int64)
+    b, h = row // HQ, row % HQ
+    offs = tl.arange(0, BDV)
+    m = offs < DV
+    g_base = G + b * SG + h * 3
+    g_cmp = tl.load(g_base).to(tl.float32)
+    g_slc = tl.load(g_base + 1).to(tl.float32)
+    o = tl.load(OSLC + row * DV + offs, mask=m, other=0.0).to(tl.float32) * g_slc
+    o += tl.load(OCMP + row * DV + offs, mask=m, other=0.0) * g_cmp
+    if WINDOW:
+        g_swa = tl.load(g_base + 2).to(tl.float32)
+        o += tl.load(OSWA + row * DV + offs, mask=m, other=0.0).to(tl.float32) * g_swa
+    tl.store(OUT + row * DV + offs, o.to(OUT.dtype.element_ty), mask=m)
+
+
+def select_tile(d: int) -> int:
+    """Compressed keys a tile of the select kernel takes (16 under the interpreter)."""
+    if triton_interpreting():
+        return 16
+    return 64 if d <= 128 else 32
+
+
+def window_indices(t: torch.Tensor, window: int) -> torch.Tensor:
+    """`[B, 1, window]` int32: slots t_b − w + 1 … t_b, −1 before slot 0."""
+    j = t[:, None].to(torch.int32) - window + 1 + torch.arange(window, device=t.device, dtype=torch.int32)
+    return torch.where(j >= 0, j, -1)[:, None, :]
+
+
+def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
+                      win_idx: torch.Tensor | None = None, return_indices: bool = False):  # fmt: skip
+    """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
+    docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
+    k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `win_idx` the
+    window's indices (`window_indices`, shared by a step's layers). Returns `[B, 1, HQ, V]` in v's
+    dtype, and with `return_indices` the selected tokens `[B, 1, HKV, n·l']`."""
+    B, _, HQ, D = q.shape
+    L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    NC = k_cmp.shape[1]
+    geo = NSAGeometry.make(geometry["block"], geometry["cmp_block"], geometry["stride"])
+    nsel, window = int(geometry["select"]), int(geometry["window"])
+    scale = D**-0.5 if scale is None else float(scale)
+    q = q.contiguous()
+    hc = head_constexprs(q, k, v)
+    G = HQ // HKV
+    o_cmp = new_empty(q, B, HQ, DV, dtype=torch.float32)
+    pm = new_empty(q, B * HKV, max(NC, 1), dtype=torch.float32)
+    idx = new_empty(q, B, 1, HKV, nsel * geo.sel, dtype=torch.int32)
+    nsb = geo.n_sel(L)
+    if nsb > MAX_BLOCKS:
+        raise ValueError(f"NSA decode takes at most {MAX_BLOCKS} selection blocks, got {nsb} ({L} slots)")
+    prec = dot_precision(q.dtype)
+    warps = 1 if triton_interpreting() else 4
+    nsa_decode_select_kernel[(B * HKV,)](
+        q, k_cmp, v_cmp, t, o_cmp, pm, idx, NC, nsb, scale * LOG2E, q.stride(0),
+        k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),
+        **hc, BR=pow2(G), BN=select_tile(D), SEL=geo.sel, BSEL=triton.next_power_of_2(geo.sel),
+        CMP=geo.cmp, STRIDE=geo.stride, NSEL=nsel, BNSB=triton.next_power_of_2(max(nsb, 1)),
+        DOT_PREC=prec, num_warps=warps, num_stages=1,
+    )  # fmt: skip
+    o_slc = sparse_attn_fwd(q, k, v, idx, scale)[0]
+    o_swa = o_slc
+    if window > 0:
+        wi = window_indices(t, window) if win_idx is None else win_idx
+        o_swa = sparse_attn_fwd(q, k, v, wi, scale)[0]
+    out = new_empty(v, B, 1, HQ, DV)
+    gc = g.reshape(B, HQ, 3)
+    if gc.stride(-1) != 1 or gc.stride(1) != 3:
+        gc = gc.contiguous()
+    nsa_decode_combine_kernel[(B * HQ,)](
+        o_slc, o_cmp, o_swa, gc, out, gc.stride(0), HQ=HQ, DV=DV, BDV=hc["BDV"], WINDOW=window > 0,
+        num_warps=warps, num_stages=1,
+    )  # fmt: skip
+    return (out, idx) if return_indices else out

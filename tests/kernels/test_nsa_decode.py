@@ -1,0 +1,82 @@
+"""NSA's Triton decode step (`kernels.nsa.triton_decode`, CPU interpreter here) against the dense
+masked reference of the engine (`engine.sparse.nsa_rows`, float64): rows at different positions of
+one buffer (before the first compressed block completes, inside the first selection block, deep
+in), the peer's geometry (l = d = l' = 8) and a general one (l = 8, d = 4, l' = 16), five blocks
+chosen of which three are forced, a group of 3 query heads on
+each of 2 kv heads, odd head dims, with and without a window; the chosen blocks are the reference's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lt2dsl.engine.sparse import nsa_rows
+from lt2dsl.kernels.nsa.common import NSAGeometry
+from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton, window_indices
+from tests.kernels.utils import DEVICE, assert_close
+
+L, HQ, HKV, D, DV = 96, 6, 2, 24, 20
+POSITIONS = [3, 17, 50, 95]
+GEOMETRIES = {
+    "peer": dict(block=8, cmp_block=8, stride=8),
+    "general": dict(block=16, cmp_block=8, stride=4),
+}
+
+
+def inputs(geo: dict, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    B = len(POSITIONS)
+    NC = NSAGeometry.make(geo["block"], geo["cmp_block"], geo["stride"]).n_cmp(L)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(DEVICE, dtype)
+
+    q = r(B, 1, HQ, D, scale=2.0)
+    k, v = r(B, L, HKV, D), r(B, L, HKV, DV)
+    # the compressed buffers as the cache keeps them: [B, HKV, NC, d] seen through a transpose
+    kc, vc = r(B, HKV, NC, D).transpose(1, 2), r(B, HKV, NC, DV).transpose(1, 2)
+    gates = torch.sigmoid(r(B, 1, HQ, 3))
+    t = torch.tensor(POSITIONS, device=DEVICE)
+    return q, k, v, gates, kc, vc, t
+
+
+def reference_blocks(q, kc, vc, t, geometry: dict) -> list[set[int]]:
+    """The reference's chosen blocks per (row, kv head), from `nsa_rows`'s own helper."""
+    from lt2dsl.engine.sparse import _choose
+    from lt2dsl.kernels.common.attn_utils import repeat_kv
+    from lt2dsl.kernels.nsa.reference import masked_attention
+
+    geo = NSAGeometry.make(geometry["block"], geometry["cmp_block"], geometry["stride"])
+    G = HQ // HKV
+    qc = q.double() * D**-0.5
+    pos = t[:, None, None, None]
+    ends = torch.arange(kc.shape[1], device=q.device) * geo.stride + geo.cmp - 1
+    _, p_cmp = masked_attention(qc, repeat_kv(kc.double(), G), repeat_kv(vc.double(), G), ends <= pos)
+    chosen = _choose(p_cmp, pos, geo, geo.n_sel(L), geometry["select"], G)  # [B, HKV, 1, nsb]
+    return [{int(j) for j in chosen[b, h, 0].nonzero()} for b in range(len(POSITIONS)) for h in range(HKV)]
+
+
+@pytest.mark.parametrize("window", [0, 24])
+@pytest.mark.parametrize("geo", list(GEOMETRIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_decode_step_matches_the_dense_reference(geo, window, dtype):
+    geometry = dict(GEOMETRIES[geo], select=5, window=window)
+    q, k, v, gates, kc, vc, t = inputs(GEOMETRIES[geo], dtype)
+    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True)
+    want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
+    assert got.shape == (len(POSITIONS), 1, HQ, DV) and got.dtype == dtype
+    assert_close("o", got.double(), want, 2e-5 if dtype == torch.float32 else 2e-2)
+    if dtype == torch.float32:
+        sel = GEOMETRIES[geo]["block"]
+        blocks = [{int(i) // sel for i in row.tolist() if i >= 0} for row in idx.view(-1, idx.shape[-1])]
+        assert blocks == reference_blocks(q, kc, vc, t, geometry)
+        # every selected token is at or before the row's position, and none repeats
+        for b, rows in enumerate(idx[:, 0].tolist()):
+            for row in rows:
+                toks = [i for i in row if i >= 0]
+                assert len(set(toks)) == len(toks) and all(i <= POSITIONS[b] for i in toks)
+
+
+def test_the_window_starts_at_slot_zero():
+    w = window_indices(torch.tensor([2, 40]), 5)
+    assert w.tolist() == [[[-1, -1, 0, 1, 2]], [[36, 37, 38, 39, 40]]]
