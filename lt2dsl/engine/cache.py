@@ -25,6 +25,7 @@ from lt2dsl.engine.positions import Positions
 from lt2dsl.engine.sparse import compress_rows, toeplitz_rows
 from lt2dsl.ir import nodes as n
 from lt2dsl.ir.registry import lookup
+from lt2dsl.kernels.common.backend import pick_backend
 from lt2dsl.lowering.cache import Cache, StaticEntry
 from lt2dsl.lowering.functional_sparse import check_tmm_length, compress_blocks, n_blocks, toeplitz_continue
 
@@ -100,8 +101,14 @@ class Slots(StaticEntry):
             return buf.narrow(dim, 0, c.seen + new.shape[dim])
         return _append_ring(buf, c.seen, new, dim)
 
-    def compress(self, x: torch.Tensor, key: str, cmp_block: int, stride: int, phi: tuple) -> torch.Tensor:
+    def compress(
+        self, x: torch.Tensor, key: str, cmp_block: int, stride: int, phi: tuple, backend: str = "reference"
+    ) -> torch.Tensor:
         buf, c = self[key], self.cursor
+        if c.decoding and pick_backend(backend, x) == "triton":
+            from lt2dsl.kernels.nsa.triton_decode import compress_step  # imports Triton
+
+            return compress_step(buf, x, c.positions, cmp_block, stride, phi)
         if c.decoding:
             return compress_rows(buf, x, c.positions, cmp_block, stride, phi)
         old, now = n_blocks(c.seen, cmp_block, stride), n_blocks(x.shape[1], cmp_block, stride)

@@ -155,7 +155,9 @@ class StaticEntry(Entry):
         """`append_cache` into the fixed buffer (`keep`: the window of a ring buffer)."""
         raise NotImplementedError
 
-    def compress(self, x: torch.Tensor, key: str, cmp_block: int, stride: int, phi: tuple) -> torch.Tensor:
+    def compress(
+        self, x: torch.Tensor, key: str, cmp_block: int, stride: int, phi: tuple, backend: str = "reference"
+    ) -> torch.Tensor:
         """`nsa_compress` into the fixed buffer of compressed blocks."""
         raise NotImplementedError
 

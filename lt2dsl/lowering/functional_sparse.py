@@ -110,6 +110,7 @@ def nsa_compress(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    backend: str = "reference",
 ) -> torch.Tensor | list[torch.Tensor]:
     """Compressed keys (or values) of every complete block, updating the cache as blocks complete.
 
@@ -123,11 +124,13 @@ def nsa_compress(
     Args:
         x: `[B, L, HKV, d]` all keys (or values) so far, the cached ones and the new ones.
         cu_seqlens: `[N + 1]` document starts of a packed row (B = 1, no entry).
+        backend: a static cache's decode step on "triton" (or "auto" on CUDA) writes the completed
+            block in one kernel (`kernels.nsa.triton_decode.compress_step`).
     Returns:
         `[B, n_cmp(L), HKV, d]`; with `cu_seqlens` a list of one such tensor per document.
     """
     if isinstance(entry, StaticEntry):
-        return entry.compress(x, key, cmp_block, stride, (pos_emb, weight, bias))
+        return entry.compress(x, key, cmp_block, stride, (pos_emb, weight, bias), backend)
     if cu_seqlens is not None:
         docs = x.split(packed.split(cu_seqlens), dim=1)
         return [nsa_compress(xd, None, key, cmp_block, stride, pos_emb, weight, bias) for xd in docs]

@@ -1,7 +1,7 @@
 """The decode step's fused Triton kernels end to end (CPU interpreter here): the q, k, v convs'
 step with their histories shifted in place, RoPE of q and k at each row's position writing k and v
-into their cache slots (DSA's index key LayerNorm-ed in the same launch), DSA's
-selection at each row's position, NSA's decode kernels, a sandwich block's norm-add-norm. A fused fp32 model on
+into their cache slots (DSA's index key LayerNorm-ed in the same launch), DSA's selection at
+each row's position, NSA's decode kernels, a sandwich block's norm-add-norm. A fused fp32 model on
 `backend="triton"`: rows of different lengths decode together through the static cache and one at
 a time through a dynamic cache, and every step's logits equal one forward over that row's tokens
 so far."""
@@ -48,19 +48,28 @@ def test_dynamic_steps_equal_forward(sandwich):
             torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
 
 
-def test_nsa_decode_kernels_in_the_static_step(monkeypatch):
+@pytest.mark.parametrize("compress", ["mean", "mlp"])
+def test_nsa_decode_kernels_in_the_static_step(monkeypatch, compress):
     """NSA at each row's position through its decode kernels (`kernels.nsa.triton_decode`: the
-    compressed branch and block choice in one launch, DSA's sparse attention over the chosen
+    block a step completes compressed in one launch for k and one for v, the compressed branch and
+    block choice in one launch, DSA's sparse attention over the chosen
     blocks' tokens and over the window, the gated sum), not the dense reference: every step's
     logits equal one forward. Blocks of 2 tokens, so the rows' 4 choices include scored ones."""
-    from lt2dsl.engine import positions
+    from lt2dsl.engine import cache, positions
     from lt2dsl.kernels.nsa import triton_decode
 
     calls = []
-    real = triton_decode.nsa_decode_triton
-    monkeypatch.setattr(triton_decode, "nsa_decode_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def spy(name):
+        real = getattr(triton_decode, name)
+        return lambda *a, **k: calls.append(name) or real(*a, **k)
+
+    for name in ("nsa_decode_triton", "compress_step"):
+        monkeypatch.setattr(triton_decode, name, spy(name))
     monkeypatch.setattr(positions, "nsa_rows", lambda *a, **k: pytest.fail("the dense reference ran"))
-    nsa = "nsa(block=2, select=4, window=4, cmp_block=2, stride=1, kv_heads=1)"
+    monkeypatch.setattr(cache, "compress_rows", lambda *a, **k: pytest.fail("the reference compression ran"))
+    nsa = f"nsa(block=2, select=4, window=4, cmp_block=2, stride=1, kv_heads=1, compress={compress})"
     model = triton_model(f"{nsa}; {call('gdn')}")
     assert_static_equals_forward(model, max_len=16, tol=TOL)
-    assert len(calls) == STEPS
+    # per step: the compression of k and of v, then the attention
+    assert calls == ["compress_step", "compress_step", "nsa_decode_triton"] * STEPS

@@ -13,7 +13,7 @@ import torch
 from lt2dsl.engine.sparse import nsa_rows
 from lt2dsl.kernels.nsa.common import NSAGeometry
 from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton, window_indices
-from tests.kernels.utils import DEVICE, assert_close
+from tests.kernels.utils import DEVICE, assert_close, rel_rms
 
 L, HQ, HKV, D, DV = 96, 6, 2, 24, 20
 POSITIONS = [3, 17, 50, 95]
@@ -80,3 +80,57 @@ def test_decode_step_matches_the_dense_reference(geo, window, dtype):
 def test_the_window_starts_at_slot_zero():
     w = window_indices(torch.tensor([2, 40]), 5)
     assert w.tolist() == [[[-1, -1, 0, 1, 2]], [[36, 37, 38, 39, 40]]]
+
+
+def _prefilled(x, buf, t: int, row: int, cmp_block: int, stride: int, phi: tuple):
+    """The compressed buffer of row `row` as a prefill of t tokens leaves it: every complete block."""
+    from lt2dsl.lowering.functional_sparse import compress_blocks, n_blocks
+
+    n = n_blocks(t, cmp_block, stride)
+    if n:
+        blocks = x[row : row + 1, :t].unfold(1, cmp_block, stride)[:, :n].transpose(-1, -2)
+        buf[row : row + 1, :, :n] = compress_blocks(blocks, *phi).transpose(1, 2).to(buf.dtype)
+
+
+@pytest.mark.parametrize("mlp", [False, True], ids=["mean", "mlp"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_compress_step_writes_the_blocks_a_step_completes(mlp, dtype):
+    """Rows whose new token completes a block (t + 1 = 8, 12, 40 with l = 8, d = 4), one that
+    completes none (t = 13) and one before the first block (t = 5): after a prefill of t tokens
+    and the step, the buffer is what `engine.sparse.compress_rows` leaves (its writes of blocks
+    no step completes, and of a partial block 0, change nothing a query sees)."""
+    from lt2dsl.engine.sparse import compress_rows
+    from lt2dsl.kernels.nsa.triton_decode import compress_step
+
+    g = torch.Generator().manual_seed(3)
+    t = torch.tensor([7, 11, 39, 13, 5], device=DEVICE)
+    B, l, d, HKV, Lb = len(t), 8, 20, 2, 48
+    NC = (Lb - l) // 4 + 1
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+
+    x = r(B, Lb, HKV, d)
+    phi = (r(l, d), r(d, l * d) / (l * d) ** 0.5, r(d)) if mlp else ()
+
+    def prefilled(xx, ph, dt):
+        buf = torch.zeros(B, HKV, NC, d, device=DEVICE, dtype=dt)
+        for row, tb in enumerate(t.tolist()):
+            _prefilled(xx, buf, tb, row, l, 4, ph)
+        return buf
+
+    # the float64 truth, and the reference path's own result in the kernel's dtype
+    truth = prefilled(x.double(), tuple(p.double() for p in phi), torch.float64)
+    compress_rows(truth, x.double(), t, l, 4, tuple(p.double() for p in phi))
+    want = prefilled(x, phi, dtype)
+    got = want.clone()
+    compress_rows(want, x, t, l, 4, phi)
+    out = compress_step(got, x, t, l, 4, phi)
+    assert out.shape == (B, NC, HKV, d) and out.data_ptr() == got.data_ptr()
+    n_seen = [max(0, (tb + 1 - l) // 4 + 1) for tb in t.tolist()]  # blocks a query at t_b may see
+    for row, n in enumerate(n_seen):
+        if n:
+            # no farther from the truth than the reference path in the same dtype (its rounding)
+            bound = 1.5 * rel_rms(want[row, :, :n], truth[row, :, :n]) + 1e-6
+            assert_close(f"row {row}", got[row, :, :n], truth[row, :, :n], bound)
+        assert torch.equal(got[row, :, n:], torch.zeros_like(got[row, :, n:])), "wrote a block no query sees"

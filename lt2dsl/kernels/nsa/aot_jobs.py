@@ -53,6 +53,13 @@ def _decode() -> list[Job]:
         name = f"nsa/decode-combine-w{int(w)}"
         kernel = TD.nsa_decode_combine_kernel
         jobs += tuned_jobs(name, kernel, combine, {"SG": "i32"}, cex, launch=(4, 1), aligned=())
+    ptrs = {"X": "*bf16", "BUF": "*bf16", "POS": "*i64", "PE": "*bf16", "W": "*bf16", "BIAS": "*bf16"}
+    scalars = {n: "i32" for n in ("NC", "SXB", "SXT", "SXH", "SBB", "SBH", "SBN")}
+    for mlp in (False, True):
+        cex = dict(HKV=1, D=128, BD=128, CMP=32, BL=32, STRIDE=STRIDE, MLP=mlp, BO=32)
+        kernel = TD.nsa_decode_compress_kernel
+        jobs += tuned_jobs(f"nsa/decode-compress-{'mlp' if mlp else 'mean'}", kernel, ptrs, scalars, cex,
+                           launch=(4, 1), aligned=())  # fmt: skip
     return jobs
 
 

@@ -15,7 +15,9 @@ in work proportional to what a row sees rather than to the buffer:
 3. `nsa_decode_combine_kernel`: o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head, in fp32,
    rounded once to the output dtype.
 
-Four to six launches a layer; none reads a slot the row cannot see.
+Four to six launches a layer; none reads a slot the row cannot see. Before them,
+`nsa_decode_compress_kernel` (`compress_step`) writes the compression block a row's new token
+completes (one launch for k, one for v; nothing where none completes, 15 steps in 16 at d = 16).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import triton.language as tl
 from ..attention.triton_fwd import LOG2E
 from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
 from ..common.backend import new_empty, triton_interpreting
+from ..common.tl_util import cast
 from ..dsa.triton_attn import sparse_attn_fwd
 from .common import NSAGeometry
 
@@ -139,7 +142,49 @@ def nsa_decode_combine_kernel(
     if WINDOW:
         g_swa = tl.load(g_base + 2).to(tl.float32)
         o += tl.load(OSWA + row * DV + offs, mask=m, other=0.0).to(tl.float32) * g_swa
-    tl.store(OUT + row * DV + offs, o.to(OUT.dtype.element_ty), mask=m)
+    tl.store(OUT + row * DV + offs, cast(o, OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def nsa_decode_compress_kernel(
+    X, BUF, POS, PE, W, BIAS, NC, SXB, SXT, SXH, SBB, SBH, SBN,
+    HKV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CMP: tl.constexpr, BL: tl.constexpr,
+    STRIDE: tl.constexpr, MLP: tl.constexpr, BO: tl.constexpr,
+):  # fmt: skip
+    """Program (b, h): where row b's new token at t_b completes compression block i (t_b + 1 ≥ l and
+    d divides t_b + 1 − l), BUF[b, h, i] = φ(x[b, i·d : i·d + l, h]): the mean of the l rows, or
+    with MLP W · flatten(x + PE) + BIAS (x + PE rounded to x's dtype, as the unfused add is). Other
+    rows write nothing: their newest block is in the buffer already (or not complete, and no query
+    sees it before it is)."""
+    pid = tl.program_id(0)
+    b, h = pid // HKV, pid % HKV
+    m = tl.load(POS + b).to(tl.int32) + 1
+    done = tl.maximum(m - CMP, 0)
+    i = done // STRIDE
+    if (m >= CMP) & (done % STRIDE == 0) & (i < NC):
+        offs = tl.arange(0, BD)
+        x_base = X + b.to(tl.int64) * SXB + h.to(tl.int64) * SXH + (i * STRIDE).to(tl.int64) * SXT
+        out_base = BUF + b.to(tl.int64) * SBB + h.to(tl.int64) * SBH + i.to(tl.int64) * SBN
+        if MLP:
+            for o0 in tl.static_range(0, BD, BO):
+                o = o0 + tl.arange(0, BO)
+                acc = tl.load(BIAS + o, mask=o < D, other=0.0).to(tl.float32)
+                for r in tl.static_range(CMP):
+                    xr = tl.load(x_base + r * SXT + offs, mask=offs < D, other=0.0)
+                    pe = tl.load(PE + r * D + offs, mask=offs < D, other=0.0).to(tl.float32)
+                    # x + pe in x's dtype, as the unfused add: pe rounded first, then the sum
+                    pe = cast(pe, xr.dtype).to(tl.float32)
+                    xr = cast(xr.to(tl.float32) + pe, xr.dtype).to(tl.float32)
+                    w = tl.load(W + o[:, None] * (CMP * D) + r * D + offs[None, :],
+                                mask=(o[:, None] < D) & (offs[None, :] < D), other=0.0)  # fmt: skip
+                    acc += tl.sum(w.to(tl.float32) * xr[None, :], 1)
+                tl.store(out_base + o, cast(acc, BUF.dtype.element_ty), mask=o < D)
+        else:
+            rows = tl.arange(0, BL)
+            ok = (rows < CMP)[:, None] & (offs[None, :] < D)
+            x = tl.load(x_base + rows.to(tl.int64)[:, None] * SXT + offs[None, :], mask=ok, other=0.0)
+            y = tl.sum(x.to(tl.float32), 0) / CMP
+            tl.store(out_base + offs, cast(y, BUF.dtype.element_ty), mask=offs < D)
 
 
 def select_tile(d: int) -> int:
@@ -147,6 +192,28 @@ def select_tile(d: int) -> int:
     if triton_interpreting():
         return 16
     return 64 if d <= 128 else 32
+
+
+def compress_step(buf, x, t, cmp_block: int, stride: int, phi: tuple) -> torch.Tensor:
+    """`engine.sparse.compress_rows` on the Triton path: the newest compression block of each row
+    whose new token completes one, φ the mean or (with `phi` = (pos_emb, weight, bias)) the learned
+    map, into `buf [B, HKV, NC, d]` in place; one launch. x `[B, L, HKV, d]` (last dim contiguous).
+    Returns the buffer as `[B, NC, HKV, d]`."""
+    B, L, HKV, d = x.shape
+    NC = buf.shape[2]
+    pe, w, bias = phi if len(phi) == 3 else (None, None, None)
+    mlp = w is not None
+    if mlp and bias is None:
+        bias = torch.zeros(d, device=x.device, dtype=torch.float32)
+    if NC and B:
+        nsa_decode_compress_kernel[(B * HKV,)](
+            x, buf, t, pe if mlp else buf, w if mlp else buf, bias if mlp else buf, NC,
+            x.stride(0), x.stride(1), x.stride(2), buf.stride(0), buf.stride(1), buf.stride(2),
+            HKV=HKV, D=d, BD=triton.next_power_of_2(d), CMP=cmp_block, BL=triton.next_power_of_2(cmp_block),
+            STRIDE=stride, MLP=mlp, BO=min(32, triton.next_power_of_2(d)),
+            num_warps=1 if triton_interpreting() else 4, num_stages=1,
+        )  # fmt: skip
+    return buf.transpose(1, 2)
 
 
 def window_indices(t: torch.Tensor, window: int) -> torch.Tensor:
