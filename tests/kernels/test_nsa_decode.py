@@ -134,3 +134,35 @@ def test_compress_step_writes_the_blocks_a_step_completes(mlp, dtype):
             bound = 1.5 * rel_rms(want[row, :, :n], truth[row, :, :n]) + 1e-6
             assert_close(f"row {row}", got[row, :, :n], truth[row, :, :n], bound)
         assert torch.equal(got[row, :, n:], torch.zeros_like(got[row, :, n:])), "wrote a block no query sees"
+
+
+@pytest.mark.gpu
+def test_gpu_example_geometry_matches_the_reference():
+    """`examples/lt2_sparse_nsa.lt2`'s geometry (l' = 64, l = 32, d = 16, 16 blocks, window 512, 16
+    query heads on one kv head of 128) over a 4096-slot buffer, rows at 40, 1000 and 4095, fp32:
+    the same blocks and output as the dense reference."""
+    geometry = dict(block=64, cmp_block=32, stride=16, select=16, window=512)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, Lb, H, d = 3, 4096, 16, 128
+    NC = NSAGeometry.make(64, 32, 16).n_cmp(Lb)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, device="cuda")
+
+    q, k, v = r(B, 1, H, d) * 2, r(B, Lb, 1, d), r(B, Lb, 1, d)
+    kc, vc = r(B, 1, NC, d).transpose(1, 2), r(B, 1, NC, d).transpose(1, 2)
+    gates = torch.sigmoid(r(B, 1, H, 3))
+    t = torch.tensor([40, 1000, 4095], device="cuda")
+    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True)
+    want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
+    assert_close("o", got.double(), want, 1e-4)
+    blocks = [{int(i) // 64 for i in row.tolist() if i >= 0} for row in idx.view(B, -1)]
+    from lt2dsl.engine.sparse import _choose
+    from lt2dsl.kernels.nsa.reference import masked_attention
+
+    pos = t[:, None, None, None]
+    ends = torch.arange(NC, device="cuda") * 16 + 31
+    kx, vx = (x.double().repeat_interleave(H, 2) for x in (kc, vc))
+    _, p_cmp = masked_attention(q.double() * d**-0.5, kx, vx, ends <= pos)
+    chosen = _choose(p_cmp, pos, NSAGeometry.make(64, 32, 16), Lb // 64, 16, H)
+    assert blocks == [{int(j) for j in chosen[b, 0, 0].nonzero()} for b in range(B)]
