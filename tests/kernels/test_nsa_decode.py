@@ -56,13 +56,18 @@ def reference_blocks(q, kc, vc, t, geometry: dict) -> list[set[int]]:
     return [{int(j) for j in chosen[b, h, 0].nonzero()} for b in range(len(POSITIONS)) for h in range(HKV)]
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["one-kernel", "split"])
 @pytest.mark.parametrize("window", [0, 24])
 @pytest.mark.parametrize("geo", list(GEOMETRIES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_decode_step_matches_the_dense_reference(geo, window, dtype):
+def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits):
+    """The compressed branch in one kernel, and split in whole tiles (16 keys under the
+    interpreter) merged by a second kernel: the general geometry's 23 compressed keys in splits of
+    16 and 7 (a row that sees 3 leaves the second empty, one that sees none both), the peer's 12 in
+    one."""
     geometry = dict(GEOMETRIES[geo], select=5, window=window)
     q, k, v, gates, kc, vc, t = inputs(GEOMETRIES[geo], dtype)
-    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True)
+    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits)
     want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
     assert got.shape == (len(POSITIONS), 1, HQ, DV) and got.dtype == dtype
     assert_close("o", got.double(), want, 2e-5 if dtype == torch.float32 else 2e-2)
@@ -137,7 +142,8 @@ def test_compress_step_writes_the_blocks_a_step_completes(mlp, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_example_geometry_matches_the_reference():
+@pytest.mark.parametrize("splits", [1, 4], ids=["one-kernel", "split"])
+def test_gpu_example_geometry_matches_the_reference(splits):
     """`examples/lt2_sparse_nsa.lt2`'s geometry (l' = 64, l = 32, d = 16, 16 blocks, window 512, 16
     query heads on one kv head of 128) over a 4096-slot buffer, rows at 40, 1000 and 4095, fp32:
     the same blocks and output as the dense reference."""
@@ -153,7 +159,7 @@ def test_gpu_example_geometry_matches_the_reference():
     kc, vc = r(B, 1, NC, d).transpose(1, 2), r(B, 1, NC, d).transpose(1, 2)
     gates = torch.sigmoid(r(B, 1, H, 3))
     t = torch.tensor([40, 1000, 4095], device="cuda")
-    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True)
+    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits)
     want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
     assert_close("o", got.double(), want, 1e-4)
     blocks = [{int(i) // 64 for i in row.tolist() if i >= 0} for row in idx.view(B, -1)]

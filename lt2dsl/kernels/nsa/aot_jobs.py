@@ -47,6 +47,19 @@ def _decode() -> list[Job]:
                CMP=32, STRIDE=STRIDE, NSEL=16, BNSB=2048, DOT_PREC=dot_precision(torch.bfloat16))  # fmt: skip
     jobs = tuned_jobs("nsa/decode-select", TD.nsa_decode_select_kernel, ptrs, scalars, cex, launch=(4, 1),
                       aligned=(), max_stack=MAX_STACK)  # fmt: skip
+    # the split form: the compressed branch over the splits, then the merge and the block choice
+    split = {"Q": "*bf16", "KC": "*bf16", "VC": "*bf16", "POS": "*i64", "SC": "*fp32", "M_PART": "*fp32"}
+    split |= {"L_PART": "*fp32", "O_PART": "*fp32"}
+    scex = {k: cex[k] for k in ("HQ", "GRP", "D", "DV", "BD", "BDV", "BR", "BN", "CMP", "STRIDE", "DOT_PREC")}
+    kw = dict(launch=(4, 1), aligned=(), max_stack=MAX_STACK)
+    scalars_split = scalars | {"CHUNK": "i32"}
+    jobs += tuned_jobs("nsa/decode-cmp-split", TD.nsa_decode_cmp_split_kernel, split, scalars_split,
+                       scex | {"NSPLIT": 8}, **kw)  # fmt: skip
+    merge = {"POS": "*i64", "SC": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32", "O_PART": "*fp32"}
+    merge |= {"OCMP": "*fp32", "PM": "*fp32", "IDX": "*i32"}
+    mcex = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR", "BN", "SEL", "BSEL", "CMP", "STRIDE", "NSEL")}
+    jobs += tuned_jobs("nsa/decode-merge-select", TD.nsa_decode_merge_select_kernel, merge,
+                       {"NC": "i32", "NSB": "i32"}, mcex | {"BNSB": 2048, "NSPLIT": 8}, **kw)  # fmt: skip
     combine = {"OSLC": "*bf16", "OCMP": "*fp32", "OSWA": "*bf16", "G": "*bf16", "OUT": "*bf16"}
     for w in (False, True):
         cex = dict(HQ=16, DV=128, BDV=128, WINDOW=w)

@@ -15,7 +15,13 @@ in work proportional to what a row sees rather than to the buffer:
 3. `nsa_decode_combine_kernel`: o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head, in fp32,
    rounded once to the output dtype.
 
-Four to six launches a layer; none reads a slot the row cannot see. Before them,
+Where the B·HKV programs are too few to fill the card and the buffer holds many compressed keys
+(a long context at small batch: one SM would stream them all twice), step 1 is two launches:
+`nsa_decode_cmp_split_kernel` over splits of the compressed keys (one pass: scores kept in a
+scratch row, partial max, sum and o), `nsa_decode_merge_select_kernel` merging them and choosing
+the blocks from the kept scores (`cmp_splits`).
+
+Four to seven launches a layer; none reads a slot the row cannot see. Before them,
 `nsa_decode_compress_kernel` (`compress_step`) writes the compression block a row's new token
 completes (one launch for k, one for v; nothing where none completes, 15 steps in 16 at d = 16).
 """
@@ -38,6 +44,59 @@ MAX_BLOCKS = 1 << 20  # selection blocks a buffer may hold (the key's index fiel
 
 
 @triton.jit
+def _visible(POS, b, NC, CMP: tl.constexpr, STRIDE: tl.constexpr):
+    """(t_b, the compressed keys a query at t_b sees: ⌊(t + 1 − l)/d⌋ + 1, at most NC)."""
+    t = tl.load(POS + b).to(tl.int32)
+    # non-negative operands only: integer division rounds differently below zero on the GPU
+    return t, tl.minimum(tl.where(t + 1 >= CMP, (tl.maximum(t + 1 - CMP, 0)) // STRIDE + 1, 0), NC)
+
+
+@triton.jit
+def _choose_blocks(
+    pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
+    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr,
+):  # fmt: skip
+    """From the group-mean probabilities `pm_row[0 : n_vis]`: the block scores, blocks 0, ⌊t/l'⌋ and
+    the one before forced, those after ⌊t/l'⌋ excluded, the top NSEL (ties to the lower block);
+    each chosen block's tokens ≤ t into `idx_row`, −1 past them."""
+    A: tl.constexpr = SEL // STRIDE
+    U: tl.constexpr = CMP // STRIDE
+    jb = tl.arange(0, BNSB)
+    p_slc = tl.zeros([BNSB], dtype=tl.float32)
+    for mi in tl.static_range(A):
+        for u in tl.static_range(U):
+            src = A * jb - mi - u
+            hit = (src >= 0) & (src < n_vis) & (jb < NSB)
+            p_slc += tl.load(pm_row + tl.where(hit, src, 0), mask=hit, other=0.0)
+    cur = t // SEL
+    forced = (jb == 0) | (jb == cur) | (jb == cur - 1)
+    left = (jb <= cur) & (jb < NSB)
+    score = tl.where(forced, float("inf"), p_slc)
+    # one int64 key a block: the score's bits (a non-negative float's order is its bits' order)
+    # above the block's index reversed, so one max is the arg-max with ties to the lower block
+    key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
+    o_sel = tl.arange(0, BSEL)
+    for s_i in range(NSEL):
+        best = tl.max(tl.where(left, key, -1), 0)
+        # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
+        blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
+        tok = blk * SEL + o_sel
+        tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
+        left = left & (jb != blk)
+
+
+@triton.jit
+def _group_q(Q, b, hk, SQB, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """The group's query rows `[BR, BD]` (rows past GRP zero) and which rows are real."""
+    r = tl.arange(0, BR)
+    in_r = r < GRP
+    offs_d = tl.arange(0, BD)
+    rows = b.to(tl.int64) * SQB + (hk * GRP + r).to(tl.int64) * D
+    q = tl.load(Q + rows[:, None] + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
+    return q, in_r
+
+
+@triton.jit
 def nsa_decode_select_kernel(
     Q, KC, VC, POS, OCMP, PM, IDX, NC, NSB, qk_scale, SQB, SKCB, SKCN, SKCH, SVCB, SVCN, SVCH,
     HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
@@ -51,14 +110,10 @@ def nsa_decode_select_kernel(
     HKV: tl.constexpr = HQ // GRP
     pid = tl.program_id(0)
     b, hk = pid // HKV, pid % HKV
-    t = tl.load(POS + b).to(tl.int32)
-    # non-negative operands only: integer division rounds differently below zero on the GPU
-    n_vis = tl.minimum(tl.where(t + 1 >= CMP, (tl.maximum(t + 1 - CMP, 0)) // STRIDE + 1, 0), NC)
+    t, n_vis = _visible(POS, b, NC, CMP, STRIDE)
+    q, in_r = _group_q(Q, b, hk, SQB, GRP, D, BD, BR)
     r = tl.arange(0, BR)
-    in_r = r < GRP
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
-    q_rows = b.to(tl.int64) * SQB + (hk * GRP + r).to(tl.int64) * D
-    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
     kc_base = KC + b.to(tl.int64) * SKCB + hk.to(tl.int64) * SKCH
     vc_base = VC + b.to(tl.int64) * SVCB + hk.to(tl.int64) * SVCH
     # pass 1: each row's max and sum over the visible compressed keys (log2 units)
@@ -94,33 +149,101 @@ def nsa_decode_select_kernel(
     o_rows = (b * HQ + hk * GRP + r).to(tl.int64) * DV
     tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc, mask=in_r[:, None] & (offs_dv[None, :] < DV))
     tl.debug_barrier()  # the scratch row is read back across the program's threads
-    # selection-block scores, forced and allowed blocks
-    A: tl.constexpr = SEL // STRIDE
-    U: tl.constexpr = CMP // STRIDE
-    jb = tl.arange(0, BNSB)
-    p_slc = tl.zeros([BNSB], dtype=tl.float32)
-    for mi in tl.static_range(A):
-        for u in tl.static_range(U):
-            src = A * jb - mi - u
-            hit = (src >= 0) & (src < n_vis) & (jb < NSB)
-            p_slc += tl.load(pm_row + tl.where(hit, src, 0), mask=hit, other=0.0)
-    cur = t // SEL
-    forced = (jb == 0) | (jb == cur) | (jb == cur - 1)
-    left = (jb <= cur) & (jb < NSB)
-    score = tl.where(forced, float("inf"), p_slc)
-    # one int64 key a block: the score's bits (a non-negative float's order is its bits' order)
-    # above the block's index reversed, so one max is the arg-max with ties to the lower block
-    key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
-    # top-NSEL by repeated arg-max; the chosen blocks' tokens ≤ t, −1 past them
-    o_sel = tl.arange(0, BSEL)
     idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL)
-    for s_i in range(NSEL):
-        best = tl.max(tl.where(left, key, -1), 0)
-        # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
-        blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
-        tok = blk * SEL + o_sel
-        tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
-        left = left & (jb != blk)
+    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
+
+
+@triton.jit
+def nsa_decode_cmp_split_kernel(
+    Q, KC, VC, POS, SC, M_PART, L_PART, O_PART, NC, CHUNK, qk_scale, SQB, SKCB, SKCN, SKCH, SVCB, SVCN,
+    SVCH, HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
+    NSPLIT: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Program (b, hk, split): the compressed branch over keys [split·CHUNK, (split+1)·CHUNK) of
+    the visible ones, one pass: the scores (log2 units) into SC `[B·HKV, BR, NC]`, the partial max,
+    sum and unnormalised o into M_PART, L_PART `[B·HKV, NSPLIT, BR]`, O_PART `[…, BDV]` (fp32)."""
+    HKV: tl.constexpr = HQ // GRP
+    pid, split = tl.program_id(0), tl.program_id(1)
+    b, hk = pid // HKV, pid % HKV
+    t, n_vis = _visible(POS, b, NC, CMP, STRIDE)
+    q, in_r = _group_q(Q, b, hk, SQB, GRP, D, BD, BR)
+    r = tl.arange(0, BR)
+    offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
+    kc_base = KC + b.to(tl.int64) * SKCB + hk.to(tl.int64) * SKCH
+    vc_base = VC + b.to(tl.int64) * SVCB + hk.to(tl.int64) * SVCH
+    sc_rows = SC + (pid.to(tl.int64) * BR + r)[:, None] * NC
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, n_vis)
+    m_i = tl.full([BR], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BR], dtype=tl.float32)
+    acc = tl.zeros([BR, BDV], dtype=tl.float32)
+    for j0 in range(lo, hi, BN):
+        j = j0 + tl.arange(0, BN)
+        ok = j < hi
+        kc = tl.load(kc_base + j.to(tl.int64)[:, None] * SKCN + offs_d[None, :],
+                     mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
+        s = tl.where(ok[None, :], mm(q, tl.trans(kc), DOT_PREC) * qk_scale, float("-inf"))
+        tl.store(sc_rows + j[None, :], s, mask=ok[None, :])
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vc = tl.load(vc_base + j.to(tl.int64)[:, None] * SVCN + offs_dv[None, :],
+                     mask=ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # fmt: skip
+        acc = acc * alpha[:, None] + mm(p.to(vc.dtype), vc, DOT_PREC)
+        m_i = m_new
+    part = (pid * NSPLIT + split).to(tl.int64) * BR + r
+    tl.store(M_PART + part, m_i)
+    tl.store(L_PART + part, l_i)
+    tl.store(O_PART + part[:, None] * BDV + offs_dv[None, :], acc)
+
+
+@triton.jit
+def nsa_decode_merge_select_kernel(
+    POS, SC, M_PART, L_PART, O_PART, OCMP, PM, IDX, NC, NSB,
+    HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
+    BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
+    NSEL: tl.constexpr, BNSB: tl.constexpr, NSPLIT: tl.constexpr,
+):  # fmt: skip
+    """Program (b, hk): the splits merged by their max (o_cmp into OCMP), the probabilities from
+    the stored scores, their group mean into PM, then `_choose_blocks` (as the one-kernel form)."""
+    HKV: tl.constexpr = HQ // GRP
+    pid = tl.program_id(0)
+    b, hk = pid // HKV, pid % HKV
+    t, n_vis = _visible(POS, b, NC, CMP, STRIDE)
+    r = tl.arange(0, BR)
+    in_r = r < GRP
+    offs_dv = tl.arange(0, BDV)
+    base = pid.to(tl.int64) * NSPLIT
+    m = tl.full([BR], float("-inf"), dtype=tl.float32)
+    for sp in range(NSPLIT):
+        m = tl.maximum(m, tl.load(M_PART + (base + sp) * BR + r))
+    m_fin = tl.where(m > float("-inf"), m, 0.0)
+    l_i = tl.zeros([BR], dtype=tl.float32)
+    acc = tl.zeros([BR, BDV], dtype=tl.float32)
+    for sp in range(NSPLIT):
+        part = (base + sp) * BR + r
+        w = tl.exp2(tl.load(M_PART + part) - m_fin)
+        l_i += w * tl.load(L_PART + part)
+        acc += w[:, None] * tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :])
+    inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+    o_rows = (b * HQ + hk * GRP + r).to(tl.int64) * DV
+    tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc * inv_l[:, None],
+             mask=in_r[:, None] & (offs_dv[None, :] < DV))  # fmt: skip
+    sc_rows = SC + (pid.to(tl.int64) * BR + r)[:, None] * NC
+    pm_row = PM + pid.to(tl.int64) * NC
+    for j0 in range(0, n_vis, BN):
+        j = j0 + tl.arange(0, BN)
+        ok = j < n_vis
+        s = tl.load(sc_rows + j[None, :], mask=in_r[:, None] & ok[None, :], other=float("-inf"))
+        p = tl.exp2(s - m_fin[:, None]) * inv_l[:, None]
+        p = tl.where(in_r[:, None] & ok[None, :], p, 0.0)
+        tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
+    tl.debug_barrier()  # the scratch row is read back across the program's threads
+    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL)
+    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
 
 
 @triton.jit
@@ -222,13 +345,28 @@ def window_indices(t: torch.Tensor, window: int) -> torch.Tensor:
     return torch.where(j >= 0, j, -1)[:, None, :]
 
 
+def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
+    """Programs the compressed branch of one (row, kv head) is split over: 1 (the one-kernel form)
+    where the B·HKV `programs` fill the GPU or the buffer holds at most 4 tiles of compressed keys;
+    else enough for about 2 programs an SM, each ≥ 2 tiles. Under the interpreter 2 for buffers of
+    more than 2 tiles, so the CPU tests run the split form."""
+    if triton_interpreting():
+        return 2 if nc > 2 * bn else 1
+    n_sm = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs >= n_sm or nc <= 4 * bn:
+        return 1
+    return max(1, min(triton.cdiv(2 * n_sm, programs), triton.cdiv(nc, 2 * bn)))
+
+
 def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
-                      win_idx: torch.Tensor | None = None, return_indices: bool = False):  # fmt: skip
+                      win_idx: torch.Tensor | None = None, return_indices: bool = False,
+                      splits: int | None = None):  # fmt: skip
     """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
     docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
     k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `win_idx` the
-    window's indices (`window_indices`, shared by a step's layers). Returns `[B, 1, HQ, V]` in v's
-    dtype, and with `return_indices` the selected tokens `[B, 1, HKV, n·l']`."""
+    window's indices (`window_indices`, shared by a step's layers); `splits` of the compressed
+    branch (`cmp_splits` when None). Returns `[B, 1, HQ, V]` in v's dtype, and with
+    `return_indices` the selected tokens `[B, 1, HKV, n·l']`."""
     B, _, HQ, D = q.shape
     L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     NC = k_cmp.shape[1]
@@ -237,22 +375,38 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     scale = D**-0.5 if scale is None else float(scale)
     q = q.contiguous()
     hc = head_constexprs(q, k, v)
-    G = HQ // HKV
+    G, BR, BN = HQ // HKV, pow2(HQ // HKV), select_tile(D)
     o_cmp = new_empty(q, B, HQ, DV, dtype=torch.float32)
     pm = new_empty(q, B * HKV, max(NC, 1), dtype=torch.float32)
     idx = new_empty(q, B, 1, HKV, nsel * geo.sel, dtype=torch.int32)
     nsb = geo.n_sel(L)
     if nsb > MAX_BLOCKS:
         raise ValueError(f"NSA decode takes at most {MAX_BLOCKS} selection blocks, got {nsb} ({L} slots)")
-    prec = dot_precision(q.dtype)
     warps = 1 if triton_interpreting() else 4
-    nsa_decode_select_kernel[(B * HKV,)](
-        q, k_cmp, v_cmp, t, o_cmp, pm, idx, NC, nsb, scale * LOG2E, q.stride(0),
-        k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),
-        **hc, BR=pow2(G), BN=select_tile(D), SEL=geo.sel, BSEL=triton.next_power_of_2(geo.sel),
-        CMP=geo.cmp, STRIDE=geo.stride, NSEL=nsel, BNSB=triton.next_power_of_2(max(nsb, 1)),
-        DOT_PREC=prec, num_warps=warps, num_stages=1,
-    )  # fmt: skip
+    sel = dict(SEL=geo.sel, BSEL=triton.next_power_of_2(geo.sel), CMP=geo.cmp, STRIDE=geo.stride, NSEL=nsel,
+               BNSB=triton.next_power_of_2(max(nsb, 1)))  # fmt: skip
+    strides = (q.stride(0), *k_cmp.stride()[:3], *v_cmp.stride()[:3])
+    ns = cmp_splits(B * HKV, NC, BN, q.device) if splits is None else max(1, int(splits))
+    prec = dot_precision(q.dtype)
+    if ns == 1:
+        nsa_decode_select_kernel[(B * HKV,)](
+            q, k_cmp, v_cmp, t, o_cmp, pm, idx, NC, nsb, scale * LOG2E, *strides, **hc, BR=BR, BN=BN, **sel,
+            DOT_PREC=prec, num_warps=warps, num_stages=1,
+        )  # fmt: skip
+    else:
+        chunk = triton.cdiv(triton.cdiv(max(NC, 1), ns), BN) * BN
+        ns = triton.cdiv(max(NC, 1), chunk)
+        sc = new_empty(q, B * HKV * BR, max(NC, 1), dtype=torch.float32)
+        m_part, l_part = (new_empty(q, B * HKV * ns * BR, dtype=torch.float32) for _ in range(2))
+        o_part = new_empty(q, B * HKV * ns * BR, hc["BDV"], dtype=torch.float32)
+        nsa_decode_cmp_split_kernel[(B * HKV, ns)](
+            q, k_cmp, v_cmp, t, sc, m_part, l_part, o_part, NC, chunk, scale * LOG2E, *strides, **hc, BR=BR,
+            BN=BN, CMP=geo.cmp, STRIDE=geo.stride, NSPLIT=ns, DOT_PREC=prec, num_warps=warps, num_stages=1,
+        )  # fmt: skip
+        nsa_decode_merge_select_kernel[(B * HKV,)](
+            t, sc, m_part, l_part, o_part, o_cmp, pm, idx, NC, nsb, HQ=HQ, GRP=G, DV=DV, BDV=hc["BDV"], BR=BR,
+            BN=BN, **sel, NSPLIT=ns, num_warps=warps, num_stages=1,
+        )  # fmt: skip
     o_slc = sparse_attn_fwd(q, k, v, idx, scale)[0]
     o_swa = o_slc
     if window > 0:
