@@ -38,8 +38,9 @@ from .decode_gemv import proj_add_norm_split
 from .manager import Ctx, Match, Rule, is_call
 
 ALGEBRA = "proj_j(x); ...; proj_{j+1}(x') -> proj_j(x); prefetch_L2(W_{j+1}) on a side stream; ..."
-# Bytes asked for per projection: about half the H100's 50 MB L2 (each half of it serves its own
-# SMs first), so the prefetch of one weight cannot evict the start of itself.
+# Bytes asked for per projection: about half the H100's 50 MB L2, so a weight's prefetch leaves
+# room for what the kernels between the projections touch and does not evict its own first lines.
+# A starting point to tune on the card (`bench/l2_prefetch.py --max-mb`), not a measured optimum.
 MAX_BYTES = 24 << 20
 MAX_ROWS = 16  # a decode step's products (the GEMV kernel's M)
 
