@@ -99,12 +99,10 @@ class Positions(RowPositions):
 
     def nsa(self, q, k, v, g, k_cmp, v_cmp, geometry: dict, backend: str) -> torch.Tensor:
         """NSA of each row's query at t_b: on the Triton path the decode kernels, which read only
-        the keys a row sees (`kernels.nsa.triton_decode`; the window's indices made once a step),
-        else the dense masked reference (`engine.sparse.nsa_rows`)."""
+        the keys a row sees (`kernels.nsa.triton_decode`), else the dense masked reference
+        (`engine.sparse.nsa_rows`)."""
         if pick_backend(backend, q) == "triton":
-            from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton, window_indices  # imports Triton
+            from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton  # imports Triton
 
-            w = int(geometry["window"])
-            win = self._per_step(("nsa_window", w), lambda: window_indices(self.t, w)) if w > 0 else None
-            return nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, self.t, geometry, win_idx=win)
+            return nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, self.t, geometry)
         return nsa_rows(q, k, v, g, k_cmp, v_cmp, self.t, geometry)

@@ -12,7 +12,7 @@ import torch
 
 from lt2dsl.engine.sparse import nsa_rows
 from lt2dsl.kernels.nsa.common import NSAGeometry
-from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton, window_indices
+from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton
 from tests.kernels.utils import DEVICE, assert_close, rel_rms
 
 L, HQ, HKV, D, DV = 96, 6, 2, 24, 20
@@ -71,20 +71,22 @@ def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits):
     want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
     assert got.shape == (len(POSITIONS), 1, HQ, DV) and got.dtype == dtype
     assert_close("o", got.double(), want, 2e-5 if dtype == torch.float32 else 2e-2)
+    sel = GEOMETRIES[geo]["block"]
+    n_slc = 5 * sel
+    assert idx.shape == (len(POSITIONS), 1, HKV, n_slc + window)
+    # the window's slots t − w + 1 … t follow the chosen blocks' tokens, −1 before slot 0
+    for b, tb in enumerate(POSITIONS):
+        want_w = [j if j >= 0 else -1 for j in range(tb - window + 1, tb + 1)]
+        assert all(row[n_slc:] == want_w for row in idx[b, 0].tolist())
     if dtype == torch.float32:
-        sel = GEOMETRIES[geo]["block"]
-        blocks = [{int(i) // sel for i in row.tolist() if i >= 0} for row in idx.view(-1, idx.shape[-1])]
+        rows = idx[..., :n_slc].reshape(-1, n_slc)
+        blocks = [{int(i) // sel for i in row.tolist() if i >= 0} for row in rows]
         assert blocks == reference_blocks(q, kc, vc, t, geometry)
         # every selected token is at or before the row's position, and none repeats
-        for b, rows in enumerate(idx[:, 0].tolist()):
+        for b, rows in enumerate(idx[:, 0, :, :n_slc].tolist()):
             for row in rows:
                 toks = [i for i in row if i >= 0]
                 assert len(set(toks)) == len(toks) and all(i <= POSITIONS[b] for i in toks)
-
-
-def test_the_window_starts_at_slot_zero():
-    w = window_indices(torch.tensor([2, 40]), 5)
-    assert w.tolist() == [[[-1, -1, 0, 1, 2]], [[36, 37, 38, 39, 40]]]
 
 
 def _prefilled(x, buf, t: int, row: int, cmp_block: int, stride: int, phi: tuple):
@@ -162,7 +164,7 @@ def test_gpu_example_geometry_matches_the_reference(splits):
     got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits)
     want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
     assert_close("o", got.double(), want, 1e-4)
-    blocks = [{int(i) // 64 for i in row.tolist() if i >= 0} for row in idx.view(B, -1)]
+    blocks = [{int(i) // 64 for i in row.tolist() if i >= 0} for row in idx[..., : 16 * 64].reshape(B, -1)]
     from lt2dsl.engine.sparse import _choose
     from lt2dsl.kernels.nsa.reference import masked_attention
 

@@ -9,21 +9,23 @@ in work proportional to what a row sees rather than to the buffer:
    group-mean of p written to a scratch row, the selection-block scores p_slc[j] = Σ_{m<l'/d}
    Σ_{u<l/d} p̄[(l'/d)·j − m − u] read back from it, blocks 0, ⌊t/l'⌋ and the one before forced
    (+inf), blocks after ⌊t/l'⌋ excluded, and the top-n by repeated arg-max (ties to the lower
-   block, as `topk_select`); each chosen block's tokens ≤ t are written as key indices (−1 pads).
-2. The selected and window branches: `dsa.triton_attn.sparse_attn_fwd` over those indices and
-   over the window's (t − w + 1 … t), each its own softmax (split over programs at small batch).
-3. `nsa_decode_combine_kernel`: o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head, in fp32,
-   rounded once to the output dtype.
+   block, as `topk_select`); each chosen block's tokens ≤ t are written as key indices (−1 pads),
+   then the window's slots t − w + 1 … t, in one index row.
+2. `dsa.triton_attn._sparse_split_kernel` over that row, in chunks that never straddle the two
+   branches (`attention_splits`): partial o and lse per chunk.
+3. `nsa_decode_combine_kernel` merges the chunks per branch by their lse and mixes
+   o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head in fp32, rounded once.
 
 Where the B·HKV programs are too few to fill the card and the buffer holds many compressed keys
 (a long context at small batch: one SM would stream them all twice), step 1 is two launches:
 `nsa_decode_cmp_split_kernel` over splits of the compressed keys (one pass: scores kept in a
 scratch row, partial max, sum and o), `nsa_decode_merge_select_kernel` merging them and choosing
-the blocks from the kept scores (`cmp_splits`).
+the blocks from the kept scores (`cmp_splits`). Before them, `nsa_decode_compress_kernel`
+(`compress_step`) writes the compression block a row's new token completes (one launch for k,
+one for v; nothing where none completes, 15 steps in 16 at d = 16).
 
-Four to seven launches a layer; none reads a slot the row cannot see. Before them,
-`nsa_decode_compress_kernel` (`compress_step`) writes the compression block a row's new token
-completes (one launch for k, one for v; nothing where none completes, 15 steps in 16 at d = 16).
+Three or four launches for the attention, two for the compression; none reads a slot the row
+cannot see.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import triton.language as tl
 
 from ..attention.triton_fwd import LOG2E
 from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
+from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
-from ..dsa.triton_attn import sparse_attn_fwd
+from ..dsa.triton_attn import _launch as dsa_launch
+from ..dsa.triton_attn import _sparse_split_kernel
 from .common import NSAGeometry
 
 IDX_MASK = tl.constexpr((1 << 20) - 1)  # the low bits of a block's ranking key: its index reversed
@@ -86,6 +90,14 @@ def _choose_blocks(
 
 
 @triton.jit
+def _window_tokens(idx_row, t, WINDOW: tl.constexpr, BW: tl.constexpr):
+    """Slots t − w + 1 … t into `idx_row[0 : w]`, −1 before slot 0."""
+    j = tl.arange(0, BW)
+    tok = t - WINDOW + 1 + j
+    tl.store(idx_row + j, tl.where(tok >= 0, tok, -1).to(tl.int32), mask=j < WINDOW)
+
+
+@triton.jit
 def _group_q(Q, b, hk, SQB, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     """The group's query rows `[BR, BD]` (rows past GRP zero) and which rows are real."""
     r = tl.arange(0, BR)
@@ -101,8 +113,8 @@ def nsa_decode_select_kernel(
     Q, KC, VC, POS, OCMP, PM, IDX, NC, NSB, qk_scale, SQB, SKCB, SKCN, SKCH, SVCB, SVCN, SVCH,
     HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr,
-    CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr,
+    BW: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): o_cmp of the group's heads into OCMP `[B, HQ, DV]` (fp32), the group-mean
     probabilities into PM `[B·HKV, NC]` (fp32 scratch), the chosen blocks' tokens into IDX
@@ -149,8 +161,10 @@ def nsa_decode_select_kernel(
     o_rows = (b * HQ + hk * GRP + r).to(tl.int64) * DV
     tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc, mask=in_r[:, None] & (offs_dv[None, :] < DV))
     tl.debug_barrier()  # the scratch row is read back across the program's threads
-    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL)
+    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW)
     _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
+    if WINDOW > 0:
+        _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
 
 
 @triton.jit
@@ -205,7 +219,7 @@ def nsa_decode_merge_select_kernel(
     POS, SC, M_PART, L_PART, O_PART, OCMP, PM, IDX, NC, NSB,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
     BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
-    NSEL: tl.constexpr, BNSB: tl.constexpr, NSPLIT: tl.constexpr,
+    NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr, NSPLIT: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): the splits merged by their max (o_cmp into OCMP), the probabilities from
     the stored scores, their group mean into PM, then `_choose_blocks` (as the one-kernel form)."""
@@ -242,30 +256,65 @@ def nsa_decode_merge_select_kernel(
         p = tl.where(in_r[:, None] & ok[None, :], p, 0.0)
         tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
     tl.debug_barrier()  # the scratch row is read back across the program's threads
-    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL)
+    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW)
     _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
+    if WINDOW > 0:
+        _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
 
 
 @triton.jit
 def nsa_decode_combine_kernel(
-    OSLC, OCMP, OSWA, G, OUT, SG,
-    HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, WINDOW: tl.constexpr,
+    O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC,
+    HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
+    NSPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Row (b, head): OUT = g_slc · o_slc + g_cmp · o_cmp (+ g_swa · o_swa) in fp32, cast once.
-    o_* `[B, HQ, DV]` contiguous; G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG apart."""
-    row = tl.program_id(0).to(tl.int64)
-    b, h = row // HQ, row % HQ
+    """Program (b, hk): the partials of `dsa.triton_attn._sparse_split_kernel` over one index row
+    (splits [0, NS_SLC) the selected blocks' tokens, the rest the window's) merged per branch by
+    their lse, then OUT = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa in fp32 for the group's
+    heads, cast once. G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG apart; OCMP `[B, HQ, DV]`."""
+    HKV: tl.constexpr = HQ // GRP
+    pid = tl.program_id(0)
+    b, hk = pid // HKV, pid % HKV
+    r = tl.arange(0, BR)
+    in_r = r < GRP
     offs = tl.arange(0, BDV)
-    m = offs < DV
-    g_base = G + b * SG + h * 3
-    g_cmp = tl.load(g_base).to(tl.float32)
-    g_slc = tl.load(g_base + 1).to(tl.float32)
-    o = tl.load(OSLC + row * DV + offs, mask=m, other=0.0).to(tl.float32) * g_slc
-    o += tl.load(OCMP + row * DV + offs, mask=m, other=0.0) * g_cmp
-    if WINDOW:
-        g_swa = tl.load(g_base + 2).to(tl.float32)
-        o += tl.load(OSWA + row * DV + offs, mask=m, other=0.0).to(tl.float32) * g_swa
-    tl.store(OUT + row * DV + offs, cast(o, OUT.dtype.element_ty), mask=m)
+    base = pid.to(tl.int64) * NSPLIT
+    m_s = tl.full([BR], float("-inf"), dtype=tl.float32)
+    m_w = tl.full([BR], float("-inf"), dtype=tl.float32)
+    for sp in range(NSPLIT):
+        lse = tl.load(LSE_PART + (base + sp) * BR + r)
+        if sp < NS_SLC:
+            m_s = tl.maximum(m_s, lse)
+        else:
+            m_w = tl.maximum(m_w, lse)
+    m_s = tl.where(m_s > float("-inf"), m_s, 0.0)
+    m_w = tl.where(m_w > float("-inf"), m_w, 0.0)
+    den_s = tl.zeros([BR], dtype=tl.float32)
+    den_w = tl.zeros([BR], dtype=tl.float32)
+    o_s = tl.zeros([BR, BDV], dtype=tl.float32)
+    o_w = tl.zeros([BR, BDV], dtype=tl.float32)
+    for sp in range(NSPLIT):
+        part = (base + sp) * BR + r
+        lse = tl.load(LSE_PART + part)
+        o_p = tl.load(O_PART + part[:, None] * BDV + offs[None, :])
+        if sp < NS_SLC:
+            w = tl.where(lse > float("-inf"), tl.exp2(lse - m_s), 0.0)
+            den_s += w
+            o_s += w[:, None] * o_p
+        else:
+            w = tl.where(lse > float("-inf"), tl.exp2(lse - m_w), 0.0)
+            den_w += w
+            o_w += w[:, None] * o_p
+    heads = b.to(tl.int64) * HQ + hk * GRP + r
+    g_base = G + b.to(tl.int64) * SG + (hk * GRP + r) * 3
+    g_cmp = tl.load(g_base, mask=in_r, other=0.0).to(tl.float32)
+    g_slc = tl.load(g_base + 1, mask=in_r, other=0.0).to(tl.float32)
+    g_swa = tl.load(g_base + 2, mask=in_r, other=0.0).to(tl.float32)
+    m = in_r[:, None] & (offs[None, :] < DV)
+    o = o_s * (g_slc / tl.where(den_s > 0.0, den_s, 1.0))[:, None]
+    o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0))[:, None] * o_w
+    o += g_cmp[:, None] * tl.load(OCMP + heads[:, None] * DV + offs[None, :], mask=m, other=0.0)
+    tl.store(OUT + heads[:, None] * DV + offs[None, :], cast(o, OUT.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -339,10 +388,15 @@ def compress_step(buf, x, t, cmp_block: int, stride: int, phi: tuple) -> torch.T
     return buf.transpose(1, 2)
 
 
-def window_indices(t: torch.Tensor, window: int) -> torch.Tensor:
-    """`[B, 1, window]` int32: slots t_b − w + 1 … t_b, −1 before slot 0."""
-    j = t[:, None].to(torch.int32) - window + 1 + torch.arange(window, device=t.device, dtype=torch.int32)
-    return torch.where(j >= 0, j, -1)[:, None, :]
+def attention_splits(n_slc: int, window: int, programs: int, bk: int, device) -> tuple[int, int]:
+    """(chunk, splits of the selected tokens) for one index row of n_slc selected tokens and the
+    window's: a chunk that divides n_slc (no split mixes the two softmaxes) of at least `bk`
+    slots where one exists, as many splits as `dsa.triton_attn.split_count` would give the row."""
+    from ..dsa.triton_attn import split_count
+
+    want = max(1, split_count(programs, n_slc + window, bk, device))
+    k = max((d for d in range(1, min(want, n_slc) + 1) if n_slc % d == 0 and n_slc // d >= bk), default=1)
+    return n_slc // k, k
 
 
 def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
@@ -359,14 +413,12 @@ def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
 
 
 def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
-                      win_idx: torch.Tensor | None = None, return_indices: bool = False,
-                      splits: int | None = None):  # fmt: skip
+                      return_indices: bool = False, splits: int | None = None):  # fmt: skip
     """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
     docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
-    k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `win_idx` the
-    window's indices (`window_indices`, shared by a step's layers); `splits` of the compressed
-    branch (`cmp_splits` when None). Returns `[B, 1, HQ, V]` in v's dtype, and with
-    `return_indices` the selected tokens `[B, 1, HKV, n·l']`."""
+    k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `splits` of the
+    compressed branch (`cmp_splits` when None). Returns `[B, 1, HQ, V]` in v's dtype, and with
+    `return_indices` the attended tokens `[B, 1, HKV, n·l' + w]` (the chosen blocks', the window's)."""
     B, _, HQ, D = q.shape
     L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     NC = k_cmp.shape[1]
@@ -376,15 +428,17 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     q = q.contiguous()
     hc = head_constexprs(q, k, v)
     G, BR, BN = HQ // HKV, pow2(HQ // HKV), select_tile(D)
+    n_slc = nsel * geo.sel
     o_cmp = new_empty(q, B, HQ, DV, dtype=torch.float32)
     pm = new_empty(q, B * HKV, max(NC, 1), dtype=torch.float32)
-    idx = new_empty(q, B, 1, HKV, nsel * geo.sel, dtype=torch.int32)
+    idx = new_empty(q, B, 1, HKV, n_slc + window, dtype=torch.int32)
     nsb = geo.n_sel(L)
     if nsb > MAX_BLOCKS:
         raise ValueError(f"NSA decode takes at most {MAX_BLOCKS} selection blocks, got {nsb} ({L} slots)")
     warps = 1 if triton_interpreting() else 4
     sel = dict(SEL=geo.sel, BSEL=triton.next_power_of_2(geo.sel), CMP=geo.cmp, STRIDE=geo.stride, NSEL=nsel,
-               BNSB=triton.next_power_of_2(max(nsb, 1)))  # fmt: skip
+               BNSB=triton.next_power_of_2(max(nsb, 1)), WINDOW=window,
+               BW=triton.next_power_of_2(max(window, 1)))  # fmt: skip
     strides = (q.stride(0), *k_cmp.stride()[:3], *v_cmp.stride()[:3])
     ns = cmp_splits(B * HKV, NC, BN, q.device) if splits is None else max(1, int(splits))
     prec = dot_precision(q.dtype)
@@ -407,17 +461,25 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
             t, sc, m_part, l_part, o_part, o_cmp, pm, idx, NC, nsb, HQ=HQ, GRP=G, DV=DV, BDV=hc["BDV"], BR=BR,
             BN=BN, **sel, NSPLIT=ns, num_warps=warps, num_stages=1,
         )  # fmt: skip
-    o_slc = sparse_attn_fwd(q, k, v, idx, scale)[0]
-    o_swa = o_slc
-    if window > 0:
-        wi = window_indices(t, window) if win_idx is None else win_idx
-        o_swa = sparse_attn_fwd(q, k, v, wi, scale)[0]
+    # the selected and the window branches: one split launch over the row's tokens, chunks that
+    # never straddle the two, merged per branch and mixed with the gates by the combine kernel
+    kc, vc = rows_contiguous(k), rows_contiguous(v)
+    cex = dsa_launch(q, kc, vc, idx)
+    chunk, ns_slc = attention_splits(n_slc, window, B * HKV, cex["BK"], q.device)
+    ns = ns_slc + triton.cdiv(window, chunk)
+    o_part = new_empty(q, B * HKV * ns * cex["BR"], cex["BDV"], dtype=torch.float32)
+    lse_part = new_empty(q, B * HKV * ns * cex["BR"], dtype=torch.float32)
+    kv_strides = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
+    _sparse_split_kernel[(1, B * HKV, ns)](
+        q, kc, vc, idx, o_part, lse_part, 1, L, n_slc + window, chunk, scale * LOG2E, *kv_strides, NSPLIT=ns,
+        **cex,
+    )  # fmt: skip
     out = new_empty(v, B, 1, HQ, DV)
     gc = g.reshape(B, HQ, 3)
     if gc.stride(-1) != 1 or gc.stride(1) != 3:
         gc = gc.contiguous()
-    nsa_decode_combine_kernel[(B * HQ,)](
-        o_slc, o_cmp, o_swa, gc, out, gc.stride(0), HQ=HQ, DV=DV, BDV=hc["BDV"], WINDOW=window > 0,
-        num_warps=warps, num_stages=1,
+    nsa_decode_combine_kernel[(B * HKV,)](
+        o_part, lse_part, o_cmp, gc, out, gc.stride(0), ns_slc, HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"],
+        BR=cex["BR"], NSPLIT=ns, num_warps=warps, num_stages=1,
     )  # fmt: skip
     return (out, idx) if return_indices else out
