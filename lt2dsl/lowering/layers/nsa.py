@@ -93,6 +93,9 @@ class NativeSparseAttention(MixerLayer):
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` normed block input, `pos` the position of x[:, 0] -> `[B, T, D]`."""
         fs.check_input(x, self, "nsa")
+        # v before the RoPE: the decode step's RoPE kernel then writes k and v into the cache in
+        # one launch (fusion rule `rope_cache` joins a v append computed before the rope_pair)
+        v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         q, k = lf.apply_rope_qk(
             self.q_proj(x).unflatten(-1, (self.H, self.d)),
             self.k_proj(x).unflatten(-1, (self.HKV, self.d)),
@@ -101,7 +104,6 @@ class NativeSparseAttention(MixerLayer):
             cu_seqlens=cu_seqlens,
             backend=self.backend,
         )
-        v = self.v_proj(x).unflatten(-1, (self.HKV, self.d))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.H, 3))
         # the cache keeps [B, HKV, L, d]; the op wants [B, L, HKV, d]
         k = lf.append_cache(entry, "k", k.transpose(1, 2)).transpose(1, 2)
