@@ -104,5 +104,5 @@ class Positions(RowPositions):
         if pick_backend(backend, q) == "triton":
             from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton  # imports Triton
 
-            return nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, self.t, geometry)
-        return nsa_rows(q, k, v, g, k_cmp, v_cmp, self.t, geometry)
+            return nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, self.t, geometry, gate_logits=True)
+        return nsa_rows(q, k, v, torch.sigmoid(g), k_cmp, v_cmp, self.t, geometry)

@@ -196,5 +196,6 @@ class RowPositions:
         raise NotImplementedError
 
     def nsa(self, q, k, v, g, k_cmp, v_cmp, geometry: dict, backend: str) -> torch.Tensor:
-        """`nsa_attend` over the static buffers (each row's keys up to its position)."""
+        """`nsa_attend` over the static buffers (each row's keys up to its position); g the gates'
+        logits."""
         raise NotImplementedError

@@ -174,8 +174,9 @@ def nsa_attend(
     """NSA core: compressed, selected and sliding-window branches mixed by their gates.
 
     Args:
-        q: `[B, Tq, H, d]`; k, v: `[B, Tk, HKV, d]`; g: `[B, Tq, H, 3]` gates after the sigmoid,
-            ordered (cmp, slc, swa); k_cmp, v_cmp: `[B, NC, HKV, d]` from `nsa_compress`.
+        q: `[B, Tq, H, d]`; k, v: `[B, Tk, HKV, d]`; g: `[B, Tq, H, 3]` the gates' logits (the
+            branch weights are their sigmoids), ordered (cmp, slc, swa); k_cmp, v_cmp:
+            `[B, NC, HKV, d]` from `nsa_compress`.
         pos: the queries' position (an int: they are the last Tq keys), or `RowPositions`.
         cu_seqlens: `[N + 1]` document starts of a packed row (B = 1); k_cmp, v_cmp are then
             lists with one tensor per document, and every document is attended alone.
@@ -188,7 +189,7 @@ def nsa_attend(
     if cu_seqlens is not None:
         parts = zip(*(t.split(packed.split(cu_seqlens), dim=1) for t in (q, k, v, g)), k_cmp, v_cmp)
         return torch.cat([nsa_attend(*p, backend=backend, **geometry) for p in parts], dim=1)
-    g_cmp, g_slc, g_swa = g.unbind(-1)
+    g_cmp, g_slc, g_swa = torch.sigmoid(g).unbind(-1)
     return nsa_op(
         q,
         k,

@@ -89,6 +89,17 @@ def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits):
                 assert len(set(toks)) == len(toks) and all(i <= POSITIONS[b] for i in toks)
 
 
+def test_gate_logits_take_their_sigmoid_in_the_kernel():
+    """The engine passes the gates' logits (`nsa_attend` takes them): the combine kernel's sigmoid
+    gives what the reference gives with the sigmoids."""
+    geometry = dict(GEOMETRIES["general"], select=5, window=24)
+    q, k, v, gates, kc, vc, t = inputs(GEOMETRIES["general"], torch.float32)
+    logits = torch.logit(gates)
+    got = nsa_decode_triton(q, k, v, logits, kc, vc, t, geometry, gate_logits=True)
+    want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
+    assert_close("o", got.double(), want, 2e-5)
+
+
 def _prefilled(x, buf, t: int, row: int, cmp_block: int, stride: int, phi: tuple):
     """The compressed buffer of row `row` as a prefill of t tokens leaves it: every complete block."""
     from lt2dsl.lowering.functional_sparse import compress_blocks, n_blocks

@@ -266,12 +266,13 @@ def nsa_decode_merge_select_kernel(
 def nsa_decode_combine_kernel(
     O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    NSPLIT: tl.constexpr,
+    NSPLIT: tl.constexpr, LOGITS: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): the partials of `dsa.triton_attn._sparse_split_kernel` over one index row
     (splits [0, NS_SLC) the selected blocks' tokens, the rest the window's) merged per branch by
     their lse, then OUT = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa in fp32 for the group's
-    heads, cast once. G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG apart; OCMP `[B, HQ, DV]`."""
+    heads, cast once. G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG apart (with LOGITS their
+    logits: the weights are their sigmoids, taken here in fp32); OCMP `[B, HQ, DV]`."""
     HKV: tl.constexpr = HQ // GRP
     pid = tl.program_id(0)
     b, hk = pid // HKV, pid % HKV
@@ -310,6 +311,8 @@ def nsa_decode_combine_kernel(
     g_cmp = tl.load(g_base, mask=in_r, other=0.0).to(tl.float32)
     g_slc = tl.load(g_base + 1, mask=in_r, other=0.0).to(tl.float32)
     g_swa = tl.load(g_base + 2, mask=in_r, other=0.0).to(tl.float32)
+    if LOGITS:
+        g_cmp, g_slc, g_swa = tl.sigmoid(g_cmp), tl.sigmoid(g_slc), tl.sigmoid(g_swa)
     m = in_r[:, None] & (offs[None, :] < DV)
     o = o_s * (g_slc / tl.where(den_s > 0.0, den_s, 1.0))[:, None]
     o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0))[:, None] * o_w
@@ -413,12 +416,15 @@ def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
 
 
 def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
-                      return_indices: bool = False, splits: int | None = None):  # fmt: skip
+                      return_indices: bool = False, splits: int | None = None,
+                      gate_logits: bool = False):  # fmt: skip
     """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
     docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
     k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `splits` of the
-    compressed branch (`cmp_splits` when None). Returns `[B, 1, HQ, V]` in v's dtype, and with
-    `return_indices` the attended tokens `[B, 1, HKV, n·l' + w]` (the chosen blocks', the window's)."""
+    compressed branch (`cmp_splits` when None); `gate_logits`: g holds the gates' logits (their
+    sigmoids taken in the combine kernel, no launch of their own). Returns `[B, 1, HQ, V]` in v's
+    dtype, and with `return_indices` the attended tokens `[B, 1, HKV, n·l' + w]` (the chosen
+    blocks', the window's)."""
     B, _, HQ, D = q.shape
     L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     NC = k_cmp.shape[1]
@@ -480,6 +486,6 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
         gc = gc.contiguous()
     nsa_decode_combine_kernel[(B * HKV,)](
         o_part, lse_part, o_cmp, gc, out, gc.stride(0), ns_slc, HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"],
-        BR=cex["BR"], NSPLIT=ns, num_warps=warps, num_stages=1,
+        BR=cex["BR"], NSPLIT=ns, LOGITS=gate_logits, num_warps=warps, num_stages=1,
     )  # fmt: skip
     return (out, idx) if return_indices else out

@@ -104,7 +104,7 @@ class NativeSparseAttention(MixerLayer):
             cu_seqlens=cu_seqlens,
             backend=self.backend,
         )
-        g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.H, 3))
+        g = self.g_proj(x).unflatten(-1, (self.H, 3))  # logits: `nsa_attend` takes their sigmoid
         # the cache keeps [B, HKV, L, d]; the op wants [B, L, HKV, d]
         k = lf.append_cache(entry, "k", k.transpose(1, 2)).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2)).transpose(1, 2)
