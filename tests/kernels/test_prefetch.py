@@ -27,11 +27,15 @@ def test_plan_kernel_matches_the_reference(nbytes, chunk, block):
     assert all(s % 16 == 0 and 0 <= s <= chunk for _, s in got)
 
 
-def test_prefetch_bytes_is_capped_and_refuses_views_it_cannot_address():
+def test_prefetch_bytes_is_capped_offset_and_refuses_views_it_cannot_address():
     w = torch.empty(64, 100, dtype=torch.bfloat16)
     assert prefetch_bytes(w, 1 << 30) == 64 * 100 * 2
     assert prefetch_bytes(w, 1000) == 992
     assert prefetch_bytes(w, 0) == 0
+    # from an offset (rounded down to 16): what is left of the tensor past it, at most max_bytes
+    assert prefetch_bytes(w, 1 << 30, offset=100) == 64 * 100 * 2 - 96
+    assert prefetch_bytes(w, 500, offset=12000) == 496
+    assert prefetch_bytes(w, 500, offset=64 * 100 * 2) == 0
     assert prefetch_bytes(w.t(), 1 << 30) == 0  # not contiguous
     assert prefetch_bytes(w.view(-1)[1:], 1 << 30) == 0  # 2 bytes past an aligned address
 
@@ -51,7 +55,7 @@ def test_prefetch_runs_in_a_graph_and_writes_nothing():
     with torch.cuda.graph(g):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            l2_prefetch(w, 8 << 20)
+            l2_prefetch(w, 8 << 20, offset=4096)
         torch.cuda.current_stream().wait_stream(side)
     g.replay()
     torch.cuda.synchronize()

@@ -23,24 +23,27 @@ from .naive import plan_ref
 __all__ = ["l2_prefetch", "plan_ref", "prefetch_bytes"]
 
 
-def prefetch_bytes(t: torch.Tensor, max_bytes: int) -> int:
-    """Bytes `l2_prefetch` asks for: the first min(max_bytes, t's bytes) of a contiguous tensor on
-    a 16-byte aligned address, rounded down to 16 (0 where it does not apply)."""
-    if not t.is_contiguous() or t.data_ptr() % 16 or max_bytes <= 0:
+def prefetch_bytes(t: torch.Tensor, max_bytes: int, offset: int = 0) -> int:
+    """Bytes `l2_prefetch` asks for: min(max_bytes, t's bytes past `offset`) of a contiguous tensor
+    on a 16-byte aligned address, from `offset` rounded down to 16, rounded down to 16 (0 where it
+    does not apply)."""
+    offset -= offset % 16
+    if not t.is_contiguous() or t.data_ptr() % 16 or max_bytes <= 0 or offset < 0:
         return 0
-    return min(max_bytes, t.numel() * t.element_size()) // 16 * 16
+    return max(0, min(max_bytes, t.numel() * t.element_size() - offset)) // 16 * 16
 
 
-def l2_prefetch(t: torch.Tensor, max_bytes: int) -> int:
-    """Ask L2 for the first `max_bytes` of `t` on the current CUDA stream; the bytes asked for (0 off
-    CUDA, under the interpreter, or for a tensor that is not contiguous and 16-byte aligned)."""
+def l2_prefetch(t: torch.Tensor, max_bytes: int, offset: int = 0) -> int:
+    """Ask L2 for `max_bytes` of `t` from byte `offset` on the current CUDA stream; the bytes asked
+    for (0 off CUDA, under the interpreter, or for a tensor that is not contiguous and 16-byte
+    aligned)."""
     if t.device.type != "cuda" or triton_interpreting():
         return 0
-    nbytes = prefetch_bytes(t, max_bytes)
+    nbytes = prefetch_bytes(t, max_bytes, offset)
     if nbytes:
         from .triton_prefetch import BLOCK, CHUNK, l2_prefetch_kernel, programs
 
         with torch.cuda.device(t.device):
-            raw = t.view(-1).view(torch.uint8)
+            raw = t.view(-1).view(torch.uint8)[offset - offset % 16 :]
             l2_prefetch_kernel[(programs(nbytes),)](raw, nbytes, CHUNK, BLOCK, num_warps=4)
     return nbytes

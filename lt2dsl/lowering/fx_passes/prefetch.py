@@ -1,24 +1,29 @@
-"""Rule `l2_prefetch` (opt-in): after each projection, the next projection's weight is brought into
-L2 on a side stream, so the small kernels between two projections overlap the next one's reads.
+"""Rule `l2_prefetch` (opt-in): after each projection, the weights the next projections read are
+brought into L2 on a side stream, so the small kernels between projections overlap their reads.
 
-    y_j = proj_j(x_j); ...; y_{j+1} = proj_{j+1}(x_{j+1})
-        ->   y_j = proj_j(x_j); prefetch_after(y_j, W_{j+1}); ...; y_{j+1} = proj_{j+1}(x_{j+1})
-    (the last projection prefetches the first's weight: the next step's; `prefetch_join()` last)
+    y_j = proj_j(x_j); ...   ->   y_j = proj_j(x_j); prefetch_after(y_j, W…, ranges=…); ...
+    (`prefetch_join()` before the output)
 
 At decode a projection reads its whole weight for a handful of rows (bound by HBM), and between two
 projections run the small latency-bound kernels (norms, the short conv, the recurrence, attention
-over the cache) with HBM nearly idle. `prefetch_after(anchor, *weights)` makes a side stream wait
-for the work queued so far (through projection j) and launches `kernels.prefetch.l2_prefetch` of
-the next projection's weights there (the first `MAX_BYTES` of them); the main stream goes on
+over the cache) with HBM nearly idle. The rule lays the step's weights out as one byte stream in
+the order the projections read them and keeps L2 `MAX_BYTES` ahead of it: once projection j is
+done, `prefetch_after` asks for the stream's bytes from where the last request ended (or from the
+end of projection j's weights) to `MAX_BYTES` past them, so a long window (a GDN block's conv,
+recurrence and gated norm between its in-projection and o_proj) also reaches into the weights
+after the next one, and no byte is asked for twice in a step. The last projection (the head) asks
+for the first `MAX_BYTES` of the stream: the next step's. A side stream waits for the work queued
+so far and launches `kernels.prefetch.l2_prefetch` of each range there; the main stream goes on
 without waiting. `prefetch_join()`, before the output, makes the main stream wait for the side
-stream, which a CUDA graph capture needs (every forked stream joined) and which costs nothing
-(the prefetch kernels only issue requests). Results are unchanged: a prefetch writes nothing.
+stream, which a CUDA graph capture needs (every forked stream joined) and which costs nothing (the
+prefetch kernels only issue requests). Results are unchanged: a prefetch writes nothing.
 
 A projection is a `linear_split` (the concatenated in-projection, an MLP's gate/up), an
 `nn.Linear` call, `F.linear` (the tied LM head), `gated_rmsnorm_linear` (GDN's o_proj) or the
 opt-in `proj_add_norm_split` (two weights). It applies on CUDA to decode-sized products (at most
 `MAX_ROWS` rows) with no autograd to record; prefill, training and the CPU run the graph as if
-the rule had not fired.
+the rule had not fired. Where a weight's size is not known from the graph, each projection asks
+for the next one's weights, `MAX_BYTES` of each.
 
 Off by default until measured: `lt2dsl bench decode --rules default,+l2_prefetch` (BENCHMARKS.md,
 "Written, not yet run on a GPU"), `lt2dsl.compile(..., opt_in=("l2_prefetch",))`.
@@ -32,15 +37,16 @@ from torch import nn
 from torch.fx.node import Node, has_side_effect
 
 from lt2dsl.kernels import fused
-from lt2dsl.kernels.prefetch import l2_prefetch, prefetch_bytes
+from lt2dsl.kernels.prefetch import l2_prefetch
 
 from .decode_gemv import proj_add_norm_split
 from .manager import Ctx, Match, Rule, is_call
 
-ALGEBRA = "proj_j(x); ...; proj_{j+1}(x') -> proj_j(x); prefetch_L2(W_{j+1}) on a side stream; ..."
-# Bytes asked for per projection: about half the H100's 50 MB L2, so a weight's prefetch leaves
-# room for what the kernels between the projections touch and does not evict its own first lines.
-# A starting point to tune on the card (`bench/l2_prefetch.py --max-mb`), not a measured optimum.
+ALGEBRA = "proj_j(x); ... -> proj_j(x); prefetch_L2(next MAX_BYTES of the weight stream) on a side stream"
+# How far ahead of the projections L2 is filled: about half the H100's 50 MB L2, so the prefetched
+# bytes leave room for what the kernels between the projections touch and are not evicted before
+# their projection reads them. A starting point to tune on the card (`bench/l2_prefetch.py
+# --max-mb` for one projection), not a measured optimum.
 MAX_BYTES = 24 << 20
 MAX_ROWS = 16  # a decode step's products (the GEMV kernel's M)
 
@@ -72,31 +78,20 @@ def applies(anchor) -> bool:
 
 
 @has_side_effect
-def prefetch_after(anchor, *weights: torch.Tensor, max_bytes: int = MAX_BYTES) -> None:
+def prefetch_after(anchor, *weights: torch.Tensor, ranges: tuple[tuple[int, int], ...] = ()) -> None:
     """Once the work queued on the current stream (through the product `anchor`) is done, prefetch
-    the first `max_bytes` of `weights` (in order) into L2 on the side stream; the current stream
-    does not wait. Nothing happens where `applies(anchor)` is false."""
+    bytes [offset, offset + n) of each weight (`ranges`, one (offset, n) a weight) into L2 on the
+    side stream; the current stream does not wait. Nothing happens where `applies(anchor)` is
+    false."""
     if not applies(anchor):
         return
     t = _first_tensor(anchor)
     side = _side(t.device)
     side.wait_stream(torch.cuda.current_stream(t.device))
     with torch.cuda.stream(side):
-        for w, nbytes in budget(weights, max_bytes):
-            l2_prefetch(w, nbytes)
+        for w, (offset, n) in zip(weights, ranges, strict=True):
+            l2_prefetch(w, n, offset=offset)
     _FORKED.add(side.device.index)
-
-
-def budget(weights, max_bytes: int) -> list[tuple[torch.Tensor, int]]:
-    """(weight, bytes to ask for) in order until `max_bytes` are spent: each weight's prefix that
-    `kernels.prefetch.prefetch_bytes` allows (a weight it refuses takes nothing)."""
-    out, left = [], max_bytes
-    for w in weights:
-        n = prefetch_bytes(w, left)
-        if n:
-            out.append((w, n))
-            left -= n
-    return out
 
 
 @has_side_effect
@@ -113,7 +108,7 @@ def pattern(x, w, x_next, w_next):
 
 def replacement(x, w, x_next, w_next):
     y = F.linear(x, w)
-    prefetch_after(y, w_next)
+    prefetch_after(y, w_next, ranges=((0, MAX_BYTES),))
     out = (y, F.linear(x_next, w_next))
     prefetch_join()
     return out
@@ -136,23 +131,78 @@ def weights(ctx: Ctx, node: Node) -> list[Node | str] | None:
     return None
 
 
-def _next_projection(ctx: Ctx, node: Node) -> Node | None:
-    n = node.next
-    while n.op != "root":
-        if weights(ctx, n) is not None:
-            return n
-        n = n.next
-    return None
+def _nbytes(ctx: Ctx, w: Node | str) -> int | None:
+    """Bytes of a weight operand: a parameter, or `fused.concat_weights` of parameters (its rows
+    padded as it pads them); None for anything else."""
+    if isinstance(w, Node) and is_call(w, fused.concat_weights):
+        parts = [_param(ctx, a) for a in w.args]
+        if any(p is None for p in parts) or not parts:
+            return None
+        rows = sum(p.shape[0] for p in parts)
+        rows += (-rows) % fused.CAT_ALIGN
+        return rows * parts[0][0].numel() * parts[0].element_size()
+    p = _param(ctx, w)
+    return None if p is None else p.numel() * p.element_size()
+
+
+def _param(ctx: Ctx, w) -> torch.Tensor | None:
+    target = w if isinstance(w, str) else w.target if isinstance(w, Node) and w.op == "get_attr" else None
+    if target is None:
+        return None
+    try:
+        return ctx.gm.get_parameter(target)
+    except AttributeError:
+        return None
+
+
+def plan(ctx: Ctx, budget: int) -> dict[Node, list[tuple[Node | str, int, int]]]:
+    """{projection: [(weight, offset, n), ...]}: what `prefetch_after` asks for after it (module
+    docstring), with the weights laid out as one stream in the order the projections read them."""
+    projs = [(n, weights(ctx, n)) for n in ctx.graph.nodes if weights(ctx, n) is not None]
+    sizes = [[_nbytes(ctx, w) for w in ws] for _, ws in projs]
+    if any(b is None for bs in sizes for b in bs):  # sizes unknown: the next projection's weights
+        return {n: [(w, 0, budget) for w in projs[(i + 1) % len(projs)][1]] for i, (n, _) in enumerate(projs)}
+    stream = [(w, b) for (_, ws), bs in zip(projs, sizes) for w, b in zip(ws, bs)]
+    spans = stream_spans([sum(bs) for bs in sizes], budget)
+    return {node: _slice(stream, lo, hi) for (node, _), (lo, hi) in zip(projs, spans)}
+
+
+def stream_spans(sizes: list[int], budget: int) -> list[tuple[int, int]]:
+    """[lo, hi) of the weight stream asked for after each projection, given each projection's bytes
+    in order: from where the last request ended (never before the end of the projection's own
+    weights) to `budget` past them; the last (the head) asks for the first `budget` bytes, the next
+    step's, so every byte is asked for once a step."""
+    total = sum(sizes)
+    out, asked, end = [], min(budget, total), 0
+    for i, b in enumerate(sizes):
+        end += b
+        if i == len(sizes) - 1:
+            out.append((0, min(budget, total)))
+        else:
+            lo, hi = max(asked, end), min(end + budget, total)
+            out.append((lo, max(lo, hi)))
+            asked = max(asked, hi)
+    return out
+
+
+def _slice(stream: list[tuple[Node | str, int]], lo: int, hi: int) -> list[tuple[Node | str, int, int]]:
+    """Bytes [lo, hi) of the stream as (weight, offset, n) pieces."""
+    out, start = [], 0
+    for w, b in stream:
+        a, z = max(lo, start), min(hi, start + b)
+        if z > a:
+            out.append((w, a - start, z - a))
+        start += b
+    return out
 
 
 def match(ctx: Ctx, node: Node) -> Match | None:
     if weights(ctx, node) is None or any(is_call(u, prefetch_after) for u in node.users):
         return None
-    after = _next_projection(ctx, node)
-    first = after is None
-    if first:  # the last projection: the next step starts with the first one
-        after = next(n for n in ctx.graph.nodes if weights(ctx, n) is not None)
-    return {"node": node, "weights": weights(ctx, after), "wrap": first}
+    if not hasattr(ctx, "_l2_plan"):
+        ctx._l2_plan = plan(ctx, MAX_BYTES)
+    pieces = ctx._l2_plan.get(node)
+    return {"node": node, "pieces": pieces} if pieces else None
 
 
 def _target(w: Node | str) -> str:
@@ -166,8 +216,9 @@ def rewrite(ctx: Ctx, m: Match) -> None:
     with ctx.graph.inserting_before(call):
         # a parameter is read anew here: the projection's own `get_attr` may come after this point
         ws = [w if isinstance(w, Node) and w.op != "get_attr" else ctx.param(_target(w))
-              for w in m["weights"]]  # fmt: skip
+              for w, _, _ in m["pieces"]]  # fmt: skip
     call.args = (node, *ws)
+    call.kwargs = {"ranges": tuple((off, n) for _, off, n in m["pieces"])}
     out = next(n for n in reversed(ctx.graph.nodes) if n.op == "output")
     if not is_call(out.prev, prefetch_join):
         with ctx.graph.inserting_before(out):

@@ -4,6 +4,7 @@ results do not change, its byte budget, and on a GPU the engine's captured step 
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import pytest
@@ -26,39 +27,57 @@ def model_with(opt_in=("l2_prefetch",), body: str = BODY, device: str = "cpu", *
     return model
 
 
-def _weight_key(node) -> object:
-    """A weight operand as the parameter it reads: get_attr nodes by target, others by identity."""
-    return node.target if node.op == "get_attr" else node
-
-
-def schedule(gm) -> list[tuple[object, list, list]]:
-    """(projection node, its weights, the weights of the prefetch that follows it) in graph order."""
-    ctx, out, last = Ctx(gm, "reference"), [], None
-    for n in gm.graph.nodes:
-        ws = prefetch.weights(ctx, n)
-        if ws is not None:
-            last = [n, [_weight_key(w) if not isinstance(w, str) else w for w in ws], None]
-            out.append(last)
-        elif n.target is prefetch.prefetch_after:
-            assert last is not None and last[2] is None, f"{n.name} follows no projection or a second time"
-            assert n.args[0] is last[0], f"{n.name} is anchored on {n.args[0]}, not {last[0].name}"
-            last[2] = [_weight_key(w) for w in n.args[1:]]
-    return [tuple(x) for x in out]
+@pytest.mark.parametrize("budget", [1, 7, 40, 10**6])
+def test_stream_spans_ask_for_each_byte_at_most_once_a_budget_ahead(budget):
+    """After projection j the span starts where the last one ended (never before the end of j's
+    weights) and ends `budget` past them; the head asks for the first `budget` bytes. No byte is
+    asked for twice a step, none more than `budget` ahead of the projection reading it, and with
+    a budget of at least the largest projection the spans tile the whole stream."""
+    sizes = [5, 12, 3, 30, 8, 1, 20]
+    spans = prefetch.stream_spans(sizes, budget)
+    total, ends = sum(sizes), list(itertools.accumulate(sizes))
+    for (lo, hi), end in zip(spans[:-1], ends):
+        assert lo >= end and hi <= end + budget and lo <= hi
+    assert spans[-1] == (0, min(budget, total))
+    covered = sorted(x for x in spans if x[1] > x[0])
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(covered)), f"overlap: {covered}"
+    if budget >= max(sizes):
+        assert covered[0][0] == 0 and covered[-1][1] == total
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(covered)), f"gap: {covered}"
 
 
 @pytest.mark.parametrize("opt_in", [("l2_prefetch",), ("decode_gemv", "l2_prefetch")], ids=["plain", "gemv"])
-def test_each_projection_prefetches_the_next_ones_weights(opt_in):
-    model = model_with(opt_in)
-    gm = model.graph_module
+def test_the_graph_asks_for_the_planned_pieces_after_each_projection(opt_in, monkeypatch):
+    """Each projection is followed by one `prefetch_after` whose weights and (offset, n) ranges are
+    the plan's pieces of its span (a 20 kB budget: spans cross weights and reach past the next
+    projection), the head's the next step's first bytes; one join before the output."""
+    monkeypatch.setattr(prefetch, "MAX_BYTES", 20000)
+    gm = model_with(opt_in).graph_module
     gm.graph.lint()
-    steps = schedule(gm)
+    ctx = Ctx(gm, "reference")
+    projs = [n for n in gm.graph.nodes if prefetch.weights(ctx, n) is not None]
     # the tied head reads the embedding; 2 iterations of a GDN and a DSA block: in-proj, o_proj,
     # gate/up and down of each (decode_gemv folds o_proj/down with the next in-proj or gate/up)
-    assert len(steps) == (2 * 2 * 4 + 1 if opt_in == ("l2_prefetch",) else 2 * 2 * 2 + 1 + 1)
-    assert fx_passes.COUNTERS["l2_prefetch"] == len(steps)
-    for (node, _, fetched), (_, want, _) in zip(steps, steps[1:] + steps[:1]):
-        assert fetched == want, node.name
-    assert steps[-1][1] == ["embed.weight"]
+    assert len(projs) == (2 * 2 * 4 + 1 if opt_in == ("l2_prefetch",) else 2 * 2 * 2 + 1 + 1)
+    planned = prefetch.plan(ctx, 20000)
+    seen = 0
+    for n in gm.graph.nodes:
+        if n.target is not prefetch.prefetch_after:
+            continue
+        proj = n.args[0]
+        pieces = planned[proj]
+        got = [
+            (w.target if w.op == "get_attr" else w, off, b)
+            for w, (off, b) in zip(n.args[1:], n.kwargs["ranges"])
+        ]
+        want = [(w.target if getattr(w, "op", None) == "get_attr" else w, off, b) for w, off, b in pieces]
+        assert got == want, proj.name
+        assert sum(b for _, _, b in pieces) > 0
+        seen += 1
+    assert seen == fx_passes.COUNTERS["l2_prefetch"] == sum(1 for p in projs if planned[p])
+    assert planned[projs[-1]][0][1] == 0  # the head asks for the stream's start
+    assert seen > len(projs) // 2  # most spans are not empty at this budget
+    assert any(len(planned[p]) > 1 for p in projs)  # and some reach past the next weight
     nodes = list(gm.graph.nodes)
     assert nodes[-2].target is prefetch.prefetch_join and nodes[-1].op == "output"
     assert sum(n.target is prefetch.prefetch_join for n in nodes) == 1
@@ -83,18 +102,6 @@ def test_results_are_the_graphs_without_it_and_a_second_run_adds_nothing():
     with torch.no_grad():
         assert torch.equal(restored(ids), plain(ids))
     assert "prefetch_after" in restored.graph_module.code
-
-
-def test_budget_takes_weights_in_order_until_it_is_spent():
-    a, b, c = (torch.empty(n, 8, dtype=torch.bfloat16) for n in (64, 32, 16))  # 1024, 512, 256 bytes
-    assert [(w is x, n) for (w, n), x in zip(prefetch.budget([a, b, c], 1 << 20), (a, b, c))] == [
-        (True, 1024),
-        (True, 512),
-        (True, 256),
-    ]
-    assert [n for _, n in prefetch.budget([a, b, c], 1200)] == [1024, 176]
-    assert [n for _, n in prefetch.budget([a.t(), b], 600)] == [512]  # a view it cannot address takes nothing
-    assert prefetch.budget([a], 0) == []
 
 
 def test_it_applies_to_decode_sized_products_without_autograd_only():
