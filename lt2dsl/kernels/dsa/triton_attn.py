@@ -174,8 +174,13 @@ def _sparse_split_kernel(
                             offs_dv, SKT, SVT, D, DV, BR, BDV, BK, DOT_PREC)  # fmt: skip
     empty = l_i == 0.0
     part = ((t * tl.num_programs(1) + tl.program_id(1)) * NSPLIT + split).to(tl.int64) * BR + r
-    tl.store(O_PART + part[:, None] * BDV + offs_dv[None, :], acc / tl.where(empty, 1.0, l_i)[:, None])
-    tl.store(LSE_PART + part, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))))
+    # the group's rows only: with one query head a kv head (a group of 1) 15 of the 16 rows of a
+    # tile are padding, and the partials are written and read back once per split
+    tl.store(O_PART + part[:, None] * BDV + offs_dv[None, :], acc / tl.where(empty, 1.0, l_i)[:, None],
+             mask=in_r[:, None])  # fmt: skip
+    tl.store(
+        LSE_PART + part, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))), mask=in_r
+    )
 
 
 @triton.jit
@@ -195,16 +200,20 @@ def _sparse_combine_kernel(
     base = (t * tl.num_programs(1) + pid) * NSPLIT
     m = tl.full([BR], float("-inf"), dtype=tl.float32)
     for sp in range(NSPLIT):
-        m = tl.maximum(m, tl.load(LSE_PART + (base + sp).to(tl.int64) * BR + r))
+        m = tl.maximum(
+            m, tl.load(LSE_PART + (base + sp).to(tl.int64) * BR + r, mask=in_r, other=float("-inf"))
+        )
     m_safe = tl.where(m > float("-inf"), m, 0.0)
     den = tl.zeros([BR], dtype=tl.float32)
     acc = tl.zeros([BR, BDV], dtype=tl.float32)
     for sp in range(NSPLIT):
         part = (base + sp).to(tl.int64) * BR + r
-        lse_s = tl.load(LSE_PART + part)
+        lse_s = tl.load(LSE_PART + part, mask=in_r, other=float("-inf"))
         w = tl.where(lse_s > float("-inf"), tl.exp2(lse_s - m_safe), 0.0)
         den += w
-        acc += w[:, None] * tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :])
+        acc += w[:, None] * tl.load(
+            O_PART + part[:, None] * BDV + offs_dv[None, :], mask=in_r[:, None], other=0.0
+        )
     empty = den == 0.0
     o = acc / tl.where(empty, 1.0, den)[:, None]
     row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)

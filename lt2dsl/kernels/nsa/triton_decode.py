@@ -283,7 +283,7 @@ def nsa_decode_combine_kernel(
     m_s = tl.full([BR], float("-inf"), dtype=tl.float32)
     m_w = tl.full([BR], float("-inf"), dtype=tl.float32)
     for sp in range(NSPLIT):
-        lse = tl.load(LSE_PART + (base + sp) * BR + r)
+        lse = tl.load(LSE_PART + (base + sp) * BR + r, mask=in_r, other=float("-inf"))
         if sp < NS_SLC:
             m_s = tl.maximum(m_s, lse)
         else:
@@ -296,8 +296,8 @@ def nsa_decode_combine_kernel(
     o_w = tl.zeros([BR, BDV], dtype=tl.float32)
     for sp in range(NSPLIT):
         part = (base + sp) * BR + r
-        lse = tl.load(LSE_PART + part)
-        o_p = tl.load(O_PART + part[:, None] * BDV + offs[None, :])
+        lse = tl.load(LSE_PART + part, mask=in_r, other=float("-inf"))
+        o_p = tl.load(O_PART + part[:, None] * BDV + offs[None, :], mask=in_r[:, None], other=0.0)
         if sp < NS_SLC:
             w = tl.where(lse > float("-inf"), tl.exp2(lse - m_s), 0.0)
             den_s += w
