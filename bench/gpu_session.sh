@@ -123,11 +123,12 @@ for s in ${STAGES:-env}; do
     dsa_bwd) stage dsa_bwd "${LIM_DSA_BWD:-180}" python3 bench/dsa_sparse_bwd.py --out "$OUT/res/dsa_sparse_bwd.json" ;;
     decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
-    # the opt-in L2 weight prefetch: one projection after a window of small kernels, then the
-    # hybrid's whole step with and without the rule (and with decode_gemv) in one process
+    # the opt-in decode rules: one projection after a window of small kernels (L2 prefetch), then
+    # the hybrid's whole step under each rule set of RULE_SETS in one process
     l2_prefetch) stage l2_prefetch "${LIM_PREFETCH:-300}" bash -c 'python3 bench/l2_prefetch.py --out "$1" &&
                    python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 --ctx "${CONTEXTS:-4k}" --batch "${BATCHES:-1,8}" \
-                     --rules default,+l2_prefetch,+decode_gemv,+decode_gemv+l2_prefetch --hw "$2" --json "$1/decode_prefetch.json"' _ "$OUT/res" "$HW" ;;
+                     --rules "${RULE_SETS:-default,+l2_prefetch,+gdn_decode,+gdn_decode+l2_prefetch,+decode_gemv}" \
+                     --hw "$2" --json "$1/decode_rules.json"' _ "$OUT/res" "$HW" ;;
     # PROFILE_MODELS: example stems, comma-separated
     decode_profile) stage decode_profile "${LIM_PROFILE_DECODE:-150}" python3 bench/decode_profile.py \
                       $(m=${PROFILE_MODELS:-lt2_hybrid_gdn_dsa,ouro_looped_transformer}; printf 'examples/%s.lt2 ' ${m//,/ }) \

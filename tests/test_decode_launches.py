@@ -96,3 +96,15 @@ def test_nsa_decode_step_reads_no_dense_buffer():
     assert c["triton:nsa_decode_select_kernel"] == 96 and c["triton:nsa_decode_combine_kernel"] == 96
     assert c["triton:_sparse_split_kernel"] == 96 and not c["triton:_sparse_combine_kernel"]
     assert c["triton:rope_cache_kernel"] == 96 and not c["aten::scatter_"] and not c["aten::sigmoid"]
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="counts launches under Triton's CPU interpreter")
+def test_gdn_decode_rule_takes_two_launches_a_gdn_application():
+    """With the opt-in rule `gdn_decode` each of the hybrid's 72 GDN applications runs its convs,
+    recurrence and gated norm in two launches, not three, in both steps: 1,046 → 974 (engine)."""
+    counts = dl.count_model("lt2_hybrid_gdn_dsa", ("gdn_decode",))
+    for path, c in counts.items():
+        assert c["triton:gdn_step_recurrent_kernel"] == 72 and c["triton:gdn_step_norm_kernel"] == 72, path
+        for gone in ("conv_silu_step_kernel", "delta_recurrent_kernel", "gated_rmsnorm_fwd_kernel"):
+            assert not c[f"triton:{gone}"], f"{path} launches {gone}"
+    assert dl.totals(counts["engine"])["total"] <= 974

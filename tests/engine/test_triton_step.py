@@ -73,3 +73,46 @@ def test_nsa_decode_kernels_in_the_static_step(monkeypatch, compress):
     assert_static_equals_forward(model, max_len=16, tol=TOL)
     # per step: the compression of k and of v, then the attention
     assert calls == ["compress_step", "compress_step", "nsa_decode_triton"] * STEPS
+
+
+def gdn_decode_model(body: str = BODY, opt_in=("gdn_decode",)):
+    """`triton_model`'s fused fp32 model with the opt-in rules `opt_in`."""
+    from lt2dsl.lowering import compile_model
+
+    from ..lowering.util import resolved
+
+    torch.manual_seed(0)
+    model = compile_model(resolved(body), backend="triton", dtype=torch.float32, device=DEVICE, fuse=True,
+                          opt_in=opt_in)  # fmt: skip
+    model.build_graph()
+    return model
+
+
+def test_gdn_decode_rule_steps_equal_forward(monkeypatch):
+    """The opt-in rule `gdn_decode`: a GDN block's convs, recurrence and gated norm in two launches
+    (`kernels.delta.gdn_step`) at every decode step, static and dynamic cache; every step's logits
+    equal one forward, and the kernels ran at each step (longer prefill chunks and the forwards
+    run the replaced nodes). A GDN block with grouped value heads (4 on 2 q/k heads) too."""
+    from lt2dsl.lowering import fx_passes
+    from lt2dsl.lowering.fx_passes import gdn_step as rule
+
+    calls = []
+    real = rule.gdn_step
+    monkeypatch.setattr(rule, "gdn_step", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    body = f"{call('gdn')}; gdn(heads=2, v_heads=4, head_dim=8, expand_v=1); {call('full', 'rope_dim=8')}"
+    model = gdn_decode_model(body)
+    assert fx_passes.COUNTERS["gdn_decode"] == 2 and "gdn_step_linear" in model.graph_module.code
+    assert_static_equals_forward(model, max_len=16, tol=TOL)
+    # 2 GDN blocks at each of the STEPS steps, all rows at once (and the one-token chunks of a
+    # row's chunked prefill, which the kernels take too)
+    assert calls.count(len(LENGTHS)) == 2 * STEPS and set(calls) <= {1, len(LENGTHS)}
+    calls.clear()
+    n = max(LENGTHS)
+    ids = tokens(2, n + STEPS).to(DEVICE)
+    cache = model.new_cache(2, max_len=n + STEPS)
+    with torch.no_grad():
+        model(ids[:, :n], cache)
+        for i in range(STEPS):
+            got = model(ids[:, n + i : n + i + 1], cache)[:, -1]
+            torch.testing.assert_close(got, model(ids[:, : n + i + 1])[:, -1], rtol=TOL, atol=TOL)
+    assert calls == [2] * (2 * STEPS)

@@ -24,6 +24,7 @@ Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; not yet tim
 
 | rule | pattern → replacement |
 |---|---|
+| `gdn_decode` | GDN convs → gated recurrence → gated norm · W_o → one node: two launches and W_o at decode |
 | `decode_gemv` | proj → (norm_)add_rmsnorm → linear_split [→ swiglu] → one node: two GEMVs at decode |
 | `l2_prefetch` | after each projection, the next one's weight prefetched into L2 on a side stream (decode) |
 
@@ -48,6 +49,7 @@ from . import (
     decode_gemv,
     dsa_scale,
     gates,
+    gdn_step,
     out_norm,
     prefetch,
     projections,
@@ -75,9 +77,10 @@ RULES: dict[str, Rule] = {
     )
 }
 
-# Rules off by default, run after `RULES` when named in `opt_in` (in this order: `l2_prefetch` sees
-# `decode_gemv`'s nodes): decode-only rewrites not yet measured to help on a GPU.
-OPT_IN: dict[str, Rule] = {r.name: r for r in (decode_gemv.RULE, prefetch.RULE)}
+# Rules off by default, run after `RULES` when named in `opt_in`, in this order (`decode_gemv` folds
+# what `gdn_decode` leaves, `l2_prefetch` sees both's nodes): decode-only rewrites not yet measured
+# to help on a GPU.
+OPT_IN: dict[str, Rule] = {r.name: r for r in (gdn_step.RULE, decode_gemv.RULE, prefetch.RULE)}
 
 # rule name -> how many times it fired in the last `fuse` call
 COUNTERS: dict[str, int] = dict.fromkeys([*RULES, *OPT_IN], 0)

@@ -19,11 +19,11 @@ stream, which a CUDA graph capture needs (every forked stream joined) and which 
 prefetch kernels only issue requests). Results are unchanged: a prefetch writes nothing.
 
 A projection is a `linear_split` (the concatenated in-projection, an MLP's gate/up), an
-`nn.Linear` call, `F.linear` (the tied LM head), `gated_rmsnorm_linear` (GDN's o_proj) or the
-opt-in `proj_add_norm_split` (two weights). It applies on CUDA to decode-sized products (at most
-`MAX_ROWS` rows) with no autograd to record; prefill, training and the CPU run the graph as if
-the rule had not fired. Where a weight's size is not known from the graph, each projection asks
-for the next one's weights, `MAX_BYTES` of each.
+`nn.Linear` call, `F.linear` (the tied LM head), `gated_rmsnorm_linear` (GDN's o_proj), or the
+opt-in rules' `proj_add_norm_split` (two weights) and `gdn_step_linear` (W_o). It applies on
+CUDA to decode-sized products (at most `MAX_ROWS` rows) with no autograd to record; prefill,
+training and the CPU run the graph as if the rule had not fired. Where a weight's size is not
+known from the graph, each projection asks for the next one's weights, `MAX_BYTES` of each.
 
 Off by default until measured: `lt2dsl bench decode --rules default,+l2_prefetch` (BENCHMARKS.md,
 "Written, not yet run on a GPU"), `lt2dsl.compile(..., opt_in=("l2_prefetch",))`.
@@ -40,6 +40,7 @@ from lt2dsl.kernels import fused
 from lt2dsl.kernels.prefetch import l2_prefetch
 
 from .decode_gemv import proj_add_norm_split
+from .gdn_step import gdn_step_linear
 from .manager import Ctx, Match, Rule, is_call
 
 ALGEBRA = "proj_j(x); ... -> proj_j(x); prefetch_L2(next MAX_BYTES of the weight stream) on a side stream"
@@ -126,6 +127,8 @@ def weights(ctx: Ctx, node: Node) -> list[Node | str] | None:
         return [node.args[3]]
     if is_call(node, proj_add_norm_split):
         return [node.args[3], node.args[7]]
+    if is_call(node, gdn_step_linear):
+        return [node.args[15]]
     if ctx.module(node, nn.Linear) is not None:
         return [f"{node.target}.weight"]
     return None
