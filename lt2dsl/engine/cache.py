@@ -108,7 +108,7 @@ class Slots(StaticEntry):
         if c.decoding and pick_backend(backend, x) == "triton":
             from lt2dsl.kernels.nsa.triton_decode import compress_step  # imports Triton
 
-            return compress_step(buf, x, c.positions, cmp_block, stride, phi)
+            return compress_step((buf,), (x,), c.positions, cmp_block, stride, (phi,))[0]
         if c.decoding:
             return compress_rows(buf, x, c.positions, cmp_block, stride, phi)
         old, now = n_blocks(c.seen, cmp_block, stride), n_blocks(x.shape[1], cmp_block, stride)
@@ -116,6 +116,23 @@ class Slots(StaticEntry):
             blocks = x[:, old * stride :].unfold(1, cmp_block, stride)[:, : now - old].transpose(-1, -2)
             buf[:, :, old:now] = compress_blocks(blocks, *phi).transpose(1, 2)
         return buf[:, :, :now].transpose(1, 2)
+
+    def compress_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cmp_block: int,
+        stride: int,
+        phis: tuple,
+        backend: str = "reference",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cursor
+        if c.decoding and pick_backend(backend, k) == "triton":
+            from lt2dsl.kernels.nsa.triton_decode import compress_step  # imports Triton
+
+            bufs = (self["k_cmp"], self["v_cmp"])
+            return compress_step(bufs, (k, v), c.positions, cmp_block, stride, phis)
+        return super().compress_kv(k, v, cmp_block, stride, phis, backend)
 
     def toeplitz(self, u: torch.Tensor, w, bias, max_len: int, backend: str) -> torch.Tensor:
         buf, c = self["x"], self.cursor

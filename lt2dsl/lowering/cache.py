@@ -161,6 +161,21 @@ class StaticEntry(Entry):
         """`nsa_compress` into the fixed buffer of compressed blocks."""
         raise NotImplementedError
 
+    def compress_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cmp_block: int,
+        stride: int,
+        phis: tuple,
+        backend: str = "reference",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`compress` of the keys into "k_cmp" and of the values into "v_cmp" (phis: their φ)."""
+        return (
+            self.compress(k, "k_cmp", cmp_block, stride, phis[0], backend),
+            self.compress(v, "v_cmp", cmp_block, stride, phis[1], backend),
+        )
+
     def toeplitz(self, u: torch.Tensor, w, bias, max_len: int, backend: str) -> torch.Tensor:
         """`toeplitz_cached` over the fixed buffer of mixer inputs."""
         raise NotImplementedError

@@ -154,6 +154,31 @@ def nsa_compress(
 
 
 @leaf
+def nsa_compress_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    entry,
+    cmp_block: int,
+    stride: int,
+    phi_k: tuple = (),
+    phi_v: tuple = (),
+    cu_seqlens: torch.Tensor | None = None,
+    backend: str = "reference",
+) -> tuple:
+    """(`nsa_compress` of the keys into "k_cmp", of the values into "v_cmp"); `phi_k`, `phi_v`: each
+    learned φ's (pos_emb, weight, bias), or () for mean pooling. A static cache's decode step on the
+    Triton path compresses both in one launch."""
+    if isinstance(entry, StaticEntry):
+        phis = tuple(p if p else (None, None, None) for p in (phi_k, phi_v))
+        return entry.compress_kv(k, v, cmp_block, stride, phis, backend)
+    kw = {"cu_seqlens": cu_seqlens, "backend": backend}
+    return (
+        nsa_compress(k, entry, "k_cmp", cmp_block, stride, *phi_k, **kw),
+        nsa_compress(v, entry, "v_cmp", cmp_block, stride, *phi_v, **kw),
+    )
+
+
+@leaf
 def nsa_attend(
     q,
     k,

@@ -116,7 +116,8 @@ def test_compress_step_writes_the_blocks_a_step_completes(mlp, dtype):
     """Rows whose new token completes a block (t + 1 = 8, 12, 40 with l = 8, d = 4), one that
     completes none (t = 13) and one before the first block (t = 5): after a prefill of t tokens
     and the step, the buffer is what `engine.sparse.compress_rows` leaves (its writes of blocks
-    no step completes, and of a partial block 0, change nothing a query sees)."""
+    no step completes, and of a partial block 0, change nothing a query sees); the keys' and the
+    values' buffers in one launch."""
     from lt2dsl.engine.sparse import compress_rows
     from lt2dsl.kernels.nsa.triton_decode import compress_step
 
@@ -143,8 +144,24 @@ def test_compress_step_writes_the_blocks_a_step_completes(mlp, dtype):
     want = prefilled(x, phi, dtype)
     got = want.clone()
     compress_rows(want, x, t, l, 4, phi)
-    out = compress_step(got, x, t, l, 4, phi)
-    assert out.shape == (B, NC, HKV, d) and out.data_ptr() == got.data_ptr()
+    # the values' buffer compressed in the same launch from x reversed along the channels
+    xv = x.flip(-1).contiguous()
+    got_v = prefilled(xv, phi, dtype)
+    want_v = got_v.clone()
+    compress_rows(want_v, xv, t, l, 4, phi)
+    phi3 = phi if mlp else (None, None, None)
+    out, out_v = compress_step((got, got_v), (x, xv), t, l, 4, (phi3, phi3))
+    assert (
+        out.shape == (B, NC, HKV, d)
+        and out.data_ptr() == got.data_ptr()
+        and out_v.data_ptr() == got_v.data_ptr()
+    )
+    tol_v = 1e-5 if dtype == torch.float32 else 1e-2
+    for row in range(B):
+        n = max(0, (t[row].item() + 1 - l) // 4 + 1)
+        if n:
+            assert_close(f"v row {row}", got_v[row, :, :n], want_v[row, :, :n], tol_v)
+        assert torch.equal(got_v[row, :, n:], torch.zeros_like(got_v[row, :, n:]))
     n_seen = [max(0, (tb + 1 - l) // 4 + 1) for tb in t.tolist()]  # blocks a query at t_b may see
     for row, n in enumerate(n_seen):
         if n:

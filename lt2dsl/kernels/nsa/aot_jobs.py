@@ -68,8 +68,10 @@ def _decode() -> list[Job]:
     cscalars = {"SG": "i32", "NS_SLC": "i32"}
     kernel = TD.nsa_decode_combine_kernel
     jobs += tuned_jobs("nsa/decode-combine", kernel, combine, cscalars, ccex, launch=(4, 1), aligned=())
-    ptrs = {"X": "*bf16", "BUF": "*bf16", "POS": "*i64", "PE": "*bf16", "W": "*bf16", "BIAS": "*bf16"}
-    scalars = {n: "i32" for n in ("NC", "SXB", "SXT", "SXH", "SBB", "SBH", "SBN")}
+    # the compression of k and v in one launch
+    ptrs = {f"{n}{i}": "*bf16" for i in "01" for n in ("X", "BUF", "PE", "W", "BIAS")} | {"POS": "*i64"}
+    strides = ("SXB", "SXT", "SXH", "SBB", "SBH", "SBN")
+    scalars = {f"{n}{i}": "i32" for i in "01" for n in strides} | {"NC": "i32"}
     for mlp in (False, True):
         cex = dict(HKV=1, D=128, BD=128, CMP=32, BL=32, STRIDE=STRIDE, MLP=mlp, BO=32)
         kernel = TD.nsa_decode_compress_kernel

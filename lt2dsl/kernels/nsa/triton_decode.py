@@ -321,19 +321,13 @@ def nsa_decode_combine_kernel(
 
 
 @triton.jit
-def nsa_decode_compress_kernel(
-    X, BUF, POS, PE, W, BIAS, NC, SXB, SXT, SXH, SBB, SBH, SBN,
-    HKV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CMP: tl.constexpr, BL: tl.constexpr,
-    STRIDE: tl.constexpr, MLP: tl.constexpr, BO: tl.constexpr,
+def _compress_block(
+    X, BUF, PE, W, BIAS, b, h, m, NC, SXB, SXT, SXH, SBB, SBH, SBN, D: tl.constexpr, BD: tl.constexpr,
+    CMP: tl.constexpr, BL: tl.constexpr, STRIDE: tl.constexpr, MLP: tl.constexpr, BO: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, h): where row b's new token at t_b completes compression block i (t_b + 1 ≥ l and
-    d divides t_b + 1 − l), BUF[b, h, i] = φ(x[b, i·d : i·d + l, h]): the mean of the l rows, or
-    with MLP W · flatten(x + PE) + BIAS (x + PE rounded to x's dtype, as the unfused add is). Other
-    rows write nothing: their newest block is in the buffer already (or not complete, and no query
-    sees it before it is)."""
-    pid = tl.program_id(0)
-    b, h = pid // HKV, pid % HKV
-    m = tl.load(POS + b).to(tl.int32) + 1
+    """Where the row's m-th token completes compression block i (m ≥ l and d divides m − l),
+    BUF[b, h, i] = φ(x[b, i·d : i·d + l, h]): the mean of the l rows, or with MLP
+    W · flatten(x + PE) + BIAS (x + PE rounded to x's dtype, as the unfused add is)."""
     done = tl.maximum(m - CMP, 0)
     i = done // STRIDE
     if (m >= CMP) & (done % STRIDE == 0) & (i < NC):
@@ -362,6 +356,28 @@ def nsa_decode_compress_kernel(
             tl.store(out_base + offs, cast(y, BUF.dtype.element_ty), mask=offs < D)
 
 
+@triton.jit
+def nsa_decode_compress_kernel(
+    X0, BUF0, PE0, W0, BIAS0, SXB0, SXT0, SXH0, SBB0, SBH0, SBN0,
+    X1, BUF1, PE1, W1, BIAS1, SXB1, SXT1, SXH1, SBB1, SBH1, SBN1, POS, NC,
+    HKV: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, CMP: tl.constexpr, BL: tl.constexpr,
+    STRIDE: tl.constexpr, MLP: tl.constexpr, BO: tl.constexpr,
+):  # fmt: skip
+    """Program (b · HKV + h, which): `_compress_block` of the keys (which 0: X0 into BUF0 with φ's
+    PE0, W0, BIAS0) or of the values (which 1: X1 …; a grid of one `which` leaves them out). Rows
+    whose token completes no block write nothing: their newest block is in the buffer already (or
+    not complete, and no query sees it before it is)."""
+    pid, which = tl.program_id(0), tl.program_id(1)
+    b, h = pid // HKV, pid % HKV
+    m = tl.load(POS + b).to(tl.int32) + 1
+    if which == 0:
+        _compress_block(X0, BUF0, PE0, W0, BIAS0, b, h, m, NC, SXB0, SXT0, SXH0, SBB0, SBH0, SBN0,
+                        D, BD, CMP, BL, STRIDE, MLP, BO)  # fmt: skip
+    else:
+        _compress_block(X1, BUF1, PE1, W1, BIAS1, b, h, m, NC, SXB1, SXT1, SXH1, SBB1, SBH1, SBN1,
+                        D, BD, CMP, BL, STRIDE, MLP, BO)  # fmt: skip
+
+
 def select_tile(d: int) -> int:
     """Compressed keys a tile of the select kernel takes (16 under the interpreter)."""
     if triton_interpreting():
@@ -369,26 +385,28 @@ def select_tile(d: int) -> int:
     return 64 if d <= 128 else 32
 
 
-def compress_step(buf, x, t, cmp_block: int, stride: int, phi: tuple) -> torch.Tensor:
-    """`engine.sparse.compress_rows` on the Triton path: the newest compression block of each row
-    whose new token completes one, φ the mean or (with `phi` = (pos_emb, weight, bias)) the learned
-    map, into `buf [B, HKV, NC, d]` in place; one launch. x `[B, L, HKV, d]` (last dim contiguous).
-    Returns the buffer as `[B, NC, HKV, d]`."""
-    B, L, HKV, d = x.shape
-    NC = buf.shape[2]
-    pe, w, bias = phi if len(phi) == 3 else (None, None, None)
-    mlp = w is not None
-    if mlp and bias is None:
-        bias = torch.zeros(d, device=x.device, dtype=torch.float32)
+def compress_step(bufs, xs, t, cmp_block: int, stride: int, phis: tuple) -> tuple[torch.Tensor, ...]:
+    """`engine.sparse.compress_rows` on the Triton path, for the keys and the values at once (or
+    one of them): the newest compression block of each row whose new token completes one, φ the
+    mean or (a phi of (pos_emb, weight, bias)) the learned map, into each `buf [B, HKV, NC, d]` in
+    place; one launch. xs `[B, L, HKV, d]` (last dim contiguous). Returns the buffers as
+    `[B, NC, HKV, d]`."""
+    B, L, HKV, d = xs[0].shape
+    NC = bufs[0].shape[2]
+    mlp = len(phis[0]) == 3 and phis[0][1] is not None
+    args = []
+    for buf, x, phi in zip((*bufs, bufs[0]), (*xs, xs[0]), (*phis, phis[0])):
+        pe, w, bias = phi if mlp else (buf, buf, buf)
+        if bias is None:
+            bias = torch.zeros(d, device=x.device, dtype=torch.float32)
+        args += [x, buf, pe, w, bias, *x.stride()[:3], *buf.stride()[:3]]
     if NC and B:
-        nsa_decode_compress_kernel[(B * HKV,)](
-            x, buf, t, pe if mlp else buf, w if mlp else buf, bias if mlp else buf, NC,
-            x.stride(0), x.stride(1), x.stride(2), buf.stride(0), buf.stride(1), buf.stride(2),
-            HKV=HKV, D=d, BD=triton.next_power_of_2(d), CMP=cmp_block, BL=triton.next_power_of_2(cmp_block),
-            STRIDE=stride, MLP=mlp, BO=min(32, triton.next_power_of_2(d)),
-            num_warps=1 if triton_interpreting() else 4, num_stages=1,
+        nsa_decode_compress_kernel[(B * HKV, len(bufs))](
+            *args[:22], t, NC, HKV=HKV, D=d, BD=triton.next_power_of_2(d), CMP=cmp_block,
+            BL=triton.next_power_of_2(cmp_block), STRIDE=stride, MLP=mlp,
+            BO=min(32, triton.next_power_of_2(d)), num_warps=1 if triton_interpreting() else 4, num_stages=1,
         )  # fmt: skip
-    return buf.transpose(1, 2)
+    return tuple(buf.transpose(1, 2) for buf in bufs)
 
 
 def attention_splits(n_slc: int, window: int, programs: int, bk: int, device) -> tuple[int, int]:

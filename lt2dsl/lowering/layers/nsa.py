@@ -108,9 +108,10 @@ class NativeSparseAttention(MixerLayer):
         # the cache keeps [B, HKV, L, d]; the op wants [B, L, HKV, d]
         k = lf.append_cache(entry, "k", k.transpose(1, 2)).transpose(1, 2)
         v = lf.append_cache(entry, "v", v.transpose(1, 2)).transpose(1, 2)
-        kw = {"cu_seqlens": cu_seqlens, "backend": self.backend}
-        k_cmp = fs.nsa_compress(k, entry, "k_cmp", *self._phi("k"), **kw)
-        v_cmp = fs.nsa_compress(v, entry, "v_cmp", *self._phi("v"), **kw)
+        (l, s, *phi_k), (_, _, *phi_v) = self._phi("k"), self._phi("v")
+        k_cmp, v_cmp = fs.nsa_compress_kv(
+            k, v, entry, l, s, tuple(phi_k), tuple(phi_v), cu_seqlens=cu_seqlens, backend=self.backend
+        )
         o = fs.nsa_attend(
             q, k, v, g, k_cmp, v_cmp, backend=self.backend, pos=pos, cu_seqlens=cu_seqlens, **self.geometry
         )
