@@ -21,10 +21,10 @@ Where the B·HKV programs are too few to fill the card and the buffer holds many
 `nsa_decode_cmp_split_kernel` over splits of the compressed keys (one pass: scores kept in a
 scratch row, partial max, sum and o), `nsa_decode_merge_select_kernel` merging them and choosing
 the blocks from the kept scores (`cmp_splits`). Before them, `nsa_decode_compress_kernel`
-(`compress_step`) writes the compression block a row's new token completes (one launch for k,
-one for v; nothing where none completes, 15 steps in 16 at d = 16).
+(`compress_step`) writes the compression block a row's new token completes, of k and v in one
+launch (nothing where none completes, 15 steps in 16 at d = 16).
 
-Three or four launches for the attention, two for the compression; none reads a slot the row
+Three or four launches for the attention, one for the compression; none reads a slot the row
 cannot see.
 """
 
