@@ -118,7 +118,9 @@ def test_gpu_decode_with_prefetch_gives_the_same_tokens(monkeypatch):
 
     calls = []
     real = prefetch.l2_prefetch
-    monkeypatch.setattr(prefetch, "l2_prefetch", lambda w, n: calls.append(n) or real(w, n))
+    monkeypatch.setattr(
+        prefetch, "l2_prefetch", lambda w, n, offset=0: calls.append(n) or real(w, n, offset=offset)
+    )
     kw = {"backend": "auto", "dtype": torch.bfloat16, "device": "cuda"}
     ids = tokens(2, 20).cuda()
     want = Engine(model_with((), **kw)).generate(ids, 6)
