@@ -25,6 +25,19 @@ def triton_model(body: str = BODY, **settings):
     return lower(body, dtype=torch.float32, backend="triton", device=DEVICE, fuse=True, **settings)
 
 
+def assert_dynamic_equals_forward(model) -> None:
+    """Two rows prefilled with max(LENGTHS) tokens, then STEPS one-token steps through a dynamic
+    cache: each step's logits equal one forward over the row's tokens so far."""
+    n = max(LENGTHS)
+    ids = tokens(2, n + STEPS).to(DEVICE)
+    cache = model.new_cache(2, max_len=n + STEPS)
+    with torch.no_grad():
+        model(ids[:, :n], cache)
+        for i in range(STEPS):
+            got = model(ids[:, n + i : n + i + 1], cache)[:, -1]
+            torch.testing.assert_close(got, model(ids[:, : n + i + 1])[:, -1], rtol=TOL, atol=TOL)
+
+
 def test_static_steps_equal_forward():
     model = triton_model()
     code = model.graph_module.code
@@ -37,15 +50,7 @@ def test_static_steps_equal_forward():
 def test_dynamic_steps_equal_forward(sandwich):
     model = triton_model(call("full"), norm="sandwich") if sandwich else triton_model()
     assert ("fused_norm_add_rmsnorm" in model.graph_module.code) == sandwich
-    n = max(LENGTHS)
-    ids = tokens(2, n + STEPS).to(DEVICE)
-    cache = model.new_cache(2, max_len=n + STEPS)
-    with torch.no_grad():
-        model(ids[:, :n], cache)
-        for i in range(STEPS):
-            got = model(ids[:, n + i : n + i + 1], cache)[:, -1]
-            want = model(ids[:, : n + i + 1])[:, -1]
-            torch.testing.assert_close(got, want, rtol=TOL, atol=TOL)
+    assert_dynamic_equals_forward(model)
 
 
 @pytest.mark.parametrize("compress", ["mean", "mlp"])
@@ -107,12 +112,5 @@ def test_gdn_decode_rule_steps_equal_forward(monkeypatch):
     # row's chunked prefill, which the kernels take too)
     assert calls.count(len(LENGTHS)) == 2 * STEPS and set(calls) <= {1, len(LENGTHS)}
     calls.clear()
-    n = max(LENGTHS)
-    ids = tokens(2, n + STEPS).to(DEVICE)
-    cache = model.new_cache(2, max_len=n + STEPS)
-    with torch.no_grad():
-        model(ids[:, :n], cache)
-        for i in range(STEPS):
-            got = model(ids[:, n + i : n + i + 1], cache)[:, -1]
-            torch.testing.assert_close(got, model(ids[:, : n + i + 1])[:, -1], rtol=TOL, atol=TOL)
+    assert_dynamic_equals_forward(model)
     assert calls == [2] * (2 * STEPS)

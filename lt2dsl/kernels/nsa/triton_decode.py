@@ -98,6 +98,25 @@ def _window_tokens(idx_row, t, WINDOW: tl.constexpr, BW: tl.constexpr):
 
 
 @triton.jit
+def _cmp_scores(q, kc_base, j, ok, offs_d, SKCN, D: tl.constexpr, qk_scale, DOT_PREC: tl.constexpr):
+    """Scores (log2 units) of the query rows against compressed keys j `[BN]` (−inf where not ok)."""
+    kc = tl.load(kc_base + j.to(tl.int64)[:, None] * SKCN + offs_d[None, :],
+                 mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
+    return tl.where(ok[None, :], mm(q, tl.trans(kc), DOT_PREC) * qk_scale, float("-inf"))
+
+
+@triton.jit
+def _index_row(
+    pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
+    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    """The row's attended tokens: the chosen blocks' (`_choose_blocks`), then the window's."""
+    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
+    if WINDOW > 0:
+        _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
+
+
+@triton.jit
 def _group_q(Q, b, hk, SQB, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     """The group's query rows `[BR, BD]` (rows past GRP zero) and which rows are real."""
     r = tl.arange(0, BR)
@@ -134,9 +153,7 @@ def nsa_decode_select_kernel(
     for j0 in range(0, n_vis, BN):
         j = j0 + tl.arange(0, BN)
         ok = j < n_vis
-        kc = tl.load(kc_base + j.to(tl.int64)[:, None] * SKCN + offs_d[None, :],
-                     mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-        s = tl.where(ok[None, :], mm(q, tl.trans(kc), DOT_PREC) * qk_scale, float("-inf"))
+        s = _cmp_scores(q, kc_base, j, ok, offs_d, SKCN, D, qk_scale, DOT_PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), 1)
@@ -149,9 +166,7 @@ def nsa_decode_select_kernel(
     for j0 in range(0, n_vis, BN):
         j = j0 + tl.arange(0, BN)
         ok = j < n_vis
-        kc = tl.load(kc_base + j.to(tl.int64)[:, None] * SKCN + offs_d[None, :],
-                     mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-        s = tl.where(ok[None, :], mm(q, tl.trans(kc), DOT_PREC) * qk_scale, float("-inf"))
+        s = _cmp_scores(q, kc_base, j, ok, offs_d, SKCN, D, qk_scale, DOT_PREC)
         p = tl.exp2(s - m_fin[:, None]) * inv_l[:, None]
         p = tl.where(in_r[:, None] & ok[None, :], p, 0.0)
         vc = tl.load(vc_base + j.to(tl.int64)[:, None] * SVCN + offs_dv[None, :],
@@ -161,10 +176,8 @@ def nsa_decode_select_kernel(
     o_rows = (b * HQ + hk * GRP + r).to(tl.int64) * DV
     tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc, mask=in_r[:, None] & (offs_dv[None, :] < DV))
     tl.debug_barrier()  # the scratch row is read back across the program's threads
-    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW)
-    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
-    if WINDOW > 0:
-        _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
+    _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
+               NSEL, BNSB, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
@@ -195,9 +208,7 @@ def nsa_decode_cmp_split_kernel(
     for j0 in range(lo, hi, BN):
         j = j0 + tl.arange(0, BN)
         ok = j < hi
-        kc = tl.load(kc_base + j.to(tl.int64)[:, None] * SKCN + offs_d[None, :],
-                     mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)  # fmt: skip
-        s = tl.where(ok[None, :], mm(q, tl.trans(kc), DOT_PREC) * qk_scale, float("-inf"))
+        s = _cmp_scores(q, kc_base, j, ok, offs_d, SKCN, D, qk_scale, DOT_PREC)
         tl.store(sc_rows + j[None, :], s, mask=ok[None, :])
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
@@ -256,10 +267,8 @@ def nsa_decode_merge_select_kernel(
         p = tl.where(in_r[:, None] & ok[None, :], p, 0.0)
         tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
     tl.debug_barrier()  # the scratch row is read back across the program's threads
-    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW)
-    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
-    if WINDOW > 0:
-        _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
+    _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
+               NSEL, BNSB, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
