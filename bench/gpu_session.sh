@@ -127,7 +127,7 @@ for s in ${STAGES:-env}; do
     # the hybrid's whole step under each rule set of RULE_SETS in one process
     l2_prefetch) stage l2_prefetch "${LIM_PREFETCH:-300}" bash -c 'python3 bench/l2_prefetch.py --out "$1" &&
                    python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 --ctx "${CONTEXTS:-4k}" --batch "${BATCHES:-1,8}" \
-                     --rules "${RULE_SETS:-default,+l2_prefetch,+gdn_decode,+gdn_decode+l2_prefetch,+decode_gemv}" \
+                     --rules "${RULE_SETS:-default,+l2_prefetch,+gdn_decode,+decode_gemv,+decode_gemv+gemv_pdl,+decode_gemv+gemv_pdl+l2_prefetch}" \
                      --hw "$2" --json "$1/decode_rules.json"' _ "$OUT/res" "$HW" ;;
     # PROFILE_MODELS: example stems, comma-separated
     decode_profile) stage decode_profile "${LIM_PROFILE_DECODE:-150}" python3 bench/decode_profile.py \

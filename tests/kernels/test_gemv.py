@@ -156,3 +156,54 @@ def test_deep_configs_are_tuned_on_narrow_outputs_only():
     assert kept(PRO=3, GROUP=256, N=2048, K=4096) == [256, 512]
     assert kept(PRO=3, GROUP=512, N=2048, K=4096) == [512]
     assert all(c in G.kept_configs(configs, {"PRO": 0, "N": 12320, "K": 2048}) for c in general)
+
+
+def test_prefetch_bytes_split_the_budget_over_the_rows_read():
+    from lt2dsl.kernels.gemv import triton_gemv as G
+
+    w = torch.empty(6 * 2048, 2048, dtype=torch.bfloat16)
+    assert G.prefetch_bytes(w, 2048, None) == 4096  # a 2048-wide output: every row whole
+    n = G.prefetch_bytes(w, 5632, 5632)  # SwiGLU: gate and up rows share the budget
+    assert n % 16 == 0 and n * 2 * 5632 <= G.PF_BYTES < (n + 16) * 2 * 5632
+    assert G.prefetch_bytes(w[:, 1:], 2048, None) == 0  # rows not on 16-byte boundaries
+    assert G.prefetch_bytes(torch.empty(8, 12, dtype=torch.bfloat16)[:, :8], 8, None) == 0  # 24-byte stride
+    assert G.pdl_supported(w) is False  # the CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 5])
+def test_gpu_pdl_chain_in_a_cuda_graph_equals_plain_launches(M):
+    """Four GEMVs each reading the one before (the decode block's o_proj → gate/up → down → next
+    in-projection), launched as programmatic dependent launches inside a captured CUDA graph and
+    replayed: bit-equal to the plain launches on every replay (a read before `griddepcontrol.wait`
+    would see the previous replay's values)."""
+    from lt2dsl.kernels.gemv.triton_gemv import pdl_supported
+
+    dim, hidden = 1024, 2816
+    g = torch.Generator().manual_seed(3)
+    ws = [torch.randn(n, k, generator=g).div(k**0.5).to("cuda", torch.bfloat16) for n, k in
+          ((dim, 2 * dim), (2 * hidden, dim), (dim, hidden), (2 * dim, dim))]  # fmt: skip
+    gamma = (1 + 0.2 * torch.randn(dim, generator=g)).to("cuda", torch.bfloat16)
+    if not pdl_supported(gamma):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    x = torch.randn(M, 2 * dim, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(M, dim, device="cuda", dtype=torch.bfloat16)
+
+    def chain(pdl: bool):
+        s = gemv(x, ws[0], residual=res, backend="triton", pdl=pdl)
+        h = gemv(s, ws[1], norm_weight=gamma, eps=1e-6, up=hidden, width=hidden, backend="triton", pdl=pdl)
+        s2 = gemv(h, ws[2], residual=s, backend="triton", pdl=pdl)
+        return gemv(s2, ws[3], norm_weight=gamma, eps=1e-6, backend="triton", pdl=pdl)
+
+    for pdl in (False, True):
+        chain(pdl)  # tuned outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    for i in range(5):
+        x.normal_(generator=None)
+        res.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+        assert torch.equal(out, chain(False)), f"replay {i}"
