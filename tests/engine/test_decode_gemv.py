@@ -110,7 +110,7 @@ def test_gemv_pdl_marks_every_fused_node_and_keeps_the_tokens(launches):
     """`gemv_pdl` brings `decode_gemv` along and marks its nodes; the GEMVs launch as dependent
     launches exactly where the card runs them (sm_90 and newer: the GPU run of this test), the
     tokens are the eager path's either way (captured in a CUDA graph on the GPU)."""
-    from lt2dsl.kernels.gemv.triton_gemv import pdl_supported
+    from lt2dsl.kernels.common.backend import pdl_supported
     from lt2dsl.lowering.fx_passes.decode_gemv import proj_add_norm_split
 
     model = gemv_model(opt_in=("gemv_pdl",))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from lt2dsl.kernels.common.backend import resolve_backend
+from lt2dsl.kernels.common.backend import pdl_supported, resolve_backend
 
 from .naive import gemv_ref, norm_add_gemv_ref
 
@@ -92,7 +92,7 @@ def gemv(
         ok = norm_weight.shape == x.shape[-1:]
     if not ok:
         return gemv_ref(x, weight, **kw)
-    from .triton_gemv import gemv_fwd, pdl_supported
+    from .triton_gemv import gemv_fwd
 
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
@@ -132,7 +132,7 @@ def norm_add_gemv(
     ok = gemv_applies(y, weight, res, w1, w2, backend=backend) and _rows_like(res, y, y.shape[-1])
     if not ok or w1.shape != y.shape[-1:] or w2.shape != y.shape[-1:]:
         return norm_add_gemv_ref(res, y, w1, eps1, weight, w2, eps2, up=up, width=width)
-    from .triton_gemv import gemv_fwd, pdl_supported
+    from .triton_gemv import gemv_fwd
 
     K = y.shape[-1]
     y2, r2 = y.reshape(-1, K), res.reshape(-1, K)

@@ -208,7 +208,7 @@ def gemv_fwd(
     the branch output RMSNorm₁ reads); `gated` = (gate `[M, K]`, group) makes the norm fla's gated
     one over groups of `group` channels (a power of two ≤ MAX_GROUP; norm_weight `[dim]`, dim a
     multiple of group dividing K); `pdl` launches it as a programmatic dependent launch (the caller
-    checks the card is sm_90 or newer, `pdl_supported`)."""
+    checks the card is sm_90 or newer, `common.backend.pdl_supported`)."""
     M, K = x2.shape
     N = out.shape[1]
     pro = PRO_CODES[None if norm_weight is None else "rmsnorm" if sandwich is None else "norm-add-rmsnorm"]
@@ -241,8 +241,3 @@ def prefetch_bytes(weight: torch.Tensor, N: int, up: int | None) -> int:
         return 0
     rows = N * (2 if up is not None else 1)
     return min(weight.shape[1] * elt, PF_BYTES // rows) // 16 * 16
-
-
-def pdl_supported(t: torch.Tensor) -> bool:
-    """Programmatic dependent launch (`griddepcontrol`) runs on `t`'s card: CUDA, sm_90 or newer."""
-    return t.is_cuda and not triton_interpreting() and torch.cuda.get_device_capability(t.device)[0] >= 9
