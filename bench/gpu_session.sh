@@ -124,10 +124,10 @@ for s in ${STAGES:-env}; do
     decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
     # the opt-in decode rules: one projection after a window of small kernels (L2 prefetch), then
-    # the hybrid's whole step under each rule set of RULE_SETS in one process
+    # the hybrid's whole step under each rule set of RULE_SETS in one process (PREFETCH_CTX, _BATCHES)
     l2_prefetch) stage l2_prefetch "${LIM_PREFETCH:-300}" bash -c 'python3 bench/l2_prefetch.py --out "$1" &&
-                   python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 --ctx "${CONTEXTS:-4k}" --batch "${BATCHES:-1,8}" \
-                     --rules "${RULE_SETS:-default,+l2_prefetch,+gdn_decode,+decode_gemv,+decode_gemv+gemv_pdl,+decode_gemv+gemv_pdl+l2_prefetch}" \
+                   python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 --ctx "${PREFETCH_CTX:-4k}" --batch "${PREFETCH_BATCHES:-1,8}" \
+                     --rules "${RULE_SETS:-default,+decode_gemv,+decode_gemv+gemv_pdl,+l2_prefetch,+gdn_decode,+decode_gemv+gemv_pdl+l2_prefetch}" \
                      --hw "$2" --json "$1/decode_rules.json"' _ "$OUT/res" "$HW" ;;
     # PROFILE_MODELS: example stems, comma-separated
     decode_profile) stage decode_profile "${LIM_PROFILE_DECODE:-150}" python3 bench/decode_profile.py \
