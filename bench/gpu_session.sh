@@ -123,12 +123,13 @@ for s in ${STAGES:-env}; do
     dsa_bwd) stage dsa_bwd "${LIM_DSA_BWD:-180}" python3 bench/dsa_sparse_bwd.py --out "$OUT/res/dsa_sparse_bwd.json" ;;
     decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
-    # the opt-in decode rules: one projection after a window of small kernels (L2 prefetch), then
-    # the hybrid's whole step under each rule set of RULE_SETS in one process (PREFETCH_CTX, _BATCHES)
-    l2_prefetch) stage l2_prefetch "${LIM_PREFETCH:-300}" bash -c 'python3 bench/l2_prefetch.py --out "$1" &&
-                   python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 --ctx "${PREFETCH_CTX:-4k}" --batch "${PREFETCH_BATCHES:-1,8}" \
+    # the opt-in decode rules: the hybrid's whole step under each rule set of RULE_SETS in one
+    # process (PREFETCH_CTX, _BATCHES; rows kept as they land), then one projection after a window
+    # of small kernels, cold against L2-prefetched
+    l2_prefetch) stage l2_prefetch "${LIM_PREFETCH:-300}" bash -c 'python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \
+                     --ctx "${PREFETCH_CTX:-4k}" --batch "${PREFETCH_BATCHES:-1,8}" \
                      --rules "${RULE_SETS:-default,+decode_gemv,+decode_gemv+gemv_pdl,+l2_prefetch,+gdn_decode,+decode_gemv+gemv_pdl+l2_prefetch}" \
-                     --hw "$2" --json "$1/decode_rules.json"' _ "$OUT/res" "$HW" ;;
+                     --hw "$2" --json "$1/decode_rules.json"; python3 bench/l2_prefetch.py --out "$1"' _ "$OUT/res" "$HW" ;;
     # PROFILE_MODELS: example stems, comma-separated
     decode_profile) stage decode_profile "${LIM_PROFILE_DECODE:-150}" python3 bench/decode_profile.py \
                       $(m=${PROFILE_MODELS:-lt2_hybrid_gdn_dsa,ouro_looped_transformer}; printf 'examples/%s.lt2 ' ${m//,/ }) \
@@ -177,7 +178,7 @@ for s in ${STAGES:-}; do
     grep -E '[0-9]+ (passed|failed)' <<< "$body" | tail -1 ;; esac
 done
 for s in ${STAGES:-}; do
-  case $s in bench_*|profile|smoke|decode_*|dsa_attn|train|train_profile|distill|experiment) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
+  case $s in bench_*|profile|smoke|decode_*|dsa_attn|l2_prefetch|train|train_profile|distill|experiment) echo "---- $s"; awk -v s="===== $s:" 'index($0, s)==1{p=1; next} /^===== /{p=0} p' "$LOG" \
     | grep -v -E "^\s*$|^\s|Traceback" | tail -${BENCH_LINES:-30} | cut -c1-160 ;; esac
 done
 [ -s "$LT2_FAIL_LOG" ] && { echo "---- failure reasons ($LT2_FAIL_LOG)"; grep -E "^(==|E )" "$LT2_FAIL_LOG" | cut -c1-200 | head -${FAIL_LINES:-40}; }
