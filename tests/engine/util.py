@@ -29,7 +29,7 @@ def jitter(model, scale: float = 0.05, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device))
     return model
 
 

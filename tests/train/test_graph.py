@@ -324,7 +324,7 @@ def test_the_indexer_loss_reads_nothing_back_on_the_host(tmp_path, monkeypatch, 
     cfg = with_graph(config(tmp_path, "reads", **{**BASE, "training": training}))
     cfg["model"]["backend"] = backend
     tr = Trainer(validate(cfg), init_dist(device))
-    batches = tr.data.train.next_step()
+    batches = [b.to(torch.device(device)) for b in tr.data.train.next_step()]
     static = graph.StaticStep.like(batches)
     static.load(batches, 0.5)
     monkeypatch.setattr(tr.opt, "step", lambda: None)

@@ -34,33 +34,62 @@ _L2_EPS = tl.constexpr(L2_EPS)
 
 
 @triton.jit
-def _conv_silu(x_row, h_row, w, bias, c, m, shc, W: tl.constexpr, HAS_B: tl.constexpr, SHIFT: tl.constexpr):
+def _history(h_row, c, m, shc, W: tl.constexpr, WP: tl.constexpr):
+    """The W − 1 history columns of channels c as one `[len(c), WP]` tile (WP ≥ W − 1 a power of
+    two; the columns past W − 2 zero) and their pointers."""
+    cols = tl.arange(0, WP)
+    p_h = h_row + c[:, None] * shc + cols[None, :]
+    return tl.load(p_h, mask=m[:, None] & (cols < W - 1)[None, :], other=0.0), p_h, cols
+
+
+@triton.jit
+def _store_shifted(hist, p_h, cols, b_x, m, W: tl.constexpr):
+    """The history takes x as its newest column: column j − 1 ← column j (from the tile read
+    before), column W − 2 ← x. A channel's value is held by several threads (the 1-D layout of a
+    multi-warp program replicates it), so every thread must have read the history before any
+    writes it: the barrier orders all reads before all writes."""
+    tl.debug_barrier()
+    tl.store(p_h - 1, hist, mask=m[:, None] & (cols >= 1)[None, :] & (cols < W - 1)[None, :])
+    last = tl.where((cols == W - 2)[None, :], b_x[:, None], hist)
+    tl.store(p_h, last.to(p_h.dtype.element_ty), mask=m[:, None] & (cols == W - 2)[None, :])
+
+
+@triton.jit
+def _conv_silu(
+    x_row,
+    h_row,
+    w,
+    bias,
+    c,
+    m,
+    shc,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SHIFT: tl.constexpr,
+):
     """SiLU of the causal depthwise conv of channels c (mask m) at the new input: bias, then the
     W − 1 history taps oldest first, then x (the prefill kernel's order); with SHIFT the history
-    takes x as its newest column, each column read before it is overwritten. fp32 `[len(c)]`."""
+    takes x as its newest column (`_store_shifted`). fp32 `[len(c)]`."""
     acc = tl.zeros(c.shape, dtype=tl.float32)
     if HAS_B:
         acc += tl.load(bias + c, mask=m, other=0.0).to(tl.float32)
-    p_h = h_row + c * shc
+    hist, p_h, cols = _history(h_row, c, m, shc, W, WP)
     for j in tl.static_range(W - 1):
-        b_h = tl.load(p_h + j, mask=m, other=0.0)
-        acc += b_h.to(tl.float32) * tl.load(w + c * W + j, mask=m, other=0.0).to(tl.float32)
-        if SHIFT and j > 0:
-            tl.store(p_h + (j - 1), b_h, mask=m)
+        b_h = tl.sum(tl.where((cols == j)[None, :], hist.to(tl.float32), 0.0), axis=1)  # column j, exact
+        acc += b_h * tl.load(w + c * W + j, mask=m, other=0.0).to(tl.float32)
     b_x = tl.load(x_row + c, mask=m, other=0.0)
     acc += b_x.to(tl.float32) * tl.load(w + c * W + (W - 1), mask=m, other=0.0).to(tl.float32)
     if SHIFT:
-        tl.store(p_h + (W - 2), b_x.to(h_row.dtype.element_ty), mask=m)
+        _store_shifted(hist, p_h, cols, b_x, m, W)
     return acc * tl.sigmoid(acc)
 
 
 @triton.jit
-def _shift(x_row, h_row, c, m, shc, W: tl.constexpr):
-    """The history of channels c takes the new input x as its newest column."""
-    p_h = h_row + c * shc
-    for j in tl.static_range(1, W - 1):
-        tl.store(p_h + (j - 1), tl.load(p_h + j, mask=m, other=0.0), mask=m)
-    tl.store(p_h + (W - 2), tl.load(x_row + c, mask=m, other=0.0).to(h_row.dtype.element_ty), mask=m)
+def _shift(x_row, h_row, c, m, shc, W: tl.constexpr, WP: tl.constexpr):
+    """The history of channels c takes the new input x as its newest column (`_store_shifted`)."""
+    hist, p_h, cols = _history(h_row, c, m, shc, W, WP)
+    _store_shifted(hist, p_h, cols, tl.load(x_row + c, mask=m, other=0.0), m, W)
 
 
 @triton.jit
@@ -68,7 +97,8 @@ def gdn_step_recurrent_kernel(
     XQ, XK, XV, XA, XB, HQ, HK, HVH, WQ, WK, WV, BQ, BK_, BV_, A_log, dt_bias, S, O,
     sxq, sxk, sxv, sab, shq, shk, shv, shqc, shkc, shvc, scale, beta_scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, W: tl.constexpr, HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr, HAS_BV: tl.constexpr,
+    BV: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr,
+    HAS_BV: tl.constexpr,
 ):  # fmt: skip
     """Program (V tile, b · HV + hv): step 1 of the module docstring. X* `[B, C]` rows sxq… apart
     (unit channel stride), XA/XB `[B, HV]` rows sab apart; H* `[B, C, W−1]` (batch, channel
@@ -78,8 +108,8 @@ def gdn_step_recurrent_kernel(
     h = hv // (HV // H)
     ok = tl.arange(0, BK)
     mk = ok < K
-    q = _conv_silu(XQ + b * sxq, HQ + b * shq, WQ, BQ, h * K + ok, mk, shqc, W, HAS_BQ, False)
-    k = _conv_silu(XK + b * sxk, HK + b * shk, WK, BK_, h * K + ok, mk, shkc, W, HAS_BK, False)
+    q = _conv_silu(XQ + b * sxq, HQ + b * shq, WQ, BQ, h * K + ok, mk, shqc, W, WP, HAS_BQ, False)
+    k = _conv_silu(XK + b * sxk, HK + b * shk, WK, BK_, h * K + ok, mk, shkc, W, WP, HAS_BK, False)
     q = tl.where(mk, q, 0.0)
     k = tl.where(mk, k, 0.0)
     # L2 per head, then the inputs' dtype: what the conv kernel stores and the recurrence loads
@@ -87,7 +117,7 @@ def gdn_step_recurrent_kernel(
     k = cast(k / tl.sqrt(tl.sum(k * k, 0) + _L2_EPS), XK.dtype.element_ty).to(tl.float32)
     ov = i_v * BV + tl.arange(0, BV)
     mv = ov < V
-    v = _conv_silu(XV + b * sxv, HVH + b * shv, WV, BV_, hv * V + ov, mv, shvc, W, HAS_BV, True)
+    v = _conv_silu(XV + b * sxv, HVH + b * shv, WV, BV_, hv * V + ov, mv, shvc, W, WP, HAS_BV, True)
     v = cast(v, XV.dtype.element_ty).to(tl.float32)
     b_a = tl.load(XA + b * sab + hv).to(tl.float32)
     b_b = tl.load(XB + b * sab + hv).to(tl.float32)
@@ -108,7 +138,7 @@ def gdn_step_recurrent_kernel(
 def gdn_step_norm_kernel(
     O, XZ, GAMMA, OUT, XQ, XK, HQ, HK, sxz, sxq, sxk, shq, shk, shqc, shkc, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BVF: tl.constexpr, W: tl.constexpr,
+    BVF: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
 ):  # fmt: skip
     """Program b · HV + hv: step 2 of the module docstring. O `[B, HV, V]`, XZ the gate `[B, HV·V]`
     rows sxz apart, GAMMA `[V]`; OUT `[B, HV, V]` in γ's dtype."""
@@ -127,8 +157,8 @@ def gdn_step_norm_kernel(
         h = hv // G
         ok = tl.arange(0, BK)
         mk = ok < K
-        _shift(XQ + b * sxq, HQ + b * shq, h * K + ok, mk, shqc, W)
-        _shift(XK + b * sxk, HK + b * shk, h * K + ok, mk, shkc, W)
+        _shift(XQ + b * sxq, HQ + b * shq, h * K + ok, mk, shqc, W, WP)
+        _shift(XK + b * sxk, HK + b * shk, h * K + ok, mk, shkc, W, WP)
 
 
 def _rows(x: Tensor) -> Tensor:
@@ -173,13 +203,15 @@ def gdn_step(
         x2[0], x2[1], x2[2], xa2, xb2, hq, hk, hv, *w2, *bias, A_log, dt_bias, state, o,
         x2[0].stride(0), x2[1].stride(0), x2[2].stride(0), xa2.stride(0), hq.stride(0), hk.stride(0),
         hv.stride(0), hq.stride(1), hk.stride(1), hv.stride(1), scale, beta_scale,
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, W=W, HAS_BQ=conv_biases[0] is not None,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, W=W, WP=triton.next_power_of_2(W - 1),
+        HAS_BQ=conv_biases[0] is not None,
         HAS_BK=conv_biases[1] is not None, HAS_BV=conv_biases[2] is not None, num_warps=4,
     )  # fmt: skip
     gdn_step_norm_kernel[(B * HV,)](
         o, x2[5], gamma, out, x2[0], x2[1], hq, hk, x2[5].stride(0), x2[0].stride(0), x2[1].stride(0),
         hq.stride(0), hk.stride(0), hq.stride(1), hk.stride(1), eps,
-        H=H, HV=HV, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), W=W, num_warps=4,
+        H=H, HV=HV, K=K, V=V, BK=BK, BVF=triton.next_power_of_2(V), W=W, WP=triton.next_power_of_2(W - 1),
+        num_warps=4,
     )  # fmt: skip
     return out
 

@@ -19,12 +19,12 @@ def jobs() -> list[Job]:
         strides = ("sxq", "sxk", "sxv", "sab", "shq", "shk", "shv", "shqc", "shkc", "shvc")
         scalars = dict.fromkeys(strides, "i32")
         scalars |= {"scale": "fp32", "beta_scale": "fp32"}
-        cex = dict(H=H, HV=HV, K=K, V=V, BK=K, BV=32, W=4, HAS_BQ=False, HAS_BK=False, HAS_BV=False)
+        cex = dict(H=H, HV=HV, K=K, V=V, BK=K, BV=32, W=4, WP=4, HAS_BQ=False, HAS_BK=False, HAS_BV=False)
         out += tuned_jobs(f"gdn_step/recurrent-{tag}", G.gdn_step_recurrent_kernel, rec_ptrs, scalars, cex,
                           launch=(4, 1), aligned=())  # fmt: skip
         norm_ptrs = {n: "*bf16" for n in ("O", "XZ", "GAMMA", "OUT", "XQ", "XK", "HQ", "HK")}
         nscalars = {n: "i32" for n in ("sxz", "sxq", "sxk", "shq", "shk", "shqc", "shkc")} | {"eps": "fp32"}
-        ncex = dict(H=H, HV=HV, K=K, V=V, BK=K, BVF=V, W=4)
+        ncex = dict(H=H, HV=HV, K=K, V=V, BK=K, BVF=V, W=4, WP=4)
         out += tuned_jobs(f"gdn_step/norm-{tag}", G.gdn_step_norm_kernel, norm_ptrs, nscalars, ncex,
                           launch=(4, 1), aligned=())  # fmt: skip
     return out
