@@ -128,7 +128,7 @@ for s in ${STAGES:-env}; do
     # of small kernels, cold against L2-prefetched
     l2_prefetch) stage l2_prefetch "${LIM_PREFETCH:-300}" bash -c 'python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \
                      --ctx "${PREFETCH_CTX:-4k}" --batch "${PREFETCH_BATCHES:-1,8}" \
-                     --rules "${RULE_SETS:-default,+decode_gemv,+decode_gemv+gemv_pdl,+l2_prefetch,+gdn_decode,+decode_gemv+gemv_pdl+l2_prefetch}" \
+                     --rules "${RULE_SETS:-default,+decode_gemv,+l2_prefetch,+gdn_decode,+gdn_decode+decode_gemv}" \
                      --hw "$2" --json "$1/decode_rules.json"; python3 bench/l2_prefetch.py --out "$1"' _ "$OUT/res" "$HW" ;;
     # PROFILE_MODELS: example stems, comma-separated
     decode_profile) stage decode_profile "${LIM_PROFILE_DECODE:-150}" python3 bench/decode_profile.py \

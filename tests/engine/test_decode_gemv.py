@@ -27,12 +27,10 @@ class Launches(list):
     def __init__(self):
         super().__init__()
         self.forms = collections.Counter()
-        self.pdl = collections.Counter()
 
     def clear(self):
         super().clear()
         self.forms.clear()
-        self.pdl.clear()
 
 
 def gemv_model(opt_in=("decode_gemv",), fuse: bool = True, body: str = BODY, **settings):
@@ -53,7 +51,6 @@ def launches(monkeypatch):
     def spy(x2, *args, **kw):
         seen.append(x2.shape[0])
         seen.forms[next((k for k in ("gated", "sandwich") if kw.get(k) is not None), "other")] += 1
-        seen.pdl[kw.get("pdl", False)] += 1
         return real(x2, *args, **kw)
 
     monkeypatch.setattr(triton_gemv, "gemv_fwd", spy)
@@ -104,23 +101,3 @@ def test_the_rule_is_off_unless_named():
         gemv_model(opt_in=("decode_gemvv",))
     with pytest.raises(ValueError, match="fuse=False"):
         gemv_model(fuse=False)
-
-
-def test_gemv_pdl_marks_every_fused_node_and_keeps_the_tokens(launches):
-    """`gemv_pdl` brings `decode_gemv` along and marks its nodes; the GEMVs launch as dependent
-    launches exactly where the card runs them (sm_90 and newer: the GPU run of this test), the
-    tokens are the eager path's either way (captured in a CUDA graph on the GPU)."""
-    from lt2dsl.kernels.common.backend import pdl_supported
-    from lt2dsl.lowering.fx_passes.decode_gemv import proj_add_norm_split
-
-    model = gemv_model(opt_in=("gemv_pdl",))
-    assert fx_passes.COUNTERS["decode_gemv"] == 7 and fx_passes.COUNTERS["gemv_pdl"] == 7
-    nodes = [n for n in model.graph_module.graph.nodes if n.target is proj_add_norm_split]
-    assert len(nodes) == 7 and all(n.kwargs["pdl"] is True for n in nodes)
-    ids = tokens(2, 4).to(DEVICE)
-    got = Engine(model, capture=DEVICE == "cuda").generate(ids, 4)
-    assert launches and set(launches.pdl) == {pdl_supported(ids)}
-    launches.clear()
-    assert torch.equal(got, eager_greedy(model, ids, 4))
-    assert not launches
-    assert not fx_passes.fuse(model.graph_module, opt_in=["gemv_pdl"]).modified

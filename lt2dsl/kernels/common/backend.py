@@ -24,13 +24,6 @@ def triton_usable(device: torch.device) -> bool:
     return device.type == "cpu" and triton_interpreting()
 
 
-def pdl_supported(t: torch.Tensor) -> bool:
-    """Programmatic dependent launch (`griddepcontrol`) runs on `t`'s card: CUDA, sm_90 or newer.
-    Kernels that take a `TRIGGER` constexpr signal there, first thing, that a dependent launch
-    (the decode GEMV's, `kernels.gemv`) may start: a no-op before any other kernel."""
-    return t.is_cuda and not triton_interpreting() and torch.cuda.get_device_capability(t.device)[0] >= 9
-
-
 def resolve_backend(backend: str, ref: torch.Tensor, has_triton: bool = True) -> str:
     """Map `backend` to "reference" or "triton" for tensors living where `ref` lives.
 

@@ -88,12 +88,8 @@ class _Family:
     def recurrent(self, gate: str) -> list[Job]:
         cex = dict(H=16, HV=16, K=D, V=D, BK=L.pow2(D), BV=min(32, L.pow2(D)), GATE=L.GATE_IDS[gate],
                    USE_H0=True, STORE_FINAL=True, L2NORM=True, IS_VARLEN=False)  # fmt: skip
-        # `ops._recurrent`: 4 warps up to K = 128, Triton's default 3 stages; on sm_90 with TRIGGER
-        name = f"delta/recurrent-g{cex['GATE']}"
-        jobs = self.jobs(name, delta_recurrent_kernel, cex, launch=(4, 3))
-        return jobs + self.jobs(
-            f"{name}-trigger", delta_recurrent_kernel, cex | {"TRIGGER": True}, launch=(4, 3)
-        )
+        # `ops._recurrent`: 4 warps up to K = 128, Triton's default 3 stages
+        return self.jobs(f"delta/recurrent-g{cex['GATE']}", delta_recurrent_kernel, cex, launch=(4, 3))
 
     def recurrent_raw_gates(self) -> list[Job]:
         """GDN's decode with the raw gate projections a, b (GATE 3, `gates.py`): q, k already
@@ -101,20 +97,8 @@ class _Family:
         cex = dict(H=16, HV=16, K=D, V=D, BK=L.pow2(D), BV=min(32, L.pow2(D)), GATE=GATE_RAW, USE_H0=True,
                    STORE_FINAL=True, L2NORM=False, IS_VARLEN=False)  # fmt: skip
         ptrs = {**self.ptrs, "g": self.ptrs["beta"]}
-        return [
-            job
-            for trigger in (False, True)
-            for job in tuned_jobs(
-                f"delta/recurrent-g3{'-trigger' if trigger else ''}",
-                delta_recurrent_kernel,
-                ptrs,
-                SCALARS,
-                cex | {"TRIGGER": trigger},
-                launch=(4, 3),
-                aligned=("T",),
-                max_stack=MAX_STACK,
-            )
-        ]
+        return tuned_jobs("delta/recurrent-g3", delta_recurrent_kernel, ptrs, SCALARS, cex, launch=(4, 3),
+                          aligned=("T",), max_stack=MAX_STACK)  # fmt: skip
 
 
 def jobs(dtype: torch.dtype = torch.bfloat16) -> list[Job]:

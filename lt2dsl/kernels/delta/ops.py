@@ -22,7 +22,6 @@ import torch
 import triton
 from torch.utils.flop_counter import register_flop_formula
 
-from lt2dsl.kernels.common.backend import pdl_supported
 from lt2dsl.kernels.common.custom_op import custom_op, dispatch_needed
 from lt2dsl.kernels.common.norm import l2norm
 from lt2dsl.kernels.delta.launch import BT, ChunkMeta, empty, kda_prep_fwd, pow2, state_fwd, wy_fwd
@@ -223,7 +222,6 @@ def _recurrent(q, k, v, g, beta, h0, ht, cu_seqlens, gate, scale, l2norm_qk, raw
         STORE_FINAL=ht is not None,
         L2NORM=l2norm_qk,
         IS_VARLEN=cu_seqlens is not None,
-        TRIGGER=pdl_supported(q),
         num_warps=8 if BK > 128 else 4,
     )
     return o

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from lt2dsl.kernels.common.tl_util import kv_channels, tile_head_program
 from lt2dsl.kernels.delta.helpers import rsum, seq_bounds
@@ -37,10 +36,8 @@ def delta_recurrent_kernel(
     q, k, v, g, beta, h0, o, ht, cu_seqlens, T, scale, A_log, dt_bias, s_ab, beta_scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_FINAL: tl.constexpr, L2NORM: tl.constexpr,
-    IS_VARLEN: tl.constexpr, TRIGGER: tl.constexpr = False,
+    IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
-    if TRIGGER:  # a dependent launch after this one (the decode GEMV) may start: it waits for o
-        gdc_launch_dependents()
     i_v, i_nh, i_n, i_hv, i_h = tile_head_program(H, HV)
     bos, eos = seq_bounds(i_n, cu_seqlens, T, IS_VARLEN)
     ok, ov, m_k, m_v = kv_channels(i_v, K, V, BK, BV)

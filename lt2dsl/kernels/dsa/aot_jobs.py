@@ -57,11 +57,8 @@ def _attention() -> list[Job]:
         jobs += tuned_jobs(f"dsa/sparse_split-{dt[1:]}", A._sparse_split_kernel, split, SCALARS,
                            cex | {"NSPLIT": 16}, **kw)  # fmt: skip
         comb = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR")} | {"NSPLIT": 16}
-        for trigger in (False, True):  # TRIGGER on sm_90 (`pdl_supported`)
-            name = f"dsa/sparse_combine-{dt[1:]}{'-trigger' if trigger else ''}"
-            jobs += tuned_jobs(name, A._sparse_combine_kernel, split, SCALARS, comb | {"TRIGGER": trigger},
-                               launch=(cfg["num_warps"], 1), aligned=(),
-                               max_stack=kw["max_stack"])  # fmt: skip
+        jobs += tuned_jobs(f"dsa/sparse_combine-{dt[1:]}", A._sparse_combine_kernel, split, SCALARS, comb,
+                           launch=(cfg["num_warps"], 1), aligned=(), max_stack=kw["max_stack"])  # fmt: skip
     return jobs
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from ..attention.triton_bwd import bwd_preprocess
 from ..attention.triton_fwd import LOG2E, NEG_BIG
@@ -35,7 +34,7 @@ from ..common.attn_triton import (
     softmax_step,
 )
 from ..common.attn_utils import rows_contiguous
-from ..common.backend import new_empty, pdl_supported, triton_interpreting
+from ..common.backend import new_empty, triton_interpreting
 from .triton_attn_bykey import dkdv_by_key
 
 # how `sparse_attn_bwd` sums dk, dv over the queries that selected each key ("auto": `resolve_dkdv`)
@@ -188,13 +187,10 @@ def _sparse_split_kernel(
 def _sparse_combine_kernel(
     O_PART, LSE_PART, O, LSE, Tq, NROWS,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    NSPLIT: tl.constexpr, TRIGGER: tl.constexpr = False,
+    NSPLIT: tl.constexpr,
 ):  # fmt: skip
     """Merge the NSPLIT partials of one (query t, batch · kv head) by their lse: o and LSE as
-    `_sparse_fwd_kernel` writes them (+inf where no split selected anything). `TRIGGER`: a
-    dependent launch after it (the decode GEMV of o_proj) may start first thing; it waits for O."""
-    if TRIGGER:
-        gdc_launch_dependents()
+    `_sparse_fwd_kernel` writes them (+inf where no split selected anything)."""
     HKV = HQ // GRP
     t, pid = tl.program_id(0), tl.program_id(1)
     b, hk = pid // HKV, pid % HKV
@@ -344,7 +340,7 @@ def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None):
     )  # fmt: skip
     _sparse_combine_kernel[(Tq, B * HKV)](
         o_part, lse_part, o, lse, Tq, B * Tq, HQ=HQ, GRP=HQ // HKV, DV=DV, BDV=BDV, BR=BR, NSPLIT=ns,
-        TRIGGER=pdl_supported(q), num_warps=cex["num_warps"], num_stages=1,
+        num_warps=cex["num_warps"], num_stages=1,
     )  # fmt: skip
     return o, lse
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from lt2dsl.kernels.common.backend import pdl_supported, resolve_backend
+from lt2dsl.kernels.common.backend import resolve_backend
 
 from .naive import gemv_ref, norm_add_gemv_ref
 
@@ -58,7 +58,6 @@ def gemv(
     gate: torch.Tensor | None = None,
     group: int | None = None,
     backend: str = "auto",
-    pdl: bool = False,
 ) -> torch.Tensor:
     """`[..., K]` → `[..., N]`: f(x) @ Wᵀ, one launch for M = x.numel() / K ≤ 16 rows.
 
@@ -70,8 +69,6 @@ def gemv(
             silu(gate) · up. Default width: `up`.
         gate, group: `[..., K]` and an int: the norm is fla's gated RMSNorm (GDN's output norm) over
             each group of `group` channels, · γ (`[dim]`, repeated over K), · silu(gate).
-        pdl: on an sm_90 (or newer) card, a programmatic dependent launch that asks L2 for its
-            weight before the previous kernel ends (`triton_gemv`'s `PDL`); ignored elsewhere.
     Returns:
         `[..., N]` in x's dtype (N = width with `up`, else N_w); the unfused chain's values up to
         bf16 rounding.
@@ -99,8 +96,7 @@ def gemv(
     out = torch.empty(x2.shape[0], N, dtype=x.dtype, device=x.device)
     r2 = residual.reshape(-1, N) if residual is not None else None
     gated = (gate.reshape(-1, K), group) if gate is not None else None
-    opts = {"residual": r2, "up": up, "gated": gated, "pdl": pdl and pdl_supported(x)}
-    gemv_fwd(x2, weight, out, norm_weight=norm_weight, eps=_eps(eps, x), **opts)
+    gemv_fwd(x2, weight, out, norm_weight=norm_weight, eps=_eps(eps, x), residual=r2, up=up, gated=gated)
     return out.view(*lead, N)
 
 
@@ -116,14 +112,13 @@ def norm_add_gemv(
     up: int | None = None,
     width: int | None = None,
     backend: str = "auto",
-    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A sandwich block's residual add-norm and the projection of its normed sum, one launch:
     s = res + RMSNorm(y) · γ₁, (s, gemv(RMSNorm(s) · γ₂, W[, up, width])).
 
     Args:
         res, y: `[..., K]` the residual stream and the branch output; w1, w2 `[K]`; weight `[N_w, K]`.
-        up, width: the SwiGLU epilogue, as `gemv`'s; pdl: as `gemv`'s.
+        up, width: the SwiGLU epilogue, as `gemv`'s.
     Returns:
         (s `[..., K]`, out `[..., N]`) in y's dtype, the unfused chain's values up to bf16 rounding.
     """
@@ -138,9 +133,7 @@ def norm_add_gemv(
     y2, r2 = y.reshape(-1, K), res.reshape(-1, K)
     s = torch.empty(y2.shape, dtype=y.dtype, device=y.device)
     out = torch.empty(y2.shape[0], N, dtype=y.dtype, device=y.device)
-    sandwich = (r2, w1, _eps(eps1, y), s)
-    pdl = pdl and pdl_supported(y)
-    gemv_fwd(y2, weight, out, norm_weight=w2, eps=_eps(eps2, y), up=up, sandwich=sandwich, pdl=pdl)
+    gemv_fwd(y2, weight, out, norm_weight=w2, eps=_eps(eps2, y), up=up, sandwich=(r2, w1, _eps(eps1, y), s))
     return s.view(y.shape), out.view(*y.shape[:-1], N)
 
 

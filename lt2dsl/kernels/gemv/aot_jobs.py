@@ -3,9 +3,7 @@ its pruner keeps in each of the forms the decode rules launch (a 2048-wide model
 SwiGLU MLP, the hybrid example's; bf16): the in-projection with the RMSNorm prologue, the gate/up projection
 with the RMSNorm prologue and the SwiGLU epilogue, the o_proj / down projection with the residual
 epilogue, the plain product, and a sandwich block's in- and gate/up projections with the
-norm-add-norm prologue, and GDN's o_proj with the gated-norm prologue and the residual epilogue;
-the gate/up and down forms also as programmatic dependent launches (`PDL`: the L2 prefetch and the
-grid-dependency instructions, which the interpreter cannot run)."""
+norm-add-norm prologue, and GDN's o_proj with the gated-norm prologue and the residual epilogue."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.gemv import triton_gemv as G
 
 DIM, HIDDEN = 2048, 5632
-SCALARS = {n: "i32" for n in ("M", "N", "K", "sx", "sw", "sy", "sr", "sxr", "ss_", "up", "nwd", "pf")}
+SCALARS = {n: "i32" for n in ("M", "N", "K", "sx", "sw", "sy", "sr", "sxr", "ss_", "up", "nwd")}
 SCALARS |= {"eps": "fp32", "eps1": "fp32"}
 # (tag, prologue, epilogue, N, K): the output width and reduction the pruner sees (the deep
 # configs are kept for narrow outputs only)
@@ -26,18 +24,16 @@ FORMS = (
     ("sandwich-swiglu", "norm-add-rmsnorm", "swiglu", HIDDEN, DIM),
     ("gated-residual", "gated-rmsnorm", "residual", DIM, 2 * DIM),
 )
-PDL_FORMS = ("norm-swiglu", "residual")
 GROUP = 256  # the gated norm's group: the hybrid's GDN value head (head_dim 128, expand_v 2)
 
 
 def jobs() -> list[Job]:
     out = []
-    forms = [(*f, False) for f in FORMS] + [(*f, True) for f in FORMS if f[0] in PDL_FORMS]
-    for tag, pro, epi, N, K, pdl in forms:
-        cex = {"BM": G.BM, "PRO": G.PRO_CODES[pro], "EPI": G.EPI_CODES[epi], "PDL": pdl}
+    for tag, pro, epi, N, K in FORMS:
+        cex = {"BM": G.BM, "PRO": G.PRO_CODES[pro], "EPI": G.EPI_CODES[epi]}
         cex |= {"GROUP": GROUP} if pro == "gated-rmsnorm" else {}
         out += tuned_jobs(
-            f"gemv/{tag}{'-pdl' if pdl else ''}", G.gemv_kernel, {}, SCALARS, cex, values={"N": N, "K": K},
-            aligned=("K", "sw", "pf"), default_ptr="*bf16",
+            f"gemv/{tag}", G.gemv_kernel, {}, SCALARS, cex, values={"N": N, "K": K}, aligned=("K", "sw"),
+            default_ptr="*bf16",
         )  # fmt: skip
     return out

@@ -29,11 +29,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from lt2dsl.kernels.common.backend import triton_interpreting
 from lt2dsl.kernels.common.tl_util import INTERP, cast, helper
-from lt2dsl.kernels.prefetch.triton_prefetch import PREFETCH_ASM
 
 BM = 16  # tl.dot's smallest tile: the decode rows, padded
 MAX_M = BM
@@ -48,9 +46,6 @@ EPI_CODES = {None: 0, "swiglu": 1, "residual": 2}
 # (MLP down and GDN o_proj, N = 2048; bench/results/2026-12-06_s27_*).
 NARROW_N = 4096
 DEEP = ((16, 256, 4, 6), (16, 512, 8, 4), (16, 1024, 8, 3))
-# Bytes of a PDL launch's weight asked into L2 before it waits: a third of the H100's 50 MB, so
-# the next GEMV's head and this one's stream fit together.
-PF_BYTES = 16 * 1024 * 1024
 
 
 def gemv_configs() -> list:
@@ -103,12 +98,6 @@ def _dot(a, b):
     return tl.dot(a, b)
 
 
-@helper
-def _l2_rows(rows, nbytes):
-    """Ask L2 for `nbytes` (a multiple of 16, 0: none) at each 16-byte aligned row start."""
-    tl.inline_asm_elementwise(PREFETCH_ASM, "=r,l,r", [rows, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.autotune(
     gemv_configs(),
     key=["N", "K", "M", "PRO", "EPI", "GROUP"],
@@ -116,21 +105,14 @@ def _l2_rows(rows, nbytes):
 )
 @triton.jit
 def gemv_kernel(
-    x, w, y, r, nw, xr, nw1, s, M, N, K, sx, sw, sy, sr, sxr, ss_, up, nwd, eps, eps1, pf,
+    x, w, y, r, nw, xr, nw1, s, M, N, K, sx, sw, sy, sr, sxr, ss_, up, nwd, eps, eps1,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRO: tl.constexpr, EPI: tl.constexpr,
-    GROUP: tl.constexpr = 1, PDL: tl.constexpr = False,
+    GROUP: tl.constexpr = 1,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rn = pid.to(tl.int64) * BN + tl.arange(0, BN)
     rm = tl.arange(0, BM)
     m_n, m_m = rn < N, rm < M
-    if PDL:
-        nbytes = tl.where(m_n, pf, 0)
-        _l2_rows(w + rn * sw, nbytes)
-        if EPI == 1:
-            _l2_rows(w + (rn + up) * sw, nbytes)
-        gdc_wait()
-        gdc_launch_dependents()
     DT = y.dtype.element_ty
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     acc_u = tl.zeros([BN, BM], dtype=tl.float32)
@@ -199,7 +181,6 @@ def gemv_fwd(
     up: int | None = None,
     sandwich: tuple[torch.Tensor, torch.Tensor, float, torch.Tensor] | None = None,
     gated: tuple[torch.Tensor, int] | None = None,
-    pdl: bool = False,
 ) -> torch.Tensor:
     """Launch the kernel: x2 `[M, K]` (unit column stride), weight `[N_w, K]` (unit column stride),
     out `[M, N]` written (N = the gate half's width with `up`), residual `[M, N]` or None.
@@ -207,8 +188,7 @@ def gemv_fwd(
     `sandwich` = (res `[M, K]`, γ₁ `[K]`, ε₁, s `[M, K]` written) the norm-add before it (x2 is then
     the branch output RMSNorm₁ reads); `gated` = (gate `[M, K]`, group) makes the norm fla's gated
     one over groups of `group` channels (a power of two ≤ MAX_GROUP; norm_weight `[dim]`, dim a
-    multiple of group dividing K); `pdl` launches it as a programmatic dependent launch (the caller
-    checks the card is sm_90 or newer, `common.backend.pdl_supported`)."""
+    multiple of group dividing K)."""
     M, K = x2.shape
     N = out.shape[1]
     pro = PRO_CODES[None if norm_weight is None else "rmsnorm" if sandwich is None else "norm-add-rmsnorm"]
@@ -226,18 +206,6 @@ def gemv_fwd(
     gemv_kernel[grid](
         x2, weight, out, r, nw, xr, nw1, s, M, N, K, x2.stride(0), weight.stride(0), out.stride(0),
         r.stride(0), xr.stride(0), s.stride(0), up or 0, nw.shape[0], float(eps), float(eps1),
-        prefetch_bytes(weight, N, up) if pdl else 0, BM=BM, PRO=pro, EPI=epi, GROUP=group, PDL=pdl,
-        **({"launch_pdl": True} if pdl else {}),
+        BM=BM, PRO=pro, EPI=epi, GROUP=group,
     )  # fmt: skip
     return out
-
-
-def prefetch_bytes(weight: torch.Tensor, N: int, up: int | None) -> int:
-    """Bytes of each weight row a PDL launch asks L2 for: `PF_BYTES` over the rows it reads (twice N
-    with the SwiGLU epilogue), at most a row, a multiple of 16; 0 where the rows do not start on
-    16-byte boundaries (the bulk prefetch's alignment)."""
-    elt = weight.element_size()
-    if weight.data_ptr() % 16 or (weight.stride(0) * elt) % 16:
-        return 0
-    rows = N * (2 if up is not None else 1)
-    return min(weight.shape[1] * elt, PF_BYTES // rows) // 16 * 16

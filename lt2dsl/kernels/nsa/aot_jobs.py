@@ -67,10 +67,7 @@ def _decode() -> list[Job]:
     ccex = dict(HQ=16, GRP=16, DV=128, BDV=128, BR=16, NSPLIT=24, LOGITS=True)
     cscalars = {"SG": "i32", "NS_SLC": "i32"}
     kernel = TD.nsa_decode_combine_kernel
-    for trigger in (False, True):  # TRIGGER on sm_90 (`pdl_supported`)
-        name = f"nsa/decode-combine{'-trigger' if trigger else ''}"
-        cex_t = ccex | {"TRIGGER": trigger}
-        jobs += tuned_jobs(name, kernel, combine, cscalars, cex_t, launch=(4, 1), aligned=())
+    jobs += tuned_jobs("nsa/decode-combine", kernel, combine, cscalars, ccex, launch=(4, 1), aligned=())
     # the compression of k and v in one launch
     ptrs = {f"{n}{i}": "*bf16" for i in "01" for n in ("X", "BUF", "PE", "W", "BIAS")} | {"POS": "*i64"}
     strides = ("SXB", "SXT", "SXH", "SBB", "SBH", "SBN")

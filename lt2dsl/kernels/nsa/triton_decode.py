@@ -33,12 +33,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from ..attention.triton_fwd import LOG2E
 from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
 from ..common.attn_utils import rows_contiguous
-from ..common.backend import new_empty, pdl_supported, triton_interpreting
+from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
 from ..dsa.triton_attn import _launch as dsa_launch
 from ..dsa.triton_attn import _sparse_split_kernel
@@ -276,16 +275,13 @@ def nsa_decode_merge_select_kernel(
 def nsa_decode_combine_kernel(
     O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    NSPLIT: tl.constexpr, LOGITS: tl.constexpr, TRIGGER: tl.constexpr = False,
+    NSPLIT: tl.constexpr, LOGITS: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): the partials of `dsa.triton_attn._sparse_split_kernel` over one index row
     (splits [0, NS_SLC) the selected blocks' tokens, the rest the window's) merged per branch by
     their lse, then OUT = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa in fp32 for the group's
     heads, cast once. G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG apart (with LOGITS their
-    logits: the weights are their sigmoids, taken here in fp32); OCMP `[B, HQ, DV]`. `TRIGGER`: a
-    dependent launch after it (the decode GEMV of o_proj) may start first thing; it waits for OUT."""
-    if TRIGGER:
-        gdc_launch_dependents()
+    logits: the weights are their sigmoids, taken here in fp32); OCMP `[B, HQ, DV]`."""
     HKV: tl.constexpr = HQ // GRP
     pid = tl.program_id(0)
     b, hk = pid // HKV, pid % HKV
@@ -517,6 +513,6 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
         gc = gc.contiguous()
     nsa_decode_combine_kernel[(B * HKV,)](
         o_part, lse_part, o_cmp, gc, out, gc.stride(0), ns_slc, HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"],
-        BR=cex["BR"], NSPLIT=ns, LOGITS=gate_logits, TRIGGER=pdl_supported(q), num_warps=warps, num_stages=1,
+        BR=cex["BR"], NSPLIT=ns, LOGITS=gate_logits, num_warps=warps, num_stages=1,
     )  # fmt: skip
     return (out, idx) if return_indices else out

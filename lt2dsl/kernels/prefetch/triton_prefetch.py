@@ -17,7 +17,7 @@ from lt2dsl.kernels.common.tl_util import helper
 CHUNK = 16 * 1024  # bytes one prefetch instruction asks for
 BLOCK = 128  # prefetches per program: one per thread of 4 warps
 # the instruction asks for a multiple of 16 bytes at a 16-byte aligned address
-PREFETCH_ASM = tl.constexpr("""{
+_PREFETCH = tl.constexpr("""{
 .reg .pred p;
 setp.ne.s32 p, $2, 0;
 @p cp.async.bulk.prefetch.L2.global [$1], $2;
@@ -41,7 +41,7 @@ def l2_prefetch_kernel(base, nbytes, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Prefetch bytes [0, nbytes) of `base` (a 16-byte aligned `*u8`) into L2."""
     start, size = _plan(nbytes, CHUNK, BLOCK)
     addr = base + start
-    tl.inline_asm_elementwise(PREFETCH_ASM, "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(_PREFETCH, "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

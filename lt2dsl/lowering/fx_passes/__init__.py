@@ -20,13 +20,12 @@ code before and after.
 | `rope_cache` | RoPE of q, [LayerNorm'd] k → k (, v) appended to the cache → one node, one decode launch |
 | `dsa_w_scale` | dsa_attend(…, w · c) → dsa_attend(…, w, w_scale=c): the indexer scales w in its kernel |
 
-Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; not yet timed on a GPU):
+Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; none faster on the H100, s32):
 
 | rule | pattern → replacement |
 |---|---|
 | `gdn_decode` | GDN convs → gated recurrence → gated norm · W_o → one node: two launches and W_o at decode |
 | `decode_gemv` | proj → (norm_)add_rmsnorm → linear_split [→ swiglu] → one node: two GEMVs at decode |
-| `gemv_pdl` | `decode_gemv`'s GEMVs as programmatic dependent launches (sm_90: weight into L2 early) |
 | `l2_prefetch` | after each projection, the next one's weight prefetched into L2 on a side stream (decode) |
 
 The rules live one per file (a group for the two conv rules); `manager.py` holds the matcher
@@ -51,7 +50,6 @@ from . import (
     dsa_scale,
     gates,
     gdn_step,
-    gemv_pdl,
     out_norm,
     prefetch,
     projections,
@@ -80,9 +78,9 @@ RULES: dict[str, Rule] = {
 }
 
 # Rules off by default, run after `RULES` when named in `opt_in`, in this order (`decode_gemv` folds
-# what `gdn_decode` leaves, `l2_prefetch` sees both's nodes): decode-only rewrites not yet measured
-# to help on a GPU.
-OPT_IN: dict[str, Rule] = {r.name: r for r in (gdn_step.RULE, decode_gemv.RULE, gemv_pdl.RULE, prefetch.RULE)}
+# what `gdn_decode` leaves, `l2_prefetch` sees both's nodes): decode-only rewrites that the H100
+# did not run faster (docs/decode.md).
+OPT_IN: dict[str, Rule] = {r.name: r for r in (gdn_step.RULE, decode_gemv.RULE, prefetch.RULE)}
 
 # rule name -> how many times it fired in the last `fuse` call
 COUNTERS: dict[str, int] = dict.fromkeys([*RULES, *OPT_IN], 0)
@@ -105,16 +103,14 @@ def select(rules: Sequence[str] | None, opt_in: Sequence[str] = ()) -> list[Rule
 
 
 def opt_in_names(opt_in: Sequence[str]) -> tuple[str, ...]:
-    """`opt_in` checked against `OPT_IN` (a ValueError names an unknown one) with the opt-in rules
-    they need (`Rule.needs`), in `OPT_IN` order."""
+    """`opt_in` checked against `OPT_IN` (a ValueError names an unknown one), in `OPT_IN` order."""
     if isinstance(opt_in, str):
         opt_in = [opt_in]
     unknown = [r for r in opt_in if r not in OPT_IN]
     if unknown:
         names = ", ".join(map(repr, unknown))
         raise ValueError(f"unknown opt-in fusion rule(s) {names}; opt-in rules: {', '.join(OPT_IN)}")
-    wanted = set(opt_in) | {n for r in opt_in for n in OPT_IN[r].needs}
-    return tuple(name for name in OPT_IN if name in wanted)
+    return tuple(name for name in OPT_IN if name in opt_in)
 
 
 def fuse(

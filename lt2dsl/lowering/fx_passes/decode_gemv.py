@@ -25,8 +25,8 @@ projection, read by the add alone; both outputs are read, the normed one by one 
 `linear_split` alone; a split of two equal parts each read only by one `swiglu(g, u)` joins it.
 The graph's `cache_pos` node gives the leaf the step's positions.
 
-Off by default: on the H100 the hybrid's whole decode step is 4-6% slower with it than with cuBLAS
-and the unfused kernels (BENCHMARKS.md, "Whole-model decode"). `fuse(gm, opt_in=["decode_gemv"])`,
+Off by default: on the H100 the hybrid's whole decode step is 2-3% slower with it than with cuBLAS
+and the unfused kernels (s32; 4-6% in s26). `fuse(gm, opt_in=["decode_gemv"])`,
 `lt2dsl.compile(..., opt_in=("decode_gemv",))` or `lt2dsl bench decode --rules +decode_gemv` turn it on.
 """
 
@@ -70,11 +70,11 @@ def replacement(x, w, res, gamma, eps: float, w_cat, sizes, backend: str = "auto
 def proj_add_norm_split(
     x, gate, o_norm_weight, proj_weight, res, branch_weight, norm_weight, cat_weight, pos, *,
     eps: float | None, sizes: tuple[int, ...], gated: dict | None, swiglu: bool, backend: str,
-    branch_eps: float | None = None, pdl: bool = False,
+    branch_eps: float | None = None,
 ):  # fmt: skip
     """(s, *parts), or (s, h) with `swiglu`: s = res + proj(x) (with `branch_weight` γ₁: res +
     RMSNorm(proj(x)) · γ₁, ε `branch_eps`), parts = linear_split(RMSNorm(s) · γ, W_cat),
-    h = silu(parts[0]) · parts[1]. `pdl`: the GEMVs as programmatic dependent launches (rule `gemv_pdl`).
+    h = silu(parts[0]) · parts[1].
 
     x `[B, T, K]` (with `gated`: the core output o `[B, T, H, V]`, `gate` of its shape, normed by
     `GatedRMSNorm(o_norm_weight, **gated)` first); proj_weight `[D, K]`; res `[B, T, D]`; cat_weight
@@ -86,31 +86,31 @@ def proj_add_norm_split(
                         gated, swiglu, backend)  # fmt: skip
     glu = {"up": sizes[0], "width": sizes[1]} if swiglu else {}
     if branch is not None:
-        r = _proj_gemv(x, gate, o_norm_weight, proj_weight, res.shape[:-1], None, gated, backend, pdl)
-        s, y = norm_add_gemv(res, r, *branch, cat_weight, norm_weight, eps, **glu, backend=backend, pdl=pdl)
+        r = _proj_gemv(x, gate, o_norm_weight, proj_weight, res.shape[:-1], None, gated, backend)
+        s, y = norm_add_gemv(res, r, *branch, cat_weight, norm_weight, eps, **glu, backend=backend)
     else:
-        s = _proj_gemv(x, gate, o_norm_weight, proj_weight, res.shape[:-1], res, gated, backend, pdl)
-        y = gemv(s, cat_weight, norm_weight=norm_weight, eps=eps, **glu, backend=backend, pdl=pdl)
+        s = _proj_gemv(x, gate, o_norm_weight, proj_weight, res.shape[:-1], res, gated, backend)
+        y = gemv(s, cat_weight, norm_weight=norm_weight, eps=eps, **glu, backend=backend)
     if swiglu:
         return s, y
     pad = cat_weight.shape[0] - sum(sizes)
     return (s, *y.split([*sizes, pad] if pad else list(sizes), dim=-1)[: len(sizes)])
 
 
-def _proj_gemv(x, gate, o_norm_weight, proj_weight, rows, res, gated: dict | None, backend: str, pdl: bool):
+def _proj_gemv(x, gate, o_norm_weight, proj_weight, rows, res, gated: dict | None, backend: str):
     """proj(x) (+ res) `[*rows, D]`: one GEMV; with `gated`, fla's gated norm (SiLU gate after the
     norm) in its prologue when its groups fit the kernel's K tiles, else the gated norm's own
     kernel before it."""
     if gated is None:
-        return gemv(x, proj_weight, residual=res, backend=backend, pdl=pdl)
+        return gemv(x, proj_weight, residual=res, backend=backend)
     L = proj_weight.shape[1]
     fla = gated["act"] == "silu" and gated["norm_before_gate"]
     if fla and groups_fit(L, o_norm_weight.shape[0], gated["group"]):
         o, z = x.reshape(*rows, L), gate.reshape(*rows, L)
         kw = {"norm_weight": o_norm_weight, "eps": gated["eps"], "gate": z, "group": gated["group"]}
-        return gemv(o, proj_weight, residual=res, **kw, backend=backend, pdl=pdl)
+        return gemv(o, proj_weight, residual=res, **kw, backend=backend)
     x = _gated_norm(x, gate, o_norm_weight, L, gated).view(*rows, L)
-    return gemv(x, proj_weight, residual=res, backend=backend, pdl=pdl)
+    return gemv(x, proj_weight, residual=res, backend=backend)
 
 
 def _unfused(x, gate, o_norm_weight, proj_weight, res, branch, norm_weight, cat_weight, eps, sizes, gated,

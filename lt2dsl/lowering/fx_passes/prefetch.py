@@ -25,8 +25,9 @@ CUDA to decode-sized products (at most `MAX_ROWS` rows) with no autograd to reco
 training and the CPU run the graph as if the rule had not fired. Where a weight's size is not
 known from the graph, each projection asks for the next one's weights, `MAX_BYTES` of each.
 
-Off by default until measured: `lt2dsl bench decode --rules default,+l2_prefetch` (BENCHMARKS.md,
-"Written, not yet run on a GPU"), `lt2dsl.compile(..., opt_in=("l2_prefetch",))`.
+Off by default: on the H100 the hybrid's step is 11% slower at B=1 and 6% at B=8 with it (s32,
+docs/decode.md); one projection after 4-8 small kernels gains 1-5% (`bench/l2_prefetch.py`).
+`lt2dsl bench decode --rules default,+l2_prefetch`, `lt2dsl.compile(..., opt_in=("l2_prefetch",))`.
 """
 
 from __future__ import annotations
