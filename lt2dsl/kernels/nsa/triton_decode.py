@@ -117,14 +117,23 @@ def _index_row(
 
 
 @triton.jit
-def _group_q(Q, b, hk, SQB, GRP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
-    """The group's query rows `[BR, BD]` (rows past GRP zero) and which rows are real."""
+def _group(
+    Q, KC, VC, POS, pid, NC, SQB, SKCB, SKCH, SVCB, SVCH, HQ: tl.constexpr, GRP: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
+):  # fmt: skip
+    """Program pid's (b, hk) group: its batch row b, position t, visible compressed keys n_vis, the
+    query rows `[BR, BD]` (rows past GRP zero), which rows are real, and its K/V cache bases."""
+    HKV: tl.constexpr = HQ // GRP
+    b, hk = pid // HKV, pid % HKV
+    t, n_vis = _visible(POS, b, NC, CMP, STRIDE)
     r = tl.arange(0, BR)
     in_r = r < GRP
     offs_d = tl.arange(0, BD)
     rows = b.to(tl.int64) * SQB + (hk * GRP + r).to(tl.int64) * D
     q = tl.load(Q + rows[:, None] + offs_d[None, :], mask=in_r[:, None] & (offs_d[None, :] < D), other=0.0)
-    return q, in_r
+    kc_base = KC + b.to(tl.int64) * SKCB + hk.to(tl.int64) * SKCH
+    vc_base = VC + b.to(tl.int64) * SVCB + hk.to(tl.int64) * SVCH
+    return b, hk, t, n_vis, q, in_r, kc_base, vc_base
 
 
 @triton.jit
@@ -138,15 +147,12 @@ def nsa_decode_select_kernel(
     """Program (b, hk): o_cmp of the group's heads into OCMP `[B, HQ, DV]` (fp32), the group-mean
     probabilities into PM `[B·HKV, NC]` (fp32 scratch), the chosen blocks' tokens into IDX
     `[B, HKV, NSEL·SEL]` (int32, −1 pads). Q `[B, HQ, D]` (heads D apart), KC/VC strided."""
-    HKV: tl.constexpr = HQ // GRP
     pid = tl.program_id(0)
-    b, hk = pid // HKV, pid % HKV
-    t, n_vis = _visible(POS, b, NC, CMP, STRIDE)
-    q, in_r = _group_q(Q, b, hk, SQB, GRP, D, BD, BR)
+    b, hk, t, n_vis, q, in_r, kc_base, vc_base = _group(
+        Q, KC, VC, POS, pid, NC, SQB, SKCB, SKCH, SVCB, SVCH, HQ, GRP, D, BD, BR, CMP, STRIDE
+    )
     r = tl.arange(0, BR)
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
-    kc_base = KC + b.to(tl.int64) * SKCB + hk.to(tl.int64) * SKCH
-    vc_base = VC + b.to(tl.int64) * SVCB + hk.to(tl.int64) * SVCH
     # pass 1: each row's max and sum over the visible compressed keys (log2 units)
     m_i = tl.full([BR], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BR], dtype=tl.float32)
@@ -190,15 +196,12 @@ def nsa_decode_cmp_split_kernel(
     """Program (b, hk, split): the compressed branch over keys [split·CHUNK, (split+1)·CHUNK) of
     the visible ones, one pass: the scores (log2 units) into SC `[B·HKV, BR, NC]`, the partial max,
     sum and unnormalised o into M_PART, L_PART `[B·HKV, NSPLIT, BR]`, O_PART `[…, BDV]` (fp32)."""
-    HKV: tl.constexpr = HQ // GRP
     pid, split = tl.program_id(0), tl.program_id(1)
-    b, hk = pid // HKV, pid % HKV
-    t, n_vis = _visible(POS, b, NC, CMP, STRIDE)
-    q, in_r = _group_q(Q, b, hk, SQB, GRP, D, BD, BR)
+    b, hk, t, n_vis, q, in_r, kc_base, vc_base = _group(
+        Q, KC, VC, POS, pid, NC, SQB, SKCB, SKCH, SVCB, SVCH, HQ, GRP, D, BD, BR, CMP, STRIDE
+    )
     r = tl.arange(0, BR)
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
-    kc_base = KC + b.to(tl.int64) * SKCB + hk.to(tl.int64) * SKCH
-    vc_base = VC + b.to(tl.int64) * SVCB + hk.to(tl.int64) * SVCH
     sc_rows = SC + (pid.to(tl.int64) * BR + r)[:, None] * NC
     lo = split * CHUNK
     hi = tl.minimum(lo + CHUNK, n_vis)
