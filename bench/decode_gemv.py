@@ -13,7 +13,9 @@ Two kinds of rows, for M = 1 and 8 decode rows, bf16:
 
 Each call is timed as a CUDA graph (`triton.testing.do_bench_cudagraph`, median) over enough copies
 of its weights that they do not fit in L2 (a decode step reads each layer's weights once);
-GB/s = the weights' bytes per call / time, next to the card's HBM peak (`--hw`).
+GB/s = the weights' bytes per call / time, next to the card's HBM peak (`--hw`). Each row also has
+cuBLAS's GB/s and the read ceiling: one launch of a plain streaming read of the same bytes (every
+SM busy, 64 KB tiles, no arithmetic), what any one kernel can reach for a weight of that size.
 
 Usage (the model's shapes: its first GDN and first DSA block, dim, hidden, projections):
     PYTHONPATH=. python bench/decode_gemv.py [examples/lt2_hybrid_gdn_dsa.lt2] [--hw h100] [--out DIR]
@@ -71,6 +73,39 @@ def n_copies(*nk: tuple[int, int]) -> int:
     return max(1, math.ceil(L2_SPAN / sum(2 * n * k for n, k in nk)))
 
 
+def read_kernel():
+    """A Triton kernel that reads `n` bf16 values in BLOCK tiles, program p taking tiles p, p + P,
+    …, and writes one fp32 sum per program (so the loads are not dropped)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stream_read(src, dst, n, BLOCK: tl.constexpr):
+        pid, P = tl.program_id(0), tl.num_programs(0)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(pid * BLOCK, n, P * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(src + offs, mask=offs < n, other=0.0).to(tl.float32)
+        tl.store(dst + pid, tl.sum(acc, 0))
+
+    return stream_read
+
+
+def read_us(nk: list[tuple[int, int]]) -> float:
+    """µs of the read ceiling for weights of these shapes, one launch each, as `time_us` times a case."""
+    kernel = read_kernel()
+    c = n_copies(*nk)
+    ws = [weights(n, k, c) for n, k in nk]
+    progs = 4 * torch.cuda.get_device_properties(0).multi_processor_count
+    dst = torch.empty(progs, device="cuda", dtype=torch.float32)
+
+    def fn(i):
+        for w in ws:
+            kernel[(progs,)](w[i], dst, w[i].numel(), BLOCK=32768, num_warps=8)
+
+    return time_us(fn, c)
+
+
 def time_us(fn, copies: int) -> float:
     """µs per call of `fn(i)` (i: the weight copy), replayed as a CUDA graph over every copy."""
     from triton.testing import do_bench_cudagraph
@@ -91,7 +126,8 @@ def single(name: str, N: int, K: int, M: int) -> dict:
     ws, x = weights(N, K, c), torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     fused = time_us(lambda i: gemv(x, ws[i]), c)
     base = time_us(lambda i: F.linear(x, ws[i]), c)
-    return {"case": f"gemv {name}", "M": M, "bytes": 2 * N * K, "fused_us": fused, "unfused_us": base}
+    row = {"case": f"gemv {name}", "M": M, "bytes": 2 * N * K, "fused_us": fused, "unfused_us": base}
+    return {**row, "read_us": read_us([(N, K)])}
 
 
 def pair(name: str, first: tuple[int, int], nxt: tuple[int, int], M: int, swiglu: bool) -> dict:
@@ -118,7 +154,8 @@ def pair(name: str, first: tuple[int, int], nxt: tuple[int, int], M: int, swiglu
         return fused.swiglu(y[:, :half], y[:, half:]) if swiglu else y
 
     fu, base = time_us(fused_node, c), time_us(unfused, c)
-    return {"case": name, "M": M, "bytes": 2 * (D * K1 + N2 * D), "fused_us": fu, "unfused_us": base}
+    row = {"case": name, "M": M, "bytes": 2 * (D * K1 + N2 * D), "fused_us": fu, "unfused_us": base}
+    return {**row, "read_us": read_us([first, nxt])}
 
 
 def gated(name: str, o_proj: tuple[int, int], group: int, M: int) -> dict:
@@ -144,7 +181,8 @@ def gated(name: str, o_proj: tuple[int, int], group: int, M: int) -> dict:
         return res + F.linear(n, w[i])
 
     fu, base = time_us(fused_node, c), time_us(unfused, c)
-    return {"case": name, "M": M, "bytes": 2 * D * K, "fused_us": fu, "unfused_us": base}
+    row = {"case": name, "M": M, "bytes": 2 * D * K, "fused_us": fu, "unfused_us": base}
+    return {**row, "read_us": read_us([o_proj])}
 
 
 def gdn_group(path: str) -> int | None:
@@ -191,14 +229,18 @@ def main() -> None:
     rows = [r for M in ROWS for r in cases(sh, M, group)]
     card = torch.cuda.get_device_name()
     t = Table(title=f"decode GEMV vs cuBLAS + unfused chain, {card}, bf16, CUDA graphs")
-    for col in ("case", "M", "MB", "fused µs", "unfused µs", "speedup", "fused GB/s", "% peak"):
+    cols = ("case", "M", "MB", "fused µs", "unfused µs", "speedup", "fused GB/s", "cuBLAS GB/s", "read GB/s",
+            "% peak")  # fmt: skip
+    for col in cols:
         t.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
-        r["fused_GBps"] = r["bytes"] / r["fused_us"] / 1e3
+        for k in ("fused", "unfused", "read"):
+            r[f"{k}_GBps"] = r["bytes"] / r[f"{k}_us"] / 1e3
         r["pct_peak"] = 100 * r["fused_GBps"] * 1e9 / peak
         t.add_row(r["case"], str(r["M"]), f"{r['bytes'] / 1e6:.1f}", f"{r['fused_us']:.1f}",
                   f"{r['unfused_us']:.1f}", f"{r['unfused_us'] / r['fused_us']:.2f}x",
-                  f"{r['fused_GBps']:.0f}", f"{r['pct_peak']:.0f}")  # fmt: skip
+                  f"{r['fused_GBps']:.0f}", f"{r['unfused_GBps']:.0f}", f"{r['read_GBps']:.0f}",
+                  f"{r['pct_peak']:.0f}")  # fmt: skip
     Console().print(t)
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = args.out / "decode_gemv.json.tmp"
