@@ -17,6 +17,7 @@
 
 Usage (repository root, a CUDA machine with fla and transformers installed):
     python bench/decode_compare.py --out /tmp/decode_compare [--ctx 4096] [--new 128] [--skip-peers]
+        [--parts gdn,looped,memory,first]
 Writes OUT/compare.json, OUT/looped.json, OUT/looped.png and OUT/ratio.png; prints rich tables.
 `--replot LOOPED_JSON` rebuilds the two plots of a saved `looped.json` (no GPU needed).
 """
@@ -45,6 +46,7 @@ from lt2dsl.engine import Engine, bench  # noqa: E402
 from lt2dsl.engine.report import PAPER_RATIO, measured_ratios, plot, ratio_plot, table  # noqa: E402
 
 LOOPED = ("lt2_hybrid_gdn_dsa", "ouro_looped_transformer")
+PARTS = ("gdn", "looped", "memory", "first")  # the numbered steps of the docstring, in order
 RATIO_CONTEXTS = tuple(2**k for k in range(11, 18))  # 2k … 128k, the ratio plot's estimate
 FIRST_CALL = """
 import sys, time, torch
@@ -278,7 +280,12 @@ def main() -> None:
     p.add_argument("--hw", default="h100", help="estimate preset for the card [h100]")
     p.add_argument("--skip-peers", action="store_true", help="lt2dsl only (no fla / transformers)")
     p.add_argument("--replot", type=Path, help="a saved looped.json: rebuild its plots into --out only")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"which of {','.join(PARTS)} to run [all]")
     args = p.parse_args()
+    parts = [x for x in args.parts.split(",") if x]
+    if not parts or set(parts) - set(PARTS):
+        known = ",".join(PARTS)
+        raise SystemExit(f"error: --parts takes a comma-separated subset of {known}; got {args.parts!r}")
     if args.replot is not None:
         replot(args.replot, Path(args.out))
         return
@@ -287,23 +294,27 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ctx": args.ctx}
-    result["gdn12"] = gdn_vs_peers(args.ctx, args.new, args.skip_peers)
-    free()
-    t = Table(title=f"12-layer GDN shape, batch 1, context {args.ctx}, {result['device']}")
-    for col in ("model", "params (M)", "decode tok/s", "lt2dsl speed-up"):
-        t.add_column(col)
-    for name, r in result["gdn12"].items():
-        speed = f"{r['tok_s']:.1f}" if r["error"] is None else f"failed: {r['error'][:60]}"
-        t.add_row(name, f"{r['params'] / 1e6:.1f}", speed, f"{r['lt2dsl_speedup']:.2f}x")
-    Console(width=160).print(t)
-    rows, info = looped(out, (4096, 8192, 32768), (1, 8, 32), args.hw)
-    result["gdn_dsa_over_ouro_8k"] = ratio_at(rows, 8192)
-    result["ratio"] = ratio_report(out, rows, info)
-    result["steady_memory"] = steady_memory()
-    result["first_call"] = first_call(args.ctx)
+    if "gdn" in parts:
+        result["gdn12"] = gdn_vs_peers(args.ctx, args.new, args.skip_peers)
+        free()
+        t = Table(title=f"12-layer GDN shape, batch 1, context {args.ctx}, {result['device']}")
+        for col in ("model", "params (M)", "decode tok/s", "lt2dsl speed-up"):
+            t.add_column(col)
+        for name, r in result["gdn12"].items():
+            speed = f"{r['tok_s']:.1f}" if r["error"] is None else f"failed: {r['error'][:60]}"
+            t.add_row(name, f"{r['params'] / 1e6:.1f}", speed, f"{r['lt2dsl_speedup']:.2f}x")
+        Console(width=160).print(t)
+    if "looped" in parts:
+        rows, info = looped(out, (4096, 8192, 32768), (1, 8, 32), args.hw)
+        result["gdn_dsa_over_ouro_8k"] = ratio_at(rows, 8192)
+        result["ratio"] = ratio_report(out, rows, info)
+    if "memory" in parts:
+        result["steady_memory"] = steady_memory()
+    if "first" in parts:
+        result["first_call"] = first_call(args.ctx)
     (out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     keys = ("gdn_dsa_over_ouro_8k", "steady_memory", "first_call")
-    print(json.dumps({k: result[k] for k in keys}, indent=2))
+    print(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
 
 
 if __name__ == "__main__":

@@ -122,7 +122,8 @@ for s in ${STAGES:-env}; do
                 --hw "$HW" --out "$OUT/res/dsa_decode_attn.json" ;;
     # DSA's sparse backward, dK/dV by fp32 atomics against gathered by key, at the hybrid's shape
     dsa_bwd) stage dsa_bwd "${LIM_DSA_BWD:-180}" python3 bench/dsa_sparse_bwd.py --out "$OUT/res/dsa_sparse_bwd.json" ;;
-    decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" ;;
+    decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" \
+                      ${COMPARE_PARTS:+--parts "$COMPARE_PARTS"} ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
     # the opt-in decode rules: the hybrid's whole step under each rule set of RULE_SETS in one
     # process (PREFETCH_CTX, _BATCHES; rows kept as they land), then one projection after a window
