@@ -33,12 +33,16 @@ def niah(
     key_len: int = 2,
     value_len: int = 4,
     vocab: int = 256,
+    num_queries: int = 1,
 ) -> TaskData:
     """A haystack of random ids holding `num_needles` needles `NEEDLE k_1…k_K v_1…v_V` (distinct
     keys, non-overlapping, uniformly placed), then `QUERY` and one needle's key; the labels are
     that needle's value tokens (as a next-token task, so the row has exactly `context` tokens).
     `NEEDLE` = 0, `QUERY` = 1; keys, values and filler are ids in `[2, vocab)`. With one
     needle this is single-key NIAH, with more the others are distractors (multi-key).
+    `num_queries` > 1 (at most `num_needles`) ends the row with that many queries, `QUERY` key
+    value each, of distinct needles in random order, every value labelled (RULER's multi-query
+    NIAH): num_queries · value_len answers a row instead of value_len, the same haystack task.
 
     >>> print(niah(batch_size=1, seed=0, context=18, num_needles=2, key_len=1, value_len=2,
     ...            vocab=10).show())
@@ -48,12 +52,13 @@ def niah(
     Slices: `position` and `depth` (where the queried needle starts in the haystack, by tenths).
     """
     check_batch_size(batch_size)
-    B, N, K, V = batch_size, num_needles, key_len, value_len
-    S = 1 + K + V  # tokens per needle; the query is QUERY + key + value too
-    H = context + 1 - S  # haystack length (the row drops the last value token)
-    require(min(N, K, V) >= 1, "num_needles, key_len and value_len must be >= 1")
+    B, N, K, V, Q = batch_size, num_needles, key_len, value_len, num_queries
+    S = 1 + K + V  # tokens per needle; each query is QUERY + key + value too
+    H = context + 1 - Q * S  # haystack length (the row drops the last value token)
+    require(min(N, K, V, Q) >= 1, "num_needles, key_len, value_len and num_queries must be >= 1")
+    require(Q <= N, f"num_queries={Q} asks for more distinct needles than num_needles={N}")
     require(vocab - FIRST >= N, f"vocab={vocab} has too few ids for {N} distinct keys")
-    require(H >= N * S, f"context={context} cannot hold {N} needles of {S} tokens and the query")
+    require(H >= N * S, f"context={context} cannot hold {N} needles of {S} tokens and {Q} queries")
     rng = np.random.default_rng(seed)
     z = rng.integers(FIRST, vocab, size=(B, context + 1), dtype=np.int64)
     keys = rng.integers(FIRST, vocab, size=(B, N, K), dtype=np.int64)
@@ -66,16 +71,22 @@ def niah(
         z[rows, start + 1 + j] = keys[:, :, j]
     for j in range(V):
         z[rows, start + 1 + K + j] = values[:, :, j]
-    q = rng.integers(0, N, size=B)
+    # one query keeps its single draw, so single-query rows are those of the one-query task
+    asked = rng.integers(0, N, size=(B, 1)) if Q == 1 else distinct_draws(rng, B, N, Q)
     b = np.arange(B)
-    z[:, H] = QUERY
-    z[:, H + 1 : H + 1 + K] = keys[b, q]
-    z[:, H + 1 + K :] = values[b, q]
-    labels = np.full((B, context), IGNORE, dtype=np.int64)
-    labels[:, H + K :] = values[b, q]
-    data = with_positions(TaskData(z[:, :context], labels))
-    depth = np.minimum(10 * start[b, q] // H, 9)
-    data.slices["depth"] = np.broadcast_to(depth[:, None], (B, context)).copy()
+    labels = np.full((B, context + 1), IGNORE, dtype=np.int64)
+    depth = np.zeros((B, context + 1), dtype=np.int64)
+    for i in range(Q):
+        q, at = asked[:, i], H + i * S
+        z[:, at] = QUERY
+        z[:, at + 1 : at + 1 + K] = keys[b, q]
+        z[:, at + 1 + K : at + S] = values[b, q]
+        labels[:, at + K : at + K + V] = values[b, q]
+        depth[:, at : at + S] = np.minimum(10 * start[b, q] // H, 9)[:, None]
+    data = with_positions(TaskData(z[:, :context], labels[:, :context]))
+    # where each query's needle sits; positions before the first query carry the first one's
+    depth[:, :H] = depth[:, H : H + 1]
+    data.slices["depth"] = depth[:, :context].copy()
     data.names["depth"] = DEPTHS
     return data
 
@@ -89,6 +100,9 @@ class NIAHConfig(TaskConfig):
     key_len: int = Field(2, ge=1)
     value_len: int = Field(4, ge=1)
     vocab: int = Field(256, ge=3, description="ids: needle 0, query 1, content 2…")
+    num_queries: int = Field(
+        1, ge=1, description="queries a row ends with, of distinct needles (≤ num_needles)"
+    )
     description: ClassVar[str] = "needle in a haystack, single or multi-key"
     generator: ClassVar = staticmethod(niah)
 

@@ -110,6 +110,32 @@ def test_niah_answer_is_the_queried_needles_value(needles):
         assert depth[0] == min(10 * start // (ctx + 1 - (1 + K + V)), 9)
 
 
+@pytest.mark.parametrize("queries", [2, 4])
+def test_niah_queries_each_ask_a_distinct_needle_and_label_its_value(queries):
+    K, V, ctx, N = 2, 3, 240, 4
+    d = niah(batch_size=8, seed=SEED, context=ctx, num_needles=N, key_len=K, value_len=V, vocab=50,
+             num_queries=queries)  # fmt: skip
+    H = ctx + 1 - queries * (1 + K + V)
+    for ids, labels, depth in zip(d.inputs, d.labels, d.slices["depth"]):
+        qs = np.flatnonzero(ids == QUERY)
+        assert list(qs) == [H + i * (1 + K + V) for i in range(queries)]
+        starts = np.flatnonzero(ids[:H] == NEEDLE)
+        stored = {tuple(ids[s + 1 : s + 1 + K]): s for s in starts}
+        asked = [tuple(ids[q + 1 : q + 1 + K]) for q in qs]
+        assert len(starts) == N and len(set(asked)) == queries and set(asked) <= set(stored)
+        assert (labels != IGNORE).sum() == queries * V
+        for q, key in zip(qs, asked):
+            s = stored[key]
+            assert (labels[q + K : q + K + V] == ids[s + 1 + K : s + 1 + K + V]).all()
+            assert (depth[q : q + 1 + K + V] == min(10 * s // H, 9)).all()
+
+
+def test_niah_single_query_rows_are_unchanged_by_the_queries_option():
+    a = niah(batch_size=4, seed=SEED, context=128, num_needles=3)
+    b = niah(batch_size=4, seed=SEED, context=128, num_needles=3, num_queries=1)
+    assert (a.inputs == b.inputs).all() and (a.labels == b.labels).all()
+
+
 GENERATORS = {
     "state_tracking": lambda s: state_tracking(batch_size=4, seed=s, group="s5", length=32),
     "mqar": lambda s: mqar(batch_size=4, seed=s, vocab=64, length=64, num_kv_pairs=8),
@@ -137,6 +163,7 @@ BAD = [
     (copy, dict(vocab=1)),
     (selective_copy, dict(context=3, num_tokens=4)),
     (niah, dict(context=10, num_needles=2)),
+    (niah, dict(context=128, num_needles=2, num_queries=3)),
 ]
 
 
