@@ -100,7 +100,7 @@ class DataEntry(BaseModel):
             variants = task.eval_variants()
             if len(variants) > 1:
                 names += [f"{prefix}/{v}/accuracy" for v in variants]
-        if getattr(self.task(), "length", 0) is None:  # a curriculum
+        if self.task().curriculum() is not None:
             names += [f"{self.name}/stage", f"{self.name}/solved"]
         return names
 

@@ -86,3 +86,46 @@ def test_a_threshold_solves_a_task_without_a_curriculum_and_resumes():
     assert a.state_dict() == b.state_dict() == {"until": {"reports": [1.0, 1.0, 1.0], "solved": True}}
     with pytest.raises(ValueError, match="not a threshold state"):
         b.load_state_dict({"until": {"reports": 3}})
+
+
+NIAH = {"task": "niah", "context": 256, "start_context": 64, "num_needles": 2, "num_queries": 2,
+        "threshold": 0.9, "window": 2}  # fmt: skip
+
+
+def test_niah_follows_a_context_curriculum_and_is_scored_at_its_context():
+    src = build(NIAH)
+    assert src.seq_len == 256 and src.batch(0, 2)[0].shape == (2, 64)
+    for step in range(2):
+        src.observe(step, 8, 8)
+    assert src.curriculum.stage == 5 and src.batch(2, 2)[0].shape == (2, 128)
+    for step in range(2, 4):
+        src.observe(step, 8, 8)
+    for step in range(4, 6):
+        src.observe(step, 8, 8)
+    assert src.solved and src.curriculum.stage == 6
+    (variant,) = src.cfg.eval_variants().values()
+    assert variant.context == 256 and variant.start_context is None
+    fixed = build({**NIAH, "start_context": None})
+    assert fixed.curriculum is None and fixed.batch(0, 2)[0].shape == (2, 256)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"start_context": 48}, "power of two"),
+        ({"start_context": 512}, "past context"),
+        ({"threshold": None}, "threshold"),
+        ({"start_context": 16}, "cannot hold"),
+    ],
+)
+def test_niah_curricula_that_cannot_run_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        build({**NIAH, **change})
+
+
+def test_a_niah_curriculum_reports_its_stage_beside_each_evaluation():
+    from lt2dsl.tasks.experiment_config import DataEntry
+
+    entry = DataEntry.model_validate({"name": "niah", **NIAH, "eval": [{"context": 512}]})
+    assert entry.metric_names() == ["niah/accuracy", "niah/context=512/accuracy", "niah/stage", "niah/solved"]
+    assert [t.eval_variants()[""].context for t in entry.eval_tasks().values()] == [256, 512]
