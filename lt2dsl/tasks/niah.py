@@ -126,6 +126,7 @@ class NIAHConfig(TaskConfig):
         start, context = self.start_context, self.context
         require(start <= context, f"start_context={start} is past context={context}")
         require(self.threshold is not None, "a curriculum needs a threshold to move on")
+        self.curriculum()  # its stages exist (context at most 2^16)
         self.at_stage(_stage(self.start_context)).generate(1, 0)  # the needles fit the first stage
         return self
 

@@ -116,6 +116,7 @@ def test_niah_follows_a_context_curriculum_and_is_scored_at_its_context():
         ({"start_context": 512}, "past context"),
         ({"threshold": None}, "threshold"),
         ({"start_context": 16}, "cannot hold"),
+        ({"context": 2**17}, "curriculum stage"),
     ],
 )
 def test_niah_curricula_that_cannot_run_are_refused(change, match):
