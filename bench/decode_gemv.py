@@ -14,8 +14,9 @@ Two kinds of rows, for M = 1 and 8 decode rows, bf16:
 Each call is timed as a CUDA graph (`triton.testing.do_bench_cudagraph`, median) over enough copies
 of its weights that they do not fit in L2 (a decode step reads each layer's weights once);
 GB/s = the weights' bytes per call / time, next to the card's HBM peak (`--hw`). Each row also has
-cuBLAS's GB/s and the read ceiling: one launch of a plain streaming read of the same bytes (every
-SM busy, 64 KB tiles, no arithmetic), what any one kernel can reach for a weight of that size.
+cuBLAS's GB/s and a plain read's: one launch of a streaming read of the same bytes (4 programs an
+SM, 64 KB tiles, no arithmetic), the reference of what one launch of that size reads at (a
+product may beat it by a little: it is no hard ceiling).
 
 Usage (the model's shapes: its first GDN and first DSA block, dim, hidden, projections):
     PYTHONPATH=. python bench/decode_gemv.py [examples/lt2_hybrid_gdn_dsa.lt2] [--hw h100] [--out DIR]
@@ -25,6 +26,7 @@ Prints a rich table and writes DIR/decode_gemv.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -73,6 +75,7 @@ def n_copies(*nk: tuple[int, int]) -> int:
     return max(1, math.ceil(L2_SPAN / sum(2 * n * k for n, k in nk)))
 
 
+@functools.cache
 def read_kernel():
     """A Triton kernel that reads `n` bf16 values in BLOCK tiles, program p taking tiles p, p + P,
     …, and writes one fp32 sum per program (so the loads are not dropped)."""
@@ -92,7 +95,7 @@ def read_kernel():
 
 
 def read_us(nk: list[tuple[int, int]]) -> float:
-    """µs of the read ceiling for weights of these shapes, one launch each, as `time_us` times a case."""
+    """µs of the plain read of weights of these shapes, one launch each, as `time_us` times a case."""
     kernel = read_kernel()
     c = n_copies(*nk)
     ws = [weights(n, k, c) for n, k in nk]

@@ -55,6 +55,10 @@ def niah(
     ...            vocab=10).show())
     Inputs: 0 2 8 5 0 4 5 5 3 8 7 9 6 6 9 1 2 8
     Labels: - - - - - - - - - - - - - - - - 8 5
+    >>> print(niah(batch_size=1, seed=0, context=24, num_needles=2, key_len=1, value_len=2,
+    ...            vocab=10, num_queries=2).show())
+    Inputs: 8 7 0 8 2 2 2 2 3 8 0 9 7 6 9 7 7 1 8 2 2 1 9 7
+    Labels: - - - - - - - - - - - - - - - - - - 2 2 - - 7 6
 
     Slices: `position` and `depth` (where the queried needle starts in the haystack, by tenths).
     """

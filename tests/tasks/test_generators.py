@@ -130,12 +130,6 @@ def test_niah_queries_each_ask_a_distinct_needle_and_label_its_value(queries):
             assert (depth[q : q + 1 + K + V] == min(10 * s // H, 9)).all()
 
 
-def test_niah_single_query_rows_are_unchanged_by_the_queries_option():
-    a = niah(batch_size=4, seed=SEED, context=128, num_needles=3)
-    b = niah(batch_size=4, seed=SEED, context=128, num_needles=3, num_queries=1)
-    assert (a.inputs == b.inputs).all() and (a.labels == b.labels).all()
-
-
 GENERATORS = {
     "state_tracking": lambda s: state_tracking(batch_size=4, seed=s, group="s5", length=32),
     "mqar": lambda s: mqar(batch_size=4, seed=s, vocab=64, length=64, num_kv_pairs=8),
