@@ -125,6 +125,8 @@ for s in ${STAGES:-env}; do
     decode_compare) stage decode_compare "${LIM_COMPARE:-300}" python3 bench/decode_compare.py --out "$OUT/res/compare" --hw "$HW" \
                       ${COMPARE_PARTS:+--parts "$COMPARE_PARTS"} ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
+    # one GDN block's four products in one persistent launch against four (bench/decode_stream.py)
+    decode_stream) stage decode_stream "${LIM_STREAM:-150}" python3 bench/decode_stream.py --hw "$HW" --out "$OUT/res" ;;
     # the opt-in decode rules: the hybrid's whole step under each rule set of RULE_SETS in one
     # process (PREFETCH_CTX, _BATCHES; rows kept as they land), then one projection after a window
     # of small kernels, cold against L2-prefetched

@@ -112,6 +112,32 @@ def test_decode_gemv_bench_reads_the_hybrids_shapes():
     assert sh["GatedDeltaNet gate/up"] == (11264, 2048) and sh["GatedDeltaNet down"] == (2048, 5632)
 
 
+def test_decode_stream_chain_on_the_interpreter():
+    """`bench/decode_stream.py`'s kernel under the CPU interpreter at irregular shapes: the four
+    products launched one by one and in one program through its grid barriers (one program: the
+    interpreter runs programs in turn, so more would wait forever) give the same bits, within bf16
+    rounding of the float64 chain; each launch adds 3 to the barrier's counter; the GDN block's
+    shapes chain (o_proj reads the value part of the in-projection's output)."""
+    import torch
+
+    from bench.decode_stream import Chain, block_shapes, rel_err
+
+    torch.manual_seed(0)
+    nk = [(100, 40), (48, 37), (70, 48), (33, 35)]
+    ws = [torch.randn(n, k, dtype=torch.bfloat16) / k**0.5 for n, k in nk]
+    for M in (1, 3):
+        ch = Chain(ws, M, "cpu")
+        ref = ch.reference()
+        split = ch.split(ws).clone()
+        one = ch.launch(ws, 0, programs=1).clone()
+        assert torch.equal(split, one)
+        assert rel_err(one, ref) < 2e-2 and rel_err(ch.cublas(ws), ref) < 2e-2
+        assert ch.launch(ws, 0, programs=1).equal(one) and ch.bar.item() == 6
+    sh = block_shapes(str(Path(__file__).parents[1] / "examples" / "lt2_hybrid_gdn_dsa.lt2"))
+    assert sh == [(12320, 2048), (2048, 4096), (11264, 2048), (2048, 5632)]
+    Chain([torch.empty(n, k, dtype=torch.bfloat16) for n, k in sh], 1, "cpu")  # the shapes chain
+
+
 TINY = """model tiny {
   dim = 64
   vocab = 256
