@@ -103,7 +103,23 @@ def gdn_step_recurrent_kernel(
     """Program (V tile, b · HV + hv): step 1 of the module docstring. X* `[B, C]` rows sxq… apart
     (unit channel stride), XA/XB `[B, HV]` rows sab apart; H* `[B, C, W−1]` (batch, channel
     strides; unit time stride); S `[B, HV, K, V]` fp32; O `[B, HV, V]`."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    recurrent_item(
+        tl.program_id(0), tl.program_id(1), XQ, XK, XV, XA, XB, HQ, HK, HVH, WQ, WK, WV, BQ, BK_, BV_, A_log,
+        dt_bias, S, O, sxq, sxk, sxv, sab, shq, shk, shv, shqc, shkc, shvc, scale, beta_scale,
+        H, HV, K, V, BK, BV, W, WP, HAS_BQ, HAS_BK, HAS_BV,
+    )  # fmt: skip
+
+
+@triton.jit
+def recurrent_item(
+    i_v, i_bh, XQ, XK, XV, XA, XB, HQ, HK, HVH, WQ, WK, WV, BQ, BK_, BV_, A_log, dt_bias, S, O,
+    sxq, sxk, sxv, sab, shq, shk, shv, shqc, shkc, shvc, scale, beta_scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr,
+    HAS_BV: tl.constexpr,
+):  # fmt: skip
+    """`gdn_step_recurrent_kernel`'s work for V tile i_v of row · value head i_bh (a persistent
+    kernel calls it for the items it owns)."""
     b, hv = (i_bh // HV).to(tl.int64), i_bh % HV
     h = hv // (HV // H)
     ok = tl.arange(0, BK)
@@ -142,7 +158,19 @@ def gdn_step_norm_kernel(
 ):  # fmt: skip
     """Program b · HV + hv: step 2 of the module docstring. O `[B, HV, V]`, XZ the gate `[B, HV·V]`
     rows sxz apart, GAMMA `[V]`; OUT `[B, HV, V]` in γ's dtype."""
-    i_bh = tl.program_id(0)
+    norm_item(
+        tl.program_id(0), O, XZ, GAMMA, OUT, XQ, XK, HQ, HK, sxz, sxq, sxk, shq, shk, shqc, shkc, eps,
+        H, HV, K, V, BK, BVF, W, WP,
+    )  # fmt: skip
+
+
+@triton.jit
+def norm_item(
+    i_bh, O, XZ, GAMMA, OUT, XQ, XK, HQ, HK, sxz, sxq, sxk, shq, shk, shqc, shkc, eps,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BVF: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+):  # fmt: skip
+    """`gdn_step_norm_kernel`'s work for row · value head i_bh."""
     b, hv = (i_bh // HV).to(tl.int64), i_bh % HV
     ov = tl.arange(0, BVF)
     mv = ov < V
