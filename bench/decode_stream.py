@@ -20,6 +20,10 @@ before anyone builds it: the chain of one GDN block's products
 * `read`: a plain read of the four weights' bytes (no arithmetic), one launch a weight and all
   in one launch: the references.
 
+Then the whole block as `kernels.block.gdn_block_decode` runs it (the products above with the
+convs, recurrence and norms between them: six phases in one persistent launch, or six launches)
+against the kernels the lowering runs today (`block_rows`); GB/s there counts the four weights.
+
 Each is timed as a CUDA graph over weight copies past L2 (`decode_gemv.time_us`). `one` and
 `split` are checked against the float64 chain (relative error) and against each other's bits
 before they are timed. A grid barrier needs every program resident at once: P = #SMs, one program
@@ -236,6 +240,73 @@ def timed(wsets: list, M: int, programs: int, pfs: list[int], copies: int, nbyte
     return rows
 
 
+TODAY, SPLIT, ONE = (
+    "block: lowering's kernels today (8 launches)",
+    "block: six phases (6 launches)",
+    "block: one launch",
+)
+HYBRID_BLOCK = (2048, 16, 16, 128, 256, 5632)  # (D, H, HV, K, V, F) of the hybrid's GDN block
+
+
+def block_cases(M: int, shape: tuple[int, ...], device: str, persistent_programs: int | None = None):
+    """(cases, inputs, bytes of the four weights): the hybrid's whole GDN block for M rows as
+    `kernels.block.gdn_block_decode` runs it (one persistent launch; six launches) and as the
+    kernels the lowering runs today do (cuBLAS products, `gdn_step`'s two launches,
+    `add_rmsnorm`, `swiglu`: eight launches). Each case maps a dict of inputs to (h2, y)."""
+    from lt2dsl.kernels import fused
+    from lt2dsl.kernels.block import gdn_block_decode
+    from lt2dsl.kernels.delta.gdn_step import gdn_step
+    from tests.kernels.test_gdn_block import as_dtype, inputs
+
+    D, H, HV, K, V, FF = shape
+    args, kw = inputs(torch.bfloat16, False, 0, (M, *shape))
+    base = as_dtype({k: (v.to(device) if torch.is_tensor(v) else v) for k, v in args.items()}, torch.bfloat16)
+    base["conv_weights"] = tuple(w.to(device) for w in base["conv_weights"])
+    base["hists"] = tuple(h.to(device) for h in base["hists"])
+    q0, k0, v0, z0, a0, b0 = base["offsets"]
+
+    def today(a):
+        y1 = F.linear(a["xn"], a["w_in"])[:, None]
+        cols = ((q0, H * K), (k0, H * K), (v0, HV * V), (a0, HV), (b0, HV), (z0, HV * V))
+        xq, xk, xv, xa, xb, xz = (y1[..., o : o + n] for o, n in cols)
+        on = gdn_step(xq, xk, xv, xa, xb, xz, a["conv_weights"], a["conv_biases"], a["hists"], a["A_log"],
+                      a["dt_bias"], a["state"], a["gamma_o"], heads=H, scale=kw["scale"],
+                      beta_scale=kw["beta_scale"], eps=kw["eps_o"])  # fmt: skip
+        n2, h2 = fused.add_rmsnorm(a["res"], F.linear(on.flatten(1), a["w_o"]), a["gamma2"], kw["eps2"])
+        gu = F.linear(n2, a["w_gu"])
+        return h2, F.linear(fused.swiglu(gu[:, :FF], gu[:, FF:]), a["w_down"])
+
+    cases = {
+        TODAY: today,
+        SPLIT: lambda a: gdn_block_decode(**a, **kw, persistent=False),
+        ONE: lambda a: gdn_block_decode(**a, **kw, persistent=True, programs=persistent_programs),
+    }
+    nbytes = sum(base[w].numel() * 2 for w in ("w_in", "w_o", "w_gu", "w_down"))
+    return cases, base, nbytes
+
+
+def block_rows(M: int, copies: int) -> list[dict]:
+    """`block_cases` on the card: each case from the same inputs (the state and histories copied),
+    compared with today's kernels and with the six launches' bits, then timed over weight copies
+    past L2 (each call updates its copy's state in place, as a decode step does)."""
+    from decode_gemv import time_us
+
+    from tests.kernels.test_gdn_block import as_dtype
+
+    cases, base, nbytes = block_cases(M, HYBRID_BLOCK, "cuda")
+    ws = ("w_in", "w_o", "w_gu", "w_down")
+    sets = [base] + [{**base, **{w: base[w].clone() for w in ws}} for _ in range(copies - 1)]
+    outs = {n: fn(as_dtype(base, torch.bfloat16)) for n, fn in cases.items()}
+    rows = []
+    for name, fn in cases.items():
+        err = max(rel_err(g, r.double()) for g, r in zip(outs[name], outs[TODAY]))
+        same = all(torch.equal(a, b) for a, b in zip(outs[name], outs[SPLIT]))
+        us = time_us(lambda i, fn=fn: fn(sets[i]), copies)
+        rows.append({"case": name, "M": M, "us": us, "rel_err": err, "GBps": nbytes / us / 1e3,
+                     "same_bits_as_split": bool(same)})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     from decode_gemv import n_copies, read_us, weights
     from rich.console import Console
@@ -262,13 +333,14 @@ def main() -> None:
     read = read_us(nk)
     one_read = read_us([(nbytes // 2, 1)])
     rows = [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes)]
+    rows += [r for M in (1, 8) for r in block_rows(M, c)]
     for name, us in (("read, one launch a weight", read), ("read, all in one launch", one_read)):
         rows.append({"case": name, "M": None, "us": us, "rel_err": None, "GBps": nbytes / us / 1e3})
     card = torch.cuda.get_device_name()
     t = Table(
         title=f"one GDN block's four decode products ({nbytes / 1e6:.1f} MB), {card}, bf16, CUDA graphs"
     )
-    for col in ("case", "M", "µs", "GB/s", "% peak", "rel err vs f64"):
+    for col in ("case", "M", "µs", "GB/s", "% peak", "rel err (block: vs today's)"):
         t.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
         r["pct_peak"] = 100 * r["GBps"] * 1e9 / peak

@@ -138,6 +138,23 @@ def test_decode_stream_chain_on_the_interpreter():
     Chain([torch.empty(n, k, dtype=torch.bfloat16) for n, k in sh], 1, "cpu")  # the shapes chain
 
 
+def test_decode_stream_block_cases_agree_on_the_interpreter():
+    """`bench/decode_stream.py`'s whole-block cases at a small shape on the CPU: today's kernels
+    and the block kernel's six launches agree within bf16 rounding, its one launch (one program)
+    gives the six launches' bits."""
+    import torch
+
+    from bench.decode_stream import ONE, SPLIT, TODAY, block_cases, rel_err
+    from tests.kernels.test_gdn_block import as_dtype
+
+    cases, base, nbytes = block_cases(2, (48, 2, 4, 24, 40, 40), "cpu", persistent_programs=1)
+    assert nbytes == 2 * sum(base[w].numel() for w in ("w_in", "w_o", "w_gu", "w_down"))
+    outs = {n: fn(as_dtype(base, torch.bfloat16)) for n, fn in cases.items()}
+    for got, want in zip(outs[SPLIT], outs[TODAY]):
+        assert rel_err(got, want.double()) < 2e-2
+    assert all(torch.equal(a, b) for a, b in zip(outs[ONE], outs[SPLIT]))
+
+
 TINY = """model tiny {
   dim = 64
   vocab = 256
