@@ -127,6 +127,10 @@ for s in ${STAGES:-env}; do
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
     # one GDN block's four products in one persistent launch against four (bench/decode_stream.py)
     decode_stream) stage decode_stream "${LIM_STREAM:-150}" python3 bench/decode_stream.py --hw "$HW" --out "$OUT/res" ;;
+    # the hybrid's whole decode step under each rule set of RULE_SETS (default against gdn_block)
+    decode_rules) stage decode_rules "${LIM_RULES:-240}" python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \
+                    --ctx "${RULES_CTX:-4k}" --batch "${RULES_BATCHES:-1,8}" --rules "${RULE_SETS:-default,+gdn_block}" \
+                    --hw "$HW" --json "$OUT/res/decode_rules.json" ;;
     # the opt-in decode rules: the hybrid's whole step under each rule set of RULE_SETS in one
     # process (PREFETCH_CTX, _BATCHES; rows kept as they land), then one projection after a window
     # of small kernels, cold against L2-prefetched

@@ -51,7 +51,7 @@ def gdn_block_decode(
             `[M, C, W−1]` (x's dtype, unit time stride), shifted in place.
         A_log, dt_bias: `[HV]`; state: `[M, HV, K, V]` fp32 contiguous, updated in place.
         gamma_o: the gated norm's `[V]`; w_o `[D, HV·V]`; gamma2 `[D]` the MLP's norm;
-        w_gu `[2·F, D]` gate rows then up rows; w_down `[D, F]`.
+        w_gu `[2·F (+ padding), D]` gate rows then up rows; w_down `[D, F]`.
         persistent: one launch through grid barriers (default on a GPU) or six launches (default
             under the CPU interpreter, where a grid barrier cannot be waited for).
         programs: the persistent launch's grid (default: the card's SMs; all must be resident at
@@ -79,7 +79,7 @@ def gdn_block_decode(
     _check("state", state, (M, HV, K, V), torch.float32)
     _check("w_o", w_o, (D, HV * V), dt)
     _check("gamma2", gamma2, (D,), gamma2.dtype)
-    _check("w_gu", w_gu, (2 * F_, D), dt)
+    _check("w_gu", w_gu, (max(w_gu.shape[0], 2 * F_), D), dt)  # gate rows, up rows[, padding]
     _check("w_down", w_down, (D, F_), dt)
     q0, k0, v0, z0, a0, b0 = offsets
     ends = {"q": q0 + H * K, "k": k0 + H * K, "v": v0 + HV * V, "z": z0 + HV * V, "a": a0 + HV, "b": b0 + HV}

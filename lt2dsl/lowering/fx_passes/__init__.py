@@ -25,6 +25,7 @@ Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; none faster
 | rule | pattern → replacement |
 |---|---|
 | `gdn_decode` | GDN convs → gated recurrence → gated norm · W_o → one node: two launches and W_o at decode |
+| `gdn_block` | (with `gdn_decode`) a GDN block's in-projection … down projection → one persistent launch |
 | `decode_gemv` | proj → (norm_)add_rmsnorm → linear_split [→ swiglu] → one node: two GEMVs at decode |
 | `l2_prefetch` | after each projection, the next one's weight prefetched into L2 on a side stream (decode) |
 
@@ -49,6 +50,7 @@ from . import (
     decode_gemv,
     dsa_scale,
     gates,
+    gdn_block,
     gdn_step,
     out_norm,
     prefetch,
@@ -77,10 +79,12 @@ RULES: dict[str, Rule] = {
     )
 }
 
-# Rules off by default, run after `RULES` when named in `opt_in`, in this order (`decode_gemv` folds
-# what `gdn_decode` leaves, `l2_prefetch` sees both's nodes): decode-only rewrites that the H100
-# did not run faster (docs/decode.md).
-OPT_IN: dict[str, Rule] = {r.name: r for r in (gdn_step.RULE, decode_gemv.RULE, prefetch.RULE)}
+# Rules off by default, run after `RULES` when named in `opt_in`, in this order (`gdn_block` and
+# `decode_gemv` fold what `gdn_decode` leaves, `l2_prefetch` sees their nodes): decode-only
+# rewrites that the H100 did not run faster (docs/decode.md) or that are not yet measured there.
+OPT_IN: dict[str, Rule] = {
+    r.name: r for r in (gdn_step.RULE, gdn_block.RULE, decode_gemv.RULE, prefetch.RULE)
+}
 
 # rule name -> how many times it fired in the last `fuse` call
 COUNTERS: dict[str, int] = dict.fromkeys([*RULES, *OPT_IN], 0)
@@ -103,14 +107,16 @@ def select(rules: Sequence[str] | None, opt_in: Sequence[str] = ()) -> list[Rule
 
 
 def opt_in_names(opt_in: Sequence[str]) -> tuple[str, ...]:
-    """`opt_in` checked against `OPT_IN` (a ValueError names an unknown one), in `OPT_IN` order."""
+    """`opt_in` checked against `OPT_IN` (a ValueError names an unknown one) with the opt-in rules
+    they need (`Rule.needs`), in `OPT_IN` order."""
     if isinstance(opt_in, str):
         opt_in = [opt_in]
     unknown = [r for r in opt_in if r not in OPT_IN]
     if unknown:
         names = ", ".join(map(repr, unknown))
         raise ValueError(f"unknown opt-in fusion rule(s) {names}; opt-in rules: {', '.join(OPT_IN)}")
-    return tuple(name for name in OPT_IN if name in opt_in)
+    wanted = set(opt_in) | {n for r in opt_in for n in OPT_IN[r].needs}
+    return tuple(name for name in OPT_IN if name in wanted)
 
 
 def fuse(
