@@ -255,11 +255,11 @@ def block_cases(M: int, shape: tuple[int, ...], device: str, persistent_programs
     `add_rmsnorm`, `swiglu`: eight launches). Each case maps a dict of inputs to (h2, y)."""
     from lt2dsl.kernels import fused
     from lt2dsl.kernels.block import gdn_block_decode
+    from lt2dsl.kernels.block.testing import as_dtype, inputs
     from lt2dsl.kernels.delta.gdn_step import gdn_step
-    from tests.kernels.test_gdn_block import as_dtype, inputs
 
     D, H, HV, K, V, FF = shape
-    args, kw = inputs(torch.bfloat16, False, 0, (M, *shape))
+    args, kw = inputs(False, 0, (M, *shape))
     base = as_dtype({k: (v.to(device) if torch.is_tensor(v) else v) for k, v in args.items()}, torch.bfloat16)
     base["conv_weights"] = tuple(w.to(device) for w in base["conv_weights"])
     base["hists"] = tuple(h.to(device) for h in base["hists"])
@@ -291,7 +291,7 @@ def block_rows(M: int, copies: int) -> list[dict]:
     past L2 (each call updates its copy's state in place, as a decode step does)."""
     from decode_gemv import time_us
 
-    from tests.kernels.test_gdn_block import as_dtype
+    from lt2dsl.kernels.block.testing import as_dtype
 
     cases, base, nbytes = block_cases(M, HYBRID_BLOCK, "cuda")
     ws = ("w_in", "w_o", "w_gu", "w_down")

@@ -145,7 +145,7 @@ def test_decode_stream_block_cases_agree_on_the_interpreter():
     import torch
 
     from bench.decode_stream import ONE, SPLIT, TODAY, block_cases, rel_err
-    from tests.kernels.test_gdn_block import as_dtype
+    from lt2dsl.kernels.block.testing import as_dtype
 
     cases, base, nbytes = block_cases(2, (48, 2, 4, 24, 40, 40), "cpu", persistent_programs=1)
     assert nbytes == 2 * sum(base[w].numel() for w in ("w_in", "w_o", "w_gu", "w_down"))

@@ -82,9 +82,10 @@ def test_bf16_decode_steps_launch_the_block_kernel(monkeypatch):
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_pattern_and_replacement_agree(bias):
-    from tests.kernels.test_gdn_block import SHAPE, as_dtype, inputs
+    from lt2dsl.kernels.block.testing import as_dtype, inputs
+    from tests.kernels.test_gdn_block import SHAPE
 
-    args, kw = inputs(torch.bfloat16, bias, 0, SHAPE)
+    args, kw = inputs(bias, 0, SHAPE)
     rule = fx_passes.OPT_IN["gdn_block"]
     rounded = as_dtype(args, torch.bfloat16)
     got = rule.replacement(**as_dtype(rounded, torch.bfloat16), **kw)
