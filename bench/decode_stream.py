@@ -163,10 +163,11 @@ def chain_kernel(
 
 
 class Chain:
-    """The four products' buffers for M rows: weights `ws` (N_i, K_i), activations y1..y4."""
+    """The four products' buffers for M rows: weights `ws` (N_i, K_i), activations y1..y4; the
+    kernel's K tile and pipeline stages `config`."""
 
-    def __init__(self, ws: list[torch.Tensor], M: int, device: str):
-        self.ws, self.M = ws, M
+    def __init__(self, ws: list[torch.Tensor], M: int, device: str, config: tuple[int, int] = (BK, STAGES)):
+        self.ws, self.M, (self.bk, self.stages) = ws, M, config
         (n1, k1), (n2, k2), (n3, k3), (n4, k4) = (tuple(w.shape) for w in ws)
         assert k2 <= n1 and k3 == n2 and 2 * k4 == n3, (k2, n1, k3, n2, k4, n3)
         self.shape = (n1, n2, n3, n4, k1, k2, k3, k4)
@@ -177,8 +178,15 @@ class Chain:
     def launch(self, ws: list[torch.Tensor], phase: int, programs: int = 0, pf: int = 0) -> torch.Tensor:
         n1, n2, n3, n4 = self.shape[:4]
         grid = (programs,) if phase == 0 else (triton.cdiv((n1, n2, n3, n4)[phase - 1], BN),)
-        chain_kernel[grid](self.x, *ws, *self.ys, self.bar, self.M, *self.shape, PHASE=phase, PF=pf,
-                           BM=BM, BN=BN, BK=BK, CHUNK=CHUNK, num_warps=WARPS, num_stages=STAGES)  # fmt: skip
+        meta = {
+            "BM": BM,
+            "BN": BN,
+            "BK": self.bk,
+            "CHUNK": CHUNK,
+            "num_warps": WARPS,
+            "num_stages": self.stages,
+        }
+        chain_kernel[grid](self.x, *ws, *self.ys, self.bar, self.M, *self.shape, PHASE=phase, PF=pf, **meta)
         return self.ys[3]
 
     def split(self, ws: list[torch.Tensor]) -> torch.Tensor:
@@ -217,11 +225,12 @@ def block_shapes(path: str) -> list[tuple[int, int]]:
     return [sh[f"GatedDeltaNet {p}"] for p in ("in", "o_proj", "gate/up", "down")]
 
 
-def timed(wsets: list, M: int, programs: int, pfs: list[int], copies: int, nbytes: int) -> list[dict]:
+def timed(wsets: list, M: int, programs: int, pfs: list[int], copies: int, nbytes: int,
+          config: tuple[int, int]) -> list[dict]:  # fmt: skip
     """The chain's rows for M decode rows: each way checked against float64, then timed."""
     from decode_gemv import time_us
 
-    ch = Chain(list(wsets[0]), M, "cuda")
+    ch = Chain(list(wsets[0]), M, "cuda", config)
     ref = ch.reference()
     cases = {
         "cuBLAS": lambda ws: ch.cublas(ws),
@@ -248,7 +257,10 @@ TODAY, SPLIT, ONE = (
 HYBRID_BLOCK = (2048, 16, 16, 128, 256, 5632)  # (D, H, HV, K, V, F) of the hybrid's GDN block
 
 
-def block_cases(M: int, shape: tuple[int, ...], device: str, persistent_programs: int | None = None):
+def block_cases(
+    M: int, shape: tuple[int, ...], device: str, persistent_programs: int | None = None,
+    config: tuple[int, int] | None = None,
+):  # fmt: skip
     """(cases, inputs, bytes of the four weights): the hybrid's whole GDN block for M rows as
     `kernels.block.gdn_block_decode` runs it (one persistent launch; six launches) and as the
     kernels the lowering runs today do (cuBLAS products, `gdn_step`'s two launches,
@@ -278,14 +290,16 @@ def block_cases(M: int, shape: tuple[int, ...], device: str, persistent_programs
 
     cases = {
         TODAY: today,
-        SPLIT: lambda a: gdn_block_decode(**a, **kw, persistent=False),
-        ONE: lambda a: gdn_block_decode(**a, **kw, persistent=True, programs=persistent_programs),
+        SPLIT: lambda a: gdn_block_decode(**a, **kw, persistent=False, config=config),
+        ONE: lambda a: gdn_block_decode(
+            **a, **kw, persistent=True, programs=persistent_programs, config=config
+        ),
     }
     nbytes = sum(base[w].numel() * 2 for w in ("w_in", "w_o", "w_gu", "w_down"))
     return cases, base, nbytes
 
 
-def block_rows(M: int, copies: int) -> list[dict]:
+def block_rows(M: int, copies: int, config: tuple[int, int]) -> list[dict]:
     """`block_cases` on the card: each case from the same inputs (the state and histories copied),
     compared with today's kernels and with the six launches' bits, then timed over weight copies
     past L2 (each call updates its copy's state in place, as a decode step does)."""
@@ -293,7 +307,7 @@ def block_rows(M: int, copies: int) -> list[dict]:
 
     from lt2dsl.kernels.block.testing import as_dtype
 
-    cases, base, nbytes = block_cases(M, HYBRID_BLOCK, "cuda")
+    cases, base, nbytes = block_cases(M, HYBRID_BLOCK, "cuda", config=config)
     ws = ("w_in", "w_o", "w_gu", "w_down")
     sets = [base] + [{**base, **{w: base[w].clone() for w in ws}} for _ in range(copies - 1)]
     outs = {n: fn(as_dtype(base, torch.bfloat16)) for n, fn in cases.items()}
@@ -313,12 +327,15 @@ def main() -> None:
     from rich.table import Table
 
     from lt2dsl.cost.hardware import load_hardware
+    from lt2dsl.kernels.block import CONFIGS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", nargs="?", default=str(ROOT / "examples" / "lt2_hybrid_gdn_dsa.lt2"))
     p.add_argument("--hw", default="h100", help="hardware preset of the HBM peak [h100]")
     p.add_argument("--out", type=Path, default=Path("."), help="folder of decode_stream.json [.]")
-    p.add_argument("--prefetch", default="65536,262144", help="PF bytes of the prefetch rows [65536,262144]")
+    p.add_argument(
+        "--prefetch", default="65536", help="PF bytes of the prefetch rows, comma-separated [65536]"
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: bench/decode_stream.py times CUDA kernels; no CUDA device is available")
@@ -332,8 +349,13 @@ def main() -> None:
     pfs = [int(v) for v in args.prefetch.split(",")]
     read = read_us(nk)
     one_read = read_us([(nbytes // 2, 1)])
-    rows = [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes)]
-    rows += [r for M in (1, 8) for r in block_rows(M, c)]
+    rows = []
+    for cfg in CONFIGS:  # the same (K tile, stages) pairs for the chain and the block
+        tag = f" [BK {cfg[0]}, {cfg[1]} stages]"
+        for r in [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes, cfg)]:
+            rows.append({**r, "case": r["case"] + ("" if r["case"] == "cuBLAS" else tag), "config": cfg})
+        for r in [r for M in (1, 8) for r in block_rows(M, c, cfg)]:
+            rows.append({**r, "case": r["case"] + ("" if r["case"] == TODAY else tag), "config": cfg})
     for name, us in (("read, one launch a weight", read), ("read, all in one launch", one_read)):
         rows.append({"case": name, "M": None, "us": us, "rel_err": None, "GBps": nbytes / us / 1e3})
     card = torch.cuda.get_device_name()
@@ -352,7 +374,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "hw": args.hw, "shapes": nk, "bytes": nbytes, "programs": sms,
-            "config": {"BN": BN, "BK": BK, "warps": WARPS, "stages": STAGES}}  # fmt: skip
+            "BN": BN, "warps": WARPS, "configs (BK, stages)": CONFIGS}  # fmt: skip
     tmp = args.out / "decode_stream.json.tmp"
     tmp.write_text(json.dumps({**meta, "rows": rows}, indent=1))
     os.replace(tmp, args.out / "decode_stream.json")

@@ -1,9 +1,11 @@
 """sm_90 compile jobs of the persistent GDN block decode kernel (`common.aot`): the hybrid
 example's block (16 heads of K = 128, V = 256, convs of width 4 without bias; bf16, fp32 state
 and gates) and the 12-layer GDN model's heads (K = V = 128), every PHASE (0: all six through the
-grid barriers; 1-6 one each) at the launch code's fixed config."""
+grid barriers; 1-6 one each) at each of the launch code's configs (`block.CONFIGS`)."""
 
 from __future__ import annotations
+
+import itertools
 
 from lt2dsl.kernels import block as B
 from lt2dsl.kernels.block import triton_gdn_block as G
@@ -18,10 +20,12 @@ def jobs() -> list[Job]:
     out = []
     ptrs = {"A_log": "*fp32", "dt_bias": "*fp32", "S": "*fp32", "BAR": "*i64"}
     scalars = dict.fromkeys(INTS, "i32") | dict.fromkeys(("scale", "beta_scale", "eps_o", "eps2"), "fp32")
-    for tag, (H, HV, K, V) in SHAPES.items():
+    for (tag, (H, HV, K, V)), (bk, stages) in itertools.product(SHAPES.items(), B.CONFIGS):
         for phase in range(7):
             cex = dict(PHASE=phase, H=H, HV=HV, K=K, V=V, BKH=K, BV=32, BVF=V, W=4, WP=4, HAS_BQ=False,
-                       HAS_BK=False, HAS_BV=False, BM=B.MAX_M, BN=B.BN, BK=B.BK)  # fmt: skip
-            out += tuned_jobs(f"gdn_block/{tag}-phase{phase}", G.gdn_block_kernel, ptrs, scalars, cex,
-                              launch=(B.WARPS, B.STAGES), aligned=(), default_ptr="*bf16")  # fmt: skip
+                       HAS_BK=False, HAS_BV=False, BM=B.MAX_M, BN=B.BN, BK=bk)  # fmt: skip
+            name = f"gdn_block/{tag}-bk{bk}x{stages}-phase{phase}"
+            launch = (B.WARPS, stages)
+            out += tuned_jobs(name, G.gdn_block_kernel, ptrs, scalars, cex, launch=launch, aligned=(),
+                              default_ptr="*bf16")  # fmt: skip
     return out
