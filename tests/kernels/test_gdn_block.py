@@ -50,6 +50,17 @@ def check(bias: bool, shape, seed: int, persistent_programs: int | None) -> None
         assert torch.equal(a, b), "history: the persistent launch differs from the six launches"
 
 
+def test_programs_share_each_phase_by_stride():
+    """Each phase split over 3 and over 5 programs (items p, p + P, …: the persistent launch's
+    division, which its one-program CPU run leaves untested) gives the one-program-an-item bits."""
+    args, kw = inputs(True, 1, SHAPE, DEVICE)
+    want = run(gdn_block_decode, as_dtype(args, torch.bfloat16), kw, persistent=False)
+    for P in (3, 5):
+        got = run(gdn_block_decode, as_dtype(args, torch.bfloat16), kw, persistent=False, programs=P)
+        for a, b in zip((*got[:3], *got[3]), (*want[:3], *want[3])):
+            assert torch.equal(a, b), P
+
+
 def test_bad_inputs_are_named():
     args, kw = inputs(False, 0, SHAPE, DEVICE)
     args = as_dtype(args, torch.bfloat16)

@@ -55,8 +55,9 @@ def gdn_block_decode(
         w_gu `[2·F (+ padding), D]` gate rows then up rows; w_down `[D, F]`.
         persistent: one launch through grid barriers (default on a GPU) or six launches (default
             under the CPU interpreter, where a grid barrier cannot be waited for).
-        programs: the persistent launch's grid (default: the card's SMs; all must be resident at
-            once, so never more).
+        programs: the grid of every launch, each program taking items p, p + P, … of each phase
+            (default: the card's SMs for the persistent launch, which must all be resident at once,
+            so never more; one program an item for the six launches).
         config: the products' (K tile, pipeline stages), one of `CONFIGS` (default the first).
     """
     import triton
@@ -122,11 +123,12 @@ def gdn_block_decode(
     phases = [0] if persistent else sorted(grids)
     bar = barrier_counter(dev)
     for phase in phases:
-        grid = (
-            (grids[phase],)
-            if phase
-            else (programs or torch.cuda.get_device_properties(dev).multi_processor_count,)
-        )
+        if programs is not None:
+            grid = (programs,)
+        elif phase:
+            grid = (grids[phase],)
+        else:
+            grid = (torch.cuda.get_device_properties(dev).multi_processor_count,)
         gdn_block_kernel[grid](
             xn, res, w_in, y1, hq, hk, hv, *w2, *bias, A_log, dt_bias, state, o, gamma_o, on, w_o, h2, gamma2,
             w_gu, act, w_down, y, bar,
