@@ -299,7 +299,7 @@ def report(exp: ExperimentConfig, out: Path, args: argparse.Namespace, console: 
     paths = write_summary(exp, summary, out, command)
     Console().print(summary_table(exp, summary))
     for c in summary["checks"]:
-        console.print(f"{c['verdict']:>9}: {c['says']} ({c['detail']})", markup=False, highlight=False)
+        console.print(f"{c['verdict']:>12}: {c['says']} ({c['detail']})", markup=False, highlight=False)
     if summary["missing"]:
         gaps = ", ".join(f"{m['run']} · {m['data']} · seed {m['seed']}" for m in summary["missing"])
         total = len(exp.runs) * len(exp.data) * len(exp.seeds)

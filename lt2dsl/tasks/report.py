@@ -100,18 +100,30 @@ def _stats(values: list[float]) -> dict[str, float | int]:
 
 
 def verdict(check: CheckConfig, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """`agrees`, `disagrees` or `not run` for one check, with the means it compared."""
-    a = runs.get(check.run, {}).get("metrics", {}).get(check.metric, {}).get("mean", float("nan"))
+    """`agrees`, `disagrees`, `within noise` or `not run` for one check, with the means it compared.
+
+    A `greater` check agrees when the means differ by more than the larger of the two runs' seed
+    standard deviations in its direction, disagrees by more than that the other way, and is within
+    noise otherwise (two runs at chance differ by a hair either way; neither way is evidence).
+    """
+
+    def stat(run: str | None, key: str) -> float:
+        return runs.get(run, {}).get("metrics", {}).get(check.metric, {}).get(key, float("nan"))
+
+    a = stat(check.run, "mean")
     if check.kind == "greater":
-        b = runs.get(check.than, {}).get("metrics", {}).get(check.metric, {}).get("mean", float("nan"))
-        held, detail = a > b, f"{check.run} {a:.4g} vs {check.than} {b:.4g}"
+        b = stat(check.than, "mean")
+        margin = max(stat(check.run, "std"), stat(check.than, "std"))
+        detail = f"{check.run} {a:.4g} vs {check.than} {b:.4g} (seed std up to {margin:.2g})"
+        held = None if abs(a - b) <= margin else a > b
     else:
         b = check.value
         held = a >= b if check.kind == "at_least" else a <= b
         detail = f"{check.run} {a:.4g} {'>=' if check.kind == 'at_least' else '<='} {b:.4g}?"
     if math.isnan(a) or math.isnan(b):
         return {"says": check.says, "verdict": "not run", "detail": detail}
-    return {"says": check.says, "verdict": "agrees" if held else "disagrees", "detail": detail}
+    word = "within noise" if held is None else "agrees" if held else "disagrees"
+    return {"says": check.says, "verdict": word, "detail": detail}
 
 
 def _cell(stat: dict[str, Any] | None) -> str:
