@@ -173,11 +173,14 @@ class Chain:
         self.shape = (n1, n2, n3, n4, k1, k2, k3, k4)
         self.x = torch.randn(M, k1, device=device, dtype=torch.bfloat16)
         self.ys = [torch.empty(M, n, device=device, dtype=torch.bfloat16) for n in (n1, n2, n3, n4)]
-        self.bar = torch.zeros(1, device=device, dtype=torch.int64)
+        self.bars: dict[int, torch.Tensor] = {}  # one counter a grid size (its base is a multiple of 3·P)
 
     def launch(self, ws: list[torch.Tensor], phase: int, programs: int = 0, pf: int = 0) -> torch.Tensor:
         n1, n2, n3, n4 = self.shape[:4]
         grid = (programs,) if phase == 0 else (triton.cdiv((n1, n2, n3, n4)[phase - 1], BN),)
+        if programs not in self.bars:  # made once: a zeros() per launch would be a timed memset
+            self.bars[programs] = torch.zeros(1, device=self.x.device, dtype=torch.int64)
+        bar = self.bars[programs]
         meta = {
             "BM": BM,
             "BN": BN,
@@ -186,7 +189,7 @@ class Chain:
             "num_warps": WARPS,
             "num_stages": self.stages,
         }
-        chain_kernel[grid](self.x, *ws, *self.ys, self.bar, self.M, *self.shape, PHASE=phase, PF=pf, **meta)
+        chain_kernel[grid](self.x, *ws, *self.ys, bar, self.M, *self.shape, PHASE=phase, PF=pf, **meta)
         return self.ys[3]
 
     def split(self, ws: list[torch.Tensor]) -> torch.Tensor:

@@ -132,7 +132,7 @@ def test_decode_stream_chain_on_the_interpreter():
         one = ch.launch(ws, 0, programs=1).clone()
         assert torch.equal(split, one)
         assert rel_err(one, ref) < 2e-2 and rel_err(ch.cublas(ws), ref) < 2e-2
-        assert ch.launch(ws, 0, programs=1).equal(one) and ch.bar.item() == 6
+        assert ch.launch(ws, 0, programs=1).equal(one) and ch.bars[1].item() == 6
     sh = block_shapes(str(Path(__file__).parents[1] / "examples" / "lt2_hybrid_gdn_dsa.lt2"))
     assert sh == [(12320, 2048), (2048, 4096), (11264, 2048), (2048, 5632)]
     Chain([torch.empty(n, k, dtype=torch.bfloat16) for n, k in sh], 1, "cpu")  # the shapes chain

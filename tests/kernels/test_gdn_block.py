@@ -80,3 +80,19 @@ def test_gpu_hybrid_block_one_launch(M):
     as the unfused chain and the same bits as the six launches."""
     for seed in range(4):
         check(seed % 2 == 1, (M, 2048, 16, 16, 128, 256, 5632), seed, persistent_programs=None)
+
+
+def test_each_grid_size_has_its_own_barrier_counter():
+    """A persistent launch's barrier base is its counter rounded down to 5 · P: launches of two
+    grid sizes sharing one counter would pass barriers early, so each size gets its own, and one
+    launch adds 5 · P to it."""
+    from lt2dsl.kernels.block import barrier_counter
+
+    args, kw = inputs(False, 2, SHAPE, DEVICE)
+    for P in (1, 1, 2):
+        before = {p: barrier_counter(torch.device(DEVICE), p).item() for p in (1, 2)}
+        if P == 2 and DEVICE == "cpu":
+            break  # two programs would wait for each other forever under the interpreter
+        gdn_block_decode(**as_dtype(args, torch.bfloat16), **kw, persistent=True, programs=P)
+        after = {p: barrier_counter(torch.device(DEVICE), p).item() for p in (1, 2)}
+        assert after[P] - before[P] == 5 * P and after[3 - P] == before[3 - P]

@@ -19,15 +19,18 @@ __all__ = ["MAX_M", "gdn_block_decode", "gdn_block_decode_ref"]
 MAX_M = 16  # the decode rows one launch takes (the products' tl.dot tile)
 BN, BK, WARPS, STAGES = 16, 256, 8, 3  # one config for every phase (no autotuning: a persistent grid)
 CONFIGS = ((BK, STAGES), (512, 4))  # the (K tile, stages) pairs compiled for sm_90 (`config=`)
-_BARRIERS: dict[torch.device, Tensor] = {}
+_BARRIERS: dict[tuple[torch.device, int], Tensor] = {}
 
 
-def barrier_counter(device: torch.device) -> Tensor:
-    """The device's grid-barrier counter (int64, only grows; shared by every launch of this kernel,
-    which each add the same multiple of the grid). Made before a CUDA graph captures a launch."""
-    if device not in _BARRIERS:
-        _BARRIERS[device] = torch.zeros(1, device=device, dtype=torch.int64)
-    return _BARRIERS[device]
+def barrier_counter(device: torch.device, programs: int) -> Tensor:
+    """The grid-barrier counter of persistent launches of `programs` programs on `device` (int64,
+    only grows). Each launch adds 5 · programs and takes its base from the count rounded down to
+    that, so launches of another grid size must not share it (an H100 run that did let barriers
+    pass early). Made before a CUDA graph captures a launch."""
+    key = (device, programs)
+    if key not in _BARRIERS:
+        _BARRIERS[key] = torch.zeros(1, device=device, dtype=torch.int64)
+    return _BARRIERS[key]
 
 
 def _check(name: str, t: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -121,14 +124,11 @@ def gdn_block_decode(
     tiles = {1: n_in, 4: D, 5: F_, 6: D}
     grids = {p: triton.cdiv(n, BN) for p, n in tiles.items()} | {2: NV * M * HV, 3: M * HV}
     phases = [0] if persistent else sorted(grids)
-    bar = barrier_counter(dev)
+    if persistent and programs is None:
+        programs = torch.cuda.get_device_properties(dev).multi_processor_count
+    bar = barrier_counter(dev, programs or 0)
     for phase in phases:
-        if programs is not None:
-            grid = (programs,)
-        elif phase:
-            grid = (grids[phase],)
-        else:
-            grid = (torch.cuda.get_device_properties(dev).multi_processor_count,)
+        grid = (programs,) if programs is not None else (grids[phase],)
         gdn_block_kernel[grid](
             xn, res, w_in, y1, hq, hk, hv, *w2, *bias, A_log, dt_bias, state, o, gamma_o, on, w_o, h2, gamma2,
             w_gu, act, w_down, y, bar,
