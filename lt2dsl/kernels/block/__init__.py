@@ -25,8 +25,9 @@ _BARRIERS: dict[tuple[torch.device, int], Tensor] = {}
 def barrier_counter(device: torch.device, programs: int) -> Tensor:
     """The grid-barrier counter of persistent launches of `programs` programs on `device` (int64,
     only grows). Each launch adds 5 · programs and takes its base from the count rounded down to
-    that, so launches of another grid size must not share it (an H100 run that did let barriers
-    pass early). Made before a CUDA graph captures a launch."""
+    that, which holds only while every launch on the counter adds the same: a launch of another
+    grid size would leave a base its barriers pass early. Made before a CUDA graph captures a
+    launch."""
     key = (device, programs)
     if key not in _BARRIERS:
         _BARRIERS[key] = torch.zeros(1, device=device, dtype=torch.int64)
