@@ -262,7 +262,7 @@ HYBRID_BLOCK = (2048, 16, 16, 128, 256, 5632)  # (D, H, HV, K, V, F) of the hybr
 
 def block_cases(
     M: int, shape: tuple[int, ...], device: str, persistent_programs: int | None = None,
-    config: tuple[int, int] | None = None,
+    config: tuple[int, int, bool] | None = None,
 ):  # fmt: skip
     """(cases, inputs, bytes of the four weights): the hybrid's whole GDN block for M rows as
     `kernels.block.gdn_block_decode` runs it (one persistent launch; six launches) and as the
@@ -302,7 +302,7 @@ def block_cases(
     return cases, base, nbytes
 
 
-def block_rows(M: int, copies: int, config: tuple[int, int]) -> list[dict]:
+def block_rows(M: int, copies: int, config: tuple[int, int, bool]) -> list[dict]:
     """`block_cases` on the card: each case from the same inputs (the state and histories copied),
     compared with today's kernels and with the six launches' bits, then timed over weight copies
     past L2 (each call updates its copy's state in place, as a decode step does)."""
@@ -353,9 +353,10 @@ def main() -> None:
     read = read_us(nk)
     one_read = read_us([(nbytes // 2, 1)])
     rows = []
-    for cfg in CONFIGS:  # the same (K tile, stages) pairs for the chain and the block
-        tag = f" [BK {cfg[0]}, {cfg[1]} stages]"
-        for r in [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes, cfg)]:
+    for cfg in CONFIGS:  # the chain at the block's (K tile, stages) pairs; the flat loop is the block's
+        tag = f" [BK {cfg[0]}, {cfg[1]} stages{', flat' if cfg[2] else ''}]"
+        chain = [] if cfg[2] else [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes, cfg[:2])]
+        for r in chain:
             rows.append({**r, "case": r["case"] + ("" if r["case"] == "cuBLAS" else tag), "config": cfg})
         for r in [r for M in (1, 8) for r in block_rows(M, c, cfg)]:
             rows.append({**r, "case": r["case"] + ("" if r["case"] == TODAY else tag), "config": cfg})
@@ -377,7 +378,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "hw": args.hw, "shapes": nk, "bytes": nbytes, "programs": sms,
-            "BN": BN, "warps": WARPS, "configs (BK, stages)": CONFIGS}  # fmt: skip
+            "BN": BN, "warps": WARPS, "configs (BK, stages, flat)": CONFIGS}  # fmt: skip
     tmp = args.out / "decode_stream.json.tmp"
     tmp.write_text(json.dumps({**meta, "rows": rows}, indent=1))
     os.replace(tmp, args.out / "decode_stream.json")

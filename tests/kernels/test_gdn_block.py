@@ -96,3 +96,23 @@ def test_each_grid_size_has_its_own_barrier_counter():
         gdn_block_decode(**as_dtype(args, torch.bfloat16), **kw, persistent=True, programs=P)
         after = {p: barrier_counter(torch.device(DEVICE), p).item() for p in (1, 2)}
         assert after[P] - before[P] == 5 * P and after[3 - P] == before[3 - P]
+
+
+@pytest.mark.parametrize("programs", [None, 1, 3], ids=["an-item-each", "one", "three"])
+def test_flat_loop_gives_the_nested_loops_bits(programs):
+    """Each flat config (one loop over a program's tiles and K tiles) against the nested loops at
+    the same K tile: the same sums in the same order, so the same bits, with one program an item
+    and with one or three programs sharing each phase."""
+    from lt2dsl.kernels.block import CONFIGS
+
+    args, kw = inputs(False, 3, SHAPE, DEVICE)
+    for bk, stages, flat in CONFIGS:
+        if not flat:
+            continue
+        nested = next(c for c in CONFIGS if c[0] == bk and not c[2])
+        want = run(gdn_block_decode, as_dtype(args, torch.bfloat16), kw, persistent=False, programs=programs,
+                   config=nested)  # fmt: skip
+        got = run(gdn_block_decode, as_dtype(args, torch.bfloat16), kw, persistent=False, programs=programs,
+                  config=(bk, stages, flat))  # fmt: skip
+        for a, b in zip((*got[:3], *got[3]), (*want[:3], *want[3])):
+            assert torch.equal(a, b), (bk, stages)

@@ -18,7 +18,9 @@ __all__ = ["MAX_M", "gdn_block_decode", "gdn_block_decode_ref"]
 
 MAX_M = 16  # the decode rows one launch takes (the products' tl.dot tile)
 BN, BK, WARPS, STAGES = 16, 256, 8, 3  # one config for every phase (no autotuning: a persistent grid)
-CONFIGS = ((BK, STAGES), (512, 4))  # the (K tile, stages) pairs compiled for sm_90 (`config=`)
+# the products' (K tile, stages, one flat loop over tiles and K tiles) compiled for sm_90
+# (`config=`); the flat ones are not yet timed on a GPU
+CONFIGS = ((BK, STAGES, False), (512, 4, False), (256, 4, True), (512, 4, True))
 _BARRIERS: dict[tuple[torch.device, int], Tensor] = {}
 
 
@@ -44,7 +46,7 @@ def gdn_block_decode(
     xn: Tensor, res: Tensor, w_in: Tensor, offsets: tuple[int, ...], conv_weights, conv_biases, hists,
     A_log: Tensor, dt_bias: Tensor, state: Tensor, gamma_o: Tensor, w_o: Tensor, gamma2: Tensor,
     w_gu: Tensor, w_down: Tensor, *, heads: int, scale: float, beta_scale: float, eps_o: float, eps2: float,
-    persistent: bool | None = None, programs: int | None = None, config: tuple[int, int] | None = None,
+    persistent: bool | None = None, programs: int | None = None, config: tuple[int, int, bool] | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """One decode token per row through a GDN block; (h2, y) as `gdn_block_decode_ref` returns.
 
@@ -62,7 +64,7 @@ def gdn_block_decode(
         programs: the grid of every launch, each program taking items p, p + P, … of each phase
             (default: the card's SMs for the persistent launch, which must all be resident at once,
             so never more; one program an item for the six launches).
-        config: the products' (K tile, pipeline stages), one of `CONFIGS` (default the first).
+        config: the products' (K tile, pipeline stages, flat loop), one of `CONFIGS` (default the first).
     """
     import triton
 
@@ -115,8 +117,8 @@ def gdn_block_decode(
     h2 = torch.empty(M, D, device=dev, dtype=dt)
     act = torch.empty(M, F_, device=dev, dtype=dt)
     y = torch.empty(M, D, device=dev, dtype=dt)
-    bk, stages = config or CONFIGS[0]
-    if (bk, stages) not in CONFIGS:
+    bk, stages, flat = config or CONFIGS[0]
+    if (bk, stages, flat) not in CONFIGS:
         raise ValueError(f"gdn_block_decode: config must be one of {CONFIGS}, got {config}")
     if persistent is None:
         persistent = dev.type == "cuda" and not triton_interpreting()
@@ -139,6 +141,7 @@ def gdn_block_decode(
             PHASE=phase, H=H, HV=HV, K=K, V=V, BKH=triton.next_power_of_2(K), BV=BV,
             BVF=triton.next_power_of_2(V), W=W, WP=triton.next_power_of_2(W - 1),
             HAS_BQ=conv_biases[0] is not None, HAS_BK=conv_biases[1] is not None,
-            HAS_BV=conv_biases[2] is not None, BM=MAX_M, BN=BN, BK=bk, num_warps=WARPS, num_stages=stages,
+            HAS_BV=conv_biases[2] is not None, BM=MAX_M, BN=BN, BK=bk, FLAT=flat, num_warps=WARPS,
+            num_stages=stages,
         )  # fmt: skip
     return h2, y

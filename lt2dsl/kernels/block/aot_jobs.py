@@ -20,11 +20,11 @@ def jobs() -> list[Job]:
     out = []
     ptrs = {"A_log": "*fp32", "dt_bias": "*fp32", "S": "*fp32", "BAR": "*i64"}
     scalars = dict.fromkeys(INTS, "i32") | dict.fromkeys(("scale", "beta_scale", "eps_o", "eps2"), "fp32")
-    for (tag, (H, HV, K, V)), (bk, stages) in itertools.product(SHAPES.items(), B.CONFIGS):
+    for (tag, (H, HV, K, V)), (bk, stages, flat) in itertools.product(SHAPES.items(), B.CONFIGS):
         for phase in range(7):
             cex = dict(PHASE=phase, H=H, HV=HV, K=K, V=V, BKH=K, BV=32, BVF=V, W=4, WP=4, HAS_BQ=False,
-                       HAS_BK=False, HAS_BV=False, BM=B.MAX_M, BN=B.BN, BK=bk)  # fmt: skip
-            name = f"gdn_block/{tag}-bk{bk}x{stages}-phase{phase}"
+                       HAS_BK=False, HAS_BV=False, BM=B.MAX_M, BN=B.BN, BK=bk, FLAT=flat)  # fmt: skip
+            name = f"gdn_block/{tag}-bk{bk}x{stages}{'-flat' if flat else ''}-phase{phase}"
             launch = (B.WARPS, stages)
             out += tuned_jobs(name, G.gdn_block_kernel, ptrs, scalars, cex, launch=launch, aligned=(),
                               default_ptr="*bf16")  # fmt: skip
