@@ -20,7 +20,7 @@ code before and after.
 | `rope_cache` | RoPE of q, [LayerNorm'd] k → k (, v) appended to the cache → one node, one decode launch |
 | `dsa_w_scale` | dsa_attend(…, w · c) → dsa_attend(…, w, w_scale=c): the indexer scales w in its kernel |
 
-Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; none faster on the H100, s32):
+Opt-in rules (`OPT_IN`, run after those only when named in `opt_in`; none faster on the H100, s32 and s34):
 
 | rule | pattern → replacement |
 |---|---|
@@ -81,7 +81,7 @@ RULES: dict[str, Rule] = {
 
 # Rules off by default, run after `RULES` when named in `opt_in`, in this order (`gdn_block` and
 # `decode_gemv` fold what `gdn_decode` leaves, `l2_prefetch` sees their nodes): decode-only
-# rewrites that the H100 did not run faster (docs/decode.md) or that are not yet measured there.
+# rewrites that the H100 did not run faster (docs/decode.md).
 OPT_IN: dict[str, Rule] = {
     r.name: r for r in (gdn_step.RULE, gdn_block.RULE, decode_gemv.RULE, prefetch.RULE)
 }
