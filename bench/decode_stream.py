@@ -53,25 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from lt2dsl.kernels.common.tl_util import INTERP, cast, helper  # noqa: E402
+from lt2dsl.kernels.block.triton_gdn_block import _grid_barrier  # noqa: E402
+from lt2dsl.kernels.common.tl_util import cast, helper  # noqa: E402
+from lt2dsl.kernels.gemv.triton_gemv import _dot  # noqa: E402
+from lt2dsl.kernels.prefetch.triton_prefetch import _PREFETCH, CHUNK  # noqa: E402
 
 BN, BK, WARPS, STAGES = 16, 256, 8, 3  # one config for every product: the decode GEMV's narrow one
 BM = 16  # tl.dot's smallest tile: the decode rows, padded
 PHASES = 4
-CHUNK = 16 * 1024  # bytes one bulk prefetch asks for
-_PREFETCH = tl.constexpr("""{
-.reg .pred p;
-setp.ne.s32 p, $2, 0;
-@p cp.async.bulk.prefetch.L2.global [$1], $2;
-mov.u32 $0, 0;
-}""")
-
-
-@helper
-def _dot(a, b):
-    if INTERP:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @helper
@@ -112,18 +101,6 @@ def _prefetch(w, N, K, pid, P, PF: tl.constexpr, CHUNK: tl.constexpr, BN: tl.con
     size = tl.where((size > 0) & (pid * BN < N), (size // 16) * 16, 0).to(tl.int32)
     addr = w.to(tl.pointer_type(tl.uint8)) + pid.to(tl.int64) * BN * K * 2 + start
     tl.inline_asm_elementwise(_PREFETCH, "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@helper
-def _grid_barrier(bar, target):
-    """Wait until the counter reaches `target`: every program's writes before it are visible to
-    every program after it (CTA barrier, then one release add and acquire reads of the counter)."""
-    tl.debug_barrier()
-    tl.atomic_add(bar, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
-    while seen < target:
-        seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
 
 
 @triton.jit

@@ -34,19 +34,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lt2dsl.kernels.common.tl_util import INTERP, cast, helper
+from lt2dsl.kernels.common.tl_util import cast, helper
 from lt2dsl.kernels.delta.gdn_step import norm_item, recurrent_item
+from lt2dsl.kernels.gemv.triton_gemv import _dot
 
 BARRIERS = tl.constexpr(5)  # grid barriers a persistent launch passes (between its six phases)
 CG = tl.constexpr(".cg")
-
-
-@helper
-def _dot(a, b):
-    """a @ b in fp32; the interpreter's 16-bit `tl.dot` returns garbage, so it takes fp32 operands."""
-    if INTERP:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @helper
@@ -73,6 +66,20 @@ def _x_tile(x, sx, g, rstd, rk, m_k, m_m, NORM: tl.constexpr, BM: tl.constexpr, 
         b_g = tl.load(g + rk, mask=m_k, other=0.0).to(tl.float32)
         b_x = cast(b_x.to(tl.float32) * rstd[None, :] * b_g[:, None], DT)
     return b_x
+
+
+@helper
+def _k_step(acc, acc_u, x, sx, w, g, rstd, up, rn, m_n, rk, K, m_m, NORM: tl.constexpr, EPI: tl.constexpr,
+            BM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+    """One K tile rk of the tile of outputs rn: (acc, acc_u) plus W's gate (and, for SwiGLU, up)
+    rows times the input tile."""
+    m_k = rk < K
+    b_x = _x_tile(x, sx, g, rstd, rk, m_k, m_m, NORM, BM, DT)
+    m_w = m_n[:, None] & m_k[None, :]
+    acc += _dot(tl.load(w + rn[:, None] * K + rk[None, :], mask=m_w, other=0.0), b_x)
+    if EPI == 1:
+        acc_u += _dot(tl.load(w + (rn[:, None] + up) * K + rk[None, :], mask=m_w, other=0.0), b_x)
+    return acc, acc_u
 
 
 @helper
@@ -117,12 +124,7 @@ def _product(
             rn = tl.arange(0, BN).to(tl.int64) + t * BN
             m_n = rn < N
             rk = (it % n_k) * BK + tl.arange(0, BK)
-            m_k = rk < K
-            b_x = _x_tile(x, sx, g, rstd, rk, m_k, m_m, NORM, BM, DT)
-            m_w = m_n[:, None] & m_k[None, :]
-            acc += _dot(tl.load(w + rn[:, None] * K + rk[None, :], mask=m_w, other=0.0), b_x)
-            if EPI == 1:
-                acc_u += _dot(tl.load(w + (rn[:, None] + up) * K + rk[None, :], mask=m_w, other=0.0), b_x)
+            acc, acc_u = _k_step(acc, acc_u, x, sx, w, g, rstd, up, rn, m_n, rk, K, m_m, NORM, EPI, BM, DT)
             if it % n_k == n_k - 1:
                 _store_tile(acc, acc_u, y, sy, r, sr, rn, m_n, m_m, EPI, BM, DT)
                 acc = tl.zeros([BN, BM], dtype=tl.float32)
@@ -135,12 +137,9 @@ def _product(
             acc_u = tl.zeros([BN, BM], dtype=tl.float32)
             for k0 in range(0, K, BK):
                 rk = k0 + tl.arange(0, BK)
-                m_k = rk < K
-                b_x = _x_tile(x, sx, g, rstd, rk, m_k, m_m, NORM, BM, DT)
-                m_w = m_n[:, None] & m_k[None, :]
-                acc += _dot(tl.load(w + rn[:, None] * K + rk[None, :], mask=m_w, other=0.0), b_x)
-                if EPI == 1:
-                    acc_u += _dot(tl.load(w + (rn[:, None] + up) * K + rk[None, :], mask=m_w, other=0.0), b_x)
+                acc, acc_u = _k_step(
+                    acc, acc_u, x, sx, w, g, rstd, up, rn, m_n, rk, K, m_m, NORM, EPI, BM, DT
+                )
             _store_tile(acc, acc_u, y, sy, r, sr, rn, m_n, m_m, EPI, BM, DT)
 
 

@@ -80,3 +80,21 @@ def check_unchanged(gm: torch.fx.GraphModule, rule: str) -> None:
     result = fuse(gm, rules=[rule])
     assert COUNTERS[rule] == 0 and not result.modified
     assert gm.code == before
+
+
+def assert_rule_changes_nothing_off_its_step(base, ruled, ids: torch.Tensor) -> None:
+    """An opt-in decode rule's model (`ruled`) against the same model without it (`base`), both
+    float64 on the reference backend: outputs and every parameter's gradient of a forward over
+    `ids` equal, and so does a one-token step after a prompt of all but the last token through a
+    dynamic cache (the leaf's fallback runs the nodes it replaced, in their order)."""
+    out, grads = outputs_and_grads(base.graph_module, list(base.parameters()), ids)
+    rout, rgrads = outputs_and_grads(ruled.graph_module, list(ruled.parameters()), ids)
+    torch.testing.assert_close(rout, out, rtol=1e-12, atol=1e-12)
+    for g, rg in zip(grads, rgrads, strict=True):
+        torch.testing.assert_close(rg, g, rtol=1e-12, atol=1e-12)
+    n = ids.shape[1] - 1
+    with torch.no_grad():
+        c1, c2 = base.new_cache(ids.shape[0]), ruled.new_cache(ids.shape[0])
+        base(ids[:, :n], c1)
+        ruled(ids[:, :n], c2)
+        torch.testing.assert_close(ruled(ids[:, n:], c2), base(ids[:, n:], c1), rtol=1e-12, atol=1e-12)
