@@ -239,7 +239,7 @@ HYBRID_BLOCK = (2048, 16, 16, 128, 256, 5632)  # (D, H, HV, K, V, F) of the hybr
 
 def block_cases(
     M: int, shape: tuple[int, ...], device: str, persistent_programs: int | None = None,
-    config: tuple[int, int, bool] | None = None,
+    config=None,
 ):  # fmt: skip
     """(cases, inputs, bytes of the four weights): the hybrid's whole GDN block for M rows as
     `kernels.block.gdn_block_decode` runs it (one persistent launch; six launches) and as the
@@ -279,7 +279,7 @@ def block_cases(
     return cases, base, nbytes
 
 
-def block_rows(M: int, copies: int, config: tuple[int, int, bool]) -> list[dict]:
+def block_rows(M: int, copies: int, config) -> list[dict]:
     """`block_cases` on the card: each case from the same inputs (the state and histories copied),
     compared with today's kernels and with the six launches' bits, then timed over weight copies
     past L2 (each call updates its copy's state in place, as a decode step does)."""
@@ -330,13 +330,16 @@ def main() -> None:
     read = read_us(nk)
     one_read = read_us([(nbytes // 2, 1)])
     rows = []
-    for cfg in CONFIGS:  # the chain at the block's (K tile, stages) pairs; the flat loop is the block's
-        tag = f" [BK {cfg[0]}, {cfg[1]} stages{', flat' if cfg[2] else ''}]"
-        chain = [] if cfg[2] else [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes, cfg[:2])]
-        for r in chain:
-            rows.append({**r, "case": r["case"] + ("" if r["case"] == "cuBLAS" else tag), "config": cfg})
+    chain = [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes, (BK, STAGES))]
+    rows += [{**r, "case": r["case"] + ("" if r["case"] == "cuBLAS" else f" [BK {BK}]")} for r in chain]
+    for i, cfg in enumerate(CONFIGS):  # the block at each of its product tiles
+        tiles = f"{cfg.bn_wide}x{cfg.bk_wide}/{cfg.bn_narrow}x{cfg.bk_narrow}{', flat' if cfg.flat else ''}"
+        tag = f" [config {i}: {tiles}]"
         for r in [r for M in (1, 8) for r in block_rows(M, c, cfg)]:
-            rows.append({**r, "case": r["case"] + ("" if r["case"] == TODAY else tag), "config": cfg})
+            if r["case"] != TODAY or i == 0:
+                rows.append(
+                    {**r, "case": r["case"] + ("" if r["case"] == TODAY else tag), "config": list(cfg)}
+                )
     for name, us in (("read, one launch a weight", read), ("read, all in one launch", one_read)):
         rows.append({"case": name, "M": None, "us": us, "rel_err": None, "GBps": nbytes / us / 1e3})
     card = torch.cuda.get_device_name()
@@ -355,7 +358,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "hw": args.hw, "shapes": nk, "bytes": nbytes, "programs": sms,
-            "BN": BN, "warps": WARPS, "configs (BK, stages, flat)": CONFIGS}  # fmt: skip
+            "chain (BN, BK, warps, stages)": (BN, BK, WARPS, STAGES),
+            "block configs": [c._asdict() for c in CONFIGS]}  # fmt: skip
     tmp = args.out / "decode_stream.json.tmp"
     tmp.write_text(json.dumps({**meta, "rows": rows}, indent=1))
     os.replace(tmp, args.out / "decode_stream.json")

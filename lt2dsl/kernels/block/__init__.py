@@ -9,18 +9,49 @@ is that chain. No autograd, decode only: the engine's step.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from .naive import gdn_block_decode_ref
 
-__all__ = ["MAX_M", "gdn_block_decode", "gdn_block_decode_ref"]
+__all__ = ["CONFIGS", "MAX_M", "Config", "gdn_block_decode", "gdn_block_decode_ref"]
 
 MAX_M = 16  # the decode rows one launch takes (the products' tl.dot tile)
-BN, BK, WARPS, STAGES = 16, 256, 8, 3  # one config for every phase (no autotuning: a persistent grid)
-# the products' (K tile, stages, one flat loop over tiles and K tiles) compiled for sm_90
-# (`config=`); the flat ones are not yet timed on a GPU
-CONFIGS = ((BK, STAGES, False), (512, 4, False), (256, 4, True), (512, 4, True))
+WARPS = 8  # every phase's (no autotuning: a persistent grid's programs must all be resident)
+STAGES = 3  # the launch's pipeline depth: the loops outside the products (theirs are per config)
+
+
+class Config(NamedTuple):
+    """The products' tiles: the wide ones (in-projection, gate/up: N ≥ 5632 outputs) and the
+    narrow ones (o_proj, down: N = D) each with their own BN outputs × BK inputs a tile and
+    pipeline stages; `flat`, one loop over a program's (tile, K tile) pairs."""
+
+    bn_wide: int
+    bk_wide: int
+    stages_wide: int
+    bn_narrow: int
+    bk_narrow: int
+    stages_narrow: int
+    flat: bool = False
+
+
+# compiled for sm_90 (`aot_jobs`); the first is the default. The decode GEMV's autotuning on the
+# H100 picked BN 64 × BK 128 (3 stages) for the wide products and BN 16 × BK 256-512 for the
+# narrow ones; on the hybrid's block (H100, bench/decode_stream.py) the one launch took
+# 79.8 µs at M = 1 with the first, 79.4 flat, 83.2-93.9 with the next three and 120.4 with one
+# 16 × 256 tile for every phase (the last)
+CONFIGS = (
+    Config(64, 128, 3, 16, 512, 4),
+    Config(64, 128, 3, 16, 512, 4, True),
+    Config(64, 128, 3, 16, 256, 6),
+    Config(32, 128, 4, 16, 256, 6),
+    Config(64, 64, 4, 16, 256, 6),
+    Config(16, 256, 3, 16, 256, 3),
+)
+
+
 _BARRIERS: dict[tuple[torch.device, int], Tensor] = {}
 
 
@@ -30,10 +61,18 @@ def barrier_counter(device: torch.device, programs: int) -> Tensor:
     that, which holds only while every launch on the counter adds the same: a launch of another
     grid size would leave a base its barriers pass early. Made before a CUDA graph captures a
     launch."""
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one counter
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (device, programs)
     if key not in _BARRIERS:
         _BARRIERS[key] = torch.zeros(1, device=device, dtype=torch.int64)
     return _BARRIERS[key]
+
+
+def kernel_tiles(cfg: Config) -> dict:
+    """The kernel's constexprs of a config."""
+    return dict(BNW=cfg.bn_wide, BKW=cfg.bk_wide, SW=cfg.stages_wide, BNN=cfg.bn_narrow, BKN=cfg.bk_narrow,
+                SN=cfg.stages_narrow, FLAT=cfg.flat)  # fmt: skip
 
 
 def _check(name: str, t: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -46,7 +85,7 @@ def gdn_block_decode(
     xn: Tensor, res: Tensor, w_in: Tensor, offsets: tuple[int, ...], conv_weights, conv_biases, hists,
     A_log: Tensor, dt_bias: Tensor, state: Tensor, gamma_o: Tensor, w_o: Tensor, gamma2: Tensor,
     w_gu: Tensor, w_down: Tensor, *, heads: int, scale: float, beta_scale: float, eps_o: float, eps2: float,
-    persistent: bool | None = None, programs: int | None = None, config: tuple[int, int, bool] | None = None,
+    persistent: bool | None = None, programs: int | None = None, config: Config | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """One decode token per row through a GDN block; (h2, y) as `gdn_block_decode_ref` returns.
 
@@ -59,12 +98,14 @@ def gdn_block_decode(
         A_log, dt_bias: `[HV]`; state: `[M, HV, K, V]` fp32 contiguous, updated in place.
         gamma_o: the gated norm's `[V]`; w_o `[D, HV·V]`; gamma2 `[D]` the MLP's norm;
         w_gu `[2·F (+ padding), D]` gate rows then up rows; w_down `[D, F]`.
-        persistent: one launch through grid barriers (default on a GPU) or six launches (default
-            under the CPU interpreter, where a grid barrier cannot be waited for).
+        persistent: one launch through grid barriers (default on a GPU for one row) or six launches
+            (default for more rows: on the H100 at M = 8 the one launch took 120.6 µs, the six 95.9,
+            its one program an SM too few for the recurrence's 1,024 items; and under the CPU
+            interpreter, where a grid barrier cannot be waited for).
         programs: the grid of every launch, each program taking items p, p + P, … of each phase
             (default: the card's SMs for the persistent launch, which must all be resident at once,
             so never more; one program an item for the six launches).
-        config: the products' (K tile, pipeline stages, flat loop), one of `CONFIGS` (default the first).
+        config: the products' tiles, one of `CONFIGS` (default the first).
     """
     import triton
 
@@ -117,15 +158,15 @@ def gdn_block_decode(
     h2 = torch.empty(M, D, device=dev, dtype=dt)
     act = torch.empty(M, F_, device=dev, dtype=dt)
     y = torch.empty(M, D, device=dev, dtype=dt)
-    bk, stages, flat = config or CONFIGS[0]
-    if (bk, stages, flat) not in CONFIGS:
+    cfg = Config(*config) if config is not None else CONFIGS[0]
+    if cfg not in CONFIGS:
         raise ValueError(f"gdn_block_decode: config must be one of {CONFIGS}, got {config}")
     if persistent is None:
-        persistent = dev.type == "cuda" and not triton_interpreting()
+        persistent = dev.type == "cuda" and not triton_interpreting() and M == 1
     BV = min(32, triton.next_power_of_2(V))
     NV = triton.cdiv(V, BV)
-    tiles = {1: n_in, 4: D, 5: F_, 6: D}
-    grids = {p: triton.cdiv(n, BN) for p, n in tiles.items()} | {2: NV * M * HV, 3: M * HV}
+    tiles = {1: (n_in, cfg.bn_wide), 4: (D, cfg.bn_narrow), 5: (F_, cfg.bn_wide), 6: (D, cfg.bn_narrow)}
+    grids = {p: triton.cdiv(n, bn) for p, (n, bn) in tiles.items()} | {2: NV * M * HV, 3: M * HV}
     phases = [0] if persistent else sorted(grids)
     if persistent and programs is None:
         programs = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -141,7 +182,7 @@ def gdn_block_decode(
             PHASE=phase, H=H, HV=HV, K=K, V=V, BKH=triton.next_power_of_2(K), BV=BV,
             BVF=triton.next_power_of_2(V), W=W, WP=triton.next_power_of_2(W - 1),
             HAS_BQ=conv_biases[0] is not None, HAS_BK=conv_biases[1] is not None,
-            HAS_BV=conv_biases[2] is not None, BM=MAX_M, BN=BN, BK=bk, FLAT=flat, num_warps=WARPS,
-            num_stages=stages,
+            HAS_BV=conv_biases[2] is not None, BM=MAX_M, **kernel_tiles(cfg), num_warps=WARPS,
+            num_stages=STAGES,
         )  # fmt: skip
     return h2, y

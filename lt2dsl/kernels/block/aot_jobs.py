@@ -20,12 +20,12 @@ def jobs() -> list[Job]:
     out = []
     ptrs = {"A_log": "*fp32", "dt_bias": "*fp32", "S": "*fp32", "BAR": "*i64"}
     scalars = dict.fromkeys(INTS, "i32") | dict.fromkeys(("scale", "beta_scale", "eps_o", "eps2"), "fp32")
-    for (tag, (H, HV, K, V)), (bk, stages, flat) in itertools.product(SHAPES.items(), B.CONFIGS):
+    for (tag, (H, HV, K, V)), (i, cfg) in itertools.product(SHAPES.items(), enumerate(B.CONFIGS)):
         for phase in range(7):
             cex = dict(PHASE=phase, H=H, HV=HV, K=K, V=V, BKH=K, BV=32, BVF=V, W=4, WP=4, HAS_BQ=False,
-                       HAS_BK=False, HAS_BV=False, BM=B.MAX_M, BN=B.BN, BK=bk, FLAT=flat)  # fmt: skip
-            name = f"gdn_block/{tag}-bk{bk}x{stages}{'-flat' if flat else ''}-phase{phase}"
-            launch = (B.WARPS, stages)
+                       HAS_BK=False, HAS_BV=False, BM=B.MAX_M, **B.kernel_tiles(cfg))  # fmt: skip
+            name = f"gdn_block/{tag}-config{i}-phase{phase}"
+            launch = (B.WARPS, B.STAGES)
             out += tuned_jobs(name, G.gdn_block_kernel, ptrs, scalars, cex, launch=launch, aligned=(),
                               default_ptr="*bf16")  # fmt: skip
     return out

@@ -101,7 +101,7 @@ def _store_tile(
 def _product(
     x, sx, w, y, sy, r, sr, g, rstd, up, M, N, K, pid, P,
     NORM: tl.constexpr, EPI: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    FLAT: tl.constexpr,
+    STAGES: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     """y[:, n] = f(x) @ W[n, :K]ᵀ for the tiles n of BN outputs this program owns (p, p + P, …).
 
@@ -110,7 +110,7 @@ def _product(
     rounded g and u; 2 residual: y = r + (the product rounded), rounded. FLAT: one loop over this
     program's (tile, K tile) pairs, so the load pipeline runs across tiles instead of draining at
     the end of each (a tile of the in-projection is only K / BK = 4-8 loads deep); the same
-    sums in the same order.
+    sums in the same order. STAGES: the K loop's load pipeline depth.
     """
     DT = y.dtype.element_ty
     m_m = tl.arange(0, BM) < M
@@ -119,7 +119,7 @@ def _product(
         mine = (tl.cdiv(N, BN) - pid + P - 1) // P
         acc = tl.zeros([BN, BM], dtype=tl.float32)
         acc_u = tl.zeros([BN, BM], dtype=tl.float32)
-        for it in range(0, mine * n_k):
+        for it in tl.range(0, mine * n_k, num_stages=STAGES):
             t = pid + (it // n_k) * P
             rn = tl.arange(0, BN).to(tl.int64) + t * BN
             m_n = rn < N
@@ -135,7 +135,7 @@ def _product(
             m_n = rn < N
             acc = tl.zeros([BN, BM], dtype=tl.float32)
             acc_u = tl.zeros([BN, BM], dtype=tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in tl.range(0, K, BK, num_stages=STAGES):
                 rk = k0 + tl.arange(0, BK)
                 acc, acc_u = _k_step(
                     acc, acc_u, x, sx, w, g, rstd, up, rn, m_n, rk, K, m_m, NORM, EPI, BM, DT
@@ -164,14 +164,16 @@ def gdn_block_kernel(
     PHASE: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BKH: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
     HAS_BQ: tl.constexpr, HAS_BK: tl.constexpr, HAS_BV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLAT: tl.constexpr,
+    BM: tl.constexpr, BNW: tl.constexpr, BKW: tl.constexpr, SW: tl.constexpr, BNN: tl.constexpr,
+    BKN: tl.constexpr, SN: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     """The module docstring's phases (PHASE 0: all, through grid barriers; 1-6: that one).
 
     XN, RES `[M, D]` rows sxn, sres apart; WIN `[NIN, D]`; Y1 `[M, NIN]` (q, k, v, z, a, b at
     their column offsets); H* `[M, C, W−1]` conv histories; W* `[C, W]`; S `[M, HV, K, V]` fp32;
     O, ON `[M, HV·V]`; GO `[V]`; WO `[D, HV·V]`; H2, Y `[M, D]`; G2 `[D]`; WGU `[2·HID, D]`
-    (gate rows, then up); ACT `[M, HID]`; WD `[D, HID]`; BAR one int64.
+    (gate rows, then up); ACT `[M, HID]`; WD `[D, HID]`; BAR one int64. The wide products (1, 5)
+    take tiles of BNW × BKW through SW stages, the narrow ones (4, 6: D outputs) BNN × BKN, SN.
     """
     pid, P = tl.program_id(0), tl.num_programs(0)
     ALL: tl.constexpr = PHASE == 0
@@ -180,7 +182,9 @@ def gdn_block_kernel(
         span = BARRIERS * P
         base = (tl.atomic_add(BAR, 0, sem="acquire", scope="gpu") // span) * span
     if ALL or PHASE == 1:
-        _product(XN, sxn, WIN, Y1, NIN, Y1, 0, WIN, 0.0, 0, M, NIN, D, pid, P, False, 0, BM, BN, BK, FLAT)
+        _product(
+            XN, sxn, WIN, Y1, NIN, Y1, 0, WIN, 0.0, 0, M, NIN, D, pid, P, False, 0, BM, BNW, BKW, SW, FLAT
+        )
     if ALL:
         _grid_barrier(BAR, base + P)
     if ALL or PHASE == 2:
@@ -205,14 +209,37 @@ def gdn_block_kernel(
         _grid_barrier(BAR, base + 3 * P)
     if ALL or PHASE == 4:
         _product(
-            ON, HV * V, WO, H2, D, RES, sres, WO, 0.0, 0, M, D, HV * V, pid, P, False, 2, BM, BN, BK, FLAT
+            ON,
+            HV * V,
+            WO,
+            H2,
+            D,
+            RES,
+            sres,
+            WO,
+            0.0,
+            0,
+            M,
+            D,
+            HV * V,
+            pid,
+            P,
+            False,
+            2,
+            BM,
+            BNN,
+            BKN,
+            SN,
+            FLAT,
         )
     if ALL:
         _grid_barrier(BAR, base + 4 * P)
     if ALL or PHASE == 5:
-        rstd = _rstd(H2, D, M, D, eps2, BM, BK)
-        _product(H2, D, WGU, ACT, HID, H2, 0, G2, rstd, HID, M, HID, D, pid, P, True, 1, BM, BN, BK, FLAT)
+        rstd = _rstd(H2, D, M, D, eps2, BM, BKW)
+        _product(
+            H2, D, WGU, ACT, HID, H2, 0, G2, rstd, HID, M, HID, D, pid, P, True, 1, BM, BNW, BKW, SW, FLAT
+        )
     if ALL:
         _grid_barrier(BAR, base + 5 * P)
     if ALL or PHASE == 6:
-        _product(ACT, HID, WD, Y, D, Y, 0, WD, 0.0, 0, M, D, HID, pid, P, False, 0, BM, BN, BK, FLAT)
+        _product(ACT, HID, WD, Y, D, Y, 0, WD, 0.0, 0, M, D, HID, pid, P, False, 0, BM, BNN, BKN, SN, FLAT)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lt2dsl.lowering import compile_model, fx_passes
+from tests.kernels.utils import DEVICE
 
 from ..util import call, resolved, tokens
 from .helpers import assert_rule_changes_nothing_off_its_step
@@ -53,11 +54,11 @@ def test_bf16_decode_steps_launch_the_block_kernel(monkeypatch):
     monkeypatch.setattr(
         rule, "gdn_block_decode", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
     )
-    kw = {"backend": "triton", "dtype": torch.bfloat16}
+    kw = {"backend": "triton", "dtype": torch.bfloat16, "device": DEVICE}
     body = f"{call('gdn')}; gdn(heads=2, v_heads=4, head_dim=8, expand_v=1); {call('swa')}"
     ruled, base = model_with(body, **kw), model_with(body, ("gdn_decode",), **kw)
     assert fx_passes.COUNTERS["gdn_decode"] == 2
-    ids = tokens(2, 9)
+    ids = tokens(2, 9).to(DEVICE)
     with torch.no_grad():
         c1, c2 = base.new_cache(2, max_len=9), ruled.new_cache(2, max_len=9)
         torch.testing.assert_close(ruled(ids[:, :5], c2), base(ids[:, :5], c1), rtol=0, atol=0)
@@ -74,7 +75,7 @@ def test_pattern_and_replacement_agree(bias):
     from lt2dsl.kernels.block.testing import as_dtype, inputs
     from tests.kernels.test_gdn_block import SHAPE
 
-    args, kw = inputs(bias, 0, SHAPE)
+    args, kw = inputs(bias, 0, SHAPE, DEVICE)
     rule = fx_passes.OPT_IN["gdn_block"]
     rounded = as_dtype(args, torch.bfloat16)
     got = rule.replacement(**as_dtype(rounded, torch.bfloat16), **kw)
