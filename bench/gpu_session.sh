@@ -126,6 +126,8 @@ for s in ${STAGES:-env}; do
                       ${COMPARE_PARTS:+--parts "$COMPARE_PARTS"} ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
     # one GDN block's four products in one persistent launch against four (bench/decode_stream.py)
+    # the card's read, copy and matmul ceilings, and a hardware preset of them (bench/ceilings.py)
+    ceilings) stage ceilings "${LIM_CEIL:-90}" python3 bench/ceilings.py --name "${HW}-measured" --out "$OUT/res" ;;
     decode_stream) stage decode_stream "${LIM_STREAM:-150}" python3 bench/decode_stream.py --hw "$HW" --out "$OUT/res" ;;
     # the hybrid's whole decode step under each rule set of RULE_SETS (default against gdn_block)
     decode_rules) stage decode_rules "${LIM_RULES:-240}" python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \

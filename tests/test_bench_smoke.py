@@ -183,3 +183,16 @@ def test_decode_profile_bench_smoke(tmp_path):
         assert r["kernels"] > 0 and "gemm" in r["kinds"] and r["busy_us"] > 0 and r["step_us"] > 0
         assert r["prefill"]["kernels"] > r["kernels"] and r["top"]
         assert sum(k["count"] for k in r["by_name"]) == pytest.approx(r["kernels"])
+
+
+def test_ceilings_preset_is_a_valid_hardware_file(tmp_path):
+    """`bench/ceilings.py`'s preset of measured ceilings loads as the estimate's hardware (GPU-only
+    script: its measurement is not run here, its preset's format is)."""
+    from bench.ceilings import preset
+    from lt2dsl.cost.hardware import load_hardware
+
+    m = {"device": "X", "bf16_TFLOPs": 700.0, "read_GBps": 2900.0, "memory_bytes": 80e9, "copy_GBps": 2600.0}
+    path = tmp_path / "x-measured.json"
+    path.write_text(json.dumps(preset("x-measured", m)))
+    hw = load_hardware(str(path))
+    assert hw.hbm_bytes_per_s == 2.9e12 and hw.peak_flops["bf16"] == 7e14 and hw.name == "x-measured"
