@@ -316,6 +316,7 @@ def main() -> None:
     p.add_argument(
         "--prefetch", default="65536", help="PF bytes of the prefetch rows, comma-separated [65536]"
     )
+    p.add_argument("--configs", default="", help="indices into block.CONFIGS to time, comma-separated [all]")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: bench/decode_stream.py times CUDA kernels; no CUDA device is available")
@@ -332,11 +333,12 @@ def main() -> None:
     rows = []
     chain = [r for M in (1, 8) for r in timed(wsets, M, sms, pfs, c, nbytes, (BK, STAGES))]
     rows += [{**r, "case": r["case"] + ("" if r["case"] == "cuBLAS" else f" [BK {BK}]")} for r in chain]
-    for i, cfg in enumerate(CONFIGS):  # the block at each of its product tiles
+    chosen = [int(i) for i in args.configs.split(",")] if args.configs else range(len(CONFIGS))
+    for i, cfg in [(i, CONFIGS[i]) for i in chosen]:  # the block at each of its product tiles
         tiles = f"{cfg.bn_wide}x{cfg.bk_wide}/{cfg.bn_narrow}x{cfg.bk_narrow}{', flat' if cfg.flat else ''}"
         tag = f" [config {i}: {tiles}]"
         for r in [r for M in (1, 8) for r in block_rows(M, c, cfg)]:
-            if r["case"] != TODAY or i == 0:
+            if r["case"] != TODAY or i == chosen[0]:
                 rows.append(
                     {**r, "case": r["case"] + ("" if r["case"] == TODAY else tag), "config": list(cfg)}
                 )

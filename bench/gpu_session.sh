@@ -102,7 +102,8 @@ for s in ${STAGES:-env}; do
     # whole-model decode against context (`lt2dsl bench decode`): MODELS names examples/*.lt2
     bench_decode) stage bench_decode "${LIM_DECODE:-${BENCH_LIMIT:-400}}" python3 -m lt2dsl bench decode \
                     $(m=${MODELS:-lt2_hybrid_gdn_dsa,ouro_looped_transformer}; printf 'examples/%s.lt2 ' ${m//,/ }) --ctx "${CONTEXTS:-4k,8k,16k,32k}" \
-                    --batch "${BATCHES:-1,8}" --steps "${STEPS:-32}" --warm "${WARM:-4}" --json "$OUT/decode.json" ;;
+                    --batch "${BATCHES:-1,8}" --steps "${STEPS:-32}" --warm "${WARM:-4}" --json "$OUT/res/decode.json" \
+                    ${DECODE_HW:+--hw "$DECODE_HW"} --plot "$OUT/res/decode.png" ;;
     # every example and the 12-layer GDN model (bench/gpu_smoke.py), in NPROC_SMOKE processes
     # side by side (the models are small: the card is mostly idle under one); SMOKE_TESTS, a pytest
     # selection, runs beside them (correctness only: nothing here is timed). A fresh machine
@@ -128,7 +129,8 @@ for s in ${STAGES:-env}; do
     # one GDN block's four products in one persistent launch against four (bench/decode_stream.py)
     # the card's read, copy and matmul ceilings, and a hardware preset of them (bench/ceilings.py)
     ceilings) stage ceilings "${LIM_CEIL:-90}" python3 bench/ceilings.py --name "${HW}-measured" --out "$OUT/res" ;;
-    decode_stream) stage decode_stream "${LIM_STREAM:-150}" python3 bench/decode_stream.py --hw "$HW" --out "$OUT/res" ;;
+    decode_stream) stage decode_stream "${LIM_STREAM:-150}" python3 bench/decode_stream.py --hw "$HW" --out "$OUT/res" \
+                     --configs "${STREAM_CONFIGS:-}" ;;
     # the hybrid's whole decode step under each rule set of RULE_SETS (default against gdn_block)
     decode_rules) stage decode_rules "${LIM_RULES:-240}" python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \
                     --ctx "${RULES_CTX:-4k}" --batch "${RULES_BATCHES:-1,8}" --rules "${RULE_SETS:-default,+gdn_block}" \
