@@ -46,25 +46,28 @@ def table(rows: list[dict], info: dict) -> Table:
 
 
 def plot(path, rows: list[dict], info: dict) -> None:
-    """tok/s against context (log scales): one colour per (model, batch), measured solid with dots,
-    the estimate dashed, out-of-memory points as crosses on the estimate line."""
+    """tok/s against context (log scales): one colour per model and one marker per batch, measured
+    solid, the estimate dashed, out-of-memory points as crosses on the estimate line; the legend
+    beside the axes, so no line hides under it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5.5))
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         series.setdefault((r["model"], r["batch"]), []).append(r)
-    for i, ((name, batch), pts) in enumerate(series.items()):
-        color = f"C{i % 10}"
+    models = list(dict.fromkeys(m for m, _ in series))
+    batches = sorted({b for _, b in series})
+    cmap = plt.get_cmap("tab10" if len(models) <= 10 else "tab20")
+    for (name, batch), pts in series.items():
+        color, marker = cmap(models.index(name) % cmap.N), "osD^vp"[batches.index(batch) % 6]
         ctx = [p["ctx"] for p in pts]
-        ax.plot(ctx, [p["estimate_tok_s"] for p in pts], "--", color=color, alpha=0.7)
+        ax.plot(ctx, [p["estimate_tok_s"] for p in pts], "--", color=color, alpha=0.6)
         ok = [p for p in pts if not p.get("oom")]
-        ax.plot(
-            [p["ctx"] for p in ok], [p["tok_s"] for p in ok], "o-", color=color, label=f"{name} B={batch}"
-        )
+        ax.plot([p["ctx"] for p in ok], [p["tok_s"] for p in ok], "-", marker=marker, color=color,
+                label=f"{name} B={batch}")  # fmt: skip
         oom = [p for p in pts if p.get("oom")]
         ax.plot([p["ctx"] for p in oom], [p["estimate_tok_s"] for p in oom], "x", color=color, markersize=9)
     ax.set_xscale("log", base=2)
@@ -72,10 +75,12 @@ def plot(path, rows: list[dict], info: dict) -> None:
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("decode tokens/s")
     ax.set_title(
-        f"{info['device']} ({info['dtype']}): measured (solid) vs estimate for {info['hw']} (dashed)"
+        f"{info['device']} ({info['dtype']})\nmeasured (solid) vs estimate for {info['hw']} (dashed); "
+        "× out of memory",
+        fontsize=10,
     )
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
     fig.tight_layout()
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
