@@ -14,11 +14,14 @@ For each model, batch B and context L, through the model's `Engine`:
    `capacity.max_batch` (the largest batch whose cache fits next to the weights).
 
 A point that runs out of memory is recorded as `oom` next to the estimate's largest batch, and the
-larger contexts of that model and batch are skipped.
+larger contexts of that model and batch are skipped. Models given as builders are built at their
+turn and freed after it, so one model's weights never crowd another's points (the estimate's
+largest batch assumes the card holds one model).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -148,11 +151,20 @@ def measure(engine: Engine, batch: int, ctx: int, plan: Plan, step_bytes: float)
     }
 
 
+def built(entry) -> torch.nn.Module:
+    """A `(name, model or builder)` entry's model: a builder (a callable that is not a module) is
+    called now."""
+    m = entry[1]
+    return m if isinstance(m, torch.nn.Module) else m()
+
+
 def run(models: list[tuple[str, object]], plan: Plan, progress=None, on_row=None) -> list[dict]:
-    """Every point of `plan` for each (name, model); `progress(description)` after each point, and
-    `on_row(rows so far)` (e.g. to write them, so a run cut short keeps what it measured)."""
+    """Every point of `plan` for each (name, model or builder); `progress(description)` after each
+    point, and `on_row(rows so far)` (e.g. to write them, so a run cut short keeps what it
+    measured). A built model is dropped after its points, before the next is built."""
     rows = []
-    for name, model in models:
+    for entry in models:
+        name, model = entry[0], built(entry)
         engine = Engine(model)
         for batch in plan.batches:
             release(engine)  # one bucket's cache at a time: the others would crowd this one
@@ -166,7 +178,19 @@ def run(models: list[tuple[str, object]], plan: Plan, progress=None, on_row=None
                 if progress is not None:
                     progress(f"{name} B={batch} L={ctx}")
         release(engine)
+        device = model.embed.weight.device
+        del engine, model
+        free(device)
     return rows
+
+
+def free(device: torch.device) -> None:
+    """After the caller dropped a model measured here and its engine: collect them (a compiled
+    model holds reference cycles) and hand the allocator's blocks back on CUDA, before the next
+    model is built. A model the caller passed in stays the caller's."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def release(engine: Engine) -> None:
@@ -183,7 +207,8 @@ def warm(models: list[tuple[str, object]], batches, contexts, progress=None) -> 
     """One generate per (model, batch, context): every prefill chunk and the decode step of each
     shape run once, so the kernels they launch are compiled and autotuned (`lt2dsl warmup`)."""
     rows = []
-    for name, model in models:
+    for entry in models:
+        name, model = entry[0], built(entry)
         engine = Engine(model)
         device = model.embed.weight.device
         for batch in batches:
@@ -195,6 +220,8 @@ def warm(models: list[tuple[str, object]], batches, contexts, progress=None) -> 
                 if progress is not None:
                     progress(f"{name} B={batch} L={ctx}")
         release(engine)
+        del engine, model
+        free(device)
     return rows
 
 

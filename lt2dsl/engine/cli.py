@@ -77,7 +77,7 @@ def bench_decode(args, out, err) -> int:
     if args.warmup:
         with progress_bar(err, "warm-up", models, plan.batches, plan.contexts) as advance:
             bench.warm(models, plan.batches, plan.contexts, advance)
-    info = bench.meta(device, plan, models[0][1].embed.weight.dtype)
+    info = bench.meta(device, plan, model_dtype(args, device))
 
     def measured(rows: list[dict]) -> None:
         """After each point: the JSON so far (a run cut short keeps it), and a line on a log (a
@@ -152,11 +152,14 @@ def _hw(args, device: torch.device):
 
 
 def load_models(args, err, device: torch.device):
-    """(name, model in eval mode) per file, or None after reporting a file's errors."""
-    from lt2dsl.frontend import load
-    from lt2dsl.lowering import compile_model
+    """(name, builder of the model in eval mode) per file and rule set, or None after reporting a
+    file's errors: every file is parsed and checked first, each model is built (its weights on
+    `device`) only when `bench.run` or `bench.warm` reaches it."""
+    import functools
 
-    dtype = torch_dtype(args.dtype or ("bf16" if device.type == "cuda" else "fp32"))
+    from lt2dsl.frontend import load
+
+    dtype = model_dtype(args, device)
     out, overrides, sets = [], overrides_of(args), rule_sets(args.rules, not args.no_fuse)
     for f in args.files:
         loaded = load(existing(f), overrides)
@@ -165,9 +168,20 @@ def load_models(args, err, device: torch.device):
             return None
         for opt_in in sets:
             kw = {"device": device, "dtype": dtype, "fuse": not args.no_fuse, "opt_in": opt_in}
-            model = compile_model(loaded.model, **kw)
-            out.append((loaded.model.config.name + "".join(f"+{r}" for r in opt_in), model.eval()))
+            name = loaded.model.config.name + "".join(f"+{r}" for r in opt_in)
+            out.append((name, functools.partial(_build, loaded.model, kw)))
     return out
+
+
+def _build(ir, kw: dict):
+    from lt2dsl.lowering import compile_model
+
+    return compile_model(ir, **kw).eval()
+
+
+def model_dtype(args, device: torch.device) -> torch.dtype:
+    """--dtype, else bf16 on CUDA and fp32 on the CPU."""
+    return torch_dtype(args.dtype or ("bf16" if device.type == "cuda" else "fp32"))
 
 
 def rule_sets(text: str, fuse: bool) -> list[tuple[str, ...]]:

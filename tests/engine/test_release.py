@@ -107,3 +107,21 @@ def test_bench_frees_each_bucket_before_the_next_one_even_after_an_oom(no_gc, mo
     assert [(r["batch"], r["ctx"]) for r in rows if r.get("oom")] == [(2, 16)]
     assert seen == [(b, L, 0) for b in (1, 2, 3) for L in (8, 16)]
     assert all(alive(refs) == 0 for refs in earlier.values())
+
+
+def test_built_models_are_freed_before_the_next_is_built(no_gc):
+    """`bench.run` given builders builds each model at its turn and drops it after its points, by
+    reference counting alone: when the second is built the first's weights are gone (on CUDA they
+    would crowd its points and fake an out-of-memory against the estimate's largest batch)."""
+    refs, seen = [], []
+
+    def builder():
+        seen.append([r() is None for r in refs])
+        model = lower(HYBRID, dtype=torch.float32)
+        refs.append(weakref.ref(model.embed.weight))
+        return model
+
+    plan = bench.Plan((8,), (1,), 1, 0, load_hardware("h100"))
+    rows = bench.run([("a", builder), ("b", builder)], plan)
+    assert [r["model"] for r in rows] == ["a", "b"] and all(r["tok_s"] > 0 for r in rows)
+    assert seen == [[], [True]] and refs[1]() is None
