@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from lt2dsl.kernels.block.triton_gdn_block import _grid_barrier  # noqa: E402
+from lt2dsl.kernels.common.grid_sync import barrier_base, grid_barrier  # noqa: E402
 from lt2dsl.kernels.common.tl_util import cast, helper  # noqa: E402
 from lt2dsl.kernels.gemv.triton_gemv import _dot  # noqa: E402
 from lt2dsl.kernels.prefetch.triton_prefetch import _PREFETCH, CHUNK  # noqa: E402
@@ -122,20 +122,19 @@ def chain_kernel(
         _product(y3, w4, y4, M, N4, K4, N3, N4, pid, P, True, BM, BN, BK)
     else:
         # the counter only grows, by 3·P a launch: the first read of it is within P of the base
-        span = 3 * P
-        base = (tl.atomic_add(bar, 0, sem="acquire", scope="gpu") // span) * span
+        base = barrier_base(bar, 3 * P)
         _product(x, w1, y1, M, N1, K1, K1, N1, pid, P, False, BM, BN, BK)
         if PF > 0:
             _prefetch(w2, N2, K2, pid, P, PF, CHUNK, BN)
-        _grid_barrier(bar, base + P)
+        grid_barrier(bar, base + P)
         _product(y1, w2, y2, M, N2, K2, N1, N2, pid, P, False, BM, BN, BK)
         if PF > 0:
             _prefetch(w3, N3, K3, pid, P, PF, CHUNK, BN)
-        _grid_barrier(bar, base + 2 * P)
+        grid_barrier(bar, base + 2 * P)
         _product(y2, w3, y3, M, N3, K3, N2, N3, pid, P, False, BM, BN, BK)
         if PF > 0:
             _prefetch(w4, N4, K4, pid, P, PF, CHUNK, BN)
-        _grid_barrier(bar, base + 3 * P)
+        grid_barrier(bar, base + 3 * P)
         _product(y3, w4, y4, M, N4, K4, N3, N4, pid, P, True, BM, BN, BK)
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..common import grid_sync
 from .naive import gdn_block_decode_ref
 
 __all__ = ["CONFIGS", "MAX_M", "Config", "gdn_block_decode", "gdn_block_decode_ref"]
@@ -52,21 +53,10 @@ CONFIGS = (
 )
 
 
-_BARRIERS: dict[tuple[torch.device, int], Tensor] = {}
-
-
 def barrier_counter(device: torch.device, programs: int) -> Tensor:
-    """The grid-barrier counter of persistent launches of `programs` programs on `device` (int64,
-    only grows). Each launch adds 5 · programs and takes its base from the count rounded down to
-    that, which holds only while every launch on the counter adds the same: a launch of another
-    grid size would leave a base its barriers pass early. Made before a CUDA graph captures a
-    launch."""
-    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one counter
-        device = torch.device("cuda", torch.cuda.current_device())
-    key = (device, programs)
-    if key not in _BARRIERS:
-        _BARRIERS[key] = torch.zeros(1, device=device, dtype=torch.int64)
-    return _BARRIERS[key]
+    """The grid-barrier counter of persistent launches of `programs` programs on `device`: each
+    adds 5 · programs (`common.grid_sync`). Made before a CUDA graph captures a launch."""
+    return grid_sync.barrier_counter(device, programs, 5)
 
 
 def kernel_tiles(cfg: Config) -> dict:
@@ -171,6 +161,9 @@ def gdn_block_decode(
     if persistent and programs is None:
         programs = torch.cuda.get_device_properties(dev).multi_processor_count
     bar = barrier_counter(dev, programs or 0)
+    # the one launch's programs wait for each other: a cooperative launch fails where they could not
+    # all be resident (a card shared through MPS with an SM limit) instead of hanging
+    coop = {"launch_cooperative_grid": True} if persistent and not triton_interpreting() else {}
     for phase in phases:
         grid = (programs,) if programs is not None else (grids[phase],)
         gdn_block_kernel[grid](
@@ -183,6 +176,6 @@ def gdn_block_decode(
             BVF=triton.next_power_of_2(V), W=W, WP=triton.next_power_of_2(W - 1),
             HAS_BQ=conv_biases[0] is not None, HAS_BK=conv_biases[1] is not None,
             HAS_BV=conv_biases[2] is not None, BM=MAX_M, **kernel_tiles(cfg), num_warps=WARPS,
-            num_stages=STAGES,
+            num_stages=STAGES, **coop,
         )  # fmt: skip
     return h2, y

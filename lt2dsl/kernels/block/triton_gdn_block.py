@@ -22,11 +22,9 @@ rounded, the norm's output rounded before the product, SwiGLU rounded once, the 
 
 `PHASE` 1-6 runs that phase alone (grid = its items): what the CPU interpreter runs (its programs
 run one after another, so a grid barrier would wait forever) and the reference of the barrier
-form. `PHASE` 0 runs all six in one launch of P programs, which must all be resident at once (P ≤
-the card's SMs, one program an SM). The barrier is an int64 counter that only grows: a launch adds
-5·P, so a program's first read of it, rounded down to 5·P, is the launch's base (no reset between
-launches, none inside a CUDA graph). Data one program writes and another reads after a barrier is
-read through L2 (`.cg`) or for the first time in the launch (L1 holds no stale copy of it).
+form. `PHASE` 0 runs all six in one launch of P programs through five grid barriers
+(`common.grid_sync`), which must all be resident at once (P ≤ the card's SMs, one program an SM, a
+cooperative launch).
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from lt2dsl.kernels.common.grid_sync import barrier_base, grid_barrier
 from lt2dsl.kernels.common.tl_util import cast, helper
 from lt2dsl.kernels.delta.gdn_step import norm_item, recurrent_item
 from lt2dsl.kernels.gemv.triton_gemv import _dot
@@ -143,18 +142,6 @@ def _product(
             _store_tile(acc, acc_u, y, sy, r, sr, rn, m_n, m_m, EPI, BM, DT)
 
 
-@helper
-def _grid_barrier(bar, target):
-    """Wait until the counter reaches `target`: every program's writes before it are visible to
-    every program after it (CTA barrier, one release add, acquire reads of the counter)."""
-    tl.debug_barrier()
-    tl.atomic_add(bar, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
-    while seen < target:
-        seen = tl.atomic_add(bar, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
 @triton.jit
 def gdn_block_kernel(
     XN, RES, WIN, Y1, HQ, HK, HVH, WQ, WK, WV, BQ, BK_, BV_, A_log, dt_bias, S, O, GO, ON, WO, H2, G2,
@@ -179,14 +166,13 @@ def gdn_block_kernel(
     ALL: tl.constexpr = PHASE == 0
     base = 0
     if ALL:
-        span = BARRIERS * P
-        base = (tl.atomic_add(BAR, 0, sem="acquire", scope="gpu") // span) * span
+        base = barrier_base(BAR, BARRIERS * P)
     if ALL or PHASE == 1:
         _product(
             XN, sxn, WIN, Y1, NIN, Y1, 0, WIN, 0.0, 0, M, NIN, D, pid, P, False, 0, BM, BNW, BKW, SW, FLAT
         )
     if ALL:
-        _grid_barrier(BAR, base + P)
+        grid_barrier(BAR, base + P)
     if ALL or PHASE == 2:
         NV: tl.constexpr = (V + BV - 1) // BV
         for it in range(pid, NV * M * HV, P):
@@ -197,7 +183,7 @@ def gdn_block_kernel(
                 shvc, scale, beta_scale, H, HV, K, V, BKH, BV, W, WP, HAS_BQ, HAS_BK, HAS_BV,
             )  # fmt: skip
     if ALL:
-        _grid_barrier(BAR, base + 2 * P)
+        grid_barrier(BAR, base + 2 * P)
     if ALL or PHASE == 3:
         for it in range(pid, M * HV, P):
             i = it + pid * 0
@@ -206,7 +192,7 @@ def gdn_block_kernel(
                 eps_o, H, HV, K, V, BKH, BVF, W, WP,
             )  # fmt: skip
     if ALL:
-        _grid_barrier(BAR, base + 3 * P)
+        grid_barrier(BAR, base + 3 * P)
     if ALL or PHASE == 4:
         _product(
             ON,
@@ -233,13 +219,13 @@ def gdn_block_kernel(
             FLAT,
         )
     if ALL:
-        _grid_barrier(BAR, base + 4 * P)
+        grid_barrier(BAR, base + 4 * P)
     if ALL or PHASE == 5:
         rstd = _rstd(H2, D, M, D, eps2, BM, BKW)
         _product(
             H2, D, WGU, ACT, HID, H2, 0, G2, rstd, HID, M, HID, D, pid, P, True, 1, BM, BNW, BKW, SW, FLAT
         )
     if ALL:
-        _grid_barrier(BAR, base + 5 * P)
+        grid_barrier(BAR, base + 5 * P)
     if ALL or PHASE == 6:
         _product(ACT, HID, WD, Y, D, Y, 0, WD, 0.0, 0, M, D, HID, pid, P, False, 0, BM, BNN, BKN, SN, FLAT)
