@@ -2,9 +2,10 @@
 
 `gdn_block_decode` runs a GDN block (the hybrid example's: in-projection, q/k/v convs, gated delta
 rule, fla's gated output norm, o_proj + residual, RMSNorm, SwiGLU MLP) for M ≤ 16 rows of one
-token each in one launch of #SMs programs with grid barriers between its six phases
-(`triton_gdn_block.py`), where the unfused chain is eleven launches; `naive.gdn_block_decode_ref`
-is that chain. No autograd, decode only: the engine's step.
+token each: one row in one cooperative launch of #SMs programs with grid barriers between its six
+phases (`triton_gdn_block.py`), more rows in six launches (faster there), where the unfused chain is
+eleven launches; `naive.gdn_block_decode_ref` is that chain. No autograd, decode only: the engine's
+step.
 """
 
 from __future__ import annotations
