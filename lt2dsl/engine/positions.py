@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from lt2dsl.engine.sparse import nsa_rows
+from lt2dsl.kernels import fused
 from lt2dsl.kernels.attention import attention_decode
 from lt2dsl.kernels.common.attn_utils import compute_dtype, topk_select
 from lt2dsl.kernels.common.backend import pick_backend
@@ -18,16 +19,16 @@ from lt2dsl.kernels.dsa import dsa
 from lt2dsl.kernels.dsa.reference import indexer_scores
 from lt2dsl.lowering.cache import RowPositions
 from lt2dsl.lowering.functional import rope_rows
-from lt2dsl.lowering.functional_recurrent import xpos_at
+from lt2dsl.lowering.functional_recurrent import xpos_angles
 
 
 class Positions(RowPositions):
     """Positions `t [B]` (int64, the cache's own tensor, updated in place) below `limit`.
 
-    RoPE rows come from a table of `limit` positions built on first use and kept here (a captured
-    step reads its memory, so it lives as long as the cache). Within one step the rows gathered for
-    a (head dim, θ, dtype, scaling), the attention lengths and DSA's mask of valid slots are shared
-    by every layer; `fresh()` starts a step.
+    RoPE rows and xPos angles come from tables of `limit` positions built on first use and kept
+    here (a captured step reads their memory, so they live as long as the cache). Within one step
+    the rows gathered for a (head dim, θ, dtype, scaling), the attention lengths and DSA's mask of
+    valid slots are shared by every layer; `fresh()` starts a step.
     """
 
     def __init__(self, t: torch.Tensor, limit: int):
@@ -54,8 +55,19 @@ class Positions(RowPositions):
             self._step[key] = (c, s)
         return self._step[key]
 
-    def xpos(self, x: torch.Tensor) -> torch.Tensor:
-        return xpos_at(x, self.t[:, None] + torch.arange(x.shape[1], device=x.device))
+    def xpos(self, xs: tuple, backend: str) -> tuple:
+        """The rows' angles gathered from a table of `limit` positions (`xpos_angles`, built on
+        first use and kept, as the RoPE table), in the rotation's kernel."""
+        x = xs[0]
+        K, dt = x.shape[-1], torch.float64 if x.dtype == torch.float64 else torch.float32
+        key = ("xpos", K, dt)
+        if key not in self._tables:
+            with torch.inference_mode(False), torch.no_grad():
+                self._tables[key] = xpos_angles(K, torch.arange(self.limit, device=self.t.device), dt)
+        cos, sin = self._tables[key]
+        T = x.shape[1]
+        at = self.t[:, None] if T == 1 else self.t[:, None] + torch.arange(T, device=x.device)
+        return fused.xpos(xs, cos, sin, at, backend=backend)
 
     def _per_step(self, key: tuple, make):
         """`make()`, computed once per step and shared by every layer that asks for `key`."""

@@ -195,8 +195,9 @@ class RowPositions:
         `rope_scaling.py`), which `apply_rope` turns each row's new token by."""
         raise NotImplementedError
 
-    def xpos(self, x: torch.Tensor) -> torch.Tensor:
-        """`xpos_rotate` of x `[B, 1, H, K]` at each row's position."""
+    def xpos(self, xs: tuple, backend: str) -> tuple:
+        """`xpos_rotate` of each x `[B, 1, H, K]` (one K) at each row's position, with the kernel
+        backend `backend` (`kernels.fused.xpos`: one launch for all of them)."""
         raise NotImplementedError
 
     def attention(self, q, k, v, window: int | None, gate, backend: str) -> torch.Tensor:

@@ -4,7 +4,8 @@
   layer's recurrent state from the cache entry, calls the op of `lt2dsl.kernels` and writes the
   final state back, so the traced graph shows exactly one node per core with the entry as an
   argument, and the forward never branches on whether a cache is present.
-* `xpos_rotate`: RetNet's interleaved-pair rotation at absolute positions (a leaf: it reads `pos`).
+* `xpos_rotate`, `xpos_rotate_qk`: RetNet's interleaved-pair rotation at absolute positions (leaves:
+  they read `pos`).
 * `GatedRMSNorm`: fla's per-head (or per-group) RMSNorm with an optional SiLU / sigmoid gate.
 * Initialisers of the gate parameters (mixers.md §5(a), §7(a)).
 """
@@ -199,19 +200,59 @@ def xpos_rotate(
     Computed in fp32 (float64 for float64 inputs).
     """
     if isinstance(pos, RowPositions):
-        return pos.xpos(x)
+        return pos.xpos((x,), "reference")[0]
+    return xpos_at(x, _xpos_positions(x, pos, cu_seqlens))
+
+
+def xpos_rotate_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos: int | RowPositions,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    backend: str = "reference",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`xpos_rotate` of q and k `[B, T, H, K]` at the same positions. Returns (q, k) rotated.
+
+    One graph node (`xpos_pair`) read by index, as `functional.apply_rope_qk` (a traced tuple
+    unpacked would keep a decode cache alive). A decode step through a static cache (`pos` a
+    `RowPositions`) turns both in one launch on the Triton path of `backend` (angles gathered from
+    a table of `xpos_angles`, equal to `xpos_at`'s up to fp32 rounding of the products); every
+    other call runs `xpos_at`.
+    """
+    qk = xpos_pair(q, k, pos, cu_seqlens, backend=backend)
+    return qk[0], qk[1]
+
+
+@leaf
+def xpos_pair(q, k, pos, cu_seqlens=None, *, backend: str = "reference"):
+    """The leaf of `xpos_rotate_qk`: (q, k) rotated."""
+    if isinstance(pos, RowPositions):
+        return pos.xpos((q, k), backend)
+    positions = _xpos_positions(q, pos, cu_seqlens)
+    return xpos_at(q, positions), xpos_at(k, positions)
+
+
+def _xpos_positions(x: torch.Tensor, pos: int, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """The positions `[T]` of x's tokens: pos onward, or from 0 at each document start."""
     if cu_seqlens is not None:
-        return xpos_at(x, packed.positions(cu_seqlens, x.shape[1]))
-    return xpos_at(x, torch.arange(pos, pos + x.shape[1], device=x.device))
+        return packed.positions(cu_seqlens, x.shape[1])
+    return torch.arange(pos, pos + x.shape[1], device=x.device)
+
+
+def xpos_angles(K: int, positions: torch.Tensor, dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) `[*positions.shape, K/2]` in `dt` of the angles n·θ_j of `xpos_rotate` at the
+    integer `positions`. Elementwise in the positions, so a table built over 0 … P−1 holds at row n
+    exactly what a call at position n computes."""
+    theta = 1.0 / 10000 ** torch.linspace(0, 1, K // 2, dtype=dt, device=positions.device)
+    ang = positions.to(dt)[..., None] * theta
+    return ang.cos(), ang.sin()
 
 
 def xpos_at(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """`xpos_rotate` of x `[B, T, H, K]` at `positions` `[T]` (shared by the rows) or `[B, T]`."""
-    K = x.shape[-1]
     dt = compute_dtype(x)
-    theta = 1.0 / 10000 ** torch.linspace(0, 1, K // 2, dtype=dt, device=x.device)
-    ang = positions.to(dt)[..., None] * theta  # [(B,) T, K/2]
-    cos, sin = ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)  # [(B,) T, 1, K/2]
+    cos, sin = (t.unsqueeze(-2) for t in xpos_angles(x.shape[-1], positions, dt))  # [(B,) T, 1, K/2]
     xf = x.to(dt)
     x0, x1 = xf[..., 0::2], xf[..., 1::2]
     return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2).to(x.dtype)

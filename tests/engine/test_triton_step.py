@@ -1,7 +1,8 @@
 """The decode step's fused Triton kernels end to end (CPU interpreter here): the q, k, v convs'
 step with their histories shifted in place, RoPE of q and k at each row's position writing k and v
 into their cache slots (DSA's index key LayerNorm-ed in the same launch), DSA's selection at
-each row's position, NSA's decode kernels, a sandwich block's norm-add-norm. A fused fp32 model on
+each row's position, NSA's decode kernels, a sandwich block's norm-add-norm, RetNet's xPos and
+Mamba2's gates. A fused fp32 model on
 `backend="triton"`: rows of different lengths decode together through the static cache and one at
 a time through a dynamic cache, and every step's logits equal one forward over that row's tokens
 so far."""
@@ -44,6 +45,16 @@ def test_static_steps_equal_forward():
     assert "conv_silu_group_cached" in code and "rope_append_cached" in code and "rope_pair" not in code
     cache = assert_static_equals_forward(model, max_len=16, tol=TOL)
     assert isinstance(cache, StaticCache)
+
+
+def test_retnet_and_mamba2_steps_equal_forward():
+    """RetNet's xPos of q and k (one launch, each row at its own position) and Mamba2's gates (one
+    launch) in the decode steps, through a static and a dynamic cache."""
+    model = triton_model(f"{call('retnet')}; {call('mamba2')}")
+    code = model.graph_module.code
+    assert "xpos_pair" in code and "mamba2_gates" in code
+    assert_static_equals_forward(model, max_len=16, tol=TOL)
+    assert_dynamic_equals_forward(model)
 
 
 @pytest.mark.parametrize("sandwich", [False, True], ids=["pre-norm", "sandwich"])

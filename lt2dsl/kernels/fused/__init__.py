@@ -17,6 +17,8 @@ fused graph computes what the unfused one does on every input.
 | `gated_rmsnorm_linear(o, g, γ, W, b)` | `GatedRMSNorm` then flatten, `o_proj` | 1 + GEMM / 2 + 2 GEMMs |
 | `swiglu(a, b)` | `silu(a) * b` | 1 / 1 |
 | `rope((q, k), c, s)` | casts, cat, mul, addcmul (+ the partial-RoPE cat), per tensor | 1 / none |
+| `xpos((q, k), cos, sin, pos)` | the angle table, casts, pair products, stack, per tensor | 1 / none |
+| `mamba2_gate(a, x, A_log, dt_bias)` → (v, g) | casts, add, softplus, exp, neg, mul, dt · x | 1 / none |
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ __all__ = [
     "gated_rmsnorm_linear",
     "gdn_gate",
     "linear_split",
+    "mamba2_gate",
     "norm_add_rmsnorm",
     "rope",
     "rope_cache",
     "swiglu",
+    "xpos",
 ]
 
 
@@ -424,3 +428,71 @@ def _rope_cache_on_triton(q, k, v, c, s, k_cache, v_cache, norm, backend: str) -
     if q.shape[1] != 1 or q.stride(-1) != 1 or (norm is not None and (norm[0] is None or norm[1] is None)):
         return False
     return use_triton(backend, q, k, v)
+
+
+def xpos(
+    xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, *,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """RetNet's interleaved-pair rotation of one or two tensors at positions (q and k), one kernel.
+
+    Args:
+        xs: `[B, T, H_i, D]` (one B, T, D; D even).
+        cos, sin: `[P, D/2]` the angle tables at positions 0 … P−1
+            (`lowering.functional_recurrent.xpos_angles`), fp32 (or float64, which runs the reference).
+        positions: `[T]` (shared by the rows) or `[B, T]` int64 rows of the tables, each below P.
+    Returns:
+        the ys in the xs' dtypes (`naive.xpos_ref`). The kernel has no backward: a call autograd
+        must record runs the reference.
+    """
+    if not (1 <= len(xs) <= 2 and _xpos_on_triton(xs, cos, sin, positions, backend)):
+        return tuple(naive.xpos_ref(x, cos, sin, positions) for x in xs)
+    ys = _ops().xpos_op(xs[0], xs[1] if len(xs) > 1 else None, cos, sin, positions)
+    return ys[: len(xs)]
+
+
+def _xpos_on_triton(xs, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, backend: str) -> bool:
+    """The kernel's case: no autograd to record, even D with unit channel strides, contiguous fp32
+    tables `[P, D/2]`, integer positions `[T]` or `[B, T]`."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        return False
+    B, T, _, D = xs[0].shape
+    if D % 2 or any(x.shape[0] != B or x.shape[1] != T or x.shape[3] != D or x.stride(-1) != 1 for x in xs):
+        return False
+    if cos.dtype != torch.float32 or sin.dtype != cos.dtype or cos.shape != sin.shape or cos.dim() != 2:
+        return False
+    if cos.shape[1] != D // 2 or not (cos.is_contiguous() and sin.is_contiguous()):
+        return False
+    if positions.dtype not in (torch.int32, torch.int64) or positions.shape not in ((T,), (B, T)):
+        return False
+    return use_triton(backend, *xs)
+
+
+def mamba2_gate(
+    a: torch.Tensor, x: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, *,
+    dtype: torch.dtype = torch.float32, backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Mamba2's gates from the raw dt projection, one kernel (mixers.md §7(a)).
+
+    dt = softplus(a + dt_bias); v = dt · x rounded to x's dtype, the core's value; g = dt · (−exp(A_log))
+    `[B, T, H]` in `dtype`, its log decay. a `[B, T, H]`; x `[B, T, H, P]`; A_log, dt_bias `[H]`.
+    The kernel has no backward: a call autograd must record runs the reference
+    (`naive.mamba2_gate_ref`), as does a gate dtype other than fp32.
+    """
+    H = a.shape[-1]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (a, x, A_log, dt_bias))
+    ok = (
+        not grad
+        and dtype == torch.float32
+        and x.dim() == 4
+        and x.shape[:3] == a.shape
+        and A_log.shape == dt_bias.shape == (H,)
+        and use_triton(backend, a, x, A_log, dt_bias)
+    )
+    if not ok:
+        return naive.mamba2_gate_ref(a, x, A_log, dt_bias, dtype)
+    P = x.shape[-1]
+    x3 = x.reshape(-1, H, P)
+    x3 = x3 if x3.stride(-1) == 1 else x3.contiguous()
+    v, g = _ops().mamba2_gate_op(rows_view(a, H), x3, A_log, dt_bias)
+    return v.view(x.shape), g.view(a.shape)

@@ -3,7 +3,7 @@ sandwich block's branch norm before the add and without), the gated
 RMSNorm of a mixer's output, the causal conv + SiLU (with the per-head L2 norm of GDN's q, k and
 without), SwiGLU and GDN's gate, forward and backward, every autotune config; the decode step of
 the q, k, v convs and the RoPE of q and k (with the cache writes and without) at their fixed
-launch. Shapes of a 2048-wide model with
+launch, RetNet's xPos of q and k and Mamba2's gates at theirs. Shapes of a 2048-wide model with
 16 heads of 128 (the examples'), bf16 activations; tiles as the launch code computes them for
 those shapes."""
 
@@ -23,7 +23,7 @@ INTS = ("M", "HV", "F", "sa", "sb", "blocks_per_prog", "T", "C", "sxb", "sxt", "
         "group", "nseg", "C0", "C1", "C2", "sx0", "sx1", "sx2", "sh0b", "sh1b", "sh2b", "sh0c", "sh1c",
         "sh2c", "H0", "H1", "sx0b", "sx0t", "sx0h", "sx1b", "sx1t", "sx1h", "scb", "sct",
         "stride_y", "Hq", "sqb", "sqh", "Hk", "skb", "skh", "kcb", "kch", "kcl", "svb", "svh", "vcb", "vch",
-        "vcl", "L")  # fmt: skip
+        "vcl", "L", "spb", "spt", "H", "sxm", "sxh")  # fmt: skip
 SCALARS = {n: "i32" for n in INTS} | {"beta_scale": "fp32", "eps": "fp32", "eps1": "fp32", "eps2": "fp32"}
 FP32 = {"rstd", "dw_part", "db_part", "A_log", "dt_bias", "beta", "dbeta", "dA_part", "ddt_part", "c", "s"}
 
@@ -91,7 +91,24 @@ def _decode() -> list[Job]:
         cex = dict(R=rot, BH=BH, BD=BD, D=D)
         out += tuned_jobs(f"fused/rope-{tag}", R.rope_fwd_kernel, ptrs, SCALARS, cex,
                           launch=(R.ROPE_WARPS, 1), aligned=(), default_ptr="*bf16")  # fmt: skip
-    return out + _rope_cache()
+    return out + _rope_cache() + _xpos() + _mamba2_gate()
+
+
+def _xpos() -> list[Job]:
+    """RetNet's xPos of q and k (`xpos_fwd_kernel`): 16 heads of 128, tables fp32, positions int64."""
+    BH, BD = R.rope_block(HEADS, HEAD_DIM)
+    ptrs = {"c": "*fp32", "s": "*fp32", "pos": "*i64"}
+    return tuned_jobs("fused/xpos", R.xpos_fwd_kernel, ptrs, SCALARS, dict(BH=BH, BD=BD, D=HEAD_DIM),
+                      launch=(R.ROPE_WARPS, 1), aligned=(), default_ptr="*bf16")  # fmt: skip
+
+
+def _mamba2_gate() -> list[Job]:
+    """Mamba2's gates (`mamba2_gate_fwd_kernel`) of mamba2_780m: 48 heads of 64, bf16 parameters,
+    g fp32."""
+    BH, BP = A.mamba2_gate_block(48, 64)
+    return tuned_jobs("fused/mamba2_gate", A.mamba2_gate_fwd_kernel, {"g": "*fp32"}, SCALARS,
+                      dict(P=64, BH=BH, BP=BP), launch=(A.GATE_WARPS, 1), aligned=(),
+                      default_ptr="*bf16")  # fmt: skip
 
 
 def _rope_cache() -> list[Job]:

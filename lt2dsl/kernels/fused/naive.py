@@ -123,6 +123,33 @@ def rope_cache_ref(
     return yq
 
 
+def xpos_ref(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
+    """RetNet's interleaved-pair rotation of x `[B, T, H, D]`: pair (2j, 2j+1) of the token at
+    position p turns by the angle of row p, column j of the tables cos, sin `[P, D/2]`
+    (`lowering.functional_recurrent.xpos_angles`). positions `[T]` (shared by the rows) or `[B, T]`.
+    In the tables' dtype, rounded to x's dtype: `functional_recurrent.xpos_at` on gathered rows."""
+    c, s = cos[positions].unsqueeze(-2), sin[positions].unsqueeze(-2)  # [(B,) T, 1, D/2]
+    xf = x.to(cos.dtype)
+    x0, x1 = xf[..., 0::2], xf[..., 1::2]
+    return torch.stack([x0 * c - x1 * s, x1 * c + x0 * s], dim=-1).flatten(-2).to(x.dtype)
+
+
+def mamba2_gate_ref(
+    a: Tensor, x: Tensor, A_log: Tensor, dt_bias: Tensor, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """Mamba2's gates (mixers.md §7(a)) in `dtype`: dt = softplus(a + dt_bias), the core's value
+    v = dt · x (rounded to x's dtype) and log decay g = dt · (−exp(A_log)).
+
+    a `[B, T, H]` the raw dt projection; x `[B, T, H, P]` the conv output's heads; A_log,
+    dt_bias `[H]`. Returns (v `[B, T, H, P]` in x's dtype, g `[B, T, H]` in `dtype`). These are the
+    ops, in their order, that `layers.mamba2.mamba2_gates` runs for prefill and training.
+    """
+    dt = F.softplus(a.to(dtype) + dt_bias.to(dtype))
+    g = dt * -A_log.to(dtype).exp()
+    v = (dt[..., None] * x.to(dtype)).to(x.dtype)
+    return v, g
+
+
 def gdn_gate_ref(
     a: Tensor,
     b: Tensor,

@@ -296,6 +296,21 @@ def _(q, k, v, c, s, k_cache, v_cache, positions, ring, weight, bias, eps):
     return q.new_empty(q.shape)
 
 
+@custom_op("lt2dsl::fused_xpos", mutates_args=())
+def xpos_op(
+    x0: Tensor, x1: Tensor | None, cos: Tensor, sin: Tensor, positions: Tensor
+) -> tuple[Tensor, Tensor]:
+    """RetNet's pair rotation of x0 (and x1) `[B, T, H_i, D]` at table rows `positions`, one launch;
+    no autograd (inference). (y0, y1), y1 empty without x1."""
+    ys = triton_rope.xpos_fwd([x0] if x1 is None else [x0, x1], cos, sin, positions)
+    return ys[0], (ys[1] if x1 is not None else x0.new_empty(0))
+
+
+@xpos_op.register_fake
+def _(x0, x1, cos, sin, positions):
+    return x0.new_empty(x0.shape), (x1.new_empty(x1.shape) if x1 is not None else x0.new_empty(0))
+
+
 # ---- GDN gates ----------------------------------------------------------------------------------
 
 
@@ -341,6 +356,21 @@ def _gate_backward(ctx, dg, dbeta):
 
 
 gdn_gate_op.register_autograd(_gate_backward, setup_context=_gate_setup)
+
+
+# ---- Mamba2 gates -------------------------------------------------------------------------------
+
+
+@custom_op("lt2dsl::fused_mamba2_gate", mutates_args=())
+def mamba2_gate_op(a2: Tensor, x3: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """Mamba2's v = dt · x `[M, H, P]` (x's dtype) and g = −exp(A_log) · dt `[M, H]` fp32 with
+    dt = softplus(a + dt_bias), one launch; no autograd (inference)."""
+    return triton_act.mamba2_gate_fwd(a2, x3, A_log, dt_bias)
+
+
+@mamba2_gate_op.register_fake
+def _(a2, x3, A_log, dt_bias):
+    return x3.new_empty(x3.shape), a2.new_empty(a2.shape, dtype=torch.float32)
 
 
 # ---- SwiGLU -------------------------------------------------------------------------------------

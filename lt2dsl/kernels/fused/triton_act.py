@@ -4,6 +4,10 @@
   g = −exp(A_log) · softplus(a + dt_bias) and β = s · σ(b), fp32 `[M, HV]` (mixers.md §5(a)).
   softplus follows torch (threshold 20, log1p through Kahan's trick: Triton has no log1p). The
   backward writes da, db and one partial row of dA_log, d dt_bias per program.
+* `mamba2_gate`: from the raw dt projection a `[M, H]` and the conv output's heads x `[M, H, P]`
+  (any row and head strides) and A_log, dt_bias `[H]`: dt = softplus(a + dt_bias), the core's
+  value v = dt · x in x's dtype and log decay g = −exp(A_log) · dt, fp32 `[M, H]` (mixers.md §7(a)),
+  in one launch (inference: no backward).
 * `swiglu`: y = SiLU(a) ⊙ b over `[M, F]` tiles (a, b may be column slices of one GEMM output).
 """
 
@@ -129,6 +133,53 @@ def gdn_gate_bwd(
             BM=BM, BH=BH,
         )  # fmt: skip
     return da, db, dA_part.sum(0).to(A_log.dtype), ddt_part.sum(0).to(dt_bias.dtype)
+
+
+GATE_WARPS = 4
+
+
+@triton.jit
+def mamba2_gate_fwd_kernel(
+    a, x, A_log, dt_bias, v, g, H, sa, sxm, sxh, P: tl.constexpr, BH: tl.constexpr, BP: tl.constexpr,
+):  # fmt: skip
+    """Grid (M rows, head blocks of BH): row m's heads → v `[M, H, P]` (contiguous) and g `[M, H]`."""
+    i_m, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    o_h = i_h * BH + tl.arange(0, BH)
+    o_p = tl.arange(0, BP)
+    m_h = o_h < H
+    b_A = tl.exp(tl.load(A_log + o_h, mask=m_h, other=0.0).to(tl.float32))
+    b_dt = tl.load(dt_bias + o_h, mask=m_h, other=0.0).to(tl.float32)
+    b_a = tl.load(a + i_m * sa + o_h, mask=m_h, other=0.0).to(tl.float32)
+    dt, _ = _softplus(b_a + b_dt)
+    tl.store(g + i_m * H + o_h, dt * -b_A, mask=m_h)
+    m = m_h[:, None] & (o_p < P)[None, :]
+    b_x = tl.load(x + i_m * sxm + o_h[:, None] * sxh + o_p[None, :], mask=m, other=0.0).to(tl.float32)
+    p_v = v + (i_m * H + o_h[:, None]) * P + o_p[None, :]
+    tl.store(p_v, (dt[:, None] * b_x).to(v.dtype.element_ty), mask=m)
+
+
+def mamba2_gate_block(H: int, P: int) -> tuple[int, int]:
+    """(BH, BP): heads per program (a tile of at most 4096 elements) and the padded head dim."""
+    BP = pow2(P)
+    return max(1, min(pow2(H), 4096 // BP)), BP
+
+
+def mamba2_gate_fwd(
+    a2: torch.Tensor, x3: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """a2 `[M, H]`, x3 `[M, H, P]` (unit last strides) → (v `[M, H, P]` contiguous in x's dtype,
+    g `[M, H]` fp32)."""
+    M, H, P = x3.shape
+    v = torch.empty(M, H, P, dtype=x3.dtype, device=x3.device)
+    g = torch.empty(M, H, dtype=torch.float32, device=x3.device)
+    if M * H * P == 0:
+        return v, g
+    BH, BP = mamba2_gate_block(H, P)
+    mamba2_gate_fwd_kernel[(M, triton.cdiv(H, BH))](
+        a2, x3, A_log, dt_bias, v, g, H, a2.stride(0), x3.stride(0), x3.stride(1), P=P, BH=BH, BP=BP,
+        num_warps=GATE_WARPS,
+    )  # fmt: skip
+    return v, g
 
 
 @triton.autotune(configs(4, 8), key=["BF"])

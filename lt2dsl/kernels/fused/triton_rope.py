@@ -12,6 +12,15 @@ into a new tensor, k turned and v copied straight into their cache buffers at ea
 (its position, or the position mod the ring's length), so the two cache writes need no launch of
 their own. With NORM, k is first LayerNorm-ed over its D channels (weight, bias, eps; rounded to
 k's dtype as the module's output is) before it turns: DSA's indexer key.
+
+`xpos_fwd_kernel` is RetNet's interleaved-pair rotation (xPos without its scale) of one or two
+tensors (q and k) at positions read from the device: pair (2j, 2j+1) of every head of the token at
+position p turns by the angle whose cos and sin are row p, column j of the tables `[P, D/2]`
+(`lowering.functional_recurrent.xpos_angles`, so the kernel's angles are the reference's bit for
+bit), in fp32:
+    y[2j] = x[2j] · cos − x[2j+1] · sin,      y[2j+1] = x[2j+1] · cos + x[2j] · sin,
+rounded to x's dtype: what `naive.xpos_ref` computes. Gathering the rows in the kernel leaves a
+decode step one launch for q and k together, and no per-step table launch.
 """
 
 from __future__ import annotations
@@ -167,3 +176,64 @@ def rope_cache_fwd(q, k, v, c, s, kc, vc, pos, ring: bool, norm: tuple | None) -
         RING=ring, NORM=norm is not None, num_warps=ROPE_WARPS,
     )  # fmt: skip
     return yq
+
+
+@triton.jit
+def _xpos_rows(
+    x, y, c, s, p, i_b, i_t, i_h, T, H, sxb, sxt, sxh, BH: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Heads i_h·BH … of row (i_b, i_t) of one tensor, turned by table row p."""
+    o_h = i_h * BH + tl.arange(0, BH)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    m = (o_h < H)[:, None] & m_d[None, :]
+    p_x = x + i_b * sxb + i_t * sxt + o_h[:, None] * sxh
+    b_x = tl.load(p_x + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+    # D is even, so the partner 2j ↔ 2j+1 of a channel below D is below D too
+    b_p = tl.load(p_x + (o_d ^ 1)[None, :], mask=m, other=0.0).to(tl.float32)
+    b_c = tl.load(c + p * (D // 2) + o_d // 2, mask=m_d, other=1.0)
+    b_s = tl.load(s + p * (D // 2) + o_d // 2, mask=m_d, other=0.0)
+    b_s = tl.where(o_d % 2 == 0, -b_s, b_s)
+    b_y = b_x * b_c[None, :] + b_p * b_s[None, :]
+    p_y = y + ((i_b * T + i_t) * H + o_h[:, None]) * D + o_d[None, :]
+    tl.store(p_y, b_y.to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def xpos_fwd_kernel(
+    x0, y0, H0, sx0b, sx0t, sx0h, x1, y1, H1, sx1b, sx1t, sx1h, c, s, pos, T, spb, spt,
+    BH: tl.constexpr, BD: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Grid (B · T rows, head blocks of the wider tensor, n ≤ 2 tensors); tensor i's arguments are
+    (x_i, y_i, H_i and x_i's batch, time and head strides), a second tensor absent repeats the
+    first's (its programs do not exist). Row (b, t) turns by table row pos[b · spb + t · spt]; the
+    tables c, s are contiguous `[P, D/2]` fp32 and every position is below P."""
+    row, i_h, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_t = (row // T).to(tl.int64), (row % T).to(tl.int64)
+    p = tl.load(pos + i_b * spb + i_t * spt).to(tl.int64)
+    if which == 0:
+        _xpos_rows(x0, y0, c, s, p, i_b, i_t, i_h, T, H0, sx0b, sx0t, sx0h, BH, BD, D)
+    if which == 1:
+        _xpos_rows(x1, y1, c, s, p, i_b, i_t, i_h, T, H1, sx1b, sx1t, sx1h, BH, BD, D)
+
+
+def xpos_fwd(
+    xs: list[torch.Tensor], c: torch.Tensor, s: torch.Tensor, pos: torch.Tensor
+) -> list[torch.Tensor]:
+    """xs: one or two `[B, T, H_i, D]` (D even, unit channel stride); c, s contiguous `[P, D/2]`
+    fp32; pos `[B, T]` or `[T]` integer rows of the tables, each below P → ys `[B, T, H_i, D]`
+    contiguous in x_i's dtype."""
+    B, T, _, D = xs[0].shape
+    ys = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
+    heads = max(x.shape[2] for x in xs)
+    if B * T * heads * D == 0:
+        return ys
+    BH, BD = rope_block(heads, D)
+    args = []
+    for i in range(2):
+        x, y = xs[min(i, len(xs) - 1)], ys[min(i, len(xs) - 1)]
+        args += [x, y, x.shape[2], x.stride(0), x.stride(1), x.stride(2)]
+    spb, spt = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
+    grid = (B * T, triton.cdiv(heads, BH), len(xs))
+    xpos_fwd_kernel[grid](*args, c, s, pos, T, spb, spt, BH=BH, BD=BD, D=D, num_warps=ROPE_WARPS)
+    return ys

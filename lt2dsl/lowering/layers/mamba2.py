@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lt2dsl.ir.specs.mamba2 import dims
+from lt2dsl.kernels import fused
+from lt2dsl.kernels.fused import naive
 from lt2dsl.lowering.functional import short_conv
 from lt2dsl.lowering.functional_recurrent import (
     GatedRMSNorm,
@@ -17,6 +19,32 @@ from lt2dsl.lowering.functional_recurrent import (
     simple_gla_core,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
+from lt2dsl.lowering.leaf import leaf
+
+
+@leaf
+def mamba2_gates(a, x, A_log, dt_bias, *, dtype: torch.dtype, backend: str = "reference"):
+    """(v, g) of Mamba2: dt = softplus(a + dt_bias) in `dtype`, the core's value v = dt · x back in
+    x's dtype (not the parameters': under autocast q, k, v must share one dtype) and its log decay
+    g = dt · (−exp(A_log)) (`kernels.fused.naive.mamba2_gate_ref`). a `[B, T, H]`, x `[B, T, H, P]`.
+
+    A decode call (one token per row) runs `kernels.fused.mamba2_gate` with `backend`: one launch
+    on its Triton path, equal to the unfused ops up to fp32 rounding. Prefill and training run the
+    unfused ops themselves, so their results do not depend on the backend.
+    """
+    if x.shape[1] == 1:
+        return fused.mamba2_gate(a, x, A_log, dt_bias, dtype=dtype, backend=backend)
+    return naive.mamba2_gate_ref(a, x, A_log, dt_bias, dtype)
+
+
+@leaf
+def mamba2_skip(y, D, x):
+    """The core output plus the skip term, y + D_h · x `[B, T, H, P]` (D `[H]`). A decode call (one
+    token per row) is one `addcmul` launch, D · x unrounded before the sum (a difference of one
+    rounding in y's dtype); prefill and training run the unfused product and sum, bit for bit."""
+    if x.shape[1] == 1:
+        return torch.addcmul(y, D[:, None], x)
+    return y + D[:, None] * x
 
 
 class Mamba2(MixerLayer):
@@ -67,13 +95,10 @@ class Mamba2(MixerLayer):
         d_in, GN = self.d_in, self.G * self.N
         z, xbc, dt = self.in_proj(x).split([d_in, d_in + 2 * GN, self.H], dim=-1)
         xs, Bm, Cm = self._xbc(xbc, entry, cu_seqlens).split([d_in, GN, GN], dim=-1)
-        gd = math_dtype(self)
-        dt = F.softplus(dt.to(gd) + self.dt_bias.to(gd))  # [B, T, H]
-        g = dt * -self.A_log.to(gd).exp()
         xh = xs.unflatten(-1, (self.H, self.P))  # [B, T, H, P]
-        # back to x's dtype (not the parameters'): under autocast q, k, v must share one dtype
-        v = (dt[..., None] * xh.to(gd)).to(xh.dtype)
+        gates = mamba2_gates(dt, xh, self.A_log, self.dt_bias, dtype=math_dtype(self), backend=self.backend)
+        v, g = gates[0], gates[1]  # by index: a traced tuple unpacked keeps a decode cache alive
         q, k = Cm.unflatten(-1, (self.G, self.N)), Bm.unflatten(-1, (self.G, self.N))
         y = simple_gla_core(q, k, v, g, entry, scale=1.0, **self.core_kwargs(cu_seqlens))
-        y = y + self.D[:, None] * xh
+        y = mamba2_skip(y, self.D, xh)
         return self.out_proj(self.norm(y.flatten(-2), z))

@@ -10,7 +10,7 @@ from lt2dsl.lowering.functional_recurrent import (
     init_linears,
     math_dtype,
     simple_gla_core,
-    xpos_rotate,
+    xpos_rotate_qk,
 )
 from lt2dsl.lowering.layers.base import MixerLayer, linear
 
@@ -45,8 +45,9 @@ class MultiScaleRetention(MixerLayer):
     def forward(self, x: torch.Tensor, entry=None, pos: int = 0, cu_seqlens=None) -> torch.Tensor:
         """x `[B, T, D]` → `[B, T, D]`; `entry` holds `state` `[B, H, K, V]`; x[:, 0] sits at `pos`."""
         self.check(x)
-        q = xpos_rotate(self.q_proj(x).unflatten(-1, (self.H, self.K)), pos, cu_seqlens)
-        k = xpos_rotate(self.k_proj(x).unflatten(-1, (self.H, self.K)), pos, cu_seqlens)
+        q = self.q_proj(x).unflatten(-1, (self.H, self.K))
+        k = self.k_proj(x).unflatten(-1, (self.H, self.K))
+        q, k = xpos_rotate_qk(q, k, pos, cu_seqlens, backend=self.backend)
         v = self.v_proj(x).unflatten(-1, (self.H, self.V))
         log_decay = torch.log1p(-torch.exp2(-5.0 - self.head_index.to(math_dtype(self))))
         g = log_decay.expand_as(v[..., 0])  # [B, T, H]
