@@ -163,8 +163,27 @@ def _padded_cat(ws: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def concat_biases(sizes: Sequence[int], *bs: torch.Tensor | None) -> torch.Tensor:
     """The biases of concatenated projections; a projection without one contributes zeros (and
-    the padding of `concat_weights` zeros too)."""
+    the padding of `concat_weights` zeros too). Cached without autograd as `concat_weights` is,
+    so a decode step launches nothing for it."""
     ref = next(b for b in bs if b is not None)
+    if torch.compiler.is_compiling():
+        return _bias_cat(sizes, bs, ref)
+    if torch.is_grad_enabled():
+        ref.__dict__.pop(_BIAS_CAT_ATTR, None)
+        return _bias_cat(sizes, bs, ref)
+    key = (tuple(sizes), *((id(b), b._version, b.data_ptr()) if b is not None else None for b in bs))
+    hit = ref.__dict__.get(_BIAS_CAT_ATTR)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = _bias_cat(sizes, bs, ref)
+    ref.__dict__[_BIAS_CAT_ATTR] = (key, out)
+    return out
+
+
+_BIAS_CAT_ATTR = "_lt2_bias_concat_cache"
+
+
+def _bias_cat(sizes: Sequence[int], bs: Sequence[torch.Tensor | None], ref: torch.Tensor) -> torch.Tensor:
     parts = [b if b is not None else ref.new_zeros(n) for b, n in zip(bs, sizes)]
     pad = _pad_rows(sum(sizes))
     return torch.cat([*parts, ref.new_zeros(pad)] if pad else parts, dim=0)

@@ -216,6 +216,39 @@ def test_cached_weight_concatenation_follows_parameter_updates():
     torch.testing.assert_close(fused, unfused, rtol=1e-10, atol=1e-10)
 
 
+def test_cached_bias_concatenation_follows_parameter_updates():
+    """The concatenated projection biases (q, k, v with `bias=true`; mLSTM's gates beside
+    bias-free projections, which contribute zeros) are cached without autograd too, and an
+    in-place update of a bias invalidates them."""
+    from lt2dsl.kernels import fused as fk
+
+    b1, b2 = torch.randn(5, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    with torch.no_grad():
+        first = fk.concat_biases((5, 4, 3), b1, None, b2)
+        assert fk.concat_biases((5, 4, 3), b1, None, b2) is first
+        assert first.shape == (16,) and not first[5:9].any() and not first[12:].any()
+        b2.add_(1.0)
+        again = fk.concat_biases((5, 4, 3), b1, None, b2)
+        assert again is not first
+        torch.testing.assert_close(again[9:12], b2, rtol=0, atol=0)
+    leaf = b1.clone().requires_grad_(True)
+    with torch.enable_grad():
+        out = fk.concat_biases((5, 4, 3), leaf, None, b2)
+        out.sum().backward()
+    assert leaf.grad is not None and _BIAS_ATTR not in leaf.__dict__
+    model = lower("full(bias=true) * 2")
+    ids = tokens(1, 5)
+    with torch.no_grad():
+        fuse(model.graph_module)
+        model(ids)
+        model.blocks[0].mixers[0].q_proj.bias.add_(0.5)
+        fused = model(ids)
+        model.__dict__["_graph_module"] = None
+        unfused = model(ids)
+    torch.testing.assert_close(fused, unfused, rtol=1e-10, atol=1e-10)
+
+
+_BIAS_ATTR = "_lt2_bias_concat_cache"
 GPU_KINDS = ["gdn", "mamba2", "dsa", "swa"]
 
 
