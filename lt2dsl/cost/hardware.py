@@ -1,7 +1,10 @@
 """Hardware presets for the roofline (`--hw h200|h100|a100|b200|cpu|FILE.json`).
 
 A preset is a JSON file: `peak_flops` per dtype (dense FLOP/s), `hbm_bytes_per_s`,
-`memory_bytes`, plus `name`, `description` and `source`. User files use the same schema.
+`memory_bytes`, plus `name`, `description` and `source`, and optionally `kernel_s`: the time one
+kernel of a decode step's dependent chain costs beyond its bytes and FLOPs (launch, dispatch,
+drain; measured by `bench/ceilings.py`; 0, not modelled, in the datasheet presets, which have no
+such figure). User files use the same schema.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 HW_DIR = Path(__file__).parent / "hw"
 
@@ -22,6 +25,7 @@ class Hardware(BaseModel):
     peak_flops: dict[str, float]
     hbm_bytes_per_s: float
     memory_bytes: float
+    kernel_s: float = Field(default=0.0, ge=0.0)
     source: str = ""
 
     def peak(self, dtype: str) -> float:
