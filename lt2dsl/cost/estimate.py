@@ -27,7 +27,9 @@ from lt2dsl.ir import nodes as n
 from lt2dsl.ir.constraints import require_model
 from lt2dsl.ir.registry import lookup
 from lt2dsl.ir.specs.channel import (
+    block_decode_kernels,
     block_norm_count,
+    lone_norm_kernels,
     mlp_activations,
     mlp_flops,
     mlp_weights,
@@ -405,28 +407,87 @@ def _roofline(model, rows, extras, L, opt, dt, prefill, decode, cache) -> Roofli
     p_bytes = executed_w + acts + cache + B * L * prefill_gather_bytes(model, L, dt)
     p_time = max(B * L * prefill / peak, p_bytes / bw)
     step_bytes = sum(r.decode_bytes * r.iterations for r in rows + extras) * B
-    d_time = max(B * decode / peak, step_bytes / bw)
+    kernels = decode_kernels(model, B, L)
+    launch = kernels * hw.kernel_s
+    d_roof = max(B * decode / peak, step_bytes / bw)
+    d_time = d_roof + launch
     gen = p_time + _generate_time(model, L, opt, dt) if opt.gen else None
+    bound = "compute" if B * decode / peak >= step_bytes / bw else "memory"
     return Roofline(
         prefill_tokens_per_s=B * L / p_time,
         decode_tokens_per_s=B / d_time,
         ttft_s=p_time,
         prefill_bound="compute" if B * L * prefill / peak >= p_bytes / bw else "memory",
-        decode_bound="compute" if B * decode / peak >= step_bytes / bw else "memory",
+        decode_bound="launch" if launch > d_roof else bound,
         decode_step_s=d_time,
         decode_bytes_per_step=step_bytes,
+        decode_kernels=kernels,
+        decode_launch_s=launch,
         generate_s=gen,
     )
 
 
 def _step_time(model: n.Model, ctx: int, opt: EstimateOptions, dt: Dtypes) -> float:
-    """Roofline time of one decode step for the batch at context `ctx`."""
+    """Roofline time of one decode step for the batch at context `ctx`, its kernels' fixed cost
+    included."""
     cfg, B = model.config, opt.batch
     rows = [_row(b, it, cfg, ctx, opt, dt) for b, it in iter_blocks(model.body)]
     every = rows + _extra_rows(model, ctx, opt, dt)
     flops = sum(r.flops_decode * r.iterations for r in every) * B
     nbytes = sum(r.decode_bytes * r.iterations for r in every) * B
-    return max(flops / opt.hw.peak(dt.act), nbytes / opt.hw.hbm_bytes_per_s)
+    launch = decode_kernels(model, B, ctx) * opt.hw.kernel_s
+    return max(flops / opt.hw.peak(dt.act), nbytes / opt.hw.hbm_bytes_per_s) + launch
+
+
+# Kernels of every decode step outside the blocks and norms: the embedding, the head's GEMM,
+# greedy sampling and the stop test (argmax, where, eq, any, an in-place or, the token's copy and
+# its write into the output), the two counters' advance.
+STEP_KERNELS = 11
+# An exit-gated loop's decode: one gate GEMM per iteration, and once the exit distribution, the
+# chosen iteration and its output gathered (sigmoid, cumulative products and sums, argmax, ...);
+# without a final norm per iteration the gate also unfuses the last residual add from its norm.
+EXIT_KERNELS = 16
+
+
+def decode_kernels(model: n.Model, batch: int, L: int) -> int:
+    """Kernels one decode step of lt2dsl's engine launches at context L for `batch` rows (the CUDA
+    graph `generate` replays, greedy): every block application's (`block_decode_kernels` and its
+    mixers' `decode_kernels`), the work done once a step (`decode_once`, by key), the loops'
+    (a final norm after each iteration, the injected input: one add, or concatenation, its
+    projection and a norm), and the step's own (`STEP_KERNELS`). A GEMM counts once however
+    cuBLAS runs it (a split-K product is two kernels on the card)."""
+    cfg = model.config
+    once: dict[tuple, int] = {}
+    # one norm with no add before it: the first block's pre-norm (layernorm: the final norm), and
+    # a loop's final norm after each iteration but the model's last
+    total = STEP_KERNELS + lone_norm_kernels(cfg.norm) * final_norm_applications(model.body)
+    for b, it in iter_blocks(model.body):
+        per = block_decode_kernels(b.norm, b.mlp)
+        for m in b.mixers:
+            spec = lookup(m.type)
+            per += spec.decode_kernels(m.opts, cfg, batch, L)
+            once |= spec.decode_once(m.opts, cfg)
+        total += per * it
+    total += sum(once.values())
+    for lp in _loops(model.body):
+        reps = lp.T - 1  # the first iteration takes the loop's input as it is
+        around = _enclosing_T(model.body, lp)
+        total += reps * {"none": 0, "add": 1, "concat": 3}[lp.inject] * around
+        if lp.exit:
+            total += (EXIT_KERNELS + lp.T + (not lp.final_norm)) * around
+    return total
+
+
+def _enclosing_T(stages, target: n.LoopBlock, mult: int = 1) -> int:
+    """The product of the T of the loops around `target` (1 at the top level)."""
+    for s in stages:
+        if isinstance(s, n.LoopBlock):
+            if s is target:
+                return mult
+            found = _enclosing_T(s.body, target, mult * s.T)
+            if found:
+                return found
+    return 0
 
 
 def _generate_time(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> float:
@@ -528,5 +589,9 @@ def conventions(opt: EstimateOptions) -> list[str]:
         "caches are per (iteration, block): states in state_dtype, KV in kv_dtype, conv buffers and "
         "tmm inputs in dtype",
         f"roofline on {hw.name}: time = max(FLOPs / {hw.peak_flops['bf16'] / 1e12:.0f} TFLOP/s, "
-        f"bytes / {hw.hbm_bytes_per_s / 1e12:.2f} TB/s) ({hw.source})",
+        f"bytes / {hw.hbm_bytes_per_s / 1e12:.2f} TB/s)"
+        + (f" + decode kernels × {hw.kernel_s * 1e6:.2f} µs" if hw.kernel_s else "")
+        + f" ({hw.source})",
+        "decode kernels: the launches of one step of lt2dsl's engine (a GEMM counts once; "
+        "cuBLAS's split-K reduce kernels are not counted)",
     ]

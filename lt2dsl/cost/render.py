@@ -202,7 +202,9 @@ def notes(r: Report, mode: str = "all", sweep: bool = False) -> Text:
     at_L = [
         f"prefill {ro.prefill_bound}-bound" if shows["prefill"] else "",
         f"decode {ro.decode_bound}-bound ({fmt.nbytes(ro.decode_bytes_per_step)} moved per step, "
-        f"{fmt.seconds(ro.decode_step_s)})"
+        f"{ro.decode_kernels:,} kernels"
+        + (f" costing {fmt.seconds(ro.decode_launch_s)}" if ro.decode_launch_s else "")
+        + f", {fmt.seconds(ro.decode_step_s)})"
         if shows["decode"]
         else "",
         f"train activations {fmt.nbytes(m.train_activations_bytes)} "

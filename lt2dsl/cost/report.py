@@ -59,8 +59,12 @@ class Roofline(_M):
     ttft_s: float
     prefill_bound: str
     decode_bound: str
-    decode_step_s: float
+    decode_step_s: float  # max(compute, bytes) time + decode_launch_s
     decode_bytes_per_step: float
+    # Kernels one decode step launches (`estimate.decode_kernels`) and their fixed cost on the card
+    # (× its `kernel_s`; 0 on the datasheet presets, which do not model it).
+    decode_kernels: int = 0
+    decode_launch_s: float = 0.0
     # With --gen G: time to first token plus G decode steps (each at its own context length).
     generate_s: float | None = None
 

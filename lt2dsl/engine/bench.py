@@ -78,6 +78,8 @@ def predicted(model, batch: int, ctx: int, hw: Hardware) -> dict:
     return {
         "estimate_tok_s": rep.roofline.decode_tokens_per_s,
         "estimate_step_bytes": rep.roofline.decode_bytes_per_step,
+        "estimate_kernels": rep.roofline.decode_kernels,
+        "estimate_launch_s": rep.roofline.decode_launch_s,
         "estimate_max_batch": rep.capacity.max_batch,
     }
 

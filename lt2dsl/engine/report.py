@@ -23,19 +23,21 @@ def table(rows: list[dict], info: dict) -> Table:
         box=box.SIMPLE_HEAVY,
     )
     t.add_column("model")
-    for name in ("B", "context", "tok/s", "estimate tok/s", "measured / estimate", "step ms", "GB/s",
-                 "prefill s", "first call s", "cache GB"):  # fmt: skip
+    for name in ("B", "context", "tok/s", "estimate tok/s", "measured / estimate", "kernels", "step ms",
+                 "GB/s", "prefill s", "first call s", "cache GB"):  # fmt: skip
         t.add_column(name, justify="right")
     for r in rows:
         head = [r["model"], str(r["batch"]), str(r["ctx"])]
+        kernels = f"{r['estimate_kernels']:,}" if "estimate_kernels" in r else ""
         if r.get("oom"):
-            t.add_row(*head, "OOM", f"{r['estimate_tok_s']:.0f}", oom_note(r), "", "", "", "", "")
+            t.add_row(*head, "OOM", f"{r['estimate_tok_s']:.0f}", oom_note(r), kernels, "", "", "", "", "")
             continue
         t.add_row(
             *head,
             f"{r['tok_s']:.1f}",
             f"{r['estimate_tok_s']:.0f}",
             f"{r['tok_s'] / r['estimate_tok_s']:.2f}",
+            kernels,
             f"{r['step_ms']:.2f}",
             f"{r['bandwidth_gb_s']:.1f}",
             f"{r['prefill_s']:.3f}",

@@ -182,6 +182,22 @@ class LayerSpec:
         queries, and for recurrences; a token-level selection (top-k keys) reads its own."""
         return 0.0
 
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """Kernels one application of the mixer launches in lt2dsl's decode step (the step
+        `generate` replays as a CUDA graph) at context L for `batch` rows: its in-projection (one
+        GEMM however many projections read the normed input), its own kernels and torch ops, its
+        output projection. The block's norms and MLP are the block's (`block_decode_kernels`);
+        work the step does once for every application is `decode_once`'s. The estimate charges
+        each kernel the card's `kernel_s`; `tests/cost/test_decode_kernels.py` holds every kind's
+        count to the launches of its lowered decode step."""
+        raise NotImplementedError(f"`{self.kind}` has no decode kernel count")
+
+    def decode_once(self, o: Opts, cfg: ModelConfig) -> dict[tuple, int]:
+        """Kernels the decode step launches once, for the first application that needs them, and
+        shares with the others (a RoPE table's rows at the step's positions, the attention
+        lengths), keyed by what they compute: the estimate counts each key once a step."""
+        return {}
+
     def backward_factor(self, o: Opts) -> float:
         """Training = forward × (1 + backward_factor); 2 unless the kind's spec says otherwise."""
         return 2.0

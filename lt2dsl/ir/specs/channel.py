@@ -73,6 +73,36 @@ def block_norm_count(n: NormSpec, has_mlp: bool) -> int:
     return per_half * (2 if has_mlp else 1)
 
 
+# Torch ops of one offset rmsnorm (`OffsetRMSNorm`, composite) with the residual add before it,
+# and of one with no add (the model's first norm, a loop's final norm).
+OFFSET_NORM_KERNELS = 14
+OFFSET_LONE_NORM_KERNELS = 10
+
+
+def norm_decode_kernels(n: NormSpec) -> int:
+    """Kernels one residual add and the norm after it launch in a decode step: one for an rmsnorm
+    (the fused add-norm kernel; sandwich's post-norm, add and pre-norm too), two for a layernorm
+    (norm and add), the composite torch ops of an offset rmsnorm."""
+    if n.type == "layernorm":
+        return 2
+    return OFFSET_NORM_KERNELS if n.offset else 1
+
+
+def lone_norm_kernels(n: NormSpec) -> int:
+    """Kernels of a norm with no residual add fused into it (the model's first or final norm)."""
+    return OFFSET_LONE_NORM_KERNELS if n.offset and n.type == "rmsnorm" else 1
+
+
+def block_decode_kernels(n: NormSpec, m: MlpSpec) -> int:
+    """Kernels a block launches in a decode step beside its mixers' own (`decode_kernels`): the
+    MLP (swiglu, gelu: the gate/up or up GEMM, the activation, down; geglu also its product) and an
+    add-norm after the mixer and after the MLP (after the mixer alone with `mlp=none`). A
+    `par(...)` block's mixers share one in-projection GEMM and sum their outputs with one add, so
+    the block counts the sum of its mixers'."""
+    mlp = {"swiglu": 3, "gelu": 3, "geglu": 4, "none": 0}[m.type]
+    return mlp + norm_decode_kernels(n) * (1 if m.type == "none" else 2)
+
+
 def mlp_activations(m: MlpSpec) -> int:
     """Elements per token the MLP keeps besides its normed input: swiglu the fused gate/up
     projection's output (padded to `CAT_ALIGN`) and down's input; geglu also the GELU's output;

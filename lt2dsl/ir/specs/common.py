@@ -151,3 +151,8 @@ def from_attention(
         "v_proj.weight": FromAttention("v_proj.weight", v),
         out: FromAttention("o_proj.weight", o, axis=1),
     }
+
+
+# SMs of the card the decode kernel counts assume (an H100's): the decode step's attention kernels
+# split a row's keys over programs, and add a merge launch, while batch × kv heads leave SMs idle.
+DECODE_SMS = 132

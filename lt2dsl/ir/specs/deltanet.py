@@ -26,6 +26,10 @@ class DeltaNetSpec(DeltaSpec):
         """Per head: chunked 6CK + 4CV + C²/3 + 6KV, decode 6KV (mixers.md §4(d))."""
         return 6 * K * V if mode == "decode" else delta_core(K, V, chunk_of(L))
 
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection GEMM, β's cast and sigmoid, the conv, the delta step, norm and o_proj."""
+        return 6 + self.conv_kernels(o)
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k, v (H·K, D) with K = V; b (H, D); g (H·V, D) when `gate`; o (D, H·V); convs;
         o_norm (V) (a gated RMSNorm when `gate`)."""

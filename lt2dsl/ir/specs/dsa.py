@@ -11,17 +11,28 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, Mode, Option, Opts
-from lt2dsl.ir.specs.common import ATTENTION, COMMON, cat_width, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.common import ATTENTION, COMMON, DECODE_SMS, cat_width, causal_mean, lin, proj_flops
 from lt2dsl.ir.specs.full import (
     FROM_ATTENTION,
     PROJ,
     FullSpec,
     attention_core,
+    attention_extra_kernels,
     attention_saved,
     attention_weights,
+    rope_key,
 )
 
 IDX = ["idx_q.weight", "idx_k.weight", "idx_w.weight"]
+# The decode select splits each row's keys over programs (5 launches instead of 1) for at most
+# this many rows of at least this many keys (`kernels.dsa.triton_topk.use_split`; a test holds
+# the two equal).
+SPLIT_MAX_ROWS = 128
+SPLIT_MIN_KW = 4096
+# The decode step's sparse attention splits each selection over programs, merged by a combine
+# kernel, while its batch × kv-head programs leave SMs idle (`DECODE_SMS`) and the top-k spans
+# more than two 64-slot chunks (`kernels.dsa.triton_attn.split_count`).
+SPARSE_SPLIT_MIN_TOPK = 2 * 64
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,18 @@ class DsaSpec(FullSpec):
             index_keys, main_keys = causal_mean(L), causal_mean(L, k)
         index = 2.0 * o["index_heads"] * o["index_dim"] * index_keys
         return Flops(proj=proj, core=index + attention_core(o["heads"], o["head_dim"], main_keys))
+
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """The fused attention and indexer GEMM, RoPE of q/k and of the indexer's q/k (each written
+        into its cache), index scores, top-k select (5 launches when sliced), sparse attention
+        (and its combine when split), o_proj; `full`'s extra q/k-norm and bias launches."""
+        select = 5 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
+        attend = 2 if batch * o["kv_heads"] < DECODE_SMS and o["topk"] > SPARSE_SPLIT_MIN_TOPK else 1
+        return 5 + select + attend + attention_extra_kernels(o)
+
+    def decode_once(self, o: Opts, cfg: ModelConfig) -> dict[tuple, int]:
+        """Both RoPE tables' rows (the main heads' and the indexer's, `2·(d_I // 4)` dims)."""
+        return {rope_key(o): 2, rope_key(o, 2 * (o["index_dim"] // 4)): 2}
 
     def activations(self, o: Opts, cfg: ModelConfig) -> int:
         """The sparse attention op's tensors (`kernels/dsa/ops.py`): rotated q `[T, H, d]` and k

@@ -119,6 +119,28 @@ class FullSpec(LayerSpec):
         """One attention op: o `[T, H, d]` and its fp32 log-sum-exp `[T, H]`."""
         return o["heads"] * o["head_dim"] + 2 * o["heads"]
 
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """q/k/v (and gate) GEMM, RoPE of q and k written into the cache, split-KV attention and
+        its combine, o_proj."""
+        return 5 + attention_extra_kernels(o)
+
+    def decode_once(self, o: Opts, cfg: ModelConfig) -> dict[tuple, int]:
+        """The RoPE table's cos and sin rows at the step's positions; the attention lengths."""
+        return {rope_key(o): 2, ("attention lengths",): 2}
+
+
+def attention_extra_kernels(o: Opts) -> int:
+    """Decode launches the attention options add: `qk_norm`'s two norms (biases ride in the
+    GEMMs)."""
+    return 2 * bool(o["qk_norm"])
+
+
+def rope_key(o: Opts, dims: int | None = None) -> tuple:
+    """What a RoPE table's gathered rows depend on (`engine.positions.Positions.rope_rows`)."""
+    scaling = o.get("rope_scaling", "none")
+    return ("rope", dims or o.get("rope_dim") or o["head_dim"], float(o["rope_theta"]), scaling,
+            o.get("rope_factor", 1.0) if scaling != "none" else None)  # fmt: skip
+
 
 SPEC = FullSpec(
     kind="full",

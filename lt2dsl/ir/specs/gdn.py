@@ -27,6 +27,10 @@ class GdnSpec(GvaDeltaSpec):
     proj = tuple(PROJ)
     inputs = tuple(PROJ[:-1])
 
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection GEMM, the conv, the gated delta step, gated norm and o_proj."""
+        return 4 + self.conv_kernels(o)
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D); a, b (HV, D); g (HV·V, D) when `gate`; o (D, HV·V);
         q/k/v short convs (no bias); A_log, dt_bias (HV); o_norm (V), shared by heads (fla)."""

@@ -32,6 +32,11 @@ class GlaSpec(DecaySpec):
     dims = staticmethod(dims)
     sub = SUB
 
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection and gk_proj's second GEMM, the gate's cast, log-sigmoid and scale, the
+        recurrent step, gated norm and o_proj."""
+        return 8
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q (H·K, D), g (H·V, D); k (HKV·K, D), v (HKV·V, D) and the decay gate D → rank → HKV·K
         (+ bias), each shared by H / HKV query heads (fla's `num_kv_heads`); o (D, H·V); g_norm (V)

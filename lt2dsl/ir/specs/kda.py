@@ -50,6 +50,11 @@ class KdaSpec(GvaDeltaSpec):
         H, HV, K, V = gva_dims(o)
         return HV * V + 4 * HV * K
 
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection and f_proj's second GEMM, the gate math (nine torch ops), the conv, the
+        delta step, g_proj's second GEMM, gated norm and o_proj."""
+        return 16 + self.conv_kernels(o)
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v (HV·V, D) with V = K · expand_v; low-rank forget gate f: D → V → HV·K;
         b (HV, D); low-rank output gate g: D → V → HV·V (+ bias); o (D, HV·V); convs;

@@ -30,6 +30,11 @@ def _normalize(cfg: ModelConfig | None, o: Opts) -> bool:
 
 @dataclass(frozen=True)
 class LinearSpec(LayerSpec):
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection GEMM, the feature maps and normalizer (torch ops), the recurrent step,
+        o_proj."""
+        return 14
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k, v (H·K, D); o (D, H·V); hedgehog: per head K×K maps with bias for q and k;
         without the normalizer a per-head RMSNorm (V) on the output (fla's default)."""

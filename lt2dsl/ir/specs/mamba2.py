@@ -24,6 +24,11 @@ def _heads(cfg: ModelConfig | None, o: Opts) -> int:
 
 @dataclass(frozen=True)
 class Mamba2Spec(LayerSpec):
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """in_proj, the conv, the gates (dt, v, log decay), the SSD step, the D skip, gated norm
+        and out_proj."""
+        return 7
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """in_proj (2·d_in + 2GN + H, D) → [z, x, B, C, dt]; conv1d on xBC with bias; dt_bias,
         A_log, D (H); gated RMSNorm weight (d_in); out_proj (D, d_in)."""

@@ -27,6 +27,11 @@ def dims(o: Opts) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class MlstmSpec(LayerSpec):
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection GEMM, the gates' torch ops, the recurrent step, the output norm and gate,
+        o_proj."""
+        return 18
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v and the sigmoid output gate (H·V, D); input and forget gates (H, D)
         with biases; per-head LayerNorm weight (H·V); out_proj (D, H·V)."""

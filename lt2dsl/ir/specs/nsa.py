@@ -6,8 +6,12 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, LayerSpec, Mode, Option, Opts
-from lt2dsl.ir.specs.common import COMMON, cat_width, causal_mean, from_attention, lin, proj_flops
-from lt2dsl.ir.specs.full import attention_core
+from lt2dsl.ir.specs.common import COMMON, DECODE_SMS, cat_width, causal_mean, from_attention, lin, proj_flops
+from lt2dsl.ir.specs.full import attention_core, rope_key
+
+# The decode's compressed branch is split over programs above this many tiles of compressed keys
+# (`kernels.nsa.triton_decode.cmp_splits`; a test holds the two equal).
+CMP_SPLIT_TILES = 4
 
 
 def n_cmp(t: int, l: int, s: int) -> int:
@@ -26,6 +30,18 @@ def mean_n_cmp(L: int, l: int, s: int) -> float:
 
 @dataclass(frozen=True)
 class NsaSpec(LayerSpec):
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection GEMM, RoPE into the cache, the compressed-key update, block selection
+        (the compressed branch split over programs and merged, two launches, while batch × kv
+        heads leave SMs idle and more than four tiles of compressed keys are cached), split sparse
+        attention and its combine, o_proj."""
+        tile = 64 if o["head_dim"] <= 128 else 32  # `kernels.nsa.triton_decode.select_tile`
+        nc = n_cmp(L, o["cmp_block"], o["stride"])
+        return 7 + (batch * o["kv_heads"] < DECODE_SMS and nc > CMP_SPLIT_TILES * tile)
+
+    def decode_once(self, o: Opts, cfg: ModelConfig) -> dict[tuple, int]:
+        return {rope_key(o): 2}
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q (H·d, D), k / v (HKV·d, D), branch gates g_proj (3H, D), o (D, H·d); with
         `compress=mlp`, per k and v: an intra-block position embedding (l, d) and a linear

@@ -96,6 +96,10 @@ class DeltaSpec(StateSpec):
     # the projections that read the normed block input (fused into one GEMM)
     inputs: ClassVar[tuple[str, ...]] = ()
 
+    def conv_kernels(self, o: Opts) -> int:
+        """The short convs' decode launches: one fused step for q, k and v; SiLU on each without."""
+        return 1 if o["conv"] else 3
+
     def is_delta_rule(self) -> bool:
         return True
 

@@ -21,6 +21,10 @@ class RetNetSpec(DecaySpec):
     proj = tuple(PROJ)
     dims = staticmethod(dims)
 
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """In-projection GEMM, xPos of q and k, the retention step, gated norm and o_proj."""
+        return 5
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """q, k (H·K, D); v, g (H·V, D) with V = K · expand_v; o (D, H·V); g_norm (V)."""
         H, K, V = dims(o)

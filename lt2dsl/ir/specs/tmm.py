@@ -21,6 +21,10 @@ def fft_size(L: int) -> int:
 
 @dataclass(frozen=True)
 class TmmSpec(LayerSpec):
+    def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
+        """in_proj, the cached Toeplitz product (torch ops around one GEMM), out_proj."""
+        return 19
+
     def weights(self, o: Opts, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Toeplitz kernels w (kernel, heads, n) and position bias (heads, n), n = max_len;
         with heads > 1 also in_proj and out_proj (D, D) with biases (multi-head TMM)."""

@@ -432,6 +432,10 @@ def attention_splits(n_slc: int, window: int, programs: int, bk: int, device) ->
     return n_slc // k, k
 
 
+# the compressed branch stays one kernel for at most this many tiles of compressed keys
+CMP_SPLIT_TILES = 4
+
+
 def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
     """Programs the compressed branch of one (row, kv head) is split over: 1 (the one-kernel form)
     where the B·HKV `programs` fill the GPU or the buffer holds at most 4 tiles of compressed keys;
@@ -440,7 +444,7 @@ def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
     if triton_interpreting():
         return 2 if nc > 2 * bn else 1
     n_sm = torch.cuda.get_device_properties(device).multi_processor_count
-    if programs >= n_sm or nc <= 4 * bn:
+    if programs >= n_sm or nc <= CMP_SPLIT_TILES * bn:
         return 1
     return max(1, min(triton.cdiv(2 * n_sm, programs), triton.cdiv(nc, 2 * bn)))
 
