@@ -56,7 +56,7 @@ def _attention() -> list[Job]:
         split = ptrs | {"O_PART": "*fp32", "LSE_PART": "*fp32"}
         jobs += tuned_jobs(f"dsa/sparse_split-{dt[1:]}", A._sparse_split_kernel, split, SCALARS,
                            cex | {"NSPLIT": 16}, **kw)  # fmt: skip
-        comb = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR")} | {"NSPLIT": 16}
+        comb = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR")} | {"NSPLIT": 16, "BS": 16}
         jobs += tuned_jobs(f"dsa/sparse_combine-{dt[1:]}", A._sparse_combine_kernel, split, SCALARS, comb,
                            launch=(cfg["num_warps"], 1), aligned=(), max_stack=kw["max_stack"])  # fmt: skip
     return jobs

@@ -187,39 +187,31 @@ def _sparse_split_kernel(
 def _sparse_combine_kernel(
     O_PART, LSE_PART, O, LSE, Tq, NROWS,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    NSPLIT: tl.constexpr,
+    NSPLIT: tl.constexpr, BS: tl.constexpr,
 ):  # fmt: skip
-    """Merge the NSPLIT partials of one (query t, batch · kv head) by their lse: o and LSE as
-    `_sparse_fwd_kernel` writes them (+inf where no split selected anything)."""
+    """Merge the NSPLIT partials of one (query t, batch · kv head, row r of the group) by their
+    lse: o and LSE as `_sparse_fwd_kernel` writes them (+inf where no split selected anything).
+    Program (t, b·HKV + hk, r); the splits are one vector of BS ≥ NSPLIT, so their loads go out
+    together instead of one dependent round trip a split."""
     HKV = HQ // GRP
-    t, pid = tl.program_id(0), tl.program_id(1)
+    t, pid, r = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, hk = pid // HKV, pid % HKV
-    r = tl.arange(0, BR)
-    in_r = r < GRP
-    offs_dv = tl.arange(0, BDV)
-    base = (t * tl.num_programs(1) + pid) * NSPLIT
-    m = tl.full([BR], float("-inf"), dtype=tl.float32)
-    for sp in range(NSPLIT):
-        m = tl.maximum(
-            m, tl.load(LSE_PART + (base + sp).to(tl.int64) * BR + r, mask=in_r, other=float("-inf"))
-        )
+    sp = tl.arange(0, BS)
+    live = sp < NSPLIT
+    part = ((t * tl.num_programs(1) + pid) * NSPLIT + sp).to(tl.int64) * BR + r
+    lse_s = tl.load(LSE_PART + part, mask=live, other=float("-inf"))
+    m = tl.max(lse_s, 0)
     m_safe = tl.where(m > float("-inf"), m, 0.0)
-    den = tl.zeros([BR], dtype=tl.float32)
-    acc = tl.zeros([BR, BDV], dtype=tl.float32)
-    for sp in range(NSPLIT):
-        part = (base + sp).to(tl.int64) * BR + r
-        lse_s = tl.load(LSE_PART + part, mask=in_r, other=float("-inf"))
-        w = tl.where(lse_s > float("-inf"), tl.exp2(lse_s - m_safe), 0.0)
-        den += w
-        acc += w[:, None] * tl.load(
-            O_PART + part[:, None] * BDV + offs_dv[None, :], mask=in_r[:, None], other=0.0
-        )
+    w = tl.where(lse_s > float("-inf"), tl.exp2(lse_s - m_safe), 0.0)
+    den = tl.sum(w, 0)
+    offs_dv = tl.arange(0, BDV)
+    o_p = tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :], mask=live[:, None], other=0.0)
     empty = den == 0.0
-    o = acc / tl.where(empty, 1.0, den)[:, None]
+    o = tl.sum(w[:, None] * o_p, 0) / tl.where(empty, 1.0, den)
     row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
-    tl.store(rows_ptr(O, row, DV, offs_dv), o.to(O.dtype.element_ty), mask=rows_mask(in_r, offs_dv, DV))
+    tl.store(O + row * DV + offs_dv, o.to(O.dtype.element_ty), mask=offs_dv < DV)
     lse = tl.where(empty, float("inf"), m_safe + tl.log2(tl.where(empty, 1.0, den)))
-    tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
+    tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse)
 
 
 @triton.jit
@@ -338,9 +330,9 @@ def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None):
     _sparse_split_kernel[(Tq, B * HKV, ns)](
         q, k, v, indices, o_part, lse_part, Tq, Tk, nidx, chunk, scale * LOG2E, *strides, NSPLIT=ns, **cex
     )  # fmt: skip
-    _sparse_combine_kernel[(Tq, B * HKV)](
+    _sparse_combine_kernel[(Tq, B * HKV, HQ // HKV)](
         o_part, lse_part, o, lse, Tq, B * Tq, HQ=HQ, GRP=HQ // HKV, DV=DV, BDV=BDV, BR=BR, NSPLIT=ns,
-        num_warps=cex["num_warps"], num_stages=1,
+        BS=triton.next_power_of_2(ns), num_warps=cex["num_warps"], num_stages=1,
     )  # fmt: skip
     return o, lse
 

@@ -64,7 +64,7 @@ def _decode() -> list[Job]:
                        {"NC": "i32", "NSB": "i32"}, mcex | {"BNSB": 2048, "NSPLIT": 8}, **kw)  # fmt: skip
     # the mix of the sparse attention's chunks (DSA's split kernel: `dsa.aot_jobs`) per branch
     combine = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OCMP": "*fp32", "G": "*bf16", "OUT": "*bf16"}
-    ccex = dict(HQ=16, GRP=16, DV=128, BDV=128, BR=16, NSPLIT=24, LOGITS=True)
+    ccex = dict(HQ=16, GRP=16, DV=128, BDV=128, BR=16, NSPLIT=24, BS=32, LOGITS=True)
     cscalars = {"SG": "i32", "NS_SLC": "i32"}
     kernel = TD.nsa_decode_combine_kernel
     jobs += tuned_jobs("nsa/decode-combine", kernel, combine, cscalars, ccex, launch=(4, 1), aligned=())

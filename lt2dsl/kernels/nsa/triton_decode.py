@@ -278,58 +278,47 @@ def nsa_decode_merge_select_kernel(
 def nsa_decode_combine_kernel(
     O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    NSPLIT: tl.constexpr, LOGITS: tl.constexpr,
+    NSPLIT: tl.constexpr, BS: tl.constexpr, LOGITS: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, hk): the partials of `dsa.triton_attn._sparse_split_kernel` over one index row
-    (splits [0, NS_SLC) the selected blocks' tokens, the rest the window's) merged per branch by
-    their lse, then OUT = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa in fp32 for the group's
-    heads, cast once. G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG apart (with LOGITS their
-    logits: the weights are their sigmoids, taken here in fp32); OCMP `[B, HQ, DV]`."""
+    """Program (b·HKV + hk, row r of the group): the partials of
+    `dsa.triton_attn._sparse_split_kernel` over one index row (splits [0, NS_SLC) the selected
+    blocks' tokens, the rest the window's) merged per branch by their lse, then OUT = g_slc · o_slc +
+    g_cmp · o_cmp + g_swa · o_swa in fp32 for head hk·GRP + r, cast once. The splits are one vector
+    of BS ≥ NSPLIT (their loads go out together). G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG
+    apart (with LOGITS their logits: the weights are their sigmoids, taken here in fp32); OCMP
+    `[B, HQ, DV]`."""
     HKV: tl.constexpr = HQ // GRP
-    pid = tl.program_id(0)
+    pid, r = tl.program_id(0), tl.program_id(1)
     b, hk = pid // HKV, pid % HKV
-    r = tl.arange(0, BR)
-    in_r = r < GRP
-    offs = tl.arange(0, BDV)
-    base = pid.to(tl.int64) * NSPLIT
-    m_s = tl.full([BR], float("-inf"), dtype=tl.float32)
-    m_w = tl.full([BR], float("-inf"), dtype=tl.float32)
-    for sp in range(NSPLIT):
-        lse = tl.load(LSE_PART + (base + sp) * BR + r, mask=in_r, other=float("-inf"))
-        if sp < NS_SLC:
-            m_s = tl.maximum(m_s, lse)
-        else:
-            m_w = tl.maximum(m_w, lse)
+    sp = tl.arange(0, BS)
+    live = sp < NSPLIT
+    slc = sp < NS_SLC
+    part = (pid.to(tl.int64) * NSPLIT + sp) * BR + r
+    lse = tl.load(LSE_PART + part, mask=live, other=float("-inf"))
+    m_s = tl.max(tl.where(slc, lse, float("-inf")), 0)
+    m_w = tl.max(tl.where(slc, float("-inf"), lse), 0)
     m_s = tl.where(m_s > float("-inf"), m_s, 0.0)
     m_w = tl.where(m_w > float("-inf"), m_w, 0.0)
-    den_s = tl.zeros([BR], dtype=tl.float32)
-    den_w = tl.zeros([BR], dtype=tl.float32)
-    o_s = tl.zeros([BR, BDV], dtype=tl.float32)
-    o_w = tl.zeros([BR, BDV], dtype=tl.float32)
-    for sp in range(NSPLIT):
-        part = (base + sp) * BR + r
-        lse = tl.load(LSE_PART + part, mask=in_r, other=float("-inf"))
-        o_p = tl.load(O_PART + part[:, None] * BDV + offs[None, :], mask=in_r[:, None], other=0.0)
-        if sp < NS_SLC:
-            w = tl.where(lse > float("-inf"), tl.exp2(lse - m_s), 0.0)
-            den_s += w
-            o_s += w[:, None] * o_p
-        else:
-            w = tl.where(lse > float("-inf"), tl.exp2(lse - m_w), 0.0)
-            den_w += w
-            o_w += w[:, None] * o_p
-    heads = b.to(tl.int64) * HQ + hk * GRP + r
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(slc, m_s, m_w)), 0.0)
+    w_s = tl.where(slc, w, 0.0)
+    w_w = tl.where(slc, 0.0, w)
+    den_s, den_w = tl.sum(w_s, 0), tl.sum(w_w, 0)
+    offs = tl.arange(0, BDV)
+    o_p = tl.load(O_PART + part[:, None] * BDV + offs[None, :], mask=live[:, None], other=0.0)
+    o_s = tl.sum(w_s[:, None] * o_p, 0)
+    o_w = tl.sum(w_w[:, None] * o_p, 0)
+    head = b.to(tl.int64) * HQ + hk * GRP + r
     g_base = G + b.to(tl.int64) * SG + (hk * GRP + r) * 3
-    g_cmp = tl.load(g_base, mask=in_r, other=0.0).to(tl.float32)
-    g_slc = tl.load(g_base + 1, mask=in_r, other=0.0).to(tl.float32)
-    g_swa = tl.load(g_base + 2, mask=in_r, other=0.0).to(tl.float32)
+    g_cmp = tl.load(g_base).to(tl.float32)
+    g_slc = tl.load(g_base + 1).to(tl.float32)
+    g_swa = tl.load(g_base + 2).to(tl.float32)
     if LOGITS:
         g_cmp, g_slc, g_swa = tl.sigmoid(g_cmp), tl.sigmoid(g_slc), tl.sigmoid(g_swa)
-    m = in_r[:, None] & (offs[None, :] < DV)
-    o = o_s * (g_slc / tl.where(den_s > 0.0, den_s, 1.0))[:, None]
-    o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0))[:, None] * o_w
-    o += g_cmp[:, None] * tl.load(OCMP + heads[:, None] * DV + offs[None, :], mask=m, other=0.0)
-    tl.store(OUT + heads[:, None] * DV + offs[None, :], cast(o, OUT.dtype.element_ty), mask=m)
+    m = offs < DV
+    o = o_s * (g_slc / tl.where(den_s > 0.0, den_s, 1.0))
+    o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0)) * o_w
+    o += g_cmp * tl.load(OCMP + head * DV + offs, mask=m, other=0.0)
+    tl.store(OUT + head * DV + offs, cast(o, OUT.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -518,8 +507,9 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     gc = g.reshape(B, HQ, 3)
     if gc.stride(-1) != 1 or gc.stride(1) != 3:
         gc = gc.contiguous()
-    nsa_decode_combine_kernel[(B * HKV,)](
+    nsa_decode_combine_kernel[(B * HKV, G)](
         o_part, lse_part, o_cmp, gc, out, gc.stride(0), ns_slc, HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"],
-        BR=cex["BR"], NSPLIT=ns, LOGITS=gate_logits, num_warps=warps, num_stages=1,
+        BR=cex["BR"], NSPLIT=ns, BS=triton.next_power_of_2(ns), LOGITS=gate_logits, num_warps=warps,
+        num_stages=1,
     )  # fmt: skip
     return (out, idx) if return_indices else out
