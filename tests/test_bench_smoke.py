@@ -192,7 +192,9 @@ def test_ceilings_preset_is_a_valid_hardware_file(tmp_path):
     from lt2dsl.cost.hardware import load_hardware
 
     m = {"device": "X", "bf16_TFLOPs": 700.0, "read_GBps": 2900.0, "memory_bytes": 80e9, "copy_GBps": 2600.0}
+    m["kernel_us"] = 1.25
     path = tmp_path / "x-measured.json"
     path.write_text(json.dumps(preset("x-measured", m)))
     hw = load_hardware(str(path))
     assert hw.hbm_bytes_per_s == 2.9e12 and hw.peak_flops["bf16"] == 7e14 and hw.name == "x-measured"
+    assert hw.kernel_s == pytest.approx(1.25e-6, rel=1e-12)
