@@ -82,7 +82,7 @@ class DsaSpec(FullSpec):
     def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
         """The fused attention and indexer GEMM, RoPE of q/k and of the indexer's q/k (each written
         into its cache), index scores, top-k select (5 launches when sliced), sparse attention
-        (and its combine when split), o_proj; `full`'s extra q/k-norm and bias launches."""
+        (and its combine when split), o_proj; `full`'s q/k-norm launches."""
         select = 5 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
         attend = 2 if batch * o["kv_heads"] < DECODE_SMS and o["topk"] > SPARSE_SPLIT_MIN_TOPK else 1
         return 5 + select + attend + attention_extra_kernels(o)
