@@ -469,25 +469,21 @@ def decode_kernels(model: n.Model, batch: int, L: int) -> int:
             once |= spec.decode_once(m.opts, cfg)
         total += per * it
     total += sum(once.values())
-    for lp in _loops(model.body):
-        reps = lp.T - 1  # the first iteration takes the loop's input as it is
-        around = _enclosing_T(model.body, lp)
-        total += reps * {"none": 0, "add": 1, "concat": 3}[lp.inject] * around
-        if lp.exit:
-            total += (EXIT_KERNELS + lp.T + (not lp.final_norm)) * around
-    return total
+    return total + _loop_kernels(model.body, 1)
 
 
-def _enclosing_T(stages, target: n.LoopBlock, mult: int = 1) -> int:
-    """The product of the T of the loops around `target` (1 at the top level)."""
+def _loop_kernels(stages, around: int) -> int:
+    """The loops' own decode kernels, each loop's times the T of the loops around it: the injected
+    input after every iteration but the first (one add, or a concatenation, its projection and a
+    norm) and an exit gate's."""
+    total = 0
     for s in stages:
         if isinstance(s, n.LoopBlock):
-            if s is target:
-                return mult
-            found = _enclosing_T(s.body, target, mult * s.T)
-            if found:
-                return found
-    return 0
+            total += (s.T - 1) * {"none": 0, "add": 1, "concat": 3}[s.inject] * around
+            if s.exit:
+                total += (EXIT_KERNELS + s.T + (not s.final_norm)) * around
+            total += _loop_kernels(s.body, around * s.T)
+    return total
 
 
 def _generate_time(model: n.Model, L: int, opt: EstimateOptions, dt: Dtypes) -> float:

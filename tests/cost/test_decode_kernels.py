@@ -64,26 +64,40 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def gpu_split_rule(monkeypatch):
-    """The sparse attentions' split decisions as the card takes them (DSA's `split_count`, NSA's
-    `cmp_splits` on DECODE_SMS SMs with the card's tiles), not the interpreter's small-grid rules,
-    so the count follows the GPU's kernels."""
-    import triton
+    """The sparse attentions' split decisions as the card takes them: the kernels' own DSA
+    `split_count` and NSA `cmp_splits`, run with the card's settings (not the interpreter's
+    small-grid rules, DECODE_SMS SMs, the card's tile sizes), so the count follows the GPU's
+    kernels."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
 
     from lt2dsl.kernels.dsa import triton_attn
     from lt2dsl.kernels.nsa import triton_decode
 
-    def dsa_on_card(programs, nidx, bk, device):
-        if programs >= DECODE_SMS:
-            return 1
-        return max(1, min(triton.cdiv(2 * DECODE_SMS, programs), triton.cdiv(nidx, 2 * 64)))
+    card = SimpleNamespace(multi_processor_count=DECODE_SMS)
 
-    def nsa_on_card(programs, nc, bn, device):
-        if programs >= DECODE_SMS or nc <= nsa_spec.CMP_SPLIT_TILES * 64:
-            return 1
-        return max(1, min(triton.cdiv(2 * DECODE_SMS, programs), triton.cdiv(nc, 2 * 64)))
+    def on_card(module, rule, tile):
+        def run(programs, n, _interpreter_tile, device):
+            with (
+                mock.patch.object(module, "triton_interpreting", lambda: False),
+                mock.patch.object(torch.cuda, "get_device_properties", lambda _: card),
+            ):
+                return rule(programs, n, tile(), device)
 
-    monkeypatch.setattr(triton_attn, "split_count", dsa_on_card)
-    monkeypatch.setattr(triton_decode, "cmp_splits", nsa_on_card)
+        return run
+
+    def dsa_tile():
+        return triton_attn._cfg(torch.bfloat16)["BK"]
+
+    def nsa_tile():
+        return triton_decode.select_tile(128)
+
+    dsa = on_card(triton_attn, triton_attn.split_count, dsa_tile)
+    nsa = on_card(triton_decode, triton_decode.cmp_splits, nsa_tile)
+    monkeypatch.setattr(triton_attn, "split_count", dsa)
+    monkeypatch.setattr(triton_decode, "cmp_splits", nsa)
 
 
 def counted(src: str, toy: dict) -> int:
