@@ -24,7 +24,7 @@ from lt2dsl.ir.specs.full import (
 )
 
 IDX = ["idx_q.weight", "idx_k.weight", "idx_w.weight"]
-# The decode select splits each row's keys over programs (5 launches instead of 1) for at most
+# The decode step's scores and select split each row's keys over programs (5 launches for 2) for at most
 # this many rows of at least this many keys (`kernels.dsa.triton_topk.use_split`; a test holds
 # the two equal).
 SPLIT_MAX_ROWS = 128
@@ -81,9 +81,10 @@ class DsaSpec(FullSpec):
 
     def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
         """The fused attention and indexer GEMM, RoPE of q/k and of the indexer's q/k (each written
-        into its cache), index scores, top-k select (5 launches when sliced), sparse attention
-        (and its combine when split), o_proj; `full`'s q/k-norm launches."""
-        select = 5 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
+        into its cache), index scores, top-k select (when sliced, the scores carry its first digit
+        pass: 4 launches more), sparse attention (and its combine when split), o_proj; `full`'s
+        q/k-norm launches."""
+        select = 4 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
         attend = 2 if batch * o["kv_heads"] < DECODE_SMS and o["topk"] > SPARSE_SPLIT_MIN_TOPK else 1
         return 5 + select + attend + attention_extra_kernels(o)
 

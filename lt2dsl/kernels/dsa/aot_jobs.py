@@ -15,7 +15,7 @@ from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
 from lt2dsl.kernels.dsa import triton_attn as A
 from lt2dsl.kernels.dsa import triton_attn_bykey as B
-from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
+from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel, _indexer_slice_kernel
 from lt2dsl.kernels.dsa.triton_topk import (
     SHORT_SLICE_KEYS,
     SLICE_KEYS,
@@ -79,8 +79,9 @@ def _by_key(dtype: torch.dtype, dt: str, ptrs: dict, cex: dict) -> list[Job]:
 
 
 def _indexer() -> list[Job]:
-    """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights.
-    The selection (`select_topk`): 2048 keys a step, 4 warps; causal, or at per-row positions."""
+    """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights;
+    at a decode step over long rows 128-key tiles with the heads as columns, 4 warps. The selection
+    (`select_topk`): 2048 keys a step, 4 warps; causal, or at per-row positions."""
     jobs = []
     ptrs = {"QI": "*bf16", "KI": "*bf16", "WI": "*bf16"}
     kw = dict(aligned=(), max_stack=MAX_STACK)
@@ -91,6 +92,11 @@ def _indexer() -> list[Job]:
         jobs += tuned_jobs(
             f"dsa/indexer-u32{u32:d}", _indexer_kernel, ptrs | keys, SELECT_SCALARS, cex, launch=(8, 2), **kw
         )
+    # a decode step's scores of few long rows with the sliced select's pass 0 (`_score_slices`)
+    sliced = ptrs | {"KEYS": "*i32", "POS": "*i64", "PART": "*i32", "G": "*i32"}
+    cex = dict(HI=4, DI=64, BDI=pow2(64), BH=16, BN=128, HAS_W=True, DOT_PREC=dot_precision(torch.bfloat16))
+    name = "dsa/indexer-slices"
+    jobs += tuned_jobs(name, _indexer_slice_kernel, sliced, SELECT_SCALARS, cex, launch=(4, 2), **kw)
     sel = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64"}
     for has_pos in (False, True):
         cex = {"BLK": 2048, "HAS_POS": has_pos}

@@ -44,7 +44,7 @@ def _decode() -> list[Job]:
     scalars = {n: "i32" for n in ("NC", "NSB", "SQB", "SKCB", "SKCN", "SKCH", "SVCB", "SVCN", "SVCH")}
     scalars |= {"qk_scale": "fp32"}
     cex = dict(HQ=16, GRP=16, D=128, DV=128, BD=128, BDV=128, BR=16, BN=TD.select_tile(128), SEL=64, BSEL=64,
-               CMP=32, STRIDE=STRIDE, NSEL=16, BNSB=2048, WINDOW=512, BW=512,
+               CMP=32, STRIDE=STRIDE, NSEL=16, BNSB=2048, KSEL=16, WINDOW=512, BW=512,
                DOT_PREC=dot_precision(torch.bfloat16))  # fmt: skip
     jobs = tuned_jobs("nsa/decode-select", TD.nsa_decode_select_kernel, ptrs, scalars, cex, launch=(4, 1),
                       aligned=(), max_stack=MAX_STACK)  # fmt: skip
@@ -59,7 +59,7 @@ def _decode() -> list[Job]:
     merge = {"POS": "*i64", "SC": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32", "O_PART": "*fp32"}
     merge |= {"OCMP": "*fp32", "PM": "*fp32", "IDX": "*i32"}
     mcex = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR", "BN", "SEL", "BSEL", "CMP", "STRIDE", "NSEL")}
-    mcex |= {"WINDOW": 512, "BW": 512}
+    mcex |= {"KSEL": 16, "WINDOW": 512, "BW": 512, "BM": TD.merge_tile(16)}
     jobs += tuned_jobs("nsa/decode-merge-select", TD.nsa_decode_merge_select_kernel, merge,
                        {"NC": "i32", "NSB": "i32"}, mcex | {"BNSB": 2048, "NSPLIT": 8}, **kw)  # fmt: skip
     # the mix of the sparse attention's chunks (DSA's split kernel: `dsa.aot_jobs`) per branch

@@ -58,11 +58,11 @@ def _visible(POS, b, NC, CMP: tl.constexpr, STRIDE: tl.constexpr):
 @triton.jit
 def _choose_blocks(
     pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
-    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr,
+    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr,
 ):  # fmt: skip
     """From the group-mean probabilities `pm_row[0 : n_vis]`: the block scores, blocks 0, ⌊t/l'⌋ and
     the one before forced, those after ⌊t/l'⌋ excluded, the top NSEL (ties to the lower block);
-    each chosen block's tokens ≤ t into `idx_row`, −1 past them."""
+    each chosen block's tokens ≤ t into `idx_row` (slot s the s-th best block), −1 past them."""
     A: tl.constexpr = SEL // STRIDE
     U: tl.constexpr = CMP // STRIDE
     jb = tl.arange(0, BNSB)
@@ -77,16 +77,17 @@ def _choose_blocks(
     left = (jb <= cur) & (jb < NSB)
     score = tl.where(forced, float("inf"), p_slc)
     # one int64 key a block: the score's bits (a non-negative float's order is its bits' order)
-    # above the block's index reversed, so one max is the arg-max with ties to the lower block
-    key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
+    # above the block's index reversed, so the keys are distinct and the larger key is the better
+    # block, ties to the lower; blocks not left are −1. One bitonic top-k orders the best KSEL.
+    key = tl.where(left, (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb), -1)
+    best = tl.topk(key, KSEL)
+    # no block for a slot: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
+    blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
+    slot = tl.arange(0, KSEL)
     o_sel = tl.arange(0, BSEL)
-    for s_i in range(NSEL):
-        best = tl.max(tl.where(left, key, -1), 0)
-        # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
-        blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
-        tok = blk * SEL + o_sel
-        tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
-        left = left & (jb != blk)
+    tok = blk[:, None] * SEL + o_sel[None, :]
+    tl.store(idx_row + slot[:, None] * SEL + o_sel[None, :], tl.where(tok <= t, tok, -1).to(tl.int32),
+             mask=(slot < NSEL)[:, None] & (o_sel < SEL)[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -108,10 +109,11 @@ def _cmp_scores(q, kc_base, j, ok, offs_d, SKCN, D: tl.constexpr, qk_scale, DOT_
 @triton.jit
 def _index_row(
     pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
-    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr,
+    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr, WINDOW: tl.constexpr,
+    BW: tl.constexpr,
 ):  # fmt: skip
     """The row's attended tokens: the chosen blocks' (`_choose_blocks`), then the window's."""
-    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
+    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB, KSEL)
     if WINDOW > 0:
         _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
 
@@ -141,8 +143,8 @@ def nsa_decode_select_kernel(
     Q, KC, VC, POS, OCMP, PM, IDX, NC, NSB, qk_scale, SQB, SKCB, SKCN, SKCH, SVCB, SVCN, SVCH,
     HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr,
-    CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr,
-    BW: tl.constexpr, DOT_PREC: tl.constexpr,
+    CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr,
+    WINDOW: tl.constexpr, BW: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): o_cmp of the group's heads into OCMP `[B, HQ, DV]` (fp32), the group-mean
     probabilities into PM `[B·HKV, NC]` (fp32 scratch), the chosen blocks' tokens into IDX
@@ -183,7 +185,7 @@ def nsa_decode_select_kernel(
     tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc, mask=in_r[:, None] & (offs_dv[None, :] < DV))
     tl.debug_barrier()  # the scratch row is read back across the program's threads
     _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
-               NSEL, BNSB, WINDOW, BW)  # fmt: skip
+               NSEL, BNSB, KSEL, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
@@ -233,7 +235,8 @@ def nsa_decode_merge_select_kernel(
     POS, SC, M_PART, L_PART, O_PART, OCMP, PM, IDX, NC, NSB,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
     BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
-    NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr, NSPLIT: tl.constexpr,
+    NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr,
+    NSPLIT: tl.constexpr, BM: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): the splits merged by their max (o_cmp into OCMP), the probabilities from
     the stored scores, their group mean into PM, then `_choose_blocks` (as the one-kernel form)."""
@@ -262,8 +265,9 @@ def nsa_decode_merge_select_kernel(
              mask=in_r[:, None] & (offs_dv[None, :] < DV))  # fmt: skip
     sc_rows = SC + (pid.to(tl.int64) * BR + r)[:, None] * NC
     pm_row = PM + pid.to(tl.int64) * NC
-    for j0 in range(0, n_vis, BN):
-        j = j0 + tl.arange(0, BN)
+    # no dot here: a wide tile (BM ≥ BN keys) keeps the serial round trips over a long row few
+    for j0 in range(0, n_vis, BM):
+        j = j0 + tl.arange(0, BM)
         ok = j < n_vis
         s = tl.load(sc_rows + j[None, :], mask=in_r[:, None] & ok[None, :], other=float("-inf"))
         p = tl.exp2(s - m_fin[:, None]) * inv_l[:, None]
@@ -271,7 +275,7 @@ def nsa_decode_merge_select_kernel(
         tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
     tl.debug_barrier()  # the scratch row is read back across the program's threads
     _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
-               NSEL, BNSB, WINDOW, BW)  # fmt: skip
+               NSEL, BNSB, KSEL, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
@@ -421,6 +425,14 @@ def attention_splits(n_slc: int, window: int, programs: int, bk: int, device) ->
     return n_slc // k, k
 
 
+def merge_tile(br: int) -> int:
+    """Compressed keys a step of the merge kernel's probability loop takes: 4,096 scores of the
+    `br` query rows a tile (32 a thread at 4 warps; 16 keys under the interpreter)."""
+    if triton_interpreting():
+        return 16
+    return max(16, 4096 // br)
+
+
 # the compressed branch stays one kernel for at most this many tiles of compressed keys
 CMP_SPLIT_TILES = 4
 
@@ -466,7 +478,8 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
         raise ValueError(f"NSA decode takes at most {MAX_BLOCKS} selection blocks, got {nsb} ({L} slots)")
     warps = 1 if triton_interpreting() else 4
     sel = dict(SEL=geo.sel, BSEL=triton.next_power_of_2(geo.sel), CMP=geo.cmp, STRIDE=geo.stride, NSEL=nsel,
-               BNSB=triton.next_power_of_2(max(nsb, 1)), WINDOW=window,
+               BNSB=triton.next_power_of_2(max(nsb, nsel, 1)), KSEL=triton.next_power_of_2(max(nsel, 1)),
+               WINDOW=window,
                BW=triton.next_power_of_2(max(window, 1)))  # fmt: skip
     strides = (q.stride(0), *k_cmp.stride()[:3], *v_cmp.stride()[:3])
     ns = cmp_splits(B * HKV, NC, BN, q.device) if splits is None else max(1, int(splits))
@@ -488,7 +501,7 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
         )  # fmt: skip
         nsa_decode_merge_select_kernel[(B * HKV,)](
             t, sc, m_part, l_part, o_part, o_cmp, pm, idx, NC, nsb, HQ=HQ, GRP=G, DV=DV, BDV=hc["BDV"], BR=BR,
-            BN=BN, **sel, NSPLIT=ns, num_warps=warps, num_stages=1,
+            BN=BN, **sel, NSPLIT=ns, BM=merge_tile(BR), num_warps=warps, num_stages=1,
         )  # fmt: skip
     # the selected and the window branches: one split launch over the row's tokens, chunks that
     # never straddle the two, merged per branch and mixed with the gates by the combine kernel
