@@ -52,10 +52,13 @@ def _attention() -> list[Job]:
         dq_only = cex | {"DKDV": False, "DK": None, "DV_ACC": None}
         jobs += tuned_jobs(f"dsa/sparse_bwd_dq-{dt[1:]}", A._sparse_bwd_kernel, ptrs, SCALARS, dq_only, **kw)
         jobs += _by_key(dtype, dt, ptrs, cex)
-        # the decode step's split forward (16 splits: one kv head's selection of 2048 keys at B=1)
-        split = ptrs | {"O_PART": "*fp32", "LSE_PART": "*fp32"}
-        jobs += tuned_jobs(f"dsa/sparse_split-{dt[1:]}", A._sparse_split_kernel, split, SCALARS,
-                           cex | {"NSPLIT": 16}, **kw)  # fmt: skip
+        # the decode step's split forward (16 splits: one kv head's selection of 2048 keys at B=1),
+        # the partials merged by the last split program or by the combine kernel
+        split = ptrs | {"O_PART": "*fp32", "LSE_PART": "*fp32", "COUNT": "*i32"}
+        for merge in (True, False):
+            name = f"dsa/sparse_split{'_merge' if merge else ''}-{dt[1:]}"
+            split_cex = cex | {"NSPLIT": 16, "MERGE": merge, "MU": A.merge_unroll(16) if merge else 1}
+            jobs += tuned_jobs(name, A._sparse_split_kernel, split, SCALARS, split_cex, **kw)
         comb = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR")} | {"NSPLIT": 16, "BS": 16}
         jobs += tuned_jobs(f"dsa/sparse_combine-{dt[1:]}", A._sparse_combine_kernel, split, SCALARS, comb,
                            launch=(cfg["num_warps"], 1), aligned=(), max_stack=kw["max_stack"])  # fmt: skip

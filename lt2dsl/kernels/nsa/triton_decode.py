@@ -39,8 +39,14 @@ from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
 from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
+from ..dsa.triton_attn import (
+    _last_split,
+    _sparse_split_kernel,
+    _split_partial,
+    merge_unroll,
+    split_counters,
+)
 from ..dsa.triton_attn import _launch as dsa_launch
-from ..dsa.triton_attn import _sparse_split_kernel
 from .common import NSAGeometry
 
 IDX_MASK = tl.constexpr((1 << 20) - 1)  # the low bits of a block's ranking key: its index reversed
@@ -326,6 +332,82 @@ def nsa_decode_combine_kernel(
 
 
 @triton.jit
+def _nsa_merge(
+    O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC, first, b, hk, r, in_r, offs_dv,
+    HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
+    NSPLIT: tl.constexpr, MU: tl.constexpr, LOGITS: tl.constexpr,
+):  # fmt: skip
+    """`nsa_decode_combine_kernel` for the group's rows r at once, from part rows `first` +
+    split·BR + r: MU (dividing NSPLIT) splits a step, unrolled (their loads independent, issued
+    together), read past L1 (which may hold stale lines)."""
+    m_s = tl.full([BR], float("-inf"), dtype=tl.float32)
+    m_w = tl.full([BR], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, NSPLIT, MU):
+        for j in tl.static_range(MU):
+            sp = s0 + j
+            lse = tl.load(LSE_PART + first + sp * BR + r, mask=in_r, other=float("-inf"),
+                          cache_modifier=".cg")  # fmt: skip
+            slc = sp < NS_SLC
+            m_s = tl.where(slc, tl.maximum(m_s, lse), m_s)
+            m_w = tl.where(slc, m_w, tl.maximum(m_w, lse))
+    m_s = tl.where(m_s > float("-inf"), m_s, 0.0)
+    m_w = tl.where(m_w > float("-inf"), m_w, 0.0)
+    den_s = tl.zeros([BR], dtype=tl.float32)
+    den_w = tl.zeros([BR], dtype=tl.float32)
+    o_s = tl.zeros([BR, BDV], dtype=tl.float32)
+    o_w = tl.zeros([BR, BDV], dtype=tl.float32)
+    for s0 in range(0, NSPLIT, MU):
+        for j in tl.static_range(MU):
+            sp = s0 + j
+            part = first + sp * BR + r
+            lse = tl.load(LSE_PART + part, mask=in_r, other=float("-inf"), cache_modifier=".cg")
+            slc = sp < NS_SLC
+            w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(slc, m_s, m_w)), 0.0)
+            w_s = tl.where(slc, w, 0.0)
+            w_w = w - w_s
+            o_p = tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :], mask=in_r[:, None], other=0.0,
+                          cache_modifier=".cg")  # fmt: skip
+            den_s += w_s
+            den_w += w_w
+            o_s += w_s[:, None] * o_p
+            o_w += w_w[:, None] * o_p
+    head = b.to(tl.int64) * HQ + hk * GRP + r
+    g_base = G + b.to(tl.int64) * SG + (hk * GRP + r) * 3
+    g_cmp = tl.load(g_base, mask=in_r, other=0.0).to(tl.float32)
+    g_slc = tl.load(g_base + 1, mask=in_r, other=0.0).to(tl.float32)
+    g_swa = tl.load(g_base + 2, mask=in_r, other=0.0).to(tl.float32)
+    if LOGITS:
+        g_cmp, g_slc, g_swa = tl.sigmoid(g_cmp), tl.sigmoid(g_slc), tl.sigmoid(g_swa)
+    m = in_r[:, None] & (offs_dv[None, :] < DV)
+    o = o_s * (g_slc / tl.where(den_s > 0.0, den_s, 1.0))[:, None]
+    o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0))[:, None] * o_w
+    o += g_cmp[:, None] * tl.load(OCMP + head[:, None] * DV + offs_dv[None, :], mask=m, other=0.0)
+    tl.store(OUT + head[:, None] * DV + offs_dv[None, :], cast(o, OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def nsa_decode_attend_kernel(
+    Q, K, V, IDX, O_PART, LSE_PART, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
+    OCMP, G, OUT, SG, NS_SLC, COUNT,
+    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
+    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, NSPLIT: tl.constexpr,
+    DOT_PREC: tl.constexpr, MU: tl.constexpr, LOGITS: tl.constexpr,
+):  # fmt: skip
+    """The selected and window branches split over programs (`dsa.triton_attn._split_partial`, one
+    query a row), the last split of a (row, kv head) to finish merging them with o_cmp and the gates
+    into OUT (`_nsa_merge`): the split and combine launches in one. COUNT `[B·HKV]` int32, zero
+    before the launch, is zero again after it."""
+    t, b, hk, r, in_r, offs_dv, group = _split_partial(
+        Q, K, V, IDX, O_PART, LSE_PART, 1, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
+        HQ, GRP, D, DV, BD, BDV, BR, BK, IDX_H, NSPLIT, DOT_PREC,
+    )  # fmt: skip
+    if _last_split(COUNT, group, NSPLIT):
+        _nsa_merge(O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC, (group * NSPLIT).to(tl.int64) * BR, b, hk, r,
+                   in_r, offs_dv, HQ, GRP, DV, BDV, BR, NSPLIT, MU, LOGITS)  # fmt: skip
+        tl.atomic_xchg(COUNT + group, 0)
+
+
+@triton.jit
 def _compress_block(
     X, BUF, PE, W, BIAS, b, h, m, NC, SXB, SXT, SXH, SBB, SBH, SBN, D: tl.constexpr, BD: tl.constexpr,
     CMP: tl.constexpr, BL: tl.constexpr, STRIDE: tl.constexpr, MLP: tl.constexpr, BO: tl.constexpr,
@@ -452,14 +534,15 @@ def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
 
 def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
                       return_indices: bool = False, splits: int | None = None,
-                      gate_logits: bool = False):  # fmt: skip
+                      gate_logits: bool = False, merge: bool = True):  # fmt: skip
     """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
     docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
     k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `splits` of the
     compressed branch (`cmp_splits` when None); `gate_logits`: g holds the gates' logits (their
-    sigmoids taken in the combine kernel, no launch of their own). Returns `[B, 1, HQ, V]` in v's
-    dtype, and with `return_indices` the attended tokens `[B, 1, HKV, n·l' + w]` (the chosen
-    blocks', the window's)."""
+    sigmoids taken in the merge, no launch of their own); `merge`: the last split program of the
+    selected and window branches merges them (`nsa_decode_attend_kernel`), else a combine kernel
+    does. Returns `[B, 1, HQ, V]` in v's dtype, and with `return_indices` the attended tokens
+    `[B, 1, HKV, n·l' + w]` (the chosen blocks', the window's)."""
     B, _, HQ, D = q.shape
     L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     NC = k_cmp.shape[1]
@@ -512,14 +595,21 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     o_part = new_empty(q, B * HKV * ns * cex["BR"], cex["BDV"], dtype=torch.float32)
     lse_part = new_empty(q, B * HKV * ns * cex["BR"], dtype=torch.float32)
     kv_strides = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
-    _sparse_split_kernel[(1, B * HKV, ns)](
-        q, kc, vc, idx, o_part, lse_part, 1, L, n_slc + window, chunk, scale * LOG2E, *kv_strides, NSPLIT=ns,
-        **cex,
-    )  # fmt: skip
     out = new_empty(v, B, 1, HQ, DV)
     gc = g.reshape(B, HQ, 3)
     if gc.stride(-1) != 1 or gc.stride(1) != 3:
         gc = gc.contiguous()
+    count = split_counters(q.device, B * HKV) if merge else None
+    if count is not None:
+        nsa_decode_attend_kernel[(1, B * HKV, ns)](
+            q, kc, vc, idx, o_part, lse_part, L, n_slc + window, chunk, scale * LOG2E, *kv_strides, o_cmp, gc,
+            out, gc.stride(0), ns_slc, count, NSPLIT=ns, MU=merge_unroll(ns), LOGITS=gate_logits, **cex,
+        )  # fmt: skip
+        return (out, idx) if return_indices else out
+    _sparse_split_kernel[(1, B * HKV, ns)](
+        q, kc, vc, idx, o_part, lse_part, 1, L, n_slc + window, chunk, scale * LOG2E, *kv_strides, o_part,
+        lse_part, 1, lse_part, NSPLIT=ns, MERGE=False, MU=1, **cex,
+    )  # fmt: skip
     nsa_decode_combine_kernel[(B * HKV, G)](
         o_part, lse_part, o_cmp, gc, out, gc.stride(0), ns_slc, HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"],
         BR=cex["BR"], NSPLIT=ns, BS=triton.next_power_of_2(ns), LOGITS=gate_logits, num_warps=warps,
