@@ -6,8 +6,9 @@ batch · kv head) stacks the G query heads of the group as the rows of a tile (p
 gathers the selected keys in chunks of BK indices; an index is used iff 0 ≤ s ≤ pos(t) (so −1 padding
 and out-of-range entries drop). Indices must not repeat (the indexer's never do). Where those
 programs are too few to fill the GPU (a decode step: B·HKV of them, each gathering its whole
-selection on one SM), each selection is split over several programs writing partial (o, lse) and a
-combine kernel merges them by lse (flash-decoding; `split_count`). Backward: everything
+selection on one SM), each selection is split over several programs writing partial (o, lse), and
+the last of them to finish merges them by lse (flash-decoding in one launch; `split_count`,
+`split_counters`; a combine kernel where the counters are not at hand). Backward: everything
 is computed in the transposed orientation (sᵀ = k qᵀ, dpᵀ = v dOᵀ, dqᵀ = kᵀ dsᵀ) so no dot result is
 ever transposed into another dot (the Hopper miscompile); dK/dV are scattered with fp32 atomics,
 since the keys a query selected belong to nobody else's tile (`dkdv="atomic"`), or gathered by key
@@ -163,8 +164,8 @@ def _merge_group(
 ):  # fmt: skip
     """The NSPLIT partials of one (query t, b·HKV + hk), part rows `first` + split·BR + r, merged
     by their lse into O and LSE as `_sparse_fwd_kernel` writes them. MU (dividing NSPLIT) splits
-    a step, unrolled: their loads are independent, issued together. Read past L1 (`.cg`), which may hold stale
-    lines."""
+    a step, unrolled: their loads are independent, issued together. Read past L1 (`.cg`), which
+    may hold stale lines."""
     m = tl.full([BR], float("-inf"), dtype=tl.float32)
     for s0 in range(0, NSPLIT, MU):
         for j in tl.static_range(MU):

@@ -11,10 +11,12 @@ in work proportional to what a row sees rather than to the buffer:
    (+inf), blocks after ⌊t/l'⌋ excluded, and the top-n by repeated arg-max (ties to the lower
    block, as `topk_select`); each chosen block's tokens ≤ t are written as key indices (−1 pads),
    then the window's slots t − w + 1 … t, in one index row.
-2. `dsa.triton_attn._sparse_split_kernel` over that row, in chunks that never straddle the two
-   branches (`attention_splits`): partial o and lse per chunk.
-3. `nsa_decode_combine_kernel` merges the chunks per branch by their lse and mixes
-   o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head in fp32, rounded once.
+2. `nsa_decode_attend_kernel`: DSA's split sparse attention over that row, in chunks that never
+   straddle the two branches (`attention_splits`), partial o and lse per chunk; the last chunk's
+   program to finish merges them per branch by their lse and mixes
+   o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head in fp32, rounded once (with
+   `merge=False`, or no counters at hand: `dsa.triton_attn._sparse_split_kernel`, then
+   `nsa_decode_combine_kernel`).
 
 Where the B·HKV programs are too few to fill the card and the buffer holds many compressed keys
 (a long context at small batch: one SM would stream them all twice), step 1 is two launches:
@@ -24,7 +26,7 @@ the blocks from the kept scores (`cmp_splits`). Before them, `nsa_decode_compres
 (`compress_step`) writes the compression block a row's new token completes, of k and v in one
 launch (nothing where none completes, 15 steps in 16 at d = 16).
 
-Three or four launches for the attention, one for the compression; none reads a slot the row
+Two or three launches for the attention, one for the compression; none reads a slot the row
 cannot see.
 """
 
