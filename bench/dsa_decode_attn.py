@@ -1,9 +1,8 @@
 """DSA's sparse attention at a decode step: one program a (sequence, kv head) against the split
 forward (each selection over several programs, partials merged by lse), per call and whole-model.
 
-1. Kernel rows: `sparse_attn_fwd(..., splits=1)` against the default (`split_count`), its partials
-   merged by the last split program and by a combine kernel (`merge=False`), at one query row per
-   sequence over a cache of KW slots, the top-k selection a random set of distinct live
+1. Kernel rows: `sparse_attn_fwd(..., splits=1)` against the default (`split_count`) at one query
+   row per sequence over a cache of KW slots, the top-k selection a random set of distinct live
    slots. Each path is captured as a CUDA graph of `--calls` back-to-back calls, replayed `--reps`
    times between CUDA events; the figure is the median of `--rounds` timings over the calls. The
    two outputs are compared by their largest error relative to the output's largest magnitude
@@ -57,9 +56,9 @@ def kernel_row(B: int, KW: int, args, gen: torch.Generator) -> dict:
     splits = triton_attn.split_count(B * HKV, args.topk, triton_attn._launch(q, k, v, idx)["BK"], dev)
     outs = {}
 
-    def call(name: str, ns: int | None, merge: bool = True):
+    def call(name: str, ns: int | None):
         def fn():
-            outs[name] = triton_attn.sparse_attn_fwd(q, k, v, idx, scale, splits=ns, merge=merge)[0]
+            outs[name] = triton_attn.sparse_attn_fwd(q, k, v, idx, scale, splits=ns)[0]
 
         return fn
 
@@ -67,18 +66,15 @@ def kernel_row(B: int, KW: int, args, gen: torch.Generator) -> dict:
         return graph_time_us(fn, args.calls, args.reps, args.rounds)
 
     one_us, split_us = timer(call("one", 1)), timer(call("split", None))
-    combine_us = timer(call("combine", None, merge=False))
     ref = outs["one"].float()
-    err = max(((outs[n].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-              for n in ("split", "combine"))  # fmt: skip
+    err = ((outs["split"].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
     # other split counts (`--splits`), each checked against one program as the default is
     other = {}
     for ns in args.splits:
         other[ns] = timer(call(f"s{ns}", ns))
         err = max(err, ((outs[f"s{ns}"].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
     return {"B": B, "KW": KW, "topk": args.topk, "splits": splits, "one_us": one_us, "split_us": split_us,
-            "combine_us": combine_us, "speedup": one_us / split_us, "rel_err": err,
-            "splits_us": other}  # fmt: skip
+            "speedup": one_us / split_us, "rel_err": err, "splits_us": other}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -111,15 +107,13 @@ def model_rows(path: Path, args) -> list[dict]:
 
 def kernel_table(rows: list[dict], device: str) -> Table:
     t = Table(title=f"DSA sparse attention at decode, µs a call under a CUDA graph ({device})")
-    cols = ("B", "KW", "top-k", "splits", "one program", "split, last merges", "split + combine", "speedup",
-            "rel err", "--splits")  # fmt: skip
+    cols = ("B", "KW", "top-k", "splits", "one program", "split + combine", "speedup", "rel err", "--splits")
     for col in cols:
         t.add_column(col, justify="right")
     for r in rows:
         other = ", ".join(f"{ns}: {us:.1f}" for ns, us in r["splits_us"].items())
         t.add_row(str(r["B"]), str(r["KW"]), str(r["topk"]), str(r["splits"]), f"{r['one_us']:.1f}",
-                  f"{r['split_us']:.1f}", f"{r['combine_us']:.1f}", f"{r['speedup']:.2f}x",
-                  f"{r['rel_err']:.1e}", other)  # fmt: skip
+                  f"{r['split_us']:.1f}", f"{r['speedup']:.2f}x", f"{r['rel_err']:.1e}", other)  # fmt: skip
     return t
 
 

@@ -130,9 +130,9 @@ def test_each_variant_step_launches_what_the_estimate_counts(name, gpu_split_rul
     assert estimated(src, {}) == counted(src, {})
 
 
-def test_dsa_sliced_select_adds_three_launches(gpu_split_rule, monkeypatch):
-    """The sliced scores and top-k select (5 launches for 2: the scores carry the first digit pass)
-    of long rows, with its threshold lowered to the toy cache's length in both kernel and spec."""
+def test_dsa_sliced_select_adds_four_launches(gpu_split_rule, monkeypatch):
+    """The sliced top-k select (5 launches for 1) of long rows, with its threshold lowered to the
+    toy cache's length in both the kernel and the spec."""
     from lt2dsl.kernels.dsa import triton_topk
 
     monkeypatch.setattr(triton_topk, "SPLIT_MIN_KW", 8)
@@ -141,7 +141,7 @@ def test_dsa_sliced_select_adds_three_launches(gpu_split_rule, monkeypatch):
     n = counted(src, {})
     assert estimated(src, {}) == n
     monkeypatch.setattr(dsa_spec, "SPLIT_MIN_KW", 10**9)
-    assert estimated(src, {}) == n - 2 * 3
+    assert estimated(src, {}) == n - 2 * 4
 
 
 def test_nsa_split_compressed_branch_adds_a_launch(gpu_split_rule, monkeypatch):
@@ -160,6 +160,7 @@ def test_nsa_split_compressed_branch_adds_a_launch(gpu_split_rule, monkeypatch):
 
 
 def test_split_thresholds_are_the_kernels(monkeypatch):
+    import torch
 
     from lt2dsl.kernels.dsa import triton_attn, triton_topk
     from lt2dsl.kernels.nsa import triton_decode
@@ -170,6 +171,7 @@ def test_split_thresholds_are_the_kernels(monkeypatch):
     # the card's settings, not the interpreter's
     monkeypatch.setattr(triton_attn, "triton_interpreting", lambda: False)
     monkeypatch.setattr(triton_decode, "triton_interpreting", lambda: False)
+    assert 2 * triton_attn._cfg(torch.bfloat16)["BK"] == dsa_spec.SPARSE_SPLIT_MIN_TOPK
     assert (triton_decode.select_tile(128), triton_decode.select_tile(256)) == (64, 32)
 
 
@@ -189,5 +191,5 @@ def test_the_roofline_charges_each_kernel_the_cards_kernel_s():
         assert ro.decode_launch_s == pytest.approx(kernels * 2e-6)
         assert ro.decode_step_s == pytest.approx(base.decode_step_s + kernels * 2e-6)
         assert ro.decode_tokens_per_s == pytest.approx(B / ro.decode_step_s)
-    # the sliced select's three more launches a DSA application at 4k keys, none at 4,095
-    assert decode_kernels(model, 1, 4096) - decode_kernels(model, 1, 4095) == 24 * 3
+    # the sliced select's four more launches a DSA application at 4k keys, none at 4,095
+    assert decode_kernels(model, 1, 4096) - decode_kernels(model, 1, 4095) == 24 * 4

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from lt2dsl.kernels.common.attn_utils import topk_select
-from lt2dsl.kernels.dsa import triton_indexer, triton_topk
 from lt2dsl.kernels.dsa.reference import indexer_scores
 from lt2dsl.kernels.dsa.triton_indexer import dsa_indexer_triton
 
@@ -71,50 +70,3 @@ def test_weights_read_in_place_and_scaled_in_the_kernel():
     want = topk_select(scores, valid, 1)
     assert want.flatten().tolist() == [1, 1]
     assert torch.equal(got, want)
-
-
-@pytest.fixture
-def sliced(monkeypatch):
-    """The decode indexer's sliced path (`_indexer_slice_kernel`, then passes 1–3 of the sliced
-    select) on short rows: rows of ≥ 32 slots take it, in slices of 16 slots."""
-    monkeypatch.setattr(triton_topk, "SPLIT_MIN_KW", 32)
-    monkeypatch.setattr(triton_topk, "SHORT_SLICE_KEYS", 16)
-
-
-@pytest.mark.parametrize("has_w", [True, False], ids=["w", "no-w"])
-@pytest.mark.parametrize("topk", [3, 8, 40])
-def test_sliced_scoring_is_the_references_set(sliced, topk, has_w):
-    """3 index heads (a tile of 16 rows, 13 padding) of 24 dims, integer-valued (ties: the lower
-    slot wins), rows before, at and past k; the sliced path runs (keys written, pass 0 skipped by
-    the select) and equals the reference, slot by slot in index order."""
-    L = 75
-    q, k, w, t = _case([0, 5, 40, 74], L, HI=3, DI=24, seed=topk)
-    w = w if has_w else None
-    calls = []
-    real = triton_indexer.select_topk_split
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(triton_indexer, "select_topk_split", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
-        got = dsa_indexer_triton(q, k, w, topk=topk, idx_scale=1.0, ordered=False, positions=t, w_scale=0.5)
-    assert [c["first_pass"] for c in calls] == [1] and calls[0]["slice_len"] == 16
-    wt = torch.ones(4, 1, 3, dtype=q.dtype, device=q.device) if w is None else w * 0.5
-    scores = indexer_scores(q.double(), k.double(), wt.double(), 1.0, torch.float64)
-    valid = torch.arange(L, device=q.device)[None, None, :] <= t[:, None, None]
-    want = topk_select(scores, valid, topk)
-    want = torch.where(want < 0, L, want).sort(-1).values
-    assert torch.equal(got, torch.where(want == L, -1, want))
-
-
-def test_sliced_scoring_equals_the_one_program_path(monkeypatch):
-    """Real-valued bf16 inputs: the sliced path's selection is the unsliced path's (`_indexer_kernel`
-    and one program a row), index for index: the same scores, summed over the heads in order."""
-    g = torch.Generator().manual_seed(5)
-    B, L, HI, DI = 3, 96, 4, 32
-    q = torch.randn(B, 1, HI, DI, generator=g).bfloat16().to(DEVICE)
-    k = torch.randn(B, L, DI, generator=g).bfloat16().to(DEVICE)
-    w = torch.randn(B, 1, HI, generator=g).bfloat16().to(DEVICE)
-    t = torch.tensor([95, 60, 33], device=DEVICE)
-    one = dsa_indexer_triton(q, k, w, topk=24, ordered=False, positions=t)
-    monkeypatch.setattr(triton_topk, "SPLIT_MIN_KW", 32)
-    monkeypatch.setattr(triton_topk, "SHORT_SLICE_KEYS", 16)
-    assert triton_topk.use_split(B, L)
-    assert torch.equal(dsa_indexer_triton(q, k, w, topk=24, ordered=False, positions=t), one)

@@ -2,8 +2,7 @@
 merged by lse, the decode step's short grids) against a float64 loop over the selected keys: o and
 lse, for DSA's shared selections and NSA's per-kv-head ones, GQA, −1 pads, future and out-of-range
 keys, rows that select nothing (o 0, lse +inf), splits that select nothing, strided k/v (the cache's
-views), bf16; split = unsplit; the partials merged by the last split program (the counters zero
-again after) and by the combine kernel. Kernel buffers start as NaN (`poison`)."""
+views), bf16; split = unsplit. Kernel buffers start as NaN (`poison`)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from lt2dsl.kernels.dsa import dsa
-from lt2dsl.kernels.dsa.triton_attn import sparse_attn_fwd, split_count, split_counters
+from lt2dsl.kernels.dsa.triton_attn import sparse_attn_fwd, split_count
 from tests.kernels.utils import DEVICE, assert_close, seeded_like
 
 
@@ -65,15 +64,14 @@ CASES = {  # B, Tq, Tk, HQ, HKV, D, selection length, per kv head
 }
 
 
-@pytest.mark.parametrize("merge", [True, False], ids=["last-program", "combine"])
 @pytest.mark.parametrize("splits", [2, 3, 7])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_split_matches_the_loop_and_the_unsplit_kernel(case, splits, merge, poison):
+def test_split_matches_the_loop_and_the_unsplit_kernel(case, splits, poison):
     B, Tq, Tk, HQ, HKV, D, nidx, per_head = case
     q, k, v = inputs(B, Tq, Tk, HQ, HKV, D)
     idx = messy_selection(B, Tq, Tk, nidx, HKV if per_head else None).to(DEVICE)
     want_o, want_lse = naive(q, k, v, idx, D**-0.5)
-    o, lse = sparse_attn_fwd(q, k, v, idx, D**-0.5, splits=splits, merge=merge)
+    o, lse = sparse_attn_fwd(q, k, v, idx, D**-0.5, splits=splits)
     o1, lse1 = sparse_attn_fwd(q, k, v, idx, D**-0.5, splits=1)
     assert_close("o", o, want_o, 1e-5)
     assert_close("o unsplit", o1, want_o, 1e-5)
@@ -82,26 +80,6 @@ def test_split_matches_the_loop_and_the_unsplit_kernel(case, splits, merge, pois
     assert_close("lse", lse.cpu()[finite], want_lse[finite], 1e-6)
     assert_close("lse unsplit", lse1.cpu()[finite], want_lse[finite], 1e-6)
     assert o[0, 0].eq(0).all()
-    # the last program of each selection left its counter as it found it
-    assert not split_counters(q.device, Tq * B * HKV).any()
-
-
-def test_merge_repeats_exactly(poison):
-    """The same call three times, merged by the last program: the counters reset each time, so
-    every call merges once, the same o and lse bit for bit each time, those of the combine kernel
-    up to the order of the sums."""
-    B, Tq, Tk, HQ, HKV, D, nidx, _ = CASES["decode-gqa"]
-    q, k, v = inputs(B, Tq, Tk, HQ, HKV, D, seed=6)
-    idx = messy_selection(B, Tq, Tk, nidx, seed=7).to(DEVICE)
-    combined = sparse_attn_fwd(q, k, v, idx, D**-0.5, splits=3, merge=False)
-    first = sparse_attn_fwd(q, k, v, idx, D**-0.5, splits=3, merge=True)
-    for name, a, b in zip(("o", "lse"), first, combined):
-        finite = torch.isfinite(b)
-        assert torch.equal(finite, torch.isfinite(a))
-        assert_close(name, a[finite], b[finite].double(), 1e-6)
-    for _ in range(2):
-        again = sparse_attn_fwd(q, k, v, idx, D**-0.5, splits=3, merge=True)
-        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
 
 
 def test_splits_that_select_nothing_and_more_splits_than_chunks(poison):

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from lt2dsl.engine.sparse import nsa_rows
-from lt2dsl.kernels.dsa.triton_attn import split_counters
 from lt2dsl.kernels.nsa.common import NSAGeometry
 from lt2dsl.kernels.nsa.triton_decode import nsa_decode_triton
 from tests.kernels.utils import DEVICE, assert_close, rel_rms
@@ -57,23 +56,18 @@ def reference_blocks(q, kc, vc, t, geometry: dict) -> list[set[int]]:
     return [{int(j) for j in chosen[b, h, 0].nonzero()} for b in range(len(POSITIONS)) for h in range(HKV)]
 
 
-@pytest.mark.parametrize("merge", [True, False], ids=["last-program", "combine"])
 @pytest.mark.parametrize("splits", [1, 3], ids=["one-kernel", "split"])
 @pytest.mark.parametrize("window", [0, 24])
 @pytest.mark.parametrize("geo", list(GEOMETRIES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits, merge):
+def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits):
     """The compressed branch in one kernel, and split in whole tiles (16 keys under the
     interpreter) merged by a second kernel: the general geometry's 23 compressed keys in splits of
     16 and 7 (a row that sees 3 leaves the second empty, one that sees none both), the peer's 12 in
-    one; the attention's splits merged with the gates by the last split program and by a combine
-    kernel (the counters zero again after)."""
+    one."""
     geometry = dict(GEOMETRIES[geo], select=5, window=window)
     q, k, v, gates, kc, vc, t = inputs(GEOMETRIES[geo], dtype)
-    got, idx = nsa_decode_triton(
-        q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits, merge=merge
-    )
-    assert not split_counters(q.device, len(POSITIONS) * HKV).any()
+    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits)
     want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
     assert got.shape == (len(POSITIONS), 1, HQ, DV) and got.dtype == dtype
     assert_close("o", got.double(), want, 2e-5 if dtype == torch.float32 else 2e-2)
@@ -95,14 +89,13 @@ def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits, mer
                 assert len(set(toks)) == len(toks) and all(i <= POSITIONS[b] for i in toks)
 
 
-@pytest.mark.parametrize("merge", [True, False], ids=["last-program", "combine"])
-def test_gate_logits_take_their_sigmoid_in_the_kernel(merge):
-    """The engine passes the gates' logits (`nsa_attend` takes them): the merge's sigmoid (the last
-    split program's or the combine kernel's) gives what the reference gives with the sigmoids."""
+def test_gate_logits_take_their_sigmoid_in_the_kernel():
+    """The engine passes the gates' logits (`nsa_attend` takes them): the combine kernel's sigmoid
+    gives what the reference gives with the sigmoids."""
     geometry = dict(GEOMETRIES["general"], select=5, window=24)
     q, k, v, gates, kc, vc, t = inputs(GEOMETRIES["general"], torch.float32)
     logits = torch.logit(gates)
-    got = nsa_decode_triton(q, k, v, logits, kc, vc, t, geometry, gate_logits=True, merge=merge)
+    got = nsa_decode_triton(q, k, v, logits, kc, vc, t, geometry, gate_logits=True)
     want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
     assert_close("o", got.double(), want, 2e-5)
 

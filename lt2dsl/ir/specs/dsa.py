@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from lt2dsl.ir.nodes import ModelConfig
 from lt2dsl.ir.spec import CacheTensor, Flops, Mode, Option, Opts
-from lt2dsl.ir.specs.common import ATTENTION, COMMON, cat_width, causal_mean, lin, proj_flops
+from lt2dsl.ir.specs.common import ATTENTION, COMMON, DECODE_SMS, cat_width, causal_mean, lin, proj_flops
 from lt2dsl.ir.specs.full import (
     FROM_ATTENTION,
     PROJ,
@@ -24,11 +24,15 @@ from lt2dsl.ir.specs.full import (
 )
 
 IDX = ["idx_q.weight", "idx_k.weight", "idx_w.weight"]
-# The decode step's scores and select split each row's keys over programs (5 launches for 2) for at most
+# The decode select splits each row's keys over programs (5 launches instead of 1) for at most
 # this many rows of at least this many keys (`kernels.dsa.triton_topk.use_split`; a test holds
 # the two equal).
 SPLIT_MAX_ROWS = 128
 SPLIT_MIN_KW = 4096
+# The decode step's sparse attention splits each selection over programs, merged by a combine
+# kernel, while its batch × kv-head programs leave SMs idle (`DECODE_SMS`) and the top-k spans
+# more than two 64-slot chunks (`kernels.dsa.triton_attn.split_count`).
+SPARSE_SPLIT_MIN_TOPK = 2 * 64
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,11 @@ class DsaSpec(FullSpec):
 
     def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
         """The fused attention and indexer GEMM, RoPE of q/k and of the indexer's q/k (each written
-        into its cache), index scores, top-k select (when sliced, the scores carry its first digit
-        pass: 4 launches more), sparse attention (split or not, one launch), o_proj; `full`'s
-        q/k-norm launches."""
-        select = 4 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
-        return 6 + select + attention_extra_kernels(o)
+        into its cache), index scores, top-k select (5 launches when sliced), sparse attention
+        (and its combine when split), o_proj; `full`'s q/k-norm launches."""
+        select = 5 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
+        attend = 2 if batch * o["kv_heads"] < DECODE_SMS and o["topk"] > SPARSE_SPLIT_MIN_TOPK else 1
+        return 5 + select + attend + attention_extra_kernels(o)
 
     def decode_once(self, o: Opts, cfg: ModelConfig) -> dict[tuple, int]:
         """Both RoPE tables' rows (the main heads' and the indexer's, `2·(d_I // 4)` dims)."""

@@ -15,7 +15,7 @@ from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
 from lt2dsl.kernels.dsa import triton_attn as A
 from lt2dsl.kernels.dsa import triton_attn_bykey as B
-from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel, _indexer_slice_kernel
+from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
 from lt2dsl.kernels.dsa.triton_topk import (
     SHORT_SLICE_KEYS,
     SLICE_KEYS,
@@ -52,13 +52,10 @@ def _attention() -> list[Job]:
         dq_only = cex | {"DKDV": False, "DK": None, "DV_ACC": None}
         jobs += tuned_jobs(f"dsa/sparse_bwd_dq-{dt[1:]}", A._sparse_bwd_kernel, ptrs, SCALARS, dq_only, **kw)
         jobs += _by_key(dtype, dt, ptrs, cex)
-        # the decode step's split forward (16 splits: one kv head's selection of 2048 keys at B=1),
-        # the partials merged by the last split program or by the combine kernel
-        split = ptrs | {"O_PART": "*fp32", "LSE_PART": "*fp32", "COUNT": "*i32"}
-        for merge in (True, False):
-            name = f"dsa/sparse_split{'_merge' if merge else ''}-{dt[1:]}"
-            split_cex = cex | {"NSPLIT": 16, "MERGE": merge, "MU": A.merge_unroll(16) if merge else 1}
-            jobs += tuned_jobs(name, A._sparse_split_kernel, split, SCALARS, split_cex, **kw)
+        # the decode step's split forward (16 splits: one kv head's selection of 2048 keys at B=1)
+        split = ptrs | {"O_PART": "*fp32", "LSE_PART": "*fp32"}
+        jobs += tuned_jobs(f"dsa/sparse_split-{dt[1:]}", A._sparse_split_kernel, split, SCALARS,
+                           cex | {"NSPLIT": 16}, **kw)  # fmt: skip
         comb = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR")} | {"NSPLIT": 16, "BS": 16}
         jobs += tuned_jobs(f"dsa/sparse_combine-{dt[1:]}", A._sparse_combine_kernel, split, SCALARS, comb,
                            launch=(cfg["num_warps"], 1), aligned=(), max_stack=kw["max_stack"])  # fmt: skip
@@ -82,9 +79,8 @@ def _by_key(dtype: torch.dtype, dt: str, ptrs: dict, cex: dict) -> list[Job]:
 
 
 def _indexer() -> list[Job]:
-    """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights;
-    at a decode step over long rows 128-key tiles with the heads as columns, 4 warps. The selection
-    (`select_topk`): 2048 keys a step, 4 warps; causal, or at per-row positions."""
+    """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights.
+    The selection (`select_topk`): 2048 keys a step, 4 warps; causal, or at per-row positions."""
     jobs = []
     ptrs = {"QI": "*bf16", "KI": "*bf16", "WI": "*bf16"}
     kw = dict(aligned=(), max_stack=MAX_STACK)
@@ -95,11 +91,6 @@ def _indexer() -> list[Job]:
         jobs += tuned_jobs(
             f"dsa/indexer-u32{u32:d}", _indexer_kernel, ptrs | keys, SELECT_SCALARS, cex, launch=(8, 2), **kw
         )
-    # a decode step's scores of few long rows with the sliced select's pass 0 (`_score_slices`)
-    sliced = ptrs | {"KEYS": "*i32", "POS": "*i64", "PART": "*i32", "G": "*i32"}
-    cex = dict(HI=4, DI=64, BDI=pow2(64), BH=16, BN=128, HAS_W=True, DOT_PREC=dot_precision(torch.bfloat16))
-    name = "dsa/indexer-slices"
-    jobs += tuned_jobs(name, _indexer_slice_kernel, sliced, SELECT_SCALARS, cex, launch=(4, 2), **kw)
     sel = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64"}
     for has_pos in (False, True):
         cex = {"BLK": 2048, "HAS_POS": has_pos}

@@ -6,9 +6,8 @@ batch · kv head) stacks the G query heads of the group as the rows of a tile (p
 gathers the selected keys in chunks of BK indices; an index is used iff 0 ≤ s ≤ pos(t) (so −1 padding
 and out-of-range entries drop). Indices must not repeat (the indexer's never do). Where those
 programs are too few to fill the GPU (a decode step: B·HKV of them, each gathering its whole
-selection on one SM), each selection is split over several programs writing partial (o, lse), and
-the last of them to finish merges them by lse (flash-decoding in one launch; `split_count`,
-`split_counters`; a combine kernel where the counters are not at hand). Backward: everything
+selection on one SM), each selection is split over several programs writing partial (o, lse) and a
+combine kernel merges them by lse (flash-decoding; `split_count`). Backward: everything
 is computed in the transposed orientation (sᵀ = k qᵀ, dpᵀ = v dOᵀ, dqᵀ = kᵀ dsᵀ) so no dot result is
 ever transposed into another dot (the Hopper miscompile); dK/dV are scattered with fp32 atomics,
 since the keys a query selected belong to nobody else's tile (`dkdv="atomic"`), or gathered by key
@@ -157,51 +156,14 @@ def _sparse_fwd_kernel(
 
 
 @triton.jit
-def _merge_group(
-    O_PART, LSE_PART, O, LSE, first, t, b, hk, r, in_r, offs_dv, Tq, NROWS, HQ: tl.constexpr,
-    GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, NSPLIT: tl.constexpr,
-    MU: tl.constexpr,
-):  # fmt: skip
-    """The NSPLIT partials of one (query t, b·HKV + hk), part rows `first` + split·BR + r, merged
-    by their lse into O and LSE as `_sparse_fwd_kernel` writes them. MU (dividing NSPLIT) splits
-    a step, unrolled: their loads are independent, issued together. Read past L1 (`.cg`), which
-    may hold stale lines."""
-    m = tl.full([BR], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, NSPLIT, MU):
-        for j in tl.static_range(MU):
-            lse_s = tl.load(LSE_PART + first + (s0 + j) * BR + r, mask=in_r, other=float("-inf"),
-                            cache_modifier=".cg")  # fmt: skip
-            m = tl.maximum(m, lse_s)
-    m_safe = tl.where(m > float("-inf"), m, 0.0)
-    den = tl.zeros([BR], dtype=tl.float32)
-    acc = tl.zeros([BR, BDV], dtype=tl.float32)
-    for s0 in range(0, NSPLIT, MU):
-        for j in tl.static_range(MU):
-            part = first + (s0 + j) * BR + r
-            lse_s = tl.load(LSE_PART + part, mask=in_r, other=float("-inf"), cache_modifier=".cg")
-            w = tl.where(lse_s > float("-inf"), tl.exp2(lse_s - m_safe), 0.0)
-            den += w
-            o_p = tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :], mask=in_r[:, None], other=0.0,
-                          cache_modifier=".cg")  # fmt: skip
-            acc += w[:, None] * o_p
-    empty = den == 0.0
-    row = ((b * Tq + t) * HQ + hk * GRP + r).to(tl.int64)
-    tl.store(rows_ptr(O, row, DV, offs_dv), (acc / tl.where(empty, 1.0, den)[:, None]).to(O.dtype.element_ty),
-             mask=rows_mask(in_r, offs_dv, DV))  # fmt: skip
-    lse = tl.where(empty, float("inf"), m_safe + tl.log2(tl.where(empty, 1.0, den)))
-    tl.store(LSE + (hk * GRP + r).to(tl.int64) * NROWS + b * Tq + t, lse, mask=in_r)
-
-
-@triton.jit
-def _split_partial(
+def _sparse_split_kernel(
     Q, K, V, IDX, O_PART, LSE_PART, Tq, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
     HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, NSPLIT: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Split `program_id(2)` of a selection (slots [split·CHUNK, (split+1)·CHUNK)): the partial o
-    (normalised over the split) and its lse (log2 units, −inf if the split selected nothing) into
-    part rows (group·NSPLIT + split)·BR + r. Returns (t, b, hk, r, in_r, offs_dv, group)."""
+    (normalised over the split) and its lse (log2 units, −inf if the split selected nothing)."""
     t, b, hk, pos, r, in_r, offs_d, offs_dv, row, q, k_base, v_base, idx_base = _fwd_setup(
         Q, K, V, IDX, Tq, Tk, SKB, SKH, SVB, SVH, HQ, GRP, D, BD, BDV, BR, IDX_H, NIDX
     )
@@ -211,8 +173,7 @@ def _split_partial(
     acc, m_i, l_i = _attend(q, k_base, v_base, idx_base, lo, hi, pos, Tk, qk_scale, offs_d,
                             offs_dv, SKT, SVT, D, DV, BR, BDV, BK, DOT_PREC)  # fmt: skip
     empty = l_i == 0.0
-    group = t * tl.num_programs(1) + tl.program_id(1)
-    part = (group * NSPLIT + split).to(tl.int64) * BR + r
+    part = ((t * tl.num_programs(1) + tl.program_id(1)) * NSPLIT + split).to(tl.int64) * BR + r
     # the group's rows only: with one query head a kv head (a group of 1) 15 of the 16 rows of a
     # tile are padding, and the partials are written and read back once per split
     tl.store(O_PART + part[:, None] * BDV + offs_dv[None, :], acc / tl.where(empty, 1.0, l_i)[:, None],
@@ -220,39 +181,6 @@ def _split_partial(
     tl.store(
         LSE_PART + part, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))), mask=in_r
     )
-    return t, b, hk, r, in_r, offs_dv, group
-
-
-@triton.jit
-def _last_split(COUNT, group, NSPLIT: tl.constexpr):
-    """Whether this program is the last of the group's NSPLIT to have stored its partial, counted in
-    COUNT[group]; the last one (alone) may then read every split's partials. Its acquire pairs with
-    the others' releases; the barrier puts every thread's stores before this program's release."""
-    tl.debug_barrier()
-    return tl.atomic_add(COUNT + group, 1, sem="acq_rel") == NSPLIT - 1
-
-
-@triton.jit
-def _sparse_split_kernel(
-    Q, K, V, IDX, O_PART, LSE_PART, Tq, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
-    O, LSE, NROWS, COUNT,
-    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
-    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, NSPLIT: tl.constexpr,
-    DOT_PREC: tl.constexpr, MERGE: tl.constexpr, MU: tl.constexpr,
-):  # fmt: skip
-    """`_split_partial`; with MERGE the last split of a (query, b·HKV + hk) to finish merges them
-    all into O and LSE (`_merge_group`): COUNT `[Tq·B·HKV]` int32, zero before the launch, counts
-    the finished splits and is zero again after it."""
-    t, b, hk, r, in_r, offs_dv, group = _split_partial(
-        Q, K, V, IDX, O_PART, LSE_PART, Tq, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
-        HQ, GRP, D, DV, BD, BDV, BR, BK, IDX_H, NSPLIT, DOT_PREC,
-    )  # fmt: skip
-    # nested: the constexpr test decides at compile time whether the atomic is emitted at all
-    if MERGE:  # noqa: SIM102
-        if _last_split(COUNT, group, NSPLIT):
-            _merge_group(O_PART, LSE_PART, O, LSE, (group * NSPLIT).to(tl.int64) * BR, t, b, hk, r, in_r,
-                         offs_dv, Tq, NROWS, HQ, GRP, DV, BDV, BR, NSPLIT, MU)  # fmt: skip
-            tl.atomic_xchg(COUNT + group, 0)
 
 
 @triton.jit
@@ -373,11 +301,10 @@ def split_count(programs: int, nidx: int, bk: int, device) -> int:
     return max(1, min(triton.cdiv(2 * n_sm, programs), triton.cdiv(nidx, 2 * bk)))
 
 
-def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None, merge: bool = True):
+def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None):
     """q `[B, Tq, HQ, K]`, k/v `[B, Tk, HKV, *]` (any strides but a contiguous last dim), indices
     `[B, Tq, (HKV,) NIDX]`; `splits` of each selection (`split_count` when None: one program a
-    (query, kv head) where those fill the GPU, else partials merged by lse); `merge`: the last
-    split program of a selection merges them (`split_counters`), else a combine kernel does.
+    (query, kv head) where those fill the GPU, else partials merged by a combine kernel).
 
     Returns (o `[B, Tq, HQ, V]`, lse `[HQ, B·Tq]`).
     """
@@ -400,44 +327,14 @@ def sparse_attn_fwd(q, k, v, indices, scale: float, splits: int | None = None, m
     BR, BDV = cex["BR"], cex["BDV"]
     o_part = new_empty(q, Tq * B * HKV * ns * BR, BDV, dtype=torch.float32)
     lse_part = new_empty(q, Tq * B * HKV * ns * BR, dtype=torch.float32)
-    count = split_counters(q.device, Tq * B * HKV) if merge else None
     _sparse_split_kernel[(Tq, B * HKV, ns)](
-        q, k, v, indices, o_part, lse_part, Tq, Tk, nidx, chunk, scale * LOG2E, *strides, o, lse, B * Tq,
-        lse_part if count is None else count, NSPLIT=ns, MERGE=count is not None, MU=merge_unroll(ns), **cex,
+        q, k, v, indices, o_part, lse_part, Tq, Tk, nidx, chunk, scale * LOG2E, *strides, NSPLIT=ns, **cex
     )  # fmt: skip
-    if count is None:
-        _sparse_combine_kernel[(Tq, B * HKV, HQ // HKV)](
-            o_part, lse_part, o, lse, Tq, B * Tq, HQ=HQ, GRP=HQ // HKV, DV=DV, BDV=BDV, BR=BR, NSPLIT=ns,
-            BS=triton.next_power_of_2(ns), num_warps=cex["num_warps"], num_stages=1,
-        )  # fmt: skip
+    _sparse_combine_kernel[(Tq, B * HKV, HQ // HKV)](
+        o_part, lse_part, o, lse, Tq, B * Tq, HQ=HQ, GRP=HQ // HKV, DV=DV, BDV=BDV, BR=BR, NSPLIT=ns,
+        BS=triton.next_power_of_2(ns), num_warps=cex["num_warps"], num_stages=1,
+    )  # fmt: skip
     return o, lse
-
-
-def merge_unroll(ns: int) -> int:
-    """Partials the last split program's merge loads at once (an unrolled step of its loop): the
-    largest divisor of ns up to 16, so every step's splits exist."""
-    return max(d for d in range(1, min(ns, 16) + 1) if ns % d == 0)
-
-
-# the split merge's counters (`split_counters`), zero between launches: the newest buffer a device
-# last; a replaced one is kept, since a graph captured with it still writes there
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def split_counters(device, n: int) -> torch.Tensor | None:
-    """n int32 counters, all zero, for `_sparse_split_kernel`'s MERGE (which leaves them zero): one
-    buffer a device, kept for the process, so a CUDA graph captured with it stays valid. It grows
-    only outside a capture (an allocation there would belong to the graph's pool); inside one, a
-    buffer too short gives None, and the caller merges by a second launch instead. Launches on two
-    streams at once must not share it: the decode steps that split run on one."""
-    device = torch.device(device)
-    bufs = _COUNTERS.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        size = max(n, 4096, 2 * bufs[-1].numel() if bufs else 0)
-        bufs.append(torch.zeros(size, dtype=torch.int32, device=device))
-    return bufs[-1]
 
 
 def sparse_attn_bwd(do, q, k, v, o, lse, indices, scale: float, dkdv: str = "atomic"):

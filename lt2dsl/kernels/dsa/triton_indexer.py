@@ -17,10 +17,6 @@ Two selections, each the faster for its output (H200, B=4, T=32k, 4 index heads 
 Either way the largest key is the highest score with the lower index on ties, the rule of
 `common.attn_utils.rank_keys`. Key blocks entirely after the query block are skipped. Queries go in
 chunks so the `[B, chunk, Tk]` key buffer stays near 1 GiB.
-
-A decode step over few long rows (`triton_topk.use_split`) scores each row in slices instead, one
-program a (slice, row) with the index heads as the columns of one dot, and histograms the slice's
-top key digits as it writes them: the sliced select's pass 0 (`_indexer_slice_kernel`).
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ import triton.language as tl
 from ..common.attn_triton import dot_precision, mm, pow2
 from ..common.backend import check_triton_dtype, triton_interpreting
 from ..common.tl_util import cast
-from .triton_topk import _row_length, select_topk, select_topk_split, split_scratch, split_slices, use_split
+from .triton_topk import select_topk
 
 _INT64_MIN = -(2**63)
 
@@ -107,60 +103,6 @@ def _indexer_kernel(
             tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
 
 
-@triton.jit
-def _indexer_slice_kernel(
-    QI, KI, WI, KEYS, POS, PART, G, Tk, KW, SL, idx_scale, SW, w_scale,
-    HI: tl.constexpr, DI: tl.constexpr, BDI: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
-    HAS_W: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """A decode step's scoring and the sliced select's pass 0 in one launch: program (j, b) scores
-    key slice j (slots [j·SL, (j+1)·SL) up to row b's length n) of its one query (at POS[b]) into
-    KEYS `[B, 1, KW]` as `_indexer_kernel` does with U32, and stores the slice's top-digit
-    histogram in PART and zeroes G[1:4] (slice 0), as `triton_topk._split_pass_kernel`'s pass 0,
-    so the select goes on at pass 1. The HI index heads are the columns of one dot a key block;
-    each head's column is added in head order, the sum `_indexer_kernel` forms. QI `[B, 1, HI, DI]`
-    contiguous, KI `[B, Tk, DI]`."""
-    j, b = tl.program_id(0), tl.program_id(1)
-    S = tl.num_programs(0)
-    n = _row_length(POS, b, 0, 1, 1, KW, True)
-    lo = j * SL
-    if lo < n:
-        hi = tl.minimum(lo + SL, n)
-        h = tl.arange(0, BH)
-        offs = tl.arange(0, BDI)
-        # q^T `[BDI, BH]`: the heads are the dot's columns, so a head's scores are one column,
-        # summed within a thread's lanes rather than across warps
-        qt = tl.load(QI + (b * HI + h).to(tl.int64)[None, :] * DI + offs[:, None],
-                     mask=(h < HI)[None, :] & (offs[:, None] < DI), other=0.0)  # fmt: skip
-        if HAS_W:
-            b_w = tl.load(WI + b.to(tl.int64) * SW + h, mask=h < HI, other=0.0).to(tl.float32)
-            w = cast(b_w * w_scale, WI.dtype.element_ty).to(tl.float32)
-        else:
-            w = tl.full([BH], 1.0, tl.float32)
-        hist = tl.zeros([256], dtype=tl.int32)
-        for s0 in range(lo, hi, BN):
-            keys = s0 + tl.arange(0, BN)
-            m = keys < hi
-            k = tl.load(KI + (b.to(tl.int64) * Tk + keys)[:, None] * DI + offs[None, :],
-                        mask=m[:, None] & (offs[None, :] < DI), other=0.0)  # fmt: skip
-            dots = tl.maximum(mm(k, qt, DOT_PREC) * idx_scale, 0.0) * w[None, :]
-            score = tl.zeros([BN], dtype=tl.float32)
-            for jh in tl.static_range(HI):
-                # one head's column: a sum of it and zeros, exact, so the heads add in order
-                score += tl.sum(tl.where((h == jh)[None, :], dots, 0.0), 1)
-            bits = (score + 0.0).to(tl.uint32, bitcast=True)
-            flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
-            key = bits ^ flip
-            tl.store(KEYS + b.to(tl.int64) * KW + keys, key.to(tl.int32, bitcast=True), mask=m)
-            hist += tl.histogram((key >> 24).to(tl.int32), 256, mask=m)
-        row = b.to(tl.int64)
-        bins = tl.arange(0, 256)
-        tl.store(PART + (row * S + j) * 257 + bins, hist)
-        if j == 0:
-            for qp in tl.static_range(1, 4):
-                tl.store(G + row * 1024 + qp * 256 + bins, tl.zeros([256], dtype=tl.int32))
-
-
 def dsa_indexer_triton(
     q_idx,
     k_idx,
@@ -204,9 +146,6 @@ def dsa_indexer_triton(
         # the top-k stop there (half the selection work of a prefill, on average).
         kw = max(1, min(Tk, t0 + c + (Tk - Tq)))
         keys = torch.empty(B, c, kw, dtype=torch.int32 if radix else torch.int64, device=q_idx.device)
-        if positions is not None and use_split(B, kw):
-            _score_slices(q_idx, k_idx, w, keys, out, positions, topk, idx_scale, sw, w_scale)
-            continue
         _indexer_kernel[(triton.cdiv(c, BM), triton.cdiv(kw, BN), B)](
             q_idx,
             k_idx,
@@ -238,21 +177,3 @@ def dsa_indexer_triton(
         top, idx = torch.topk(keys, kc, dim=-1)
         out[:, t0 : t0 + c, :kc] = idx.masked_fill(top == _INT64_MIN, -1)
     return out
-
-
-def _score_slices(q_idx, k_idx, w, keys, out, positions, topk: int, idx_scale: float, sw: int, w_scale):
-    """A decode step's indexer over few long rows: the scores and the select's pass 0 in one launch
-    per (slice, row) (`_indexer_slice_kernel`), then passes 1–3 and the write of the sliced select."""
-    B, _, HI, DI = q_idx.shape
-    Tk, KW = k_idx.shape[1], keys.shape[2]
-    SL, S = split_slices(KW, B)
-    scratch = split_scratch(B, S, keys)
-    part, g = scratch[: B * S * 257], scratch[B * S * 257 : B * (S * 257 + 1024)]
-    interp = triton_interpreting()
-    _indexer_slice_kernel[(S, B)](
-        q_idx, k_idx, q_idx if w is None else w, keys, positions, part, g, Tk, KW, SL, idx_scale, sw,
-        float(w_scale), HI=HI, DI=DI, BDI=pow2(DI), BH=max(16, pow2(HI)), BN=16 if interp else 128,
-        HAS_W=w is not None, DOT_PREC=dot_precision(q_idx.dtype), num_warps=1 if interp else 4,
-        num_stages=1 if interp else 2,
-    )  # fmt: skip
-    select_topk_split(keys, out, 0, Tk, topk, positions, slice_len=SL, scratch=scratch, first_pass=1)

@@ -21,8 +21,6 @@ KW keys five times while the other SMs idle. Few long rows (`use_split`) take th
 instead (`select_topk_split`): the same passes over (slice, row) programs, each pass one launch that
 merges the slices' digit histograms through a small per-row scratch, then a write launch that
 places each slice's selections after those of the slices before it; five launches, same output.
-At a decode step the indexer's scoring launch takes pass 0 (`triton_indexer._score_slices`): the
-select is then four launches.
 """
 
 from __future__ import annotations
@@ -315,15 +313,11 @@ def _select_single(keys, out, t0, Tk, topk, positions) -> None:
     )  # fmt: skip
 
 
-def select_topk_split(
-    keys, out, t0, Tk, topk, positions=None, *, slice_len=None, scratch=None, first_pass: int = 0
-) -> None:
+def select_topk_split(keys, out, t0, Tk, topk, positions=None, *, slice_len=None, scratch=None) -> None:
     """`select_topk` with each row's keys split into S slices of `slice_len` (`split_slices`), one
     program per (slice, row): four histogram launches and a write launch over the grid (S, C, B),
     the fifth writing −1 pads too. `scratch` (int32, at least `split_scratch`'s size) is the
-    kernels' workspace, allocated here when None; they read nothing of it they did not write.
-    `first_pass` 1: pass 0 is done, its per-slice histograms in `scratch` (the decode indexer
-    `triton_indexer._indexer_slice_kernel` writes them beside the keys)."""
+    kernels' workspace, allocated here when None; they read nothing of it they did not write."""
     B, C, KW = keys.shape
     rows = B * C
     SL, S = split_slices(KW, rows, slice_len)
@@ -335,9 +329,7 @@ def select_topk_split(
     args = (t0, out.shape[1], Tk, C, KW, topk, SL)
     blk = min(triton.next_power_of_2(SL), 64 if interp else 2048)
     cex = dict(BLK=blk, SB=8, HAS_POS=positions is not None, num_warps=1 if interp else 4)
-    if first_pass not in (0, 1) or (first_pass and scratch is None):
-        raise ValueError(f"first_pass is 0, or 1 with pass 0's scratch given, got {first_pass}")
-    for p in range(first_pass, 4):
+    for p in range(4):
         _split_pass_kernel[(S, C, B)](keys, pos, part, g, *args, PASS=p, **cex)
     _split_write_kernel[(S, C, B)](keys, out, pos, part, g, *args, **cex)
 

@@ -141,24 +141,17 @@ def concat_weights(*ws: torch.Tensor) -> torch.Tensor:
     flow back through the cat), padded with zero rows to a multiple of CAT_ALIGN. Without autograd
     (eval, decode) the result is cached until any of the parameters changes (in-place version
     counter), so a decode step does not copy weights; a call with autograd drops the cached copy."""
-    return _cached(ws[0], _CAT_ATTR, (), ws, lambda: _padded_cat(ws))
-
-
-def _cached(holder: torch.Tensor, attr: str, extra: tuple, ts: Sequence[torch.Tensor | None], build):
-    """`build()`, kept on `holder` under `attr` without autograd while the tensors ts (None
-    entries allowed) are the same objects at the same versions and addresses and `extra` is equal;
-    built afresh (and any kept copy dropped) under autograd, and never kept inside torch.compile."""
     if torch.compiler.is_compiling():
-        return build()
+        return _padded_cat(ws)
     if torch.is_grad_enabled():
-        holder.__dict__.pop(attr, None)
-        return build()
-    key = (extra, *((id(t), t._version, t.data_ptr()) if t is not None else None for t in ts))
-    hit = holder.__dict__.get(attr)
+        ws[0].__dict__.pop(_CAT_ATTR, None)
+        return _padded_cat(ws)
+    key = tuple((id(w), w._version, w.data_ptr()) for w in ws)
+    hit = ws[0].__dict__.get(_CAT_ATTR)
     if hit is not None and hit[0] == key:
         return hit[1]
-    out = build()
-    holder.__dict__[attr] = (key, out)
+    out = _padded_cat(ws)
+    ws[0].__dict__[_CAT_ATTR] = (key, out)
     return out
 
 
@@ -173,7 +166,18 @@ def concat_biases(sizes: Sequence[int], *bs: torch.Tensor | None) -> torch.Tenso
     the padding of `concat_weights` zeros too). Cached without autograd as `concat_weights` is,
     so a decode step launches nothing for it."""
     ref = next(b for b in bs if b is not None)
-    return _cached(ref, _BIAS_CAT_ATTR, tuple(sizes), bs, lambda: _bias_cat(sizes, bs, ref))
+    if torch.compiler.is_compiling():
+        return _bias_cat(sizes, bs, ref)
+    if torch.is_grad_enabled():
+        ref.__dict__.pop(_BIAS_CAT_ATTR, None)
+        return _bias_cat(sizes, bs, ref)
+    key = (tuple(sizes), *((id(b), b._version, b.data_ptr()) if b is not None else None for b in bs))
+    hit = ref.__dict__.get(_BIAS_CAT_ATTR)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = _bias_cat(sizes, bs, ref)
+    ref.__dict__[_BIAS_CAT_ATTR] = (key, out)
+    return out
 
 
 _BIAS_CAT_ATTR = "_lt2_bias_concat_cache"

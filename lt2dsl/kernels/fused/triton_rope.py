@@ -106,33 +106,21 @@ def rope_block(heads: int, D: int) -> tuple[int, int]:
 def rope_fwd(xs: list[torch.Tensor], c: torch.Tensor, s: torch.Tensor) -> list[torch.Tensor]:
     """xs: one or two `[B, T, H_i, D]` (unit channel stride); c, s `[B or 1, T, R]` (unit last
     stride, one stride pattern) → ys `[B, T, H_i, D]` contiguous in x_i's dtype."""
-    ys, args, grid, BH, BD = _pair_launch(xs)
-    if grid is None:
-        return ys
-    T, D = xs[0].shape[1], xs[0].shape[3]
-    scb = c.stride(0) if c.shape[0] > 1 else 0
-    rope_fwd_kernel[grid](
-        *args, c, s, T, scb, c.stride(1), R=c.shape[-1], BH=BH, BD=BD, D=D, num_warps=ROPE_WARPS
-    )  # fmt: skip
-    return ys
-
-
-def _pair_launch(xs: list[torch.Tensor]):
-    """The host side both pair kernels (`rope_fwd_kernel`, `xpos_fwd_kernel`) share, for xs one or
-    two `[B, T, H_i, D]`: (ys, the per-tensor arguments, grid, BH, BD); ys are new contiguous
-    tensors in x_i's dtype, and grid is None where there is nothing to turn. A second tensor absent
-    repeats the first's arguments (its programs do not exist)."""
     B, T, _, D = xs[0].shape
+    R = c.shape[-1]
     ys = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
     heads = max(x.shape[2] for x in xs)
     if B * T * heads * D == 0:
-        return ys, [], None, 0, 0
+        return ys
     BH, BD = rope_block(heads, D)
     args = []
     for i in range(2):
         x, y = xs[min(i, len(xs) - 1)], ys[min(i, len(xs) - 1)]
         args += [x, y, x.shape[2], x.stride(0), x.stride(1), x.stride(2)]
-    return ys, args, (B * T, triton.cdiv(heads, BH), len(xs)), BH, BD
+    scb = c.stride(0) if c.shape[0] > 1 else 0
+    grid = (B * T, triton.cdiv(heads, BH), len(xs))
+    rope_fwd_kernel[grid](*args, c, s, T, scb, c.stride(1), R=R, BH=BH, BD=BD, D=D, num_warps=ROPE_WARPS)
+    return ys
 
 
 @triton.jit
@@ -235,10 +223,17 @@ def xpos_fwd(
     """xs: one or two `[B, T, H_i, D]` (D even, unit channel stride); c, s contiguous `[P, D/2]`
     fp32; pos `[B, T]` or `[T]` integer rows of the tables, each below P → ys `[B, T, H_i, D]`
     contiguous in x_i's dtype."""
-    ys, args, grid, BH, BD = _pair_launch(xs)
-    if grid is None:
+    B, T, _, D = xs[0].shape
+    ys = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
+    heads = max(x.shape[2] for x in xs)
+    if B * T * heads * D == 0:
         return ys
-    T, D = xs[0].shape[1], xs[0].shape[3]
+    BH, BD = rope_block(heads, D)
+    args = []
+    for i in range(2):
+        x, y = xs[min(i, len(xs) - 1)], ys[min(i, len(xs) - 1)]
+        args += [x, y, x.shape[2], x.stride(0), x.stride(1), x.stride(2)]
     spb, spt = (pos.stride(0), pos.stride(1)) if pos.dim() == 2 else (0, pos.stride(0))
+    grid = (B * T, triton.cdiv(heads, BH), len(xs))
     xpos_fwd_kernel[grid](*args, c, s, pos, T, spb, spt, BH=BH, BD=BD, D=D, num_warps=ROPE_WARPS)
     return ys

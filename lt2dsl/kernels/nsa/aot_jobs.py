@@ -6,8 +6,7 @@ the `cmp_stride`): bf16, D = 128, 16 query heads on one kv head, causal, no gate
 The selected branch is DSA's sparse attention (`dsa.aot_jobs`), the window branch the attention's
 (`attention.aot_jobs`). `group_probs`: 64 x 64 tiles, 4 warps. The decode step
 (`triton_decode`) at the example's geometry (l' = 64, l = 32, d = 16, 16 blocks chosen) over up to
-128k slots (2048 selection blocks), bf16, 4 warps; its branches are DSA's sparse attention, split
-and merged by the last split program (`nsa_decode_attend_kernel`) or by the combine kernel.
+128k slots (2048 selection blocks), bf16, 4 warps; its branches are DSA's sparse attention.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def _decode() -> list[Job]:
     scalars = {n: "i32" for n in ("NC", "NSB", "SQB", "SKCB", "SKCN", "SKCH", "SVCB", "SVCN", "SVCH")}
     scalars |= {"qk_scale": "fp32"}
     cex = dict(HQ=16, GRP=16, D=128, DV=128, BD=128, BDV=128, BR=16, BN=TD.select_tile(128), SEL=64, BSEL=64,
-               CMP=32, STRIDE=STRIDE, NSEL=16, BNSB=2048, KSEL=16, WINDOW=512, BW=512,
+               CMP=32, STRIDE=STRIDE, NSEL=16, BNSB=2048, WINDOW=512, BW=512,
                DOT_PREC=dot_precision(torch.bfloat16))  # fmt: skip
     jobs = tuned_jobs("nsa/decode-select", TD.nsa_decode_select_kernel, ptrs, scalars, cex, launch=(4, 1),
                       aligned=(), max_stack=MAX_STACK)  # fmt: skip
@@ -60,7 +59,7 @@ def _decode() -> list[Job]:
     merge = {"POS": "*i64", "SC": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32", "O_PART": "*fp32"}
     merge |= {"OCMP": "*fp32", "PM": "*fp32", "IDX": "*i32"}
     mcex = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR", "BN", "SEL", "BSEL", "CMP", "STRIDE", "NSEL")}
-    mcex |= {"KSEL": 16, "WINDOW": 512, "BW": 512, "BM": TD.merge_tile(16)}
+    mcex |= {"WINDOW": 512, "BW": 512}
     jobs += tuned_jobs("nsa/decode-merge-select", TD.nsa_decode_merge_select_kernel, merge,
                        {"NC": "i32", "NSB": "i32"}, mcex | {"BNSB": 2048, "NSPLIT": 8}, **kw)  # fmt: skip
     # the mix of the sparse attention's chunks (DSA's split kernel: `dsa.aot_jobs`) per branch
@@ -69,17 +68,6 @@ def _decode() -> list[Job]:
     cscalars = {"SG": "i32", "NS_SLC": "i32"}
     kernel = TD.nsa_decode_combine_kernel
     jobs += tuned_jobs("nsa/decode-combine", kernel, combine, cscalars, ccex, launch=(4, 1), aligned=())
-    # the split and the mix in one launch: the last split program merges (DSA's sparse attention
-    # at the example's split of 1,024 selected and 512 window tokens into 12 chunks)
-    attend = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "IDX": "*i32", "O_PART": "*fp32", "LSE_PART": "*fp32"}
-    attend |= {"OCMP": "*fp32", "G": "*bf16", "OUT": "*bf16", "COUNT": "*i32"}
-    ints = ("Tk", "NIDX", "CHUNK", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH", "SG", "NS_SLC")
-    ascalars = {n: "i32" for n in ints} | {"qk_scale": "fp32"}
-    acex = dict(HQ=16, GRP=16, D=128, DV=128, BD=128, BDV=128, BR=16, BK=64, IDX_H=1, NSPLIT=12, MU=12,
-                DOT_PREC=dot_precision(torch.bfloat16), LOGITS=True)  # fmt: skip
-    kernel = TD.nsa_decode_attend_kernel
-    jobs += tuned_jobs("nsa/decode-attend", kernel, attend, ascalars, acex, launch=(4, 2), aligned=(),
-                       max_stack=MAX_STACK)  # fmt: skip
     # the compression of k and v in one launch
     ptrs = {f"{n}{i}": "*bf16" for i in "01" for n in ("X", "BUF", "PE", "W", "BIAS")} | {"POS": "*i64"}
     strides = ("SXB", "SXT", "SXH", "SBB", "SBH", "SBN")

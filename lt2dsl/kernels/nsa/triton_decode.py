@@ -11,12 +11,10 @@ in work proportional to what a row sees rather than to the buffer:
    (+inf), blocks after ⌊t/l'⌋ excluded, and the top-n by repeated arg-max (ties to the lower
    block, as `topk_select`); each chosen block's tokens ≤ t are written as key indices (−1 pads),
    then the window's slots t − w + 1 … t, in one index row.
-2. `nsa_decode_attend_kernel`: DSA's split sparse attention over that row, in chunks that never
-   straddle the two branches (`attention_splits`), partial o and lse per chunk; the last chunk's
-   program to finish merges them per branch by their lse and mixes
-   o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head in fp32, rounded once (with
-   `merge=False`, or no counters at hand: `dsa.triton_attn._sparse_split_kernel`, then
-   `nsa_decode_combine_kernel`).
+2. `dsa.triton_attn._sparse_split_kernel` over that row, in chunks that never straddle the two
+   branches (`attention_splits`): partial o and lse per chunk.
+3. `nsa_decode_combine_kernel` merges the chunks per branch by their lse and mixes
+   o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head in fp32, rounded once.
 
 Where the B·HKV programs are too few to fill the card and the buffer holds many compressed keys
 (a long context at small batch: one SM would stream them all twice), step 1 is two launches:
@@ -26,7 +24,7 @@ the blocks from the kept scores (`cmp_splits`). Before them, `nsa_decode_compres
 (`compress_step`) writes the compression block a row's new token completes, of k and v in one
 launch (nothing where none completes, 15 steps in 16 at d = 16).
 
-Two or three launches for the attention, one for the compression; none reads a slot the row
+Three or four launches for the attention, one for the compression; none reads a slot the row
 cannot see.
 """
 
@@ -41,14 +39,8 @@ from ..common.attn_triton import dot_precision, head_constexprs, mm, pow2
 from ..common.attn_utils import rows_contiguous
 from ..common.backend import new_empty, triton_interpreting
 from ..common.tl_util import cast
-from ..dsa.triton_attn import (
-    _last_split,
-    _sparse_split_kernel,
-    _split_partial,
-    merge_unroll,
-    split_counters,
-)
 from ..dsa.triton_attn import _launch as dsa_launch
+from ..dsa.triton_attn import _sparse_split_kernel
 from .common import NSAGeometry
 
 IDX_MASK = tl.constexpr((1 << 20) - 1)  # the low bits of a block's ranking key: its index reversed
@@ -66,11 +58,11 @@ def _visible(POS, b, NC, CMP: tl.constexpr, STRIDE: tl.constexpr):
 @triton.jit
 def _choose_blocks(
     pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
-    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr,
+    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr,
 ):  # fmt: skip
     """From the group-mean probabilities `pm_row[0 : n_vis]`: the block scores, blocks 0, ⌊t/l'⌋ and
     the one before forced, those after ⌊t/l'⌋ excluded, the top NSEL (ties to the lower block);
-    each chosen block's tokens ≤ t into `idx_row` (slot s the s-th best block), −1 past them."""
+    each chosen block's tokens ≤ t into `idx_row`, −1 past them."""
     A: tl.constexpr = SEL // STRIDE
     U: tl.constexpr = CMP // STRIDE
     jb = tl.arange(0, BNSB)
@@ -85,17 +77,16 @@ def _choose_blocks(
     left = (jb <= cur) & (jb < NSB)
     score = tl.where(forced, float("inf"), p_slc)
     # one int64 key a block: the score's bits (a non-negative float's order is its bits' order)
-    # above the block's index reversed, so the keys are distinct and the larger key is the better
-    # block, ties to the lower; blocks not left are −1. One bitonic top-k orders the best KSEL.
-    key = tl.where(left, (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb), -1)
-    best = tl.topk(key, KSEL)
-    # no block for a slot: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
-    blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
-    slot = tl.arange(0, KSEL)
+    # above the block's index reversed, so one max is the arg-max with ties to the lower block
+    key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
     o_sel = tl.arange(0, BSEL)
-    tok = blk[:, None] * SEL + o_sel[None, :]
-    tl.store(idx_row + slot[:, None] * SEL + o_sel[None, :], tl.where(tok <= t, tok, -1).to(tl.int32),
-             mask=(slot < NSEL)[:, None] & (o_sel < SEL)[None, :])  # fmt: skip
+    for s_i in range(NSEL):
+        best = tl.max(tl.where(left, key, -1), 0)
+        # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
+        blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
+        tok = blk * SEL + o_sel
+        tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
+        left = left & (jb != blk)
 
 
 @triton.jit
@@ -117,11 +108,10 @@ def _cmp_scores(q, kc_base, j, ok, offs_d, SKCN, D: tl.constexpr, qk_scale, DOT_
 @triton.jit
 def _index_row(
     pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
-    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr, WINDOW: tl.constexpr,
-    BW: tl.constexpr,
+    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr,
 ):  # fmt: skip
     """The row's attended tokens: the chosen blocks' (`_choose_blocks`), then the window's."""
-    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB, KSEL)
+    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
     if WINDOW > 0:
         _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
 
@@ -151,8 +141,8 @@ def nsa_decode_select_kernel(
     Q, KC, VC, POS, OCMP, PM, IDX, NC, NSB, qk_scale, SQB, SKCB, SKCN, SKCH, SVCB, SVCN, SVCH,
     HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr,
-    CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr,
-    WINDOW: tl.constexpr, BW: tl.constexpr, DOT_PREC: tl.constexpr,
+    CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr,
+    BW: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): o_cmp of the group's heads into OCMP `[B, HQ, DV]` (fp32), the group-mean
     probabilities into PM `[B·HKV, NC]` (fp32 scratch), the chosen blocks' tokens into IDX
@@ -193,7 +183,7 @@ def nsa_decode_select_kernel(
     tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc, mask=in_r[:, None] & (offs_dv[None, :] < DV))
     tl.debug_barrier()  # the scratch row is read back across the program's threads
     _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
-               NSEL, BNSB, KSEL, WINDOW, BW)  # fmt: skip
+               NSEL, BNSB, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
@@ -243,8 +233,7 @@ def nsa_decode_merge_select_kernel(
     POS, SC, M_PART, L_PART, O_PART, OCMP, PM, IDX, NC, NSB,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
     BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
-    NSEL: tl.constexpr, BNSB: tl.constexpr, KSEL: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr,
-    NSPLIT: tl.constexpr, BM: tl.constexpr,
+    NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr, NSPLIT: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): the splits merged by their max (o_cmp into OCMP), the probabilities from
     the stored scores, their group mean into PM, then `_choose_blocks` (as the one-kernel form)."""
@@ -273,9 +262,8 @@ def nsa_decode_merge_select_kernel(
              mask=in_r[:, None] & (offs_dv[None, :] < DV))  # fmt: skip
     sc_rows = SC + (pid.to(tl.int64) * BR + r)[:, None] * NC
     pm_row = PM + pid.to(tl.int64) * NC
-    # no dot here: a wide tile (BM ≥ BN keys) keeps the serial round trips over a long row few
-    for j0 in range(0, n_vis, BM):
-        j = j0 + tl.arange(0, BM)
+    for j0 in range(0, n_vis, BN):
+        j = j0 + tl.arange(0, BN)
         ok = j < n_vis
         s = tl.load(sc_rows + j[None, :], mask=in_r[:, None] & ok[None, :], other=float("-inf"))
         p = tl.exp2(s - m_fin[:, None]) * inv_l[:, None]
@@ -283,7 +271,7 @@ def nsa_decode_merge_select_kernel(
         tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
     tl.debug_barrier()  # the scratch row is read back across the program's threads
     _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
-               NSEL, BNSB, KSEL, WINDOW, BW)  # fmt: skip
+               NSEL, BNSB, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
@@ -331,82 +319,6 @@ def nsa_decode_combine_kernel(
     o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0)) * o_w
     o += g_cmp * tl.load(OCMP + head * DV + offs, mask=m, other=0.0)
     tl.store(OUT + head * DV + offs, cast(o, OUT.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _nsa_merge(
-    O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC, first, b, hk, r, in_r, offs_dv,
-    HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    NSPLIT: tl.constexpr, MU: tl.constexpr, LOGITS: tl.constexpr,
-):  # fmt: skip
-    """`nsa_decode_combine_kernel` for the group's rows r at once, from part rows `first` +
-    split·BR + r: MU (dividing NSPLIT) splits a step, unrolled (their loads independent, issued
-    together), read past L1 (which may hold stale lines)."""
-    m_s = tl.full([BR], float("-inf"), dtype=tl.float32)
-    m_w = tl.full([BR], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, NSPLIT, MU):
-        for j in tl.static_range(MU):
-            sp = s0 + j
-            lse = tl.load(LSE_PART + first + sp * BR + r, mask=in_r, other=float("-inf"),
-                          cache_modifier=".cg")  # fmt: skip
-            slc = sp < NS_SLC
-            m_s = tl.where(slc, tl.maximum(m_s, lse), m_s)
-            m_w = tl.where(slc, m_w, tl.maximum(m_w, lse))
-    m_s = tl.where(m_s > float("-inf"), m_s, 0.0)
-    m_w = tl.where(m_w > float("-inf"), m_w, 0.0)
-    den_s = tl.zeros([BR], dtype=tl.float32)
-    den_w = tl.zeros([BR], dtype=tl.float32)
-    o_s = tl.zeros([BR, BDV], dtype=tl.float32)
-    o_w = tl.zeros([BR, BDV], dtype=tl.float32)
-    for s0 in range(0, NSPLIT, MU):
-        for j in tl.static_range(MU):
-            sp = s0 + j
-            part = first + sp * BR + r
-            lse = tl.load(LSE_PART + part, mask=in_r, other=float("-inf"), cache_modifier=".cg")
-            slc = sp < NS_SLC
-            w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(slc, m_s, m_w)), 0.0)
-            w_s = tl.where(slc, w, 0.0)
-            w_w = w - w_s
-            o_p = tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :], mask=in_r[:, None], other=0.0,
-                          cache_modifier=".cg")  # fmt: skip
-            den_s += w_s
-            den_w += w_w
-            o_s += w_s[:, None] * o_p
-            o_w += w_w[:, None] * o_p
-    head = b.to(tl.int64) * HQ + hk * GRP + r
-    g_base = G + b.to(tl.int64) * SG + (hk * GRP + r) * 3
-    g_cmp = tl.load(g_base, mask=in_r, other=0.0).to(tl.float32)
-    g_slc = tl.load(g_base + 1, mask=in_r, other=0.0).to(tl.float32)
-    g_swa = tl.load(g_base + 2, mask=in_r, other=0.0).to(tl.float32)
-    if LOGITS:
-        g_cmp, g_slc, g_swa = tl.sigmoid(g_cmp), tl.sigmoid(g_slc), tl.sigmoid(g_swa)
-    m = in_r[:, None] & (offs_dv[None, :] < DV)
-    o = o_s * (g_slc / tl.where(den_s > 0.0, den_s, 1.0))[:, None]
-    o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0))[:, None] * o_w
-    o += g_cmp[:, None] * tl.load(OCMP + head[:, None] * DV + offs_dv[None, :], mask=m, other=0.0)
-    tl.store(OUT + head[:, None] * DV + offs_dv[None, :], cast(o, OUT.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def nsa_decode_attend_kernel(
-    Q, K, V, IDX, O_PART, LSE_PART, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
-    OCMP, G, OUT, SG, NS_SLC, COUNT,
-    HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
-    BDV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IDX_H: tl.constexpr, NSPLIT: tl.constexpr,
-    DOT_PREC: tl.constexpr, MU: tl.constexpr, LOGITS: tl.constexpr,
-):  # fmt: skip
-    """The selected and window branches split over programs (`dsa.triton_attn._split_partial`, one
-    query a row), the last split of a (row, kv head) to finish merging them with o_cmp and the gates
-    into OUT (`_nsa_merge`): the split and combine launches in one. COUNT `[B·HKV]` int32, zero
-    before the launch, is zero again after it."""
-    t, b, hk, r, in_r, offs_dv, group = _split_partial(
-        Q, K, V, IDX, O_PART, LSE_PART, 1, Tk, NIDX, CHUNK, qk_scale, SKB, SKT, SKH, SVB, SVT, SVH,
-        HQ, GRP, D, DV, BD, BDV, BR, BK, IDX_H, NSPLIT, DOT_PREC,
-    )  # fmt: skip
-    if _last_split(COUNT, group, NSPLIT):
-        _nsa_merge(O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC, (group * NSPLIT).to(tl.int64) * BR, b, hk, r,
-                   in_r, offs_dv, HQ, GRP, DV, BDV, BR, NSPLIT, MU, LOGITS)  # fmt: skip
-        tl.atomic_xchg(COUNT + group, 0)
 
 
 @triton.jit
@@ -509,14 +421,6 @@ def attention_splits(n_slc: int, window: int, programs: int, bk: int, device) ->
     return n_slc // k, k
 
 
-def merge_tile(br: int) -> int:
-    """Compressed keys a step of the merge kernel's probability loop takes: 4,096 scores of the
-    `br` query rows a tile (32 a thread at 4 warps; 16 keys under the interpreter)."""
-    if triton_interpreting():
-        return 16
-    return max(16, 4096 // br)
-
-
 # the compressed branch stays one kernel for at most this many tiles of compressed keys
 CMP_SPLIT_TILES = 4
 
@@ -536,15 +440,14 @@ def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
 
 def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
                       return_indices: bool = False, splits: int | None = None,
-                      gate_logits: bool = False, merge: bool = True):  # fmt: skip
+                      gate_logits: bool = False):  # fmt: skip
     """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
     docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
     k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `splits` of the
     compressed branch (`cmp_splits` when None); `gate_logits`: g holds the gates' logits (their
-    sigmoids taken in the merge, no launch of their own); `merge`: the last split program of the
-    selected and window branches merges them (`nsa_decode_attend_kernel`), else a combine kernel
-    does. Returns `[B, 1, HQ, V]` in v's dtype, and with `return_indices` the attended tokens
-    `[B, 1, HKV, n·l' + w]` (the chosen blocks', the window's)."""
+    sigmoids taken in the combine kernel, no launch of their own). Returns `[B, 1, HQ, V]` in v's
+    dtype, and with `return_indices` the attended tokens `[B, 1, HKV, n·l' + w]` (the chosen
+    blocks', the window's)."""
     B, _, HQ, D = q.shape
     L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     NC = k_cmp.shape[1]
@@ -563,8 +466,7 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
         raise ValueError(f"NSA decode takes at most {MAX_BLOCKS} selection blocks, got {nsb} ({L} slots)")
     warps = 1 if triton_interpreting() else 4
     sel = dict(SEL=geo.sel, BSEL=triton.next_power_of_2(geo.sel), CMP=geo.cmp, STRIDE=geo.stride, NSEL=nsel,
-               BNSB=triton.next_power_of_2(max(nsb, nsel, 1)), KSEL=triton.next_power_of_2(max(nsel, 1)),
-               WINDOW=window,
+               BNSB=triton.next_power_of_2(max(nsb, 1)), WINDOW=window,
                BW=triton.next_power_of_2(max(window, 1)))  # fmt: skip
     strides = (q.stride(0), *k_cmp.stride()[:3], *v_cmp.stride()[:3])
     ns = cmp_splits(B * HKV, NC, BN, q.device) if splits is None else max(1, int(splits))
@@ -586,7 +488,7 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
         )  # fmt: skip
         nsa_decode_merge_select_kernel[(B * HKV,)](
             t, sc, m_part, l_part, o_part, o_cmp, pm, idx, NC, nsb, HQ=HQ, GRP=G, DV=DV, BDV=hc["BDV"], BR=BR,
-            BN=BN, **sel, NSPLIT=ns, BM=merge_tile(BR), num_warps=warps, num_stages=1,
+            BN=BN, **sel, NSPLIT=ns, num_warps=warps, num_stages=1,
         )  # fmt: skip
     # the selected and the window branches: one split launch over the row's tokens, chunks that
     # never straddle the two, merged per branch and mixed with the gates by the combine kernel
@@ -597,21 +499,14 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     o_part = new_empty(q, B * HKV * ns * cex["BR"], cex["BDV"], dtype=torch.float32)
     lse_part = new_empty(q, B * HKV * ns * cex["BR"], dtype=torch.float32)
     kv_strides = (kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2))
+    _sparse_split_kernel[(1, B * HKV, ns)](
+        q, kc, vc, idx, o_part, lse_part, 1, L, n_slc + window, chunk, scale * LOG2E, *kv_strides, NSPLIT=ns,
+        **cex,
+    )  # fmt: skip
     out = new_empty(v, B, 1, HQ, DV)
     gc = g.reshape(B, HQ, 3)
     if gc.stride(-1) != 1 or gc.stride(1) != 3:
         gc = gc.contiguous()
-    count = split_counters(q.device, B * HKV) if merge else None
-    if count is not None:
-        nsa_decode_attend_kernel[(1, B * HKV, ns)](
-            q, kc, vc, idx, o_part, lse_part, L, n_slc + window, chunk, scale * LOG2E, *kv_strides, o_cmp, gc,
-            out, gc.stride(0), ns_slc, count, NSPLIT=ns, MU=merge_unroll(ns), LOGITS=gate_logits, **cex,
-        )  # fmt: skip
-        return (out, idx) if return_indices else out
-    _sparse_split_kernel[(1, B * HKV, ns)](
-        q, kc, vc, idx, o_part, lse_part, 1, L, n_slc + window, chunk, scale * LOG2E, *kv_strides, o_part,
-        lse_part, 1, lse_part, NSPLIT=ns, MERGE=False, MU=1, **cex,
-    )  # fmt: skip
     nsa_decode_combine_kernel[(B * HKV, G)](
         o_part, lse_part, o_cmp, gc, out, gc.stride(0), ns_slc, HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"],
         BR=cex["BR"], NSPLIT=ns, BS=triton.next_power_of_2(ns), LOGITS=gate_logits, num_warps=warps,
