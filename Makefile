@@ -22,7 +22,7 @@ PEER_WHEELS := flash-linear-attention==0.6.0 fla-core==0.6.0
 WHEEL_PLATFORMS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
-.PHONY: help demo setup test test-fast lint goldens bench-gpu clean gpu-triton sm90 smoke-wheels gpu-smoke
+.PHONY: help demo setup test test-fast lint goldens bench-gpu clean gpu-triton sm90 smoke-wheels gpu-smoke ab-base
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -59,6 +59,11 @@ gpu-smoke:  ## on the GPU machine: every example and the 12-layer GDN model (ben
 	@if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile \
 	  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
 	PYTHONPATH=/tmp/site:. python3 bench/gpu_smoke.py $(if $(OUT),--json $(OUT)/gpu_smoke.json)
+
+ab-base:  ## archive COMMIT's lt2dsl/ into .ab_base/ for bench/decode_ab.py (carry .ab_base to the GPU)
+	@test -n "$(COMMIT)" || { echo "usage: make ab-base COMMIT=<commit>"; exit 2; }
+	rm -rf .ab_base.tmp && mkdir -p .ab_base.tmp && git archive $(COMMIT) lt2dsl | tar -x -C .ab_base.tmp
+	git rev-parse --short $(COMMIT) > .ab_base.tmp/COMMIT && rm -rf .ab_base && mv .ab_base.tmp .ab_base
 
 test-fast: setup  ## everything but the slow tests
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests

@@ -198,3 +198,32 @@ def test_ceilings_preset_is_a_valid_hardware_file(tmp_path):
     hw = load_hardware(str(path))
     assert hw.hbm_bytes_per_s == 2.9e12 and hw.peak_flops["bf16"] == 7e14 and hw.name == "x-measured"
     assert hw.kernel_s == pytest.approx(1.25e-6, rel=1e-12)
+
+
+def test_decode_ab_runs_both_trees(tmp_path):
+    """`bench/decode_ab.py` on the CPU at toy sizes, the base a copy of this tree's package: both
+    trees' points in the table's JSON, each tree's run once per round, and a base folder without a
+    package refused before anything runs."""
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(ROOT / "lt2dsl", base / "lt2dsl", ignore=shutil.ignore_patterns("__pycache__"))
+    (base / "COMMIT").write_text("abc1234\n")
+    toy = ["--set", "dim=64", "--set", "heads=4", "--set", "vocab=256", "--set", "mlp=swiglu(hidden=128)"]
+    out_dir = str(tmp_path / "ab")
+    shape = ["--ctx", "16", "--batch", "1", "--steps", "1", "--warm", "0", "--rounds", "2"]
+    cmd = [sys.executable, "bench/decode_ab.py", "examples/lt2_sparse_swa.lt2", "--base", str(base), *shape,
+           "--out", out_dir, *toy]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    info = json.loads((tmp_path / "ab" / "ab.json").read_text())
+    assert info["base_commit"] == "abc1234"
+    assert set(info["return_codes"]) == {"new_0", "base_0", "new_1", "base_1"}
+    (row,) = info["rows"]
+    assert (row["model"], row["batch"], row["ctx"]) == ("lt2_sparse_swa", 1, 16)
+    assert row["new_runs"] == row["base_runs"] == 2 and row["new_over_base"] > 0
+    bad = subprocess.run(
+        [*cmd[:4], str(tmp_path), *cmd[5:]], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "holds no lt2dsl/ package" in bad.stdout

@@ -1,0 +1,182 @@
+"""Whole-model decode tok/s of this tree against a base tree's, in one process chain on one card.
+
+A kernel change is judged by the same points measured by both trees on the same card in the same
+call (cards of one kind differ by a few percent). `--base DIR` is a folder holding another
+commit's `lt2dsl/` package (`make ab-base COMMIT=...` writes `.ab_base/`, with the commit's hash
+in `.ab_base/COMMIT`; carry it to the GPU machine). For each of `--rounds` rounds, `lt2dsl bench
+decode` runs the files once with this tree and once with the base, alternating which goes first,
+each in its own process with that tree first on `PYTHONPATH`; the JSON of every run is kept under
+`--out`. The table gives per (model, batch, context) the median tok/s of each tree over the
+rounds, new / base, and each against the estimate of `--hw` (this tree's estimate: the base's may
+count kernels differently). Points a run did not reach (out of memory, cut by `--timeout`) show
+as such.
+
+    make ab-base COMMIT=8ea956f                                           # here
+    python bench/decode_ab.py examples/lt2_sparse_dsa.lt2 examples/lt2_sparse_nsa.lt2 \\
+        --base .ab_base --ctx 4k,32k --batch 1,8 --hw h100-measured --out $OUT/ab   # on the GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lt2dsl.train.files import atomic_write  # noqa: E402
+
+TREES = ("new", "base")
+
+
+def run_tree(tag: str, root: Path, files: list[Path], args, json_path: Path, log_path: Path) -> int:
+    """`lt2dsl bench decode` of the files with `root`'s package first on the path; the return code
+    (124 where it ran past `--timeout`: the points it finished are in its JSON)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    cmd = [sys.executable, "-m", "lt2dsl", "bench", "decode", *map(str, files), "--ctx", args.ctx,
+           "--batch", args.batch, "--steps", str(args.steps), "--warm", str(args.warm),
+           "--json", str(json_path)]  # fmt: skip
+    if args.hw:
+        cmd += ["--hw", args.hw]
+    for kv in args.set:
+        cmd += ["--set", kv]
+    with open(log_path, "w") as log:
+        try:
+            return subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=args.timeout).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return 124
+
+
+def points(path: Path) -> list[dict]:
+    """The points a run wrote (none where it wrote no JSON)."""
+    if not path.exists():
+        return []
+    return json.loads(path.read_text()).get("points", [])
+
+
+def summarize(runs: dict[str, list[list[dict]]]) -> list[dict]:
+    """Per (model, batch, ctx): each tree's tok/s over the rounds (median), new / base, and each
+    against this tree's estimate. A point out of memory in every round of a tree is `oom`."""
+    keys: dict[tuple, None] = {}
+    by: dict[tuple, dict[str, list[dict]]] = {}
+    for tag, rounds in runs.items():
+        for pts in rounds:
+            for p in pts:
+                k = (p["model"], p["batch"], p["ctx"])
+                keys.setdefault(k)
+                by.setdefault(k, {}).setdefault(tag, []).append(p)
+    rows = []
+    for k in keys:
+        row: dict = {"model": k[0], "batch": k[1], "ctx": k[2]}
+        est = next((p.get("estimate_tok_s") for p in by[k].get("new", []) if p.get("estimate_tok_s")), None)
+        row["estimate_tok_s"] = est
+        for tag in TREES:
+            pts = by[k].get(tag, [])
+            tok = [p["tok_s"] for p in pts if not p.get("oom") and p.get("tok_s")]
+            row[f"{tag}_tok_s"] = statistics.median(tok) if tok else None
+            row[f"{tag}_runs"] = len(tok)
+            row[f"{tag}_oom"] = bool(pts) and not tok and all(p.get("oom") for p in pts)
+            row[f"{tag}_of_estimate"] = row[f"{tag}_tok_s"] / est if tok and est else None
+        n, b = row["new_tok_s"], row["base_tok_s"]
+        row["new_over_base"] = n / b if n and b else None
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("model", "B", "ctx", "new tok/s", "base tok/s", "new / base", "new / est", "base / est"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+
+    def tok(r: dict, tag: str) -> str:
+        if r[f"{tag}_oom"]:
+            return "oom"
+        v = r[f"{tag}_tok_s"]
+        return "-" if v is None else f"{v:,.1f} ({r[f'{tag}_runs']})"
+
+    def num(v) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in rows:
+        t.add_row(r["model"], str(r["batch"]), str(r["ctx"]), tok(r, "new"), tok(r, "base"),
+                  num(r["new_over_base"]), num(r["new_of_estimate"]), num(r["base_of_estimate"]))  # fmt: skip
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path, help=".lt2 files")
+    ap.add_argument("--base", type=Path, required=True, help="a folder holding the base tree's lt2dsl/")
+    ap.add_argument("--ctx", default="4k,32k", help="prompt lengths [4k,32k]")
+    ap.add_argument("--batch", default="1,8", help="batch sizes [1,8]")
+    ap.add_argument("--hw", default=None, help="the estimate's hardware preset [the device's card]")
+    ap.add_argument("--steps", type=int, default=32, help="timed decode steps a point [32]")
+    ap.add_argument("--warm", type=int, default=4, help="untimed decode steps before them [4]")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a model setting"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="runs of each tree, alternating which goes first [1]"
+    )
+    ap.add_argument("--timeout", type=float, default=None, help="seconds a run may take [none]")
+    ap.add_argument("--out", type=Path, required=True, help="folder of the runs' JSON and logs, and ab.json")
+    args = ap.parse_args(argv)
+    console = Console(width=150)
+    if not (args.base / "lt2dsl" / "__init__.py").is_file():
+        console.print(
+            f"error: {args.base} holds no lt2dsl/ package (make ab-base COMMIT=... writes .ab_base/)"
+        )
+        return 2
+    if args.rounds < 1:
+        console.print("error: --rounds must be at least 1")
+        return 2
+    files = [f.resolve() for f in args.files]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        console.print(f"error: no such file: {', '.join(missing)}")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    roots = {"new": ROOT, "base": args.base.resolve()}
+    runs: dict[str, list[list[dict]]] = {tag: [] for tag in TREES}
+    codes = {}
+    for r in range(args.rounds):
+        for tag in TREES if r % 2 == 0 else TREES[::-1]:
+            console.print(f"round {r + 1}/{args.rounds}: {tag} ({roots[tag]})")
+            js, log = args.out / f"decode_{tag}_{r}.json", args.out / f"decode_{tag}_{r}.log"
+            codes[f"{tag}_{r}"] = run_tree(tag, roots[tag], files, args, js, log)
+            runs[tag].append(points(js))
+    rows = summarize(runs)
+    base_commit = args.base / "COMMIT"
+    info = {
+        "base": str(args.base),
+        "base_commit": base_commit.read_text().strip() if base_commit.is_file() else None,
+        "device": next(
+            (json.loads(p.read_text()).get("device") for p in sorted(args.out.glob("decode_*.json"))), None
+        ),
+        "hw": args.hw,
+        "rounds": args.rounds,
+        "return_codes": codes,
+        "rows": rows,
+    }
+    atomic_write(args.out / "ab.json", json.dumps(info, indent=2) + "\n")
+    title = f"decode tok/s, this tree against {info['base_commit'] or args.base} ({info['device']})"
+    console.print(table(rows, title))
+    failed = {k: c for k, c in codes.items() if c != 0}
+    if failed:
+        console.print(f"[red]runs that did not finish: {failed} (their logs under {args.out})[/red]")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
