@@ -37,7 +37,7 @@ from lt2dsl.train.files import atomic_write  # noqa: E402
 TREES = ("new", "base")
 
 
-def run_tree(tag: str, root: Path, files: list[Path], args, json_path: Path, log_path: Path) -> int:
+def run_tree(root: Path, files: list[Path], args, json_path: Path, log_path: Path) -> int:
     """`lt2dsl bench decode` of the files with `root`'s package first on the path; the return code
     (124 where it ran past `--timeout`: the points it finished are in its JSON)."""
     env = dict(os.environ)
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for tag in TREES if r % 2 == 0 else TREES[::-1]:
             console.print(f"round {r + 1}/{args.rounds}: {tag} ({roots[tag]})")
             js, log = args.out / f"decode_{tag}_{r}.json", args.out / f"decode_{tag}_{r}.log"
-            codes[f"{tag}_{r}"] = run_tree(tag, roots[tag], files, args, js, log)
+            codes[f"{tag}_{r}"] = run_tree(roots[tag], files, args, js, log)
             runs[tag].append(points(js))
     rows = summarize(runs)
     base_commit = args.base / "COMMIT"

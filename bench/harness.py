@@ -47,6 +47,34 @@ def time_case(c: Case, warmup: int = 25, rep: int = 100) -> float:
     return do_bench(fb, warmup=warmup, rep=rep, grad_to_none=leaves, return_mode="median")
 
 
+def kernel_times(fn: Callable[[], object], reps: int, warm: int = 3) -> list[dict]:
+    """Each kernel `fn()` launches, by the torch profiler over `reps` calls after `warm` unprofiled
+    ones: `{"kernel", "us_per_call", "launches_per_call"}`, the most device time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = _device_us(e)
+        if us > 0 and e.count > 0:
+            rows.append({"kernel": e.key, "us_per_call": us / reps, "launches_per_call": e.count / reps})
+    rows.sort(key=lambda r: -r["us_per_call"])
+    return rows
+
+
+def _device_us(evt) -> float:
+    for name in ("device_time_total", "cuda_time_total"):
+        if hasattr(evt, name):
+            return float(getattr(evt, name))
+    return 0.0
+
+
 def measure_ceilings() -> dict:
     """Device-to-device copy bandwidth (read + write) and bf16 matmul rate, measured now."""
     from triton.testing import do_bench

@@ -5,8 +5,9 @@ For each (B, KW) the call runs at one query row per sequence, every row at the b
 over random caches (the compressed buffers full), with the compressed branch in one kernel
 (`splits=1`), at `cmp_splits`' default and at each count of `--splits`. Each variant is captured as
 a CUDA graph of `--calls` back-to-back calls, replayed `--reps` times between CUDA events (the
-median of `--rounds` timings, µs a call); then a few replays run under the torch profiler, which
-reports each kernel's mean µs a call (CUPTI's durations: a kernel's own time, no launch gaps).
+median of `--rounds` timings, µs a call); then `--profiled` eager calls run under the torch
+profiler (`harness.kernel_times`), which reports each kernel's mean µs a call (CUPTI's durations:
+a kernel's own time, no launch gaps; the compression, which runs on few steps, counts its share).
 Every variant's output is compared with the one-kernel form's by the largest error relative to its
 largest magnitude, and its attended tokens must be the same (above 1e-2, or other tokens, fails).
 
@@ -18,19 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.dsa_decode_select import graph_time_us  # noqa: E402
+from bench.harness import kernel_times  # noqa: E402
 from lt2dsl.kernels.nsa import triton_decode  # noqa: E402
 from lt2dsl.kernels.nsa.common import NSAGeometry  # noqa: E402
 from lt2dsl.train.files import atomic_write  # noqa: E402
@@ -57,23 +56,6 @@ def inputs(B: int, KW: int, args, gen: torch.Generator):
     return (q, k, v, g, kc, vc, t, geometry), NC
 
 
-def kernel_us(fn, calls: int) -> dict[str, float]:
-    """Mean µs a call of each kernel `fn` launches, from the profiler over `calls` graph-free calls
-    after a warm one (kernels that run less than once a call, e.g. the compression, count their
-    share)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total: dict[str, float] = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            total[e.name] += e.time_range.end - e.time_range.start
-    return {name: us / calls for name, us in sorted(total.items(), key=lambda kv: -kv[1])}
-
-
 def row(B: int, KW: int, args, gen: torch.Generator) -> dict:
     call_args, NC = inputs(B, KW, args, gen)
     H, HKV = args.heads, args.kv_heads
@@ -88,7 +70,7 @@ def row(B: int, KW: int, args, gen: torch.Generator) -> dict:
             )
 
         times[name] = graph_time_us(fn, args.calls, args.reps, args.rounds)
-        kernels[name] = kernel_us(fn, args.profiled)
+        kernels[name] = {k["kernel"]: k["us_per_call"] for k in kernel_times(fn, args.profiled, warm=1)}
     ref = outs["one"].float()
     errs = {
         name: ((o.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()

@@ -19,23 +19,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import kernels_attn, kernels_decay, kernels_delta
-from bench.harness import Case
+from bench.harness import Case, kernel_times
 
 
 def _label(c: Case) -> str:
     return f"{c.group} {c.impl} {'fwd+bwd' if c.backward else 'fwd'}"
 
 
-def _device_us(evt) -> float:
-    for name in ("device_time_total", "cuda_time_total"):
-        if hasattr(evt, name):
-            return float(getattr(evt, name))
-    return 0.0
-
-
 def profile_case(c: Case, reps: int) -> list[dict]:
-    from torch.profiler import ProfilerActivity, profile
-
     fn, leaves = c.make()
     do = None
 
@@ -49,20 +40,7 @@ def profile_case(c: Case, reps: int) -> list[dict]:
             for t in leaves:
                 t.grad = None
 
-    for _ in range(3):
-        once()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            once()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        us = _device_us(e)
-        if us > 0 and e.count > 0:
-            rows.append({"kernel": e.key, "us_per_call": us / reps, "launches_per_call": e.count / reps})
-    rows.sort(key=lambda r: -r["us_per_call"])
-    return rows
+    return kernel_times(once, reps)
 
 
 def main() -> None:
