@@ -1,14 +1,13 @@
-"""DSA's decode-step top-k select: one program a row (`_select_single`), the sliced select
-(`select_topk_split`) and the register-resident one (`select_topk_resident`, rows of at most
-`RESIDENT_MAX_KW` keys), the same outputs, times per call under a CUDA graph.
+"""DSA's decode-step top-k select: one program a row (`_select_single`) against the sliced select
+(`select_topk_split`), the same outputs, times per call under a CUDA graph.
 
 A decode step selects the top-k of one query row per sequence over a static key buffer of KW slots,
 row b's candidates the slots 0 … positions[b]. The keys are what the indexer writes: the ordered
 32-bit keys of float scores (here standard normal). Row 0 sits at the buffer's last slot (the whole
 row is live), the others at random positions in the buffer's second half. Each path is captured
 as a CUDA graph of `--calls` back-to-back calls, replayed `--reps` times between CUDA events; the
-figure is the median over `--rounds` such timings divided by the calls. The paths' outputs are
-compared with `torch.equal` on every shape (a mismatch is an error, exit status 1).
+figure is the median over `--rounds` such timings divided by the calls. The two paths' outputs
+are compared with `torch.equal` on every shape (a mismatch is an error, exit status 1).
 
     python bench/dsa_decode_select.py --out $OUT/dsa_decode_select.json      # on the GPU
     python bench/dsa_decode_select.py --kw 4160 6144 --slice-len 512 1024     # slice lengths too
@@ -30,17 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lt2dsl.kernels.dsa.triton_topk import (  # noqa: E402
-    RESIDENT_MAX_KW,
     _select_single,
-    select_topk_resident,
     select_topk_split,
     split_slices,
-    use_resident,
     use_split,
 )
 from lt2dsl.train.files import atomic_write  # noqa: E402
 
-LAUNCHES = {"single": 1, "split": 5, "resident": 1}
+LAUNCHES = {"single": 1, "split": 5}
 
 
 def ordered_keys(B: int, KW: int, gen: torch.Generator) -> torch.Tensor:
@@ -82,28 +78,22 @@ def graph_time_us(fn, calls: int, reps: int, rounds: int) -> float:
 
 
 def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer, slice_lens=()) -> dict:
-    """One shape: each path's µs a call (`timer(fn)`; the resident one only up to RESIDENT_MAX_KW,
-    else None) and whether their outputs are equal; the split path also at each of `slice_lens`
-    keys a slice (`split_at`: SL → µs), equal outputs too."""
+    """One shape: both paths' µs a call (`timer(fn)`) and whether their outputs are equal; the
+    split path also at each of `slice_lens` keys a slice (`split_at`: SL → µs), equal outputs too."""
     keys, pos = ordered_keys(B, KW, gen), row_positions(B, KW, gen)
     outs = {name: keys.new_empty(B, 1, topk, dtype=torch.long) for name in LAUNCHES}
     calls = {
         "single": lambda: _select_single(keys, outs["single"], 0, KW, topk, pos),
         "split": lambda: select_topk_split(keys, outs["split"], 0, KW, topk, pos),
     }
-    if KW <= RESIDENT_MAX_KW:
-        calls["resident"] = lambda: select_topk_resident(keys, outs["resident"], 0, KW, topk, pos)
     row = {"B": B, "KW": KW, "topk": topk, "slices": split_slices(KW, B)[1], "select_topk": "single"}
-    if use_resident(KW, pos):
-        row["select_topk"] = "resident"
-    elif use_split(B, KW):
+    if use_split(B, KW):
         row["select_topk"] = "split"
-    row["resident_us"] = None
     for name, fn in calls.items():
         row[f"{name}_us"] = timer(fn)
     for fn in calls.values():
         fn()
-    row["equal"] = all(torch.equal(outs["single"], outs[name]) for name in calls)
+    row["equal"] = bool(torch.equal(outs["single"], outs["split"]))
     row["split_at"] = {}
     for sl in slice_lens:
         out = torch.empty_like(outs["split"])
@@ -117,13 +107,12 @@ def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer, slice_lens=
 
 def table(rows: list[dict], device: str) -> Table:
     t = Table(title=f"DSA decode select, µs a call under a CUDA graph ({device})")
-    for col in ("B", "KW", "top-k", "slices", "single (1 launch)", "split (5 launches)", "single / split",
-                "resident (1 launch)", "select_topk takes", "equal"):  # fmt: skip
+    for col in ("B", "KW", "top-k", "slices", "single (1 launch)", "split (5 launches)", "speedup",
+                "select_topk takes", "equal"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in rows:
-        resident = "-" if r["resident_us"] is None else f"{r['resident_us']:.1f}"
         t.add_row(str(r["B"]), str(r["KW"]), str(r["topk"]), str(r["slices"]), f"{r['single_us']:.1f}",
-                  f"{r['split_us']:.1f}", f"{r['speedup']:.2f}x", resident, r["select_topk"],
+                  f"{r['split_us']:.1f}", f"{r['speedup']:.2f}x", r["select_topk"],
                   "yes" if r["equal"] else "[red]NO[/red]")  # fmt: skip
     return t
 
@@ -168,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write(args.out, json.dumps(info, indent=2) + "\n")
         console.print(f"wrote {args.out}")
     if not all(r["equal"] for r in rows):
-        console.print("[red]error: the paths' outputs differ[/red]")
+        console.print("[red]error: the two paths' outputs differ[/red]")
         return 1
     return 0
 

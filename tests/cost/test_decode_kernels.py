@@ -132,11 +132,9 @@ def test_each_variant_step_launches_what_the_estimate_counts(name, gpu_split_rul
 
 def test_dsa_sliced_select_adds_four_launches(gpu_split_rule, monkeypatch):
     """The sliced top-k select (5 launches for 1) of long rows, with its threshold lowered to the
-    toy cache's length in both the kernel and the spec (and the register-resident select's below it)."""
+    toy cache's length in both the kernel and the spec."""
     from lt2dsl.kernels.dsa import triton_topk
 
-    monkeypatch.setattr(triton_topk, "RESIDENT_MAX_KW", 0)
-    monkeypatch.setattr(dsa_spec, "RESIDENT_MAX_KW", 0)
     monkeypatch.setattr(triton_topk, "SPLIT_MIN_KW", 8)
     monkeypatch.setattr(dsa_spec, "SPLIT_MIN_KW", 8)
     src = HEAD.format(SW, "dsa(topk=256, index_dim=32) * 2")
@@ -169,7 +167,6 @@ def test_split_thresholds_are_the_kernels(monkeypatch):
 
     assert dsa_spec.SPLIT_MAX_ROWS == triton_topk.SPLIT_MAX_ROWS
     assert dsa_spec.SPLIT_MIN_KW == triton_topk.SPLIT_MIN_KW
-    assert dsa_spec.RESIDENT_MAX_KW == triton_topk.RESIDENT_MAX_KW
     assert nsa_spec.CMP_SPLIT_TILES == triton_decode.CMP_SPLIT_TILES
     # the card's settings, not the interpreter's
     monkeypatch.setattr(triton_attn, "triton_interpreting", lambda: False)
@@ -194,6 +191,5 @@ def test_the_roofline_charges_each_kernel_the_cards_kernel_s():
         assert ro.decode_launch_s == pytest.approx(kernels * 2e-6)
         assert ro.decode_step_s == pytest.approx(base.decode_step_s + kernels * 2e-6)
         assert ro.decode_tokens_per_s == pytest.approx(B / ro.decode_step_s)
-    # the sliced select's four more launches a DSA application past the register-resident select
-    assert decode_kernels(model, 1, 16384) - decode_kernels(model, 1, 16383) == 24 * 4
-    assert decode_kernels(model, 1, 4096) == decode_kernels(model, 1, 4095)
+    # the sliced select's four more launches a DSA application at 4k keys, none at 4,095
+    assert decode_kernels(model, 1, 4096) - decode_kernels(model, 1, 4095) == 24 * 4

@@ -1,28 +1,17 @@
-"""DSA's decode selects, the sliced radix select (`select_topk_split`: each row's keys split over
-programs) and the register-resident one (`select_topk_resident`), against the one-program select and
-the reference top-k (`topk_select` over the keys' unsigned values): the same indices in the same
-order (index order, −1 pads last), on rows shorter than, equal to and just past k, ties that
-straddle slices, slices of uneven length, and a scratch buffer full of junk (the kernels read only
-what they wrote)."""
+"""DSA's sliced radix select (`select_topk_split`: each row's keys split over programs, the decode
+step's path) against the one-program select and the reference top-k (`topk_select` over the keys'
+unsigned values): the same indices in the same order (index order, −1 pads last), on rows shorter
+than, equal to and just past k, ties that straddle slices, slices of uneven length, and a scratch
+buffer full of junk (the kernels read only what they wrote)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lt2dsl.kernels.common.attn_utils import topk_select
 from lt2dsl.kernels.dsa import triton_topk
-from lt2dsl.kernels.dsa.triton_topk import (
-    RESIDENT_MAX_KW,
-    _select_single,
-    resident_launch,
-    select_topk_resident,
-    select_topk_split,
-    split_scratch,
-    split_slices,
-)
+from lt2dsl.kernels.dsa.triton_topk import _select_single, select_topk_split, split_scratch, split_slices
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 JUNK = 0x5A5A5A5A
@@ -112,84 +101,3 @@ def test_select_topk_splits_few_long_rows(monkeypatch):
     assert split_slices(4096, 1) == (512, 8) and split_slices(2**20, 1) == (16384, 64)
     assert split_slices(4160, 1) == (512, 9) and split_slices(6144, 8) == (512, 12)
     assert split_slices(301, 6, 24) == (24, 13) and split_slices(8192, 128) == (4096, 2)
-
-
-@pytest.mark.parametrize("spread", ["ties", "wide", "narrow"])
-@pytest.mark.parametrize("topk", [1, 2, 40])
-def test_resident_at_positions_equals_single_and_reference(spread, topk):
-    """Decode over KW = 301 slots (a tile of 512, most of it masked): rows at 0, below, at and past
-    k, and the last slot; out pre-filled with junk (the kernel writes every slot, pads included)."""
-    KW = 301
-    positions = torch.tensor([0, topk // 2, topk - 1, topk, KW - 1, 150], device=DEVICE)
-    B = positions.numel()
-    keys = _keys(spread, (B, 1, KW), seed=7 * topk)
-    single = torch.full((B, 1, topk), 7, dtype=torch.long, device=DEVICE)
-    resident = single.clone()
-    _select_single(keys, single, 0, KW, topk, positions)
-    select_topk_resident(keys, resident, 0, KW, topk, positions)
-    assert torch.equal(resident, single)
-    assert torch.equal(resident, _expected(keys, positions[:, None] + 1, topk))
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    KW=st.integers(1, 200),
-    topk=st.integers(1, 70),
-    spread=st.sampled_from(["ties", "wide", "narrow"]),
-    seed=st.integers(0, 2**16),
-)
-def test_resident_equals_reference_on_any_row(KW, topk, spread, seed):
-    """Any buffer length (full tiles and ragged ones), k below and above the row lengths, rows at
-    random positions: the reference's selection."""
-    g = torch.Generator().manual_seed(seed)
-    B = 3
-    positions = torch.randint(0, KW, (B,), generator=g).to(DEVICE)
-    keys = _keys(spread, (B, 1, KW), seed=seed)
-    out = torch.full((B, 1, topk), 7, dtype=torch.long, device=DEVICE)
-    select_topk_resident(keys, out, 0, KW, topk, positions)
-    assert torch.equal(out, _expected(keys, positions[:, None] + 1, topk))
-
-
-def test_resident_causal_chunk_equals_reference():
-    """Causal chunk rows (no positions): n = t + 1 below, at and past k, out pre-filled with −1."""
-    B, C, Tq, t0, topk = 2, 5, 60, 30, 33
-    KW = t0 + C
-    keys = _keys("ties", (B, C, KW), seed=5)
-    out = torch.full((B, Tq, topk), -1, dtype=torch.long, device=DEVICE)
-    select_topk_resident(keys, out, t0, Tq, topk)
-    n = torch.arange(t0, t0 + C, device=DEVICE).expand(B, C) + 1
-    assert torch.equal(out[:, t0 : t0 + C], _expected(keys, n, topk))
-    assert torch.equal(out[:, :t0], torch.full_like(out[:, :t0], -1))
-
-
-def test_decode_rows_up_to_the_resident_limit_take_it(monkeypatch):
-    """`select_topk` at per-row positions takes the resident select for KW ≤ RESIDENT_MAX_KW, the
-    sliced or one-program select past it; the tile is the power of two of KW, 32 keys a thread from
-    4 to 16 warps; longer rows are refused by the resident launcher."""
-    calls = []
-    for name in ("select_topk_resident", "select_topk_split", "_select_single"):
-        monkeypatch.setattr(triton_topk, name, lambda *a, name=name: calls.append(name))
-    for B, KW in ((1, 4160), (64, 8256), (200, RESIDENT_MAX_KW), (1, RESIDENT_MAX_KW + 1), (200, 32800)):
-        keys, pos = torch.empty(B, 1, KW, dtype=torch.int32), torch.zeros(B, dtype=torch.long)
-        triton_topk.select_topk(keys, torch.empty(B, 1, 8), 0, KW, 8, pos)
-    assert calls == ["select_topk_resident"] * 3 + ["select_topk_split", "_select_single"]
-    assert [resident_launch(kw) for kw in (1, 301, 4160, 8256, RESIDENT_MAX_KW)] == [
-        (1, 4), (512, 4), (8192, 8), (16384, 16), (16384, 16)
-    ]  # fmt: skip
-    with pytest.raises(ValueError, match="at most 16384 keys"):
-        keys, pos = torch.empty(1, 1, RESIDENT_MAX_KW + 1, dtype=torch.int32), torch.zeros(1).long()
-        select_topk_resident(keys, torch.empty(1, 1, 8, dtype=torch.long), 0, 1, 8, pos)
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the card's tiles (8, 16 warps)")
-@pytest.mark.parametrize("KW", [4160, 8256, RESIDENT_MAX_KW])
-@pytest.mark.parametrize("spread", ["ties", "wide"])
-def test_resident_at_decode_sizes_equals_reference(KW, spread):
-    """Rows of a 4k and an 8k context's buffer and the longest resident row, top-k 512 and 2048."""
-    positions = torch.tensor([KW - 1, KW // 2, 700, 3000, 2047, 2048], device=DEVICE)
-    B = positions.numel()
-    keys = _keys(spread, (B, 1, KW), seed=KW)
-    for topk in (512, 2048):
-        out = torch.full((B, 1, topk), 7, dtype=torch.long, device=DEVICE)
-        select_topk_resident(keys, out, 0, KW, topk, positions)
-        assert torch.equal(out, _expected(keys, positions[:, None] + 1, topk))

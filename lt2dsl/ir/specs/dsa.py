@@ -29,10 +29,6 @@ IDX = ["idx_q.weight", "idx_k.weight", "idx_w.weight"]
 # the two equal).
 SPLIT_MAX_ROWS = 128
 SPLIT_MIN_KW = 4096
-# Before either: rows of at most this many keys select in one launch, held in registers
-# (`triton_topk.use_resident`). The engine's buffer holds a context of L plus the tokens to come,
-# rounded up to 64 slots, so a context of exactly this many keys is past it.
-RESIDENT_MAX_KW = 16384
 # The decode step's sparse attention splits each selection over programs, merged by a combine
 # kernel, while its batch × kv-head programs leave SMs idle (`DECODE_SMS`) and the top-k spans
 # more than two 64-slot chunks (`kernels.dsa.triton_attn.split_count`).
@@ -85,9 +81,9 @@ class DsaSpec(FullSpec):
 
     def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
         """The fused attention and indexer GEMM, RoPE of q/k and of the indexer's q/k (each written
-        into its cache), index scores, top-k select (1 launch held in registers, else 5 when
-        sliced), sparse attention (and its combine when split), o_proj; `full`'s q/k-norm launches."""
-        select = 1 if L < RESIDENT_MAX_KW else 5 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
+        into its cache), index scores, top-k select (5 launches when sliced), sparse attention
+        (and its combine when split), o_proj; `full`'s q/k-norm launches."""
+        select = 5 if batch <= SPLIT_MAX_ROWS and L >= SPLIT_MIN_KW else 1
         attend = 2 if batch * o["kv_heads"] < DECODE_SMS and o["topk"] > SPARSE_SPLIT_MIN_TOPK else 1
         return 5 + select + attend + attention_extra_kernels(o)
 

@@ -2,8 +2,8 @@
 attention forward (whole and split, with its combine) and backward (with the atomic dk, dv, dq only,
 and the by-key dk, dv; bf16 at D = 128, 16 query heads on one kv head; fp32 once), the
 lightning indexer's score kernel (ranked int64 keys, and the radix selection's 32-bit keys) and the
-radix top-k selection (one program a row, the sliced passes and write, and the decode step's
-register-resident select), each at its launch code's fixed launch."""
+radix top-k selection (one program a row, and the sliced passes and write), each at its launch
+code's fixed launch."""
 
 from __future__ import annotations
 
@@ -17,14 +17,11 @@ from lt2dsl.kernels.dsa import triton_attn as A
 from lt2dsl.kernels.dsa import triton_attn_bykey as B
 from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
 from lt2dsl.kernels.dsa.triton_topk import (
-    RESIDENT_MAX_KW,
     SHORT_SLICE_KEYS,
     SLICE_KEYS,
-    _resident_kernel,
     _select_kernel,
     _split_pass_kernel,
     _split_write_kernel,
-    resident_launch,
 )
 
 MAX_STACK = 512
@@ -99,21 +96,7 @@ def _indexer() -> list[Job]:
         cex = {"BLK": 2048, "HAS_POS": has_pos}
         jobs += tuned_jobs(f"dsa/select-pos{has_pos:d}", _select_kernel, sel, SELECT_SCALARS, cex,
                            launch=(4, 3), aligned=(), max_stack=MAX_STACK)  # fmt: skip
-    return jobs + _split_select() + _resident_select()
-
-
-def _resident_select() -> list[Job]:
-    """`select_topk_resident` at decode rows of 1k and 4k slots and `RESIDENT_MAX_KW`, each at
-    `resident_launch`'s tile and warps; causal once."""
-    jobs = []
-    sel = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64"}
-    kws = [(kw, True) for kw in (1088, 4160, RESIDENT_MAX_KW)] + [(4160, False)]
-    for kw, has_pos in kws:
-        tile, warps = resident_launch(kw)
-        name = f"dsa/select-resident-t{tile}-pos{has_pos:d}"
-        jobs += tuned_jobs(name, _resident_kernel, sel, SELECT_SCALARS, {"TILE": tile, "HAS_POS": has_pos},
-                           launch=(warps, 3), aligned=(), max_stack=MAX_STACK)  # fmt: skip
-    return jobs
+    return jobs + _split_select()
 
 
 def _split_select() -> list[Job]:

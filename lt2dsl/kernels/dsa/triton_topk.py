@@ -21,9 +21,6 @@ KW keys five times while the other SMs idle. Few long rows (`use_split`) take th
 instead (`select_topk_split`): the same passes over (slice, row) programs, each pass one launch that
 merges the slices' digit histograms through a small per-row scratch, then a write launch that
 places each slice's selections after those of the slices before it; five launches, same output.
-Rows of at most RESIDENT_MAX_KW keys skip both (`select_topk_resident`): one program a row loads its
-keys once into registers and finds the threshold two bits a step by reductions, no pass over
-memory and no scratch; one launch, same output.
 """
 
 from __future__ import annotations
@@ -46,11 +43,6 @@ MAX_SLICES = 64
 SLICE_KEYS = 2048
 SHORT_SLICE_KEYS = 512
 SHORT_BELOW = 8192
-# A decode step's rows of at most RESIDENT_MAX_KW slots take `_resident_kernel` (one launch; TILE
-# the slots' power of two, RESIDENT_KEYS_PER_THREAD keys a thread, at most 16 warps). Larger tiles
-# spill on sm_90 (Triton 3.6): 32,768 keys at 16 warps 1,048 B a thread, at 32 warps 1,104 B.
-RESIDENT_MAX_KW = 16384
-RESIDENT_KEYS_PER_THREAD = 32
 
 
 @triton.jit
@@ -171,50 +163,6 @@ def _select_kernel(
     if HAS_POS:
         # OUT is not pre-filled here: the row's slots past its selection take the −1 pads
         _write_pads(out, n_sel, K, BLK)
-
-
-@triton.jit
-def _resident_kernel(KEYS, OUT, POS, t0, Tq, Tk, C, KW, K, TILE: tl.constexpr, HAS_POS: tl.constexpr):
-    """`_select_kernel`'s output with the row's keys loaded once and kept in registers (TILE ≥ KW):
-    the K-th largest key found two bits a step from the top (16 steps, each one reduction that
-    counts the keys reaching three candidates at once, packed 21 bits apart in an int64: a row has
-    fewer than 2^21 keys), then the selection placed by two prefix sums. No pass reads memory."""
-    r, b = tl.program_id(0), tl.program_id(1)
-    t = t0 + r
-    n = _row_length(POS, b, t, Tq, Tk, KW, HAS_POS)
-    out = OUT + (b.to(tl.int64) * Tq + t) * K
-    s = tl.arange(0, TILE)
-    valid = s < n
-    key = tl.load(KEYS + (b.to(tl.int64) * C + r) * KW + s, mask=valid, other=0).to(tl.uint32, bitcast=True)
-    # thr: the largest value with at least K keys ≥ it (the K-th largest key); rem: how many keys
-    # equal to it are taken. With n ≤ K every key is (thr 0, rem n).
-    thr = tl.zeros([], dtype=tl.uint32)
-    rem = n
-    if n > K:
-        one = tl.full([], 1, tl.uint32)
-        low = (1 << 21) - 1
-        for i in tl.static_range(16):
-            bit = one << (30 - 2 * i)
-            c1 = thr | bit
-            c2 = thr | (bit << 1)
-            c3 = c1 | c2
-            packed = (
-                (valid & (key >= c1)).to(tl.int64)
-                + ((valid & (key >= c2)).to(tl.int64) << 21)
-                + ((valid & (key >= c3)).to(tl.int64) << 42)
-            )
-            tot = tl.sum(packed, 0)
-            # the counts fall with the candidate, so the digit is how many of them reach K
-            d = ((tot & low) >= K).to(tl.uint32) + (((tot >> 21) & low) >= K).to(tl.uint32)
-            d += (((tot >> 42) & low) >= K).to(tl.uint32)
-            thr = thr | (d << (30 - 2 * i))
-        rem = K - tl.sum((valid & (key > thr)).to(tl.int32), 0)
-    eq = (valid & (key == thr)).to(tl.int32)
-    sel = (valid & ((key > thr) | ((eq > 0) & (tl.cumsum(eq, 0) - eq < rem)))).to(tl.int32)
-    slot = tl.cumsum(sel, 0) - sel
-    tl.store(out + slot, s.to(tl.int64), mask=sel > 0)
-    if HAS_POS:
-        _write_pads(out, tl.minimum(n, K), K, 1024)
 
 
 @triton.jit
@@ -365,32 +313,6 @@ def _select_single(keys, out, t0, Tk, topk, positions) -> None:
     )  # fmt: skip
 
 
-def resident_launch(KW: int) -> tuple[int, int]:
-    """(TILE, num_warps) of `_resident_kernel` for rows of KW slots: TILE the power of two ≥ KW,
-    warps for RESIDENT_KEYS_PER_THREAD keys a thread, 4 to 16."""
-    tile = triton.next_power_of_2(max(KW, 1))
-    return tile, min(16, max(4, tile // (32 * RESIDENT_KEYS_PER_THREAD)))
-
-
-def use_resident(KW: int, positions: torch.Tensor | None) -> bool:
-    """Whether `select_topk` takes `_resident_kernel`: a decode step (per-row positions) over at
-    most RESIDENT_MAX_KW slots. Shapes only."""
-    return positions is not None and KW <= RESIDENT_MAX_KW
-
-
-def select_topk_resident(keys, out, t0, Tk, topk, positions=None) -> None:
-    """`select_topk` by `_resident_kernel`, one program a row (grid (C, B)): the row's keys held in
-    registers, no scratch; KW at most RESIDENT_MAX_KW."""
-    B, C, KW = keys.shape
-    if KW > RESIDENT_MAX_KW:
-        raise ValueError(f"the resident select holds at most {RESIDENT_MAX_KW} keys a row, got {KW}")
-    tile, warps = resident_launch(KW)
-    _resident_kernel[(C, B)](
-        keys, out, out if positions is None else positions, t0, out.shape[1], Tk, C, KW, topk,
-        TILE=tile, HAS_POS=positions is not None, num_warps=1 if triton_interpreting() else warps,
-    )  # fmt: skip
-
-
 def select_topk_split(keys, out, t0, Tk, topk, positions=None, *, slice_len=None, scratch=None) -> None:
     """`select_topk` with each row's keys split into S slices of `slice_len` (`split_slices`), one
     program per (slice, row): four histogram launches and a write launch over the grid (S, C, B),
@@ -418,14 +340,10 @@ def select_topk(
     """Fill out[:, t0 : t0 + C] (`[B, Tq, topk]` int64, pre-filled with −1) from the chunk's
     ordered keys `[B, C, KW]` (int32 storage of the unsigned keys), index order; `positions` `[B]`
     (Tq = 1): each row's query position, keys past it not candidates, and `out` needs no pre-fill
-    (the kernel writes the −1 pads). A decode step over at most RESIDENT_MAX_KW slots takes the
-    register-resident select (`select_topk_resident`, 1 launch); else few long rows (`use_split`)
-    the sliced select (`select_topk_split`, 5 launches), the rest one program a row (1 launch). The
-    same output every way."""
+    (the kernel writes the −1 pads). Few long rows (`use_split`) take the sliced select
+    (`select_topk_split`, 5 launches), the rest one program a row (1 launch); the same output."""
     B, C, KW = keys.shape
-    if use_resident(KW, positions):
-        select_topk_resident(keys, out, t0, Tk, topk, positions)
-    elif use_split(B * C, KW):
+    if use_split(B * C, KW):
         select_topk_split(keys, out, t0, Tk, topk, positions)
     else:
         _select_single(keys, out, t0, Tk, topk, positions)
