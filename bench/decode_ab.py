@@ -9,11 +9,13 @@ each in its own process with that tree first on `PYTHONPATH`; the JSON of every 
 `--out`. The table gives per (model, batch, context) the median tok/s of each tree over the
 rounds, new / base, and each against the estimate of `--hw` (this tree's estimate: the base's may
 count kernels differently). Points a run did not reach (out of memory, cut by `--timeout`) show
-as such.
+as such. `--profile` then runs `bench/decode_profile.py` at the same points with each tree's package
+(checked: the profile names the package it loaded) and prints, per point, both steps and the
+kernels whose time changed most (`profile` in ab.json): where a change gains or loses, by kernel.
 
     make ab-base COMMIT=8ea956f                                           # here
     python bench/decode_ab.py examples/lt2_sparse_dsa.lt2 examples/lt2_sparse_nsa.lt2 \\
-        --base .ab_base --ctx 4k,32k --batch 1,8 --hw h100-measured --out $OUT/ab   # on the GPU
+        --base .ab_base --ctx 4k,32k --batch 1,8 --hw h100-measured --profile --out $OUT/ab   # GPU
 """
 
 from __future__ import annotations
@@ -55,6 +57,71 @@ def run_tree(root: Path, files: list[Path], args, json_path: Path, log_path: Pat
                                   timeout=args.timeout).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             return 124
+
+
+def profile_tree(root: Path, files: list[Path], args, out: Path, log_path: Path) -> tuple[int, dict | None]:
+    """`bench/decode_profile.py` (this checkout's script) of the files with `root`'s package first on
+    the path: (return code, its JSON). A profile of another package than `root`'s is an error (1)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    cmd = [sys.executable, str(ROOT / "bench" / "decode_profile.py"), *map(str, files), "--ctx", args.ctx,
+           "--batch", args.batch, "--steps", str(args.steps), "--warm", str(args.warm),
+           "--out", str(out)]  # fmt: skip
+    for kv in args.set:
+        cmd += ["--set", kv]
+    with open(log_path, "w") as log:
+        try:
+            code = subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=args.timeout).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return 124, None
+    path = out / "decode_profile.json"
+    if code != 0 or not path.is_file():
+        return code or 1, None
+    info = json.loads(path.read_text())
+    if Path(info.get("package", "")) != (root / "lt2dsl").resolve():
+        with open(log_path, "a") as log:
+            log.write(f"\nprofiled {info.get('package')}, expected {root / 'lt2dsl'}\n")
+        return 1, None
+    return 0, info
+
+
+def kernel_diff(new: dict | None, base: dict | None, top: int = 12) -> list[dict]:
+    """Per point both trees profiled: each step's µs and kernels, and the `top` kernels by how much
+    their µs a step changed (new − base; a kernel one tree lacks counts 0 there)."""
+    if not new or not base:
+        return []
+    rows = []
+    base_rows = {(r["model"], r["batch"], r["ctx"]): r for r in base["rows"]}
+    for r in new["rows"]:
+        b = base_rows.get((r["model"], r["batch"], r["ctx"]))
+        if b is None:
+            continue
+        n_us = {k["name"]: k["us"] for k in r["by_name"]}
+        b_us = {k["name"]: k["us"] for k in b["by_name"]}
+        names = sorted(set(n_us) | set(b_us), key=lambda k: -abs(n_us.get(k, 0.0) - b_us.get(k, 0.0)))
+        rows.append({
+            "model": r["model"], "batch": r["batch"], "ctx": r["ctx"],
+            "new_step_us": r["step_us"], "base_step_us": b["step_us"],
+            "new_kernels": r["kernels"], "base_kernels": b["kernels"],
+            "kernels": [
+                {"name": k, "new_us": n_us.get(k, 0.0), "base_us": b_us.get(k, 0.0)} for k in names[:top]
+            ],
+        })  # fmt: skip
+    return rows
+
+
+def diff_table(row: dict) -> Table:
+    t = Table(
+        title=f"{row['model']} B={row['batch']} L={row['ctx']}: step {row['new_step_us']:,.0f} µs "
+        f"({row['new_kernels']:,.0f} kernels) against {row['base_step_us']:,.0f} ({row['base_kernels']:,.0f})"
+    )
+    for col in ("kernel", "new µs/step", "base µs/step", "new − base"):
+        t.add_column(col, justify="left" if col == "kernel" else "right")
+    for k in row["kernels"]:
+        new, base = k["new_us"], k["base_us"]
+        t.add_row(k["name"][:60], f"{new:,.0f}", f"{base:,.0f}", f"{new - base:+,.0f}")
+    return t
 
 
 def points(path: Path) -> list[dict]:
@@ -129,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=1, help="runs of each tree, alternating which goes first [1]"
     )
     ap.add_argument("--timeout", type=float, default=None, help="seconds a run may take [none]")
+    ap.add_argument("--profile", action="store_true", help="then profile both trees' steps, kernel by kernel")
     ap.add_argument("--out", type=Path, required=True, help="folder of the runs' JSON and logs, and ab.json")
     args = ap.parse_args(argv)
     console = Console(width=150)
@@ -156,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
             codes[f"{tag}_{r}"] = run_tree(roots[tag], files, args, js, log)
             runs[tag].append(points(js))
     rows = summarize(runs)
+    profiles = {}
+    for tag in TREES if args.profile else ():
+        console.print(f"profile: {tag} ({roots[tag]})")
+        out, log = args.out / f"profile_{tag}", args.out / f"profile_{tag}.log"
+        codes[f"profile_{tag}"], profiles[tag] = profile_tree(roots[tag], files, args, out, log)
+    diffs = kernel_diff(profiles.get("new"), profiles.get("base"))
     base_commit = args.base / "COMMIT"
     info = {
         "base": str(args.base),
@@ -167,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "return_codes": codes,
         "rows": rows,
+        "profile": diffs,
     }
     atomic_write(args.out / "ab.json", json.dumps(info, indent=2) + "\n")
     title = f"decode tok/s, this tree against {info['base_commit'] or args.base} ({info['device']})"
+    for row in diffs:
+        console.print(diff_table(row))
     console.print(table(rows, title))
     failed = {k: c for k, c in codes.items() if c != 0}
     if failed:

@@ -16,7 +16,8 @@ more under the torch profiler (CUPTI reports the kernels a replayed graph runs) 
 A step whose busy time is near the estimate's bytes-time and whose idle time is large is bound by
 the launch chain (fuse kernels); a step whose kernels alone take long is bound by slow kernels
 (a GEMV below the card's bandwidth, a long serial scan). Results: a table per point and
-`<out>/decode_profile.json` naming the card.
+`<out>/decode_profile.json` naming the card and the `lt2dsl` package profiled: the one first on
+`PYTHONPATH`, else this checkout's (`bench/decode_ab.py --profile` profiles another commit's so).
 
     python bench/decode_profile.py examples/lt2_hybrid_gdn_dsa.lt2 --ctx 4096,32768 --batch 1 \\
         --prefill --out $OUT/prof                                      # on the GPU
@@ -40,10 +41,15 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# appended, not first: a tree first on PYTHONPATH (decode_ab's base) is the package profiled
+sys.path.append(str(ROOT))
 
 import lt2dsl  # noqa: E402
+from lt2dsl.cli import UsageError, overrides_of, report  # noqa: E402
+from lt2dsl.cost.cli import UsageError as SizeError  # noqa: E402
+from lt2dsl.cost.cli import parse_lengths  # noqa: E402
 from lt2dsl.engine.engine import Engine  # noqa: E402
+from lt2dsl.frontend import load  # noqa: E402
 from lt2dsl.train.files import atomic_write  # noqa: E402
 
 GEMM = re.compile(
@@ -213,8 +219,9 @@ def show(console: Console, name: str, row: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help=".lt2 files")
-    p.add_argument("--ctx", default="4096", help="comma-separated prompt lengths")
-    p.add_argument("--batch", default="1", help="comma-separated batch sizes")
+    p.add_argument("--ctx", default="4096", help="prompt lengths: 4096,32k or 4k..32k")
+    p.add_argument("--batch", default="1", help="batch sizes: 1,8")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model setting")
     p.add_argument("--steps", type=int, default=32, help="timed steps")
     p.add_argument("--profiled", type=int, default=8, help="steps recorded by the profiler")
     p.add_argument("--warm", type=int, default=4, help="steps before the timed ones")
@@ -225,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     for f in args.files:
         if not f.is_file():
             p.error(f"no such file: {f}")
+    try:
+        contexts, batches = parse_lengths(args.ctx), parse_lengths(args.batch, "batch size")
+        overrides = overrides_of(args)
+    except (SizeError, UsageError) as e:
+        p.error(str(e))
     # before the profiling, so a bad --out does not lose a finished run
     if args.out.exists() and not args.out.is_dir():
         p.error(f"--out {args.out} is a file; expected a folder (created if missing)")
@@ -234,9 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     rows = []
     for f in args.files:
-        model = lt2dsl.compile(f, device=args.device, dtype=dtype).eval()
-        for batch in map(int, args.batch.split(",")):
-            for ctx in map(int, args.ctx.split(",")):
+        loaded = load(f, overrides)
+        if loaded.model is None:
+            report(console, loaded.diagnostics, loaded.sources)
+            return 2
+        model = lt2dsl.compile(loaded.model, device=args.device, dtype=dtype).eval()
+        for batch in batches:
+            for ctx in contexts:
                 row = {"model": f.stem} | point(model, batch, ctx, args)
                 rows.append(row)
                 show(console, f.stem, row)
@@ -249,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "dtype": str(dtype),
+        "package": str(Path(lt2dsl.__file__).resolve().parent),
         "rows": rows,
     }
     atomic_write(args.out / "decode_profile.json", json.dumps(info, indent=1))

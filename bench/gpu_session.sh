@@ -116,11 +116,13 @@ for s in ${STAGES:-env}; do
              [ -n "$2" ] && { eval python3 -m pytest -v -p no:cacheprovider -rfE -n 6 "$2" > "$1/smoke_tests.log" 2>&1 & pids+=($!); };
              rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; cat "$1"/smoke_*.log; exit $rc' _ "$OUT/res" "${SMOKE_TESTS:-}" ;;
     # this tree's whole-model decode against .ab_base's (`make ab-base COMMIT=...`, carried) in one
-    # call (bench/decode_ab.py): AB_MODELS, AB_CTX, AB_BATCHES, AB_ROUNDS
-    decode_ab) stage decode_ab "${LIM_AB:-400}" python3 bench/decode_ab.py \
+    # call (bench/decode_ab.py): AB_MODELS, AB_CTX, AB_BATCHES, AB_ROUNDS; AB_PROFILE=1 then profiles
+    # both trees' steps kernel by kernel (two runs more)
+    decode_ab) runs=$(( 2 * ${AB_ROUNDS:-1} )); [ -n "${AB_PROFILE:-}" ] && runs=$(( runs + 2 ))
+               stage decode_ab "${LIM_AB:-400}" python3 bench/decode_ab.py \
                 $(m=${AB_MODELS:-lt2_sparse_dsa,lt2_sparse_nsa}; printf 'examples/%s.lt2 ' ${m//,/ }) --base .ab_base \
                 --ctx "${AB_CTX:-4k,32k}" --batch "${AB_BATCHES:-1,8}" --rounds "${AB_ROUNDS:-1}" --hw "$HW-measured" \
-                --timeout "$(( ${LIM_AB:-400} / (2 * ${AB_ROUNDS:-1}) ))" --out "$OUT/res/ab" ;;
+                --timeout "$(( ${LIM_AB:-400} / runs ))" ${AB_PROFILE:+--profile} --out "$OUT/res/ab" ;;
     # the hybrid's whole-model decode at the contexts and batches of the flatness claim
     decode_hybrid) stage decode_hybrid "${LIM_DECODE:-300}" python3 -m lt2dsl bench decode examples/lt2_hybrid_gdn_dsa.lt2 \
                      --ctx "${CONTEXTS:-4k,32k}" --batch "${BATCHES:-1,8}" --hw "$HW" --json "$OUT/res/decode_hybrid.json" ;;

@@ -177,7 +177,9 @@ def test_decode_profile_bench_smoke(tmp_path):
     cmd = [sys.executable, "bench/decode_profile.py", str(src), *args, "--out", str(tmp_path / "p")]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads((tmp_path / "p" / "decode_profile.json").read_text())["rows"]
+    info = json.loads((tmp_path / "p" / "decode_profile.json").read_text())
+    assert info["package"] == str(ROOT / "lt2dsl")
+    rows = info["rows"]
     assert [(r["model"], r["ctx"]) for r in rows] == [("tiny", 8), ("tiny", 16)]
     for r in rows:
         assert r["kernels"] > 0 and "gemm" in r["kinds"] and r["busy_us"] > 0 and r["step_us"] > 0
@@ -202,7 +204,8 @@ def test_ceilings_preset_is_a_valid_hardware_file(tmp_path):
 
 def test_decode_ab_runs_both_trees(tmp_path):
     """`bench/decode_ab.py` on the CPU at toy sizes, the base a copy of this tree's package: both
-    trees' points in the table's JSON, each tree's run once per round, and a base folder without a
+    trees' points in the table's JSON, each tree's run once per round, each tree's profile of its
+    own package and their kernel-by-kernel difference (`--profile`), and a base folder without a
     package refused before anything runs."""
     import shutil
 
@@ -213,16 +216,22 @@ def test_decode_ab_runs_both_trees(tmp_path):
     out_dir = str(tmp_path / "ab")
     shape = ["--ctx", "16", "--batch", "1", "--steps", "1", "--warm", "0", "--rounds", "2"]
     cmd = [sys.executable, "bench/decode_ab.py", "examples/lt2_sparse_swa.lt2", "--base", str(base), *shape,
-           "--out", out_dir, *toy]  # fmt: skip
+           "--out", out_dir, *toy, "--profile"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     info = json.loads((tmp_path / "ab" / "ab.json").read_text())
     assert info["base_commit"] == "abc1234"
-    assert set(info["return_codes"]) == {"new_0", "base_0", "new_1", "base_1"}
+    assert set(info["return_codes"]) == {"new_0", "base_0", "new_1", "base_1", "profile_new", "profile_base"}
     (row,) = info["rows"]
     assert (row["model"], row["batch"], row["ctx"]) == ("lt2_sparse_swa", 1, 16)
     assert row["new_runs"] == row["base_runs"] == 2 and row["new_over_base"] > 0
+    for tag, root in (("new", ROOT), ("base", base)):
+        prof = json.loads((tmp_path / "ab" / f"profile_{tag}" / "decode_profile.json").read_text())
+        assert prof["package"] == str((root / "lt2dsl").resolve())
+    (diff,) = info["profile"]
+    assert (diff["model"], diff["batch"], diff["ctx"]) == ("lt2_sparse_swa", 1, 16)
+    assert diff["new_step_us"] > 0 and diff["base_step_us"] > 0 and 0 < len(diff["kernels"]) <= 12
     bad = subprocess.run(
         [*cmd[:4], str(tmp_path), *cmd[5:]], cwd=ROOT, env=env, capture_output=True, text=True
     )
