@@ -66,7 +66,7 @@ def profile_tree(root: Path, files: list[Path], args, out: Path, log_path: Path)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
     cmd = [sys.executable, str(ROOT / "bench" / "decode_profile.py"), *map(str, files), "--ctx", args.ctx,
            "--batch", args.batch, "--steps", str(args.steps), "--warm", str(args.warm),
-           "--out", str(out)]  # fmt: skip
+           "--profiled", str(args.profiled), "--out", str(out)]  # fmt: skip
     for kv in args.set:
         cmd += ["--set", kv]
     with open(log_path, "w") as log:
@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--timeout", type=float, default=None, help="seconds a run may take [none]")
     ap.add_argument("--profile", action="store_true", help="then profile both trees' steps, kernel by kernel")
+    ap.add_argument("--profiled", type=int, default=8, help="steps a --profile run records [8]")
     ap.add_argument("--out", type=Path, required=True, help="folder of the runs' JSON and logs, and ab.json")
     args = ap.parse_args(argv)
     console = Console(width=150)

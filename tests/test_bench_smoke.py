@@ -204,9 +204,9 @@ def test_ceilings_preset_is_a_valid_hardware_file(tmp_path):
 
 def test_decode_ab_runs_both_trees(tmp_path):
     """`bench/decode_ab.py` on the CPU at toy sizes, the base a copy of this tree's package: both
-    trees' points in the table's JSON, each tree's run once per round, each tree's profile of its
-    own package and their kernel-by-kernel difference (`--profile`), and a base folder without a
-    package refused before anything runs."""
+    trees' points in the table's JSON, each tree's profile of its own package and their
+    kernel-by-kernel difference (`--profile`), and a base folder without a package refused before
+    anything runs (rounds: `test_decode_ab_summary_takes_each_trees_median`)."""
     import shutil
 
     base = tmp_path / "base"
@@ -214,18 +214,18 @@ def test_decode_ab_runs_both_trees(tmp_path):
     (base / "COMMIT").write_text("abc1234\n")
     toy = ["--set", "dim=64", "--set", "heads=4", "--set", "vocab=256", "--set", "mlp=swiglu(hidden=128)"]
     out_dir = str(tmp_path / "ab")
-    shape = ["--ctx", "16", "--batch", "1", "--steps", "1", "--warm", "0", "--rounds", "2"]
+    shape = ["--ctx", "16", "--batch", "1", "--steps", "1", "--warm", "0", "--rounds", "1"]
     cmd = [sys.executable, "bench/decode_ab.py", "examples/lt2_sparse_swa.lt2", "--base", str(base), *shape,
-           "--out", out_dir, *toy, "--profile"]  # fmt: skip
+           "--out", out_dir, *toy, "--profile", "--profiled", "1"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     info = json.loads((tmp_path / "ab" / "ab.json").read_text())
     assert info["base_commit"] == "abc1234"
-    assert set(info["return_codes"]) == {"new_0", "base_0", "new_1", "base_1", "profile_new", "profile_base"}
+    assert set(info["return_codes"]) == {"new_0", "base_0", "profile_new", "profile_base"}
     (row,) = info["rows"]
     assert (row["model"], row["batch"], row["ctx"]) == ("lt2_sparse_swa", 1, 16)
-    assert row["new_runs"] == row["base_runs"] == 2 and row["new_over_base"] > 0
+    assert row["new_runs"] == row["base_runs"] == 1 and row["new_over_base"] > 0
     for tag, root in (("new", ROOT), ("base", base)):
         prof = json.loads((tmp_path / "ab" / f"profile_{tag}" / "decode_profile.json").read_text())
         assert prof["package"] == str((root / "lt2dsl").resolve())
@@ -236,3 +236,31 @@ def test_decode_ab_runs_both_trees(tmp_path):
         [*cmd[:4], str(tmp_path), *cmd[5:]], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert bad.returncode == 2 and "holds no lt2dsl/ package" in bad.stdout
+
+
+def test_decode_ab_summary_takes_each_trees_median():
+    """`decode_ab.summarize` over rounds: each tree's median tok/s, its runs, new / base and each
+    against this tree's estimate; a point out of memory in every round is `oom`. `kernel_diff`:
+    the kernels whose µs changed most first, a kernel one tree lacks at 0 there."""
+    from bench.decode_ab import kernel_diff, summarize
+
+    def pt(tok, oom=False, est=100.0):
+        return {"model": "m", "batch": 1, "ctx": 16, "tok_s": tok, "oom": oom, "estimate_tok_s": est}
+
+    runs = {"new": [[pt(10.0)], [pt(30.0)], [pt(20.0)]], "base": [[pt(None, True)], [pt(None, True)]]}
+    (row,) = summarize(runs)
+    assert row["new_tok_s"] == 20.0 and row["new_runs"] == 3 and row["new_of_estimate"] == 0.2
+    assert row["base_oom"] and row["base_tok_s"] is None and row["new_over_base"] is None
+    runs["base"] = [[pt(8.0)], [pt(12.0)]]
+    (row,) = summarize(runs)
+    assert row["base_tok_s"] == 10.0 and row["base_runs"] == 2 and row["new_over_base"] == 2.0
+
+    def prof(us: dict) -> dict:
+        by_name = [{"name": k, "us": v} for k, v in us.items()]
+        return {"rows": [{"model": "m", "batch": 1, "ctx": 16, "step_us": sum(us.values()), "kernels": 3,
+                          "by_name": by_name}]}  # fmt: skip
+
+    (d,) = kernel_diff(prof({"a": 5.0, "b": 9.0}), prof({"a": 6.0, "c": 2.0, "b": 1.0}), top=2)
+    assert [k["name"] for k in d["kernels"]] == ["b", "c"]
+    assert d["kernels"][1] == {"name": "c", "new_us": 0.0, "base_us": 2.0}
+    assert kernel_diff(None, prof({"a": 1.0})) == []
