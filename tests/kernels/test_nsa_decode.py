@@ -89,23 +89,6 @@ def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits):
                 assert len(set(toks)) == len(toks) and all(i <= POSITIONS[b] for i in toks)
 
 
-@pytest.mark.parametrize("splits", [1, 3], ids=["one-kernel", "split"])
-@pytest.mark.parametrize("select", [2, 5, 40])
-def test_block_choice_by_ranks_equals_rounds_of_arg_max(select, splits):
-    """The top-n blocks by each block's rank and by n rounds of arg-max: the same index rows and
-    outputs, bit for bit (n below, near and past the blocks a row may choose), also where every
-    compressed key scores the same (the scores tie; the lower block wins)."""
-    geometry = dict(GEOMETRIES["general"], select=select, window=24)
-    q, k, v, gates, kc, vc, t = inputs(GEOMETRIES["general"], torch.float32, seed=select)
-    for kcs in (kc, torch.zeros_like(kc)):
-        got = {c: nsa_decode_triton(q, k, v, gates, kcs, vc, t, geometry, return_indices=True, splits=splits,
-                                    choose=c) for c in ("rank", "rounds")}  # fmt: skip
-        assert torch.equal(got["rank"][1], got["rounds"][1])
-        assert torch.equal(got["rank"][0], got["rounds"][0])
-    with pytest.raises(ValueError, match="choose is"):
-        nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, choose="sort")
-
-
 def test_gate_logits_take_their_sigmoid_in_the_kernel():
     """The engine passes the gates' logits (`nsa_attend` takes them): the combine kernel's sigmoid
     gives what the reference gives with the sigmoids."""

@@ -45,13 +45,9 @@ def _decode() -> list[Job]:
     scalars |= {"qk_scale": "fp32"}
     cex = dict(HQ=16, GRP=16, D=128, DV=128, BD=128, BDV=128, BR=16, BN=TD.select_tile(128), SEL=64, BSEL=64,
                CMP=32, STRIDE=STRIDE, NSEL=16, BNSB=2048, WINDOW=512, BW=512,
-               DOT_PREC=dot_precision(torch.bfloat16), BNSEL=16, RANK=False, CH=16)  # fmt: skip
-    # the block choice by ranks (up to RANK_MAX_BLOCKS blocks: a 32k buffer) and by rounds (128k)
-    rank = {"BNSB": TD.RANK_MAX_BLOCKS, "RANK": True}
+               DOT_PREC=dot_precision(torch.bfloat16))  # fmt: skip
     jobs = tuned_jobs("nsa/decode-select", TD.nsa_decode_select_kernel, ptrs, scalars, cex, launch=(4, 1),
                       aligned=(), max_stack=MAX_STACK)  # fmt: skip
-    jobs += tuned_jobs("nsa/decode-select-rank", TD.nsa_decode_select_kernel, ptrs, scalars, cex | rank,
-                       launch=(4, 1), aligned=(), max_stack=MAX_STACK)  # fmt: skip
     # the split form: the compressed branch over the splits, then the merge and the block choice
     split = {"Q": "*bf16", "KC": "*bf16", "VC": "*bf16", "POS": "*i64", "SC": "*fp32", "M_PART": "*fp32"}
     split |= {"L_PART": "*fp32", "O_PART": "*fp32"}
@@ -63,11 +59,9 @@ def _decode() -> list[Job]:
     merge = {"POS": "*i64", "SC": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32", "O_PART": "*fp32"}
     merge |= {"OCMP": "*fp32", "PM": "*fp32", "IDX": "*i32"}
     mcex = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR", "BN", "SEL", "BSEL", "CMP", "STRIDE", "NSEL")}
-    mcex |= {"WINDOW": 512, "BW": 512, "BNSEL": 16, "RANK": False, "CH": 16}
+    mcex |= {"WINDOW": 512, "BW": 512}
     jobs += tuned_jobs("nsa/decode-merge-select", TD.nsa_decode_merge_select_kernel, merge,
                        {"NC": "i32", "NSB": "i32"}, mcex | {"BNSB": 2048, "NSPLIT": 8}, **kw)  # fmt: skip
-    jobs += tuned_jobs("nsa/decode-merge-select-rank", TD.nsa_decode_merge_select_kernel, merge,
-                       {"NC": "i32", "NSB": "i32"}, mcex | rank | {"NSPLIT": 8}, **kw)  # fmt: skip
     # the mix of the sparse attention's chunks (DSA's split kernel: `dsa.aot_jobs`) per branch
     combine = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OCMP": "*fp32", "G": "*bf16", "OUT": "*bf16"}
     ccex = dict(HQ=16, GRP=16, DV=128, BDV=128, BR=16, NSPLIT=24, BS=32, LOGITS=True)

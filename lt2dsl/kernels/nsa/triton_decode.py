@@ -8,11 +8,9 @@ in work proportional to what a row sees rather than to the buffer:
    keys in two passes (max and sum, then the normalised probabilities p, o_cmp = p · v_cmp), the
    group-mean of p written to a scratch row, the selection-block scores p_slc[j] = Σ_{m<l'/d}
    Σ_{u<l/d} p̄[(l'/d)·j − m − u] read back from it, blocks 0, ⌊t/l'⌋ and the one before forced
-   (+inf), blocks after ⌊t/l'⌋ excluded, and the top-n (ties to the lower block, as
-   `topk_select`): up to RANK_MAX_BLOCKS blocks by each block's rank, how many blocks outrank it
-   (one pass of comparisons, no chain of n dependent reductions), past that by n rounds of arg-max;
-   each chosen block's tokens ≤ t are written as key indices (−1 pads), then the window's slots
-   t − w + 1 … t, in one index row.
+   (+inf), blocks after ⌊t/l'⌋ excluded, and the top-n by repeated arg-max (ties to the lower
+   block, as `topk_select`); each chosen block's tokens ≤ t are written as key indices (−1 pads),
+   then the window's slots t − w + 1 … t, in one index row.
 2. `dsa.triton_attn._sparse_split_kernel` over that row, in chunks that never straddle the two
    branches (`attention_splits`): partial o and lse per chunk.
 3. `nsa_decode_combine_kernel` merges the chunks per branch by their lse and mixes
@@ -47,10 +45,6 @@ from .common import NSAGeometry
 
 IDX_MASK = tl.constexpr((1 << 20) - 1)  # the low bits of a block's ranking key: its index reversed
 MAX_BLOCKS = 1 << 20  # selection blocks a buffer may hold (the key's index field)
-# The rank form's comparisons grow as blocks²: up to this many blocks (a 32k buffer of l' = 64)
-# `_choose_blocks` ranks them, past it n rounds of arg-max
-RANK_MAX_BLOCKS = 512
-RANK_CHUNK = 16  # blocks compared against all at a time
 
 
 @triton.jit
@@ -62,15 +56,17 @@ def _visible(POS, b, NC, CMP: tl.constexpr, STRIDE: tl.constexpr):
 
 
 @triton.jit
-def _block_keys(pm_row, jb, t, n_vis, NSB, SEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr):
-    """One int64 key per block jb from the group-mean probabilities `pm_row[0 : n_vis]`: for a
-    block the row may choose, its score's bits (a non-negative float's order is its bits' order;
-    blocks 0, ⌊t/l'⌋ and the one before forced to +inf) above its index reversed, so the larger key
-    is the higher score with ties to the lower block; −1 − jb for the others (blocks after ⌊t/l'⌋
-    or past the buffer): below every choosable one, and distinct."""
+def _choose_blocks(
+    pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
+    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr,
+):  # fmt: skip
+    """From the group-mean probabilities `pm_row[0 : n_vis]`: the block scores, blocks 0, ⌊t/l'⌋ and
+    the one before forced, those after ⌊t/l'⌋ excluded, the top NSEL (ties to the lower block);
+    each chosen block's tokens ≤ t into `idx_row`, −1 past them."""
     A: tl.constexpr = SEL // STRIDE
     U: tl.constexpr = CMP // STRIDE
-    p_slc = tl.zeros(jb.shape, dtype=tl.float32)
+    jb = tl.arange(0, BNSB)
+    p_slc = tl.zeros([BNSB], dtype=tl.float32)
     for mi in tl.static_range(A):
         for u in tl.static_range(U):
             src = A * jb - mi - u
@@ -78,54 +74,19 @@ def _block_keys(pm_row, jb, t, n_vis, NSB, SEL: tl.constexpr, CMP: tl.constexpr,
             p_slc += tl.load(pm_row + tl.where(hit, src, 0), mask=hit, other=0.0)
     cur = t // SEL
     forced = (jb == 0) | (jb == cur) | (jb == cur - 1)
+    left = (jb <= cur) & (jb < NSB)
     score = tl.where(forced, float("inf"), p_slc)
+    # one int64 key a block: the score's bits (a non-negative float's order is its bits' order)
+    # above the block's index reversed, so one max is the arg-max with ties to the lower block
     key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
-    return tl.where((jb <= cur) & (jb < NSB), key, -1 - jb.to(tl.int64))
-
-
-@triton.jit
-def _choose_blocks(
-    pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
-    STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, BNSEL: tl.constexpr, RANK: tl.constexpr,
-    CH: tl.constexpr,
-):  # fmt: skip
-    """The top NSEL blocks by `_block_keys`, in rank order; each chosen block's tokens ≤ t into
-    `idx_row`, −1 past them and in the slots of ranks no choosable block holds. RANK: each block's
-    rank is how many keys exceed its own (keys are distinct, so ranks are), summed over chunks of
-    CH blocks whose keys are recomputed (the same sums, so the same bits); the block of rank s
-    goes to slot s. Else NSEL rounds of arg-max, each removing its block. Either way the row's
-    first NSEL·SEL entries are written only here."""
-    jb = tl.arange(0, BNSB)
-    key = _block_keys(pm_row, jb, t, n_vis, NSB, SEL, CMP, STRIDE)
     o_sel = tl.arange(0, BSEL)
-    if RANK:
-        rank = tl.zeros([BNSB], dtype=tl.int32)
-        for c0 in range(0, BNSB, CH):
-            kc = _block_keys(pm_row, c0 + tl.arange(0, CH), t, n_vis, NSB, SEL, CMP, STRIDE)
-            rank += tl.sum((kc[None, :] > key[:, None]).to(tl.int32), 1)
-        # slot s's block through the index row's first NSEL entries: −1, then each choosable block
-        # of rank < NSEL its index at its rank, read back, then the tokens over them (barriers
-        # between: the program's threads read what others wrote)
-        s = tl.arange(0, BNSEL)
-        tl.store(idx_row + s, tl.full([BNSEL], -1, tl.int32), mask=s < NSEL)
-        tl.debug_barrier()
-        tl.store(idx_row + rank, jb, mask=(key >= 0) & (rank < NSEL))
-        tl.debug_barrier()
-        blk = tl.load(idx_row + s, mask=s < NSEL, other=-1)
-        tl.debug_barrier()
-        tok = blk[:, None] * SEL + o_sel[None, :]
-        tok = tl.where((blk[:, None] >= 0) & (tok <= t), tok, -1)
-        in_slot = (s[:, None] < NSEL) & (o_sel[None, :] < SEL)
-        tl.store(idx_row + s[:, None] * SEL + o_sel[None, :], tok, mask=in_slot)
-    else:
-        left = key >= 0
-        for s_i in range(NSEL):
-            best = tl.max(tl.where(left, key, -1), 0)
-            # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
-            blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
-            tok = blk * SEL + o_sel
-            tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
-            left = left & (jb != blk)
+    for s_i in range(NSEL):
+        best = tl.max(tl.where(left, key, -1), 0)
+        # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
+        blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
+        tok = blk * SEL + o_sel
+        tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
+        left = left & (jb != blk)
 
 
 @triton.jit
@@ -148,10 +109,9 @@ def _cmp_scores(q, kc_base, j, ok, offs_d, SKCN, D: tl.constexpr, qk_scale, DOT_
 def _index_row(
     pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
     STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr,
-    BNSEL: tl.constexpr, RANK: tl.constexpr, CH: tl.constexpr,
 ):  # fmt: skip
     """The row's attended tokens: the chosen blocks' (`_choose_blocks`), then the window's."""
-    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB, BNSEL, RANK, CH)
+    _choose_blocks(pm_row, idx_row, t, n_vis, NSB, SEL, BSEL, CMP, STRIDE, NSEL, BNSB)
     if WINDOW > 0:
         _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
 
@@ -182,7 +142,7 @@ def nsa_decode_select_kernel(
     HQ: tl.constexpr, GRP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr,
     CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr,
-    BW: tl.constexpr, DOT_PREC: tl.constexpr, BNSEL: tl.constexpr, RANK: tl.constexpr, CH: tl.constexpr,
+    BW: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): o_cmp of the group's heads into OCMP `[B, HQ, DV]` (fp32), the group-mean
     probabilities into PM `[B·HKV, NC]` (fp32 scratch), the chosen blocks' tokens into IDX
@@ -223,7 +183,7 @@ def nsa_decode_select_kernel(
     tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc, mask=in_r[:, None] & (offs_dv[None, :] < DV))
     tl.debug_barrier()  # the scratch row is read back across the program's threads
     _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
-               NSEL, BNSB, WINDOW, BW, BNSEL, RANK, CH)  # fmt: skip
+               NSEL, BNSB, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
@@ -274,7 +234,6 @@ def nsa_decode_merge_select_kernel(
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
     BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
     NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr, NSPLIT: tl.constexpr,
-    BNSEL: tl.constexpr, RANK: tl.constexpr, CH: tl.constexpr,
 ):  # fmt: skip
     """Program (b, hk): the splits merged by their max (o_cmp into OCMP), the probabilities from
     the stored scores, their group mean into PM, then `_choose_blocks` (as the one-kernel form)."""
@@ -312,7 +271,7 @@ def nsa_decode_merge_select_kernel(
         tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
     tl.debug_barrier()  # the scratch row is read back across the program's threads
     _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
-               NSEL, BNSB, WINDOW, BW, BNSEL, RANK, CH)  # fmt: skip
+               NSEL, BNSB, WINDOW, BW)  # fmt: skip
 
 
 @triton.jit
@@ -481,15 +440,14 @@ def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
 
 def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
                       return_indices: bool = False, splits: int | None = None,
-                      gate_logits: bool = False, choose: str | None = None):  # fmt: skip
+                      gate_logits: bool = False):  # fmt: skip
     """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
     docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
     k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `splits` of the
     compressed branch (`cmp_splits` when None); `gate_logits`: g holds the gates' logits (their
     sigmoids taken in the combine kernel, no launch of their own). Returns `[B, 1, HQ, V]` in v's
     dtype, and with `return_indices` the attended tokens `[B, 1, HKV, n·l' + w]` (the chosen
-    blocks', the window's). `choose`: how the top-n blocks are found, "rank" or "rounds" (of
-    arg-max; `_choose_blocks`), by default "rank" up to RANK_MAX_BLOCKS blocks; the same blocks."""
+    blocks', the window's)."""
     B, _, HQ, D = q.shape
     L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     NC = k_cmp.shape[1]
@@ -506,14 +464,10 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     nsb = geo.n_sel(L)
     if nsb > MAX_BLOCKS:
         raise ValueError(f"NSA decode takes at most {MAX_BLOCKS} selection blocks, got {nsb} ({L} slots)")
-    if choose not in (None, "rank", "rounds"):
-        raise ValueError(f"choose is 'rank', 'rounds' or None, got {choose!r}")
     warps = 1 if triton_interpreting() else 4
-    bnsb = triton.next_power_of_2(max(nsb, 1))
-    rank = bnsb <= RANK_MAX_BLOCKS if choose is None else choose == "rank"
     sel = dict(SEL=geo.sel, BSEL=triton.next_power_of_2(geo.sel), CMP=geo.cmp, STRIDE=geo.stride, NSEL=nsel,
-               BNSB=bnsb, WINDOW=window, BW=triton.next_power_of_2(max(window, 1)),
-               BNSEL=triton.next_power_of_2(nsel), RANK=rank, CH=min(bnsb, RANK_CHUNK))  # fmt: skip
+               BNSB=triton.next_power_of_2(max(nsb, 1)), WINDOW=window,
+               BW=triton.next_power_of_2(max(window, 1)))  # fmt: skip
     strides = (q.stride(0), *k_cmp.stride()[:3], *v_cmp.stride()[:3])
     ns = cmp_splits(B * HKV, NC, BN, q.device) if splits is None else max(1, int(splits))
     prec = dot_precision(q.dtype)
