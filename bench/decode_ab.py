@@ -39,18 +39,13 @@ from lt2dsl.train.files import atomic_write  # noqa: E402
 TREES = ("new", "base")
 
 
-def run_tree(root: Path, files: list[Path], args, json_path: Path, log_path: Path) -> int:
-    """`lt2dsl bench decode` of the files with `root`'s package first on the path; the return code
-    (124 where it ran past `--timeout`: the points it finished are in its JSON)."""
+def run_in(root: Path, cmd: list[str], args, log_path: Path) -> int:
+    """`cmd` (and `--set` of args) with `root`'s package first on the path, output to `log_path`;
+    the return code (124 where it ran past `--timeout`: what it finished is in its output files)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, "-m", "lt2dsl", "bench", "decode", *map(str, files), "--ctx", args.ctx,
-           "--batch", args.batch, "--steps", str(args.steps), "--warm", str(args.warm),
-           "--json", str(json_path)]  # fmt: skip
-    if args.hw:
-        cmd += ["--hw", args.hw]
     for kv in args.set:
-        cmd += ["--set", kv]
+        cmd = [*cmd, "--set", kv]
     with open(log_path, "w") as log:
         try:
             return subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -59,22 +54,21 @@ def run_tree(root: Path, files: list[Path], args, json_path: Path, log_path: Pat
             return 124
 
 
+def run_tree(root: Path, files: list[Path], args, json_path: Path, log_path: Path) -> int:
+    """`lt2dsl bench decode` of the files with `root`'s package (`run_in`)."""
+    cmd = [sys.executable, "-m", "lt2dsl", "bench", "decode", *map(str, files), "--ctx", args.ctx,
+           "--batch", args.batch, "--steps", str(args.steps), "--warm", str(args.warm),
+           "--json", str(json_path), *(["--hw", args.hw] if args.hw else [])]  # fmt: skip
+    return run_in(root, cmd, args, log_path)
+
+
 def profile_tree(root: Path, files: list[Path], args, out: Path, log_path: Path) -> tuple[int, dict | None]:
-    """`bench/decode_profile.py` (this checkout's script) of the files with `root`'s package first on
-    the path: (return code, its JSON). A profile of another package than `root`'s is an error (1)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    """`bench/decode_profile.py` (this checkout's script) of the files with `root`'s package
+    (`run_in`): (return code, its JSON). A profile of another package than `root`'s is an error (1)."""
     cmd = [sys.executable, str(ROOT / "bench" / "decode_profile.py"), *map(str, files), "--ctx", args.ctx,
            "--batch", args.batch, "--steps", str(args.steps), "--warm", str(args.warm),
            "--profiled", str(args.profiled), "--out", str(out)]  # fmt: skip
-    for kv in args.set:
-        cmd += ["--set", kv]
-    with open(log_path, "w") as log:
-        try:
-            code = subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=args.timeout).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
-            return 124, None
+    code = run_in(root, cmd, args, log_path)
     path = out / "decode_profile.json"
     if code != 0 or not path.is_file():
         return code or 1, None

@@ -264,3 +264,27 @@ def test_decode_ab_summary_takes_each_trees_median():
     assert [k["name"] for k in d["kernels"]] == ["b", "c"]
     assert d["kernels"][1] == {"name": "c", "new_us": 0.0, "base_us": 2.0}
     assert kernel_diff(None, prof({"a": 1.0})) == []
+
+
+def test_decode_ab_refuses_a_profile_of_another_package(tmp_path, monkeypatch):
+    """`profile_tree` takes a profile only of the package of the tree it was run for."""
+    import argparse
+
+    import bench.decode_ab as ab
+
+    def fake_run(root, cmd, args, log_path, package):
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "decode_profile.json").write_text(json.dumps({"package": str(package), "rows": []}))
+        Path(log_path).write_text("")
+        return 0
+
+    args = argparse.Namespace(ctx="16", batch="1", steps=1, warm=0, profiled=1, set=[], timeout=None)
+    tree = tmp_path / "tree"
+    (tree / "lt2dsl").mkdir(parents=True)
+    for package, want in ((tree / "lt2dsl", 0), (ROOT / "lt2dsl", 1)):
+        monkeypatch.setattr(ab, "run_in", lambda *a, package=package: fake_run(*a, package))
+        out = tmp_path / f"p{want}"
+        code, info = ab.profile_tree(tree, [Path("m.lt2")], args, out, tmp_path / f"log{want}")
+        assert code == want and (info is None) == bool(want)
+    assert "expected" in (tmp_path / "log1").read_text()
