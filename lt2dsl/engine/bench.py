@@ -14,9 +14,12 @@ For each model, batch B and context L, through the model's `Engine`:
    `capacity.max_batch` (the largest batch whose cache fits next to the weights).
 
 A point that runs out of memory is recorded as `oom` next to the estimate's largest batch, and the
-larger contexts of that model and batch are skipped. Models given as builders are built at their
-turn and freed after it, so one model's weights never crowd another's points (the estimate's
-largest batch assumes the card holds one model).
+larger contexts of that model and batch are skipped. `summary` condenses each (model, batch): the
+range of measured / estimate, how much of its shortest context's speed the longest context keeps
+next to what the estimate says it keeps (a flat estimate keeps ~1), and whether each OOM and each
+point that ran is where the estimate's largest batch puts it. Models given as builders are built
+at their turn and freed after it, so one model's weights never crowd another's points (the
+estimate's largest batch assumes the card holds one model).
 """
 
 from __future__ import annotations
@@ -251,6 +254,36 @@ def meta(device: torch.device, plan: Plan, dtype: torch.dtype) -> dict:
     }
 
 
+def summary(rows: list[dict]) -> list[dict]:
+    """Per (model, batch), in the rows' order: the contexts measured (`contexts`: shortest and
+    longest that ran), measured / estimate over them (`of_estimate`: lowest, highest), the longest
+    context's tok/s over the shortest's (`kept`) and the estimate's (`estimate_kept`) — None where
+    fewer than two ran — the contexts out of memory (`oom`, skipped ones left out) and whether the
+    estimate's largest batch agrees: every OOM above it, every point that ran within it
+    (`as_estimated`)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["batch"]), []).append(r)
+    out = []
+    for (model, batch), pts in groups.items():
+        ran = sorted((p for p in pts if not p.get("oom")), key=lambda p: p["ctx"])
+        oom = [p for p in pts if p.get("oom") and not p.get("skipped")]
+        ratios = [p["tok_s"] / p["estimate_tok_s"] for p in ran]
+        two = len(ran) >= 2
+        out.append({
+            "model": model,
+            "batch": batch,
+            "contexts": [ran[0]["ctx"], ran[-1]["ctx"]] if ran else [],
+            "of_estimate": [min(ratios), max(ratios)] if ratios else [],
+            "kept": ran[-1]["tok_s"] / ran[0]["tok_s"] if two else None,
+            "estimate_kept": ran[-1]["estimate_tok_s"] / ran[0]["estimate_tok_s"] if two else None,
+            "oom": [p["ctx"] for p in oom],
+            "as_estimated": all(batch > p["estimate_max_batch"] for p in oom)
+            and all(batch <= p["estimate_max_batch"] for p in ran),
+        })  # fmt: skip
+    return out
+
+
 def write_atomic(path: str | os.PathLike, write) -> None:
     """`write(tmp_path)` into a temporary file beside `path`, then move it into place."""
     path = Path(path)
@@ -266,8 +299,11 @@ def write_atomic(path: str | os.PathLike, write) -> None:
             os.unlink(tmp)
 
 
-def write_json(path, info: dict, rows: list[dict]) -> None:
+def write_json(path, info: dict, rows: list[dict], summarized: list[dict] | None = None) -> None:
+    """The run's JSON: `info`, the points, and where given the `summary` of them."""
+    extra = {} if summarized is None else {"summary": summarized}
+
     def write(tmp):
-        Path(tmp).write_text(json.dumps({**info, "points": rows}, indent=2) + "\n")
+        Path(tmp).write_text(json.dumps({**info, "points": rows, **extra}, indent=2) + "\n")
 
     write_atomic(path, write)

@@ -21,7 +21,7 @@ from lt2dsl.cost.cli import parse_lengths
 from lt2dsl.cost.hardware import load_hardware
 from lt2dsl.dtypes import torch_dtype
 from lt2dsl.engine import bench
-from lt2dsl.engine.report import plot, table
+from lt2dsl.engine.report import plot, summary_table, table
 
 # device-name fragment -> hardware preset of the estimate
 CARDS = {"H200": "h200", "H100": "h100", "A100": "a100", "B200": "b200"}
@@ -89,7 +89,11 @@ def bench_decode(args, out, err) -> int:
 
     with progress_bar(err, "decode", models, plan.batches, plan.contexts) as advance:
         rows = bench.run(models, plan, advance, measured)
+    summarized = bench.summary(rows)
+    if args.json:
+        bench.write_json(args.json, info, rows, summarized)
     wide(out).print(table(rows, info))
+    wide(out).print(summary_table(summarized))
     if args.plot:
         plot(args.plot, rows, info)
     return EXIT_OK

@@ -47,6 +47,28 @@ def table(rows: list[dict], info: dict) -> Table:
     return t
 
 
+def summary_table(summarized: list[dict]) -> Table:
+    """`bench.summary` for people: per model and batch, measured / estimate over its contexts, the
+    speed its longest context keeps of its shortest's beside the estimate's, and its OOMs."""
+    t = Table(title="per model and batch", box=box.SIMPLE_HEAVY)
+    t.add_column("model")
+    for name in ("B", "contexts", "measured / estimate", "longest / shortest", "estimated", "out of memory"):
+        t.add_column(name, justify="right")
+
+    def span(v: list) -> str:
+        return "" if not v else f"{v[0]:.2f}" if f"{v[0]:.2f}" == f"{v[1]:.2f}" else f"{v[0]:.2f}–{v[1]:.2f}"
+
+    for s in summarized:
+        ctx = f"{s['contexts'][0]}–{s['contexts'][1]}" if s["contexts"] else "none ran"
+        kept = "" if s["kept"] is None else f"{s['kept']:.2f}"
+        est = "" if s["estimate_kept"] is None else f"{s['estimate_kept']:.2f}"
+        oom = ", ".join(map(str, s["oom"]))
+        if s["oom"] or not s["as_estimated"]:
+            oom += " (as estimated)" if s["as_estimated"] else " (not where the estimate's max batch says)"
+        t.add_row(s["model"], str(s["batch"]), ctx, span(s["of_estimate"]), kept, est, oom.strip())
+    return t
+
+
 def plot(path, rows: list[dict], info: dict) -> None:
     """tok/s against context (log scales): one colour per model and one marker per batch, measured
     solid, the estimate dashed, out-of-memory points as crosses on the estimate line; the legend

@@ -15,7 +15,7 @@ import lt2dsl
 from lt2dsl.cli import main
 from lt2dsl.cost.hardware import load_hardware
 from lt2dsl.engine import bench
-from lt2dsl.engine.report import oom_note, plot, table
+from lt2dsl.engine.report import oom_note, plot, summary_table, table
 
 TOY = """model toy {
   dim = 32
@@ -53,8 +53,10 @@ def test_bench_decode_writes_table_json_and_plot(toy, tmp_path, capsys):
         assert p["estimate_step_bytes"] >= WEIGHTS
         assert p["bandwidth_gb_s"] == pytest.approx(p["estimate_step_bytes"] / p["step_ms"] / 1e6)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data["summary"] == bench.summary(data["points"])
+    assert [(s["batch"], s["contexts"]) for s in data["summary"]] == [(1, [8, 16]), (2, [8, 16])]
     text = capsys.readouterr().out
-    assert "tok/s" in text and "estimate tok/s" in text and "toy" in text
+    assert "tok/s" in text and "estimate tok/s" in text and "toy" in text and "longest / shortest" in text
 
 
 def test_bench_decode_runs_each_model_once_per_rule_set(toy, tmp_path):
@@ -126,6 +128,39 @@ def test_an_out_of_memory_point_is_recorded_and_compared(monkeypatch, tmp_path):
     assert table(rows, info).row_count == 6
     plot(tmp_path / "p.png", rows, info)
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def point(model, batch, ctx, tok_s=None, est=100.0, cap=4, **kw):
+    row = {"model": model, "batch": batch, "ctx": ctx, "estimate_tok_s": est, "estimate_max_batch": cap}
+    return row | ({"tok_s": tok_s} if tok_s is not None else {"oom": True}) | kw
+
+
+def test_summary_condenses_each_model_and_batch():
+    """Per (model, batch): measured / estimate's range, the longest context's speed over the
+    shortest's beside the estimate's, the OOMs (not the skipped) and whether the estimate's largest
+    batch puts each point where it fell; one point or none leaves the ratios out."""
+    rows = [
+        point("a", 1, 32, tok_s=45.0, est=90.0, cap=8),
+        point("a", 1, 8, tok_s=60.0, est=100.0, cap=9),
+        point("a", 8, 8, tok_s=300.0, est=400.0, cap=9),
+        point("a", 8, 32, cap=2),
+        point("a", 8, 64, cap=1, skipped=True),
+        point("b", 2, 8, tok_s=50.0, est=50.0, cap=1),
+        point("c", 4, 8, cap=8),
+    ]
+    got = {(s["model"], s["batch"]): s for s in bench.summary(rows)}
+    assert list(got) == [("a", 1), ("a", 8), ("b", 2), ("c", 4)]
+    a1 = got["a", 1]
+    assert a1["contexts"] == [8, 32] and a1["of_estimate"] == pytest.approx([0.5, 0.6])
+    assert a1["kept"] == pytest.approx(0.75) and a1["estimate_kept"] == pytest.approx(0.9)
+    assert a1["oom"] == [] and a1["as_estimated"]
+    a8 = got["a", 8]
+    assert a8["oom"] == [32] and a8["as_estimated"]
+    assert a8["kept"] is None and a8["of_estimate"] == [0.75, 0.75]
+    assert not got["b", 2]["as_estimated"]  # it ran at batch 2 where the estimate's largest is 1
+    c = got["c", 4]
+    assert c["contexts"] == [] and c["oom"] == [8] and not c["as_estimated"]  # it expected batch 4 to fit
+    assert summary_table(bench.summary(rows)).row_count == 4
 
 
 def test_autotuners_keep_their_results_on_disk():
