@@ -320,8 +320,10 @@ def test_the_indexer_loss_reads_nothing_back_on_the_host(tmp_path, monkeypatch, 
     that a capture would refuse, and the buffer holds one value per application."""
     # the Triton kernels run on the GPU where there is one, else in the interpreter
     device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
-    training = {**BASE["training"], "indexer_loss": 1.0, "device": device}
-    cfg = with_graph(config(tmp_path, "reads", **{**BASE, "training": training}))
+    # one row of 16 tokens a micro-batch: the interpreter runs a program per query row
+    training = {**BASE["training"], "batch_size": 2, "indexer_loss": 1.0, "device": device}
+    data = {**BASE["data"], "seq_len": 16}
+    cfg = with_graph(config(tmp_path, "reads", **{**BASE, "training": training, "data": data}))
     cfg["model"]["backend"] = backend
     tr = Trainer(validate(cfg), init_dist(device))
     batches = [b.to(torch.device(device)) for b in tr.data.train.next_step()]
