@@ -5,10 +5,14 @@ kernels). The functions are bound here eagerly: a lazy module `__getattr__` woul
 the op's subpackage of the same name as soon as anything imported that subpackage.
 """
 
+from lt2dsl.env import triton_interpreting
 from lt2dsl.kernels.common.backend import keep_autotune_results
+from lt2dsl.kernels.common.interpreter import skip_nested_patching
 
 # before the op modules below make their autotuners (they read the switch when made)
 keep_autotune_results()
+if triton_interpreting():
+    skip_nested_patching()
 
 from lt2dsl.kernels.attention import attention  # noqa: E402
 from lt2dsl.kernels.delta import delta_rule, gated_delta_rule, kda  # noqa: E402
