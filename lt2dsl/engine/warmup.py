@@ -26,6 +26,9 @@ def run(args, out, err) -> int:
     if models is None:
         return EXIT_ERRORS
     batches, contexts = sizes(args.batch, "--batch"), sizes(args.ctx, "--ctx")
+    if device.type != "cuda":
+        # the compile and autotune caches it fills are a GPU's; on the CPU it only times generates
+        err.print(f"note: on {device.type} no kernel is compiled or tuned; warm up on the GPU that decodes")
     with progress_bar(err, "warm-up", models, batches, contexts) as advance:
         rows = bench.warm(models, batches, contexts, advance)
     t = Table(title=f"warm-up on {bench.device_name(device)}")
