@@ -62,9 +62,9 @@ def reference_blocks(q, kc, vc, t, geometry: dict) -> list[set[int]]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits):
     """The compressed branch in one kernel, and split in whole tiles (16 keys under the
-    interpreter) merged by a second kernel: the general geometry's 23 compressed keys in splits of
-    16 and 7 (a row that sees 3 leaves the second empty, one that sees none both), the peer's 12 in
-    one."""
+    interpreter), the blocks chosen in slices of 4 and the splits merged per head by the combine
+    kernel: the general geometry's 23 compressed keys in splits of 16 and 7 (a row that sees 3
+    leaves the second empty, one that sees none both), the peer's 12 in one."""
     geometry = dict(GEOMETRIES[geo], select=5, window=window)
     q, k, v, gates, kc, vc, t = inputs(GEOMETRIES[geo], dtype)
     got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits)
@@ -87,6 +87,27 @@ def test_decode_step_matches_the_dense_reference(geo, window, dtype, splits):
             for row in rows:
                 toks = [i for i in row if i >= 0]
                 assert len(set(toks)) == len(toks) and all(i <= POSITIONS[b] for i in toks)
+
+
+@pytest.mark.parametrize("geo", list(GEOMETRIES))
+def test_split_form_slices_choose_as_one_slice(geo):
+    """The split form scores and ranks the selection blocks in slices of 1, 2, 4 and 16 blocks
+    (12 and 6 blocks here: up to 12 slices, slices with fewer choosable blocks than the 5 chosen,
+    rows with fewer than 5 in all): the same index rows, in order, and the same output as one
+    slice of every block (the same kept scores, so the same keys), and the reference's blocks."""
+    geometry = dict(GEOMETRIES[geo], select=5, window=8)
+    q, k, v, gates, kc, vc, t = inputs(GEOMETRIES[geo], torch.float32, seed=3)
+    run = lambda n: nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True,  # noqa: E731
+                                      splits=2, slice_blocks=n)  # fmt: skip
+    one_o, one_idx = run(16)
+    for n in (1, 2, 4):
+        o, idx = run(n)
+        assert torch.equal(idx, one_idx), f"slices of {n} blocks"
+        assert torch.equal(o, one_o), f"slices of {n} blocks"
+    n_slc = 5 * GEOMETRIES[geo]["block"]
+    rows = one_idx[..., :n_slc].reshape(-1, n_slc)
+    blocks = [{int(i) // GEOMETRIES[geo]["block"] for i in row.tolist() if i >= 0} for row in rows]
+    assert blocks == reference_blocks(q, kc, vc, t, geometry)
 
 
 def test_gate_logits_take_their_sigmoid_in_the_kernel():
@@ -172,14 +193,20 @@ def test_compress_step_writes_the_blocks_a_step_completes(mlp, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 4], ids=["one-kernel", "split"])
-def test_gpu_example_geometry_matches_the_reference(splits):
+@pytest.mark.parametrize(
+    "splits, Lb, slices",
+    [(1, 4096, None), (4, 4096, None), (4, 4096, 8), (None, 32768, None)],
+    ids=["one-kernel", "split", "split-8-slices", "32k-own-rule"],
+)
+def test_gpu_example_geometry_matches_the_reference(splits, Lb, slices):
     """`examples/lt2_sparse_nsa.lt2`'s geometry (l' = 64, l = 32, d = 16, 16 blocks, window 512, 16
     query heads on one kv head of 128) over a 4096-slot buffer, rows at 40, 1000 and 4095, fp32:
-    the same blocks and output as the dense reference."""
+    the same blocks and output as the dense reference; the split form with one slice of 64 blocks
+    and with 8 slices of 8; and over 32,768 slots (rows at 40, 20,000, 32,767) with the kernel's own
+    splits and slices (8 slices of 64 blocks)."""
     geometry = dict(block=64, cmp_block=32, stride=16, select=16, window=512)
     g = torch.Generator(device="cuda").manual_seed(0)
-    B, Lb, H, d = 3, 4096, 16, 128
+    B, H, d = 3, 16, 128
     NC = NSAGeometry.make(64, 32, 16).n_cmp(Lb)
 
     def r(*s):
@@ -188,8 +215,9 @@ def test_gpu_example_geometry_matches_the_reference(splits):
     q, k, v = r(B, 1, H, d) * 2, r(B, Lb, 1, d), r(B, Lb, 1, d)
     kc, vc = r(B, 1, NC, d).transpose(1, 2), r(B, 1, NC, d).transpose(1, 2)
     gates = torch.sigmoid(r(B, 1, H, 3))
-    t = torch.tensor([40, 1000, 4095], device="cuda")
-    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits)
+    t = torch.tensor([40, 1000 if Lb == 4096 else 20_000, Lb - 1], device="cuda")
+    got, idx = nsa_decode_triton(q, k, v, gates, kc, vc, t, geometry, return_indices=True, splits=splits,
+                                 slice_blocks=slices)  # fmt: skip
     want = nsa_rows(*(x.double() for x in (q, k, v, gates, kc, vc)), t, geometry)
     assert_close("o", got.double(), want, 1e-4)
     blocks = [{int(i) // 64 for i in row.tolist() if i >= 0} for row in idx[..., : 16 * 64].reshape(B, -1)]

@@ -32,12 +32,13 @@ def mean_n_cmp(L: int, l: int, s: int) -> float:
 class NsaSpec(LayerSpec):
     def decode_kernels(self, o: Opts, cfg: ModelConfig, batch: int, L: int) -> int:
         """In-projection GEMM, RoPE into the cache, the compressed-key update, block selection
-        (the compressed branch split over programs and merged, two launches, while batch × kv
-        heads leave SMs idle and more than four tiles of compressed keys are cached), split sparse
-        attention and its combine, o_proj."""
+        (one launch; three while batch × kv heads leave SMs idle and more than four tiles of
+        compressed keys are cached: the compressed branch split over programs, the blocks scored
+        and ranked in slices, the row's top n of the slices'), split sparse attention and its
+        combine, o_proj."""
         tile = 64 if o["head_dim"] <= 128 else 32  # `kernels.nsa.triton_decode.select_tile`
         nc = n_cmp(L, o["cmp_block"], o["stride"])
-        return 7 + (batch * o["kv_heads"] < DECODE_SMS and nc > CMP_SPLIT_TILES * tile)
+        return 7 + 2 * (batch * o["kv_heads"] < DECODE_SMS and nc > CMP_SPLIT_TILES * tile)
 
     def decode_once(self, o: Opts, cfg: ModelConfig) -> dict[tuple, int]:
         return {rope_key(o): 2}

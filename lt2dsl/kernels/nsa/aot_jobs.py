@@ -6,7 +6,8 @@ the `cmp_stride`): bf16, D = 128, 16 query heads on one kv head, causal, no gate
 The selected branch is DSA's sparse attention (`dsa.aot_jobs`), the window branch the attention's
 (`attention.aot_jobs`). `group_probs`: 64 x 64 tiles, 4 warps. The decode step
 (`triton_decode`) at the example's geometry (l' = 64, l = 32, d = 16, 16 blocks chosen) over up to
-128k slots (2048 selection blocks), bf16, 4 warps; its branches are DSA's sparse attention.
+128k slots (2048 selection blocks), bf16, 4 warps (the split form's final choice one); its
+branches are DSA's sparse attention.
 """
 
 from __future__ import annotations
@@ -56,18 +57,26 @@ def _decode() -> list[Job]:
     scalars_split = scalars | {"CHUNK": "i32"}
     jobs += tuned_jobs("nsa/decode-cmp-split", TD.nsa_decode_cmp_split_kernel, split, scalars_split,
                        scex | {"NSPLIT": 8}, **kw)  # fmt: skip
-    merge = {"POS": "*i64", "SC": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32", "O_PART": "*fp32"}
-    merge |= {"OCMP": "*fp32", "PM": "*fp32", "IDX": "*i32"}
-    mcex = {k: cex[k] for k in ("HQ", "GRP", "DV", "BDV", "BR", "BN", "SEL", "BSEL", "CMP", "STRIDE", "NSEL")}
-    mcex |= {"WINDOW": 512, "BW": 512}
-    jobs += tuned_jobs("nsa/decode-merge-select", TD.nsa_decode_merge_select_kernel, merge,
-                       {"NC": "i32", "NSB": "i32"}, mcex | {"BNSB": 2048, "NSPLIT": 8}, **kw)  # fmt: skip
+    # the block choice of the split form: slices of 64 blocks over 128k slots, then the row's top n
+    sl = {"POS": "*i64", "SC": "*fp32", "M_PART": "*fp32", "L_PART": "*fp32", "CAND": "*i64"}
+    slcex = dict(HKV=1, GRP=16, BR=16, SEL=64, CMP=32, STRIDE=STRIDE, NSEL=16, BNS=16,
+                 BSB=TD.select_slice_blocks(), NSPLIT=8, BS=8)  # fmt: skip
+    jobs += tuned_jobs("nsa/decode-slice-select", TD.nsa_decode_slice_select_kernel, sl,
+                       {"NC": "i32", "NSB": "i32"}, slcex, **kw)  # fmt: skip
+    ch = {"POS": "*i64", "CAND": "*i64", "IDX": "*i32"}
+    chcex = dict(HKV=1, SEL=64, BSEL=64, NSEL=16, BC=512, BNSB=2048, WINDOW=512, BW=512)
+    jobs += tuned_jobs("nsa/decode-choose", TD.nsa_decode_choose_kernel, ch, {"NCAND": "i32"}, chcex,
+                       launch=(1, 1), aligned=(), max_stack=MAX_STACK)  # fmt: skip
     # the mix of the sparse attention's chunks (DSA's split kernel: `dsa.aot_jobs`) per branch
-    combine = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OCMP": "*fp32", "G": "*bf16", "OUT": "*bf16"}
-    ccex = dict(HQ=16, GRP=16, DV=128, BDV=128, BR=16, NSPLIT=24, BS=32, LOGITS=True)
+    combine = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OCMP": "*fp32", "CM_PART": "*fp32"}
+    combine |= {"CL_PART": "*fp32", "CO_PART": "*fp32", "G": "*bf16", "OUT": "*bf16"}
     cscalars = {"SG": "i32", "NS_SLC": "i32"}
     kernel = TD.nsa_decode_combine_kernel
-    jobs += tuned_jobs("nsa/decode-combine", kernel, combine, cscalars, ccex, launch=(4, 1), aligned=())
+    for nsc in (0, 64):  # o_cmp from the one-kernel form, or merged from the split form's partials
+        ccex = dict(HQ=16, GRP=16, DV=128, BDV=128, BR=16, NSPLIT=24, BS=32, LOGITS=True, NSC=nsc,
+                    BSC=max(nsc, 1), CBR=16)  # fmt: skip
+        jobs += tuned_jobs(f"nsa/decode-combine-nsc{nsc}", kernel, combine, cscalars, ccex, launch=(4, 1),
+                           aligned=())  # fmt: skip
     # the compression of k and v in one launch
     ptrs = {f"{n}{i}": "*bf16" for i in "01" for n in ("X", "BUF", "PE", "W", "BIAS")} | {"POS": "*i64"}
     strides = ("SXB", "SXT", "SXH", "SBB", "SBH", "SBN")

@@ -17,14 +17,17 @@ in work proportional to what a row sees rather than to the buffer:
    o = g_slc · o_slc + g_cmp · o_cmp + g_swa · o_swa per head in fp32, rounded once.
 
 Where the B·HKV programs are too few to fill the card and the buffer holds many compressed keys
-(a long context at small batch: one SM would stream them all twice), step 1 is two launches:
-`nsa_decode_cmp_split_kernel` over splits of the compressed keys (one pass: scores kept in a
-scratch row, partial max, sum and o), `nsa_decode_merge_select_kernel` merging them and choosing
-the blocks from the kept scores (`cmp_splits`). Before them, `nsa_decode_compress_kernel`
-(`compress_step`) writes the compression block a row's new token completes, of k and v in one
-launch (nothing where none completes, 15 steps in 16 at d = 16).
+(a long context at small batch: one SM would stream them all twice), step 1 is three launches,
+each spread over the context rather than one program's serial loop (whose round trips grow with
+it): `nsa_decode_cmp_split_kernel` over splits of the compressed keys (one pass: scores kept in a
+scratch row, partial max, sum and o), `nsa_decode_slice_select_kernel` over slices of the
+selection blocks (the splits' statistics merged as one tile, the slice's block scores from the
+kept scores, its top n by rank), `nsa_decode_choose_kernel` the row's top n among the slices'
+(`cmp_splits`); the combine kernel then merges o_cmp from the splits per head. Before them,
+`nsa_decode_compress_kernel` (`compress_step`) writes the compression block a row's new token
+completes, of k and v in one launch (nothing where none completes, 15 steps in 16 at d = 16).
 
-Three or four launches for the attention, one for the compression; none reads a slot the row
+Three or five launches for the attention, one for the compression; none reads a slot the row
 cannot see.
 """
 
@@ -56,6 +59,28 @@ def _visible(POS, b, NC, CMP: tl.constexpr, STRIDE: tl.constexpr):
 
 
 @triton.jit
+def _block_keys(p_slc, jb, t, NSB, SEL: tl.constexpr):
+    """One int64 ranking key per selection block jb: its score's bits (a non-negative float's
+    order is its bits' order; blocks 0, ⌊t/l'⌋ and the one before forced to +inf) above its
+    index reversed, so a larger key is a higher score, ties to the lower block; −1 for the blocks
+    the row may not choose (after ⌊t/l'⌋, or past the buffer's NSB)."""
+    cur = t // SEL
+    forced = (jb == 0) | (jb == cur) | (jb == cur - 1)
+    score = tl.where(forced, float("inf"), p_slc)
+    key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
+    return tl.where((jb <= cur) & (jb < NSB), key, -1)
+
+
+@triton.jit
+def _write_block(dst, key, t, SEL: tl.constexpr, o_sel, BNSB: tl.constexpr):
+    """The tokens ≤ t of the block whose key is `key` into dst[0 : SEL], −1 past t; key −1 (no
+    block left) writes the tokens of block BNSB, which all lie past the buffer (BNSB · SEL ≥ L > t)."""
+    blk = tl.where(key >= 0, IDX_MASK - (key & IDX_MASK), BNSB).to(tl.int32)
+    tok = blk * SEL + o_sel
+    tl.store(dst + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
+
+
+@triton.jit
 def _choose_blocks(
     pm_row, idx_row, t, n_vis, NSB, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr,
     STRIDE: tl.constexpr, NSEL: tl.constexpr, BNSB: tl.constexpr,
@@ -72,21 +97,12 @@ def _choose_blocks(
             src = A * jb - mi - u
             hit = (src >= 0) & (src < n_vis) & (jb < NSB)
             p_slc += tl.load(pm_row + tl.where(hit, src, 0), mask=hit, other=0.0)
-    cur = t // SEL
-    forced = (jb == 0) | (jb == cur) | (jb == cur - 1)
-    left = (jb <= cur) & (jb < NSB)
-    score = tl.where(forced, float("inf"), p_slc)
-    # one int64 key a block: the score's bits (a non-negative float's order is its bits' order)
-    # above the block's index reversed, so one max is the arg-max with ties to the lower block
-    key = (score.to(tl.int32, bitcast=True).to(tl.int64) << 20) | (IDX_MASK - jb)
+    key = _block_keys(p_slc, jb, t, NSB, SEL)
     o_sel = tl.arange(0, BSEL)
     for s_i in range(NSEL):
-        best = tl.max(tl.where(left, key, -1), 0)
-        # no block left: BNSB, whose tokens all lie past the buffer (BNSB · SEL ≥ L > t)
-        blk = tl.where(best >= 0, IDX_MASK - (best & IDX_MASK), BNSB).to(tl.int32)
-        tok = blk * SEL + o_sel
-        tl.store(idx_row + s_i * SEL + o_sel, tl.where(tok <= t, tok, -1).to(tl.int32), mask=o_sel < SEL)
-        left = left & (jb != blk)
+        best = tl.max(key, 0)
+        _write_block(idx_row + s_i * SEL, best, t, SEL, o_sel, BNSB)
+        key = tl.where(key == best, -1, key)
 
 
 @triton.jit
@@ -229,64 +245,102 @@ def nsa_decode_cmp_split_kernel(
 
 
 @triton.jit
-def nsa_decode_merge_select_kernel(
-    POS, SC, M_PART, L_PART, O_PART, OCMP, PM, IDX, NC, NSB,
-    HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    BN: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr,
-    NSEL: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr, NSPLIT: tl.constexpr,
+def _merged_stats(M_PART, L_PART, pid, r, NSPLIT: tl.constexpr, BS: tl.constexpr, BR: tl.constexpr):
+    """Row r's max and sum over all splits of the compressed branch, from the split partials
+    `[B·HKV, NSPLIT, BR]` loaded as one `[BS, BR]` tile (one round trip, not one a split): the
+    max (0 where every score is −inf), each split's weight 2^(m_split − max) `[BS, BR]`, 1/sum
+    (0 where the sum is 0)."""
+    sp = tl.arange(0, BS)
+    live = sp < NSPLIT
+    part = (pid.to(tl.int64) * NSPLIT + sp)[:, None] * BR + r[None, :]
+    mp = tl.load(M_PART + part, mask=live[:, None], other=float("-inf"))
+    lp = tl.load(L_PART + part, mask=live[:, None], other=0.0)
+    m = tl.max(mp, 0)
+    m_fin = tl.where(m > float("-inf"), m, 0.0)
+    w = tl.where(mp > float("-inf"), tl.exp2(mp - m_fin[None, :]), 0.0)
+    l_i = tl.sum(w * lp, 0)
+    return m_fin, w, tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+
+
+@triton.jit
+def nsa_decode_slice_select_kernel(
+    POS, SC, M_PART, L_PART, CAND, NC, NSB, HKV: tl.constexpr, GRP: tl.constexpr, BR: tl.constexpr,
+    SEL: tl.constexpr, CMP: tl.constexpr, STRIDE: tl.constexpr, NSEL: tl.constexpr, BNS: tl.constexpr,
+    BSB: tl.constexpr, NSPLIT: tl.constexpr, BS: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, hk): the splits merged by their max (o_cmp into OCMP), the probabilities from
-    the stored scores, their group mean into PM, then `_choose_blocks` (as the one-kernel form)."""
-    HKV: tl.constexpr = HQ // GRP
-    pid = tl.program_id(0)
-    b, hk = pid // HKV, pid % HKV
-    t, n_vis = _visible(POS, b, NC, CMP, STRIDE)
+    """Program (b·HKV + hk, slice): selection blocks [slice·BSB, (slice+1)·BSB). Their scores from
+    the split form's kept scores SC `[B·HKV, BR, NC]` (log2 units) and the merged statistics (the
+    group-mean probabilities of the compressed keys each block covers, as `_choose_blocks`), their
+    ranking keys (`_block_keys`), and the slice's top NSEL keys by rank (a block's rank: how many
+    keys of the slice exceed its own; the keys are distinct) into CAND `[B·HKV, slices, NSEL]` in
+    rank order, −1 where the slice has fewer choosable blocks. Every slice works at once: the work
+    a row's context adds spreads over the card instead of one program's serial loop."""
+    A: tl.constexpr = SEL // STRIDE
+    U: tl.constexpr = CMP // STRIDE
+    pid, sl = tl.program_id(0), tl.program_id(1)
+    t, n_vis = _visible(POS, pid // HKV, NC, CMP, STRIDE)
     r = tl.arange(0, BR)
     in_r = r < GRP
-    offs_dv = tl.arange(0, BDV)
-    base = pid.to(tl.int64) * NSPLIT
-    m = tl.full([BR], float("-inf"), dtype=tl.float32)
-    for sp in range(NSPLIT):
-        m = tl.maximum(m, tl.load(M_PART + (base + sp) * BR + r))
-    m_fin = tl.where(m > float("-inf"), m, 0.0)
-    l_i = tl.zeros([BR], dtype=tl.float32)
-    acc = tl.zeros([BR, BDV], dtype=tl.float32)
-    for sp in range(NSPLIT):
-        part = (base + sp) * BR + r
-        w = tl.exp2(tl.load(M_PART + part) - m_fin)
-        l_i += w * tl.load(L_PART + part)
-        acc += w[:, None] * tl.load(O_PART + part[:, None] * BDV + offs_dv[None, :])
-    inv_l = tl.where(l_i > 0.0, 1.0 / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
-    o_rows = (b * HQ + hk * GRP + r).to(tl.int64) * DV
-    tl.store(OCMP + o_rows[:, None] + offs_dv[None, :], acc * inv_l[:, None],
-             mask=in_r[:, None] & (offs_dv[None, :] < DV))  # fmt: skip
+    m_fin, _, inv_l = _merged_stats(M_PART, L_PART, pid, r, NSPLIT, BS, BR)
     sc_rows = SC + (pid.to(tl.int64) * BR + r)[:, None] * NC
-    pm_row = PM + pid.to(tl.int64) * NC
-    for j0 in range(0, n_vis, BN):
-        j = j0 + tl.arange(0, BN)
-        ok = j < n_vis
-        s = tl.load(sc_rows + j[None, :], mask=in_r[:, None] & ok[None, :], other=float("-inf"))
-        p = tl.exp2(s - m_fin[:, None]) * inv_l[:, None]
-        p = tl.where(in_r[:, None] & ok[None, :], p, 0.0)
-        tl.store(pm_row + j, tl.sum(p, 0) / GRP, mask=ok)
-    tl.debug_barrier()  # the scratch row is read back across the program's threads
-    _index_row(pm_row, IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW), t, n_vis, NSB, SEL, BSEL, CMP, STRIDE,
-               NSEL, BNSB, WINDOW, BW)  # fmt: skip
+    jb = sl * BSB + tl.arange(0, BSB)
+    p_slc = tl.zeros([BSB], dtype=tl.float32)
+    for mi in tl.static_range(A):
+        for u in tl.static_range(U):
+            src = A * jb - mi - u
+            hit = (src >= 0) & (src < n_vis) & (jb < NSB)
+            ok = in_r[:, None] & hit[None, :]
+            s = tl.load(sc_rows + tl.where(hit, src, 0)[None, :], mask=ok, other=float("-inf"))
+            p = tl.where(ok, tl.exp2(s - m_fin[:, None]) * inv_l[:, None], 0.0)
+            p_slc += tl.sum(p, 0) / GRP
+    key = _block_keys(p_slc, jb, t, NSB, SEL)
+    rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), 1)
+    n_ok = tl.sum((key >= 0).to(tl.int32), 0)
+    cand = CAND + (pid.to(tl.int64) * tl.num_programs(1) + sl) * NSEL
+    tl.store(cand + rank, key, mask=(key >= 0) & (rank < NSEL))
+    slot = tl.arange(0, BNS)
+    tl.store(cand + slot, tl.full([BNS], -1, tl.int64), mask=(slot >= n_ok) & (slot < NSEL))
+
+
+@triton.jit
+def nsa_decode_choose_kernel(
+    POS, CAND, IDX, NCAND, HKV: tl.constexpr, SEL: tl.constexpr, BSEL: tl.constexpr, NSEL: tl.constexpr,
+    BC: tl.constexpr, BNSB: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    """Program b·HKV + hk (one warp: its arg-max rounds are shuffles, no shared memory): the row's
+    top NSEL blocks among the NCAND slice candidates (the slices' top NSEL hold the row's), by NSEL
+    rounds of arg-max in the order `_choose_blocks` writes them, each block's tokens ≤ t into IDX
+    `[B, HKV, NSEL·SEL + WINDOW]` (−1 pads), then the window's."""
+    pid = tl.program_id(0)
+    t = tl.load(POS + pid // HKV).to(tl.int32)
+    c = tl.arange(0, BC)
+    key = tl.load(CAND + pid.to(tl.int64) * NCAND + c, mask=c < NCAND, other=-1)
+    idx_row = IDX + pid.to(tl.int64) * (NSEL * SEL + WINDOW)
+    o_sel = tl.arange(0, BSEL)
+    for s_i in range(NSEL):
+        best = tl.max(key, 0)
+        _write_block(idx_row + s_i * SEL, best, t, SEL, o_sel, BNSB)
+        key = tl.where(key == best, -1, key)
+    if WINDOW > 0:
+        _window_tokens(idx_row + NSEL * SEL, t, WINDOW, BW)
 
 
 @triton.jit
 def nsa_decode_combine_kernel(
-    O_PART, LSE_PART, OCMP, G, OUT, SG, NS_SLC,
+    O_PART, LSE_PART, OCMP, CM_PART, CL_PART, CO_PART, G, OUT, SG, NS_SLC,
     HQ: tl.constexpr, GRP: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr,
-    NSPLIT: tl.constexpr, BS: tl.constexpr, LOGITS: tl.constexpr,
+    NSPLIT: tl.constexpr, BS: tl.constexpr, LOGITS: tl.constexpr, NSC: tl.constexpr, BSC: tl.constexpr,
+    CBR: tl.constexpr,
 ):  # fmt: skip
     """Program (b·HKV + hk, row r of the group): the partials of
     `dsa.triton_attn._sparse_split_kernel` over one index row (splits [0, NS_SLC) the selected
     blocks' tokens, the rest the window's) merged per branch by their lse, then OUT = g_slc · o_slc +
     g_cmp · o_cmp + g_swa · o_swa in fp32 for head hk·GRP + r, cast once. The splits are one vector
     of BS ≥ NSPLIT (their loads go out together). G the gates `[B, HQ, 3]` (cmp, slc, swa), rows SG
-    apart (with LOGITS their logits: the weights are their sigmoids, taken here in fp32); OCMP
-    `[B, HQ, DV]`."""
+    apart (with LOGITS their logits: the weights are their sigmoids, taken here in fp32). o_cmp:
+    OCMP `[B, HQ, DV]` (NSC = 0), or merged here from the compressed branch's NSC split partials
+    (`nsa_decode_cmp_split_kernel`'s, rows CBR apart; BSC ≥ NSC, one vector), so no program merges
+    them all for the whole group."""
     HKV: tl.constexpr = HQ // GRP
     pid, r = tl.program_id(0), tl.program_id(1)
     b, hk = pid // HKV, pid % HKV
@@ -317,7 +371,19 @@ def nsa_decode_combine_kernel(
     m = offs < DV
     o = o_s * (g_slc / tl.where(den_s > 0.0, den_s, 1.0))
     o += (g_swa / tl.where(den_w > 0.0, den_w, 1.0)) * o_w
-    o += g_cmp * tl.load(OCMP + head * DV + offs, mask=m, other=0.0)
+    if NSC == 0:
+        o_cmp = tl.load(OCMP + head * DV + offs, mask=m, other=0.0)
+    else:
+        spc = tl.arange(0, BSC)
+        live_c = spc < NSC
+        part_c = (pid.to(tl.int64) * NSC + spc) * CBR + r
+        m_c = tl.load(CM_PART + part_c, mask=live_c, other=float("-inf"))
+        top = tl.max(m_c, 0)
+        w_c = tl.where(m_c > float("-inf"), tl.exp2(m_c - tl.where(top > float("-inf"), top, 0.0)), 0.0)
+        l_c = tl.sum(w_c * tl.load(CL_PART + part_c, mask=live_c, other=0.0), 0)
+        o_c = tl.load(CO_PART + part_c[:, None] * BDV + offs[None, :], mask=live_c[:, None], other=0.0)
+        o_cmp = tl.sum(w_c[:, None] * o_c, 0) * tl.where(l_c > 0.0, 1.0 / tl.where(l_c > 0.0, l_c, 1.0), 0.0)
+    o += g_cmp * o_cmp
     tl.store(OUT + head * DV + offs, cast(o, OUT.dtype.element_ty), mask=m)
 
 
@@ -386,6 +452,12 @@ def select_tile(d: int) -> int:
     return 64 if d <= 128 else 32
 
 
+def select_slice_blocks() -> int:
+    """Selection blocks one program of the split form scores and ranks: 64 (a 64 x 64 rank
+    comparison a slice; 4 under the interpreter, so the CPU tests run several slices)."""
+    return 4 if triton_interpreting() else 64
+
+
 def compress_step(bufs, xs, t, cmp_block: int, stride: int, phis: tuple) -> tuple[torch.Tensor, ...]:
     """`engine.sparse.compress_rows` on the Triton path, for the keys and the values at once (or
     one of them): the newest compression block of each row whose new token completes one, φ the
@@ -440,14 +512,15 @@ def cmp_splits(programs: int, nc: int, bn: int, device) -> int:
 
 def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float | None = None,
                       return_indices: bool = False, splits: int | None = None,
-                      gate_logits: bool = False):  # fmt: skip
+                      gate_logits: bool = False, slice_blocks: int | None = None):  # fmt: skip
     """NSA of one query per row at position t_b, as `engine.sparse.nsa_rows` (see the module
     docstring). q `[B, 1, HQ, K]`; k, v `[B, L, HKV, *]` buffers; g `[B, 1, HQ, 3]` (cmp, slc, swa);
     k_cmp, v_cmp `[B, NC, HKV, *]` (any strides, last dim contiguous); t `[B]`; `splits` of the
-    compressed branch (`cmp_splits` when None); `gate_logits`: g holds the gates' logits (their
-    sigmoids taken in the combine kernel, no launch of their own). Returns `[B, 1, HQ, V]` in v's
-    dtype, and with `return_indices` the attended tokens `[B, 1, HKV, n·l' + w]` (the chosen
-    blocks', the window's)."""
+    compressed branch (`cmp_splits` when None); `slice_blocks`: selection blocks a program of the
+    split form scores and ranks (`select_slice_blocks` when None); `gate_logits`: g holds the
+    gates' logits (their sigmoids taken in the combine kernel, no launch of their own). Returns
+    `[B, 1, HQ, V]` in v's dtype, and with `return_indices` the attended tokens
+    `[B, 1, HKV, n·l' + w]` (the chosen blocks', the window's)."""
     B, _, HQ, D = q.shape
     L, HKV, DV = k.shape[1], k.shape[2], v.shape[3]
     NC = k_cmp.shape[1]
@@ -458,8 +531,6 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     hc = head_constexprs(q, k, v)
     G, BR, BN = HQ // HKV, pow2(HQ // HKV), select_tile(D)
     n_slc = nsel * geo.sel
-    o_cmp = new_empty(q, B, HQ, DV, dtype=torch.float32)
-    pm = new_empty(q, B * HKV, max(NC, 1), dtype=torch.float32)
     idx = new_empty(q, B, 1, HKV, n_slc + window, dtype=torch.int32)
     nsb = geo.n_sel(L)
     if nsb > MAX_BLOCKS:
@@ -472,10 +543,13 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     ns = cmp_splits(B * HKV, NC, BN, q.device) if splits is None else max(1, int(splits))
     prec = dot_precision(q.dtype)
     if ns == 1:
+        o_cmp = new_empty(q, B, HQ, DV, dtype=torch.float32)
+        pm = new_empty(q, B * HKV, max(NC, 1), dtype=torch.float32)
         nsa_decode_select_kernel[(B * HKV,)](
             q, k_cmp, v_cmp, t, o_cmp, pm, idx, NC, nsb, scale * LOG2E, *strides, **hc, BR=BR, BN=BN, **sel,
             DOT_PREC=prec, num_warps=warps, num_stages=1,
         )  # fmt: skip
+        cmp_parts, nsc = (o_cmp, o_cmp, o_cmp), 0  # the partials unread where NSC = 0
     else:
         chunk = triton.cdiv(triton.cdiv(max(NC, 1), ns), BN) * BN
         ns = triton.cdiv(max(NC, 1), chunk)
@@ -486,10 +560,20 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
             q, k_cmp, v_cmp, t, sc, m_part, l_part, o_part, NC, chunk, scale * LOG2E, *strides, **hc, BR=BR,
             BN=BN, CMP=geo.cmp, STRIDE=geo.stride, NSPLIT=ns, DOT_PREC=prec, num_warps=warps, num_stages=1,
         )  # fmt: skip
-        nsa_decode_merge_select_kernel[(B * HKV,)](
-            t, sc, m_part, l_part, o_part, o_cmp, pm, idx, NC, nsb, HQ=HQ, GRP=G, DV=DV, BDV=hc["BDV"], BR=BR,
-            BN=BN, **sel, NSPLIT=ns, num_warps=warps, num_stages=1,
+        bsb = pow2(slice_blocks) if slice_blocks else select_slice_blocks()
+        nsl = triton.cdiv(max(nsb, 1), bsb)
+        cand = new_empty(q, B * HKV, nsl * nsel, dtype=torch.int64)
+        nsa_decode_slice_select_kernel[(B * HKV, nsl)](
+            t, sc, m_part, l_part, cand, NC, nsb, HKV=HKV, GRP=G, BR=BR, SEL=geo.sel, CMP=geo.cmp,
+            STRIDE=geo.stride, NSEL=nsel, BNS=pow2(nsel), BSB=bsb, NSPLIT=ns, BS=pow2(ns), num_warps=warps,
+            num_stages=1,
         )  # fmt: skip
+        nsa_decode_choose_kernel[(B * HKV,)](
+            t, cand, idx, nsl * nsel, HKV=HKV, SEL=geo.sel, BSEL=sel["BSEL"], NSEL=nsel, BC=pow2(nsl * nsel),
+            BNSB=sel["BNSB"], WINDOW=window, BW=sel["BW"], num_warps=1, num_stages=1,
+        )  # fmt: skip
+        cmp_parts, nsc = (m_part, l_part, o_part), ns  # merged per head by the combine kernel
+        o_cmp = m_part  # unread where NSC > 0
     # the selected and the window branches: one split launch over the row's tokens, chunks that
     # never straddle the two, merged per branch and mixed with the gates by the combine kernel
     kc, vc = rows_contiguous(k), rows_contiguous(v)
@@ -507,9 +591,11 @@ def nsa_decode_triton(q, k, v, g, k_cmp, v_cmp, t, geometry: dict, scale: float 
     gc = g.reshape(B, HQ, 3)
     if gc.stride(-1) != 1 or gc.stride(1) != 3:
         gc = gc.contiguous()
+    if cex["BDV"] != hc["BDV"] or cex["BR"] != BR:
+        raise AssertionError("the compressed partials' rows must be the combine kernel's")
     nsa_decode_combine_kernel[(B * HKV, G)](
-        o_part, lse_part, o_cmp, gc, out, gc.stride(0), ns_slc, HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"],
-        BR=cex["BR"], NSPLIT=ns, BS=triton.next_power_of_2(ns), LOGITS=gate_logits, num_warps=warps,
-        num_stages=1,
+        o_part, lse_part, o_cmp, *cmp_parts, gc, out, gc.stride(0), ns_slc,
+        HQ=HQ, GRP=G, DV=DV, BDV=cex["BDV"], BR=cex["BR"], NSPLIT=ns, BS=triton.next_power_of_2(ns),
+        LOGITS=gate_logits, NSC=nsc, BSC=pow2(max(nsc, 1)), CBR=BR, num_warps=warps, num_stages=1,
     )  # fmt: skip
     return (out, idx) if return_indices else out
