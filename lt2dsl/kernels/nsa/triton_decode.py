@@ -405,7 +405,7 @@ def _compress_block(
             for o0 in tl.static_range(0, BD, BO):
                 o = o0 + tl.arange(0, BO)
                 acc = tl.load(BIAS + o, mask=o < D, other=0.0).to(tl.float32)
-                for r in tl.static_range(CMP):
+                for r in range(CMP):
                     xr = tl.load(x_base + r * SXT + offs, mask=offs < D, other=0.0)
                     pe = tl.load(PE + r * D + offs, mask=offs < D, other=0.0).to(tl.float32)
                     # x + pe in x's dtype, as the unfused add: pe rounded first, then the sum
