@@ -70,3 +70,44 @@ def test_weights_read_in_place_and_scaled_in_the_kernel():
     want = topk_select(scores, valid, 1)
     assert want.flatten().tolist() == [1, 1]
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("HI,DI,L,weights", [(4, 64, 300, True), (3, 48, 77, True), (2, 16, 40, False)])
+def test_row_scores_are_the_chunk_kernels_keys(HI, DI, L, weights):
+    """The decode scoring (`_indexer_row_kernel`: the heads as one dot's columns) writes the chunk
+    kernel's 32-bit keys at one query row, up to the dots' rounding (each dot sums its products in
+    an order of its own shape): the keys decoded to scores agree to fp32 rounding, every key is
+    written, and the padded heads add nothing."""
+    import triton
+
+    from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
+    from lt2dsl.kernels.dsa import triton_indexer as TI
+
+    g = torch.Generator().manual_seed(L)
+    B = 3
+    q = torch.randn(B, 1, HI, DI, generator=g).bfloat16().to(DEVICE)
+    k = torch.randn(B, L, DI, generator=g).bfloat16().to(DEVICE)
+    wide = torch.randn(B, HI + 3, generator=g).bfloat16().to(DEVICE)
+    w = wide[:, 1 : 1 + HI] if weights else None
+    sw = wide.stride(0) if weights else HI
+    got = torch.full((B, 1, L), 7, dtype=torch.int32, device=DEVICE)
+    TI._score_rows(q, k, w, got, 0.125, sw, 0.5)
+    want = torch.full((B, 1, L), 9, dtype=torch.int32, device=DEVICE)
+    BM, BN = (16, 16) if TI.triton_interpreting() else (64, 128)
+    TI._indexer_kernel[(1, triton.cdiv(L, BN), B)](
+        q, k, q if w is None else w, want, 0, 1, L, 1, L, 0.125, sw, 0.5, HI=HI, DI=DI, BDI=pow2(DI), BM=BM,
+        BN=BN, HAS_W=weights, DOT_PREC=dot_precision(q.dtype), U32=True,
+        num_warps=1 if TI.triton_interpreting() else 8,
+    )  # fmt: skip
+    assert not bool((got == 7).any()), "a key was left unwritten"
+    a, b = _scores_of(got), _scores_of(want)
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    torch.testing.assert_close(a, b, rtol=2e-6, atol=1e-6 * b.abs().max().item())
+
+
+def _scores_of(keys: torch.Tensor) -> torch.Tensor:
+    """The fp32 scores of the indexer's unsigned 32-bit keys (int32 storage): the key flips every
+    bit of a negative score and the sign bit of a positive one."""
+    u = keys.cpu().to(torch.int64) & 0xFFFFFFFF
+    bits = torch.where(u >= 2**31, u ^ 0x80000000, u ^ 0xFFFFFFFF)
+    return bits.to(torch.int32).view(torch.float32)

@@ -15,7 +15,7 @@ from lt2dsl.kernels.common.aot import Job, tuned_jobs
 from lt2dsl.kernels.common.attn_triton import dot_precision, pow2
 from lt2dsl.kernels.dsa import triton_attn as A
 from lt2dsl.kernels.dsa import triton_attn_bykey as B
-from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel
+from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel, _indexer_row_kernel
 from lt2dsl.kernels.dsa.triton_topk import (
     SHORT_SLICE_KEYS,
     SLICE_KEYS,
@@ -79,7 +79,8 @@ def _by_key(dtype: torch.dtype, dt: str, ptrs: dict, cex: dict) -> list[Job]:
 
 
 def _indexer() -> list[Job]:
-    """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights.
+    """`dsa_indexer_triton`: 64 x 128 tiles, 8 warps, 2 stages; 4 index heads of 64 with weights;
+    at per-row positions (decode) 128 keys a program against every head, 4 warps.
     The selection (`select_topk`): 2048 keys a step, 4 warps; causal, or at per-row positions."""
     jobs = []
     ptrs = {"QI": "*bf16", "KI": "*bf16", "WI": "*bf16"}
@@ -91,6 +92,11 @@ def _indexer() -> list[Job]:
         jobs += tuned_jobs(
             f"dsa/indexer-u32{u32:d}", _indexer_kernel, ptrs | keys, SELECT_SCALARS, cex, launch=(8, 2), **kw
         )
+    # the decode step's scoring: one query row, the 4 heads as a dot's 16 columns, 128 keys a program
+    cex = dict(HI=4, DI=64, BDI=pow2(64), BH=pow2(4), BN=128, HAS_W=True)
+    cex["DOT_PREC"] = dot_precision(torch.bfloat16)
+    jobs += tuned_jobs("dsa/indexer-row", _indexer_row_kernel, ptrs | {"KEYS": "*i32"}, SELECT_SCALARS, cex,
+                       launch=(4, 3), **kw)  # fmt: skip
     sel = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64"}
     for has_pos in (False, True):
         cex = {"BLK": 2048, "HAS_POS": has_pos}

@@ -4,7 +4,8 @@ Kernel: one program per (query block, key block, batch) computes
 I[t, s] = Σ_j w[t, j] · ReLU(idx_scale · q_idx[t, j] · k_idx[s]) with one `tl.dot` per indexer head.
 The weights are read in place (rows `SW` apart: a column slice of a projection output) and scaled by
 `w_scale` in the kernel, rounded to their dtype as the unfused `w · w_scale` is (the lowering's
-HI^{-1/2}, which then needs no launch of its own).
+HI^{-1/2}, which then needs no launch of its own). A decode step (one query a row, at per-row
+positions) scores with `_indexer_row_kernel`: the row's keys against every head in one dot.
 Two selections, each the faster for its output (H200, B=4, T=32k, 4 index heads of 128, top-k
 2048):
 
@@ -103,6 +104,54 @@ def _indexer_kernel(
             tl.store(out, tl.where(ok, key, -(2**63)), mask=store_mask)
 
 
+@triton.jit
+def _indexer_row_kernel(
+    QI, KI, WI, KEYS, Tq, Tk, KW, idx_scale, SW, w_scale,
+    HI: tl.constexpr, DI: tl.constexpr, BDI: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
+    HAS_W: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """`_indexer_kernel`'s U32 keys of one query row per sequence (a decode step: its last query,
+    t = Tq − 1), the index heads as the columns of one dot: program (key block, b) scores BN keys
+    against every head at once, `[BN, DI] · [DI, BH]`, instead of a 64-row query tile (63 rows of
+    padding) and one dot a head. The heads are summed in `_indexer_kernel`'s order (head 0 first,
+    each column taken exactly); the dots themselves round as their own shape sums, so a score may
+    differ from the chunk kernel's in its last bit (as the split attention's output differs from
+    one program's)."""
+    i_n, b = tl.program_id(0), tl.program_id(1)
+    keys = i_n * BN + tl.arange(0, BN)
+    offs, h = tl.arange(0, BDI), tl.arange(0, BH)
+    k = tl.load(
+        KI + (b.to(tl.int64) * Tk + keys)[:, None] * DI + offs[None, :],
+        mask=(keys < Tk)[:, None] & (offs[None, :] < DI),
+        other=0.0,
+    )
+    row = (b * Tq + Tq - 1).to(tl.int64)
+    in_h = (h < HI)[None, :] & (offs[:, None] < DI)
+    qt = tl.load(QI + (row * HI + h)[None, :] * DI + offs[:, None], mask=in_h, other=0.0)
+    dots = tl.maximum(mm(k, qt, DOT_PREC) * idx_scale, 0.0)
+    if HAS_W:
+        w = tl.load(WI + row * SW + h, mask=h < HI, other=0.0).to(tl.float32)
+        dots = dots * cast(w * w_scale, WI.dtype.element_ty).to(tl.float32)[None, :]
+    score = tl.zeros([BN], dtype=tl.float32)
+    for j in tl.static_range(HI):
+        score += tl.sum(tl.where(h[None, :] == j, dots, 0.0), 1)
+    bits = (score + 0.0).to(tl.uint32, bitcast=True)
+    flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+    tl.store(KEYS + b.to(tl.int64) * KW + keys, (bits ^ flip).to(tl.int32, bitcast=True), mask=keys < KW)
+
+
+def _score_rows(q_idx, k_idx, w, keys, idx_scale: float, sw: int, w_scale: float) -> None:
+    """`_indexer_row_kernel` into keys `[B, 1, KW]`: each sequence's last query against its keys."""
+    B, Tq, HI, DI = q_idx.shape
+    Tk, KW = k_idx.shape[1], keys.shape[-1]
+    BN = 16 if triton_interpreting() else 128
+    _indexer_row_kernel[(triton.cdiv(KW, BN), B)](
+        q_idx, k_idx, q_idx if w is None else w, keys, Tq, Tk, KW, idx_scale, sw, float(w_scale),
+        HI=HI, DI=DI, BDI=pow2(DI), BH=pow2(HI), BN=BN, HAS_W=w is not None,
+        DOT_PREC=dot_precision(q_idx.dtype), num_warps=1 if triton_interpreting() else 4,
+    )  # fmt: skip
+
+
 def dsa_indexer_triton(
     q_idx,
     k_idx,
@@ -146,6 +195,10 @@ def dsa_indexer_triton(
         # the top-k stop there (half the selection work of a prefill, on average).
         kw = max(1, min(Tk, t0 + c + (Tk - Tq)))
         keys = torch.empty(B, c, kw, dtype=torch.int32 if radix else torch.int64, device=q_idx.device)
+        if positions is not None:
+            _score_rows(q_idx, k_idx, w, keys, idx_scale, sw, w_scale)
+            select_topk(keys, out, t0, Tk, topk, positions)
+            continue
         _indexer_kernel[(triton.cdiv(c, BM), triton.cdiv(kw, BN), B)](
             q_idx,
             k_idx,
