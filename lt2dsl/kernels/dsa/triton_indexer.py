@@ -35,6 +35,15 @@ _INT64_MIN = -(2**63)
 
 
 @triton.jit
+def _u32_keys(score):
+    """fp32 scores as the selection's unsigned keys (int32 storage): unsigned order is float order;
+    + 0.0 turns −0 into +0 (the reference sees a tie)."""
+    bits = (score + 0.0).to(tl.uint32, bitcast=True)
+    flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+    return (bits ^ flip).to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _indexer_kernel(
     QI,
     KI,
@@ -92,10 +101,7 @@ def _indexer_kernel(
                 dots = dots * cast(b_w * w_scale, WI.dtype.element_ty).to(tl.float32)[:, None]
             score += dots
         if U32:
-            # + 0.0 turns −0 into +0 (the reference sees a tie); unsigned order is float order
-            bits = (score + 0.0).to(tl.uint32, bitcast=True)
-            flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
-            tl.store(out, (bits ^ flip).to(tl.int32, bitcast=True), mask=store_mask)
+            tl.store(out, _u32_keys(score), mask=store_mask)
         else:
             bits = score.to(tl.int32, bitcast=True)
             ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
@@ -135,9 +141,7 @@ def _indexer_row_kernel(
     score = tl.zeros([BN], dtype=tl.float32)
     for j in tl.static_range(HI):
         score += tl.sum(tl.where(h[None, :] == j, dots, 0.0), 1)
-    bits = (score + 0.0).to(tl.uint32, bitcast=True)
-    flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
-    tl.store(KEYS + b.to(tl.int64) * KW + keys, (bits ^ flip).to(tl.int32, bitcast=True), mask=keys < KW)
+    tl.store(KEYS + b.to(tl.int64) * KW + keys, _u32_keys(score), mask=keys < KW)
 
 
 def _score_rows(q_idx, k_idx, w, keys, idx_scale: float, sw: int, w_scale: float) -> None:
