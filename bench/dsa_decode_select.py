@@ -1,5 +1,8 @@
-"""DSA's decode-step top-k select: one program a row (`_select_single`) against the sliced select
-(`select_topk_split`), the same outputs, times per call under a CUDA graph.
+"""DSA's decode-step top-k select, each path's µs a call under a CUDA graph and their outputs equal:
+one program a row by histograms (`_select_single`), the sliced select (`select_topk_split`, five
+launches), the row in registers by bisection (`select_topk_rows`, one launch, at `--row-warps`) and
+slices by bisection then their candidates merged (`select_topk_merge`, two launches, slices of
+`--merge-slice` keys).
 
 A decode step selects the top-k of one query row per sequence over a static key buffer of KW slots,
 row b's candidates the slots 0 … positions[b]. The keys are what the indexer writes: the ordered
@@ -11,6 +14,7 @@ are compared with `torch.equal` on every shape (a mismatch is an error, exit sta
 
     python bench/dsa_decode_select.py --out $OUT/dsa_decode_select.json      # on the GPU
     python bench/dsa_decode_select.py --kw 4160 6144 --slice-len 512 1024     # slice lengths too
+    python bench/dsa_decode_select.py --kw 4160 32800 --row-warps 8 16 --merge-slice 2048 4096
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 from rich.console import Console
 from rich.table import Table
 
@@ -30,13 +35,17 @@ sys.path.insert(0, str(ROOT))
 
 from lt2dsl.kernels.dsa.triton_topk import (  # noqa: E402
     _select_single,
+    select_path,
+    select_topk_merge,
+    select_topk_rows,
     select_topk_split,
     split_slices,
-    use_split,
 )
 from lt2dsl.train.files import atomic_write  # noqa: E402
 
-LAUNCHES = {"single": 1, "split": 5}
+LAUNCHES = {"single": 1, "split": 5, "rows": 1, "merge": 2}
+# the register paths are timed where their tile has at most this many keys (past it they spill)
+MAX_TILE = 16384
 
 
 def ordered_keys(B: int, KW: int, gen: torch.Generator) -> torch.Tensor:
@@ -77,43 +86,54 @@ def graph_time_us(fn, calls: int, reps: int, rounds: int) -> float:
     return statistics.median(times)
 
 
-def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer, slice_lens=()) -> dict:
-    """One shape: both paths' µs a call (`timer(fn)`) and whether their outputs are equal; the
-    split path also at each of `slice_lens` keys a slice (`split_at`: SL → µs), equal outputs too."""
-    keys, pos = ordered_keys(B, KW, gen), row_positions(B, KW, gen)
-    outs = {name: keys.new_empty(B, 1, topk, dtype=torch.long) for name in LAUNCHES}
+def paths(keys, pos, topk: int, row_warps=(), merge_slices=()) -> dict:
+    """name → a call writing that path's selection into its own `out` (returned alongside)."""
+    B, _, KW = keys.shape
     calls = {
-        "single": lambda: _select_single(keys, outs["single"], 0, KW, topk, pos),
-        "split": lambda: select_topk_split(keys, outs["split"], 0, KW, topk, pos),
+        "single": lambda out: _select_single(keys, out, 0, KW, topk, pos),
+        "split": lambda out: select_topk_split(keys, out, 0, KW, topk, pos),
     }
-    row = {"B": B, "KW": KW, "topk": topk, "slices": split_slices(KW, B)[1], "select_topk": "single"}
-    if use_split(B, KW):
-        row["select_topk"] = "split"
-    for name, fn in calls.items():
-        row[f"{name}_us"] = timer(fn)
-    for fn in calls.values():
-        fn()
-    row["equal"] = bool(torch.equal(outs["single"], outs["split"]))
-    row["split_at"] = {}
+    p2 = triton.next_power_of_2
+    for w in row_warps if p2(KW) <= MAX_TILE else ():
+        calls[f"rows w{w}"] = lambda out, w=w: select_topk_rows(keys, out, 0, KW, topk, pos, num_warps=w)
+    for sl in [sl for sl in merge_slices if p2(triton.cdiv(KW, sl)) * p2(topk) <= MAX_TILE]:
+        for w in row_warps or (None,):
+            calls[f"merge {sl} w{w}"] = lambda out, sl=sl, w=w: select_topk_merge(
+                keys, out, 0, KW, topk, pos, slice_len=sl, num_warps=w
+            )
+    return calls
+
+
+def measure(B: int, KW: int, topk: int, gen: torch.Generator, timer, slice_lens=(), row_warps=(),
+            merge_slices=()) -> dict:  # fmt: skip
+    """One shape: every path's µs a call (`timer(fn)`, `us`: name → µs) and whether all outputs equal
+    the one-program select's; the split path also at each of `slice_lens` keys a slice (`split_at`)."""
+    keys, pos = ordered_keys(B, KW, gen), row_positions(B, KW, gen)
+    calls = paths(keys, pos, topk, row_warps, merge_slices)
     for sl in slice_lens:
-        out = torch.empty_like(outs["split"])
-        fn = lambda out=out, sl=sl: select_topk_split(keys, out, 0, KW, topk, pos, slice_len=sl)  # noqa: E731
-        row["split_at"][sl] = timer(fn)
-        fn()
-        row["equal"] &= bool(torch.equal(outs["single"], out))
-    row["speedup"] = row["single_us"] / row["split_us"]
+        calls[f"split {sl}"] = lambda out, sl=sl: select_topk_split(keys, out, 0, KW, topk, pos, slice_len=sl)
+    row = {"B": B, "KW": KW, "topk": topk, "slices": split_slices(KW, B)[1]}
+    row["select_topk"] = select_path(B, KW, topk)
+    outs = {name: keys.new_empty(B, 1, topk, dtype=torch.long) for name in calls}
+    row["us"] = {name: timer(lambda fn=fn, out=outs[name]: fn(out)) for name, fn in calls.items()}
+    for name, fn in calls.items():
+        outs[name].fill_(7)
+        fn(outs[name])
+    row["differ"] = [name for name in calls if not torch.equal(outs[name], outs["single"])]
+    row["equal"] = not row["differ"]
+    row["speedup"] = row["us"]["single"] / row["us"]["split"]
     return row
 
 
 def table(rows: list[dict], device: str) -> Table:
+    names = list(dict.fromkeys(n for r in rows for n in r["us"]))
     t = Table(title=f"DSA decode select, µs a call under a CUDA graph ({device})")
-    for col in ("B", "KW", "top-k", "slices", "single (1 launch)", "split (5 launches)", "speedup",
-                "select_topk takes", "equal"):  # fmt: skip
+    for col in ("B", "KW", "top-k", *names, "select_topk takes", "equal"):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(str(r["B"]), str(r["KW"]), str(r["topk"]), str(r["slices"]), f"{r['single_us']:.1f}",
-                  f"{r['split_us']:.1f}", f"{r['speedup']:.2f}x", r["select_topk"],
-                  "yes" if r["equal"] else "[red]NO[/red]")  # fmt: skip
+        us = [f"{r['us'][n]:.1f}" if n in r["us"] else "-" for n in names]
+        t.add_row(str(r["B"]), str(r["KW"]), str(r["topk"]), *us, r["select_topk"],
+                  "yes" if r["equal"] else f"[red]NO: {', '.join(r['differ'])}[/red]")  # fmt: skip
     return t
 
 
@@ -121,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="sequences B (default 1 8)")
     ap.add_argument("--kw", type=int, nargs="+", default=[4096, 32768, 131072], help="key slots KW")
-    ap.add_argument("--topk", type=int, default=2048, help="selected keys (default 2048)")
+    ap.add_argument("--topk", type=int, nargs="+", default=[2048], help="selected keys (default 2048)")
+    ap.add_argument("--row-warps", type=int, nargs="*", default=[], help="rows path at these warps")
+    ap.add_argument("--merge-slice", type=int, nargs="*", default=[], help="merge path at these SL")
     ap.add_argument("--calls", type=int, default=20, help="calls captured in one graph (default 20)")
     ap.add_argument("--reps", type=int, default=20, help="graph replays a timing (default 20)")
     ap.add_argument("--rounds", type=int, default=5, help="timings, the median reported (default 5)")
@@ -141,15 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         return graph_time_us(fn, args.calls, args.reps, args.rounds)
 
     with console.status("timing") as status:
-        for B in args.batch:
-            for KW in args.kw:
-                status.update(f"timing B={B} KW={KW}")
-                rows.append(measure(B, KW, args.topk, gen, timer, args.slice_len))
+        for topk in args.topk:
+            for B in args.batch:
+                for KW in args.kw:
+                    status.update(f"timing B={B} KW={KW} top-k {topk}")
+                    row = measure(B, KW, topk, gen, timer, args.slice_len, args.row_warps, args.merge_slice)
+                    rows.append(row)
     console.print(table(rows, device))
-    for r in rows:
-        if r["split_at"]:
-            at = ", ".join(f"SL {sl}: {us:.1f}" for sl, us in r["split_at"].items())
-            console.print(f"B={r['B']} KW={r['KW']} split µs at {at}")
     if args.out is not None:
         info = {"device": device, "torch": torch.__version__, "launches": LAUNCHES, "calls": args.calls,
                 "reps": args.reps, "rounds": args.rounds, "rows": rows}  # fmt: skip

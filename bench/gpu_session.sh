@@ -135,11 +135,12 @@ for s in ${STAGES:-env}; do
                       ${COMPARE_PARTS:+--parts "$COMPARE_PARTS"} ;;
     decode_gemv) stage decode_gemv "${LIM_GEMV:-120}" python3 bench/decode_gemv.py --hw "$HW" --out "$OUT/res" ;;
     # one GDN block's four products in one persistent launch against four (bench/decode_stream.py)
-    # DSA's decode select: one program a row, sliced, register-resident (bench/dsa_decode_select.py)
-    # at SELECT_KW key slots and SELECT_BATCHES rows
-    dsa_select) stage dsa_select "${LIM_SELECT:-120}" bash -c 'for k in 512 2048; do python3 bench/dsa_decode_select.py \
-                  --kw $2 --batch $3 --topk $k --out "$1/dsa_select_top$k.json" || exit 1; done' _ "$OUT/res" \
-                  "${SELECT_KW:-4160 32800}" "${SELECT_BATCHES:-1 8}" ;;
+    # DSA's decode select: one program a row by histograms, sliced, by bisection (a row in registers;
+    # slices then a merge) (bench/dsa_decode_select.py) at SELECT_KW key slots, SELECT_BATCHES rows,
+    # SELECT_WARPS warps and SELECT_MERGE keys a slice
+    dsa_select) stage dsa_select "${LIM_SELECT:-120}" python3 bench/dsa_decode_select.py --kw ${SELECT_KW:-4160 32800} \
+                  --batch ${SELECT_BATCHES:-1 8} --topk 512 2048 --row-warps ${SELECT_WARPS:-8 16} \
+                  --merge-slice ${SELECT_MERGE:-4096} --out "$OUT/res/dsa_select.json" ;;
     # the card's read, copy and matmul ceilings, and a hardware preset of them (bench/ceilings.py)
     ceilings) stage ceilings "${LIM_CEIL:-90}" python3 bench/ceilings.py --name "${HW}-measured" --out "$OUT/res" ;;
     decode_stream) stage decode_stream "${LIM_STREAM:-150}" python3 bench/decode_stream.py --hw "$HW" --out "$OUT/res" \

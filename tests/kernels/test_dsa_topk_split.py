@@ -1,8 +1,9 @@
-"""DSA's sliced radix select (`select_topk_split`: each row's keys split over programs, the decode
-step's path) against the one-program select and the reference top-k (`topk_select` over the keys'
-unsigned values): the same indices in the same order (index order, −1 pads last), on rows shorter
-than, equal to and just past k, ties that straddle slices, slices of uneven length, and a scratch
-buffer full of junk (the kernels read only what they wrote)."""
+"""DSA's decode selects against the one-program select and the reference top-k (`topk_select` over
+the keys' unsigned values): the sliced radix select (`select_topk_split`), the row by bisection in
+registers (`select_topk_rows`) and slices by bisection then merged (`select_topk_merge`). The same
+indices in the same order (index order, −1 pads last), on rows shorter than, equal to and just past
+k, ties that straddle slices, slices of uneven length, and scratch buffers full of junk (the kernels
+read only what they wrote); which path `select_topk` takes, by shape."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import torch
 
 from lt2dsl.kernels.common.attn_utils import topk_select
 from lt2dsl.kernels.dsa import triton_topk
-from lt2dsl.kernels.dsa.triton_topk import _select_single, select_topk_split, split_scratch, split_slices
+from lt2dsl.kernels.dsa.triton_topk import (
+    _select_single,
+    merge_scratch,
+    select_topk_merge,
+    select_topk_rows,
+    select_topk_split,
+    split_scratch,
+    split_slices,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 JUNK = 0x5A5A5A5A
@@ -83,6 +92,62 @@ def test_split_causal_chunk_equals_single_and_reference(spread):
     n = torch.arange(t0, t0 + C, device=DEVICE).expand(B, C) + 1
     assert torch.equal(split[:, t0 : t0 + C], _expected(keys, n, topk))
     assert torch.equal(split[:, :t0], torch.full_like(split[:, :t0], -1))
+
+
+@pytest.mark.parametrize("spread", ["ties", "wide", "narrow"])
+@pytest.mark.parametrize("topk", [1, 2, 40, 64])
+def test_bisection_at_positions_equals_single_and_reference(spread, topk):
+    """Decode over a static buffer of KW = 301 slots: the row in registers (an `[R, W]` tile of 512)
+    and slices of 13, 64, 100 and 301 keys merged, with junk in the merge's scratch."""
+    KW = 301
+    positions = torch.tensor([0, topk // 2, topk - 1, topk, KW - 1, 150], device=DEVICE)
+    B = positions.numel()
+    keys = _keys(spread, (B, 1, KW), seed=7 * topk + len(spread))
+    want = _expected(keys, positions[:, None] + 1, topk)
+    rows = torch.full((B, 1, topk), 7, dtype=torch.long, device=DEVICE)
+    select_topk_rows(keys, rows, 0, KW, topk, positions)
+    assert torch.equal(rows, want)
+    for slice_len in (13, 64, 100, 301):
+        merged = torch.full_like(rows, 7)
+        scratch = merge_scratch(B, -(-KW // slice_len), topk, keys).fill_(JUNK)
+        select_topk_merge(keys, merged, 0, KW, topk, positions, slice_len=slice_len, scratch=scratch)
+        assert torch.equal(merged, want), slice_len
+
+
+@pytest.mark.parametrize("spread", ["ties", "wide"])
+def test_bisection_causal_chunk_equals_reference(spread):
+    """A causal chunk of rows (n = t + 1: below, at and past k), out pre-filled with −1 and kept
+    before the chunk."""
+    B, C, Tq, t0, topk = 2, 5, 60, 30, 33
+    KW = t0 + C
+    keys = _keys(spread, (B, C, KW), seed=5)
+    n = torch.arange(t0, t0 + C, device=DEVICE).expand(B, C) + 1
+    for run in (
+        lambda out: select_topk_rows(keys, out, t0, Tq, topk),
+        lambda out: select_topk_merge(keys, out, t0, Tq, topk, slice_len=7),
+    ):
+        out = torch.full((B, Tq, topk), -1, dtype=torch.long, device=DEVICE)
+        run(out)
+        assert torch.equal(out[:, t0 : t0 + C], _expected(keys, n, topk))
+        assert torch.equal(out[:, :t0], torch.full_like(out[:, :t0], -1))
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="decode-size rows: the card's tiles and warps")
+@pytest.mark.parametrize("KW, topk", [(4160, 512), (4160, 2048), (8224, 512), (8224, 2048), (32800, 512)])
+def test_decode_sized_rows_on_the_card(KW, topk):
+    """The lengths and top-k of the examples' decode steps, 8 rows at their own positions: every
+    path the same as the one-program select."""
+    B = 8
+    keys = _keys("wide", (B, 1, KW), seed=KW + topk)
+    keys[1, 0, : KW // 3] = keys[1, 0, 0]  # a third of a row tied
+    positions = torch.tensor([KW - 1, KW - 1, topk - 1, topk, KW // 2, KW - 7, 5000, 4095], device=DEVICE)
+    single = torch.full((B, 1, topk), 7, dtype=torch.long, device=DEVICE)
+    _select_single(keys, single, 0, KW, topk, positions)
+    assert torch.equal(single, _expected(keys, positions[:, None] + 1, topk))
+    for run in (select_topk_rows, select_topk_merge, select_topk_split):
+        out = torch.full_like(single, 7)
+        run(keys, out, 0, KW, topk, positions)
+        assert torch.equal(out, single), run.__name__
 
 
 def test_select_topk_splits_few_long_rows(monkeypatch):

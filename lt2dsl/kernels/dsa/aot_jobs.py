@@ -17,9 +17,14 @@ from lt2dsl.kernels.dsa import triton_attn as A
 from lt2dsl.kernels.dsa import triton_attn_bykey as B
 from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel, _indexer_row_kernel
 from lt2dsl.kernels.dsa.triton_topk import (
+    MERGE_SLICE_KEYS,
+    ROW_WARPS,
     SHORT_SLICE_KEYS,
     SLICE_KEYS,
+    _merge_bisect_kernel,
+    _row_bisect_kernel,
     _select_kernel,
+    _slice_bisect_kernel,
     _split_pass_kernel,
     _split_write_kernel,
 )
@@ -28,8 +33,8 @@ MAX_STACK = 512
 INTS = ("Tq", "Tk", "NIDX", "NROWS", "NBLK", "CHUNK", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
 SCALARS = {**{n: "i32" for n in INTS}, "qk_scale": "fp32", "scale": "fp32"}
 # the indexer's and the selection's (their K is the top-k count, the attention's the key pointer)
-SELECT_SCALARS = {**{n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K", "SW", "SL")}, "idx_scale": "fp32"}
-SELECT_SCALARS["w_scale"] = "fp32"
+SELECT_SCALARS = {n: "i32" for n in ("Tq", "Tk", "t0", "C", "KW", "K", "SW", "SL", "S")}
+SELECT_SCALARS |= {"idx_scale": "fp32", "w_scale": "fp32"}
 # strides and lengths the JIT sees divisible by 16 at the usual sizes (k, v rows are made so:
 # `attn_utils.rows_contiguous`)
 ALIGNED = ("Tq", "Tk", "NIDX", "NROWS", "SKB", "SKT", "SKH", "SVB", "SVT", "SVH")
@@ -102,7 +107,28 @@ def _indexer() -> list[Job]:
         cex = {"BLK": 2048, "HAS_POS": has_pos}
         jobs += tuned_jobs(f"dsa/select-pos{has_pos:d}", _select_kernel, sel, SELECT_SCALARS, cex,
                            launch=(4, 3), aligned=(), max_stack=MAX_STACK)  # fmt: skip
-    return jobs + _split_select()
+    return jobs + _split_select() + _bisect_select()
+
+
+def _bisect_select() -> list[Job]:
+    """`select_topk_rows` over a 4k row (an `[8, 1024]` tile) and `select_topk_merge`'s slices of
+    MERGE_SLICE_KEYS and its merge of 16 slices' top 512 or 4 slices' top 2048 (8,192 candidates),
+    ROW_WARPS warps, causal or at per-row positions."""
+    jobs = []
+    ptrs = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64", "CK": "*i32", "CI": "*i32", "CNT": "*i32"}
+    kw = dict(launch=(ROW_WARPS, 3), aligned=(), max_stack=MAX_STACK)
+    slice_w = min(MERGE_SLICE_KEYS, 1024)
+    for has_pos in (False, True):
+        tag = f"pos{has_pos:d}"
+        cex = {"R": 8, "W": 1024, "PB": 512, "HAS_POS": has_pos}
+        jobs += tuned_jobs(f"dsa/select-rows-{tag}", _row_bisect_kernel, ptrs, SELECT_SCALARS, cex, **kw)
+        cex = {"R": MERGE_SLICE_KEYS // slice_w, "W": slice_w, "HAS_POS": has_pos}
+        jobs += tuned_jobs(f"dsa/select-slices-{tag}", _slice_bisect_kernel, ptrs, SELECT_SCALARS, cex, **kw)
+        for sb, k in ((16, 512), (4, 2048)):
+            cex = {"SB": sb, "KP": k, "PB": min(k, 1024), "HAS_POS": has_pos}
+            name = f"dsa/select-merge{k}-{tag}"
+            jobs += tuned_jobs(name, _merge_bisect_kernel, ptrs, SELECT_SCALARS, cex, **kw)
+    return jobs
 
 
 def _split_select() -> list[Job]:

@@ -21,6 +21,16 @@ KW keys five times while the other SMs idle. Few long rows (`use_split`) take th
 instead (`select_topk_split`): the same passes over (slice, row) programs, each pass one launch that
 merges the slices' digit histograms through a small per-row scratch, then a write launch that
 places each slice's selections after those of the slices before it; five launches, same output.
+
+Two more selects give the same output with no histogram (`bench/dsa_decode_select.py` times them
+against these two on the card):
+
+* `select_topk_rows` (one launch): a row held in registers as one tile; the threshold by
+  bisection, one bit at a time from the top (32 counts of the keys at or above a prefix: block
+  reductions over registers, where a digit histogram pass is a chain of shared-memory updates);
+* `select_topk_merge` (two launches): each slice of MERGE_SLICE_KEYS takes its own top k the same
+  way (the row's top k is among its slices' top k, as the order is one order: score, then lower
+  index), then one program a row bisects the slices' candidates.
 """
 
 from __future__ import annotations
@@ -43,6 +53,11 @@ MAX_SLICES = 64
 SLICE_KEYS = 2048
 SHORT_SLICE_KEYS = 512
 SHORT_BELOW = 8192
+# the bisection selects: warps a program, keys a slice of `select_topk_merge`. sm_90 at 8 warps:
+# a merge tile of 16 slices' top 2048 spills 2-3 KB a thread; 4 slices' (or 16 slices' top 512)
+# none, a row of 8,192 keys 24 B
+ROW_WARPS = 8
+MERGE_SLICE_KEYS = 4096
 
 
 @triton.jit
@@ -277,6 +292,173 @@ def _split_write_kernel(KEYS, OUT, POS, PART, G, t0, Tq, Tk, C, KW, K, SL, BLK: 
             _write_pads(out, tl.minimum(n, K), K, BLK)
 
 
+@triton.jit
+def _count(key, valid, at_least):
+    """How many valid keys of the 2-D tile are ≥ at_least (unsigned)."""
+    return tl.sum(tl.sum((valid & (key >= at_least)).to(tl.int32), 1), 0)
+
+
+@triton.jit
+def _bisect(key, valid, K):
+    """(thr, rem) of a 2-D tile of unsigned keys: thr the K-th largest valid key, built from the top
+    bit down (a bit stays set iff at least K keys are ≥ the prefix with it), rem = K − the keys
+    above thr, how many keys equal to it are taken. With fewer than K valid keys thr = 0 and rem
+    covers every key. One count a bit: the tile stays in registers, 32 reductions and no histogram."""
+    p = tl.zeros([], dtype=tl.uint32)
+    bit = tl.full([], 1 << 31, dtype=tl.uint32)
+    for _ in range(32):
+        cand = p | bit
+        p = tl.where(_count(key, valid, cand) >= K, cand, p)
+        bit = bit >> 1
+    above = tl.sum(tl.sum((valid & (key > p)).to(tl.int32), 1), 0)
+    return p, K - above
+
+
+@triton.jit
+def _slots(key, valid, thr, rem):
+    """(sel, slot, n_sel) of a 2-D tile read row-major in index order: sel the taken keys (every key
+    above thr, of those equal to it the first rem), slot each one's place among them, n_sel their
+    count (at most K of any valid thr, rem; the stores mask slot < K all the same, so no input
+    writes out of bounds). Cumulative sums along the rows plus each row's offset: no reshape."""
+    eq = (valid & (key == thr)).to(tl.int32)
+    eq_row = tl.sum(eq, 1)
+    eq_before = (tl.cumsum(eq_row, 0) - eq_row)[:, None] + tl.cumsum(eq, 1) - eq
+    sel = (valid & ((key > thr) | ((eq > 0) & (eq_before < rem)))).to(tl.int32)
+    sel_row = tl.sum(sel, 1)
+    slot = (tl.cumsum(sel_row, 0) - sel_row)[:, None] + tl.cumsum(sel, 1) - sel
+    return sel > 0, slot, tl.sum(sel_row, 0)
+
+
+@triton.jit
+def _row_bisect_kernel(KEYS, OUT, POS, t0, Tq, Tk, C, KW, K, R: tl.constexpr, W: tl.constexpr,
+                       PB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
+    """`_select_kernel`'s output with the row's keys (at most R·W) held in registers as an
+    `[R, W]` tile: the threshold by `_bisect`, the indices by `_slots`; one program a row."""
+    r, b = tl.program_id(0), tl.program_id(1)
+    t = t0 + r
+    n = _row_length(POS, b, t, Tq, Tk, KW, HAS_POS)
+    s = tl.arange(0, R)[:, None] * W + tl.arange(0, W)[None, :]
+    valid = s < n
+    key = tl.load(KEYS + (b.to(tl.int64) * C + r) * KW + s, mask=valid, other=0).to(tl.uint32, bitcast=True)
+    out = OUT + (b.to(tl.int64) * Tq + t) * K
+    thr = tl.zeros([], dtype=tl.uint32)
+    rem = n
+    if n > K:
+        thr, rem = _bisect(key, valid, K)
+    sel, slot, n_sel = _slots(key, valid, thr, rem)
+    tl.store(out + slot, s.to(tl.int64), mask=sel & (slot < K))
+    if HAS_POS:
+        _write_pads(out, n_sel, K, PB)
+
+
+@triton.jit
+def _slice_bisect_kernel(KEYS, POS, CK, CI, CNT, t0, Tq, Tk, C, KW, K, SL, R: tl.constexpr, W: tl.constexpr,
+                         HAS_POS: tl.constexpr):  # fmt: skip
+    """Slice j = keys[j·SL : (j+1)·SL] of chunk row r of sequence b (grid (S, C, B)): its own top K
+    (the row's top K under (key, then lower index) lies in the union of its slices' top K), keys
+    and indices in index order to CK, CI `[rows, S, K]` and their count to CNT `[rows, S]`. Slices
+    past the row's n exit; `_merge_bisect_kernel` reads none of theirs."""
+    j, r, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    S = tl.num_programs(0)
+    n = _row_length(POS, b, t0 + r, Tq, Tk, KW, HAS_POS)
+    lo = j * SL
+    if lo < n:
+        row = b.to(tl.int64) * C + r
+        s = lo + tl.arange(0, R)[:, None] * W + tl.arange(0, W)[None, :]
+        valid = s < tl.minimum(lo + SL, n)
+        key = tl.load(KEYS + row * KW + s, mask=valid, other=0).to(tl.uint32, bitcast=True)
+        m = tl.minimum(lo + SL, n) - lo
+        thr = tl.zeros([], dtype=tl.uint32)
+        rem = m
+        if m > K:
+            thr, rem = _bisect(key, valid, K)
+        sel, slot, n_sel = _slots(key, valid, thr, rem)
+        base = (row * S + j) * K
+        tl.store(CK + base + slot, key.to(tl.int32, bitcast=True), mask=sel & (slot < K))
+        tl.store(CI + base + slot, s, mask=sel & (slot < K))
+        tl.store(CNT + row * S + j, tl.minimum(n_sel, K))
+
+
+@triton.jit
+def _merge_bisect_kernel(CK, CI, CNT, OUT, POS, t0, Tq, Tk, C, KW, K, SL, S, SB: tl.constexpr,
+                         KP: tl.constexpr, PB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
+    """The row's top K from its slices' candidates (`_slice_bisect_kernel`) as an `[SB, KP]` tile
+    (slice, rank), read in slice order, so in index order; one program a row."""
+    r, b = tl.program_id(0), tl.program_id(1)
+    t = t0 + r
+    n = _row_length(POS, b, t, Tq, Tk, KW, HAS_POS)
+    row = b.to(tl.int64) * C + r
+    j = tl.arange(0, SB)
+    live = (j < S) & (j * SL < n)
+    cnt = tl.load(CNT + row * S + j, mask=live, other=0)
+    at = (row * S + j)[:, None] * K + tl.arange(0, KP)[None, :]
+    valid = tl.arange(0, KP)[None, :] < cnt[:, None]
+    key = tl.load(CK + at, mask=valid, other=0).to(tl.uint32, bitcast=True)
+    idx = tl.load(CI + at, mask=valid, other=0)
+    out = OUT + (b.to(tl.int64) * Tq + t) * K
+    thr = tl.zeros([], dtype=tl.uint32)
+    rem = tl.sum(cnt, 0)
+    if rem > K:
+        thr, rem = _bisect(key, valid, K)
+    sel, slot, n_sel = _slots(key, valid, thr, rem)
+    tl.store(out + slot, idx.to(tl.int64), mask=sel & (slot < K))
+    if HAS_POS:
+        _write_pads(out, n_sel, K, PB)
+
+
+def _tile(keys: int) -> tuple[int, int]:
+    """(R, W): a power-of-two `[R, W]` tile of at least `keys` slots, rows of at most 1024."""
+    W = min(triton.next_power_of_2(max(keys, 1)), 1024)
+    return triton.next_power_of_2(triton.cdiv(max(keys, 1), W)), W
+
+
+def select_topk_rows(keys, out, t0, Tk, topk, positions=None, *, num_warps: int | None = None) -> None:
+    """`select_topk` by one program a row holding the row's KW keys in registers
+    (`_row_bisect_kernel`, one launch): rows of at most 8,192 slots at ROW_WARPS spill little."""
+    B, C, KW = keys.shape
+    R, W = _tile(KW)
+    interp = triton_interpreting()
+    _row_bisect_kernel[(C, B)](
+        keys, out, out if positions is None else positions, t0, out.shape[1], Tk, C, KW, topk, R=R, W=W,
+        PB=min(triton.next_power_of_2(topk), 1024), HAS_POS=positions is not None,
+        num_warps=1 if interp else num_warps or ROW_WARPS,
+    )  # fmt: skip
+
+
+def merge_scratch(rows: int, S: int, topk: int, like: torch.Tensor) -> torch.Tensor:
+    """`select_topk_merge`'s int32 scratch, uninitialised: each slice's candidate keys and indices
+    `[rows, S, topk]` and counts `[rows, S]`."""
+    return torch.empty(rows * S * (2 * topk + 1), dtype=torch.int32, device=like.device)
+
+
+def select_topk_merge(keys, out, t0, Tk, topk, positions=None, *, slice_len: int | None = None,
+                      num_warps: int | None = None, scratch=None) -> None:  # fmt: skip
+    """`select_topk` in two launches: each slice of `slice_len` keys (MERGE_SLICE_KEYS by default)
+    takes its own top k in registers, one program a (slice, row), then one program a row takes the
+    top k of its slices' candidates (`_slice_bisect_kernel`, `_merge_bisect_kernel`). `scratch`
+    (at least `merge_scratch`'s size) is allocated here when None; nothing unwritten is read."""
+    B, C, KW = keys.shape
+    SL = min(KW, slice_len or MERGE_SLICE_KEYS)
+    S, rows = triton.cdiv(KW, SL), B * C
+    if scratch is None:
+        scratch = merge_scratch(rows, S, topk, keys)
+    n = rows * S * topk
+    ck, ci, cnt = scratch[:n], scratch[n : 2 * n], scratch[2 * n : 2 * n + rows * S]
+    interp = triton_interpreting()
+    warps = 1 if interp else num_warps or ROW_WARPS
+    pos = out if positions is None else positions
+    R, W = _tile(SL)
+    _slice_bisect_kernel[(S, C, B)](
+        keys, pos, ck, ci, cnt, t0, out.shape[1], Tk, C, KW, topk, SL, R=R, W=W,
+        HAS_POS=positions is not None, num_warps=warps,
+    )  # fmt: skip
+    _merge_bisect_kernel[(C, B)](
+        ck, ci, cnt, out, pos, t0, out.shape[1], Tk, C, KW, topk, SL, S, SB=triton.next_power_of_2(S),
+        KP=triton.next_power_of_2(topk), PB=min(triton.next_power_of_2(topk), 1024),
+        HAS_POS=positions is not None, num_warps=warps,
+    )  # fmt: skip
+
+
 def use_split(rows: int, KW: int) -> bool:
     """Whether `select_topk` splits each row's keys over programs: fewer rows (a decode step's B, a
     short chunk) than SPLIT_MAX_ROWS, where one program a row would leave SMs idle, of at least
@@ -334,16 +516,22 @@ def select_topk_split(keys, out, t0, Tk, topk, positions=None, *, slice_len=None
     _split_write_kernel[(S, C, B)](keys, out, pos, part, g, *args, **cex)
 
 
+def select_path(rows: int, KW: int, topk: int) -> str:
+    """Which select `select_topk` runs (shapes only): few long rows (`use_split`) the sliced
+    histogram passes (`split`), the rest one program a row (`single`). `rows` and `merge`
+    (`select_topk_rows`, `select_topk_merge`) are called by name."""
+    return "split" if use_split(rows, KW) else "single"
+
+
 def select_topk(
     keys: torch.Tensor, out: torch.Tensor, t0: int, Tk: int, topk: int, positions: torch.Tensor | None = None
 ) -> None:
     """Fill out[:, t0 : t0 + C] (`[B, Tq, topk]` int64, pre-filled with −1) from the chunk's
     ordered keys `[B, C, KW]` (int32 storage of the unsigned keys), index order; `positions` `[B]`
     (Tq = 1): each row's query position, keys past it not candidates, and `out` needs no pre-fill
-    (the kernel writes the −1 pads). Few long rows (`use_split`) take the sliced select
-    (`select_topk_split`, 5 launches), the rest one program a row (1 launch); the same output."""
+    (the kernel writes the −1 pads). The path by `select_path`: 1 or 5 launches, one output."""
     B, C, KW = keys.shape
-    if use_split(B * C, KW):
+    if select_path(B * C, KW, topk) == "split":
         select_topk_split(keys, out, t0, Tk, topk, positions)
     else:
         _select_single(keys, out, t0, Tk, topk, positions)
