@@ -18,6 +18,7 @@ from lt2dsl.kernels.dsa import triton_attn_bykey as B
 from lt2dsl.kernels.dsa.triton_indexer import _indexer_kernel, _indexer_row_kernel
 from lt2dsl.kernels.dsa.triton_topk import (
     MERGE_SLICE_KEYS,
+    MERGE_WARPS,
     ROW_WARPS,
     SHORT_SLICE_KEYS,
     SLICE_KEYS,
@@ -113,13 +114,14 @@ def _indexer() -> list[Job]:
 def _bisect_select() -> list[Job]:
     """`select_topk_rows` over a 4k row (an `[8, 1024]` tile) and `select_topk_merge`'s slices of
     MERGE_SLICE_KEYS and its merge of 16 slices' top 512 or 4 slices' top 2048 (8,192 candidates),
-    ROW_WARPS warps, causal or at per-row positions."""
+    at 8 and 16 warps (ROW_WARPS, MERGE_WARPS, and what bench/dsa_decode_select.py weighs against
+    them), causal or at per-row positions."""
     jobs = []
     ptrs = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64", "CK": "*i32", "CI": "*i32", "CNT": "*i32"}
-    kw = dict(launch=(ROW_WARPS, 3), aligned=(), max_stack=MAX_STACK)
     slice_w = min(MERGE_SLICE_KEYS, 1024)
-    for has_pos in (False, True):
-        tag = f"pos{has_pos:d}"
+    for warps, has_pos in itertools.product(sorted({ROW_WARPS, MERGE_WARPS, 8, 16}), (False, True)):
+        kw = dict(launch=(warps, 3), aligned=(), max_stack=MAX_STACK)
+        tag = f"w{warps}-pos{has_pos:d}"
         cex = {"R": 8, "W": 1024, "PB": 512, "HAS_POS": has_pos}
         jobs += tuned_jobs(f"dsa/select-rows-{tag}", _row_bisect_kernel, ptrs, SELECT_SCALARS, cex, **kw)
         cex = {"R": MERGE_SLICE_KEYS // slice_w, "W": slice_w, "HAS_POS": has_pos}

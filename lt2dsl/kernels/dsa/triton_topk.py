@@ -53,10 +53,12 @@ MAX_SLICES = 64
 SLICE_KEYS = 2048
 SHORT_SLICE_KEYS = 512
 SHORT_BELOW = 8192
-# the bisection selects: warps a program, keys a slice of `select_topk_merge`. sm_90 at 8 warps:
-# a merge tile of 16 slices' top 2048 spills 2-3 KB a thread; 4 slices' (or 16 slices' top 512)
-# none, a row of 8,192 keys 24 B
-ROW_WARPS = 8
+# the bisection selects: warps a program, keys a slice of `select_topk_merge`. sm_90: a row of
+# 8,192 keys takes 255 registers a thread and spills 32 B at 8 warps, 121 and none at 16; a merge
+# of 8,192 candidates none at 8 (up to 229), 24-40 B at 16 (a thread's 128 registers at most);
+# 16 slices' top 2048 spills 2-3 KB at 8
+ROW_WARPS = 16
+MERGE_WARPS = 8
 MERGE_SLICE_KEYS = 4096
 
 
@@ -293,25 +295,27 @@ def _split_write_kernel(KEYS, OUT, POS, PART, G, t0, Tq, Tk, C, KW, K, SL, BLK: 
 
 
 @triton.jit
-def _count(key, valid, at_least):
-    """How many valid keys of the 2-D tile are ≥ at_least (unsigned)."""
-    return tl.sum(tl.sum((valid & (key >= at_least)).to(tl.int32), 1), 0)
+def _count(key, at_least):
+    """How many keys of the 2-D tile are ≥ at_least (unsigned, at_least ≥ 1, so the tile's padding,
+    loaded as 0, never counts). Down the tile's rows first: a thread holds one column's rows, so
+    that sum is in its registers and one block reduction remains (across the rows first: one a row)."""
+    return tl.sum(tl.sum((key >= at_least).to(tl.int32), 0), 0)
 
 
 @triton.jit
-def _bisect(key, valid, K):
-    """(thr, rem) of a 2-D tile of unsigned keys: thr the K-th largest valid key, built from the top
-    bit down (a bit stays set iff at least K keys are ≥ the prefix with it), rem = K − the keys
-    above thr, how many keys equal to it are taken. With fewer than K valid keys thr = 0 and rem
-    covers every key. One count a bit: the tile stays in registers, 32 reductions and no histogram."""
+def _bisect(key, K):
+    """(thr, rem) of a 2-D tile of unsigned keys, its padding 0: thr the K-th largest key, built
+    from the top bit down (a bit stays set iff at least K keys are ≥ the prefix with it), rem = K −
+    the keys above thr, how many keys equal to it are taken. With fewer than K keys above 0, thr = 0
+    and rem covers every key. One count a bit: the tile stays in registers, 32 reductions and no
+    histogram."""
     p = tl.zeros([], dtype=tl.uint32)
     bit = tl.full([], 1 << 31, dtype=tl.uint32)
     for _ in range(32):
         cand = p | bit
-        p = tl.where(_count(key, valid, cand) >= K, cand, p)
+        p = tl.where(_count(key, cand) >= K, cand, p)
         bit = bit >> 1
-    above = tl.sum(tl.sum((valid & (key > p)).to(tl.int32), 1), 0)
-    return p, K - above
+    return p, K - tl.sum(tl.sum((key > p).to(tl.int32), 0), 0)
 
 
 @triton.jit
@@ -344,7 +348,7 @@ def _row_bisect_kernel(KEYS, OUT, POS, t0, Tq, Tk, C, KW, K, R: tl.constexpr, W:
     thr = tl.zeros([], dtype=tl.uint32)
     rem = n
     if n > K:
-        thr, rem = _bisect(key, valid, K)
+        thr, rem = _bisect(key, K)
     sel, slot, n_sel = _slots(key, valid, thr, rem)
     tl.store(out + slot, s.to(tl.int64), mask=sel & (slot < K))
     if HAS_POS:
@@ -371,7 +375,7 @@ def _slice_bisect_kernel(KEYS, POS, CK, CI, CNT, t0, Tq, Tk, C, KW, K, SL, R: tl
         thr = tl.zeros([], dtype=tl.uint32)
         rem = m
         if m > K:
-            thr, rem = _bisect(key, valid, K)
+            thr, rem = _bisect(key, K)
         sel, slot, n_sel = _slots(key, valid, thr, rem)
         base = (row * S + j) * K
         tl.store(CK + base + slot, key.to(tl.int32, bitcast=True), mask=sel & (slot < K))
@@ -399,7 +403,7 @@ def _merge_bisect_kernel(CK, CI, CNT, OUT, POS, t0, Tq, Tk, C, KW, K, SL, S, SB:
     thr = tl.zeros([], dtype=tl.uint32)
     rem = tl.sum(cnt, 0)
     if rem > K:
-        thr, rem = _bisect(key, valid, K)
+        thr, rem = _bisect(key, K)
     sel, slot, n_sel = _slots(key, valid, thr, rem)
     tl.store(out + slot, idx.to(tl.int64), mask=sel & (slot < K))
     if HAS_POS:
@@ -414,7 +418,7 @@ def _tile(keys: int) -> tuple[int, int]:
 
 def select_topk_rows(keys, out, t0, Tk, topk, positions=None, *, num_warps: int | None = None) -> None:
     """`select_topk` by one program a row holding the row's KW keys in registers
-    (`_row_bisect_kernel`, one launch): rows of at most 8,192 slots at ROW_WARPS spill little."""
+    (`_row_bisect_kernel`, one launch): rows of at most 8,192 slots at ROW_WARPS spill nothing."""
     B, C, KW = keys.shape
     R, W = _tile(KW)
     interp = triton_interpreting()
@@ -445,7 +449,7 @@ def select_topk_merge(keys, out, t0, Tk, topk, positions=None, *, slice_len: int
     n = rows * S * topk
     ck, ci, cnt = scratch[:n], scratch[n : 2 * n], scratch[2 * n : 2 * n + rows * S]
     interp = triton_interpreting()
-    warps = 1 if interp else num_warps or ROW_WARPS
+    warps = 1 if interp else num_warps or MERGE_WARPS
     pos = out if positions is None else positions
     R, W = _tile(SL)
     _slice_bisect_kernel[(S, C, B)](
