@@ -87,7 +87,7 @@ def graph_time_us(fn, calls: int, reps: int, rounds: int) -> float:
 
 
 def paths(keys, pos, topk: int, row_warps=(), merge_slices=()) -> dict:
-    """name → a call writing that path's selection into its own `out` (returned alongside)."""
+    """name → a call that writes that path's selection into the `out` it is given."""
     B, _, KW = keys.shape
     calls = {
         "single": lambda out: _select_single(keys, out, 0, KW, topk, pos),
