@@ -334,10 +334,21 @@ def _slots(key, valid, thr, rem):
 
 
 @triton.jit
+def _select_tile(key, valid, n, K):
+    """(sel, slot, n_sel) of the top K of a tile's n valid keys (`_slots`): every key where n ≤ K,
+    else those at or above `_bisect`'s threshold."""
+    thr = tl.zeros([], dtype=tl.uint32)
+    rem = n
+    if n > K:
+        thr, rem = _bisect(key, K)
+    return _slots(key, valid, thr, rem)
+
+
+@triton.jit
 def _row_bisect_kernel(KEYS, OUT, POS, t0, Tq, Tk, C, KW, K, R: tl.constexpr, W: tl.constexpr,
                        PB: tl.constexpr, HAS_POS: tl.constexpr):  # fmt: skip
     """`_select_kernel`'s output with the row's keys (at most R·W) held in registers as an
-    `[R, W]` tile: the threshold by `_bisect`, the indices by `_slots`; one program a row."""
+    `[R, W]` tile (`_select_tile`); one program a row."""
     r, b = tl.program_id(0), tl.program_id(1)
     t = t0 + r
     n = _row_length(POS, b, t, Tq, Tk, KW, HAS_POS)
@@ -345,11 +356,7 @@ def _row_bisect_kernel(KEYS, OUT, POS, t0, Tq, Tk, C, KW, K, R: tl.constexpr, W:
     valid = s < n
     key = tl.load(KEYS + (b.to(tl.int64) * C + r) * KW + s, mask=valid, other=0).to(tl.uint32, bitcast=True)
     out = OUT + (b.to(tl.int64) * Tq + t) * K
-    thr = tl.zeros([], dtype=tl.uint32)
-    rem = n
-    if n > K:
-        thr, rem = _bisect(key, K)
-    sel, slot, n_sel = _slots(key, valid, thr, rem)
+    sel, slot, n_sel = _select_tile(key, valid, n, K)
     tl.store(out + slot, s.to(tl.int64), mask=sel & (slot < K))
     if HAS_POS:
         _write_pads(out, n_sel, K, PB)
@@ -371,12 +378,7 @@ def _slice_bisect_kernel(KEYS, POS, CK, CI, CNT, t0, Tq, Tk, C, KW, K, SL, R: tl
         s = lo + tl.arange(0, R)[:, None] * W + tl.arange(0, W)[None, :]
         valid = s < tl.minimum(lo + SL, n)
         key = tl.load(KEYS + row * KW + s, mask=valid, other=0).to(tl.uint32, bitcast=True)
-        m = tl.minimum(lo + SL, n) - lo
-        thr = tl.zeros([], dtype=tl.uint32)
-        rem = m
-        if m > K:
-            thr, rem = _bisect(key, K)
-        sel, slot, n_sel = _slots(key, valid, thr, rem)
+        sel, slot, n_sel = _select_tile(key, valid, tl.minimum(lo + SL, n) - lo, K)
         base = (row * S + j) * K
         tl.store(CK + base + slot, key.to(tl.int32, bitcast=True), mask=sel & (slot < K))
         tl.store(CI + base + slot, s, mask=sel & (slot < K))
@@ -400,11 +402,7 @@ def _merge_bisect_kernel(CK, CI, CNT, OUT, POS, t0, Tq, Tk, C, KW, K, SL, S, SB:
     key = tl.load(CK + at, mask=valid, other=0).to(tl.uint32, bitcast=True)
     idx = tl.load(CI + at, mask=valid, other=0)
     out = OUT + (b.to(tl.int64) * Tq + t) * K
-    thr = tl.zeros([], dtype=tl.uint32)
-    rem = tl.sum(cnt, 0)
-    if rem > K:
-        thr, rem = _bisect(key, K)
-    sel, slot, n_sel = _slots(key, valid, thr, rem)
+    sel, slot, n_sel = _select_tile(key, valid, tl.sum(cnt, 0), K)
     tl.store(out + slot, idx.to(tl.int64), mask=sel & (slot < K))
     if HAS_POS:
         _write_pads(out, n_sel, K, PB)
