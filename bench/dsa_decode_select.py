@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lt2dsl.kernels.dsa.triton_topk import (  # noqa: E402
+    MAX_TILE_KEYS,
     _select_single,
     select_path,
     select_topk_merge,
@@ -44,8 +45,6 @@ from lt2dsl.kernels.dsa.triton_topk import (  # noqa: E402
 from lt2dsl.train.files import atomic_write  # noqa: E402
 
 LAUNCHES = {"single": 1, "split": 5, "rows": 1, "merge": 2}
-# the register paths are timed where their tile has at most this many keys (past it they spill)
-MAX_TILE = 16384
 
 
 def ordered_keys(B: int, KW: int, gen: torch.Generator) -> torch.Tensor:
@@ -94,9 +93,9 @@ def paths(keys, pos, topk: int, row_warps=(), merge_slices=()) -> dict:
         "split": lambda out: select_topk_split(keys, out, 0, KW, topk, pos),
     }
     p2 = triton.next_power_of_2
-    for w in row_warps if p2(KW) <= MAX_TILE else ():
+    for w in row_warps if p2(KW) <= MAX_TILE_KEYS else ():
         calls[f"rows w{w}"] = lambda out, w=w: select_topk_rows(keys, out, 0, KW, topk, pos, num_warps=w)
-    for sl in [sl for sl in merge_slices if p2(triton.cdiv(KW, sl)) * p2(topk) <= MAX_TILE]:
+    for sl in [sl for sl in merge_slices if p2(triton.cdiv(KW, sl)) * p2(topk) <= MAX_TILE_KEYS]:
         for w in row_warps or (None,):
             calls[f"merge {sl} w{w}"] = lambda out, sl=sl, w=w: select_topk_merge(
                 keys, out, 0, KW, topk, pos, slice_len=sl, num_warps=w

@@ -150,6 +150,18 @@ def test_decode_sized_rows_on_the_card(KW, topk):
         assert torch.equal(out, single), run.__name__
 
 
+def test_bisection_tiles_past_the_register_budget_are_refused():
+    """A row, a slice or a merge whose tile would pass MAX_TILE_KEYS is a clear error, not a
+    kernel that spills kilobytes a thread."""
+    out = torch.empty(1, 1, 2048, dtype=torch.long)
+    with pytest.raises(ValueError, match="a row of KW keys needs a register tile of 32,768"):
+        select_topk_rows(torch.empty(1, 1, 20000, dtype=torch.int32), out, 0, 20000, 2048)
+    with pytest.raises(ValueError, match="candidates needs a register tile of 32,768"):
+        select_topk_merge(torch.empty(1, 1, 32800, dtype=torch.int32), out, 0, 32800, 2048)
+    with pytest.raises(ValueError, match="a slice needs a register tile of 32,768"):
+        select_topk_merge(torch.empty(1, 1, 32800, dtype=torch.int32), out, 0, 32800, 2048, slice_len=20000)
+
+
 def test_select_topk_splits_few_long_rows(monkeypatch):
     """`select_topk` takes the sliced path for at most SPLIT_MAX_ROWS rows of at least SPLIT_MIN_KW
     keys, else one program a row; slices are multiples of 2048 keys (512 in rows of fewer than

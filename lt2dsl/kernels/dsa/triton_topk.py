@@ -60,6 +60,7 @@ SHORT_BELOW = 8192
 ROW_WARPS = 16
 MERGE_WARPS = 8
 MERGE_SLICE_KEYS = 4096
+MAX_TILE_KEYS = 16384
 
 
 @triton.jit
@@ -414,11 +415,18 @@ def _tile(keys: int) -> tuple[int, int]:
     return triton.next_power_of_2(triton.cdiv(max(keys, 1), W)), W
 
 
+def _check_tile(what: str, keys: int) -> None:
+    """A register tile of at most MAX_TILE_KEYS keys (past it every thread spills kilobytes)."""
+    if keys > MAX_TILE_KEYS:
+        raise ValueError(f"{what} needs a register tile of {keys:,} keys; at most {MAX_TILE_KEYS:,}")
+
+
 def select_topk_rows(keys, out, t0, Tk, topk, positions=None, *, num_warps: int | None = None) -> None:
     """`select_topk` by one program a row holding the row's KW keys in registers
     (`_row_bisect_kernel`, one launch): rows of at most 8,192 slots at ROW_WARPS spill nothing."""
     B, C, KW = keys.shape
     R, W = _tile(KW)
+    _check_tile("select_topk_rows: a row of KW keys", R * W)
     interp = triton_interpreting()
     _row_bisect_kernel[(C, B)](
         keys, out, out if positions is None else positions, t0, out.shape[1], Tk, C, KW, topk, R=R, W=W,
@@ -442,6 +450,10 @@ def select_topk_merge(keys, out, t0, Tk, topk, positions=None, *, slice_len: int
     B, C, KW = keys.shape
     SL = min(KW, slice_len or MERGE_SLICE_KEYS)
     S, rows = triton.cdiv(KW, SL), B * C
+    R, W = _tile(SL)
+    _check_tile("select_topk_merge: a slice", R * W)
+    SB, KP = triton.next_power_of_2(S), triton.next_power_of_2(topk)
+    _check_tile("select_topk_merge: the slices' candidates", SB * KP)
     if scratch is None:
         scratch = merge_scratch(rows, S, topk, keys)
     n = rows * S * topk
@@ -449,14 +461,12 @@ def select_topk_merge(keys, out, t0, Tk, topk, positions=None, *, slice_len: int
     interp = triton_interpreting()
     warps = 1 if interp else num_warps or MERGE_WARPS
     pos = out if positions is None else positions
-    R, W = _tile(SL)
     _slice_bisect_kernel[(S, C, B)](
         keys, pos, ck, ci, cnt, t0, out.shape[1], Tk, C, KW, topk, SL, R=R, W=W,
         HAS_POS=positions is not None, num_warps=warps,
     )  # fmt: skip
     _merge_bisect_kernel[(C, B)](
-        ck, ci, cnt, out, pos, t0, out.shape[1], Tk, C, KW, topk, SL, S, SB=triton.next_power_of_2(S),
-        KP=triton.next_power_of_2(topk), PB=min(triton.next_power_of_2(topk), 1024),
+        ck, ci, cnt, out, pos, t0, out.shape[1], Tk, C, KW, topk, SL, S, SB=SB, KP=KP, PB=min(KP, 1024),
         HAS_POS=positions is not None, num_warps=warps,
     )  # fmt: skip
 
