@@ -28,6 +28,7 @@ from lt2dsl.kernels.dsa.triton_topk import (
     _slice_bisect_kernel,
     _split_pass_kernel,
     _split_write_kernel,
+    _tile,
 )
 
 MAX_STACK = 512
@@ -118,13 +119,13 @@ def _bisect_select() -> list[Job]:
     them), causal or at per-row positions."""
     jobs = []
     ptrs = {"KEYS": "*i32", "OUT": "*i64", "POS": "*i64", "CK": "*i32", "CI": "*i32", "CNT": "*i32"}
-    slice_w = min(MERGE_SLICE_KEYS, 1024)
+    slice_r, slice_w = _tile(MERGE_SLICE_KEYS)
     for warps, has_pos in itertools.product(sorted({ROW_WARPS, MERGE_WARPS, 8, 16}), (False, True)):
         kw = dict(launch=(warps, 3), aligned=(), max_stack=MAX_STACK)
         tag = f"w{warps}-pos{has_pos:d}"
         cex = {"R": 8, "W": 1024, "PB": 512, "HAS_POS": has_pos}
         jobs += tuned_jobs(f"dsa/select-rows-{tag}", _row_bisect_kernel, ptrs, SELECT_SCALARS, cex, **kw)
-        cex = {"R": MERGE_SLICE_KEYS // slice_w, "W": slice_w, "HAS_POS": has_pos}
+        cex = {"R": slice_r, "W": slice_w, "HAS_POS": has_pos}
         jobs += tuned_jobs(f"dsa/select-slices-{tag}", _slice_bisect_kernel, ptrs, SELECT_SCALARS, cex, **kw)
         for sb, k in ((16, 512), (4, 2048)):
             cex = {"SB": sb, "KP": k, "PB": min(k, 1024), "HAS_POS": has_pos}
